@@ -1,0 +1,26 @@
+"""doit entry point: `doit` builds every compile spec in configs/ into build/.
+
+The same task graph as `npubuild build configs/`; both share build/.doit.db.
+Set NPUBUILD_SPECS (paths separated by ':') or NPUBUILD_BUILD_DIR to change
+what is built and where.
+"""
+
+import os
+import sys
+from pathlib import Path
+
+from npubuild.config.load import load_specs
+from npubuild.doit_tasks import new_run_id
+from npubuild.errors import NpubuildError
+from npubuild.plan import make_plan
+from npubuild.runner import namespace
+
+_here = Path(__file__).parent
+_specs = [Path(p) for p in os.environ.get("NPUBUILD_SPECS", str(_here / "configs")).split(":")]
+try:
+    _plan = make_plan(load_specs(_specs), Path(os.environ.get("NPUBUILD_BUILD_DIR", _here / "build")))
+except NpubuildError as _exc:
+    print(_exc, file=sys.stderr)
+    sys.exit(_exc.exit_code)
+_plan.build_dir.mkdir(parents=True, exist_ok=True)
+globals().update(namespace(_plan, new_run_id()))

@@ -1,0 +1,3 @@
+from npubuild.cli import main
+
+raise SystemExit(main())

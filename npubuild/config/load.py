@@ -1,0 +1,345 @@
+"""Load specs, target profiles and pipelines from YAML into validated models.
+
+Resolution rules, in one place:
+- `extends:` names a parent file (a path ending in .yaml, relative to the file)
+  or, for targets and pipelines, a profile name looked up on the search path;
+  parents deep-merge under the child (later wins).
+- A name in `targets:` / `pipeline:` is looked up as `<dir>/targets/<name>.yaml`
+  (or pipelines/) over the search path: the spec's own `search_paths`, then the
+  project root, then the profiles shipped with npubuild.
+- Every path a config names must stay inside the project root.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+from pydantic import BaseModel, ValidationError
+
+from npubuild.config.schema import CompileSpec, Pipeline, TargetProfile, VelaOptions
+from npubuild.config.yamlfile import KeyPath, Marks, deep_merge, load_yaml, locate
+from npubuild.errors import InputError, Location
+
+SHIPPED_ROOT = Path(__file__).resolve().parents[2]
+ROOT_MARKERS = ("dodo.py", "pyproject.toml", ".git", "npubuild.yaml")
+M = TypeVar("M", bound=BaseModel)
+
+
+def find_project_root(start: Path) -> Path:
+    """The nearest ancestor holding a dodo.py, pyproject.toml or .git: config paths must stay below it."""
+    start = start.resolve()
+    for d in [start, *start.parents]:
+        if any((d / m).exists() for m in ROOT_MARKERS):
+            return d
+    return start
+
+
+def inside(path: Path, root: Path, what: str, where: Location) -> Path:
+    """Resolve `path` and refuse it if it leaves `root` (no `../../etc/passwd` in a spec)."""
+    resolved = path.resolve()
+    if resolved != root and root not in resolved.parents:
+        raise InputError(f"{what} '{path}' is outside the project directory {root}", where)
+    return resolved
+
+
+def validate(model: type[M], data: Any, marks: Marks, file: Path) -> M:
+    """Validate with pydantic; the first error becomes one `file:line:col: error:` line."""
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        loc: KeyPath = tuple(err["loc"])
+        clean = _data_path(data, loc)
+        where = locate(marks, clean, Location(str(file), 1, 1))
+        field = ".".join(str(p) for p in clean) or "(top level)"
+        msg = err["msg"]
+        if err["type"] == "extra_forbidden":
+            msg = f"unknown key '{clean[-1] if clean else loc[-1]}'"
+            field = ".".join(str(p) for p in clean[:-1]) or "(top level)"
+        elif err["type"] == "missing":
+            msg = f"missing required key '{loc[-1]}'"
+            field = ".".join(str(p) for p in clean[:-1]) or "(top level)"
+        raise InputError(f"{field}: {msg}", where) from None
+
+
+def _data_path(data: Any, loc: KeyPath) -> KeyPath:
+    """Keep the parts of a pydantic error path that exist in the data.
+
+    pydantic inserts union-branch tags (e.g. 'TargetProfile') into error paths;
+    they name no YAML node, so drop them. A final key that is absent (missing
+    or unknown key) is kept.
+    """
+    out: list[str | int] = []
+    node = data
+    for i, p in enumerate(loc):
+        if isinstance(node, dict) and p in node:
+            out.append(p)
+            node = node[p]
+        elif isinstance(node, list) and isinstance(p, int) and p < len(node):
+            out.append(p)
+            node = node[p]
+        elif i == len(loc) - 1 and isinstance(node, dict):
+            out.append(p)
+    return tuple(out)
+
+
+@dataclass(frozen=True)
+class SearchPath:
+    """Directories holding `targets/` and `pipelines/`, first match wins."""
+
+    dirs: tuple[Path, ...]
+
+    def find(self, kind: str, name: str, exclude: Path | None = None) -> Path | None:
+        for d in self.dirs:
+            candidate = (d / kind / f"{name}.yaml").resolve()
+            if candidate.is_file() and candidate != exclude:
+                return candidate
+        return None
+
+    def names(self, kind: str) -> dict[str, Path]:
+        found: dict[str, Path] = {}
+        for d in reversed(self.dirs):
+            for f in sorted((d / kind).glob("*.yaml")):
+                found[f.stem] = f.resolve()
+        return dict(sorted(found.items()))
+
+
+def default_search_path(project_root: Path, extra: Iterable[Path] = ()) -> SearchPath:
+    dirs = [*extra, project_root, SHIPPED_ROOT]
+    unique: list[Path] = []
+    for d in dirs:
+        d = d.resolve()
+        if d not in unique:
+            unique.append(d)
+    return SearchPath(tuple(unique))
+
+
+def load_with_extends(path: Path, kind: str | None, search: SearchPath, _seen: tuple[Path, ...] = ()) -> tuple[dict, Marks]:
+    """Load a YAML mapping and merge its `extends:` chain under it."""
+    path = path.resolve()
+    if path in _seen:
+        chain = " -> ".join(p.name for p in (*_seen, path))
+        raise InputError(f"extends cycle: {chain}", path)
+    data, marks = load_yaml(path)
+    if not isinstance(data, dict):
+        raise InputError("expected a mapping at the top level", marks.get((), Location(str(path), 1, 1)))
+    return merge_extends(data, marks, path, kind, search, (*_seen, path))
+
+
+def merge_extends(
+    data: dict, marks: Marks, path: Path, kind: str | None, search: SearchPath, seen: tuple[Path, ...]
+) -> tuple[dict, Marks]:
+    parents = data.pop("extends", None)
+    if parents is None:
+        return data, marks
+    where = marks.get(("extends",), Location(str(path)))
+    if isinstance(parents, str):
+        parents = [parents]
+    if not isinstance(parents, list) or not all(isinstance(p, str) for p in parents):
+        raise InputError("extends: expected a name or a list of names/paths", where)
+    merged: dict = {}
+    merged_marks: Marks = {}
+    for parent in parents:
+        parent_path = resolve_ref(parent, path, kind, search, where)
+        pdata, pmarks = load_with_extends(parent_path, kind, search, seen)
+        merged, merged_marks = deep_merge(merged, pdata, merged_marks, pmarks)
+    own_marks = {p: loc for p, loc in marks.items() if p[:1] != ("extends",)}
+    return deep_merge(merged, data, merged_marks, own_marks)
+
+
+def resolve_ref(ref: str, from_file: Path, kind: str | None, search: SearchPath, where: Location) -> Path:
+    """`extends` value: a .yaml path relative to the file, or a profile name on the search path."""
+    if ref.endswith((".yaml", ".yml")):
+        candidate = (from_file.parent / ref).resolve()
+        if not candidate.is_file():
+            raise InputError(f"extends: file '{ref}' not found", where)
+        return candidate
+    if kind is None:
+        raise InputError(f"extends: '{ref}' must be a path ending in .yaml", where)
+    found = search.find(kind, ref, exclude=from_file.resolve())
+    if found is None:
+        raise InputError(f"extends: no {kind[:-1]} named '{ref}' on the search path", where)
+    return found
+
+
+def load_target(name: str, search: SearchPath, where: Location) -> tuple[TargetProfile, Path]:
+    path = search.find("targets", name)
+    if path is None:
+        known = ", ".join(search.names("targets")) or "none"
+        raise InputError(f"unknown target '{name}' (known: {known})", where)
+    data, marks = load_with_extends(path, "targets", search)
+    data.setdefault("name", name)
+    return validate(TargetProfile, data, marks, path), path
+
+
+def load_pipeline(name: str, search: SearchPath, where: Location) -> tuple[Pipeline, Path]:
+    path = search.find("pipelines", name)
+    if path is None:
+        known = ", ".join(search.names("pipelines")) or "none"
+        raise InputError(f"unknown pipeline '{name}' (known: {known})", where)
+    data, marks = load_with_extends(path, "pipelines", search)
+    data.setdefault("name", name)
+    return validate(Pipeline, data, marks, path), path
+
+
+@dataclass(frozen=True)
+class Build:
+    """One spec x model x target: everything the stages need, resolved and validated."""
+
+    spec: CompileSpec
+    spec_path: Path
+    project_root: Path
+    model_name: str
+    model_path: Path
+    calibration_npy: Path | None
+    target: TargetProfile
+    pipeline: Pipeline
+    vela: VelaOptions
+
+    @property
+    def id(self) -> str:
+        return f"{self.spec.name}/{self.model_name}/{self.target.name}"
+
+    @property
+    def model(self):
+        return self.spec.models[self.model_name]
+
+
+def load_spec(path: Path) -> list[Build]:
+    """Load one compile spec and expand it into its builds."""
+    path = path.resolve()
+    root = find_project_root(path.parent)
+    data, marks = load_yaml(path)
+    if not isinstance(data, dict):
+        raise InputError("expected a mapping at the top level", Location(str(path), 1, 1))
+    pre_search = _spec_search_path(data, marks, path, root)
+    data, marks = merge_extends(data, marks, path, None, pre_search, (path,))
+    search = _spec_search_path(data, marks, path, root)
+
+    # Inline targets may extend a named profile: resolve those before validation.
+    targets = data.get("targets")
+    if isinstance(targets, list):
+        for i, t in enumerate(targets):
+            if isinstance(t, dict) and "extends" in t:
+                sub = {p[2:]: loc for p, loc in marks.items() if p[:2] == ("targets", i)}
+                merged, merged_marks = merge_extends(dict(t), sub, path, "targets", search, (path,))
+                targets[i] = merged
+                for p, loc in merged_marks.items():
+                    marks[("targets", i, *p)] = loc
+    spec = validate(CompileSpec, data, marks, path)
+
+    if isinstance(spec.pipeline, str):
+        pipeline, _ = load_pipeline(spec.pipeline, search, locate(marks, ("pipeline",), Location(str(path))))
+    else:
+        pipeline = spec.pipeline
+    from npubuild.passes import check_pass_names
+
+    check_pass_names(pipeline, locate(marks, ("pipeline",), Location(str(path))))
+
+    profiles: list[TargetProfile] = []
+    for i, t in enumerate(spec.targets):
+        if isinstance(t, str):
+            profile, _ = load_target(t, search, locate(marks, ("targets", i), Location(str(path))))
+        else:
+            profile = t
+        profiles.append(profile)
+
+    builds = []
+    for model_name, model in spec.models.items():
+        where = locate(marks, ("models", model_name, "path"), Location(str(path)))
+        model_path = inside(path.parent / model.path, root, "model path", where)
+        if not model_path.is_file():
+            raise InputError(f"model file '{model.path}' not found", where)
+        npy = None
+        if model.calibration.npy is not None:
+            where = locate(marks, ("models", model_name, "calibration", "npy"), Location(str(path)))
+            npy = inside(path.parent / model.calibration.npy, root, "calibration file", where)
+            if not npy.is_file():
+                raise InputError(f"calibration file '{model.calibration.npy}' not found", where)
+        for profile in profiles:
+            builds.append(
+                Build(
+                    spec=spec,
+                    spec_path=path,
+                    project_root=root,
+                    model_name=model_name,
+                    model_path=model_path,
+                    calibration_npy=npy,
+                    target=profile,
+                    pipeline=pipeline,
+                    vela=spec.vela or profile.vela,
+                )
+            )
+    return builds
+
+
+def _spec_search_path(data: dict, marks: Marks, path: Path, root: Path) -> SearchPath:
+    extra = []
+    entries = data.get("search_paths", [])
+    if isinstance(entries, list):
+        for i, entry in enumerate(entries):
+            if isinstance(entry, str):
+                where = locate(marks, ("search_paths", i), Location(str(path)))
+                extra.append(inside(path.parent / entry, root, "search path", where))
+    return default_search_path(root, extra)
+
+
+def collect_spec_files(paths: Iterable[Path]) -> list[Path]:
+    """Expand directories into their *.yaml specs (sorted); files are taken as given."""
+    files: list[Path] = []
+    for p in paths:
+        if p.is_dir():
+            files.extend(sorted(f for f in p.glob("*.yaml") if f.is_file()))
+            files.extend(sorted(f for f in p.glob("*.yml") if f.is_file()))
+        elif p.is_file():
+            files.append(p)
+        else:
+            raise InputError("no such file or directory", str(p))
+    return files
+
+
+def load_specs(paths: Iterable[Path]) -> list[Build]:
+    builds: list[Build] = []
+    seen: dict[str, Path] = {}
+    for f in collect_spec_files(paths):
+        for b in load_spec(f):
+            if b.id in seen and seen[b.id] != f.resolve():
+                raise InputError(f"build '{b.id}' is also defined in {seen[b.id]}", str(f))
+            seen[b.id] = f.resolve()
+            builds.append(b)
+    return builds
+
+
+def adhoc_builds(model_path: Path, target_names: list[str], pipeline_name: str = "default",
+                 project_root: Path | None = None) -> list[Build]:
+    """Builds for `npubuild compile`: one model, named targets, default settings, no YAML."""
+    root = (project_root or Path.cwd()).resolve()
+    search = default_search_path(root)
+    where = Location("<command line>")
+    if not model_path.is_file():
+        raise InputError("model file not found", str(model_path))
+    spec = CompileSpec(name="adhoc", models={_safe_name(model_path.stem): {"path": str(model_path.resolve())}},
+                       targets=target_names)
+    pipeline, _ = load_pipeline(pipeline_name, search, where)
+    out = []
+    for name in target_names:
+        profile, _ = load_target(name, search, where)
+        out.append(Build(spec=spec, spec_path=root / "<command line>", project_root=root,
+                         model_name=next(iter(spec.models)), model_path=model_path.resolve(), calibration_npy=None,
+                         target=profile, pipeline=pipeline, vela=profile.vela))
+    return out
+
+
+def _safe_name(stem: str) -> str:
+    import re
+
+    cleaned = re.sub(r"[^A-Za-z0-9_.\-]", "_", stem).lstrip("._-")
+    return cleaned or "model"
+
+
+def spec_paths(values: list[str]) -> list[Path]:
+    """Command-line spec arguments; none means the project's configs/ directory."""
+    return [Path(v) for v in values] if values else [Path("configs")]

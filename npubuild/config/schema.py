@@ -1,0 +1,234 @@
+"""The one schema: pydantic models for compile specs, target profiles and pipelines.
+
+Field names here are part of the contract users and scripts rely on: add
+fields freely, rename none. Every model forbids unknown keys so that a typo is
+an error with a position, not a silently ignored setting.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+ACCELERATORS = (
+    "ethos-u55-32",
+    "ethos-u55-64",
+    "ethos-u55-128",
+    "ethos-u55-256",
+    "ethos-u65-256",
+    "ethos-u65-512",
+    "ethos-u85-128",
+    "ethos-u85-256",
+    "ethos-u85-512",
+    "ethos-u85-1024",
+    "ethos-u85-2048",
+)
+Accelerator = Literal[
+    "ethos-u55-32",
+    "ethos-u55-64",
+    "ethos-u55-128",
+    "ethos-u55-256",
+    "ethos-u65-256",
+    "ethos-u65-512",
+    "ethos-u85-128",
+    "ethos-u85-256",
+    "ethos-u85-512",
+    "ethos-u85-1024",
+    "ethos-u85-2048",
+]
+NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$")
+Name = Annotated[str, Field(pattern=NAME_RE.pattern, max_length=80)]
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+# --------------------------------------------------------------------------- targets
+
+
+class MemoryPool(Strict):
+    """One memory on an AXI port, as Vela's system config describes it."""
+
+    kind: Literal["sram", "dram", "on_chip_flash", "off_chip_flash"]
+    port: Literal["axi0", "axi1"]
+    size_kib: float = Field(gt=0, description="Capacity available to the NPU, KiB")
+    clock_scale: float = Field(gt=0, le=1, description="Memory clock relative to the NPU clock")
+    burst_length: int = Field(ge=1, description="Bytes per burst")
+    read_latency: int = Field(ge=0, description="Cycles")
+    write_latency: int = Field(ge=0, description="Cycles")
+    max_reads: int | None = Field(default=None, ge=1)
+    max_writes: int | None = Field(default=None, ge=0)
+    ports_used: int | None = Field(default=None, ge=1, le=4, description="U85 only: AXI ports used")
+
+
+class Placement(Strict):
+    """Which pool holds the read-only constants, the tensor arena and the fast cache."""
+
+    constants: str
+    arena: str
+    cache: str
+    arena_cache_kib: float | None = Field(
+        default=None, gt=0, description="Size of the arena cache; defaults to the cache pool's size"
+    )
+
+
+class VelaOptions(Strict):
+    """Vela settings a profile or a spec may set; extra flags come from a fixed list, never a shell."""
+
+    optimise: Literal["Performance", "Size"] = "Performance"
+    tensor_allocator: Literal["LinearAlloc", "Greedy", "HillClimb"] = "HillClimb"
+    cascading: bool = True
+    output_format: Literal["tflite", "raw"] = "tflite"
+    extra_flags: list[
+        Literal[
+            "--disable-chaining",
+            "--disable-fwd",
+            "--disable-buffering",
+            "--disable-ifm-reuse",
+            "--force-symmetric-int-weights",
+            "--separate-io-regions",
+        ]
+    ] = []
+
+
+class TargetProfile(Strict):
+    """An accelerator plus the system it sits in: clock, memories and their use."""
+
+    name: Name
+    description: str = ""
+    accelerator: Accelerator
+    platform: str = Field(description="Corstone platform for the FVP, e.g. corstone-300")
+    clock_mhz: float = Field(gt=0)
+    pools: dict[Name, MemoryPool]
+    placement: Placement
+    vela: VelaOptions = VelaOptions()
+
+    @model_validator(mode="after")
+    def _check_pools(self) -> TargetProfile:
+        ports: dict[str, str] = {}
+        for name, pool in self.pools.items():
+            if pool.port in ports:
+                raise ValueError(f"pools '{ports[pool.port]}' and '{name}' are both on {pool.port}")
+            ports[pool.port] = name
+        for role in ("constants", "arena", "cache"):
+            pool_name = getattr(self.placement, role)
+            if pool_name not in self.pools:
+                raise ValueError(f"placement.{role} names pool '{pool_name}', which is not in pools")
+        if self.accelerator.startswith("ethos-u85"):
+            return self
+        if any(p.ports_used is not None for p in self.pools.values()):
+            raise ValueError("ports_used applies to ethos-u85 only")
+        return self
+
+    @property
+    def family(self) -> Literal["u55", "u65", "u85"]:
+        return self.accelerator.split("-")[1]  # type: ignore[return-value]
+
+
+# --------------------------------------------------------------------------- pipelines
+
+
+class Pipeline(Strict):
+    """A named list of graph passes run before lowering, and the TOSA profile to lower to."""
+
+    name: Name
+    description: str = ""
+    profile: Literal["int", "fp"] = "int"
+    passes: list[str] = []
+
+
+# --------------------------------------------------------------------------- specs
+
+
+class RandomCalibration(Strict):
+    samples: int = Field(default=32, ge=1, le=100000)
+    seed: int = 0
+    low: float = -1.0
+    high: float = 1.0
+
+
+class Calibration(Strict):
+    """Where calibration inputs come from: seeded random samples or an .npy file (N, *input_shape)."""
+
+    random: RandomCalibration | None = None
+    npy: str | None = None
+
+    @model_validator(mode="after")
+    def _one_source(self) -> Calibration:
+        if (self.random is None) == (self.npy is None):
+            raise ValueError("give exactly one of 'random' or 'npy'")
+        return self
+
+
+class ModelSpec(Strict):
+    path: str = Field(description="ONNX file, relative to the spec file")
+    input_shapes: dict[str, list[Annotated[int, Field(ge=1)]]] = {}
+    calibration: Calibration = Calibration(random=RandomCalibration())
+
+
+class Quantization(Strict):
+    per_channel: bool = True
+    method: Literal["minmax", "entropy", "percentile"] = "minmax"
+    symmetric_activations: bool = False
+
+
+class Verify(Strict):
+    tosa: bool = True
+    samples: int = Field(default=4, ge=1, le=1000)
+    seed: int = 1
+    fvp: Literal["auto", "required", "off"] = "auto"
+
+
+class Expect(Strict):
+    """Gates: each is checked after the build; one that falls short fails it (exit 1)."""
+
+    npu_offload: float | None = Field(default=None, ge=0, le=1, description="Minimum fraction of ops on the NPU")
+    max_cpu_ops: int | None = Field(default=None, ge=0)
+    max_sram_kib: float | None = Field(default=None, gt=0)
+    max_offchip_kib: float | None = Field(default=None, gt=0)
+    max_inference_ms: float | None = Field(default=None, gt=0)
+    max_npu_cycles: int | None = Field(default=None, gt=0)
+    min_tosa_snr_db: float | None = None
+    max_tosa_error_lsb: float | None = Field(default=None, ge=0)
+    min_quant_snr_db: float | None = None
+
+
+class CompileSpec(Strict):
+    version: Literal[1] = 1
+    name: Name
+    description: str = ""
+    models: dict[Name, ModelSpec] = Field(min_length=1)
+    targets: list[Name | TargetProfile] = Field(min_length=1)
+    pipeline: Name | Pipeline = "default"
+    quantization: Quantization = Quantization()
+    verify: Verify = Verify()
+    expect: Expect = Expect()
+    vela: VelaOptions | None = Field(default=None, description="Overrides the target profiles' Vela options")
+    search_paths: list[str] = Field(
+        default=[], description="Extra directories (relative to this file) holding targets/ and pipelines/"
+    )
+
+    @field_validator("targets")
+    @classmethod
+    def _unique_targets(cls, targets: list) -> list:
+        names = [t if isinstance(t, str) else t.name for t in targets]
+        dup = {n for n in names if names.count(n) > 1}
+        if dup:
+            raise ValueError(f"target listed twice: {', '.join(sorted(dup))}")
+        return targets
+
+
+def json_schema() -> dict:
+    """JSON Schema for compile specs, for editors (yaml-language-server) to autocomplete."""
+    schema = CompileSpec.model_json_schema()
+    schema["$schema"] = "https://json-schema.org/draft/2020-12/schema"
+    schema["title"] = "npubuild compile spec"
+    props = schema.setdefault("properties", {})
+    props["extends"] = {
+        "description": "Spec file(s) to deep-merge under this one (later wins)",
+        "anyOf": [{"type": "string"}, {"type": "array", "items": {"type": "string"}}],
+    }
+    return schema

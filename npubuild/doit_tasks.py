@@ -1,0 +1,150 @@
+"""The plan as doit tasks: one task per stage per distinct config, plus a reporter that writes report.json.
+
+Both `doit` (through dodo.py) and `npubuild build` (through doit's API) load
+tasks from here, share the same dependency database and so the same cache.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+from doit.exceptions import TaskFailed
+from doit.tools import config_changed
+
+from npubuild.errors import NpubuildError
+from npubuild.fileio import write_json
+from npubuild.plan import STAGES, BuildPlan, StageTask
+from npubuild.stages import execute
+from npubuild.summary import write_reports
+
+
+def new_run_id() -> str:
+    return f"{time.strftime('%Y%m%dT%H%M%S')}-{uuid.uuid4().hex[:8]}"
+
+
+def run_stage(task: StageTask, run_id: str, debug: bool = False) -> TaskFailed | None:
+    """doit python-action: run the stage; a failure is one line, never a traceback."""
+    try:
+        execute(task, run_id, debug)
+    except NpubuildError as exc:
+        return TaskFailed(str(exc))
+    return None
+
+
+def doit_config(build_dir: Path, reporter: type) -> dict:
+    return {
+        "backend": "sqlite3",
+        "dep_file": str(build_dir / ".doit.db"),
+        "reporter": reporter,
+        "verbosity": 0,
+        "default_tasks": list(STAGES),
+    }
+
+
+def task_dicts(plan: BuildPlan, run_id: str, debug: bool = False) -> dict[str, Iterator[dict]]:
+    """doit task generators keyed by stage (`task_<stage>` functions for a loader namespace)."""
+    by_stage: dict[str, list[StageTask]] = {s: [] for s in STAGES}
+    for t in plan.tasks.values():
+        by_stage[t.stage].append(t)
+
+    def generator(stage: str):
+        def gen() -> Iterator[dict]:
+            yield {"basename": stage, "name": None, "doc": f"npubuild {stage} stage"}
+            for t in by_stage[stage]:
+                yield {
+                    "basename": stage,
+                    "name": t.sub,
+                    "actions": [(run_stage, [t, run_id, debug])],
+                    "file_dep": [str(p) for p in t.inputs.values()],
+                    "targets": [str(p) for p in t.outputs.values()],
+                    "task_dep": [],
+                    "uptodate": [config_changed(t.key)],
+                    "doc": f"{stage} for {', '.join(t.builds[:3])}{' ...' if len(t.builds) > 3 else ''}",
+                    "verbosity": 0,
+                }
+        gen.__name__ = f"task_{stage.replace('-', '_')}"
+        gen.basename = stage
+        return gen
+
+    return {f"task_{s.replace('-', '_')}": generator(s) for s in STAGES}
+
+
+def make_reporter(plan: BuildPlan, run_id: str, build_dir: Path, quiet: bool = False) -> type:
+    """A doit reporter: one line per task (ran / cached / failed), and report.json at the end."""
+    total = len(plan.tasks)
+
+    class NpubuildReporter:
+        desc = "npubuild progress"
+        executed: list[str] = []
+        cached: list[str] = []
+        failed: list[tuple[str, str]] = []
+
+        def __init__(self, outstream, options):
+            self.out = outstream
+            self.started: dict[str, float] = {}
+
+        def _line(self, text: str) -> None:
+            if not quiet:
+                self.out.write(text + "\n")
+                self.out.flush()
+
+        def _done(self) -> int:
+            return len(self.executed) + len(self.cached) + len(self.failed)
+
+        def initialize(self, tasks, selected_tasks):
+            pass
+
+        def get_status(self, task):
+            pass
+
+        def execute_task(self, task):
+            if task.actions:
+                self.started[task.name] = time.perf_counter()
+                self._line(f"[{self._done() + 1:>3}/{total}] run     {task.name}")
+
+        def add_success(self, task):
+            if task.actions:
+                self.executed.append(task.name)
+
+        def add_failure(self, task, fail):
+            msg = fail.get_msg().strip().splitlines()
+            text = msg[-1] if msg else fail.get_name()
+            if isinstance(fail, TaskFailed) and fail.message:
+                text = fail.message
+            self.failed.append((task.name, text))
+            sys.stderr.write(f"{text}\n")
+            sys.stderr.flush()
+
+        def skip_uptodate(self, task):
+            if task.actions:
+                self.cached.append(task.name)
+                self._line(f"[{self._done():>3}/{total}] cached  {task.name}")
+
+        def skip_ignore(self, task):
+            pass
+
+        def cleanup_error(self, exception):
+            sys.stderr.write(exception.get_msg())
+
+        def runtime_error(self, msg):
+            first = msg.strip().splitlines()[-1] if msg.strip() else msg
+            sys.stderr.write(f"error: {first}\n")
+
+        def teardown_task(self, task):
+            pass
+
+        def complete_run(self):
+            report = write_reports(plan, run_id, build_dir)
+            write_json(build_dir / "run.json", {"run_id": run_id, "executed": sorted(self.executed),
+                                                "cached": sorted(self.cached),
+                                                "failed": [n for n, _ in self.failed]})
+            counts = {s: sum(1 for b in report["builds"] if b["status"] == s) for s in ("passed", "failed", "skipped")}
+            self._line(f"{len(self.executed)} ran, {len(self.cached)} cached, {len(self.failed)} failed; "
+                       f"builds: {counts['passed']} passed, {counts['failed']} failed, {counts['skipped']} skipped; "
+                       f"report: {build_dir / 'report.json'}")
+
+    return NpubuildReporter

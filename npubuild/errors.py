@@ -1,0 +1,67 @@
+"""Error types that map to the CLI's exit codes.
+
+`InputError` is anything the user can fix in their config, model or arguments
+(exit 2); `StageError` is a stage that failed on valid input (exit 1). Both
+render as one line: `path:line:col: error: message` when a position is known.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class Location:
+    """A position in a source file, 1-based like editors show it."""
+
+    file: str
+    line: int | None = None
+    col: int | None = None
+
+    def __str__(self) -> str:
+        parts = [self.file]
+        if self.line is not None:
+            parts.append(str(self.line))
+            if self.col is not None:
+                parts.append(str(self.col))
+        return ":".join(parts)
+
+
+class NpubuildError(Exception):
+    """Base class: carries a one-line message and an optional location."""
+
+    exit_code = 1
+
+    def __init__(self, message: str, location: Location | str | Path | None = None):
+        super().__init__(message)
+        self.message = message
+        if isinstance(location, (str, Path)):
+            location = Location(str(location))
+        self.location = location
+
+    def __str__(self) -> str:
+        prefix = f"{self.location}: " if self.location else ""
+        return f"{prefix}error: {self.message}"
+
+
+class InputError(NpubuildError):
+    """Bad input: a config, a model or an argument the user must fix (exit 2)."""
+
+    exit_code = 2
+
+
+class UnsupportedOpError(InputError):
+    """An ONNX node the lowering cannot map; names the node and its op type."""
+
+    def __init__(self, node_name: str, op_type: str, reason: str, location: Location | str | Path | None = None):
+        super().__init__(f"node '{node_name}' ({op_type}): {reason}", location)
+        self.node_name = node_name
+        self.op_type = op_type
+        self.reason = reason
+
+
+class StageError(NpubuildError):
+    """A stage failed on valid input (a tool error, a check that fell short): exit 1."""
+
+    exit_code = 1

@@ -1,0 +1,326 @@
+"""The state one lowering carries: the ONNX graph being read and the TOSA graph being written.
+
+Op lowerings (one module per op family, see registry.py) talk only to this
+class: they read inputs as `TTensor`s (TOSA tensor + layout + quantisation),
+read constants as numpy arrays, and emit TOSA ops. Layout is tracked per
+tensor (`perm`: physical = logical.transpose(perm)) so that NCHW -> NHWC is
+decided once per tensor, never by a transpose per op.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+import numpy as np
+import onnx
+import tosa_serializer as ts
+from onnx import numpy_helper
+
+from npubuild.errors import UnsupportedOpError
+from npubuild.lowering.quant import QParams
+
+NHWC = (0, 2, 3, 1)  # physical NHWC of a logical NCHW tensor
+
+NP_TO_TOSA = {
+    np.dtype(np.int8): ts.DType.INT8,
+    np.dtype(np.int16): ts.DType.INT16,
+    np.dtype(np.int32): ts.DType.INT32,
+    np.dtype(np.float32): ts.DType.FP32,
+    np.dtype(np.bool_): ts.DType.BOOL,
+}
+
+
+def identity(rank: int) -> tuple[int, ...]:
+    return tuple(range(rank))
+
+
+def inverse(perm: tuple[int, ...]) -> tuple[int, ...]:
+    return tuple(int(i) for i in np.argsort(perm))
+
+
+@dataclass
+class TTensor:
+    """A TOSA tensor as the lowering sees it: name, physical shape, dtype, layout and quantisation."""
+
+    name: str
+    shape: tuple[int, ...]  # physical (TOSA) shape
+    dtype: np.dtype
+    perm: tuple[int, ...]  # physical = logical.transpose(perm)
+    q: QParams | None = None
+
+    @property
+    def logical_shape(self) -> tuple[int, ...]:
+        inv = inverse(self.perm)
+        return tuple(self.shape[i] for i in inv)
+
+    @property
+    def is_nhwc(self) -> bool:
+        return self.perm == NHWC
+
+
+@dataclass
+class QConst:
+    """A constant integer tensor with its quantisation (a DequantizeLinear of an initializer)."""
+
+    data: np.ndarray
+    q: QParams
+
+    def real(self) -> np.ndarray:
+        return self.q.dequantize(self.data if self.q.axis is None else self.data).astype(np.float32)
+
+
+@dataclass
+class GraphInput:
+    """A graph input not yet given a TOSA placeholder (its dtype depends on the QuantizeLinear after it)."""
+
+    name: str
+    shape: tuple[int, ...]
+    elem_type: int
+
+
+@dataclass
+class IOInfo:
+    """How a TOSA graph input/output maps to the ONNX one: order, layout, quantisation."""
+
+    onnx_name: str
+    tosa_name: str
+    shape: tuple[int, ...]  # physical
+    perm: tuple[int, ...]
+    dtype: str
+    scale: float | None = None
+    zero_point: int | None = None
+
+    def as_dict(self) -> dict:
+        return {
+            "onnx_name": self.onnx_name,
+            "tosa_name": self.tosa_name,
+            "shape": list(self.shape),
+            "perm": list(self.perm),
+            "dtype": self.dtype,
+            "scale": self.scale,
+            "zero_point": self.zero_point,
+        }
+
+
+Value = TTensor | QConst | GraphInput | np.ndarray
+
+
+@dataclass
+class LoweringContext:
+    model: onnx.ModelProto
+    profile: Literal["int", "fp"]
+    ser: ts.TosaSerializer = field(init=False)
+    values: dict[str, Value] = field(default_factory=dict)
+    consumers: dict[str, list[onnx.NodeProto]] = field(default_factory=dict)
+    graph_outputs: list[str] = field(default_factory=list)
+    inputs: list[IOInfo] = field(default_factory=list)
+    outputs: list[IOInfo] = field(default_factory=list)
+    node_ops: dict[str, list[str]] = field(default_factory=dict)  # onnx node name -> TOSA op names
+    current: onnx.NodeProto | None = None
+    _counter: int = 0
+
+    def __post_init__(self) -> None:
+        self.ser = ts.TosaSerializer("", ts.ConstMode.EMBED, 1, 0, 0, False)
+        g = self.model.graph
+        for init in g.initializer:
+            self.values[init.name] = numpy_helper.to_array(init)
+        for node in g.node:
+            for name in node.input:
+                if name:
+                    self.consumers.setdefault(name, []).append(node)
+        inits = {i.name for i in g.initializer}
+        for vi in g.input:
+            if vi.name in inits:
+                continue
+            dims = tuple(d.dim_value for d in vi.type.tensor_type.shape.dim)
+            self.values[vi.name] = GraphInput(vi.name, dims, vi.type.tensor_type.elem_type)
+        self.graph_outputs = [o.name for o in g.output]
+
+    # ------------------------------------------------------------------ errors
+
+    def unsupported(self, reason: str) -> UnsupportedOpError:
+        node = self.current
+        assert node is not None
+        return UnsupportedOpError(node.name or f"<{node.op_type}>", node.op_type, reason)
+
+    # ------------------------------------------------------------------ names and tensors
+
+    def fresh(self, hint: str) -> str:
+        self._counter += 1
+        return f"{hint}_{self._counter}"
+
+    def const(self, data: np.ndarray, hint: str = "const") -> str:
+        data = np.ascontiguousarray(data)
+        name = self.fresh(hint)
+        self.ser.addConst(list(data.shape), NP_TO_TOSA[data.dtype], data, name=name)
+        return name
+
+    def shape_const(self, values: list[int] | tuple[int, ...]) -> str:
+        name = self.fresh("shape")
+        self.ser.addConst([len(values)], ts.DType.SHAPE, np.asarray(values, np.int64), name=name)
+        return name
+
+    def zp(self, value: int, dtype: np.dtype) -> str:
+        return self.const(np.array([value], dtype=dtype), "zp")
+
+    def new_tensor(
+        self,
+        shape: tuple[int, ...],
+        dtype: np.dtype,
+        perm: tuple[int, ...] | None = None,
+        q: QParams | None = None,
+        output_of: str | None = None,
+    ) -> TTensor:
+        """A new tensor; if `output_of` is a graph output (possibly through Q/DQ) it becomes a TOSA output."""
+        dtype = np.dtype(dtype)
+        perm = perm if perm is not None else identity(len(shape))
+        graph_out = self._graph_output_for(output_of) if output_of else None
+        if graph_out is not None and graph_out not in {o.onnx_name for o in self.outputs}:
+            t = self.ser.addOutput(list(shape), NP_TO_TOSA[dtype])
+            tt = TTensor(t.name, tuple(shape), dtype, perm, q)
+            self.outputs.append(self._io(graph_out, tt))
+            return tt
+        t = self.ser.addIntermediate(list(shape), NP_TO_TOSA[dtype])
+        return TTensor(t.name, tuple(shape), dtype, perm, q)
+
+    def is_graph_output(self, value: str | None) -> bool:
+        return value is not None and self._graph_output_for(value) is not None
+
+    def _graph_output_for(self, value: str) -> str | None:
+        """The graph output `value` reaches through Q/DQ-only chains, if any."""
+        seen = value
+        for _ in range(4):
+            if seen in self.graph_outputs:
+                return seen
+            nexts = [n for n in self.consumers.get(seen, []) if n.op_type in ("QuantizeLinear", "DequantizeLinear")]
+            if len(nexts) != 1 or len(self.consumers.get(seen, [])) != 1:
+                return None
+            seen = nexts[0].output[0]
+        return seen if seen in self.graph_outputs else None
+
+    @staticmethod
+    def _io(onnx_name: str, t: TTensor) -> IOInfo:
+        return IOInfo(
+            onnx_name=onnx_name,
+            tosa_name=t.name,
+            shape=t.shape,
+            perm=t.perm,
+            dtype=t.dtype.name,
+            scale=t.q.s if t.q is not None else None,
+            zero_point=t.q.zp if t.q is not None else None,
+        )
+
+    def placeholder(self, gi: GraphInput, dtype: np.dtype, q: QParams | None) -> TTensor:
+        perm = NHWC if len(gi.shape) == 4 else identity(len(gi.shape))
+        shape = tuple(gi.shape[i] for i in perm)
+        t = self.ser.addPlaceholder(list(shape), NP_TO_TOSA[np.dtype(dtype)])
+        tt = TTensor(t.name, shape, np.dtype(dtype), perm, q)
+        self.inputs.append(self._io(gi.name, tt))
+        return tt
+
+    # ------------------------------------------------------------------ reading the ONNX node
+
+    def attr(self, name: str, default=None):
+        assert self.current is not None
+        for a in self.current.attribute:
+            if a.name == name:
+                return onnx.helper.get_attribute_value(a)
+        return default
+
+    def value(self, name: str) -> Value:
+        try:
+            return self.values[name]
+        except KeyError:
+            raise self.unsupported(f"input '{name}' was not produced by a lowered node") from None
+
+    def tensor(self, i: int) -> TTensor:
+        """Input i of the current node as an activation tensor (graph inputs get their placeholder here)."""
+        assert self.current is not None
+        name = self.current.input[i]
+        v = self.value(name)
+        if isinstance(v, GraphInput):
+            if self.profile == "int":
+                raise self.unsupported(f"input '{name}' is a float graph input without QuantizeLinear")
+            v = self.placeholder(v, np.float32, None)
+            self.values[name] = v
+        if isinstance(v, TTensor):
+            return v
+        if isinstance(v, QConst) and self.profile == "int":
+            return self.materialize_const(v.data, v.q, hint="qconst")
+        if isinstance(v, np.ndarray):
+            return self.materialize_const(v.astype(np.float32) if v.dtype == np.float64 else v, None)
+        raise self.unsupported(f"input {i} has an unexpected kind {type(v).__name__}")
+
+    def materialize_const(self, data: np.ndarray, q: QParams | None, hint: str = "const") -> TTensor:
+        perm = NHWC if data.ndim == 4 else identity(data.ndim)
+        phys = np.transpose(data, perm)
+        name = self.const(phys, hint)
+        return TTensor(name, phys.shape, phys.dtype, perm, q)
+
+    def constant(self, i: int) -> np.ndarray | None:
+        """Input i as a real-valued numpy constant (dequantized if it is a QConst), or None."""
+        assert self.current is not None
+        if i >= len(self.current.input) or not self.current.input[i]:
+            return None
+        v = self.values.get(self.current.input[i])
+        if isinstance(v, np.ndarray):
+            return v
+        if isinstance(v, QConst):
+            return v.real()
+        return None
+
+    def qconst(self, i: int) -> QConst | None:
+        assert self.current is not None
+        if i >= len(self.current.input) or not self.current.input[i]:
+            return None
+        v = self.values.get(self.current.input[i])
+        return v if isinstance(v, QConst) else None
+
+    def has_input(self, i: int) -> bool:
+        assert self.current is not None
+        return i < len(self.current.input) and bool(self.current.input[i])
+
+    def output_q(self, i: int = 0) -> QParams | None:
+        """Quantisation of output i, from the QuantizeLinear that consumes it (INT profile)."""
+        assert self.current is not None
+        name = self.current.output[i]
+        qs = [n for n in self.consumers.get(name, []) if n.op_type == "QuantizeLinear"]
+        if not qs:
+            return None
+        return self.qparams_of(qs[0])
+
+    def require_output_q(self, i: int = 0) -> QParams:
+        q = self.output_q(i)
+        if q is None:
+            raise self.unsupported("its output is not quantized (no QuantizeLinear follows it)")
+        return q
+
+    def qparams_of(self, qnode: onnx.NodeProto) -> QParams:
+        """QParams from a QuantizeLinear/DequantizeLinear node's scale and zero-point inputs."""
+        scale = self.values.get(qnode.input[1])
+        zp = self.values.get(qnode.input[2]) if len(qnode.input) > 2 and qnode.input[2] else None
+        if not isinstance(scale, np.ndarray) or (zp is not None and not isinstance(zp, np.ndarray)):
+            raise UnsupportedOpError(qnode.name, qnode.op_type, "scale and zero point must be constants")
+        axis = None
+        for a in qnode.attribute:
+            if a.name == "axis":
+                axis = a.i
+        dtype = zp.dtype if zp is not None else np.dtype(np.uint8)
+        zero = zp.astype(np.int64) if zp is not None else np.zeros(scale.shape, np.int64)
+        if scale.size == 1:
+            axis = None
+        return QParams(scale.astype(np.float64), zero, np.dtype(dtype), axis)
+
+    def set_output(self, i: int, t: Value) -> None:
+        assert self.current is not None
+        self.values[self.current.output[i]] = t
+
+    # ------------------------------------------------------------------ emitting TOSA
+
+    def op(self, op, inputs: list[str], outputs: list[str], attr: ts.TosaSerializerAttribute | None = None) -> None:
+        if attr is None:
+            attr = ts.TosaSerializerAttribute()
+        self.ser.addOperator(op, inputs, outputs, attr)
+        key = self.current.name if self.current is not None else "<boundary>"
+        self.node_ops.setdefault(key, []).append(str(op).split(".")[-1])

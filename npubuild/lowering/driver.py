@@ -1,0 +1,57 @@
+"""Walk an ONNX graph in topological order and dispatch each node to its registered lowering."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+import onnx
+
+from npubuild.errors import InputError, UnsupportedOpError
+from npubuild.lowering import load_all
+from npubuild.lowering.context import IOInfo, LoweringContext, TTensor
+from npubuild.lowering.registry import LOWERINGS
+
+
+@dataclass
+class LoweredGraph:
+    """A serialized TOSA graph plus what is needed to feed it and trace it back to ONNX."""
+
+    tosa: bytes
+    profile: Literal["int", "fp"]
+    inputs: list[IOInfo]
+    outputs: list[IOInfo]
+    node_ops: dict[str, list[str]]  # ONNX node name -> TOSA op types it became
+
+    @property
+    def tosa_op_count(self) -> int:
+        return sum(len(v) for v in self.node_ops.values())
+
+
+def lower_model(model: onnx.ModelProto, profile: Literal["int", "fp"]) -> LoweredGraph:
+    """Lower a whole (QDQ for INT, float for FP) ONNX model to one TOSA 1.0 graph."""
+    load_all()
+    for i, node in enumerate(model.graph.node):
+        if not node.name:
+            node.name = f"{node.op_type}_{i}"
+    ctx = LoweringContext(model, profile)
+    for node in model.graph.node:
+        if node.domain not in ("", "ai.onnx"):
+            raise UnsupportedOpError(node.name, node.op_type, f"operator domain '{node.domain}' is not supported")
+        fn = LOWERINGS.get(node.op_type)
+        if fn is None:
+            raise UnsupportedOpError(node.name, node.op_type, "no lowering to TOSA for this op type")
+        ctx.current = node
+        fn(ctx)
+        ctx.current = None
+    for name in ctx.graph_outputs:
+        v = ctx.values.get(name)
+        if not isinstance(v, TTensor) or name not in {o.onnx_name for o in ctx.outputs}:
+            raise InputError(f"graph output '{name}' is not computed by the lowered graph (constant or input?)")
+    return LoweredGraph(
+        tosa=ctx.ser.serialize(),
+        profile=profile,
+        inputs=ctx.inputs,
+        outputs=ctx.outputs,  # in TOSA output order
+        node_ops=ctx.node_ops,
+    )

@@ -1,0 +1,117 @@
+"""Common TOSA idioms used by many op lowerings: rescale, clamp, reshape, transpose, layout moves.
+
+Each helper emits TOSA 1.0 operators through the context and returns the
+resulting `TTensor`; operand order follows TOSA 1.0 (zero points and rescale
+parameters are tensors, not attributes).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import tosa_serializer as ts
+
+from npubuild.lowering.context import LoweringContext, TTensor, identity, inverse
+from npubuild.lowering.quant import QParams, multiplier_shift
+
+Op = ts.Op
+
+
+def attr(kind: str, *args) -> ts.TosaSerializerAttribute:
+    """`attr("Conv2d", pad, ...)` -> a TosaSerializerAttribute with Conv2dAttribute(...) set."""
+    a = ts.TosaSerializerAttribute()
+    getattr(a, f"{kind}Attribute")(*args)
+    return a
+
+
+def rescale(
+    ctx: LoweringContext,
+    x: TTensor,
+    scale: float | np.ndarray,
+    out_dtype: np.dtype,
+    in_zp: int,
+    out_zp: int,
+    out_q: QParams | None,
+    output_of: str | None = None,
+) -> TTensor:
+    """RESCALE x to out_dtype: out = round((x - in_zp) * scale) + out_zp, per channel if scale is a vector."""
+    out_dtype = np.dtype(out_dtype)
+    scale = np.atleast_1d(np.asarray(scale, np.float64))
+    mult, shift = multiplier_shift(scale, 32)
+    per_channel = scale.size > 1
+    out = ctx.new_tensor(x.shape, out_dtype, x.perm, out_q, output_of=output_of)
+    inputs = [
+        x.name,
+        ctx.const(mult.astype(np.int32), "multiplier"),
+        ctx.const(shift.astype(np.int8), "shift"),
+        ctx.zp(in_zp, x.dtype),
+        ctx.zp(out_zp, out_dtype),
+    ]
+    ctx.op(Op.RESCALE, inputs, [out.name], attr("Rescale", True, ts.RoundingMode.SINGLE_ROUND, per_channel, False, False))
+    return out
+
+
+def requantize(ctx: LoweringContext, x: TTensor, out_q: QParams, output_of: str | None = None) -> TTensor:
+    """Move an int8 tensor to other quantisation parameters (no-op if they already match)."""
+    assert x.q is not None
+    if x.q.same_as(out_q) and output_of is None:
+        return x
+    return rescale(ctx, x, x.q.s / out_q.s, out_q.dtype, x.q.zp, out_q.zp, out_q, output_of)
+
+
+def clamp(
+    ctx: LoweringContext, x: TTensor, lo: float | int, hi: float | int, output_of: str | None = None
+) -> TTensor:
+    out = ctx.new_tensor(x.shape, x.dtype, x.perm, x.q, output_of=output_of)
+    if x.dtype == np.float32:
+        bounds = (np.array([lo], np.float32), np.array([hi], np.float32))
+        a = attr("Clamp", ts.TosaSerializer.convertDataToUint8Vec(ts.DType.FP32, bounds[0]),
+                 ts.TosaSerializer.convertDataToUint8Vec(ts.DType.FP32, bounds[1]), ts.NanPropagationMode.PROPAGATE)
+    else:
+        dt = {np.dtype(np.int8): ts.DType.INT8, np.dtype(np.int16): ts.DType.INT16}[x.dtype]
+        a = attr("Clamp", ts.TosaSerializer.convertDataToUint8Vec(dt, np.array([int(lo)], x.dtype)),
+                 ts.TosaSerializer.convertDataToUint8Vec(dt, np.array([int(hi)], x.dtype)), ts.NanPropagationMode.PROPAGATE)
+    ctx.op(Op.CLAMP, [x.name], [out.name], a)
+    return out
+
+
+def reshape(ctx: LoweringContext, x: TTensor, shape: tuple[int, ...], perm: tuple[int, ...] | None = None,
+            output_of: str | None = None) -> TTensor:
+    """RESHAPE to a physical shape; `perm` is the layout the result is known to have."""
+    shape = tuple(int(s) for s in shape)
+    if shape == x.shape and (perm is None or perm == x.perm) and not ctx.is_graph_output(output_of):
+        return x
+    out = ctx.new_tensor(shape, x.dtype, perm if perm is not None else identity(len(shape)), x.q, output_of=output_of)
+    ctx.op(Op.RESHAPE, [x.name, ctx.shape_const(shape)], [out.name], attr("Reshape"))
+    return out
+
+
+def transpose(ctx: LoweringContext, x: TTensor, perm: tuple[int, ...], new_layout: tuple[int, ...],
+              output_of: str | None = None) -> TTensor:
+    """Physically TRANSPOSE x by `perm`; the result's layout is `new_layout`."""
+    shape = tuple(x.shape[p] for p in perm)
+    out = ctx.new_tensor(shape, x.dtype, new_layout, x.q, output_of=output_of)
+    ctx.op(Op.TRANSPOSE, [x.name], [out.name], attr("Transpose", list(perm)))
+    return out
+
+
+def to_layout(ctx: LoweringContext, x: TTensor, layout: tuple[int, ...]) -> TTensor:
+    """Bring x to the given layout; a TRANSPOSE only if the physical element order really changes."""
+    if x.perm == layout:
+        return x
+    # physical_new = logical.transpose(layout) = physical_old.transpose(inverse(x.perm)).transpose(layout)
+    inv = inverse(x.perm)
+    move = tuple(inv[i] for i in layout)
+    new_shape = tuple(x.shape[m] for m in move)
+    if order_preserved(x.shape, move):
+        return reshape(ctx, x, new_shape, layout)
+    return transpose(ctx, x, move, layout)
+
+
+def order_preserved(shape: tuple[int, ...], perm: tuple[int, ...]) -> bool:
+    """True if transposing `shape` by `perm` keeps the element order (only unit dims move)."""
+    moved = [p for p in perm if shape[p] != 1]
+    return moved == sorted(moved)
+
+
+def zeros_like_zp(ctx: LoweringContext, dtype: np.dtype) -> str:
+    return ctx.zp(0, dtype)

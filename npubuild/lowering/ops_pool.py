@@ -1,0 +1,111 @@
+"""Pooling: MaxPool, AveragePool, GlobalAveragePool (NHWC, TOSA MAX_POOL2D / AVG_POOL2D)."""
+
+from __future__ import annotations
+
+import numpy as np
+import tosa_serializer as ts
+
+from npubuild.lowering.context import NHWC, LoweringContext, TTensor
+from npubuild.lowering.emit import Op, attr, requantize, rescale, to_layout
+from npubuild.lowering.ops_conv import conv_pads, exact_pads, slice_hw
+from npubuild.lowering.registry import lowers
+
+
+def _pool_geometry(ctx: LoweringContext, x: TTensor, kernel) -> tuple[list[int], tuple, TTensor]:
+    stride = tuple(ctx.attr("strides", [1, 1]))
+    dilation = tuple(ctx.attr("dilations", [1, 1]))
+    if dilation != (1, 1):
+        raise ctx.unsupported("dilated pooling is not supported")
+    pads = conv_pads(ctx, (x.shape[1], x.shape[2]), kernel, stride, (1, 1))
+    if int(ctx.attr("ceil_mode", 0)):
+        for i in range(2):
+            span = x.shape[1 + i] + pads[2 * i] + pads[2 * i + 1] - kernel[i]
+            pads[2 * i + 1] += (-span) % stride[i]
+    pads, keep = exact_pads((x.shape[1], x.shape[2]), kernel, stride, (1, 1), pads)
+    return pads, stride, slice_hw(ctx, x, keep)
+
+
+def _out_hw(x: TTensor, kernel, stride, pads) -> tuple[int, int]:
+    oh = (x.shape[1] + pads[0] + pads[1] - kernel[0]) // stride[0] + 1
+    ow = (x.shape[2] + pads[2] + pads[3] - kernel[1]) // stride[1] + 1
+    return oh, ow
+
+
+@lowers("MaxPool")
+def lower_maxpool(ctx: LoweringContext) -> None:
+    if len(ctx.current.output) > 1 and ctx.current.output[1]:
+        raise ctx.unsupported("MaxPool indices output is not supported")
+    x = to_layout(ctx, ctx.tensor(0), NHWC)
+    kernel = tuple(ctx.attr("kernel_shape"))
+    pads, stride, x = _pool_geometry(ctx, x, kernel)
+    oh, ow = _out_hw(x, kernel, stride, pads)
+    out_q = ctx.output_q() if ctx.profile == "int" else None
+    direct = out_q is None or (x.q is not None and x.q.same_as(out_q))
+    out = ctx.new_tensor((x.shape[0], oh, ow, x.shape[3]), x.dtype, NHWC, x.q,
+                         output_of=ctx.current.output[0] if direct else None)
+    ctx.op(Op.MAX_POOL2D, [x.name], [out.name], attr("MaxPool2d", list(kernel), list(stride), pads, ts.NanPropagationMode.PROPAGATE))
+    if not direct:
+        out = requantize(ctx, out, out_q, output_of=ctx.current.output[0])
+    ctx.set_output(0, out)
+
+
+def avg_pool(ctx: LoweringContext, x: TTensor, kernel, stride, pads, count_include_pad: bool = False) -> None:
+    """Average pooling; in int8 picks the form with a single rounding.
+
+    TOSA AVG_POOL2D divides by the count of non-padded elements (ONNX
+    count_include_pad=0) and keeps the input's scale; when the output scale
+    differs, a second RESCALE would round twice and the error (up to 1 LSB)
+    is then amplified by the layers after it. A depthwise convolution with
+    all-ones weights sums exactly in int32 and rescales once instead, and pads
+    with the zero point, which is count_include_pad=1.
+    """
+    oh, ow = _out_hw(x, kernel, stride, pads)
+    shape = (x.shape[0], oh, ow, x.shape[3])
+    out_name = ctx.current.output[0]
+    if ctx.profile == "fp":
+        if count_include_pad and any(pads):
+            raise ctx.unsupported("count_include_pad=1 with padding is not supported in the FP profile yet")
+        out = ctx.new_tensor(shape, np.float32, NHWC, output_of=out_name)
+        ins = [x.name, ctx.zp(0, np.float32), ctx.zp(0, np.float32)]
+        ctx.op(Op.AVG_POOL2D, ins, [out.name], attr("AvgPool2d", list(kernel), list(stride), pads, ts.DType.FP32))
+        ctx.set_output(0, out)
+        return
+    out_q = ctx.require_output_q()
+    assert x.q is not None
+    same_scale = np.isclose(x.q.s, out_q.s, rtol=1e-6)
+    if same_scale and not (count_include_pad and any(pads)):
+        out = ctx.new_tensor(shape, x.dtype, NHWC, out_q, output_of=out_name)
+        ins = [x.name, ctx.zp(x.q.zp, np.int8), ctx.zp(out_q.zp, np.int8)]
+        ctx.op(Op.AVG_POOL2D, ins, [out.name], attr("AvgPool2d", list(kernel), list(stride), pads, ts.DType.INT32))
+        ctx.set_output(0, out)
+        return
+    if any(pads) and not count_include_pad:
+        out = ctx.new_tensor(shape, x.dtype, NHWC, x.q)
+        ins = [x.name, ctx.zp(x.q.zp, np.int8), ctx.zp(x.q.zp, np.int8)]
+        ctx.op(Op.AVG_POOL2D, ins, [out.name], attr("AvgPool2d", list(kernel), list(stride), pads, ts.DType.INT32))
+        ctx.set_output(0, requantize(ctx, out, out_q, output_of=out_name))
+        return
+    c = x.shape[3]
+    ones = np.ones((kernel[0], kernel[1], c, 1), np.int8)  # HWCM
+    acc = ctx.new_tensor(shape, np.int32, NHWC)
+    ins = [x.name, ctx.const(ones, "ones"), ctx.const(np.zeros(c, np.int32), "bias"), ctx.zp(x.q.zp, np.int8),
+           ctx.zp(0, np.int8)]
+    ctx.op(Op.DEPTHWISE_CONV2D, ins, [acc.name],
+           attr("DepthwiseConv2d", pads, list(stride), [1, 1], False, ts.DType.INT32))
+    scale = x.q.s / (kernel[0] * kernel[1] * out_q.s)
+    ctx.set_output(0, rescale(ctx, acc, scale, out_q.dtype, 0, out_q.zp, out_q, output_of=out_name))
+
+
+@lowers("AveragePool")
+def lower_avgpool(ctx: LoweringContext) -> None:
+    x = to_layout(ctx, ctx.tensor(0), NHWC)
+    kernel = tuple(ctx.attr("kernel_shape"))
+    pads, stride, x = _pool_geometry(ctx, x, kernel)
+    avg_pool(ctx, x, kernel, stride, pads, bool(int(ctx.attr("count_include_pad", 0))))
+
+
+@lowers("GlobalAveragePool")
+def lower_global_avgpool(ctx: LoweringContext) -> None:
+    x = to_layout(ctx, ctx.tensor(0), NHWC)
+    kernel = (x.shape[1], x.shape[2])
+    avg_pool(ctx, x, kernel, (1, 1), [0, 0, 0, 0])

@@ -1,0 +1,93 @@
+"""Integer arithmetic helpers shared by every integer lowering.
+
+One place turns a real scale into TOSA's (multiplier, shift) pair so that all
+ops round the same way.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class QParams:
+    """Affine quantisation of a tensor: real = scale * (q - zero_point); per-tensor or per-axis."""
+
+    scale: np.ndarray  # float64, shape () or (n,)
+    zero_point: np.ndarray  # int64, same shape as scale
+    dtype: np.dtype  # storage type: int8, uint8, int16 or int32
+    axis: int | None = None
+
+    @property
+    def is_per_tensor(self) -> bool:
+        return self.scale.ndim == 0 or self.scale.size == 1
+
+    @property
+    def s(self) -> float:
+        """The per-tensor scale (only valid when is_per_tensor)."""
+        return float(self.scale.reshape(-1)[0])
+
+    @property
+    def zp(self) -> int:
+        return int(self.zero_point.reshape(-1)[0])
+
+    @property
+    def qmin(self) -> int:
+        return int(np.iinfo(self.dtype).min)
+
+    @property
+    def qmax(self) -> int:
+        return int(np.iinfo(self.dtype).max)
+
+    def same_as(self, other: QParams | None) -> bool:
+        return (
+            other is not None
+            and self.dtype == other.dtype
+            and self.scale.shape == other.scale.shape
+            and np.allclose(self.scale, other.scale, rtol=1e-6, atol=0)
+            and np.array_equal(self.zero_point, other.zero_point)
+        )
+
+    def quantize(self, x: np.ndarray) -> np.ndarray:
+        q = np.round(np.asarray(x, np.float64) / self.scale) + self.zero_point
+        return np.clip(q, self.qmin, self.qmax).astype(self.dtype)
+
+    def dequantize(self, q: np.ndarray) -> np.ndarray:
+        return (np.asarray(q, np.float64) - self.zero_point) * self.scale
+
+
+def multiplier_shift(scale: float | np.ndarray, bits: int = 32) -> tuple[np.ndarray, np.ndarray]:
+    """Represent `scale` as multiplier * 2**-shift with a `bits`-bit multiplier, TOSA's RESCALE form.
+
+    TOSA requires 2 <= shift <= 62; tiny scales are flushed to a zero multiplier
+    (the result is 0 either way).
+    """
+    scale = np.atleast_1d(np.asarray(scale, np.float64))
+    mantissa_bits = bits - 1
+    mult = np.zeros(scale.shape, np.int64)
+    shift = np.zeros(scale.shape, np.int64)
+    for i, s in enumerate(scale):
+        if s <= 0 or not np.isfinite(s):
+            raise ValueError(f"rescale factor must be positive and finite, got {s}")
+        m, e = np.frexp(s)  # s = m * 2**e, 0.5 <= m < 1
+        q = int(np.round(m * (1 << mantissa_bits)))
+        if q == (1 << mantissa_bits):
+            q //= 2
+            e += 1
+        sh = mantissa_bits - int(e)
+        if sh > 62:  # too small to represent: shift the multiplier down
+            q >>= min(sh - 62, 63)
+            sh = 62
+        if sh < 2:
+            raise ValueError(f"rescale factor {s} is too large for a {bits}-bit RESCALE")
+        mult[i], shift[i] = q, sh
+    return mult, shift
+
+
+def apply_rescale(x: np.ndarray, mult: np.ndarray, shift: np.ndarray) -> np.ndarray:
+    """Reference of TOSA RESCALE with SINGLE_ROUND, for tests and table generation."""
+    x = x.astype(np.int64)
+    round_ = np.int64(1) << (shift - 1)
+    return (x * mult + round_) >> shift

@@ -1,0 +1,79 @@
+"""quantize stage: onnxruntime static quantisation to a QDQ int8 model."""
+
+from __future__ import annotations
+
+import logging
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import onnx
+from onnxruntime import quantization as ortq
+
+from npubuild.data import calibration_arrays
+from npubuild.errors import StageError
+from npubuild.fileio import write_bytes
+from npubuild.plan import StageTask
+
+METHODS = {
+    "minmax": ortq.CalibrationMethod.MinMax,
+    "entropy": ortq.CalibrationMethod.Entropy,
+    "percentile": ortq.CalibrationMethod.Percentile,
+}
+
+
+class ArrayReader(ortq.CalibrationDataReader):
+    """Feeds one sample at a time from per-input arrays of shape (N, ...)."""
+
+    def __init__(self, arrays: dict[str, np.ndarray]):
+        self.arrays = arrays
+        self.n = next(iter(arrays.values())).shape[0]
+        self.i = 0
+
+    def get_next(self) -> dict[str, np.ndarray] | None:
+        if self.i >= self.n:
+            return None
+        sample = {k: v[self.i] for k, v in self.arrays.items()}
+        self.i += 1
+        return sample
+
+    def rewind(self) -> None:
+        self.i = 0
+
+
+def quantize(float_model: Path, arrays: dict[str, np.ndarray], q: dict) -> onnx.ModelProto:
+    with tempfile.TemporaryDirectory(prefix="npubuild-quant-") as tmp:
+        out = Path(tmp) / "qdq.onnx"
+        logging.getLogger().setLevel(logging.ERROR)
+        try:
+            ortq.quantize_static(
+                str(float_model),
+                str(out),
+                ArrayReader(arrays),
+                quant_format=ortq.QuantFormat.QDQ,
+                per_channel=q["per_channel"],
+                activation_type=ortq.QuantType.QInt8,
+                weight_type=ortq.QuantType.QInt8,
+                calibrate_method=METHODS[q["method"]],
+                extra_options={
+                    "ActivationSymmetric": q["symmetric_activations"],
+                    "WeightSymmetric": True,
+                    "DedicatedQDQPair": False,
+                },
+            )
+        except Exception as exc:
+            raise StageError(f"onnxruntime quantisation failed: {type(exc).__name__}: {exc}") from None
+        return onnx.load(str(out))
+
+
+def run(task: StageTask) -> dict:
+    float_model = task.inputs["float"]
+    model = onnx.load(str(float_model))
+    arrays = calibration_arrays(model, task.config["calibration"], task.inputs.get("calibration"))
+    qdq = quantize(float_model, arrays, task.config["quantization"])
+    write_bytes(task.outputs["onnx"], qdq.SerializeToString())
+    counts = {"QuantizeLinear": 0, "DequantizeLinear": 0}
+    for n in qdq.graph.node:
+        if n.op_type in counts:
+            counts[n.op_type] += 1
+    return {"calibration_samples": int(next(iter(arrays.values())).shape[0]), **counts}

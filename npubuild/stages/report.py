@@ -1,0 +1,45 @@
+"""report stage (per build): gather the stages' metrics into the contract's metrics and check gates."""
+
+from __future__ import annotations
+
+from npubuild.fileio import read_json, write_json
+from npubuild.gates import evaluate
+from npubuild.plan import StageTask
+
+
+def build_metrics(records: dict[str, dict]) -> dict:
+    """The contract's metrics from the stage records (None where a stage did not run)."""
+    lower = records.get("lower", {}).get("metrics", {})
+    check = records.get("tosa-check", {}).get("metrics", {})
+    vela = records.get("vela", {}).get("metrics", {})
+    npu_ops = lower.get("onnx_nodes", 0)
+    cpu_ops = vela.get("vela_cpu_ops", 0)
+    total = npu_ops + cpu_ops
+    return {
+        "npu_ops": npu_ops,
+        "cpu_ops": cpu_ops,
+        "npu_offload": round(npu_ops / total, 4) if total else 0.0,
+        "sram_kib": vela.get("sram_kib"),
+        "offchip_kib": vela.get("offchip_kib"),
+        "inference_ms": vela.get("inference_ms"),
+        "npu_cycles": vela.get("npu_cycles"),
+        "macs": vela.get("macs"),
+        "tosa_max_error_lsb": check.get("tosa_max_error_lsb"),
+        "tosa_snr_db": check.get("tosa_snr_db"),
+        "quant_snr_db": check.get("quant_snr_db"),
+        "tosa_ops": lower.get("tosa_op_count"),
+        "transposes": lower.get("transposes"),
+        "vela_npu_ops": vela.get("vela_npu_ops"),
+        "vela_cpu_ops": vela.get("vela_cpu_ops"),
+        "memory_mode": vela.get("memory_mode"),
+        "pools": vela.get("pools"),
+    }
+
+
+def run(task: StageTask) -> dict:
+    records = {stage: read_json(path) for stage, path in task.inputs.items()}
+    metrics = build_metrics(records)
+    gates = evaluate(task.config["expect"], metrics)
+    entry = {"metrics": metrics, "gates": gates}
+    write_json(task.outputs["entry"], entry)
+    return entry

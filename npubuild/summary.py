@@ -1,0 +1,118 @@
+"""report.json / report.md for a whole run: one entry per spec x model x target.
+
+Built after the task graph ran, from the stage records on disk, so it is the
+same whichever executor ran the stages; `cached` is true for a stage whose
+record comes from an earlier run.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from npubuild.fileio import write_json, write_text
+from npubuild.plan import BuildPlan
+from npubuild.stages import read_error, read_record
+from npubuild.versions import all_versions
+
+
+def build_entries(plan: BuildPlan, run_id: str) -> list[dict]:
+    entries = []
+    for b in plan.builds:
+        chain = plan.build_tasks[b.id]
+        stages: dict[str, dict] = {}
+        errors: list[str] = []
+        error_kinds: set[str] = set()
+        entry_metrics: dict = {}
+        gates: list[dict] = []
+        for stage, name in chain.items():
+            task = plan.tasks[name]
+            rec = read_record(task)
+            if rec is not None:
+                stages[stage] = {"status": "passed", "seconds": rec["seconds"], "cached": rec["run_id"] != run_id}
+                if stage == "report":
+                    entry_metrics, gates = rec["metrics"]["metrics"], rec["metrics"]["gates"]
+                continue
+            err = read_error(task)
+            if err is not None:
+                stages[stage] = {"status": "failed", "seconds": None, "cached": False, "error": err["message"]}
+                errors.append(err["message"])
+                error_kinds.add(err.get("kind", "stage"))
+            else:
+                stages[stage] = {"status": "skipped", "seconds": None, "cached": False}
+        stages.setdefault("fvp", {"status": "skipped", "seconds": None, "cached": False,
+                                  "reason": "no FVP stage configured in this version"})
+        if errors:
+            status = "failed"
+        elif any(s["status"] == "skipped" for k, s in stages.items() if k != "fvp"):
+            status = "skipped"
+        elif any(not g["ok"] for g in gates):
+            status = "failed"
+        else:
+            status = "passed"
+        entries.append({
+            "spec": b.spec.name,
+            "model": b.model_name,
+            "target": b.target.name,
+            "accelerator": b.target.accelerator,
+            "status": status,
+            "stages": stages,
+            "metrics": entry_metrics,
+            "gates": gates,
+            "errors": errors,
+            "error_kinds": sorted(error_kinds),
+            "artifacts": artifacts(plan, b.id),
+        })
+    return entries
+
+
+def artifacts(plan: BuildPlan, build_id: str) -> dict[str, str]:
+    chain = plan.build_tasks[build_id]
+    out = {}
+    lower = plan.tasks[chain["lower"]]
+    out["tosa"] = str(lower.outputs["tosa"])
+    vela = plan.tasks[chain["vela"]]
+    for p in sorted(vela.dir.glob("*_vela.tflite")) + sorted(vela.dir.glob("*_vela.npz")):
+        out["vela"] = str(p)
+    return out
+
+
+def write_reports(plan: BuildPlan, run_id: str, build_dir: Path) -> dict:
+    report = {"versions": all_versions(), "builds": build_entries(plan, run_id)}
+    write_json(build_dir / "report.json", report)
+    write_text(build_dir / "report.md", render_markdown(report))
+    return report
+
+
+def _fmt(v, digits: int = 2) -> str:
+    if v is None:
+        return "-"
+    if isinstance(v, float):
+        return f"{v:.{digits}f}"
+    return str(v)
+
+
+def render_markdown(report: dict) -> str:
+    lines = ["# npubuild report", "",
+             "| spec | model | target | status | NPU ops | CPU ops | SRAM KiB | off-chip KiB | inference ms | "
+             "NPU cycles | TOSA max LSB | TOSA SNR dB | quant SNR dB | cached stages |",
+             "|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
+    for b in report["builds"]:
+        m = b["metrics"]
+        cached = sum(1 for s in b["stages"].values() if s.get("cached"))
+        ran = sum(1 for s in b["stages"].values() if s["status"] == "passed")
+        lines.append(
+            f"| {b['spec']} | {b['model']} | {b['target']} | {b['status']} | {_fmt(m.get('npu_ops'))} | "
+            f"{_fmt(m.get('cpu_ops'))} | {_fmt(m.get('sram_kib'))} | {_fmt(m.get('offchip_kib'))} | "
+            f"{_fmt(m.get('inference_ms'), 4)} | {_fmt(m.get('npu_cycles'))} | {_fmt(m.get('tosa_max_error_lsb'), 0)} | "
+            f"{_fmt(m.get('tosa_snr_db'), 1)} | {_fmt(m.get('quant_snr_db'), 1)} | {cached}/{ran} |")
+    failures = [(b, g) for b in report["builds"] for g in b["gates"] if not g["ok"]]
+    errors = [(b, e) for b in report["builds"] for e in b["errors"]]
+    if failures or errors:
+        lines += ["", "## Problems", ""]
+        for b, g in failures:
+            lines.append(f"- {b['spec']}/{b['model']}/{b['target']}: gate `{g['name']}` limit {g['limit']}, value {g['value']}")
+        for b, e in errors:
+            lines.append(f"- {b['spec']}/{b['model']}/{b['target']}: {e}")
+    lines += ["", "## Tool versions", ""]
+    lines += [f"- {k} {v}" for k, v in report["versions"].items()]
+    return "\n".join(lines) + "\n"
