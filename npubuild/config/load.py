@@ -20,7 +20,7 @@ from typing import Any, TypeVar
 from pydantic import BaseModel, ValidationError
 
 from npubuild.config.schema import CompileSpec, Pipeline, TargetProfile, VelaOptions
-from npubuild.config.yamlfile import KeyPath, Marks, deep_merge, load_yaml, locate
+from npubuild.config.yamlfile import KEY, KeyPath, Marks, deep_merge, load_yaml, locate
 from npubuild.errors import InputError, Location
 
 SHIPPED_ROOT = Path(__file__).resolve().parents[2]
@@ -57,6 +57,7 @@ def validate(model: type[M], data: Any, marks: Marks, file: Path) -> M:
         field = ".".join(str(p) for p in clean) or "(top level)"
         msg = err["msg"]
         if err["type"] == "extra_forbidden":
+            where = marks.get((*clean, KEY), where)
             msg = f"unknown key '{clean[-1] if clean else loc[-1]}'"
             field = ".".join(str(p) for p in clean[:-1]) or "(top level)"
         elif err["type"] == "missing":

@@ -15,6 +15,7 @@ import yaml
 from npubuild.errors import InputError, Location
 
 KeyPath = tuple[str | int, ...]
+KEY = "<key>"  # marks[(*path, KEY)] is where the key itself is written (for unknown-key errors)
 Marks = dict[KeyPath, Location]
 
 
@@ -35,6 +36,7 @@ def _construct(loader: yaml.SafeLoader, node: yaml.Node, path: KeyPath, file: st
             if key in out:
                 raise InputError(f"duplicate key '{key}'", _mark(file, key_node))
             out[key] = _construct(loader, value_node, (*path, key), file, marks)
+            marks[(*path, key, KEY)] = _mark(file, key_node)
         return out
     if isinstance(node, yaml.SequenceNode):
         return [_construct(loader, item, (*path, i), file, marks) for i, item in enumerate(node.value)]
