@@ -59,6 +59,9 @@ def quantize(float_model: Path, arrays: dict[str, np.ndarray], q: dict) -> onnx.
                     "ActivationSymmetric": q["symmetric_activations"],
                     "WeightSymmetric": True,
                     "DedicatedQDQPair": False,
+                    # quantize data-movement ops (MaxPool, Transpose...) even where their input is float:
+                    # everything the NPU runs is int8.
+                    "ForceQuantizeNoInputCheck": True,
                 },
             )
         except Exception as exc:

@@ -1,0 +1,133 @@
+"""Per-op test harness, the two kinds the Arm backend uses plus Vela.
+
+- FP: the float ONNX graph lowered to TOSA PRO-FP, run on the TOSA reference
+  model, compared with onnxruntime on the float graph.
+- INT: the graph quantized by onnxruntime (QDQ), lowered to TOSA PRO-INT,
+  compared with onnxruntime on the QDQ graph in LSBs of each output.
+- vela: the INT graph compiled by Vela for an accelerator; returns NPU/CPU op counts.
+
+Build single-op models with `single_op_model`; inputs are float32 arrays in ONNX layout.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper
+
+from npubuild.lowering.driver import LoweredGraph, lower_model
+from npubuild.stages.importer import normalise
+from npubuild.stages.quantize import quantize
+from npubuild.stages.vela import parse_operator_counts
+from npubuild.tosa_run import run_onnx, run_tosa
+
+
+def single_op_model(op: str, input_shapes: dict[str, list[int]], output_shapes: dict[str, list[int] | None],
+                    initializers: dict[str, np.ndarray] | None = None, opset: int = 17,
+                    node_inputs: list[str] | None = None, **attrs) -> onnx.ModelProto:
+    """One node `op` reading the graph inputs (then initializers, or `node_inputs` in that order)."""
+    initializers = initializers or {}
+    inputs = [helper.make_tensor_value_info(n, TensorProto.FLOAT, s) for n, s in input_shapes.items()]
+    outputs = [helper.make_tensor_value_info(n, TensorProto.FLOAT, s) for n, s in output_shapes.items()]
+    names = node_inputs if node_inputs is not None else [*input_shapes, *initializers]
+    node = helper.make_node(op, names, list(output_shapes), name=f"the_{op.lower()}", **attrs)
+    inits = [onnx.numpy_helper.from_array(np.asarray(v), k) for k, v in initializers.items()]
+    graph = helper.make_graph([node], f"single_{op}", inputs, outputs, inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+    model.ir_version = 8
+    inferred = onnx.shape_inference.infer_shapes(model, strict_mode=True, data_prop=True)
+    known = {vi.name: vi for vi in [*inferred.graph.value_info, *inferred.graph.output]}
+    for out in model.graph.output:  # outputs given as None: take the inferred type and shape
+        if not out.type.tensor_type.HasField("shape") and known.get(out.name) is not None:
+            out.CopyFrom(known[out.name])
+    return model
+
+
+def prepare(model: onnx.ModelProto) -> onnx.ModelProto:
+    """The import stage's normalisation (static shapes, folding, shape inference)."""
+    return normalise(model, {}, "<test>")
+
+
+def _save(model: onnx.ModelProto, d: Path, name: str) -> Path:
+    p = d / name
+    onnx.save(model, p)
+    return p
+
+
+def io_dict(lowered: LoweredGraph) -> dict:
+    return {"profile": lowered.profile, "inputs": [i.as_dict() for i in lowered.inputs],
+            "outputs": [o.as_dict() for o in lowered.outputs]}
+
+
+def check_fp(model: onnx.ModelProto, feeds: dict[str, np.ndarray], rtol: float = 1e-4,
+             atol: float = 1e-4) -> LoweredGraph:
+    """Lower the float model to TOSA FP and assert it matches onnxruntime."""
+    model = prepare(model)
+    lowered = lower_model(model, "fp")
+    with tempfile.TemporaryDirectory() as tmp:
+        path = _save(model, Path(tmp), "float.onnx")
+        ref = run_onnx(str(path), feeds)
+    got = run_tosa(lowered.tosa, io_dict(lowered), feeds)
+    for name, r in ref.items():
+        np.testing.assert_allclose(got[name], r, rtol=rtol, atol=atol, err_msg=f"output {name}")
+    return lowered
+
+
+def quantize_model(model: onnx.ModelProto, calibration: dict[str, np.ndarray], per_channel: bool = True,
+                   symmetric_activations: bool = False) -> onnx.ModelProto:
+    """onnxruntime QDQ int8, as the quantize stage does it. Calibration arrays: (N, *input_shape)."""
+    model = prepare(model)
+    with tempfile.TemporaryDirectory() as tmp:
+        path = _save(model, Path(tmp), "float.onnx")
+        return quantize(path, calibration, {"per_channel": per_channel, "method": "minmax",
+                                            "symmetric_activations": symmetric_activations})
+
+
+def check_int(model: onnx.ModelProto, calibration: dict[str, np.ndarray], feeds: dict[str, np.ndarray],
+              max_lsb: float = 1.0, per_channel: bool = True) -> tuple[LoweredGraph, float]:
+    """Quantize, lower to TOSA INT, assert every output is within `max_lsb` of onnxruntime's QDQ result.
+
+    Returns the lowered graph and the max error in LSB seen.
+    """
+    qdq = quantize_model(model, calibration, per_channel)
+    lowered = lower_model(qdq, "int")
+    io = io_dict(lowered)
+    with tempfile.TemporaryDirectory() as tmp:
+        path = _save(qdq, Path(tmp), "qdq.onnx")
+        ref = run_onnx(str(path), feeds)
+    got = run_tosa(lowered.tosa, io, feeds)
+    worst = 0.0
+    for spec in io["outputs"]:
+        name = spec["onnx_name"]
+        ref_q = np.round(ref[name] / spec["scale"]) + spec["zero_point"]
+        err = float(np.max(np.abs(ref_q - got[name].astype(np.float64))))
+        worst = max(worst, err)
+        assert err <= max_lsb, f"output {name}: {err} LSB > {max_lsb}"
+    return lowered, worst
+
+
+def vela_op_counts(tosa: bytes, accelerator: str) -> tuple[int, int]:
+    """Compile with Vela (real, default system config is fine for op placement); returns (npu_ops, cpu_ops).
+
+    Raises AssertionError with Vela's output if it fails to compile.
+    """
+    with tempfile.TemporaryDirectory() as tmp:
+        p = Path(tmp) / "m.tosa"
+        p.write_bytes(tosa)
+        proc = subprocess.run([sys.executable, "-m", "ethosu.vela", str(p), "--accelerator-config", accelerator,
+                               "--output-dir", str(Path(tmp) / "out")], capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        return parse_operator_counts(proc.stdout)
+
+
+def rand(shape, seed: int = 0, low: float = -1.0, high: float = 1.0) -> np.ndarray:
+    return np.random.default_rng(seed).uniform(low, high, size=shape).astype(np.float32)
+
+
+def calib(name: str, shape, n: int = 16, seed: int = 100, low: float = -1.0, high: float = 1.0) -> dict[str, np.ndarray]:
+    return {name: rand((n, *shape), seed, low, high)}
