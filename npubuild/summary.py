@@ -10,6 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from npubuild.fileio import write_json, write_text
+from npubuild.html_report import write_html
 from npubuild.plan import BuildPlan
 from npubuild.stages import read_error, read_record
 from npubuild.versions import all_versions
@@ -80,6 +81,7 @@ def write_reports(plan: BuildPlan, run_id: str, build_dir: Path) -> dict:
     report = {"versions": all_versions(), "builds": build_entries(plan, run_id)}
     write_json(build_dir / "report.json", report)
     write_text(build_dir / "report.md", render_markdown(report))
+    write_html(build_dir / "report.html", report, cache_dir=build_dir / ".cache" / "plots")
     return report
 
 
@@ -105,6 +107,7 @@ def render_markdown(report: dict) -> str:
             f"{_fmt(m.get('cpu_ops'))} | {_fmt(m.get('sram_kib'))} | {_fmt(m.get('offchip_kib'))} | "
             f"{_fmt(m.get('inference_ms'), 4)} | {_fmt(m.get('npu_cycles'))} | {_fmt(m.get('tosa_max_error_lsb'), 0)} | "
             f"{_fmt(m.get('tosa_snr_db'), 1)} | {_fmt(m.get('quant_snr_db'), 1)} | {cached}/{ran} |")
+    lines += _gates_and_memory(report)
     failures = [(b, g) for b in report["builds"] for g in b["gates"] if not g["ok"]]
     errors = [(b, e) for b in report["builds"] for e in b["errors"]]
     if failures or errors:
@@ -116,3 +119,18 @@ def render_markdown(report: dict) -> str:
     lines += ["", "## Tool versions", ""]
     lines += [f"- {k} {v}" for k, v in report["versions"].items()]
     return "\n".join(lines) + "\n"
+
+
+def _gates_and_memory(report: dict) -> list[str]:
+    """Per build: each gate with its limit and value, and each memory pool's use against its size."""
+    lines = ["", "## Gates and memory", ""]
+    for b in report["builds"]:
+        gates = ", ".join(f"{g['name']} {_fmt(g['value'], 4)} (limit {g['limit']}{'' if g['ok'] else ', FAILED'})"
+                          for g in b["gates"]) or "no gates"
+        pools = ", ".join(f"{p['pool']} {p['used_kib']:.1f}/{p['size_kib']:.0f} KiB"
+                          for p in b["metrics"].get("pools") or [])
+        offload = b["metrics"].get("npu_offload")
+        lines.append(f"- {b['spec']}/{b['model']}/{b['target']}: {gates}"
+                     + (f"; offload {offload:.0%}" if isinstance(offload, (int, float)) else "")
+                     + (f"; {pools}" if pools else ""))
+    return lines
