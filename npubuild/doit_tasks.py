@@ -142,6 +142,11 @@ def make_reporter(plan: BuildPlan, run_id: str, build_dir: Path, quiet: bool = F
             write_json(build_dir / "run.json", {"run_id": run_id, "executed": sorted(self.executed),
                                                 "cached": sorted(self.cached),
                                                 "failed": [n for n, _ in self.failed]})
+            for b in report["builds"]:  # a gate that fell short is a failure: say which, its limit and value
+                for g in b["gates"]:
+                    if not g["ok"]:
+                        sys.stderr.write(f"{b['spec']}/{b['model']}/{b['target']}: gate {g['name']} failed: "
+                                         f"limit {g['limit']}, value {g['value']}\n")
             counts = {s: sum(1 for b in report["builds"] if b["status"] == s) for s in ("passed", "failed", "skipped")}
             self._line(f"{len(self.executed)} ran, {len(self.cached)} cached, {len(self.failed)} failed; "
                        f"builds: {counts['passed']} passed, {counts['failed']} failed, {counts['skipped']} skipped; "

@@ -33,3 +33,53 @@ def top1_agreement(a: np.ndarray, b: np.ndarray) -> float | None:
     if a.ndim != 2 or a.shape[1] < 2:
         return None
     return float(np.mean(np.argmax(a, axis=1) == np.argmax(b, axis=1)))
+
+
+def lsb_error(reference: np.ndarray, test_q: np.ndarray, scale: float, zero_point: int, dtype: str) -> np.ndarray:
+    """|quantise(reference) - test| in units of the output's LSB (reference quantised as the QDQ model would)."""
+    info = np.iinfo(np.dtype(dtype))
+    ref_q = np.clip(np.round(np.asarray(reference, np.float64) / scale) + zero_point, info.min, info.max)
+    return np.abs(ref_q - np.asarray(test_q, np.float64))
+
+
+def compare_output(ref: np.ndarray, got: np.ndarray, flt: np.ndarray | None = None,
+                   lsb: np.ndarray | None = None) -> dict:
+    """Every measure of one output over N samples (arrays stacked on axis 0)."""
+    err = np.abs(np.asarray(ref, np.float64) - np.asarray(got, np.float64))
+    entry: dict = {
+        "snr_db": snr_db(ref, got),
+        "cosine": cosine(ref, got),
+        "max_abs_error": float(err.max()) if err.size else 0.0,
+        "mean_abs_error": float(err.mean()) if err.size else 0.0,
+    }
+    if lsb is not None:
+        entry["max_error_lsb"] = float(lsb.max()) if lsb.size else 0.0
+        entry["mean_error_lsb"] = float(lsb.mean()) if lsb.size else 0.0
+    flat_ref, flat_got = _classes(ref), _classes(got)
+    t1 = top1_agreement(flat_ref, flat_got) if flat_ref is not None else None
+    if t1 is not None:
+        entry["top1_agreement"] = t1
+    if flt is not None:
+        entry["quant_snr_db"] = snr_db(flt, got)
+        entry["quant_cosine"] = cosine(flt, got)
+        flat_flt = _classes(flt)
+        t1f = top1_agreement(flat_flt, flat_got) if flat_flt is not None else None
+        if t1f is not None:
+            entry["quant_top1_agreement"] = t1f
+    return entry
+
+
+def _classes(a: np.ndarray) -> np.ndarray | None:
+    """(N, classes) view of a classifier output stacked over samples, or None if it is not one."""
+    a = np.asarray(a)
+    if a.ndim < 2:
+        return None
+    if a.ndim > 2 and any(d != 1 for d in a.shape[1:-1]):
+        return None  # spatial outputs (segmentation maps, features) are not single-label classifiers
+    return a.reshape(a.shape[0], -1)
+
+
+def accuracy(logits: np.ndarray, labels: np.ndarray) -> float:
+    """Top-1 accuracy of (N, classes) scores against integer labels (N,)."""
+    pred = np.argmax(np.asarray(logits).reshape(len(labels), -1), axis=1)
+    return float(np.mean(pred == np.asarray(labels).reshape(-1)))

@@ -17,6 +17,15 @@ from npubuild.fileio import stable_hash
 from npubuild.versions import versions
 
 STAGES = ("import", "quantize", "lower", "tosa-check", "vela", "report")
+# the module that implements each stage (its source fingerprint is part of the stage's cache key)
+STAGE_MODULES = {
+    "import": "npubuild.stages.importer",
+    "quantize": "npubuild.stages.quantize",
+    "lower": "npubuild.stages.lower",
+    "tosa-check": "npubuild.stages.tosa_check",
+    "vela": "npubuild.stages.vela",
+    "report": "npubuild.stages.report",
+}
 STAGE_TOOLS = {
     "import": ("onnx", "onnx-ir"),
     "quantize": ("onnx", "onnxruntime"),
@@ -71,7 +80,7 @@ def _rel(path: Path, root: Path) -> str:
 
 def _task(tasks: dict[str, StageTask], stage: str, label: str, config: dict, inputs: dict[str, Path],
           outputs: dict[str, str], build_dir: Path, deps: list[str], build_id: str) -> StageTask:
-    config = {"stage": stage, **config, "versions": versions(STAGE_TOOLS[stage])}
+    config = {"stage": stage, **config, "versions": versions(STAGE_TOOLS[stage], STAGE_MODULES[stage])}
     key = stable_hash(config)
     if stage == "report":
         d = build_dir / "builds" / label
@@ -120,16 +129,20 @@ def make_plan(builds: list[Build], build_dir: Path) -> BuildPlan:
         if b.spec.verify.tosa:
             check = _task(tasks, "tosa-check", b.model_name,
                           {"lower": lower.key, "verify": b.spec.verify.model_dump(exclude={"fvp"}),
-                           "input_shapes": model.input_shapes, "calibration": model.calibration.model_dump()},
+                           "input_shapes": model.input_shapes, "calibration": model.calibration.model_dump(),
+                           "evaluation": model.evaluation.model_dump() if model.evaluation else None},
                           {"tosa": lower.outputs["tosa"], "io": lower.outputs["io"], "reference": lower_in,
-                           "float": float_model, **({"calibration": b.calibration_npy} if b.calibration_npy else {})},
-                          {"numerics": "numerics.json"}, build_dir, [lower.name], b.id)
+                           "float": float_model, **({"calibration": b.calibration_npy} if b.calibration_npy else {}),
+                           **({"eval_inputs": b.evaluation[0], "eval_labels": b.evaluation[1]}
+                              if b.evaluation else {})},
+                          {"numerics": "numerics.json", "reference": "reference.npz"}, build_dir, [lower.name], b.id)
             chain["tosa-check"] = check.name
-        vela = _task(tasks, "vela", f"{b.model_name}-{b.target.name}",
-                     {"lower": lower.key, "target": b.target.model_dump(), "vela": b.vela.model_dump()},
-                     {"tosa": lower.outputs["tosa"]}, {"ini": "system.ini", "summary": "summary.json"},
-                     build_dir, [lower.name], b.id)
-        chain["vela"] = vela.name
+        if b.pipeline.profile == "int":  # Ethos-U runs integer graphs only: an FP build stops at the TOSA check
+            vela = _task(tasks, "vela", f"{b.model_name}-{b.target.name}",
+                         {"lower": lower.key, "target": b.target.model_dump(), "vela": b.vela.model_dump()},
+                         {"tosa": lower.outputs["tosa"]}, {"ini": "system.ini", "summary": "summary.json"},
+                         build_dir, [lower.name], b.id)
+            chain["vela"] = vela.name
         stage_records = {stage: tasks[name].outputs["record"] for stage, name in chain.items()}
         report = _task(tasks, "report", f"{b.spec.name}/{b.model_name}/{b.target.name}",
                        {"build": b.id, "expect": b.spec.expect.model_dump(),

@@ -71,8 +71,8 @@ def artifacts(plan: BuildPlan, build_id: str) -> dict[str, str]:
     out = {}
     lower = plan.tasks[chain["lower"]]
     out["tosa"] = str(lower.outputs["tosa"])
-    vela = plan.tasks[chain["vela"]]
-    for p in sorted(vela.dir.glob("*_vela.tflite")) + sorted(vela.dir.glob("*_vela.npz")):
+    vela = plan.tasks[chain["vela"]] if "vela" in chain else None
+    for p in [] if vela is None else sorted(vela.dir.glob("*_vela.tflite")) + sorted(vela.dir.glob("*_vela.npz")):
         out["vela"] = str(p)
     return out
 

@@ -199,6 +199,7 @@ class Build:
     target: TargetProfile
     pipeline: Pipeline
     vela: VelaOptions
+    evaluation: tuple[Path, Path] | None = None  # (inputs, labels) of the model's evaluation set
 
     @property
     def id(self) -> str:
@@ -260,6 +261,7 @@ def load_spec(path: Path) -> list[Build]:
             npy = inside(path.parent / model.calibration.npy, root, "calibration file", where)
             if not npy.is_file():
                 raise InputError(f"calibration file '{model.calibration.npy}' not found", where)
+        evaluation = _evaluation_files(model, model_name, path, root, marks)
         for profile in profiles:
             builds.append(
                 Build(
@@ -272,9 +274,25 @@ def load_spec(path: Path) -> list[Build]:
                     target=profile,
                     pipeline=pipeline,
                     vela=spec.vela or profile.vela,
+                    evaluation=evaluation,
                 )
             )
     return builds
+
+
+def _evaluation_files(model, model_name: str, path: Path, root: Path, marks: Marks) -> tuple[Path, Path] | None:
+    """The evaluation set's (inputs, labels) files, inside the project and present."""
+    if model.evaluation is None:
+        return None
+    found = []
+    for key in ("inputs", "labels"):
+        rel = getattr(model.evaluation, key)
+        where = locate(marks, ("models", model_name, "evaluation", key), Location(str(path)))
+        f = inside(path.parent / rel, root, f"evaluation {key} file", where)
+        if not f.is_file():
+            raise InputError(f"evaluation {key} file '{rel}' not found", where)
+        found.append(f)
+    return found[0], found[1]
 
 
 def _spec_search_path(data: dict, marks: Marks, path: Path, root: Path) -> SearchPath:

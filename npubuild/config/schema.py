@@ -163,10 +163,20 @@ class Calibration(Strict):
         return self
 
 
+class Evaluation(Strict):
+    """A labelled evaluation set: top-1 accuracy of the float model and of the TOSA graph on it."""
+
+    inputs: str = Field(description=".npy (N, *input_shape) or .npz per input, relative to the spec file")
+    labels: str = Field(description=".npy of N integer class labels, relative to the spec file")
+    output: str | None = Field(default=None, description="Graph output holding the class scores (default: first)")
+    samples: int | None = Field(default=None, ge=1, description="Use only the first N samples")
+
+
 class ModelSpec(Strict):
     path: str = Field(description="ONNX file, relative to the spec file")
     input_shapes: dict[str, list[Annotated[int, Field(ge=1)]]] = {}
     calibration: Calibration = Calibration(random=RandomCalibration())
+    evaluation: Evaluation | None = None
 
 
 class Quantization(Strict):
@@ -194,6 +204,8 @@ class Expect(Strict):
     min_tosa_snr_db: float | None = None
     max_tosa_error_lsb: float | None = Field(default=None, ge=0)
     min_quant_snr_db: float | None = None
+    min_accuracy: float | None = Field(default=None, ge=0, le=1, description="Top-1 of the TOSA graph on the evaluation set")
+    max_accuracy_drop: float | None = Field(default=None, ge=0, le=1, description="Float minus TOSA top-1 accuracy")
 
 
 class CompileSpec(Strict):

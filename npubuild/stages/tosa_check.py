@@ -3,77 +3,136 @@
 INT profile: the integer TOSA graph against the QDQ model (error in LSB of the
 output's quantisation) and against the float model (quantisation SNR).
 FP profile: float TOSA against the float model (proves the lowering alone).
+With an evaluation set, top-1 accuracy of the float model and of the TOSA
+graph (what the NPU runs) on its labels. The TOSA outputs of the first sample
+are kept (reference.npz) so that later stages (the FVP) compare against them.
 """
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import onnx
+import onnxruntime as ort
 
-from npubuild.data import sample_arrays
-from npubuild.fileio import read_json, write_json
-from npubuild.numerics import cosine, snr_db, top1_agreement
+from npubuild.data import load_arrays, sample_arrays
+from npubuild.errors import InputError
+from npubuild.fileio import atomic_path, read_json, write_json
+from npubuild.numerics import accuracy, compare_output, lsb_error
 from npubuild.plan import StageTask
-from npubuild.tosa_run import run_onnx, run_tosa
+from npubuild.tosa_run import run_tosa
+
+
+class OnnxRunner:
+    """One onnxruntime session reused for every sample (a session per call costs more than the run)."""
+
+    def __init__(self, path: Path):
+        opts = ort.SessionOptions()
+        opts.log_severity_level = 3
+        self.sess = ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
+        self.names = [o.name for o in self.sess.get_outputs()]
+
+    def __call__(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        return dict(zip(self.names, self.sess.run(self.names, feeds), strict=True))
+
+
+def dequantized(y: np.ndarray, spec: dict) -> np.ndarray:
+    if spec["dtype"] == "float32":
+        return y.astype(np.float64)
+    return (y.astype(np.float64) - spec["zero_point"]) * spec["scale"]
+
+
+def io_summary(io: dict) -> dict:
+    """Graph inputs/outputs as deployed: dtype, ONNX-layout shape, scale and zero point (nobody has to guess)."""
+    def one(spec: dict) -> dict:
+        perm = spec["perm"]
+        logical = [spec["shape"][perm.index(i)] for i in range(len(perm))]
+        return {"name": spec["onnx_name"], "dtype": spec["dtype"], "shape": spec["shape"], "onnx_shape": logical,
+                "layout": "NHWC" if perm == [0, 2, 3, 1] else "as ONNX",
+                "scale": spec["scale"], "zero_point": spec["zero_point"]}
+    return {"inputs": [one(s) for s in io["inputs"]], "outputs": [one(s) for s in io["outputs"]]}
 
 
 def run(task: StageTask) -> dict:
     io = read_json(task.inputs["io"])
     tosa = task.inputs["tosa"].read_bytes()
     verify = task.config["verify"]
+    is_int = io["profile"] == "int"
     float_model = onnx.load(str(task.inputs["float"]))
     samples = sample_arrays(float_model, task.config["calibration"], task.inputs.get("calibration"),
                             verify["samples"], verify["seed"])
     n = next(iter(samples.values())).shape[0]
-    per_output: dict[str, dict] = {}
-    collected: dict[str, dict[str, list]] = {o["onnx_name"]: {"ref": [], "tosa": [], "float": [], "lsb": []}
-                                             for o in io["outputs"]}
+    reference, flt_runner = OnnxRunner(task.inputs["reference"]), OnnxRunner(task.inputs["float"])
+    names = [o["onnx_name"] for o in io["outputs"]]
+    got: dict[str, list] = {k: [] for k in names}
+    ref: dict[str, list] = {k: [] for k in names}
+    flt: dict[str, list] = {k: [] for k in names}
+    lsb: dict[str, list] = {k: [] for k in names}
+    first_raw: dict[str, np.ndarray] = {}
     for i in range(n):
         feeds = {k: v[i] for k, v in samples.items()}
-        ref = run_onnx(str(task.inputs["reference"]), feeds)
-        flt = run_onnx(str(task.inputs["float"]), feeds)
-        got = run_tosa(tosa, io, feeds)
+        r, f, t = reference(feeds), flt_runner(feeds), run_tosa(tosa, io, feeds)
         for spec in io["outputs"]:
             name = spec["onnx_name"]
-            y = got[name]
-            if spec["dtype"] == "float32":
-                deq = y.astype(np.float64)
-                lsb = None
-            else:
-                deq = (y.astype(np.float64) - spec["zero_point"]) * spec["scale"]
-                ref_q = np.round(ref[name] / spec["scale"]) + spec["zero_point"]
-                lsb = np.abs(ref_q - y.astype(np.float64))
-            collected[name]["ref"].append(ref[name])
-            collected[name]["tosa"].append(deq)
-            collected[name]["float"].append(flt[name])
-            if lsb is not None:
-                collected[name]["lsb"].append(lsb)
-    for name, c in collected.items():
-        ref = np.concatenate(c["ref"])
-        got = np.concatenate(c["tosa"])
-        flt = np.concatenate(c["float"])
-        entry = {
-            "snr_db": snr_db(ref, got),
-            "cosine": cosine(ref, got),
-            "max_abs_error": float(np.max(np.abs(ref - got))),
-            "quant_snr_db": snr_db(flt, got),
-        }
-        if c["lsb"]:
-            lsb = np.concatenate([x.ravel() for x in c["lsb"]])
-            entry["max_error_lsb"] = float(lsb.max())
-            entry["mean_error_lsb"] = float(lsb.mean())
-        t1 = top1_agreement(ref.reshape(ref.shape[0], -1) if ref.ndim > 2 else ref, got.reshape(got.shape[0], -1) if got.ndim > 2 else got)
-        if t1 is not None and ref.ndim == 2:
-            entry["top1_agreement"] = t1
-        per_output[name] = entry
-    summary = {
+            if i == 0:
+                first_raw[name] = t[name]
+            got[name].append(dequantized(t[name], spec))
+            ref[name].append(r[name])
+            flt[name].append(f[name])
+            if is_int:
+                lsb[name].append(lsb_error(r[name], t[name], spec["scale"], spec["zero_point"], spec["dtype"]).ravel())
+    per_output = {
+        name: compare_output(np.concatenate(ref[name]), np.concatenate(got[name]),
+                             np.concatenate(flt[name]) if is_int else None,
+                             np.concatenate(lsb[name]) if is_int else None)
+        for name in names
+    }
+    summary: dict = {
         "samples": n,
         "profile": io["profile"],
         "tosa_snr_db": min(e["snr_db"] for e in per_output.values()),
-        "tosa_max_error_lsb": max((e.get("max_error_lsb", 0.0) for e in per_output.values()), default=0.0)
-        if io["profile"] == "int" else None,
-        "quant_snr_db": min(e["quant_snr_db"] for e in per_output.values()),
+        "tosa_max_error_lsb": max(e["max_error_lsb"] for e in per_output.values()) if is_int else None,
+        "tosa_mean_error_lsb": max(e["mean_error_lsb"] for e in per_output.values()) if is_int else None,
+        "tosa_cosine": min(e["cosine"] for e in per_output.values()),
+        "quant_snr_db": min(e["quant_snr_db"] for e in per_output.values()) if is_int else None,
         "outputs": per_output,
+        "io": io_summary(io),
     }
+    if task.inputs.get("eval_inputs") is not None:
+        summary.update(evaluate(task, io, tosa, float_model, flt_runner))
     write_json(task.outputs["numerics"], summary)
+    if "reference" in task.outputs:
+        with atomic_path(task.outputs["reference"]) as tmp, open(tmp, "wb") as fh:
+            np.savez(fh, **{f"input_{k}": v[0] for k, v in samples.items()},
+                     **{f"output_{k}": v for k, v in first_raw.items()})
     return summary
+
+
+def evaluate(task: StageTask, io: dict, tosa: bytes, float_model: onnx.ModelProto, flt_runner: OnnxRunner) -> dict:
+    """Top-1 accuracy on the evaluation set: the float model, and the TOSA graph the NPU will run."""
+    cfg = task.config["evaluation"]
+    inputs = load_arrays(task.inputs["eval_inputs"], float_model)
+    try:
+        labels = np.load(task.inputs["eval_labels"], allow_pickle=False)
+    except (OSError, ValueError) as exc:
+        raise InputError(f"cannot load labels: {exc}", str(task.inputs["eval_labels"])) from None
+    n = next(iter(inputs.values())).shape[0]
+    if labels.ndim != 1 or labels.shape[0] != n or not np.issubdtype(labels.dtype, np.integer):
+        raise InputError(f"labels must be {n} integers (one per input sample), got {labels.dtype} "
+                         f"{list(labels.shape)}", str(task.inputs["eval_labels"]))
+    if cfg.get("samples"):
+        n = min(n, cfg["samples"])
+    names = [o["onnx_name"] for o in io["outputs"]]
+    out = cfg.get("output") or names[0]
+    if out not in names:
+        raise InputError(f"evaluation output '{out}' is not a graph output (outputs: {', '.join(names)})")
+    spec = io["outputs"][names.index(out)]
+    f_scores, t_scores = [], []
+    for i in range(n):
+        feeds = {k: v[i] for k, v in inputs.items()}
+        f_scores.append(flt_runner(feeds)[out].reshape(-1))
+        t_scores.append(dequantized(run_tosa(tosa, io, feeds)[out], spec).reshape(-1))
+    fa = accuracy(np.stack(f_scores), labels[:n])
+    ta = accuracy(np.stack(t_scores), labels[:n])
+    return {"eval_samples": n, "float_accuracy": fa, "accuracy": ta, "accuracy_drop": fa - ta}
