@@ -17,6 +17,15 @@ from npubuild.fileio import stable_hash
 from npubuild.versions import versions
 
 STAGES = ("import", "quantize", "lower", "tosa-check", "vela", "report")
+# the module that implements each stage (its source fingerprint is part of the stage's cache key)
+STAGE_MODULES = {
+    "import": "npubuild.stages.importer",
+    "quantize": "npubuild.stages.quantize",
+    "lower": "npubuild.stages.lower",
+    "tosa-check": "npubuild.stages.tosa_check",
+    "vela": "npubuild.stages.vela",
+    "report": "npubuild.stages.report",
+}
 STAGE_TOOLS = {
     "import": ("onnx", "onnx-ir"),
     "quantize": ("onnx", "onnxruntime"),
@@ -71,7 +80,7 @@ def _rel(path: Path, root: Path) -> str:
 
 def _task(tasks: dict[str, StageTask], stage: str, label: str, config: dict, inputs: dict[str, Path],
           outputs: dict[str, str], build_dir: Path, deps: list[str], build_id: str) -> StageTask:
-    config = {"stage": stage, **config, "versions": versions(STAGE_TOOLS[stage])}
+    config = {"stage": stage, **config, "versions": versions(STAGE_TOOLS[stage], STAGE_MODULES[stage])}
     key = stable_hash(config)
     if stage == "report":
         d = build_dir / "builds" / label

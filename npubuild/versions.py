@@ -1,7 +1,14 @@
-"""Versions of npubuild and the tools each stage calls: part of every stage's cache key."""
+"""Versions of npubuild and the tools each stage calls: part of every stage's cache key.
+
+npubuild's own version includes a fingerprint of the source a stage runs (the
+stage module and everything in npubuild it imports, directly or lazily), so
+editing the lowering re-runs lower and what follows it, but not import or
+quantize, and two machines with the same code share cache entries.
+"""
 
 from __future__ import annotations
 
+import ast
 import functools
 import hashlib
 from importlib import metadata
@@ -17,31 +24,86 @@ DISTRIBUTIONS = {
     "ethos-u-vela": "ethos-u-vela",
     "numpy": "numpy",
 }
-
-
-@functools.cache
-def source_fingerprint() -> str:
-    """Hash of npubuild's own source: a code change (not only a release) invalidates cached stages."""
-    h = hashlib.sha256()
-    root = Path(npubuild.__file__).parent
-    for f in sorted(root.rglob("*.py")):
-        h.update(str(f.relative_to(root)).encode())
-        h.update(f.read_bytes())
-    return h.hexdigest()[:10]
+PACKAGE_ROOT = Path(npubuild.__file__).parent
+# Packages that import their modules dynamically (registries): using any part pulls in all of it.
+REGISTRY_PACKAGES = ("npubuild.lowering", "npubuild.passes")
+# Orchestration, not computation: stage modules import these for types and plumbing only, and a change
+# there (a new stage in the plan, a new executor) must not invalidate every cached result.
+ORCHESTRATION = frozenset({"npubuild.plan", "npubuild.stages", "npubuild.versions", "npubuild.cache",
+                           "npubuild.doit_tasks", "npubuild.runner", "npubuild.summary", "npubuild"})
 
 
 @functools.cache
 def tool_version(tool: str) -> str:
     if tool == "npubuild":
-        return f"{npubuild.__version__}+{source_fingerprint()}"
+        return npubuild.__version__
     try:
         return metadata.version(DISTRIBUTIONS.get(tool, tool))
     except metadata.PackageNotFoundError:
         return "missing"
 
 
-def versions(tools: tuple[str, ...]) -> dict[str, str]:
-    return {t: tool_version(t) for t in ("npubuild", *tools)}
+def _module_file(name: str) -> Path | None:
+    parts = name.split(".")[1:]
+    if not parts:
+        return PACKAGE_ROOT / "__init__.py"
+    rel = Path(*parts)
+    for candidate in (PACKAGE_ROOT / rel.with_suffix(".py"), PACKAGE_ROOT / rel / "__init__.py"):
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+@functools.cache
+def _imports(path: Path) -> frozenset[str]:
+    """npubuild modules a file imports anywhere (top level or inside functions)."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    names: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names.update(a.name for a in node.names if a.name.startswith("npubuild"))
+        elif isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("npubuild"):
+            names.add(node.module)
+            names.update(f"{node.module}.{a.name}" for a in node.names)
+    return frozenset(names)
+
+
+def _closure(module: str) -> list[Path]:
+    seen: set[Path] = set()
+    todo = [module]
+    while todo:
+        name = todo.pop()
+        parts = name.split(".")
+        for i in range(1, len(parts) + 1):  # a module's parent packages run too
+            prefix = ".".join(parts[:i])
+            if prefix in ORCHESTRATION and prefix != module:
+                continue
+            f = _module_file(prefix)
+            if f is None or f in seen:
+                continue
+            seen.add(f)
+            todo.extend(_imports(f))
+            if prefix in REGISTRY_PACKAGES:
+                pkg_dir = f.parent
+                todo.extend(f"{prefix}.{p.stem}" for p in pkg_dir.glob("*.py") if p.stem != "__init__")
+    return sorted(seen)
+
+
+@functools.cache
+def source_fingerprint(module: str) -> str:
+    h = hashlib.sha256()
+    for f in _closure(module):
+        h.update(str(f.relative_to(PACKAGE_ROOT)).encode())
+        h.update(f.read_bytes())
+    return h.hexdigest()[:10]
+
+
+def versions(tools: tuple[str, ...], stage_module: str | None = None) -> dict[str, str]:
+    """Versions for a stage's cache key; `stage_module` adds the fingerprint of the code it runs."""
+    out = {t: tool_version(t) for t in ("npubuild", *tools)}
+    if stage_module is not None:
+        out["npubuild"] = f"{out['npubuild']}+{source_fingerprint(stage_module)}"
+    return out
 
 
 def all_versions() -> dict[str, str]:

@@ -8,11 +8,13 @@ last, so a task killed mid-stage has no record and is never taken as done.
 from __future__ import annotations
 
 import importlib
+import os
 import time
 import traceback
 from collections.abc import Callable
 from pathlib import Path
 
+from npubuild.cache import StageCache, cache_key
 from npubuild.errors import NpubuildError
 from npubuild.fileio import read_json, write_json
 from npubuild.plan import StageTask
@@ -36,14 +38,35 @@ def error_path(task: StageTask) -> Path:
     return task.dir / "error.json"
 
 
-def execute(task: StageTask, run_id: str, debug: bool = False) -> dict:
-    """Run one stage task; returns its record. Raises NpubuildError (one line) on failure."""
+def shared_cache() -> StageCache | None:
+    """The shared stage cache named by NPUBUILD_CACHE (a directory or an fsspec URL), if any.
+
+    An environment variable, not a plan field, so that every executor's workers
+    (doit processes, Dask workers on other machines) find it the same way.
+    """
+    url = os.environ.get("NPUBUILD_CACHE")
+    return StageCache(url) if url else None
+
+
+def execute(task: StageTask, run_id: str, debug: bool = False, cache: StageCache | None = None) -> dict:
+    """Run one stage task (or restore it from the shared cache); returns its record.
+
+    Raises NpubuildError (one line) on failure. The report stage is never
+    cached: it only gathers the other stages' records of this build dir.
+    """
+    if cache is None and task.stage != "report":
+        cache = shared_cache()
     record_path = task.outputs["record"]
     err_path = error_path(task)
     for p in (record_path, err_path):
         p.unlink(missing_ok=True)
     task.dir.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
+    key = cache_key(task.config, task.inputs) if cache is not None else None
+    required = {p.name for n, p in task.outputs.items() if n != "record"}
+    entry = cache.get(key, task.dir, required) if cache is not None else None
+    if entry is not None:
+        return _write_record(task, run_id, start, entry.metrics, key, from_cache=True)
     try:
         metrics = stage_function(task.stage)(task)
     except NpubuildError as exc:
@@ -58,16 +81,26 @@ def execute(task: StageTask, run_id: str, debug: bool = False) -> dict:
             raise
         raise NpubuildError(f"internal error in stage {task.stage}: {type(exc).__name__}: {exc} "
                             f"(traceback in {err_path})") from exc
+    if cache is not None:
+        cache.put(key, task.dir, metrics, exclude={record_path.name, err_path.name})
+    return _write_record(task, run_id, start, metrics, key, from_cache=False)
+
+
+def _write_record(task: StageTask, run_id: str, start: float, metrics: dict, cache_key: str | None,
+                  from_cache: bool) -> dict:
+    """stage.json, written last: its presence (with the task's key) is what marks the task complete."""
     record = {
         "stage": task.stage,
         "task": task.name,
         "key": task.key,
+        "cache_key": cache_key,
+        "from_cache": from_cache,
         "run_id": run_id,
         "seconds": round(time.perf_counter() - start, 4),
         "metrics": metrics,
         "config": task.config,
     }
-    write_json(record_path, record)
+    write_json(task.outputs["record"], record)
     return record
 
 

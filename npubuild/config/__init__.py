@@ -1,0 +1,1 @@
+"""Configuration: YAML loading with positions, the pydantic schema, resolution of specs and profiles."""
