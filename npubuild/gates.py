@@ -13,6 +13,7 @@ GATES: dict[str, tuple[str, str]] = {
     "min_tosa_snr_db": ("tosa_snr_db", "min"),
     "max_tosa_error_lsb": ("tosa_max_error_lsb", "max"),
     "min_quant_snr_db": ("quant_snr_db", "min"),
+    "max_transposes": ("transposes", "max"),
     "min_accuracy": ("accuracy", "min"),
     "max_accuracy_drop": ("accuracy_drop", "max"),
 }

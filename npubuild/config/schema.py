@@ -204,6 +204,7 @@ class Expect(Strict):
     min_tosa_snr_db: float | None = None
     max_tosa_error_lsb: float | None = Field(default=None, ge=0)
     min_quant_snr_db: float | None = None
+    max_transposes: int | None = Field(default=None, ge=0, description="Most TRANSPOSE ops allowed in the TOSA graph")
     min_accuracy: float | None = Field(default=None, ge=0, le=1, description="Top-1 of the TOSA graph on the evaluation set")
     max_accuracy_drop: float | None = Field(default=None, ge=0, le=1, description="Float minus TOSA top-1 accuracy")
 

@@ -14,8 +14,9 @@ OPSET = 17
 
 
 class GraphBuilder:
-    def __init__(self, name: str, seed: int = 0):
+    def __init__(self, name: str, seed: int = 0, opset: int = OPSET):
         self.name = name
+        self.opset = opset
         self.rng = np.random.default_rng(seed)
         self.nodes: list[onnx.NodeProto] = []
         self.inits: list[onnx.TensorProto] = []
@@ -75,9 +76,32 @@ class GraphBuilder:
         b = self.rng.normal(0, 0.05, size=cout).astype(np.float32)
         return self.node("Gemm", [x, self.const(w, "fc_w"), self.const(b, "fc_b")], transB=1)
 
+    def conv_bn(self, x: str, cin: int, cout: int, k: tuple[int, int], act: str | None = "Relu", **kw) -> str:
+        """Conv (no bias, as exporters write it before a BatchNorm) + BatchNorm + optional activation."""
+        y = self.batchnorm(self.conv(x, cin, cout, k, bias=False, **kw), cout)
+        if act == "Relu6":
+            return self.node("Clip", [y, self.const(np.float32(0.0), "lo"), self.const(np.float32(6.0), "hi")])
+        return self.node(act, [y]) if act else y
+
+    def linear(self, x: str, cin: int, cout: int) -> str:
+        """x @ W + b with MatMul and Add, as exporters write a Linear on a rank-3 tensor."""
+        w = self.rng.normal(0, np.sqrt(1.0 / cin), size=(cin, cout)).astype(np.float32)
+        b = self.rng.normal(0, 0.05, size=cout).astype(np.float32)
+        return self.node("Add", [self.node("MatMul", [x, self.const(w, "mm_w")]), self.const(b, "mm_b")])
+
+    def layernorm(self, x: str, c: int) -> str:
+        gamma = self.rng.uniform(0.8, 1.2, c).astype(np.float32)
+        beta = self.rng.normal(0, 0.05, c).astype(np.float32)
+        return self.node("LayerNormalization", [x, self.const(gamma, "ln_g"), self.const(beta, "ln_b")], axis=-1,
+                         epsilon=1e-5)
+
+    def shape(self, dims: list[int]) -> str:
+        return self.const(np.asarray(dims, np.int64), "shape")
+
     def model(self) -> onnx.ModelProto:
         graph = helper.make_graph(self.nodes, self.name, self.inputs, self.outputs, self.inits)
-        m = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)], producer_name="npubuild.models")
+        m = helper.make_model(graph, opset_imports=[helper.make_opsetid("", self.opset)],
+                              producer_name="npubuild.models")
         m.ir_version = 8
         onnx.checker.check_model(m)
         return m
