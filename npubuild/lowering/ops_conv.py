@@ -8,10 +8,12 @@ fully connected kernel and which needs no weight transpose at run time.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 import tosa_serializer as ts
 
-from npubuild.lowering.context import NHWC, LoweringContext, TTensor
+from npubuild.lowering.context import NHWC, LoweringContext, TTensor, identity
 from npubuild.lowering.emit import Op, attr, rescale, reshape, to_layout
 from npubuild.lowering.quant import QParams
 from npubuild.lowering.registry import lowers
@@ -61,15 +63,47 @@ def slice_hw(ctx: LoweringContext, x: TTensor, keep: tuple[int, int]) -> TTensor
     return out
 
 
-def _bias_int32(ctx: LoweringContext, index: int, acc_scale: np.ndarray, n: int) -> np.ndarray:
-    """The bias as int32 in accumulator units (scale = input_scale * weight_scale)."""
-    qb = ctx.qconst(index)
-    if qb is not None and qb.data.dtype == np.int32 and np.allclose(qb.q.scale, acc_scale, rtol=1e-4):
-        return qb.data.astype(np.int32).reshape(n)
-    real = ctx.constant(index)
+@dataclass
+class Bias:
+    """A layer's bias: real values, plus the int32 values and scale onnxruntime quantized it to, if any.
+
+    Keeping onnxruntime's int32 bias when its scale is the accumulator's makes
+    the integer result bit-exact with the QDQ reference.
+    """
+
+    real: np.ndarray  # float64 [o]
+    exact: np.ndarray | None = None  # int32 [o]
+    exact_scale: np.ndarray | None = None  # float64 [o]
+
+    def select(self, sel: slice) -> Bias:
+        return Bias(self.real[sel], None if self.exact is None else self.exact[sel],
+                    None if self.exact_scale is None else self.exact_scale[sel])
+
+    def scaled(self, gain: float) -> Bias:
+        return self if gain == 1.0 else Bias(self.real * gain)
+
+    def int32(self, acc_scale: np.ndarray) -> np.ndarray:
+        if self.exact is not None and np.allclose(self.exact_scale, acc_scale, rtol=1e-4):
+            return self.exact
+        return np.clip(np.round(self.real / acc_scale), -(2**31), 2**31 - 1).astype(np.int32)
+
+
+def read_bias(ctx: LoweringContext, index: int | None, o: int) -> Bias:
+    """Input `index` as a Bias of o entries (absent -> zeros; a scalar or [1, o] broadcasts)."""
+    real = ctx.constant(index) if index is not None else None
     if real is None:
-        return np.zeros(n, np.int32)
-    return np.clip(np.round(real.reshape(n) / acc_scale), -(2**31), 2**31 - 1).astype(np.int32)
+        if index is not None and ctx.has_input(index):
+            raise ctx.unsupported("the bias must be a constant")
+        return Bias(np.zeros(o))
+    real = real.astype(np.float64).reshape(-1)
+    if real.size not in (1, o):
+        raise ctx.unsupported(f"a bias of {real.size} values does not broadcast to {o} output channels")
+    real = np.broadcast_to(real, (o,)).copy()
+    qb = ctx.qconst(index)
+    if qb is not None and qb.data.dtype == np.int32 and qb.data.size == o:
+        scale = np.broadcast_to(np.asarray(qb.q.scale, np.float64).reshape(-1), (o,)).copy()
+        return Bias(real, qb.data.astype(np.int32).reshape(o), scale)
+    return Bias(real)
 
 
 def _weights(ctx: LoweringContext, index: int) -> tuple[np.ndarray, QParams | None]:
@@ -86,19 +120,36 @@ def _weights(ctx: LoweringContext, index: int) -> tuple[np.ndarray, QParams | No
     return w.astype(np.float32), None
 
 
+def channel_scales(w_q: QParams, o: int, sel: slice = slice(None)) -> np.ndarray:
+    """Per-output-channel weight scales (a per-tensor scale repeated), entries `sel`."""
+    return np.broadcast_to(np.asarray(w_q.scale, np.float64).reshape(-1), (o,))[sel].copy()
+
+
+def rescale_acc(ctx: LoweringContext, acc: TTensor, acc_scale: np.ndarray, output_name: str | None) -> TTensor:
+    """int32 accumulator -> the node's int8 output, per channel unless all scales agree."""
+    out_q = ctx.require_output_q()
+    scale = np.atleast_1d(acc_scale / out_q.s)
+    if np.all(scale == scale[0]):
+        scale = scale[:1]
+    return rescale(ctx, acc, scale, out_q.dtype, 0, out_q.zp, out_q, output_of=output_name)
+
+
 def emit_conv(
     ctx: LoweringContext,
     x: TTensor,
     w_oihw: np.ndarray,
-    w_q: QParams | None,
-    bias_index: int | None,
+    w_scale: np.ndarray | None,
+    bias: Bias,
     pads: list[int],
     stride,
     dilation,
     depthwise: bool,
-    output_name: str,
+    output_name: str | None,
 ) -> TTensor:
-    """CONV2D or DEPTHWISE_CONV2D (+ RESCALE in the integer profile) on an NHWC input."""
+    """CONV2D or DEPTHWISE_CONV2D (+ RESCALE in the integer profile) on an NHWC input.
+
+    `w_scale` are the per-output-channel weight scales (int profile only).
+    """
     o = w_oihw.shape[0]
     kh, kw = w_oihw.shape[2], w_oihw.shape[3]
     n, ih, iw, c = x.shape
@@ -112,25 +163,34 @@ def emit_conv(
         weights = w_oihw.transpose(0, 2, 3, 1)  # OHWI
         op, kind = Op.CONV2D, "Conv2d"
     if ctx.profile == "int":
-        assert x.q is not None and w_q is not None
-        w_scale = np.broadcast_to(w_q.scale.reshape(-1), (o,)).astype(np.float64)
+        assert x.q is not None and w_scale is not None
         acc_scale = x.q.s * w_scale
-        bias = _bias_int32(ctx, bias_index, acc_scale, o) if bias_index is not None else np.zeros(o, np.int32)
         acc = ctx.new_tensor((n, oh, ow, o), np.int32, NHWC)
-        inputs = [x.name, ctx.const(weights.astype(np.int8), "weights"), ctx.const(bias, "bias"),
+        inputs = [x.name, ctx.const(weights.astype(np.int8), "weights"), ctx.const(bias.int32(acc_scale), "bias"),
                   ctx.zp(x.q.zp, np.int8), ctx.zp(0, np.int8)]
         ctx.op(op, inputs, [acc.name], attr(kind, pads, list(stride), list(dilation), False, ts.DType.INT32))
-        out_q = ctx.require_output_q()
-        scale = acc_scale / out_q.s
-        if np.allclose(scale, scale[0], rtol=0, atol=0):
-            scale = scale[:1]
-        return rescale(ctx, acc, scale, out_q.dtype, 0, out_q.zp, out_q, output_of=output_name)
-    bias = ctx.constant(bias_index) if bias_index is not None else None
-    bias = np.zeros(o, np.float32) if bias is None else bias.astype(np.float32).reshape(o)
+        return rescale_acc(ctx, acc, acc_scale, output_name)
     out = ctx.new_tensor((n, oh, ow, o), np.float32, NHWC, output_of=output_name)
-    inputs = [x.name, ctx.const(weights.astype(np.float32), "weights"), ctx.const(bias, "bias"),
+    inputs = [x.name, ctx.const(weights.astype(np.float32), "weights"), ctx.const(bias.real.astype(np.float32), "bias"),
               ctx.zp(0, np.float32), ctx.zp(0, np.float32)]
     ctx.op(op, inputs, [out.name], attr(kind, pads, list(stride), list(dilation), False, ts.DType.FP32))
+    return out
+
+
+def slice_channels(ctx: LoweringContext, x: TTensor, start: int, size: int) -> TTensor:
+    """SLICE channels [start, start + size) of an NHWC tensor."""
+    shape = (*x.shape[:3], size)
+    out = ctx.new_tensor(shape, x.dtype, x.perm, x.q)
+    ctx.op(Op.SLICE, [x.name, ctx.shape_const([0, 0, 0, start]), ctx.shape_const(list(shape))], [out.name],
+           attr("Slice"))
+    return out
+
+
+def concat(ctx: LoweringContext, parts: list[TTensor], axis: int, output_name: str | None) -> TTensor:
+    shape = list(parts[0].shape)
+    shape[axis] = sum(p.shape[axis] for p in parts)
+    out = ctx.new_tensor(tuple(shape), parts[0].dtype, parts[0].perm, parts[0].q, output_of=output_name)
+    ctx.op(Op.CONCAT, [p.name for p in parts], [out.name], attr("Concat", axis))
     return out
 
 
@@ -143,58 +203,214 @@ def lower_conv(ctx: LoweringContext) -> None:
     w, w_q = _weights(ctx, 1)
     group = int(ctx.attr("group", 1))
     c = x.shape[3]
+    o = w.shape[0]
     kernel = (w.shape[2], w.shape[3])
     stride = tuple(ctx.attr("strides", [1, 1]))
     dilation = tuple(ctx.attr("dilations", [1, 1]))
     pads = conv_pads(ctx, (x.shape[1], x.shape[2]), kernel, stride, dilation)
     pads, keep = exact_pads((x.shape[1], x.shape[2]), kernel, stride, dilation, pads)
     x = slice_hw(ctx, x, keep)
-    bias_index = 2 if ctx.has_input(2) else None
-    if group == 1:
-        depthwise = False
-    elif group == c and w.shape[1] == 1:
-        depthwise = True
+    bias = read_bias(ctx, 2, o)
+    w_scale = channel_scales(w_q, o) if w_q is not None else None
+    out_name = ctx.current.output[0]
+    if group == 1 or (group == c and w.shape[1] == 1):
+        out = emit_conv(ctx, x, w, w_scale, bias, pads, stride, dilation, group != 1, out_name)
+        ctx.set_output(0, out)
+        return
+    if c % group or o % group:
+        raise ctx.unsupported(f"group={group} does not divide {c} input and {o} output channels")
+    cin, cout = c // group, o // group
+    parts = []
+    for g in range(group):
+        sel = slice(g * cout, (g + 1) * cout)
+        xg = slice_channels(ctx, x, g * cin, cin)
+        parts.append(emit_conv(ctx, xg, w[sel], None if w_scale is None else w_scale[sel], bias.select(sel), pads,
+                               stride, dilation, False, None))
+    ctx.set_output(0, concat(ctx, parts, 3, out_name))
+
+
+def _transpose_conv_pads(ctx: LoweringContext, in_hw, kernel, stride) -> list[int]:
+    """ONNX ConvTranspose pads/output_padding/auto_pad -> TOSA out_pad [top, bottom, left, right]."""
+    out_padding = list(ctx.attr("output_padding", [0, 0]))
+    if ctx.attr("output_shape") is not None:
+        raise ctx.unsupported("the output_shape attribute is not supported (give pads instead)")
+    auto_pad = ctx.attr("auto_pad", b"NOTSET")
+    auto_pad = auto_pad.decode() if isinstance(auto_pad, bytes) else auto_pad
+    if auto_pad in ("SAME_UPPER", "SAME_LOWER"):
+        pads = []
+        for i in range(2):
+            total = max(0, (in_hw[i] - 1) * stride[i] + out_padding[i] + kernel[i] - in_hw[i] * stride[i])
+            small, big = total // 2, total - total // 2
+            pads.append((small, big) if auto_pad == "SAME_UPPER" else (big, small))
+        p = [pads[0][0], pads[1][0], pads[0][1], pads[1][1]]
+    elif auto_pad == "VALID":
+        p = [0, 0, 0, 0]
     else:
-        raise ctx.unsupported(f"grouped convolution (group={group}) is not supported yet")
-    out = emit_conv(ctx, x, w, w_q, bias_index, pads, stride, dilation, depthwise, ctx.current.output[0])
+        p = list(ctx.attr("pads", [0, 0, 0, 0]))
+    return [-p[0], -p[2] + out_padding[0], -p[1], -p[3] + out_padding[1]]
+
+
+@lowers("ConvTranspose")
+def lower_conv_transpose(ctx: LoweringContext) -> None:
+    """TRANSPOSE_CONV2D: TOSA scatters like ONNX (no kernel flip); ONNX pads crop, so out_pad is negative."""
+    x = ctx.tensor(0)
+    if len(x.shape) != 4:
+        raise ctx.unsupported(f"only 2-D transposed convolutions are supported (input rank {len(x.shape)})")
+    if int(ctx.attr("group", 1)) != 1:
+        raise ctx.unsupported("grouped ConvTranspose is not supported")
+    if tuple(ctx.attr("dilations", [1, 1])) != (1, 1):
+        raise ctx.unsupported("dilated ConvTranspose is not supported")
+    x = to_layout(ctx, x, NHWC)
+    w, w_q = _weights(ctx, 1)  # [C_in, C_out, kh, kw]
+    o, kh, kw = w.shape[1], w.shape[2], w.shape[3]
+    stride = tuple(ctx.attr("strides", [1, 1]))
+    out_pad = _transpose_conv_pads(ctx, (x.shape[1], x.shape[2]), (kh, kw), stride)
+    if out_pad[0] <= -kh or out_pad[1] <= -kh or out_pad[2] <= -kw or out_pad[3] <= -kw:
+        raise ctx.unsupported("padding of a whole kernel or more is not supported")
+    n, ih, iw, _ = x.shape
+    oh = (ih - 1) * stride[0] + out_pad[0] + out_pad[1] + kh
+    ow = (iw - 1) * stride[1] + out_pad[2] + out_pad[3] + kw
+    weights = w.transpose(1, 2, 3, 0)  # OHWI
+    bias = read_bias(ctx, 2, o)
+    out_name = ctx.current.output[0]
+    if ctx.profile == "int":
+        assert x.q is not None and w_q is not None
+        acc_scale = x.q.s * channel_scales(w_q, o)
+        acc = ctx.new_tensor((n, oh, ow, o), np.int32, NHWC)
+        ins = [x.name, ctx.const(weights.astype(np.int8), "weights"), ctx.const(bias.int32(acc_scale), "bias"),
+               ctx.zp(x.q.zp, np.int8), ctx.zp(0, np.int8)]
+        ctx.op(Op.TRANSPOSE_CONV2D, ins, [acc.name], attr("TransposeConv2d", out_pad, list(stride), False, ts.DType.INT32))
+        ctx.set_output(0, rescale_acc(ctx, acc, acc_scale, out_name))
+        return
+    out = ctx.new_tensor((n, oh, ow, o), np.float32, NHWC, output_of=out_name)
+    ins = [x.name, ctx.const(weights.astype(np.float32), "weights"), ctx.const(bias.real.astype(np.float32), "bias"),
+           ctx.zp(0, np.float32), ctx.zp(0, np.float32)]
+    ctx.op(Op.TRANSPOSE_CONV2D, ins, [out.name], attr("TransposeConv2d", out_pad, list(stride), False, ts.DType.FP32))
     ctx.set_output(0, out)
 
 
-def _fully_connected(ctx: LoweringContext, x: TTensor, w_ok: np.ndarray, w_q: QParams | None, bias_index: int | None) -> None:
-    """x [M, K] (identity layout) times w^T, w as [O, K]: a 1x1 CONV2D over an [1, M, 1, K] view."""
+def _fully_connected(ctx: LoweringContext, x: TTensor, w_ok: np.ndarray, w_scale: np.ndarray | None, bias: Bias) -> None:
+    """x [..., K] times w^T, w as [O, K]: a 1x1 CONV2D over an [1, M, 1, K] view (M = all leading dims)."""
     lshape = x.logical_shape
-    if len(lshape) != 2:
-        raise ctx.unsupported(f"fully connected input must be 2-D, got shape {list(lshape)}")
-    x = to_layout(ctx, x, (0, 1))
-    m, k = x.shape
+    x = to_layout(ctx, x, identity(len(lshape)))
+    k = lshape[-1]
+    m = int(np.prod(lshape[:-1]))
     view = reshape(ctx, x, (1, m, 1, k), NHWC)
     o = w_ok.shape[0]
     w4 = w_ok.reshape(o, k, 1, 1)
     out_name = ctx.current.output[0]
-    y = emit_conv(ctx, view, w4, w_q, bias_index, [0, 0, 0, 0], (1, 1), (1, 1), False, output_name=None)
-    ctx.set_output(0, reshape(ctx, y, (m, o), (0, 1), output_of=out_name))
+    y = emit_conv(ctx, view, w4, w_scale, bias, [0, 0, 0, 0], (1, 1), (1, 1), False, output_name=None)
+    out_shape = (*lshape[:-1], o)
+    ctx.set_output(0, reshape(ctx, y, out_shape, identity(len(out_shape)), output_of=out_name))
+
+
+def _transposed(x: TTensor) -> TTensor:
+    """The same physical tensor seen as its 2-D logical transpose (no op: only the layout changes)."""
+    return TTensor(x.name, x.shape, x.dtype, tuple(1 - p for p in x.perm), x.q)
 
 
 @lowers("Gemm")
 def lower_gemm(ctx: LoweringContext) -> None:
-    if int(ctx.attr("transA", 0)):
-        raise ctx.unsupported("transA=1 is not supported yet")
+    """alpha folds into the weight scale (or the float weights), beta into the bias."""
     alpha, beta = float(ctx.attr("alpha", 1.0)), float(ctx.attr("beta", 1.0))
-    if alpha != 1.0 or beta != 1.0:
-        raise ctx.unsupported("alpha/beta other than 1 are not supported yet")
+    if ctx.qconst(1) is None and ctx.constant(1) is None:
+        raise ctx.unsupported("Gemm with an activation B operand is not supported (use MatMul)")
+    x = ctx.tensor(0)
+    if len(x.shape) != 2:
+        raise ctx.unsupported(f"Gemm input must be 2-D, got shape {list(x.logical_shape)}")
+    if int(ctx.attr("transA", 0)):
+        x = _transposed(x)
     w, w_q = _weights(ctx, 1)
     if not int(ctx.attr("transB", 0)):
         w = w.T
-        if w_q is not None and w_q.axis is not None:
-            w_q = QParams(w_q.scale, w_q.zero_point, w_q.dtype, 0)
-    _fully_connected(ctx, ctx.tensor(0), w, w_q, 2 if ctx.has_input(2) else None)
+    o = w.shape[0]
+    w_scale = channel_scales(w_q, o) if w_q is not None else None
+    if alpha < 0:
+        w = -w if ctx.profile == "fp" else np.clip(-w.astype(np.int32), -127, 127).astype(np.int8)
+    if ctx.profile == "fp":
+        w = w * abs(alpha)
+    elif w_scale is not None:
+        w_scale = w_scale * abs(alpha)
+    if alpha == 0:
+        raise ctx.unsupported("alpha=0 is not supported")
+    bias = read_bias(ctx, 2, o) if beta != 0 else Bias(np.zeros(o))
+    _fully_connected(ctx, x, w, w_scale, bias.scaled(beta))
 
 
 @lowers("MatMul")
 def lower_matmul(ctx: LoweringContext) -> None:
-    if ctx.qconst(1) is None and ctx.constant(1) is None:
-        raise ctx.unsupported("MatMul with two activation operands is not supported yet")
-    w, w_q = _weights(ctx, 1)
-    if w.ndim != 2:
-        raise ctx.unsupported("MatMul weight must be 2-D")
-    _fully_connected(ctx, ctx.tensor(0), w.T, w_q, None)
+    """Constant 2-D weight: a fully connected layer. Otherwise TOSA MATMUL on [N, H, C] x [N, C, W]."""
+    const = ctx.qconst(1) is not None or ctx.constant(1) is not None
+    if const:
+        w, w_q = _weights(ctx, 1)
+        if w.ndim == 2 and len(ctx.tensor(0).shape) >= 2:
+            o = w.shape[1]
+            w_scale = channel_scales(w_q, o) if w_q is not None else None
+            _fully_connected(ctx, ctx.tensor(0), w.T, w_scale, Bias(np.zeros(o)))
+            return
+    _batched_matmul(ctx)
+
+
+def _as_rank3(ctx: LoweringContext, x: TTensor, batch: int, rows: int | None = None) -> TTensor:
+    """A logical [..., r, c] operand as a physical [batch, rows (default r), c] tensor."""
+    ls = x.logical_shape
+    x = to_layout(ctx, x, identity(len(ls)))
+    return reshape(ctx, x, (batch, rows or ls[-2], ls[-1]), (0, 1, 2))
+
+
+def _per_column_weights(ctx: LoweringContext) -> tuple[TTensor, np.ndarray] | None:
+    """A constant B quantized per channel on another axis than its last: requantize per column.
+
+    onnxruntime quantizes a 3-D MatMul weight per slice of axis 1 (the reduced
+    axis), which no integer MATMUL can use; per-column scales become a
+    per-channel RESCALE of the result instead. Returns (B tensor, column scales).
+    """
+    qc = ctx.qconst(1)
+    if qc is None or qc.q.is_per_tensor:
+        return None
+    data = qc.data.astype(np.float64)
+    axis = qc.q.axis if qc.q.axis is not None and qc.q.axis >= 0 else data.ndim + (qc.q.axis or 0)
+    shape = [1] * data.ndim
+    shape[axis] = -1
+    real = (data - qc.q.zero_point.reshape(shape)) * qc.q.scale.reshape(shape)
+    cols = np.max(np.abs(real.reshape(-1, real.shape[-1])), axis=0) / 127.0
+    cols = np.where(cols > 0, cols, 1.0)
+    q = np.clip(np.round(real / cols), -127, 127).astype(np.int8)
+    t = ctx.materialize_const(q, QParams(np.float64(1.0), np.int64(0), np.dtype(np.int8)), hint="weights")
+    return TTensor(t.name, t.shape, t.dtype, identity(q.ndim), t.q), cols
+
+
+def _batched_matmul(ctx: LoweringContext) -> None:
+    a = ctx.tensor(0)
+    requantized = _per_column_weights(ctx)
+    b, b_cols = requantized if requantized is not None else (ctx.tensor(1), None)
+    la, lb = a.logical_shape, b.logical_shape
+    if len(la) < 2 or len(lb) < 2:
+        raise ctx.unsupported("1-D MatMul operands are not supported")
+    ba, bb = la[:-2], lb[:-2]
+    na, nb = int(np.prod(ba)), int(np.prod(bb))
+    m, n = la[-2], lb[-1]
+    if nb == 1 and na > 1:  # one B for every batch of A: fold A's batches into its rows
+        a3, b3, batch, rows = _as_rank3(ctx, a, 1, na * m), _as_rank3(ctx, b, 1), 1, na * m
+        out_batch = ba
+    elif na == nb and (len(ba) == len(bb) and tuple(ba) == tuple(bb) or len(ba) == 0 or len(bb) == 0):
+        a3, b3, batch, rows = _as_rank3(ctx, a, na), _as_rank3(ctx, b, nb), na, m
+        out_batch = ba if len(ba) >= len(bb) else bb
+    else:
+        raise ctx.unsupported(f"MatMul batch dims {list(ba)} and {list(bb)} do not match")
+    out_shape = (*out_batch, m, n)
+    out_name = ctx.current.output[0]
+    if ctx.profile == "int":
+        if a3.q is None or b3.q is None:
+            raise ctx.unsupported("both MatMul operands must be quantized")
+        acc = ctx.new_tensor((batch, rows, n), np.int32, (0, 1, 2))
+        if not b3.q.is_per_tensor:
+            raise ctx.unsupported("per-channel quantized B is only supported for constant weights")
+        ctx.op(Op.MATMUL, [a3.name, b3.name, ctx.zp(a3.q.zp, np.int8), ctx.zp(b3.q.zp, np.int8)], [acc.name],
+               attr("MatMul"))
+        b_scale = b_cols if b_cols is not None else np.array([b3.q.s])
+        y = rescale_acc(ctx, acc, a3.q.s * b_scale, None)
+    else:
+        y = ctx.new_tensor((batch, rows, n), np.float32, (0, 1, 2))
+        ctx.op(Op.MATMUL, [a3.name, b3.name, ctx.zp(0, np.float32), ctx.zp(0, np.float32)], [y.name], attr("MatMul"))
+    ctx.set_output(0, reshape(ctx, y, out_shape, identity(len(out_shape)), output_of=out_name))

@@ -1,0 +1,148 @@
+"""Compute-heavy ops, FP and INT against onnxruntime, INT compiled by Vela for one U55 and one U85.
+
+Ops that onnxruntime does not quantize on their own (ReduceMean, GlobalMaxPool...)
+are tested between two shape-preserving Reshapes, which it does quantize, so
+that the op sees int8 input and output as it does inside a real network.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper
+from ophelpers import calib, check_fp, check_int, rand, single_op_model, vela_op_counts
+
+ACCELERATORS = ("ethos-u55-128", "ethos-u85-256")
+
+
+def all_on_npu(lowered, accelerators=ACCELERATORS) -> None:
+    for accel in accelerators:
+        npu, cpu = vela_op_counts(lowered.tosa, accel)
+        assert cpu == 0 and npu >= 1, (accel, npu, cpu)
+
+
+def tosa_ops(lowered) -> set[str]:
+    return {op for ops in lowered.node_ops.values() for op in ops}
+
+
+def model_of(nodes, inputs: dict[str, list[int]], outputs: dict[str, list[int]], inits: dict[str, np.ndarray]):
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info(n, TensorProto.FLOAT, s) for n, s in inputs.items()],
+                              [helper.make_tensor_value_info(n, TensorProto.FLOAT, s) for n, s in outputs.items()],
+                              [onnx.numpy_helper.from_array(np.asarray(v), k) for k, v in inits.items()])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    model.ir_version = 8
+    return model
+
+
+def between_reshapes(op: str, in_shape, out_shape, inits=None, extra_inputs=(), **attrs):
+    """x -> Reshape(same) -> op -> Reshape(same) -> y: onnxruntime then quantizes op's input and output."""
+    inits = dict(inits or {})
+    inits["s_in"] = np.array(in_shape, np.int64)
+    inits["s_out"] = np.array(out_shape, np.int64)
+    nodes = [helper.make_node("Reshape", ["x", "s_in"], ["a"], name="r_in"),
+             helper.make_node(op, ["a", *extra_inputs], ["b"], name="the_op", **attrs),
+             helper.make_node("Reshape", ["b", "s_out"], ["y"], name="r_out")]
+    return model_of(nodes, {"x": in_shape}, {"y": out_shape}, inits)
+
+
+# ---------------------------------------------------------------------------------------------- convolutions
+
+
+def _conv(shape, cout, k, group=1, stride=1, bias=True, seed=0):
+    rng = np.random.default_rng(seed)
+    w = rng.normal(0, 0.3, (cout, shape[1] // group, k, k)).astype(np.float32)
+    inits = {"w": w}
+    if bias:
+        inits["b"] = rng.normal(0, 0.1, cout).astype(np.float32)
+    return single_op_model("Conv", {"x": shape}, {"y": None}, inits, kernel_shape=[k, k], group=group,
+                           strides=[stride, stride], pads=[k // 2] * 4)
+
+
+@pytest.mark.parametrize("case", [
+    dict(shape=[1, 8, 7, 7], cout=8, k=3, group=2),
+    dict(shape=[1, 6, 8, 8], cout=12, k=3, group=3, stride=2),
+    dict(shape=[1, 4, 6, 6], cout=8, k=1, group=4),  # group == C but a channel multiplier with >1 input: depthwise
+    dict(shape=[1, 4, 6, 6], cout=6, k=3, bias=False),
+], ids=lambda c: "-".join(f"{k}{v}" for k, v in c.items()))
+def test_grouped_and_biasless_conv(case):
+    model = _conv(**case)
+    shape = case["shape"]
+    check_fp(model, {"x": rand(shape, 1)})
+    lowered, _ = check_int(model, calib("x", shape), {"x": rand(shape, 2)})
+    assert "TRANSPOSE" not in tosa_ops(lowered)
+    all_on_npu(lowered)
+
+
+@pytest.mark.parametrize("case", [
+    dict(shape=[1, 4, 5, 5], cout=6, k=3, stride=2, pads=[1, 1, 1, 1], output_padding=[1, 1]),
+    dict(shape=[1, 4, 4, 4], cout=4, k=2, stride=2, pads=[0, 0, 0, 0]),
+    dict(shape=[1, 3, 5, 5], cout=2, k=3, stride=1, pads=[1, 1, 1, 1], bias=False),
+    dict(shape=[1, 4, 4, 6], cout=4, k=4, stride=2, pads=[1, 1, 1, 1]),
+], ids=lambda c: "-".join(f"{k}{v}" for k, v in c.items()))
+def test_conv_transpose(case):
+    case = dict(case)
+    rng = np.random.default_rng(0)
+    shape, cout, k = case.pop("shape"), case.pop("cout"), case.pop("k")
+    stride = case.pop("stride")
+    inits = {"w": rng.normal(0, 0.3, (shape[1], cout, k, k)).astype(np.float32)}
+    if case.pop("bias", True):
+        inits["b"] = rng.normal(0, 0.1, cout).astype(np.float32)
+    model = single_op_model("ConvTranspose", {"x": shape}, {"y": None}, inits, kernel_shape=[k, k],
+                            strides=[stride, stride], **case)
+    check_fp(model, {"x": rand(shape, 1)})
+    lowered, _ = check_int(model, calib("x", shape), {"x": rand(shape, 2)})
+    assert "TRANSPOSE_CONV2D" in tosa_ops(lowered)
+    all_on_npu(lowered)
+
+
+@pytest.mark.parametrize("trans_a,trans_b,alpha,beta,c_shape", [
+    (1, 0, 1.0, 1.0, [10]),
+    (0, 1, 0.5, 2.0, [10]),
+    (1, 1, -1.5, 0.25, [10]),
+    (0, 0, 1.0, 1.0, None),
+])
+def test_gemm_attributes(trans_a, trans_b, alpha, beta, c_shape):
+    rng = np.random.default_rng(0)
+    x_shape = [16, 3] if trans_a else [3, 16]
+    inits = {"w": rng.normal(0, 0.3, (10, 16) if trans_b else (16, 10)).astype(np.float32)}
+    if c_shape is not None:
+        inits["c"] = rng.normal(0, 0.2, c_shape).astype(np.float32)
+    model = single_op_model("Gemm", {"x": x_shape}, {"y": None}, inits, transA=trans_a, transB=trans_b,
+                            alpha=alpha, beta=beta)
+    check_fp(model, {"x": rand(x_shape, 1)})
+    lowered, _ = check_int(model, calib("x", x_shape), {"x": rand(x_shape, 2)})
+    all_on_npu(lowered)
+
+
+@pytest.mark.parametrize("a_shape,w_shape", [([2, 5, 16], [16, 8]), ([2, 3, 4, 16], [16, 6])])
+def test_matmul_constant_weight_batched_input(a_shape, w_shape):
+    w = np.random.default_rng(0).normal(0, 0.3, w_shape).astype(np.float32)
+    model = single_op_model("MatMul", {"x": a_shape}, {"y": None}, {"w": w})
+    check_fp(model, {"x": rand(a_shape, 1)})
+    lowered, _ = check_int(model, calib("x", a_shape), {"x": rand(a_shape, 2)})
+    all_on_npu(lowered)
+
+
+def test_matmul_batched_constant_weight():
+    w = np.random.default_rng(0).normal(0, 0.3, (3, 8, 5)).astype(np.float32)
+    model = single_op_model("MatMul", {"x": [3, 4, 8]}, {"y": None}, {"w": w})
+    check_fp(model, {"x": rand([3, 4, 8], 1)})
+    lowered, _ = check_int(model, calib("x", [3, 4, 8]), {"x": rand([3, 4, 8], 2)})
+    all_on_npu(lowered)
+
+
+@pytest.mark.parametrize("a_shape,b_shape", [
+    ([4, 8], [8, 5]),
+    ([2, 4, 8], [2, 8, 5]),
+    ([1, 2, 6, 8], [1, 2, 8, 6]),  # attention scores: [B, heads, S, d] x [B, heads, d, S]
+    ([2, 3, 8], [8, 4]),
+])
+def test_matmul_two_activations(a_shape, b_shape):
+    model = single_op_model("MatMul", {"a": a_shape, "b": b_shape}, {"y": None})
+    feeds = {"a": rand(a_shape, 1), "b": rand(b_shape, 2, -2, 2)}
+    check_fp(model, feeds)
+    cal = {**calib("a", a_shape), **calib("b", b_shape, seed=7, low=-2, high=2)}
+    lowered, _ = check_int(model, cal, feeds)
+    assert "MATMUL" in tosa_ops(lowered)
+    all_on_npu(lowered)
