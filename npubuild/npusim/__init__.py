@@ -1,0 +1,11 @@
+"""npu-sim: a bit-exact functional model of the Ethos-U55/U65 command stream.
+
+It executes Vela's raw output (`--output-format raw` .npz: driver header +
+register command stream, compressed weights, scratch sizes, I/O placement) one
+NPU_OP at a time on numpy arrays, so a compiled artifact can be checked against
+the TOSA reference model on any machine, without Arm's FVP.
+
+Modules: npz (loading), cmdstream (decoding, register snapshots), weights (our
+own weight-stream decoder and hardware ordering), fmap (NHWC / NHCWB16
+addressing), ops (execution), sim (the machine).
+"""

@@ -1,0 +1,120 @@
+"""Feature-map addressing: NHWC and NHCWB16 layouts over up to four tiles, as the hardware sees them.
+
+A feature map is described by BASE0..3, WIDTH0, HEIGHT0/HEIGHT1 and byte
+strides. Tile 0 holds x < WIDTH0, y < HEIGHT0; tile 1 x >= WIDTH0, y < HEIGHT1;
+tile 2 x < WIDTH0, y >= HEIGHT0; tile 3 the rest (rolling buffers use these).
+NHCWB16 stores bricks of 16 channels: (c // 16) steps by STRIDE_C and c % 16
+by the element size; NHWC steps c by STRIDE_C.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from npubuild.errors import StageError
+from npubuild.npusim.cmdstream import Command
+
+NHWC, NHCWB16 = 0, 1
+DTYPES = {(8, True): np.int8, (8, False): np.uint8, (16, True): np.int16, (16, False): np.uint16,
+          (32, True): np.int32, (32, False): np.uint32}
+
+
+@dataclass
+class FeatureMap:
+    """One operand of an op: where it lives and how its elements are encoded."""
+
+    region: int
+    bases: tuple[int, int, int, int]
+    width0: int
+    height0: int
+    height1: int
+    stride_x: int
+    stride_y: int
+    stride_c: int
+    bits: int
+    signed: bool
+    fmt: int
+    zero_point: int
+
+    @property
+    def elem(self) -> int:
+        return self.bits // 8
+
+    @property
+    def dtype(self):
+        return DTYPES[(self.bits, self.signed)]
+
+    @property
+    def format_name(self) -> str:
+        return "NHCWB16" if self.fmt == NHCWB16 else "NHWC"
+
+    def addresses(self, ys: np.ndarray, xs: np.ndarray, cs: np.ndarray) -> np.ndarray:
+        """Byte address of element (y, x, c) for the broadcast grid of ys[:,None,None], xs[None,:,None], cs."""
+        y = ys[:, None, None].astype(np.int64)
+        x = xs[None, :, None].astype(np.int64)
+        c = cs[None, None, :].astype(np.int64)
+        right = x >= self.width0
+        bottom = np.where(right, y >= self.height1, y >= self.height0)
+        tile = right.astype(np.int64) + 2 * bottom
+        base = np.asarray(self.bases, np.int64)[tile]
+        ty = np.where(bottom, y - np.where(right, self.height1, self.height0), y)
+        tx = np.where(right, x - self.width0, x)
+        if self.fmt == NHCWB16:
+            coff = (c // 16) * self.stride_c + (c % 16) * self.elem
+        else:
+            coff = c * self.stride_c
+        return base + ty * self.stride_y + tx * self.stride_x + coff
+
+
+def _precision(cmd: Command, reg: str, ofm: bool) -> tuple[int, bool, int]:
+    p = cmd.regs.get(reg, 0)
+    signed = bool(p & 1)
+    size = (p >> 1) & 3 if ofm else (p >> 2) & 3
+    if size > 2:
+        raise StageError(f"op {cmd.index}: unsupported {reg} {p:#x}")
+    return 8 << size, signed, (p >> 6) & 3
+
+
+def operand(cmd: Command, prefix: str) -> FeatureMap:
+    """The IFM, IFM2 or OFM of an op from its register snapshot."""
+    bits, signed, fmt = _precision(cmd, f"{prefix}_PRECISION", prefix == "OFM")
+    r = cmd.regs
+    return FeatureMap(
+        region=r.get(f"{prefix}_REGION", 0) & 0x7,
+        bases=tuple(cmd.addr(f"{prefix}_BASE{i}") for i in range(4)),  # type: ignore[arg-type]
+        width0=r.get(f"{prefix}_WIDTH0_M1", 0) + 1,
+        height0=r.get(f"{prefix}_HEIGHT0_M1", 0) + 1,
+        height1=r.get(f"{prefix}_HEIGHT1_M1", 0) + 1,
+        stride_x=r.get(f"{prefix}_STRIDE_X", 0), stride_y=r.get(f"{prefix}_STRIDE_Y", 0),
+        stride_c=r.get(f"{prefix}_STRIDE_C", 0),
+        bits=bits, signed=signed, fmt=fmt, zero_point=cmd.s16(f"{prefix}_ZERO_POINT"),
+    )
+
+
+def read(mem: np.ndarray, fm: FeatureMap, h: int, w: int, c: int) -> np.ndarray:
+    """The (h, w, c) block at the origin of `fm`, as int64."""
+    addr = fm.addresses(np.arange(h), np.arange(w), np.arange(c))
+    if addr.size and (addr.min() < 0 or addr.max() + fm.elem > len(mem)):
+        raise StageError(f"feature map read outside its region ({addr.min()}..{addr.max()}, size {len(mem)})")
+    if fm.elem == 1:
+        raw = mem[addr]
+    else:
+        raw = mem[addr[..., None] + np.arange(fm.elem)].reshape(-1, fm.elem)
+        raw = np.ascontiguousarray(raw).view(np.uint8).reshape(-1)
+    return np.frombuffer(np.ascontiguousarray(raw).tobytes(), dtype=np.dtype(fm.dtype).newbyteorder("<")
+                         ).reshape(h, w, c).astype(np.int64)
+
+
+def write(mem: np.ndarray, fm: FeatureMap, values: np.ndarray) -> None:
+    """Store an (h, w, c) block (already saturated to the OFM type) at the origin of `fm`."""
+    h, w, c = values.shape
+    addr = fm.addresses(np.arange(h), np.arange(w), np.arange(c))
+    if addr.size and (addr.min() < 0 or addr.max() + fm.elem > len(mem)):
+        raise StageError(f"feature map write outside its region ({addr.min()}..{addr.max()}, size {len(mem)})")
+    raw = np.ascontiguousarray(values.astype(np.dtype(fm.dtype).newbyteorder("<"))).view(np.uint8)
+    if fm.elem == 1:
+        mem[addr] = raw.reshape(addr.shape)
+    else:
+        mem[addr[..., None] + np.arange(fm.elem)] = raw.reshape(*addr.shape, fm.elem)

@@ -1,0 +1,208 @@
+"""Execute one NPU operation (CONV, DEPTHWISE, POOL, ELEMENTWISE) on numpy arrays, vectorised.
+
+Each op reads its operands from memory through `fmap`, computes the 32-bit
+accumulator, applies the output scaling, zero point, activation and
+saturation, and writes its OFM back.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from npubuild.errors import StageError
+from npubuild.npusim import fmap
+from npubuild.npusim.cmdstream import Command
+from npubuild.npusim.scaling import saturate, scale
+from npubuild.npusim.weights import WeightLayout, decode_scales, decode_stream, unpack_weights
+
+POOL_MODES = {0: "MAX", 1: "AVERAGE", 2: "REDUCE_SUM"}
+EW_MODES = {0: "MUL", 1: "ADD", 2: "SUB", 3: "MIN", 4: "MAX", 5: "LRELU", 6: "ABS", 7: "CLZ", 8: "SHR", 9: "SHL"}
+UNARY = ("LRELU", "ABS", "CLZ")
+# (ofm micro-block depth, ifm micro-block depth) per accelerator
+UBLOCKS = {"ethos-u55-32": (4, 8)}
+
+
+@dataclass
+class Kernel:
+    h: int
+    w: int
+    sy: int
+    sx: int
+    dy: int
+    dx: int
+    part_kernel: bool
+    top: int
+    left: int
+    bottom: int
+    right: int
+
+
+def kernel_of(cmd: Command) -> Kernel:
+    p = cmd.regs.get("KERNEL_STRIDE", 0)
+    sx = ((p & 1) | ((p >> 6) & 1) << 1) + 1
+    sy = (((p >> 1) & 1) | ((p >> 9) & 1) << 1) + 1
+    dx, dy = ((p >> 3) & 1) + 1, ((p >> 4) & 1) + 1
+    r = cmd.regs
+    return Kernel(r.get("KERNEL_HEIGHT_M1", 0) // dy + 1, r.get("KERNEL_WIDTH_M1", 0) // dx + 1, sy, sx, dy, dx,
+                  bool(p >> 2 & 1), r.get("IFM_PAD_TOP", 0), r.get("IFM_PAD_LEFT", 0),
+                  r.get("IFM_PAD_BOTTOM", 0), r.get("IFM_PAD_RIGHT", 0))
+
+
+@dataclass
+class OpResult:
+    """What one op did, for the listing and for op-by-op comparison."""
+
+    index: int
+    kind: str
+    ifm_shape: tuple[int, int, int]
+    ifm_format: str
+    ofm_shape: tuple[int, int, int]
+    ofm_format: str
+    detail: str
+    ofm: np.ndarray
+    ifm2_shape: tuple[int, int, int] | None = None
+
+
+def ofm_shape(cmd: Command) -> tuple[int, int, int]:
+    r = cmd.regs
+    return r.get("OFM_HEIGHT_M1", 0) + 1, r.get("OFM_WIDTH_M1", 0) + 1, r.get("OFM_DEPTH_M1", 0) + 1
+
+
+def _upscale(cmd: Command) -> int:
+    return cmd.regs.get("IFM_UPSCALE", 0) & 3
+
+
+def _read_ifm_window(mem: dict, cmd: Command, k: Kernel, depth: int, pad_value: int | None):
+    """The IFM with padding applied, as (padded array, real ifm shape); pad_value None pads with the zero point."""
+    ifm = fmap.operand(cmd, "IFM")
+    oh, ow, _ = ofm_shape(cmd)
+    eh = (oh - 1) * k.sy + (k.h - 1) * k.dy + 1
+    ew = (ow - 1) * k.sx + (k.w - 1) * k.dx + 1
+    ih, iw = eh - k.top - k.bottom, ew - k.left - k.right
+    up = _upscale(cmd)
+    if up:
+        src = fmap.read(mem[ifm.region], ifm, (ih + 1) // 2, (iw + 1) // 2, depth)
+        if up == 1:
+            x = np.repeat(np.repeat(src, 2, axis=0), 2, axis=1)[:ih, :iw]
+        else:
+            x = np.full((ih, iw, depth), ifm.zero_point, np.int64)
+            x[::2, ::2] = src[: (ih + 1) // 2, : (iw + 1) // 2]
+    else:
+        x = fmap.read(mem[ifm.region], ifm, ih, iw, depth)
+    fill = ifm.zero_point if pad_value is None else pad_value
+    padded = np.full((eh, ew, depth), fill, np.int64)
+    padded[k.top:k.top + ih, k.left:k.left + iw] = x
+    return padded, (ih, iw, depth), ifm
+
+
+def _windows(padded: np.ndarray, k: Kernel, oh: int, ow: int):
+    """Yield (ky, kx, view of shape (oh, ow, c)) for every kernel tap."""
+    for ky in range(k.h):
+        for kx in range(k.w):
+            y0, x0 = ky * k.dy, kx * k.dx
+            yield ky, kx, padded[y0:y0 + (oh - 1) * k.sy + 1:k.sy, x0:x0 + (ow - 1) * k.sx + 1:k.sx]
+
+
+def _per_core_weights(mem: dict, cmd: Command, accel: str, ncores: int, oc: int, k: Kernel, ic: int,
+                      depthwise: bool, ifm_bits: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Decode the weight and scale streams of every core into OHWI weights and per-channel scales."""
+    ofm_ub, ifm_ub = UBLOCKS.get(accel, (8, 8))
+    blk = cmd.regs.get("OFM_BLK_DEPTH_M1", 0) + 1
+    weights = np.zeros((oc, k.h, k.w, 1 if depthwise else ic), np.int64)
+    bias = np.zeros(oc, np.int64)
+    mult = np.zeros(oc, np.int64)
+    shift = np.zeros(oc, np.int64)
+    wregion = mem[cmd.regs.get("WEIGHT_REGION", 0) & 7]
+    sregion = mem[cmd.regs.get("SCALE_REGION", 0) & 7]
+    for core in range(min(ncores, oc)):
+        sfx = "" if core == 0 else "1"
+        chans = np.arange(core, oc, ncores)
+        wbase, wlen = cmd.addr(f"WEIGHT{sfx}_BASE"), cmd.regs.get(f"WEIGHT{sfx}_LENGTH", 0)
+        sbase, slen = cmd.addr(f"SCALE{sfx}_BASE"), cmd.regs.get(f"SCALE{sfx}_LENGTH", 0)
+        lay = WeightLayout(len(chans), k.h, k.w, 1 if depthwise else ic, (blk + ncores - 1 - core) // ncores,
+                           depthwise, k.part_kernel, ifm_bits, ofm_ub, ifm_ub, 8 // k.dy, 8 // k.dx)
+        stream = decode_stream(wregion[wbase:wbase + wlen].tobytes())
+        weights[chans] = unpack_weights(stream, lay)
+        b, m, s = decode_scales(sregion[sbase:sbase + slen].tobytes(), len(chans))
+        bias[chans], mult[chans], shift[chans] = b, m, s
+    return weights, bias, mult, shift
+
+
+def _finish(cmd: Command, acc: np.ndarray, mult, shift, ofm: fmap.FeatureMap) -> np.ndarray:
+    """Scale, add the OFM zero point, clamp to the activation range, saturate to the OFM type."""
+    p = cmd.regs.get("OFM_PRECISION", 0)
+    rounding = (p >> 14) & 3
+    v = scale(acc, mult, shift, rounding) + ofm.zero_point
+    act = cmd.regs.get("ACTIVATION", 0)
+    fn = act & 0xFFF
+    if fn not in (0,):
+        raise StageError(f"op {cmd.index}: activation function {fn} not supported yet")
+    v = np.clip(v, cmd.s16("ACTIVATION_MIN"), cmd.s16("ACTIVATION_MAX")) if ofm.bits < 32 else v
+    return saturate(v, ofm.bits, ofm.signed)
+
+
+def _ofm_global_scale(cmd: Command) -> tuple[int, int]:
+    return cmd.regs.get("OFM_SCALE", 1), cmd.hi.get("OFM_SCALE", 0) & 0x3F
+
+
+def run_conv(mem: dict, cmd: Command, accel: str, ncores: int) -> OpResult:
+    depthwise = cmd.kind == "DEPTHWISE"
+    k = kernel_of(cmd)
+    oh, ow, oc = ofm_shape(cmd)
+    ic = oc if depthwise else cmd.regs.get("IFM_DEPTH_M1", 0) + 1
+    padded, ishape, ifm = _read_ifm_window(mem, cmd, k, ic, None)
+    x = padded - ifm.zero_point
+    w, bias, mult, shift = _per_core_weights(mem, cmd, accel, ncores, oc, k, ic, depthwise, ifm.bits)
+    if depthwise:
+        acc = np.zeros((oh, ow, oc), np.int64)
+        for ky, kx, win in _windows(x, k, oh, ow):
+            acc += win * w[:, ky, kx, 0]
+    else:
+        cols = np.concatenate([win for _, _, win in _windows(x, k, oh, ow)], axis=2)
+        wmat = w.transpose(1, 2, 3, 0).reshape(-1, oc)
+        acc = np.rint(cols.reshape(-1, cols.shape[2]).astype(np.float64) @ wmat.astype(np.float64))
+        acc = acc.astype(np.int64).reshape(oh, ow, oc)
+    acc = acc + bias
+    ofm = fmap.operand(cmd, "OFM")
+    if (cmd.regs.get("OFM_PRECISION", 0) >> 8) & 1:
+        m, s = _ofm_global_scale(cmd)
+        mult, shift = np.full(oc, m), np.full(oc, s)
+    out = _finish(cmd, acc, mult, shift, ofm)
+    fmap.write(mem[ofm.region], ofm, out)
+    detail = f"k{k.h}x{k.w} s{k.sy}x{k.sx} d{k.dy}x{k.dx} pad{(k.top, k.left, k.bottom, k.right)}"
+    return OpResult(cmd.index, cmd.kind, ishape, ifm.format_name, (oh, ow, oc), ofm.format_name, detail, out)
+
+
+def run_pool(mem: dict, cmd: Command) -> OpResult:
+    mode = POOL_MODES.get(cmd.param & 0xFFFF)
+    if mode is None:
+        raise StageError(f"op {cmd.index}: unknown pooling mode {cmd.param}")
+    k = kernel_of(cmd)
+    oh, ow, oc = ofm_shape(cmd)
+    ifm0 = fmap.operand(cmd, "IFM")
+    pad = np.iinfo(np.int64).min if mode == "MAX" else None
+    padded, ishape, ifm = _read_ifm_window(mem, cmd, k, oc, pad)
+    if mode == "MAX":
+        acc = None
+        for _, _, win in _windows(padded, k, oh, ow):
+            acc = win.copy() if acc is None else np.maximum(acc, win)
+        acc = acc - ifm0.zero_point
+    else:
+        acc = np.zeros((oh, ow, oc), np.int64)
+        for _, _, win in _windows(padded - ifm0.zero_point, k, oh, ow):
+            acc += win
+    ofm = fmap.operand(cmd, "OFM")
+    m, s = _ofm_global_scale(cmd)
+    out = _finish(cmd, acc, m, s, ofm)
+    fmap.write(mem[ofm.region], ofm, out)
+    return OpResult(cmd.index, f"POOL {mode}", ishape, ifm.format_name, (oh, ow, oc), ofm.format_name,
+                    f"k{k.h}x{k.w} s{k.sy}x{k.sx}", out)
+
+
+def run_elementwise(mem: dict, cmd: Command) -> OpResult:
+    mode = EW_MODES.get(cmd.param & 0xFFFF)
+    if mode is None:
+        raise StageError(f"op {cmd.index}: unknown elementwise mode {cmd.param}")
+    raise StageError(f"op {cmd.index}: ELEMENTWISE {mode} not supported yet")

@@ -1,0 +1,86 @@
+"""The machine: memory regions, DMA, and one NPU op at a time in command-stream order."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from npubuild.errors import InputError, StageError
+from npubuild.npusim import ops
+from npubuild.npusim.cmdstream import Command, decode
+from npubuild.npusim.npz import RawModel, TensorPlace
+
+INTERNAL = -1  # key of the NPU's internal memory (SHRAM: LUTs) in the region map
+
+
+@dataclass
+class SimResult:
+    outputs: list[np.ndarray]
+    ops: list[ops.OpResult] = field(default_factory=list)
+
+
+def _memory(model: RawModel) -> dict[int, np.ndarray]:
+    mem: dict[int, np.ndarray] = {}
+    weights = np.frombuffer(model.weights, np.uint8).copy()
+    mem[model.weight_region] = weights
+    mem[model.scratch_region] = np.zeros(max(model.scratch_size, 1), np.uint8)
+    if model.fast_size > 0 and model.fast_region not in mem:
+        mem[model.fast_region] = np.zeros(model.fast_size, np.uint8)
+    mem[INTERNAL] = np.zeros(64 * 1024, np.uint8)
+    return mem
+
+
+def _dma(mem: dict, cmd: Command) -> None:
+    r = cmd.regs
+    src_reg, dst_reg = r.get("DMA0_SRC_REGION", 0), r.get("DMA0_DST_REGION", 0)
+    src = mem[INTERNAL if src_reg >> 8 & 1 else src_reg & 0xFF]
+    dst = mem[INTERNAL if dst_reg >> 8 & 1 else dst_reg & 0xFF]
+    if (src_reg >> 9) & 3 or (dst_reg >> 9) & 3:
+        raise StageError(f"op {cmd.index}: 2D/3D DMA not supported yet")
+    s, d, n = cmd.addr("DMA0_SRC"), cmd.addr("DMA0_DST"), cmd.addr("DMA0_LEN")
+    if s + n > len(src) or d + n > len(dst):
+        raise StageError(f"op {cmd.index}: DMA of {n} bytes outside its region")
+    dst[d:d + n] = src[s:s + n]
+
+
+def _place(mem: dict, place: TensorPlace, which: str) -> np.ndarray:
+    if place.region not in mem:
+        raise StageError(f"{which} in unknown region {place.region}")
+    return mem[place.region][place.offset:place.offset + place.nbytes]
+
+
+def _dtype(place: TensorPlace) -> np.dtype:
+    return np.dtype({1: np.int8, 2: np.int16, 4: np.int32}[place.elem_size]).newbyteorder("<")
+
+
+def run(model: RawModel, inputs: list[np.ndarray], keep_ofms: bool = True) -> SimResult:
+    """Run the command stream on integer inputs (in the artifact's NHWC shapes); returns outputs and op trace."""
+    if len(inputs) != len(model.inputs):
+        raise InputError(f"the model has {len(model.inputs)} inputs, got {len(inputs)}")
+    mem = _memory(model)
+    for i, (place, x) in enumerate(zip(model.inputs, inputs, strict=True)):
+        x = np.asarray(x)
+        if x.size != int(np.prod(place.shape)):
+            raise InputError(f"input {i}: {x.size} elements, the model needs shape {list(place.shape)}")
+        buf = _place(mem, place, f"input {i}")
+        buf[:] = np.ascontiguousarray(x.astype(_dtype(place))).view(np.uint8).reshape(-1)
+    trace: list[ops.OpResult] = []
+    for cmd in decode(model.commands, model.path):
+        if cmd.kind == "DMA_START":
+            _dma(mem, cmd)
+            continue
+        if cmd.kind in ("CONV", "DEPTHWISE"):
+            res = ops.run_conv(mem, cmd, model.accelerator, model.ncores)
+        elif cmd.kind == "POOL":
+            res = ops.run_pool(mem, cmd)
+        else:
+            res = ops.run_elementwise(mem, cmd)
+        if not keep_ofms:
+            res.ofm = np.zeros(0)
+        trace.append(res)
+    outs = []
+    for i, place in enumerate(model.outputs):
+        buf = _place(mem, place, f"output {i}")
+        outs.append(buf.copy().view(_dtype(place)).reshape(place.shape))
+    return SimResult(outs, trace)
