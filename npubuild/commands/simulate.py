@@ -1,0 +1,72 @@
+"""`npubuild simulate`: run a compiled raw Vela artifact on npu-sim; print outputs and a per-op listing."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import numpy as np
+
+from npubuild.errors import InputError
+
+
+def _load_input(path: str) -> np.ndarray:
+    try:
+        return np.load(path, allow_pickle=False)
+    except (OSError, ValueError) as exc:
+        raise InputError(f"cannot read input: {exc}", path) from None
+
+
+def cmd_simulate(args) -> int:
+    from npubuild.npusim.artifact import locate, prepare_input
+    from npubuild.npusim.npz import load_raw
+    from npubuild.npusim.sim import run
+
+    art = locate(args.artifact, args.build)
+    model = load_raw(art.npz)
+    if args.input and len(args.input) != len(model.inputs):
+        raise InputError(f"the artifact has {len(model.inputs)} inputs, got {len(args.input)} --input")
+    io_inputs = (art.io or {}).get("inputs") or [None] * len(model.inputs)
+    feeds = []
+    for i, place in enumerate(model.inputs):
+        if args.input:
+            feeds.append(prepare_input(_load_input(args.input[i]), place.shape, io_inputs[i], args.input[i]))
+        else:
+            info = np.iinfo({1: np.int8, 2: np.int16, 4: np.int32}[place.elem_size])
+            rng = np.random.default_rng(args.seed + i)
+            feeds.append(rng.integers(info.min, info.max + 1, place.shape))
+    t0 = time.perf_counter()
+    result = run(model, feeds)
+    seconds = time.perf_counter() - t0
+    print(f"{art.label}: {model.accelerator}, {len(result.ops)} NPU ops, simulated in {seconds:.3f} s"
+          + ("" if args.input else f" (random input, seed {args.seed})"))
+    print(f"{'#':>4}  {'op':<16} {'ifm':<16} {'ifm fmt':<8} {'ofm':<16} {'ofm fmt':<8} detail")
+    for n, op in enumerate(result.ops):
+        print(f"{n:>4}  {op.kind:<16} {str(list(op.ifm_shape)):<16} {op.ifm_format:<8} "
+              f"{str(list(op.ofm_shape)):<16} {op.ofm_format:<8} {op.detail}")
+    io_outputs = (art.io or {}).get("outputs") or [None] * len(result.outputs)
+    for i, (y, spec) in enumerate(zip(result.outputs, io_outputs, strict=True)):
+        name = spec["onnx_name"] if spec else f"output {i}"
+        if spec and y.size == int(np.prod(spec["shape"])):
+            y = np.transpose(y.reshape(spec["shape"]), np.argsort(spec["perm"]))
+        print(f"{name}: shape {list(y.shape)} {y.dtype}")
+        print(np.array2string(y.reshape(-1) if y.size <= 64 else y.reshape(-1)[:64], max_line_width=100))
+        if spec and spec.get("scale") is not None:
+            deq = (y.astype(np.float64) - spec["zero_point"]) * spec["scale"]
+            print("dequantized:", np.array2string(deq.reshape(-1)[:64], precision=4, max_line_width=100))
+        if args.save:
+            out = Path(args.save) / f"output{i}.npy"
+            out.parent.mkdir(parents=True, exist_ok=True)
+            np.save(out, y)
+    return 0
+
+
+def register(sub) -> None:
+    s = sub.add_parser("simulate", help="run a compiled raw Vela artifact (.npz) on npu-sim, the NPU functional model")
+    s.add_argument("artifact", metavar="BUILD_OR_NPZ", help="a *_vela.npz, its stage directory, or a build directory")
+    s.add_argument("--input", action="append", help="input .npy (repeat per input): integers in the artifact's "
+                   "NHWC shape, or floats in ONNX layout when a build directory gives the quantisation")
+    s.add_argument("--build", help="spec/model/target (or target) when the build directory has several raw builds")
+    s.add_argument("--seed", type=int, default=0, help="seed of the random input used without --input")
+    s.add_argument("--save", help="directory to write output<i>.npy")
+    s.set_defaults(func=cmd_simulate)

@@ -1,0 +1,86 @@
+"""Find a raw Vela artifact (and the TOSA I/O description next to it) from a path the user gives."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from npubuild.errors import InputError
+
+
+@dataclass
+class Artifact:
+    npz: Path
+    label: str
+    io: dict | None = None  # the lower stage's io.json, when known (quantisation, ONNX layout)
+    tosa: Path | None = None
+
+
+def _io_next_to(tosa: Path | None) -> dict | None:
+    if tosa is None:
+        return None
+    p = tosa.parent / "io.json"
+    return json.loads(p.read_text()) if p.is_file() else None
+
+
+def _from_report(build_dir: Path, select: str | None) -> Artifact:
+    report = json.loads((build_dir / "report.json").read_text())
+    found = []
+    for b in report.get("builds", []):
+        vela = (b.get("artifacts") or {}).get("vela")
+        if not vela or not str(vela).endswith(".npz"):
+            continue
+        label = f"{b['spec']}/{b['model']}/{b['target']}"
+        if select and select not in (label, b["target"], f"{b['model']}/{b['target']}"):
+            continue
+        tosa = (b.get("artifacts") or {}).get("tosa")
+        found.append(Artifact(Path(vela), label, None, Path(tosa) if tosa else None))
+    if not found:
+        what = f" matching '{select}'" if select else ""
+        raise InputError(f"no build with a raw Vela artifact (vela.output_format: raw){what}", str(build_dir))
+    if len(found) > 1:
+        names = ", ".join(a.label for a in found)
+        raise InputError(f"several raw builds ({names}): choose one with --build", str(build_dir))
+    art = found[0]
+    art.io = _io_next_to(art.tosa)
+    return art
+
+
+def locate(path: str, select: str | None = None) -> Artifact:
+    """An .npz file, a vela stage directory holding one, or a build directory with report.json."""
+    p = Path(path)
+    if p.is_file():
+        if p.suffix != ".npz":
+            raise InputError("expected a Vela raw .npz or a build directory", path)
+        return Artifact(p, p.name)
+    if not p.is_dir():
+        raise InputError("no such file or directory", path)
+    if (p / "report.json").is_file():
+        return _from_report(p, select)
+    npzs = sorted(p.glob("*_vela.npz"))
+    if len(npzs) == 1:
+        return Artifact(npzs[0], p.name)
+    raise InputError("no Vela raw .npz here (nor a report.json)", path)
+
+
+def prepare_input(x: np.ndarray, shape: tuple[int, ...], spec: dict | None, where: str) -> np.ndarray:
+    """Integer arrays are taken as they are (NHWC); float arrays are quantised from ONNX layout via io.json."""
+    if np.issubdtype(x.dtype, np.integer):
+        if x.size != int(np.prod(shape)):
+            raise InputError(f"{x.size} elements, the artifact's input has shape {list(shape)}", where)
+        return x.reshape(shape)
+    if not np.issubdtype(x.dtype, np.floating):
+        raise InputError(f"unsupported input dtype {x.dtype}", where)
+    if spec is None:
+        raise InputError("a float input needs a build directory (for its quantisation); pass integers", where)
+    if x.ndim != len(spec["perm"]):
+        raise InputError(f"expected a rank-{len(spec['perm'])} array in ONNX layout, got shape {list(x.shape)}", where)
+    x = np.transpose(x, spec["perm"])
+    info = np.iinfo(np.dtype(spec["dtype"]))
+    q = np.clip(np.round(x / spec["scale"]) + spec["zero_point"], info.min, info.max).astype(spec["dtype"])
+    if q.size != int(np.prod(shape)):
+        raise InputError(f"{x.size} elements, the artifact's input has shape {list(shape)}", where)
+    return q.reshape(shape)
