@@ -1,0 +1,74 @@
+"""Helpers for the npu-sim tests: single-op ONNX -> int8 TOSA -> Vela raw -> npu-sim vs the TOSA reference model."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import onnx
+from ophelpers import calib, io_dict, quantize_model
+
+from npubuild.lowering.driver import lower_model
+from npubuild.npusim.npz import load_raw
+from npubuild.npusim.sim import run
+from npubuild.tosa_run import _quiet_stdio
+
+
+def lower_int(model: onnx.ModelProto, input_shape: list[int], name: str = "x") -> tuple[bytes, dict]:
+    qdq = quantize_model(model, calib(name, input_shape))
+    lowered = lower_model(qdq, "int")
+    return lowered.tosa, io_dict(lowered)
+
+
+def vela_raw(tosa: bytes, out_dir: Path, accelerator: str = "ethos-u55-128", *flags: str) -> Path:
+    """Compile with Vela (real) to --output-format raw; returns the .npz."""
+    src = out_dir / "m.tosa"
+    src.write_bytes(tosa)
+    proc = subprocess.run([sys.executable, "-m", "ethosu.vela", str(src), "--accelerator-config", accelerator,
+                           "--output-format", "raw", "--output-dir", str(out_dir / "out"), *flags],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return next((out_dir / "out").glob("*_vela.npz"))
+
+
+def reference(tosa: bytes, inputs: list[np.ndarray]) -> list[np.ndarray]:
+    import tosa_reference_model as trm
+
+    with _quiet_stdio():
+        outs, status = trm.run(tosa, [np.ascontiguousarray(x) for x in inputs])
+    assert "VALID" in str(status), status
+    return [np.asarray(o) for o in outs]
+
+
+def tosa_inputs(io: dict, seed: int) -> list[np.ndarray]:
+    rng = np.random.default_rng(seed)
+    out = []
+    for spec in io["inputs"]:
+        info = np.iinfo(np.dtype(spec["dtype"]))
+        out.append(rng.integers(info.min, info.max + 1, spec["shape"]).astype(spec["dtype"]))
+    return out
+
+
+def assert_bitexact(tosa: bytes, io: dict, npz: Path, seeds=(0, 1, 2)) -> None:
+    """npu-sim on the compiled artifact equals the TOSA reference model, element for element."""
+    model = load_raw(npz)
+    for seed in seeds:
+        xs = tosa_inputs(io, seed)
+        want = reference(tosa, xs)
+        got = run(model, xs).outputs
+        for i, (w, g) in enumerate(zip(want, got, strict=True)):
+            g = g.reshape(w.shape)
+            bad = int(np.count_nonzero(w != g))
+            assert bad == 0, f"output {i}, seed {seed}: {bad}/{w.size} elements differ"
+
+
+def compile_and_check(model: onnx.ModelProto, input_shape: list[int], accelerator: str = "ethos-u55-128",
+                      *flags: str) -> Path:
+    tosa, io = lower_int(model, input_shape)
+    with tempfile.TemporaryDirectory() as tmp:
+        npz = vela_raw(tosa, Path(tmp), accelerator, *flags)
+        assert_bitexact(tosa, io, npz)
+        return npz
