@@ -1,7 +1,7 @@
 """Compute-heavy ops, FP and INT against onnxruntime, INT compiled by Vela for one U55 and one U85.
 
 Ops that onnxruntime does not quantize on their own (ReduceMean, GlobalMaxPool...)
-are tested between two shape-preserving Reshapes, which it does quantize, so
+are tested between two layout-preserving ops it does quantize (1x1 MaxPool, Reshape), so
 that the op sees int8 input and output as it does inside a real network.
 """
 
@@ -35,14 +35,23 @@ def model_of(nodes, inputs: dict[str, list[int]], outputs: dict[str, list[int]],
     return model
 
 
-def between_reshapes(op: str, in_shape, out_shape, inits=None, extra_inputs=(), **attrs):
-    """x -> Reshape(same) -> op -> Reshape(same) -> y: onnxruntime then quantizes op's input and output."""
+def wrapped(op: str, in_shape, out_shape, inits=None, extra_inputs=(), **attrs):
+    """x -> wrap -> op -> wrap -> y, so that onnxruntime quantizes op's input and output.
+
+    The wrappers are ops onnxruntime quantizes even alone and that keep the
+    layout: a 1x1 MaxPool for rank 4 (NHWC stays NHWC), a Reshape otherwise.
+    """
     inits = dict(inits or {})
-    inits["s_in"] = np.array(in_shape, np.int64)
-    inits["s_out"] = np.array(out_shape, np.int64)
-    nodes = [helper.make_node("Reshape", ["x", "s_in"], ["a"], name="r_in"),
+
+    def wrap(src: str, dst: str, shape, name: str):
+        if len(shape) == 4:
+            return helper.make_node("MaxPool", [src], [dst], name=name, kernel_shape=[1, 1])
+        inits[f"s_{name}"] = np.array(shape, np.int64)
+        return helper.make_node("Reshape", [src, f"s_{name}"], [dst], name=name)
+
+    nodes = [wrap("x", "a", in_shape, "w_in"),
              helper.make_node(op, ["a", *extra_inputs], ["b"], name="the_op", **attrs),
-             helper.make_node("Reshape", ["b", "s_out"], ["y"], name="r_out")]
+             wrap("b", "y", out_shape, "w_out")]
     return model_of(nodes, {"x": in_shape}, {"y": out_shape}, inits)
 
 
@@ -145,4 +154,57 @@ def test_matmul_two_activations(a_shape, b_shape):
     cal = {**calib("a", a_shape), **calib("b", b_shape, seed=7, low=-2, high=2)}
     lowered, _ = check_int(model, cal, feeds)
     assert "MATMUL" in tosa_ops(lowered)
+    all_on_npu(lowered)
+
+
+# ---------------------------------------------------------------------------------------------- reductions
+
+
+def _reduced(shape, axes, keepdims):
+    axes = [a % len(shape) for a in axes]
+    return [1 if i in axes else s for i, s in enumerate(shape) if keepdims or i not in axes]
+
+
+REDUCE_CASES = [
+    ("ReduceMean", [1, 4, 6, 6], [2, 3], 1),
+    ("ReduceMean", [1, 4, 6, 6], [2, 3], 0),
+    ("ReduceMean", [1, 4, 6, 6], [1], 1),
+    ("ReduceMean", [2, 5, 8], [-1], 1),
+    ("ReduceSum", [1, 4, 6, 6], [1], 0),
+    ("ReduceSum", [2, 5, 8], [1, 2], 1),
+    ("ReduceMax", [1, 4, 6, 6], [2, 3], 1),
+    ("ReduceMax", [2, 5, 8], [-1], 0),
+    ("ReduceMin", [1, 4, 6, 6], [1], 1),
+]
+
+
+@pytest.mark.parametrize("op,shape,axes,keepdims", REDUCE_CASES)
+@pytest.mark.parametrize("axes_as", ["attribute", "input"])
+def test_reductions(op, shape, axes, keepdims, axes_as):
+    out_shape = _reduced(shape, axes, keepdims)
+    if axes_as == "attribute" and op == "ReduceSum":
+        pytest.skip("ReduceSum has taken axes as an input since opset 13 (older models are converted at import)")
+    if axes_as == "input":
+        model = wrapped(op, shape, out_shape, {"axes": np.array(axes, np.int64)}, ["axes"], keepdims=keepdims)
+    else:
+        model = wrapped(op, shape, out_shape, keepdims=keepdims, axes=axes)
+        model.opset_import[0].version = 13
+    check_fp(model, {"x": rand(shape, 1)}, atol=1e-5)
+    lowered, _ = check_int(model, calib("x", shape), {"x": rand(shape, 2)})
+    all_on_npu(lowered)
+
+
+def test_spatial_mean_is_a_pool_without_transposes():
+    model = wrapped("ReduceMean", [1, 8, 5, 7], [1, 8, 1, 1], keepdims=1, axes=[2, 3])
+    model.opset_import[0].version = 13
+    lowered, _ = check_int(model, calib("x", [1, 8, 5, 7]), {"x": rand([1, 8, 5, 7], 2)})
+    ops = tosa_ops(lowered)
+    assert "REDUCE_SUM" not in ops and "TRANSPOSE" not in ops
+
+
+@pytest.mark.parametrize("shape", [[1, 4, 5, 5], [1, 3, 8, 12]])
+def test_global_max_pool(shape):
+    model = wrapped("GlobalMaxPool", shape, [*shape[:2], 1, 1])
+    check_fp(model, {"x": rand(shape, 1)})
+    lowered, _ = check_int(model, calib("x", shape), {"x": rand(shape, 2)})
     all_on_npu(lowered)

@@ -1,4 +1,4 @@
-"""Pooling: MaxPool, AveragePool, GlobalAveragePool (NHWC, TOSA MAX_POOL2D / AVG_POOL2D)."""
+"""Pooling: MaxPool, AveragePool, GlobalAveragePool, GlobalMaxPool (NHWC, TOSA MAX_POOL2D / AVG_POOL2D)."""
 
 from __future__ import annotations
 
@@ -109,3 +109,24 @@ def lower_global_avgpool(ctx: LoweringContext) -> None:
     x = to_layout(ctx, ctx.tensor(0), NHWC)
     kernel = (x.shape[1], x.shape[2])
     avg_pool(ctx, x, kernel, (1, 1), [0, 0, 0, 0])
+
+
+@lowers("GlobalMaxPool")
+def lower_global_maxpool(ctx: LoweringContext) -> None:
+    """One MAX_POOL2D over the whole plane where Vela's kernel limits allow, else REDUCE_MAX over H then W."""
+    x = to_layout(ctx, ctx.tensor(0), NHWC)
+    h, w = x.shape[1], x.shape[2]
+    out_q = ctx.output_q() if ctx.profile == "int" else None
+    direct = out_q is None or (x.q is not None and x.q.same_as(out_q))
+    out_name = ctx.current.output[0] if direct else None
+    if h <= 256 and h * w <= 65536:
+        out = ctx.new_tensor((x.shape[0], 1, 1, x.shape[3]), x.dtype, NHWC, x.q, output_of=out_name)
+        ctx.op(Op.MAX_POOL2D, [x.name], [out.name],
+               attr("MaxPool2d", [h, w], [1, 1], [0, 0, 0, 0], ts.NanPropagationMode.PROPAGATE))
+    else:
+        from npubuild.lowering.ops_reduce import emit_reduce
+
+        out = emit_reduce(ctx, Op.REDUCE_MAX, x, [1, 2])
+    if not direct:
+        out = requantize(ctx, out, out_q, output_of=ctx.current.output[0])
+    ctx.set_output(0, out)
