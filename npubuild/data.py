@@ -79,3 +79,10 @@ def sample_arrays(model: onnx.ModelProto, calibration: dict, npy: Path | None, s
         return {k: v[idx] for k, v in arrays.items()}
     r = calibration["random"]
     return random_arrays(model, samples, seed + 1_000_003, r["low"], r["high"])
+
+
+def subset(arrays: dict[str, np.ndarray], samples: int, seed: int) -> dict[str, np.ndarray]:
+    """A seeded random choice of `samples` rows (the same rows for every input)."""
+    n = next(iter(arrays.values())).shape[0]
+    idx = np.sort(np.random.default_rng(seed).choice(n, size=min(samples, n), replace=False))
+    return {k: v[idx] for k, v in arrays.items()}

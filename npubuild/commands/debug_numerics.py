@@ -1,0 +1,80 @@
+"""`npubuild debug-numerics SPEC --model M --target T`: per-node error of the TOSA graph, first jump marked."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from npubuild.errors import InputError, StageError
+
+
+def cmd_debug_numerics(args) -> int:
+    import onnx
+
+    from npubuild.config.load import load_spec
+    from npubuild.data import load_arrays, sample_arrays, subset
+    from npubuild.debug_numerics import layer_numerics, render_table
+    from npubuild.fileio import read_json, write_json
+    from npubuild.runner import build
+    from npubuild.stages import read_error, read_record
+
+    builds = load_spec(Path(args.spec))
+    chosen = [b for b in builds if (args.model is None or b.model_name == args.model)
+              and (args.target is None or b.target.name == args.target)]
+    if len(chosen) != 1:
+        known = ", ".join(f"--model {b.model_name} --target {b.target.name}" for b in builds)
+        what = "matches no build" if not chosen else "matches several builds"
+        raise InputError(f"--model/--target {what} of this spec (builds: {known})", args.spec)
+    b = chosen[0]
+    build_dir = Path(args.build_dir)
+    result = build([b], build_dir, quiet=True, debug=args.debug)
+    chain = result.plan.build_tasks[b.id]
+    stage_in = "quantize" if b.pipeline.profile == "int" else "import"
+    for stage in ("import", stage_in):
+        task = result.plan.tasks[chain[stage]]
+        if read_record(task) is None:
+            err = read_error(task) or {"message": "did not run"}
+            raise StageError(f"{b.id}: stage {stage} failed, nothing to compare: {err['message']}")
+    float_path = result.plan.tasks[chain["import"]].outputs["onnx"]
+    lower_in = result.plan.tasks[chain[stage_in]].outputs["onnx"]
+    float_model = onnx.load(str(float_path))
+    v = b.spec.verify
+    if b.evaluation is not None:  # real data with real variety (calibration data may be the problem)
+        samples = subset(load_arrays(b.evaluation[0], float_model), args.samples or v.samples, v.seed)
+    else:
+        samples = sample_arrays(float_model, b.model.calibration.model_dump(), b.calibration_npy,
+                                args.samples or v.samples, v.seed)
+    res = layer_numerics(onnx.load(str(lower_in)), float_model, b.pipeline.passes, b.pipeline.profile, samples)
+    res["build"] = b.id
+    out = build_dir / "builds" / b.id / "layers.json"
+    write_json(out, res)
+    report_path = build_dir / "report.json"
+    report = read_json(report_path)
+    for entry in report["builds"]:
+        if f"{entry['spec']}/{entry['model']}/{entry['target']}" == b.id:
+            entry["layer_numerics"] = res
+    write_json(report_path, report)
+    if args.json:
+        print(json.dumps(res, indent=2))
+    else:
+        print(f"{b.id}: {res['samples']} samples, {b.pipeline.profile} profile (written to {out})")
+        print(render_table(res))
+    return 0
+
+
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise ValueError(text)
+    return value
+
+
+def register(sub) -> None:
+    d = sub.add_parser("debug-numerics", help="per-node error of the TOSA graph vs onnxruntime; marks the first jump")
+    d.add_argument("spec")
+    d.add_argument("--model", help="model name in the spec (needed if it has several)")
+    d.add_argument("--target", help="target name in the spec (needed if it has several)")
+    d.add_argument("--build-dir", default="build")
+    d.add_argument("--samples", type=_positive, help="number of inputs (default: the spec's verify.samples)")
+    d.add_argument("--json", action="store_true", help="print the result as JSON")
+    d.set_defaults(func=cmd_debug_numerics)

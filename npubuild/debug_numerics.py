@@ -1,0 +1,222 @@
+"""Per-layer numerics: every ONNX node's output on the TOSA reference model against onnxruntime.
+
+The lowering turns any Q/DQ-ed tensor that is a graph output into a TOSA
+output, so the model is re-lowered with every compute node's (quantised)
+output exposed as an extra graph output. Each is compared with the QDQ model
+on onnxruntime (the integer graph's own error, in LSB) and with the float
+model (what quantisation costs so far, as SNR). The first node where the
+error jumps is where to look: a bad calibration range, a clipping
+activation, a lowering bug.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnx_ir as ir
+from onnx import TensorProto, helper
+
+from npubuild.errors import NpubuildError
+from npubuild.lowering.driver import lower_model
+from npubuild.numerics import SNR_CAP_DB, cosine, lsb_error, snr_db
+from npubuild.passes import run_passes
+from npubuild.tosa_run import run_tosa
+
+QDQ = {"QuantizeLinear", "DequantizeLinear"}
+JUMP_DB = 20.0  # an SNR this much below the node before it is a jump
+FLOOR_DB = 20.0  # falling below this (from above it) is a jump too, however gradual the way down
+CEILING_DB = 60.0  # SNRs above this count as this much when looking for a jump
+MAX_LSB = 1.0  # the integer graph may differ from the QDQ model by one rounding step
+
+
+@dataclass
+class Probe:
+    """One observable tensor: the node that makes it, its name in the float model and in the lowered model."""
+
+    node: str
+    op_type: str
+    float_name: str
+    exposed_name: str
+
+
+def _single_consumer(consumers: dict[str, list[onnx.NodeProto]], name: str, op: str) -> onnx.NodeProto | None:
+    users = consumers.get(name, [])
+    return users[0] if len(users) == 1 and users[0].op_type == op else None
+
+
+def find_probes(model: onnx.ModelProto, profile: str) -> list[Probe]:
+    """The graph input(s) and every compute node's first output, as the lowering can expose them."""
+    consumers: dict[str, list[onnx.NodeProto]] = {}
+    for n in model.graph.node:
+        for i in n.input:
+            consumers.setdefault(i, []).append(n)
+    inits = {i.name for i in model.graph.initializer}
+    probes = []
+    if profile == "int":  # the input's own quantisation is the first place error enters
+        for vi in model.graph.input:
+            q = _single_consumer(consumers, vi.name, "QuantizeLinear") if vi.name not in inits else None
+            dq = _single_consumer(consumers, q.output[0], "DequantizeLinear") if q is not None else None
+            if dq is not None:
+                probes.append(Probe(vi.name, "input", vi.name, dq.output[0]))
+    for n in model.graph.node:
+        if n.op_type in QDQ or not n.output:
+            continue
+        out = n.output[0]
+        if profile == "fp":
+            probes.append(Probe(n.name, n.op_type, out, out))
+            continue
+        q = _single_consumer(consumers, out, "QuantizeLinear")
+        dq = _single_consumer(consumers, q.output[0], "DequantizeLinear") if q is not None else None
+        if dq is not None:
+            float_name = out if not out.endswith("_QuantizeLinear_Input") else out[: -len("_QuantizeLinear_Input")]
+            probes.append(Probe(n.name, n.op_type, float_name, dq.output[0]))
+    return probes
+
+
+def with_outputs(model: onnx.ModelProto, names: list[str]) -> onnx.ModelProto:
+    m = onnx.ModelProto()
+    m.CopyFrom(model)
+    have = {o.name for o in m.graph.output}
+    for name in names:
+        if name not in have:
+            m.graph.output.append(helper.make_tensor_value_info(name, TensorProto.FLOAT, None))
+            have.add(name)
+    return m
+
+
+def prepare(model: onnx.ModelProto, passes: list[str]) -> onnx.ModelProto:
+    """The model as the lower stage sees it (pipeline passes applied), node names filled in."""
+    model = ir.serde.serialize_model(run_passes(ir.serde.deserialize_model(model), passes))
+    for i, node in enumerate(model.graph.node):
+        if not node.name:
+            node.name = f"{node.op_type}_{i}"
+    return model
+
+
+def lower_exposed(model: onnx.ModelProto, probes: list[Probe], profile: str):
+    """Lower with every probe exposed; probes the lowering cannot expose (fused away) are dropped."""
+    try:
+        return lower_model(with_outputs(model, [p.exposed_name for p in probes]), profile), probes
+    except NpubuildError:
+        pass
+    kept = []
+    for p in probes:
+        try:
+            lower_model(with_outputs(model, [p.exposed_name]), profile)
+            kept.append(p)
+        except NpubuildError:
+            continue
+    return lower_model(with_outputs(model, [p.exposed_name for p in kept]), profile), kept
+
+
+def _session(model: onnx.ModelProto):
+    import onnxruntime as ort
+
+    opts = ort.SessionOptions()
+    opts.log_severity_level = 3
+    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL  # keep Q/DQ as written
+    return ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
+
+
+def layer_numerics(lower_input: onnx.ModelProto, float_model: onnx.ModelProto, passes: list[str], profile: str,
+                   samples: dict[str, np.ndarray]) -> dict:
+    """Per-probe error measures over the samples, and the first probe where the error jumps."""
+    model = prepare(lower_input, passes)
+    probes = find_probes(model, profile)
+    lowered, probes = lower_exposed(model, probes, profile)
+    io = {"inputs": [i.as_dict() for i in lowered.inputs], "outputs": [o.as_dict() for o in lowered.outputs]}
+    specs = {o["onnx_name"]: o for o in io["outputs"]}
+    probes = [p for p in probes if p.exposed_name in specs]
+    ref_sess = _session(with_outputs(model, [p.exposed_name for p in probes]))
+    float_names = {n for node in float_model.graph.node for n in node.output} | {i.name for i in float_model.graph.input}
+    flt_probes = [p.float_name for p in probes if p.float_name in float_names]
+    flt_sess = _session(with_outputs(float_model, flt_probes))
+    acc: dict[str, dict[str, list]] = {p.exposed_name: {"tosa": [], "q": [], "ref": [], "flt": []} for p in probes}
+    n = next(iter(samples.values())).shape[0]
+    for i in range(n):
+        feeds = {k: v[i] for k, v in samples.items()}
+        got = run_tosa(lowered.tosa, io, feeds)
+        ref = dict(zip([o.name for o in ref_sess.get_outputs()], ref_sess.run(None, feeds), strict=True))
+        flt = dict(zip([o.name for o in flt_sess.get_outputs()], flt_sess.run(None, feeds), strict=True))
+        flt.update(feeds)
+        for p in probes:
+            spec, a = specs[p.exposed_name], acc[p.exposed_name]
+            raw = got[p.exposed_name]
+            a["q"].append(raw)
+            a["tosa"].append(raw.astype(np.float64) if spec["dtype"] == "float32"
+                             else (raw.astype(np.float64) - spec["zero_point"]) * spec["scale"])
+            a["ref"].append(ref[p.exposed_name])
+            if p.float_name in flt:
+                a["flt"].append(flt[p.float_name])
+    rows = [input_row(spec, samples[spec["onnx_name"]]) for spec in io["inputs"] if spec["dtype"] != "float32"]
+    for p in probes:
+        spec, a = specs[p.exposed_name], acc[p.exposed_name]
+        tosa, ref = np.stack(a["tosa"]), np.stack(a["ref"])
+        row = {"node": p.node, "op_type": p.op_type, "tensor": p.float_name,
+               "tosa_snr_db": snr_db(ref, tosa), "cosine": cosine(ref, tosa),
+               "max_error_lsb": None, "quant_snr_db": None, "scale": spec["scale"], "zero_point": spec["zero_point"]}
+        if spec["dtype"] != "float32":
+            row["max_error_lsb"] = float(lsb_error(ref, np.stack(a["q"]), spec["scale"], spec["zero_point"],
+                                                   spec["dtype"]).max())
+        if a["flt"]:
+            row["quant_snr_db"] = snr_db(np.stack(a["flt"]), tosa)
+        rows.append(row)
+    return {"profile": profile, "samples": n, "layers": rows, **first_jump(rows)}
+
+
+def input_row(spec: dict, x: np.ndarray) -> dict:
+    """The graph input's own quantisation (the TOSA graph takes it already quantised): error enters here first."""
+    info = np.iinfo(np.dtype(spec["dtype"]))
+    q = np.clip(np.round(x / spec["scale"]) + spec["zero_point"], info.min, info.max)
+    deq = (q - spec["zero_point"]) * spec["scale"]
+    return {"node": spec["onnx_name"], "op_type": "graph input", "tensor": spec["onnx_name"],
+            "tosa_snr_db": SNR_CAP_DB, "cosine": cosine(x, deq), "max_error_lsb": 0.0,
+            "quant_snr_db": snr_db(x, deq), "scale": spec["scale"], "zero_point": spec["zero_point"]}
+
+
+def first_jump(rows: list[dict]) -> dict:
+    """The first node where the integer graph leaves the QDQ model (> 1 LSB), and where SNR vs float jumps."""
+    out: dict = {"first_lowering_error": None, "first_jump": None, "jump_reason": None}
+    for r in rows:
+        if r["max_error_lsb"] is not None and r["max_error_lsb"] > MAX_LSB:
+            out["first_lowering_error"] = r["node"]
+            break
+    prev: float | None = None
+    for r in rows:
+        snr = r["quant_snr_db"] if r["quant_snr_db"] is not None else r["tosa_snr_db"]
+        if prev is None:
+            jump = snr < FLOOR_DB
+        else:  # int8 keeps about 50 dB at best: an exact tensor before is no reason to flag the next one
+            jump = snr < min(prev, CEILING_DB) - JUMP_DB or snr < FLOOR_DB <= prev
+        if jump:
+            out["first_jump"] = r["node"]
+            out["jump_reason"] = f"SNR vs float {snr:.1f} dB" + ("" if prev is None else f", {prev:.1f} dB before it")
+            break
+        prev = snr
+    return out
+
+
+def render_table(result: dict) -> str:
+    """The per-node table the command prints, the first jump marked with '<<'."""
+    lines = [f"{'node':<24} {'op':<18} {'SNR vs QDQ dB':>13} {'max LSB':>8} {'SNR vs float dB':>15}"]
+    for r in result["layers"]:
+        mark = ""
+        if r["node"] == result["first_jump"]:
+            mark = "  << error jumps here"
+        if r["node"] == result["first_lowering_error"]:
+            mark += "  << integer graph leaves the QDQ model here"
+        lsb = "-" if r["max_error_lsb"] is None else f"{r['max_error_lsb']:.0f}"
+        q = "-" if r["quant_snr_db"] is None else f"{r['quant_snr_db']:.1f}"
+        lines.append(f"{r['node'][:24]:<24} {r['op_type'][:18]:<18} {r['tosa_snr_db']:>13.1f} {lsb:>8} {q:>15}{mark}")
+    if result["first_jump"] is None and result["first_lowering_error"] is None:
+        lines.append("no jump: the error grows smoothly through the graph")
+    elif result["first_jump"] is not None:
+        lines.append(f"first jump: {result['first_jump']} ({result['jump_reason']})")
+    return "\n".join(lines)
+
+
+def load(path: Path) -> onnx.ModelProto:
+    return onnx.load(str(path))

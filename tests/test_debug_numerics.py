@@ -1,0 +1,92 @@
+"""debug-numerics: every node's output on the TOSA reference model vs onnxruntime, and the first error jump."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import onnx
+from npbtest import REPO, read_report, run_cli
+from onnx import numpy_helper
+
+from npubuild.debug_numerics import layer_numerics
+from npubuild.stages.quantize import quantize
+
+PASSES = ["eliminate_identity", "eliminate_dropout", "remove_unused", "topological_sort"]
+DIGITS = REPO / "configs" / "models" / "digits_cnn.onnx"
+
+
+def _digits_project(tmp_path: Path, calib: np.ndarray) -> Path:
+    root = tmp_path / "product"
+    (root / "configs" / "models").mkdir(parents=True)
+    (root / "dodo.py").write_text("# product repo marker\n")
+    shutil.copy(DIGITS, root / "configs" / "models" / "digits_cnn.onnx")
+    np.save(root / "configs" / "calib.npy", calib)
+    for f in ("digits_eval_inputs.npy", "digits_eval_labels.npy"):
+        shutil.copy(REPO / "configs" / "data" / f, root / "configs" / f)
+    (root / "configs" / "d.yaml").write_text(
+        "version: 1\nname: d\nmodels:\n  cnn:\n    path: models/digits_cnn.onnx\n    calibration: {npy: calib.npy}\n"
+        "    evaluation: {inputs: digits_eval_inputs.npy, labels: digits_eval_labels.npy, samples: 16}\n"
+        "targets: [ethos-u55-128]\nverify: {samples: 6}\n")
+    return root
+
+
+def _inputs(n: int) -> np.ndarray:
+    return np.load(REPO / "configs" / "data" / "digits_eval_inputs.npy")[:n]
+
+
+def test_well_calibrated_model_has_no_jump(tmp_path: Path, capsys):
+    root = _digits_project(tmp_path, np.load(REPO / "configs" / "data" / "digits_calib.npy"))
+    code, out, err = run_cli(["debug-numerics", "configs/d.yaml", "--build-dir", "b", "--json"], capsys, cwd=root)
+    assert code == 0, err
+    res = json.loads(out)
+    nodes = [r["node"] for r in res["layers"]]
+    assert nodes == ["input", "conv1", "pool1", "conv2", "pool2", "flatten", "fc"]
+    assert res["first_jump"] is None and res["first_lowering_error"] is None
+    for r in res["layers"]:
+        assert r["max_error_lsb"] <= 1 and r["quant_snr_db"] > 25, r
+    (entry,) = read_report(root / "b")["builds"]
+    assert entry["layer_numerics"]["layers"] == res["layers"]
+
+
+def test_all_zero_calibration_names_the_first_layer_where_error_jumps(tmp_path: Path, capsys):
+    root = _digits_project(tmp_path, np.zeros((16, 1, 8, 8), np.float32))
+    code, out, err = run_cli(["debug-numerics", "configs/d.yaml", "--build-dir", "b"], capsys, cwd=root)
+    assert code == 0, err
+    # calibrated on zeros, the input's int8 range is wrong: error enters at the very first quantised tensor
+    marked = [ln for ln in out.splitlines() if "<< error jumps here" in ln]
+    assert len(marked) == 1 and marked[0].split()[0] == "input"
+    assert "first jump: input (SNR vs float" in out
+    res = json.loads((root / "b" / "builds" / "d" / "cnn" / "ethos-u55-128" / "layers.json").read_text())
+    assert res["first_jump"] == "input" and res["layers"][0]["quant_snr_db"] < 20
+    # the integer graph still matches its (badly calibrated) QDQ model: a calibration problem, not a lowering bug
+    assert res["first_lowering_error"] is None
+
+
+def test_a_layer_with_a_clipping_range_is_named(tmp_path: Path):
+    qdq = quantize(DIGITS, {"input": np.load(REPO / "configs" / "data" / "digits_calib.npy")[:, None]},
+                   {"per_channel": True, "method": "minmax", "symmetric_activations": False})
+    for init in qdq.graph.initializer:  # conv2's output range 30x too narrow: it clips
+        if init.name == "relu2_scale":
+            init.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(init) / 30, init.name))
+    res = layer_numerics(qdq, onnx.load(DIGITS), PASSES, "int", {"input": _inputs(6)[:, None]})
+    assert res["first_jump"] == "conv2"
+    by = {r["node"]: r for r in res["layers"]}
+    assert by["pool1"]["quant_snr_db"] > 30 and by["conv2"]["quant_snr_db"] < 10
+
+
+def test_fp_profile_compares_float_tensors():
+    model = onnx.load(DIGITS)
+    res = layer_numerics(model, model, PASSES, "fp", {"input": _inputs(3)[:, None]})
+    assert [r["node"] for r in res["layers"]] == ["conv1", "relu1", "pool1", "conv2", "relu2", "pool2", "flatten", "fc"]
+    assert all(r["tosa_snr_db"] > 100 and r["max_error_lsb"] is None for r in res["layers"])
+    assert res["first_jump"] is None
+
+
+def test_unknown_model_is_one_line_exit_2(tmp_path: Path, capsys):
+    root = _digits_project(tmp_path, np.load(REPO / "configs" / "data" / "digits_calib.npy"))
+    code, _, err = run_cli(["debug-numerics", "configs/d.yaml", "--model", "nope"], capsys, cwd=root)
+    assert code == 2 and "matches no build" in err and "--model cnn --target ethos-u55-128" in err
+    assert err.count("\n") == 1
