@@ -208,3 +208,29 @@ def test_global_max_pool(shape):
     check_fp(model, {"x": rand(shape, 1)})
     lowered, _ = check_int(model, calib("x", shape), {"x": rand(shape, 2)})
     all_on_npu(lowered)
+
+
+# ---------------------------------------------------------------------------------------------- softmax
+
+SOFTMAX_CASES = [([2, 8], -1, 1.0), ([1, 4, 6, 6], 1, 2.0), ([2, 3, 10], 1, 4.0), ([1, 2, 5, 64], -1, 6.0)]
+
+
+@pytest.mark.parametrize("shape,axis,spread", SOFTMAX_CASES)
+def test_softmax(shape, axis, spread):
+    """onnxruntime quantizes a lone Softmax (output scale 1/255, zero point -128)."""
+    model = single_op_model("Softmax", {"x": shape}, {"y": None}, axis=axis)
+    check_fp(model, {"x": rand(shape, 1, -spread, spread)}, atol=1e-6)
+    lowered, err = check_int(model, calib("x", shape, low=-spread, high=spread), {"x": rand(shape, 2, -spread, spread)})
+    print(f"softmax {shape} axis {axis}: max error {err} LSB")
+    assert "TRANSPOSE" not in tosa_ops(lowered)
+    all_on_npu(lowered)
+
+
+@pytest.mark.parametrize("shape,axis,spread", SOFTMAX_CASES[:3])
+def test_log_softmax(shape, axis, spread):
+    """onnxruntime does not quantize LogSoftmax alone: test it between quantized wrappers."""
+    model = wrapped("LogSoftmax", shape, shape, axis=axis)
+    check_fp(model, {"x": rand(shape, 1, -spread, spread)}, atol=1e-5)
+    lowered, err = check_int(model, calib("x", shape, low=-spread, high=spread), {"x": rand(shape, 2, -spread, spread)})
+    print(f"log softmax {shape} axis {axis}: max error {err} LSB")
+    all_on_npu(lowered)

@@ -1,0 +1,128 @@
+"""Fixed-point int32 building blocks for the integer softmax and normalisations.
+
+Ethos-U runs TOSA's int32 elementwise ops (ADD, SUB, MUL with a shift, CLZ,
+shifts) and int8 TABLE on every accelerator, but no division, EXP or RSQRT.
+So 1/s and 1/sqrt(s) of a positive int32 are computed the way fixed-point
+DSP code does it: CLZ normalises s to a mantissa m (per row, so the shift is
+a tensor), a linear seed plus Newton-Raphson steps in Q29 gives 1/m or
+1/sqrt(m), and the caller shifts the exponent back in. Each helper documents
+the Q format of its result; all products fit int32 by construction (TOSA
+requires it of MUL).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import tosa_serializer as ts
+
+from npubuild.lowering.context import LoweringContext, TTensor
+from npubuild.lowering.emit import Op, attr
+
+Q29 = 1 << 29
+Q30 = 1 << 30
+
+
+def _out(ctx: LoweringContext, a: TTensor, b: TTensor | None = None) -> TTensor:
+    shape = a.shape if b is None else tuple(max(p, q) for p, q in zip(a.shape, b.shape, strict=True))
+    return ctx.new_tensor(shape, np.int32, a.perm)
+
+
+def const_i32(ctx: LoweringContext, value: int | np.ndarray, like: TTensor) -> TTensor:
+    """An int32 constant broadcastable against `like` (a scalar becomes [1, ..., 1])."""
+    arr = np.asarray(value, np.int64)
+    if arr.ndim == 0:
+        arr = arr.reshape((1,) * len(like.shape))
+    assert arr.min() >= -(2**31) and arr.max() < 2**31, "int32 constant out of range"
+    arr = arr.astype(np.int32)
+    return TTensor(ctx.const(arr, "i32"), arr.shape, arr.dtype, like.perm)
+
+
+def add(ctx: LoweringContext, a: TTensor, b: TTensor) -> TTensor:
+    out = _out(ctx, a, b)
+    ctx.op(Op.ADD, [a.name, b.name], [out.name], attr("Add"))
+    return out
+
+
+def sub(ctx: LoweringContext, a: TTensor, b: TTensor) -> TTensor:
+    out = _out(ctx, a, b)
+    ctx.op(Op.SUB, [a.name, b.name], [out.name], attr("Sub"))
+    return out
+
+
+def mul(ctx: LoweringContext, a: TTensor, b: TTensor, shift: int) -> TTensor:
+    """round(a * b / 2**shift) in int32 (TOSA MUL computes the product in 64 bits)."""
+    out = _out(ctx, a, b)
+    ctx.op(Op.MUL, [a.name, b.name, ctx.const(np.array([shift], np.int8), "shift")], [out.name], attr("Mul"))
+    return out
+
+
+def clz(ctx: LoweringContext, a: TTensor) -> TTensor:
+    out = _out(ctx, a)
+    ctx.op(Op.CLZ, [a.name], [out.name], attr("Clz"))
+    return out
+
+
+def shl(ctx: LoweringContext, a: TTensor, n: TTensor) -> TTensor:
+    out = _out(ctx, a, n)
+    ctx.op(Op.LOGICAL_LEFT_SHIFT, [a.name, n.name], [out.name], attr("LogicalLeftShift"))
+    return out
+
+
+def asr(ctx: LoweringContext, a: TTensor, n: TTensor) -> TTensor:
+    """Arithmetic right shift with rounding (half up), the only form Vela runs on U55."""
+    out = _out(ctx, a, n)
+    ctx.op(Op.ARITHMETIC_RIGHT_SHIFT, [a.name, n.name], [out.name], attr("ArithmeticRightShift", True))
+    return out
+
+
+def reciprocal(ctx: LoweringContext, s: TTensor) -> tuple[TTensor, TTensor]:
+    """1/s for int32 s >= 1: returns (r, n) with 1/s ~= r * 2**-(61 - n); r in (2**29, 2**30].
+
+    n = clz(s); m = (s << (n - 1)) / 2**31 in [0.5, 1); r = 2**29 / m by
+    Newton-Raphson from the seed 48/17 - 32/17 m (three steps: error < 1e-7).
+    """
+    n = clz(ctx, s)
+    one = const_i32(ctx, 1, s)
+    m = shl(ctx, s, sub(ctx, n, one))  # Q31
+    r = sub(ctx, const_i32(ctx, round(48 / 17 * Q29), s), mul(ctx, m, const_i32(ctx, round(32 / 17 * Q29), s), 31))
+    two = const_i32(ctx, Q30, s)
+    for _ in range(3):
+        mr = mul(ctx, m, r, 31)  # Q29, ~1
+        r = mul(ctx, r, sub(ctx, two, mr), 29)
+    return r, n
+
+
+def rsqrt(ctx: LoweringContext, v: TTensor) -> tuple[TTensor, TTensor]:
+    """1/sqrt(v) for int32 v >= 1: returns (y, h) with 1/sqrt(v) ~= y * 2**-29 * 2**(h - 15).
+
+    h = floor((clz(v) - 1) / 2); m = (v << 2h) / 2**30 in [0.5, 2); y = 2**29 /
+    sqrt(m) by Newton-Raphson y' = y (3 - m y^2) / 2 from a linear seed (four
+    steps: error < 1e-8).
+    """
+    n = clz(ctx, v)
+    h = asr(ctx, sub(ctx, n, const_i32(ctx, 2, v)), const_i32(ctx, 1, v))  # rounds half up: floor((n - 1) / 2)
+    m = shl(ctx, v, add(ctx, h, h))  # Q30
+    y = sub(ctx, const_i32(ctx, round(1.65 * Q29), v), mul(ctx, m, const_i32(ctx, round(0.47 * Q29), v), 30))
+    three = const_i32(ctx, 3 * Q29, v)
+    for _ in range(4):
+        y2 = mul(ctx, y, y, 29)  # Q29
+        my2 = mul(ctx, m, y2, 30)  # Q29, ~1
+        y = mul(ctx, y, sub(ctx, three, my2), 30)
+    return y, h
+
+
+def widen(ctx: LoweringContext, x: TTensor, gain: int = 1) -> TTensor:
+    """int8 -> int32 (x - zero_point) * gain, exactly (an integer gain is an exact RESCALE)."""
+    from npubuild.lowering.emit import rescale
+
+    assert x.q is not None
+    return rescale(ctx, x, float(gain), np.int32, x.q.zp, 0, None)
+
+
+def narrow_exact(ctx: LoweringContext, x: TTensor, out_zp: int) -> TTensor:
+    """int32 -> int8 x + out_zp (the caller guarantees the range)."""
+    out = ctx.new_tensor(x.shape, np.int8, x.perm)
+    ins = [x.name, ctx.const(np.array([Q30], np.int32), "multiplier"), ctx.const(np.array([30], np.int8), "shift"),
+           ctx.zp(0, np.int32), ctx.zp(out_zp, np.int8)]
+    ctx.op(Op.RESCALE, ins, [out.name], attr("Rescale", True, ts.RoundingMode.SINGLE_ROUND, False, False, False))
+    return out
