@@ -47,7 +47,8 @@ def _evaluate(node: ir.Node, inputs: list[np.ndarray | None], opset: int) -> lis
     graph = onnx.helper.make_graph([proto], "fold", [], [])
     model = onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", opset)])
     feeds = {n: v for n, v in zip(names_in, inputs, strict=True) if n}
-    return ReferenceEvaluator(model).run(None, feeds)
+    # the one-node graph declares no outputs: name them, or run(None) returns nothing
+    return ReferenceEvaluator(model).run(names_out, feeds)
 
 
 @register("fold_constants")
