@@ -117,6 +117,7 @@ class LoweringContext:
     inputs: list[IOInfo] = field(default_factory=list)
     outputs: list[IOInfo] = field(default_factory=list)
     node_ops: dict[str, list[str]] = field(default_factory=dict)  # onnx node name -> TOSA op names
+    fused: set[str] = field(default_factory=set)  # nodes already lowered as part of a fused pattern (skipped)
     current: onnx.NodeProto | None = None
     _counter: int = 0
 

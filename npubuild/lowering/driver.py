@@ -36,6 +36,8 @@ def lower_model(model: onnx.ModelProto, profile: Literal["int", "fp"]) -> Lowere
             node.name = f"{node.op_type}_{i}"
     ctx = LoweringContext(model, profile)
     for node in model.graph.node:
+        if node.name in ctx.fused:  # lowered already, as part of a pattern (e.g. the Erf form of GELU)
+            continue
         if node.domain not in ("", "ai.onnx"):
             raise UnsupportedOpError(node.name, node.op_type, f"operator domain '{node.domain}' is not supported")
         fn = LOWERINGS.get(node.op_type)

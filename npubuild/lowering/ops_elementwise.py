@@ -1,24 +1,42 @@
-"""Binary elementwise arithmetic: Add.
+"""Binary elementwise arithmetic: Add, Sub, Mul, Div, Min, Max.
 
-Integer Add follows the scheme every int8 runtime uses: both operands are
-rescaled to int32 on a common scale with 20 bits of headroom, added, and
-rescaled to the output; Vela fuses the three into one NPU elementwise op.
+Integer Add/Sub follow the scheme every int8 runtime uses: both operands are
+rescaled to int32 on a common scale with 20 bits of headroom, added or
+subtracted, and rescaled to the output; Vela fuses the three into one NPU
+elementwise op.
+
+Integer Mul: a positive constant per tensor or per channel is folded into one
+(per-channel) RESCALE; otherwise
+both operands are re-centred to int32 (x - zp), multiplied exactly (MUL,
+shift 0) and the product rescaled by sa*sb/so. A constant operand is kept at
+23-bit precision as an int32 constant instead of its int8 quantisation.
+Div by a constant is Mul by its reciprocal; general Div is a reciprocal TABLE
+on the divisor followed by Mul (the int8 reciprocal limits its accuracy).
+Min/Max rescale each operand to int32 on the output's scale (monotonic, so the
+order is kept), take MINIMUM/MAXIMUM and rescale to int8; against a scalar
+constant they are a CLAMP.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from npubuild.lowering.context import LoweringContext, TTensor
-from npubuild.lowering.emit import Op, attr, rescale, reshape, to_layout
-from npubuild.lowering.registry import lowers
+from npubuild.lowering import fp
+from npubuild.lowering.context import LoweringContext, QConst, TTensor
+from npubuild.lowering.emit import Op, attr, clamp, requantize, rescale, reshape, to_layout
+from npubuild.lowering.patterns import try_fuse_gelu
+from npubuild.lowering.quant import QParams
+from npubuild.lowering.registry import lowers, quantize_also
+from npubuild.lowering.table import build_table, emit_table
 
 HEADROOM_BITS = 20
+CONST_BITS = 23  # precision of an int32 constant operand of Mul/Div (|product| stays below 2**31)
+
+quantize_also("Sub", "Div", "Min", "Max")
 
 
-def broadcast_operands(ctx: LoweringContext) -> tuple[TTensor, TTensor]:
-    """Both inputs in one layout and one rank (TOSA broadcasts only between equal ranks)."""
-    a, b = ctx.tensor(0), ctx.tensor(1)
+def broadcast_pair(ctx: LoweringContext, a: TTensor, b: TTensor) -> tuple[TTensor, TTensor]:
+    """Both tensors in one layout and one rank (TOSA broadcasts only between equal ranks)."""
     ra, rb = len(a.shape), len(b.shape)
     if ra < rb:
         a = _unsqueeze_front(ctx, a, rb)
@@ -26,6 +44,31 @@ def broadcast_operands(ctx: LoweringContext) -> tuple[TTensor, TTensor]:
         b = _unsqueeze_front(ctx, b, ra)
     layout = a.perm if len(a.shape) == 4 and a.perm != tuple(range(4)) else b.perm
     return to_layout(ctx, a, layout), to_layout(ctx, b, layout)
+
+
+def broadcast_operands(ctx: LoweringContext) -> tuple[TTensor, TTensor]:
+    """Inputs 0 and 1 of the current node, ready for a TOSA binary op."""
+    rank = max(_rank(ctx, 0), _rank(ctx, 1))
+    return broadcast_pair(ctx, operand(ctx, 0, rank), operand(ctx, 1, rank))
+
+
+def _rank(ctx: LoweringContext, i: int) -> int:
+    v = ctx.values.get(ctx.current.input[i])
+    if isinstance(v, QConst):
+        return v.data.ndim
+    if isinstance(v, np.ndarray):
+        return v.ndim
+    return len(ctx.tensor(i).shape)
+
+
+def operand(ctx: LoweringContext, i: int, rank: int) -> TTensor:
+    """Input i; a constant gets leading unit dims in numpy (no RESHAPE op) before it becomes a TOSA constant."""
+    v = ctx.values.get(ctx.current.input[i])
+    if isinstance(v, QConst) and ctx.profile == "int" and v.q.axis is None:
+        return ctx.materialize_const(v.data.reshape((1,) * (rank - v.data.ndim) + v.data.shape), v.q, "qconst")
+    if isinstance(v, np.ndarray) and ctx.profile == "fp" and v.dtype.kind == "f":
+        return ctx.materialize_const(v.astype(np.float32).reshape((1,) * (rank - v.ndim) + v.shape), None)
+    return ctx.tensor(i)
 
 
 def _unsqueeze_front(ctx: LoweringContext, x: TTensor, rank: int) -> TTensor:
@@ -38,23 +81,216 @@ def _out_shape(a: TTensor, b: TTensor) -> tuple[int, ...]:
     return tuple(int(max(p, q)) for p, q in zip(a.shape, b.shape, strict=True))
 
 
-@lowers("Add")
-def lower_add(ctx: LoweringContext) -> None:
+def _quantized(ctx: LoweringContext, *xs: TTensor) -> None:
+    if any(x.q is None or x.dtype != np.int8 for x in xs):
+        raise ctx.unsupported("operands must be int8-quantized")
+
+
+# ---------------------------------------------------------------------------------------------- Add, Sub
+
+
+def _add_sub(ctx: LoweringContext, op, kind: str) -> None:
     a, b = broadcast_operands(ctx)
-    shape = _out_shape(a, b)
     out_name = ctx.current.output[0]
     if ctx.profile == "fp":
-        out = ctx.new_tensor(shape, np.float32, a.perm, output_of=out_name)
-        ctx.op(Op.ADD, [a.name, b.name], [out.name], attr("Add"))
-        ctx.set_output(0, out)
+        ctx.set_output(0, fp.binary(ctx, op, kind, a, b, output_of=out_name))
         return
     out_q = ctx.require_output_q()
-    if a.q is None or b.q is None:
-        raise ctx.unsupported("both operands must be quantized")
+    _quantized(ctx, a, b)
     twice_max = 2.0 * max(a.q.s, b.q.s)
     a32 = rescale(ctx, a, a.q.s / twice_max * (1 << HEADROOM_BITS), np.int32, a.q.zp, 0, None)
     b32 = rescale(ctx, b, b.q.s / twice_max * (1 << HEADROOM_BITS), np.int32, b.q.zp, 0, None)
-    acc = ctx.new_tensor(shape, np.int32, a.perm)
-    ctx.op(Op.ADD, [a32.name, b32.name], [acc.name], attr("Add"))
+    acc = ctx.new_tensor(_out_shape(a, b), np.int32, a.perm)
+    ctx.op(op, [a32.name, b32.name], [acc.name], attr(kind))
     out_scale = twice_max / ((1 << HEADROOM_BITS) * out_q.s)
     ctx.set_output(0, rescale(ctx, acc, out_scale, out_q.dtype, 0, out_q.zp, out_q, output_of=out_name))
+
+
+@lowers("Add")
+def lower_add(ctx: LoweringContext) -> None:
+    _add_sub(ctx, Op.ADD, "Add")
+
+
+@lowers("Sub")
+def lower_sub(ctx: LoweringContext) -> None:
+    _add_sub(ctx, Op.SUB, "Sub")
+
+
+# ---------------------------------------------------------------------------------------------- Mul, Div
+
+
+def _int_mul32(ctx: LoweringContext, a32: TTensor, b32: TTensor, scale: float, out_q: QParams) -> TTensor:
+    """int32 a*b (exact), then one RESCALE by `scale` to the output."""
+    a32, b32 = broadcast_pair(ctx, a32, b32)
+    acc = ctx.new_tensor(_out_shape(a32, b32), np.int32, a32.perm if a32.shape == _out_shape(a32, b32) else b32.perm)
+    ctx.op(Op.MUL, [a32.name, b32.name, ctx.const(np.zeros([1], np.int8), "shift")], [acc.name], attr("Mul"))
+    return rescale(ctx, acc, scale, out_q.dtype, 0, out_q.zp, out_q, output_of=ctx.current.output[0])
+
+
+def _centred32(ctx: LoweringContext, x: TTensor) -> TTensor:
+    """int8 x -> int32 (x - zp), exactly."""
+    return rescale(ctx, x, 1.0, np.int32, x.q.zp, 0, None)
+
+
+def _mul_int(ctx: LoweringContext, a: TTensor, b: TTensor, out_q: QParams) -> TTensor:
+    _quantized(ctx, a, b)
+    return _int_mul32(ctx, _centred32(ctx, a), _centred32(ctx, b), a.q.s * b.q.s / out_q.s, out_q)
+
+
+def _mul_const_int(ctx: LoweringContext, x: TTensor, c: np.ndarray, out_q: QParams) -> TTensor:
+    """x * c for a real constant c: one RESCALE if c is a positive scalar, else MUL by an int32 constant."""
+    _quantized(ctx, x)
+    c = np.asarray(c, np.float64)
+    rank = len(x.shape)
+    if c.ndim <= rank and np.all(c > 0):  # a positive scale per tensor or per channel: one RESCALE
+        phys = np.transpose(c.reshape((1,) * (rank - c.ndim) + c.shape), x.perm)
+        if all(d == 1 for d in phys.shape[:-1]) and phys.shape[-1] in (1, x.shape[-1]):
+            return rescale(ctx, x, x.q.s * phys.reshape(-1) / out_q.s, out_q.dtype, x.q.zp, out_q.zp, out_q,
+                           output_of=ctx.current.output[0])
+    peak = float(np.max(np.abs(c)))
+    if peak == 0.0 or not np.isfinite(peak):
+        raise ctx.unsupported("multiplying by a constant that is all zero or not finite")
+    k = CONST_BITS - int(np.ceil(np.log2(peak)))
+    c_int = np.round(c * 2.0**k).astype(np.int32)
+    c_int = c_int.reshape((1,) * max(0, rank - c.ndim) + c_int.shape)
+    ct = ctx.materialize_const(c_int, None, hint="mulconst")
+    return _int_mul32(ctx, _centred32(ctx, x), ct, x.q.s * 2.0**-k / out_q.s, out_q)
+
+
+@lowers("Mul")
+def lower_mul(ctx: LoweringContext) -> None:
+    out_name = ctx.current.output[0]
+    if ctx.profile == "fp":
+        a, b = broadcast_operands(ctx)
+        ctx.set_output(0, fp.mul(ctx, a, b, output_of=out_name))
+        return
+    if try_fuse_gelu(ctx):
+        return
+    out_q = ctx.require_output_q()
+    c1, c0 = ctx.constant(1), ctx.constant(0)
+    if c1 is not None and c0 is None:
+        ctx.set_output(0, _mul_const_int(ctx, ctx.tensor(0), c1, out_q))
+    elif c0 is not None and c1 is None:
+        ctx.set_output(0, _mul_const_int(ctx, ctx.tensor(1), c0, out_q))
+    else:
+        a, b = broadcast_operands(ctx)
+        ctx.set_output(0, _mul_int(ctx, a, b, out_q))
+
+
+def reciprocal_q(in_q: QParams) -> QParams:
+    """int8 parameters covering 1/x over every finite value of an int8 input (asymmetric, like onnxruntime)."""
+    with np.errstate(divide="ignore"):
+        r = 1.0 / in_q.dequantize(np.arange(-128, 128))
+    r = r[np.isfinite(r)]
+    lo, hi = min(float(r.min()), 0.0), max(float(r.max()), 0.0)
+    scale = (hi - lo) / 255.0
+    zp = int(np.clip(np.round(-128 - lo / scale), -128, 127))
+    return QParams(np.array(scale), np.array(zp, np.int64), np.dtype(np.int8))
+
+
+@lowers("Div")
+def lower_div(ctx: LoweringContext) -> None:
+    out_name = ctx.current.output[0]
+    c = ctx.constant(1)
+    if ctx.profile == "fp":
+        if c is not None:
+            a, r = broadcast_pair(ctx, ctx.tensor(0), ctx.materialize_const(
+                (1.0 / np.asarray(c, np.float64)).astype(np.float32), None, "recip"))
+        else:
+            a, b = broadcast_operands(ctx)
+            r = fp.unary(ctx, Op.RECIPROCAL, "Reciprocal", b)
+        ctx.set_output(0, fp.mul(ctx, a, r, output_of=out_name))
+        return
+    if try_fuse_gelu(ctx):
+        return
+    out_q = ctx.require_output_q()
+    if c is not None:
+        with np.errstate(divide="ignore"):
+            ctx.set_output(0, _mul_const_int(ctx, ctx.tensor(0), 1.0 / np.asarray(c, np.float64), out_q))
+        return
+    a, b = broadcast_operands(ctx)
+    _quantized(ctx, a, b)
+    rq = reciprocal_q(b.q)
+    r = emit_table(ctx, b, build_table(lambda v: 1.0 / v, b.q, rq), rq)
+    ctx.set_output(0, _mul_int(ctx, a, r, out_q))
+
+
+# ---------------------------------------------------------------------------------------------- Min, Max
+
+
+def _min_max(ctx: LoweringContext, op, kind: str) -> None:
+    """Variadic Min/Max. TOSA 1.0 PRO-INT has MINIMUM/MAXIMUM for int32 only, so int8 operands are rescaled
+    to int32 on the output's scale (rounding is monotonic: min-then-round == round-then-min)."""
+    idx = [i for i in range(len(ctx.current.input)) if ctx.has_input(i)]
+    rank = max(_rank(ctx, i) for i in idx)
+    out_name = ctx.current.output[0]
+    out_q = None
+    if _clamp_by_scalar(ctx, idx, op):
+        return
+    if ctx.profile == "int":
+        out_q = ctx.require_output_q()
+        if len(idx) == 1:
+            ctx.set_output(0, requantize(ctx, ctx.tensor(0), out_q, output_of=out_name))
+            return
+        xs = [_int32_on(ctx, i, rank, out_q) for i in idx]
+    else:
+        xs = [operand(ctx, i, rank) for i in idx]
+        if len(xs) == 1:
+            ctx.set_output(0, fp.add_scalar(ctx, xs[0], 0.0, output_of=out_name))
+            return
+    acc = xs[0]
+    for j, x in enumerate(xs[1:], start=2):
+        a, b = broadcast_pair(ctx, acc, x)
+        last = j == len(xs) and out_q is None
+        out = ctx.new_tensor(_out_shape(a, b), a.dtype, a.perm if a.shape == _out_shape(a, b) else b.perm,
+                             output_of=out_name if last else None)
+        ctx.op(op, [a.name, b.name], [out.name], attr(kind, fp.NAN_MODE))
+        acc = out
+    if out_q is not None:
+        acc = rescale(ctx, acc, 1.0, out_q.dtype, 0, out_q.zp, out_q, output_of=out_name)
+    ctx.set_output(0, acc)
+
+
+def _clamp_by_scalar(ctx: LoweringContext, idx: list[int], op) -> bool:
+    """Min/Max of a tensor and a scalar constant is a CLAMP (fused by Vela into the op before it)."""
+    consts = [ctx.constant(i) for i in idx]
+    if len(idx) != 2 or sum(c is not None for c in consts) != 1:
+        return False
+    j = 0 if consts[0] is not None else 1
+    c = np.asarray(consts[j])
+    x = ctx.tensor(idx[1 - j])
+    if c.size != 1 or c.ndim > len(x.shape):
+        return False
+    v = float(c.reshape(-1)[0])
+    out_name = ctx.current.output[0]
+    if ctx.profile == "fp":
+        lo, hi = (v, 3.4e38) if op == Op.MAXIMUM else (-3.4e38, v)
+        ctx.set_output(0, clamp(ctx, x, lo, hi, output_of=out_name))
+        return True
+    out_q = ctx.require_output_q()
+    _quantized(ctx, x)
+    b = int(np.clip(np.round(v / out_q.s) + out_q.zp, out_q.qmin, out_q.qmax))
+    lo, hi = (b, out_q.qmax) if op == Op.MAXIMUM else (out_q.qmin, b)
+    ctx.set_output(0, clamp(ctx, requantize(ctx, x, out_q), lo, hi, output_of=out_name))
+    return True
+
+
+def _int32_on(ctx: LoweringContext, i: int, rank: int, out_q: QParams) -> TTensor:
+    """Input i as int32 on out_q's scale (zero point 0); constants are converted in numpy."""
+    v = ctx.values.get(ctx.current.input[i])
+    if isinstance(v, QConst):
+        data = np.round(v.real().astype(np.float64) / out_q.s).astype(np.int32)
+        return ctx.materialize_const(data.reshape((1,) * (rank - data.ndim) + data.shape), None, "minmax")
+    x = operand(ctx, i, rank)
+    _quantized(ctx, x)
+    return rescale(ctx, x, x.q.s / out_q.s, np.int32, x.q.zp, 0, None)
+
+
+@lowers("Min")
+def lower_min(ctx: LoweringContext) -> None:
+    _min_max(ctx, Op.MINIMUM, "Minimum")
+
+
+@lowers("Max")
+def lower_max(ctx: LoweringContext) -> None:
+    _min_max(ctx, Op.MAXIMUM, "Maximum")

@@ -13,6 +13,7 @@ from onnxruntime import quantization as ortq
 from npubuild.data import calibration_arrays
 from npubuild.errors import StageError
 from npubuild.fileio import write_bytes
+from npubuild.lowering.registry import quantized_op_types
 from npubuild.plan import StageTask
 
 METHODS = {
@@ -55,6 +56,7 @@ def quantize(float_model: Path, arrays: dict[str, np.ndarray], q: dict) -> onnx.
                 activation_type=ortq.QuantType.QInt8,
                 weight_type=ortq.QuantType.QInt8,
                 calibrate_method=METHODS[q["method"]],
+                op_types_to_quantize=quantized_op_types(),
                 extra_options={
                     "ActivationSymmetric": q["symmetric_activations"],
                     "WeightSymmetric": True,

@@ -1,0 +1,211 @@
+"""Unary non-linear ops: Sigmoid, Tanh, HardSigmoid, HardSwish, Gelu, Erf, Exp, Log, Sqrt, Reciprocal,
+Abs, Neg, LeakyRelu, PRelu, Pow (constant exponent).
+
+INT profile: each is one int8 TABLE computed from the float function and the
+input/output quantisation (table.py): exact up to one rounding, one NPU op.
+PRelu with a per-channel slope cannot be one table; it becomes
+slope*x + (1-slope)*max(x, 0) in int32 with the slope as a 23-bit constant.
+
+FP profile: the direct TOSA fp32 op where there is one, else a composition
+(HardSigmoid/HardSwish with CLAMP, Gelu with ERF or TANH, LeakyRelu/PRelu with
+MAXIMUM/MINIMUM).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import numpy as np
+
+from npubuild.lowering import fp
+from npubuild.lowering.context import LoweringContext, TTensor
+from npubuild.lowering.emit import Op, attr, clamp, rescale
+from npubuild.lowering.ops_elementwise import CONST_BITS, broadcast_operands, broadcast_pair
+from npubuild.lowering.patterns import gelu
+from npubuild.lowering.registry import lowers, quantize_also
+from npubuild.lowering.table import lower_via_table
+
+quantize_also("Tanh", "HardSigmoid", "HardSwish", "Gelu", "Erf", "Exp", "Log", "Sqrt", "Reciprocal", "Abs", "Neg",
+              "PRelu", "Pow")
+
+FMAX = 3.4e38
+
+
+def _erf(x: np.ndarray) -> np.ndarray:
+    return np.vectorize(math.erf)(np.asarray(x, np.float64))
+
+
+def _sigmoid(x: np.ndarray) -> np.ndarray:
+    return 1.0 / (1.0 + np.exp(-np.asarray(x, np.float64)))
+
+
+def _hard_sigmoid(alpha: float, beta: float) -> Callable[[np.ndarray], np.ndarray]:
+    return lambda x: np.clip(alpha * np.asarray(x, np.float64) + beta, 0.0, 1.0)
+
+
+def _gelu_tanh(x: np.ndarray) -> np.ndarray:
+    x = np.asarray(x, np.float64)
+    return 0.5 * x * (1.0 + np.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x**3)))
+
+
+def _leaky(alpha: float) -> Callable[[np.ndarray], np.ndarray]:
+    return lambda x: np.where(np.asarray(x) >= 0, x, alpha * np.asarray(x, np.float64))
+
+
+def _out(ctx: LoweringContext) -> str:
+    return ctx.current.output[0]
+
+
+def _unary(ctx: LoweringContext, fn: Callable[[np.ndarray], np.ndarray], build_fp: Callable[[TTensor, str], TTensor]
+           ) -> None:
+    """Dispatch on the profile: TABLE of fn in int8, build_fp(x, output name) in fp32."""
+    if ctx.profile == "int":
+        lower_via_table(ctx, fn)
+        return
+    ctx.set_output(0, build_fp(ctx.tensor(0), _out(ctx)))
+
+
+def _direct(op, kind: str, fn: Callable[[np.ndarray], np.ndarray]):
+    def lower(ctx: LoweringContext) -> None:
+        _unary(ctx, fn, lambda x, out: fp.unary(ctx, op, kind, x, output_of=out))
+    return lower
+
+
+lowers("Sigmoid")(_direct(Op.SIGMOID, "Sigmoid", _sigmoid))
+lowers("Tanh")(_direct(Op.TANH, "Tanh", np.tanh))
+lowers("Exp")(_direct(Op.EXP, "Exp", np.exp))
+lowers("Log")(_direct(Op.LOG, "Log", np.log))
+lowers("Erf")(_direct(Op.ERF, "Erf", _erf))
+lowers("Abs")(_direct(Op.ABS, "Abs", np.abs))
+lowers("Reciprocal")(_direct(Op.RECIPROCAL, "Reciprocal", lambda x: 1.0 / np.asarray(x, np.float64)))
+
+
+@lowers("Neg")
+def lower_neg(ctx: LoweringContext) -> None:
+    _unary(ctx, np.negative, lambda x, out: fp.negate(ctx, x, output_of=out))
+
+
+def _fp_pow(ctx: LoweringContext, x: TTensor, p: float, out: str) -> TTensor:
+    if p in (1.0, 2.0, 3.0, 4.0):  # small integer powers as products: POW is undefined for x < 0
+        acc = x
+        for j in range(2, int(p) + 1):
+            acc = fp.mul(ctx, acc, x, output_of=out if j == int(p) else None)
+        return acc if p > 1.0 else fp.mul_scalar(ctx, x, 1.0, output_of=out)
+    return fp.binary(ctx, Op.POW, "Pow", x, fp.scalar(ctx, p, x), output_of=out)
+
+
+@lowers("Sqrt")
+def lower_sqrt(ctx: LoweringContext) -> None:
+    _unary(ctx, np.sqrt, lambda x, out: _fp_pow(ctx, x, 0.5, out))
+
+
+@lowers("Pow")
+def lower_pow(ctx: LoweringContext) -> None:
+    e = ctx.constant(1)
+    if e is None or np.asarray(e).size != 1:
+        if ctx.profile == "int":
+            raise ctx.unsupported("int8 Pow needs a scalar constant exponent")
+        a, b = broadcast_operands(ctx)
+        ctx.set_output(0, fp.binary(ctx, Op.POW, "Pow", a, b, output_of=_out(ctx)))
+        return
+    p = float(np.asarray(e).reshape(-1)[0])
+    p = round(p, 4) if abs(p - round(p, 4)) < 1e-5 else p  # int8 exponent constants dequantize to 2.0000002
+    _unary(ctx, lambda x: np.power(np.asarray(x, np.float64), p), lambda x, out: _fp_pow(ctx, x, p, out))
+
+
+def _fp_hard_sigmoid(ctx: LoweringContext, x: TTensor, alpha: float, beta: float, out: str | None) -> TTensor:
+    return clamp(ctx, fp.add_scalar(ctx, fp.mul_scalar(ctx, x, alpha), beta), 0.0, 1.0, output_of=out)
+
+
+@lowers("HardSigmoid")
+def lower_hard_sigmoid(ctx: LoweringContext) -> None:
+    alpha, beta = float(ctx.attr("alpha", 0.2)), float(ctx.attr("beta", 0.5))
+    _unary(ctx, _hard_sigmoid(alpha, beta), lambda x, out: _fp_hard_sigmoid(ctx, x, alpha, beta, out))
+
+
+@lowers("HardSwish")
+def lower_hard_swish(ctx: LoweringContext) -> None:
+    hs = _hard_sigmoid(1.0 / 6.0, 0.5)
+    _unary(ctx, lambda x: np.asarray(x, np.float64) * hs(x),
+           lambda x, out: fp.mul(ctx, x, _fp_hard_sigmoid(ctx, x, 1.0 / 6.0, 0.5, None), output_of=out))
+
+
+def _fp_gelu(ctx: LoweringContext, x: TTensor, approximate: str, out: str) -> TTensor:
+    if approximate == "tanh":
+        cube = fp.mul(ctx, fp.mul(ctx, x, x), x)
+        inner = fp.mul_scalar(ctx, fp.add(ctx, x, fp.mul_scalar(ctx, cube, 0.044715)), math.sqrt(2.0 / math.pi))
+        s = fp.unary(ctx, Op.TANH, "Tanh", inner)
+    else:
+        s = fp.unary(ctx, Op.ERF, "Erf", fp.mul_scalar(ctx, x, 1.0 / math.sqrt(2.0)))
+    return fp.mul(ctx, fp.mul_scalar(ctx, x, 0.5), fp.add_scalar(ctx, s, 1.0), output_of=out)
+
+
+@lowers("Gelu")
+def lower_gelu(ctx: LoweringContext) -> None:
+    approximate = ctx.attr("approximate", b"none")
+    approximate = approximate.decode() if isinstance(approximate, bytes) else str(approximate)
+    _unary(ctx, _gelu_tanh if approximate == "tanh" else gelu, lambda x, out: _fp_gelu(ctx, x, approximate, out))
+
+
+def _fp_leaky(ctx: LoweringContext, x: TTensor, slope: TTensor, uniform: float | None, out: str) -> TTensor:
+    """max(x, 0) + slope * min(x, 0); for 0 <= slope <= 1 simply max(x, slope * x)."""
+    if uniform is not None and 0.0 <= uniform <= 1.0:
+        return fp.maximum(ctx, x, fp.mul(ctx, x, slope), output_of=out)
+    x, slope = broadcast_pair(ctx, x, slope)
+    neg = fp.mul(ctx, clamp(ctx, x, -FMAX, 0.0), slope)
+    return fp.add(ctx, clamp(ctx, x, 0.0, FMAX), neg, output_of=out)
+
+
+@lowers("LeakyRelu")
+def lower_leaky_relu(ctx: LoweringContext) -> None:
+    alpha = float(ctx.attr("alpha", 0.01))
+    _unary(ctx, _leaky(alpha), lambda x, out: _fp_leaky(ctx, x, fp.scalar(ctx, alpha, x), alpha, out))
+
+
+@lowers("PRelu")
+def lower_prelu(ctx: LoweringContext) -> None:
+    slope = ctx.constant(1)
+    uniform = None
+    if slope is not None and np.all(slope == np.asarray(slope).reshape(-1)[0]):
+        uniform = float(np.asarray(slope).reshape(-1)[0])
+    if ctx.profile == "fp":
+        x = ctx.tensor(0)
+        s = fp.scalar(ctx, uniform, x) if uniform is not None else ctx.tensor(1)
+        ctx.set_output(0, _fp_leaky(ctx, x, s, uniform, _out(ctx)))
+    elif uniform is not None:
+        lower_via_table(ctx, _leaky(uniform))
+    elif slope is not None:
+        _int_prelu_per_channel(ctx, ctx.tensor(0), np.asarray(slope, np.float64))
+    else:
+        raise ctx.unsupported("int8 PRelu needs a constant slope")
+
+
+def _int_prelu_per_channel(ctx: LoweringContext, x: TTensor, slope: np.ndarray) -> None:
+    """y = slope*x + (1 - slope)*max(x, 0) in int32 (x centred), constants at 2**k, one RESCALE out."""
+    out_q = ctx.require_output_q()
+    if x.q is None or x.dtype != np.int8:
+        raise ctx.unsupported("the input must be int8-quantized")
+    peak = max(float(np.max(np.abs(slope))), float(np.max(np.abs(1.0 - slope))), 1.0)
+    k = CONST_BITS - int(np.ceil(np.log2(peak)))  # |x - zp| <= 255 keeps every product below 2**31
+    rank = len(x.shape)
+    shaped = slope.reshape((1,) * max(0, rank - slope.ndim) + slope.shape)
+
+    def const(v: np.ndarray) -> TTensor:
+        return ctx.materialize_const(np.round(v * 2.0**k).astype(np.int32), None, hint="prelu")
+
+    x32 = rescale(ctx, x, 1.0, np.int32, x.q.zp, 0, None)
+    zero = ctx.const(np.zeros((1,) * rank, np.int32), "zero")
+    pos = ctx.new_tensor(x32.shape, np.int32, x32.perm)
+    ctx.op(Op.MAXIMUM, [x32.name, zero], [pos.name], attr("Maximum", fp.NAN_MODE))
+    shift = ctx.const(np.zeros([1], np.int8), "shift")
+    terms = []
+    for v, t in ((shaped, x32), (1.0 - shaped, pos)):
+        a, c = broadcast_pair(ctx, t, const(v))
+        prod = ctx.new_tensor(tuple(max(p, q) for p, q in zip(a.shape, c.shape, strict=True)), np.int32, a.perm)
+        ctx.op(Op.MUL, [a.name, c.name, shift], [prod.name], attr("Mul"))
+        terms.append(prod)
+    acc = ctx.new_tensor(terms[0].shape, np.int32, terms[0].perm)
+    ctx.op(Op.ADD, [terms[0].name, terms[1].name], [acc.name], attr("Add"))
+    ctx.set_output(0, rescale(ctx, acc, x.q.s * 2.0**-k / out_q.s, out_q.dtype, 0, out_q.zp, out_q,
+                              output_of=_out(ctx)))

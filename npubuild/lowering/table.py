@@ -1,0 +1,76 @@
+"""int8 lookup tables: any unary function of an int8 tensor becomes one TOSA TABLE op.
+
+An int8 input has only 256 values, so `y = quantize_out(f(dequantize_in(x)))`
+can be tabulated exactly: the NPU result equals a float evaluation of f on
+the dequantized input, rounded once. The table is computed the way
+onnxruntime evaluates a DQ -> f -> Q chain (float32 dequantize, f, float32
+divide, round half to even, saturate), so it matches the QDQ reference up to
+differences in f's float32 implementation.
+
+TOSA 1.0 TABLE for int8: operands (input int8, table int8[256]); the result is
+`table[x + 128]`. Vela runs it on the NPU for U55/U65 and U85.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+
+from npubuild.lowering.context import LoweringContext, TTensor
+from npubuild.lowering.emit import Op, attr
+from npubuild.lowering.quant import QParams
+
+RealFn = Callable[[np.ndarray], np.ndarray]
+
+
+def int8_inputs(in_q: QParams) -> np.ndarray:
+    """The real value of each of the 256 int8 codes -128..127, as onnxruntime dequantizes them (float32)."""
+    codes = np.arange(-128, 128, dtype=np.int64)
+    return ((codes - in_q.zp).astype(np.float32) * np.float32(in_q.s)).astype(np.float32)
+
+
+def quantize_like_ort(y: np.ndarray, out_q: QParams) -> np.ndarray:
+    """QuantizeLinear as onnxruntime does it: float32 divide, round half to even, saturate; NaN -> zero point."""
+    y = np.asarray(y, np.float64)
+    big = float(np.finfo(np.float32).max)
+    y = np.nan_to_num(y, nan=0.0, posinf=big, neginf=-big).astype(np.float32)
+    with np.errstate(over="ignore", invalid="ignore"):
+        q = np.rint(y / np.float32(out_q.s)).astype(np.float64) + out_q.zp
+    return np.clip(q, out_q.qmin, out_q.qmax).astype(np.int64)
+
+
+def build_table(fn: RealFn, in_q: QParams, out_q: QParams) -> np.ndarray:
+    """256 int8 entries: entry[i] = quantize_out(fn(dequantize_in(i - 128)))."""
+    if in_q.dtype != np.int8 or out_q.dtype != np.int8:
+        raise ValueError("TABLE lowering needs int8 input and output")
+    x = int8_inputs(in_q)
+    with np.errstate(all="ignore"):
+        y = fn(x.astype(np.float32))
+    return quantize_like_ort(y, out_q).astype(np.int8)
+
+
+def apply_table(table: np.ndarray, q: np.ndarray) -> np.ndarray:
+    """What TOSA TABLE computes for int8 (used by tests and by lowerings that compose tables)."""
+    return table[q.astype(np.int64) + 128]
+
+
+def emit_table(ctx: LoweringContext, x: TTensor, table: np.ndarray, out_q: QParams,
+               output_of: str | None = None) -> TTensor:
+    """One TABLE op: int8 x -> int8 with the given 256-entry table."""
+    assert table.shape == (256,) and table.dtype == np.int8
+    out = ctx.new_tensor(x.shape, np.int8, x.perm, out_q, output_of=output_of)
+    ctx.op(Op.TABLE, [x.name, ctx.const(table, "table")], [out.name], attr("Table"))
+    return out
+
+
+def lower_via_table(ctx: LoweringContext, fn: RealFn, x: TTensor | None = None) -> None:
+    """Lower the current single-output node as out = fn(in) through one int8 TABLE."""
+    x = x if x is not None else ctx.tensor(0)
+    if x.q is None or x.dtype != np.int8:
+        raise ctx.unsupported("the input must be int8-quantized for a TABLE lowering")
+    out_q = ctx.require_output_q()
+    if out_q.dtype != np.int8:
+        raise ctx.unsupported(f"{out_q.dtype} output: TABLE lowering is int8 only")
+    table = build_table(fn, x.q, out_q)
+    ctx.set_output(0, emit_table(ctx, x, table, out_q, output_of=ctx.current.output[0]))
