@@ -10,6 +10,7 @@ import numpy as np
 import onnx
 from onnxruntime import quantization as ortq
 
+from npubuild.calibration import entropy_options
 from npubuild.data import calibration_arrays
 from npubuild.errors import StageError
 from npubuild.fileio import write_bytes
@@ -64,6 +65,7 @@ def quantize(float_model: Path, arrays: dict[str, np.ndarray], q: dict) -> onnx.
                     # quantize data-movement ops (MaxPool, Transpose...) even where their input is float:
                     # everything the NPU runs is int8.
                     "ForceQuantizeNoInputCheck": True,
+                    **entropy_options(float_model, arrays, q),
                 },
             )
         except Exception as exc:
