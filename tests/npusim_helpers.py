@@ -17,8 +17,13 @@ from npubuild.npusim.sim import run
 from npubuild.tosa_run import _quiet_stdio
 
 
-def lower_int(model: onnx.ModelProto, input_shape: list[int], name: str = "x") -> tuple[bytes, dict]:
-    qdq = quantize_model(model, calib(name, input_shape))
+def lower_int(model: onnx.ModelProto, input_shape: list[int]) -> tuple[bytes, dict]:
+    """Quantize (calibrating every graph input) and lower to int8 TOSA; returns (tosa, io)."""
+    shapes = {i.name: [d.dim_value for d in i.type.tensor_type.shape.dim] for i in model.graph.input}
+    cal = {}
+    for n, (name, shape) in enumerate(shapes.items()):
+        cal.update(calib(name, shape or input_shape, seed=100 + n))
+    qdq = quantize_model(model, cal)
     lowered = lower_model(qdq, "int")
     return lowered.tosa, io_dict(lowered)
 

@@ -45,29 +45,30 @@ class RawModel:
     scratch_size: int
     fast_region: int
     fast_size: int
+    shram_kib: int = 48  # per core
     inputs: list[TensorPlace] = field(default_factory=list)
     outputs: list[TensorPlace] = field(default_factory=list)
 
 
-def parse_driver_payload(data: bytes, where: str) -> tuple[np.ndarray, int, int]:
-    """Split the COP1 driver payload: (command words, product, log2 MACs/cycle)."""
+def parse_driver_payload(data: bytes, where: str) -> tuple[np.ndarray, int, int, int]:
+    """Split the COP1 driver payload: (command words, product, log2 MACs/cycle, SHRAM KiB of all cores)."""
     if len(data) < 8 or data[:4] != b"COP1":
         raise InputError("cmd_data has no COP1 driver header", where)
     data = data + b"\0" * (-len(data) % 4)
     words = np.frombuffer(data, dtype="<u4")
-    i, product, macs = 1, None, None
+    i, product, macs, shram = 1, None, None, 0
     while i < len(words):
         tag = int(words[i])
         kind, param = tag & 0xFF, tag >> 16
         if kind == DA_CONFIG:
             config = int(words[i + 1])
-            macs, product = config & 0xF, config >> 28
+            macs, product, shram = config & 0xF, config >> 28, (config >> 8) & 0xFF
             i += 3
         elif kind == DA_CMD_STREAM:
             length = ((tag >> 8) & 0xFF) << 16 | param
             if product is None:
                 raise InputError("driver payload has no CONFIG before the command stream", where)
-            return words[i + 1:i + 1 + length].copy(), product, macs
+            return words[i + 1:i + 1 + length].copy(), product, macs, shram
         elif kind in (DA_NOP, DA_DUMP_SHRAM):
             i += 1
         elif kind == DA_READ_APB:
@@ -98,10 +99,10 @@ def load_raw(path: str | Path) -> RawModel:
     missing = [k for k in need if k not in z.files]
     if missing:
         raise InputError(f"not a Vela raw .npz: missing {', '.join(missing)}", where)
-    words, product, macs = parse_driver_payload(_bytes(z, "cmd_data"), where)
+    words, product, macs, shram = parse_driver_payload(_bytes(z, "cmd_data"), where)
     if (product, macs) not in ACCELERATORS:
         raise InputError(f"unsupported accelerator in driver header (product {product}, 2^{macs} MACs)", where)
     accel, ncores = ACCELERATORS[(product, macs)]
     return RawModel(where, accel, ncores, words, _bytes(z, "weight_data"), int(z["weight_region"]),
                     int(z["scratch_region"]), int(z["scratch_size"]), int(z["scratch_fast_region"]),
-                    int(z["scratch_fast_size"]), _places(z, "input"), _places(z, "output"))
+                    int(z["scratch_fast_size"]), max(shram // ncores, 16), _places(z, "input"), _places(z, "output"))

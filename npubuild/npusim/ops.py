@@ -20,6 +20,8 @@ from npubuild.npusim.weights import WeightLayout, decode_scales, decode_stream, 
 POOL_MODES = {0: "MAX", 1: "AVERAGE", 2: "REDUCE_SUM"}
 EW_MODES = {0: "MUL", 1: "ADD", 2: "SUB", 3: "MIN", 4: "MAX", 5: "LRELU", 6: "ABS", 7: "CLZ", 8: "SHR", 9: "SHL"}
 UNARY = ("LRELU", "ABS", "CLZ")
+LUT_FIRST, LUT_LAST = 16, 23
+LUT_SLOT_BYTES = 256
 # (ofm micro-block depth, ifm micro-block depth) per accelerator
 UBLOCKS = {"ethos-u55-32": (4, 8)}
 
@@ -130,17 +132,30 @@ def _per_core_weights(mem: dict, cmd: Command, accel: str, ncores: int, oc: int,
     return weights, bias, mult, shift
 
 
-def _finish(cmd: Command, acc: np.ndarray, mult, shift, ofm: fmap.FeatureMap) -> np.ndarray:
-    """Scale, add the OFM zero point, clamp to the activation range, saturate to the OFM type."""
+def _finish(cmd: Command, acc: np.ndarray, mult, shift, ofm: fmap.FeatureMap, mem: dict) -> np.ndarray:
+    """Scale, add the OFM zero point, clamp to the activation range, look up a LUT, saturate to the OFM type."""
     p = cmd.regs.get("OFM_PRECISION", 0)
     rounding = (p >> 14) & 3
     v = scale(acc, mult, shift, rounding) + ofm.zero_point
-    act = cmd.regs.get("ACTIVATION", 0)
-    fn = act & 0xFFF
-    if fn not in (0,):
-        raise StageError(f"op {cmd.index}: activation function {fn} not supported yet")
-    v = np.clip(v, cmd.s16("ACTIVATION_MIN"), cmd.s16("ACTIVATION_MAX")) if ofm.bits < 32 else v
-    return saturate(v, ofm.bits, ofm.signed)
+    fn = cmd.regs.get("ACTIVATION", 0) & 0xFFF
+    if ofm.bits < 32:
+        v = np.clip(v, cmd.s16("ACTIVATION_MIN"), cmd.s16("ACTIVATION_MAX"))
+    v = saturate(v, ofm.bits, ofm.signed)
+    if fn == 0:
+        return v
+    if LUT_FIRST <= fn <= LUT_LAST and ofm.bits == 8:
+        table = lut_table(mem, fn - LUT_FIRST)
+        idx = (v + 128) if ofm.signed else v
+        out = table[idx.astype(np.int64)]
+        return out if ofm.signed else out.astype(np.uint8).astype(np.int64)
+    raise StageError(f"op {cmd.index}: activation function {fn} on {ofm.bits}-bit OFM not supported yet")
+
+
+def lut_table(mem: dict, slot: int) -> np.ndarray:
+    """An 8-bit LUT: 256 signed bytes in the last 2 KiB of the internal memory, one slot per table."""
+    internal = mem["internal"]
+    base = len(internal) - 8 * LUT_SLOT_BYTES + slot * LUT_SLOT_BYTES
+    return internal[base:base + 256].view(np.int8).astype(np.int64)
 
 
 def _ofm_global_scale(cmd: Command) -> tuple[int, int]:
@@ -169,10 +184,23 @@ def run_conv(mem: dict, cmd: Command, accel: str, ncores: int) -> OpResult:
     if (cmd.regs.get("OFM_PRECISION", 0) >> 8) & 1:
         m, s = _ofm_global_scale(cmd)
         mult, shift = np.full(oc, m), np.full(oc, s)
-    out = _finish(cmd, acc, mult, shift, ofm)
+    out = _finish(cmd, acc, mult, shift, ofm, mem)
     fmap.write(mem[ofm.region], ofm, out)
     detail = f"k{k.h}x{k.w} s{k.sy}x{k.sx} d{k.dy}x{k.dx} pad{(k.top, k.left, k.bottom, k.right)}"
     return OpResult(cmd.index, cmd.kind, ishape, ifm.format_name, (oh, ow, oc), ofm.format_name, detail, out)
+
+
+def _valid_count_scale(eshape, ishape, k: Kernel, oh: int, ow: int) -> tuple[np.ndarray, np.ndarray]:
+    """Per-position reciprocal of the valid (non-padding) element count, as multiplier and shift."""
+    valid = np.zeros(eshape, np.int64)
+    valid[k.top:k.top + ishape[0], k.left:k.left + ishape[1]] = 1
+    count = np.zeros((oh, ow), np.int64)
+    for _, _, win in _windows(valid[..., None], k, oh, ow):
+        count += win[..., 0]
+    count = np.maximum(count, 1)
+    kbits = np.array([int(c - 1).bit_length() for c in count.ravel()], np.int64).reshape(count.shape)
+    mult = ((np.int64(1) << (31 + kbits)) + (np.int64(1) << kbits)) // count
+    return mult[..., None], (31 + kbits)[..., None]
 
 
 def run_pool(mem: dict, cmd: Command) -> OpResult:
@@ -195,14 +223,90 @@ def run_pool(mem: dict, cmd: Command) -> OpResult:
             acc += win
     ofm = fmap.operand(cmd, "OFM")
     m, s = _ofm_global_scale(cmd)
-    out = _finish(cmd, acc, m, s, ofm)
+    if mode == "AVERAGE" and (k.top or k.left or k.bottom or k.right):
+        # Windows over padding: the hardware divides by the number of valid elements at each position.
+        m, s = _valid_count_scale(padded.shape[:2], ishape, k, oh, ow)
+    out = _finish(cmd, acc, m, s, ofm, mem)
     fmap.write(mem[ofm.region], ofm, out)
     return OpResult(cmd.index, f"POOL {mode}", ishape, ifm.format_name, (oh, ow, oc), ofm.format_name,
                     f"k{k.h}x{k.w} s{k.sy}x{k.sx}", out)
+
+
+def _ifm2(mem: dict, cmd: Command, oh: int, ow: int, oc: int) -> tuple[np.ndarray, fmap.FeatureMap | None, int]:
+    """IFM2 broadcast to the OFM shape (or the 16-bit scalar), and its zero point."""
+    b = cmd.regs.get("IFM2_BROADCAST", 0)
+    if b >> 7 & 1:
+        return np.full((oh, ow, oc), cmd.s16("IFM2_SCALAR"), np.int64), None, cmd.s16("IFM2_ZERO_POINT")
+    fm = fmap.operand(cmd, "IFM2")
+    h, w, c = (1 if b & 1 else oh), (1 if b >> 1 & 1 else ow), (1 if b >> 2 & 1 else oc)
+    x = fmap.read(mem[fm.region], fm, h, w, c)
+    return np.broadcast_to(x, (oh, ow, oc)), fm, fm.zero_point
+
+
+def _clz(a: np.ndarray) -> np.ndarray:
+    u = (a & 0xFFFFFFFF).astype(np.uint64)
+    n = np.full(u.shape, 32, np.int64)
+    for bit in range(32):
+        n = np.where((u >> np.uint64(bit)) != 0, 31 - bit, n)
+    return n
 
 
 def run_elementwise(mem: dict, cmd: Command) -> OpResult:
     mode = EW_MODES.get(cmd.param & 0xFFFF)
     if mode is None:
         raise StageError(f"op {cmd.index}: unknown elementwise mode {cmd.param}")
-    raise StageError(f"op {cmd.index}: ELEMENTWISE {mode} not supported yet")
+    oh, ow, oc = ofm_shape(cmd)
+    ifm = fmap.operand(cmd, "IFM")
+    a = fmap.read(mem[ifm.region], ifm, oh, ow, oc) - (ifm.zero_point if ifm.bits < 32 else 0)
+    ipr = cmd.regs.get("IFM_PRECISION", 0)
+    scale_mode, in_round = (ipr >> 8) & 3, (ipr >> 14) & 3
+    opa, opa_shift = cmd.regs.get("OPA_SCALE", 1), cmd.hi.get("OPA_SCALE", 0) & 0x3F
+    opb = cmd.regs.get("OPB_SCALE", 1)
+    ifm2_shape = None
+    if mode in UNARY:
+        b = np.zeros_like(a)
+    else:
+        b, fm2, zp2 = _ifm2(mem, cmd, oh, ow, oc)
+        b = b - (zp2 if fm2 is None or fm2.bits < 32 else 0)
+        ifm2_shape = b.shape
+        if cmd.regs.get("IFM2_BROADCAST", 0) >> 6 & 1:
+            a, b = b, a
+    if mode in ("ADD", "SUB"):
+        if scale_mode == 0:
+            a, b = a * opa, b * opb
+        else:  # 32-bit scaling of one operand; the other is aligned by the fixed input shift
+            align = 19 if ifm.bits == 8 else 14 if ifm.bits == 16 else 0
+            if scale_mode == 1:
+                a, b = scale(a, opa, opa_shift, in_round), b << align
+            else:
+                a, b = a << align, scale(b, opa, opa_shift, in_round)
+    if mode == "ADD":
+        acc = a + b
+    elif mode == "SUB":
+        acc = a - b
+    elif mode == "MUL":
+        acc = a * b
+    elif mode == "MIN":
+        acc = np.minimum(a, b)
+    elif mode == "MAX":
+        acc = np.maximum(a, b)
+    elif mode == "ABS":
+        acc = np.abs(a)
+    elif mode == "CLZ":
+        acc = _clz(a)
+    elif mode == "SHL":
+        acc = (a << np.clip(b, 0, 31)) & 0xFFFFFFFF
+        acc = np.where(acc >= 1 << 31, acc - (1 << 32), acc)
+    elif mode == "SHR":
+        acc = scale(a, 1, np.clip(b, 0, 31), (cmd.regs.get("OFM_PRECISION", 0) >> 14) & 3)
+    else:
+        raise StageError(f"op {cmd.index}: ELEMENTWISE {mode} not supported yet")
+    ofm = fmap.operand(cmd, "OFM")
+    m, s = _ofm_global_scale(cmd)
+    if mode in ("SHL", "SHR", "CLZ"):
+        m, s = 1, 0
+    out = _finish(cmd, acc, m, s, ofm, mem)
+    fmap.write(mem[ofm.region], ofm, out)
+    return OpResult(cmd.index, f"ELEMENTWISE {mode}", (oh, ow, oc), ifm.format_name, (oh, ow, oc), ofm.format_name,
+                    "scalar" if ifm2_shape is not None and cmd.regs.get("IFM2_BROADCAST", 0) >> 7 & 1 else "", out,
+                    ifm2_shape)

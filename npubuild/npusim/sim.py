@@ -11,7 +11,7 @@ from npubuild.npusim import ops
 from npubuild.npusim.cmdstream import Command, decode
 from npubuild.npusim.npz import RawModel, TensorPlace
 
-INTERNAL = -1  # key of the NPU's internal memory (SHRAM: LUTs) in the region map
+INTERNAL = "internal"  # key of the NPU's internal memory (SHRAM: LUTs) in the region map
 
 
 @dataclass
@@ -21,13 +21,13 @@ class SimResult:
 
 
 def _memory(model: RawModel) -> dict[int, np.ndarray]:
-    mem: dict[int, np.ndarray] = {}
+    mem: dict = {}
     weights = np.frombuffer(model.weights, np.uint8).copy()
     mem[model.weight_region] = weights
     mem[model.scratch_region] = np.zeros(max(model.scratch_size, 1), np.uint8)
     if model.fast_size > 0 and model.fast_region not in mem:
         mem[model.fast_region] = np.zeros(model.fast_size, np.uint8)
-    mem[INTERNAL] = np.zeros(64 * 1024, np.uint8)
+    mem[INTERNAL] = np.zeros(model.shram_kib * 1024, np.uint8)
     return mem
 
 

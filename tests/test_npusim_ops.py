@@ -1,0 +1,49 @@
+"""npu-sim runs Vela's POOL, ELEMENTWISE and LUT ops bit-exactly against the TOSA reference model."""
+
+from __future__ import annotations
+
+import pytest
+from npusim_helpers import compile_and_check
+from ophelpers import rand, single_op_model
+
+S = [1, 16, 8, 8]
+
+
+def _model(name: str):
+    if name == "maxpool":
+        return single_op_model("MaxPool", {"x": S}, {"y": None}, kernel_shape=[3, 3], strides=[2, 2], pads=[1] * 4)
+    if name == "avgpool":
+        return single_op_model("AveragePool", {"x": S}, {"y": None}, kernel_shape=[2, 2], strides=[2, 2])
+    if name == "avgpool_padded":
+        return single_op_model("AveragePool", {"x": S}, {"y": None}, kernel_shape=[3, 3], pads=[1] * 4,
+                               count_include_pad=0)
+    if name == "global_avgpool":
+        return single_op_model("GlobalAveragePool", {"x": S}, {"y": None})
+    if name in ("Add", "Sub", "Mul", "Max", "Min"):
+        return single_op_model(name, {"x": S, "x2": S}, {"y": None})
+    if name == "add_broadcast":
+        return single_op_model("Add", {"x": S, "x2": [1, 16, 1, 1]}, {"y": None})
+    if name == "add_constant":
+        return single_op_model("Add", {"x": S}, {"y": None}, {"c": rand((1, 16, 1, 1), 5)})
+    if name == "leaky_relu":
+        return single_op_model("LeakyRelu", {"x": S}, {"y": None}, alpha=0.1)
+    return single_op_model(name, {"x": S}, {"y": None})
+
+
+@pytest.mark.parametrize("name", ["maxpool", "avgpool", "avgpool_padded", "global_avgpool"])
+def test_pooling_bitexact(name):
+    compile_and_check(_model(name), S)
+
+
+@pytest.mark.parametrize("name", ["Add", "Sub", "Mul", "Max", "Min", "add_broadcast", "add_constant"])
+def test_elementwise_bitexact(name):
+    compile_and_check(_model(name), S)
+
+
+@pytest.mark.parametrize("name", ["Sigmoid", "Tanh", "leaky_relu", "Abs"])
+def test_lut_bitexact(name):
+    compile_and_check(_model(name), S)
+
+
+def test_elementwise_on_u65_512():
+    compile_and_check(_model("add_broadcast"), S, "ethos-u65-512")
