@@ -1,33 +1,26 @@
-"""Reshape-like ops: Reshape, Flatten.
+"""Shape-only ops: Reshape, Flatten, Squeeze, Unsqueeze, Transpose, Identity, Dropout, Constant, Cast.
 
-A reshape of an NHWC tensor keeps NHWC when only unit dimensions move (e.g.
-[N, C, 1, 1] -> [N, C] after a global pool); otherwise the logical NCHW order
-is restored first with one TRANSPOSE, because the model's semantics need it.
+None of these moves data when the layout allows it. A reshape keeps the
+physical element order whenever the merged/split axis runs are contiguous in
+the current layout (e.g. [N, C, 1, 1] -> [N, C] after a global pool, or
+[N, C, H, W] -> [N, C, H*W] of an NHWC tensor, which stays channels-last);
+a Transpose only relabels the layout, so the TRANSPOSE is emitted later, and
+only if a consumer needs the element order it implies.
 """
 
 from __future__ import annotations
 
 import numpy as np
+from onnx import TensorProto, helper, numpy_helper
 
-from npubuild.lowering.context import NHWC, LoweringContext, TTensor, identity
-from npubuild.lowering.emit import order_preserved, requantize, reshape, to_layout
+from npubuild.lowering.context import LoweringContext, QConst, TTensor, inverse
+from npubuild.lowering.movement import constant_ints, direct, finish, norm_axis, relabel, reshape_to
 from npubuild.lowering.registry import lowers
 
 
-def reshape_logical(ctx: LoweringContext, x: TTensor, new_shape: tuple[int, ...]) -> TTensor:
-    """Reshape by the logical (ONNX) shape, picking the cheapest physical layout."""
-    out_name = ctx.current.output[0]
-    out_layout = NHWC if len(new_shape) == 4 else identity(len(new_shape))
-    if x.perm != identity(len(x.shape)) and not order_preserved(x.logical_shape, x.perm):
-        x = to_layout(ctx, x, identity(len(x.shape)))
-    # x's physical element order now equals its logical order.
-    if not order_preserved(new_shape, out_layout):
-        out_layout = identity(len(new_shape))
-    phys = tuple(new_shape[i] for i in out_layout)
-    q_out = ctx.output_q() if ctx.profile == "int" else None
-    if q_out is not None and x.q is not None and not x.q.same_as(q_out):
-        return requantize(ctx, reshape(ctx, x, phys, out_layout), q_out, output_of=out_name)
-    return reshape(ctx, x, phys, out_layout, output_of=out_name)
+def reshape_logical(ctx: LoweringContext, x: TTensor, new_shape: tuple[int, ...]) -> None:
+    """Bind output 0 to x reshaped to the logical shape `new_shape`."""
+    finish(ctx, reshape_to(ctx, x, new_shape, output_of=direct(ctx, x.q)))
 
 
 def _target_shape(ctx: LoweringContext, x: TTensor, spec: np.ndarray) -> tuple[int, ...]:
@@ -48,7 +41,7 @@ def lower_reshape(ctx: LoweringContext) -> None:
     spec = ctx.constant(1)
     if spec is None:
         raise ctx.unsupported("the target shape must be a constant (static shapes are set at import)")
-    ctx.set_output(0, reshape_logical(ctx, x, _target_shape(ctx, x, spec.astype(np.int64).reshape(-1))))
+    reshape_logical(ctx, x, _target_shape(ctx, x, spec.astype(np.int64).reshape(-1)))
 
 
 @lowers("Flatten")
@@ -58,4 +51,102 @@ def lower_flatten(ctx: LoweringContext) -> None:
     axis = int(ctx.attr("axis", 1))
     axis = axis + len(shape) if axis < 0 else axis
     new = (int(np.prod(shape[:axis])), int(np.prod(shape[axis:])))
-    ctx.set_output(0, reshape_logical(ctx, x, new))
+    reshape_logical(ctx, x, new)
+
+
+def _axes(ctx: LoweringContext) -> list[int] | None:
+    """Axes from input 1 (opset >= 13) or the `axes` attribute (older opsets)."""
+    axes = constant_ints(ctx, 1, "axes")
+    if axes is None:
+        a = ctx.attr("axes")
+        axes = [int(v) for v in a] if a is not None else None
+    return axes
+
+
+@lowers("Squeeze")
+def lower_squeeze(ctx: LoweringContext) -> None:
+    x = ctx.tensor(0)
+    shape = x.logical_shape
+    axes = _axes(ctx)
+    if axes is None:
+        axes = [i for i, d in enumerate(shape) if d == 1]
+    axes = {norm_axis(ctx, a, len(shape)) for a in axes}
+    if any(shape[a] != 1 for a in axes):
+        raise ctx.unsupported(f"cannot squeeze non-unit axes {sorted(axes)} of shape {list(shape)}")
+    reshape_logical(ctx, x, tuple(d for i, d in enumerate(shape) if i not in axes))
+
+
+@lowers("Unsqueeze")
+def lower_unsqueeze(ctx: LoweringContext) -> None:
+    x = ctx.tensor(0)
+    shape = list(x.logical_shape)
+    axes = _axes(ctx)
+    if axes is None:
+        raise ctx.unsupported("Unsqueeze needs axes")
+    rank = len(shape) + len(axes)
+    for a in sorted(norm_axis(ctx, a, rank) for a in axes):
+        shape.insert(a, 1)
+    reshape_logical(ctx, x, tuple(shape))
+
+
+@lowers("Transpose")
+def lower_transpose(ctx: LoweringContext) -> None:
+    """Relabel the layout: physical = logical_out.transpose(q) with the same data, so no operator here."""
+    x = ctx.tensor(0)
+    rank = len(x.shape)
+    p = tuple(int(v) for v in ctx.attr("perm", list(range(rank))[::-1]))
+    if sorted(p) != list(range(rank)):
+        raise ctx.unsupported(f"perm {list(p)} is not a permutation of rank {rank}")
+    inv_p = inverse(p)
+    finish(ctx, relabel(x, tuple(inv_p[a] for a in x.perm)))
+
+
+@lowers("Identity")
+def lower_identity(ctx: LoweringContext) -> None:
+    v = ctx.value(ctx.current.input[0])
+    if isinstance(v, np.ndarray | QConst):
+        ctx.set_output(0, v)
+        return
+    finish(ctx, ctx.tensor(0))
+
+
+@lowers("Dropout")
+def lower_dropout(ctx: LoweringContext) -> None:
+    """Inference Dropout is the identity; its mask output is not produced."""
+    if len(ctx.current.output) > 1 and ctx.current.output[1] and ctx.consumers.get(ctx.current.output[1]):
+        raise ctx.unsupported("the Dropout mask output is not supported")
+    if ctx.constant(2) is not None and bool(np.asarray(ctx.constant(2)).reshape(-1)[0]):
+        raise ctx.unsupported("training_mode=True is not supported (inference only)")
+    finish(ctx, ctx.tensor(0))
+
+
+@lowers("Constant")
+def lower_constant(ctx: LoweringContext) -> None:
+    for a in ctx.current.attribute:
+        if a.name == "value":
+            ctx.set_output(0, numpy_helper.to_array(a.t))
+            return
+        if a.name in ("value_float", "value_floats", "value_int", "value_ints"):
+            dtype = np.float32 if "float" in a.name else np.int64
+            ctx.set_output(0, np.asarray(helper.get_attribute_value(a), dtype))
+            return
+    raise ctx.unsupported("only value, value_float(s) and value_int(s) Constants are supported")
+
+
+FLOATS = {TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.DOUBLE, TensorProto.BFLOAT16}
+
+
+@lowers("Cast")
+def lower_cast(ctx: LoweringContext) -> None:
+    """Constants are cast at compile time; float -> float on activations is a no-op (fp32 or int8 inside)."""
+    to = int(ctx.attr("to"))
+    v = ctx.value(ctx.current.input[0])
+    if isinstance(v, np.ndarray | QConst):
+        real = v.real() if isinstance(v, QConst) else v
+        ctx.set_output(0, np.asarray(real).astype(helper.tensor_dtype_to_np_dtype(to)))
+        return
+    x = ctx.tensor(0)
+    if to in FLOATS and (x.dtype == np.float32 or x.q is not None):
+        finish(ctx, x)
+        return
+    raise ctx.unsupported(f"casting a {x.dtype} activation to {TensorProto.DataType.Name(to)} is not supported")

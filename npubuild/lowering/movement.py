@@ -1,0 +1,201 @@
+"""Helpers for data-movement lowerings: layout-aware reshape, slice, concat, and the output step.
+
+Data-movement ops never change values, so they keep the input's quantisation
+(onnxruntime gives them equal input/output scales); `finish` requantizes only
+when the QuantizeLinear after the op says otherwise. Layouts are tracked, not
+enforced: a reshape or transpose that keeps the physical element order is a
+relabelling of `perm` and costs no operator at all.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from npubuild.lowering.context import NHWC, LoweringContext, QConst, TTensor, identity
+from npubuild.lowering.emit import Op, attr, requantize, to_layout
+from npubuild.lowering.quant import QParams
+
+
+def canonical(rank: int) -> tuple[int, ...]:
+    """The layout a fresh tensor of this rank gets: NHWC for rank 4, row-major otherwise."""
+    return NHWC if rank == 4 else identity(rank)
+
+
+def phys_axis(x: TTensor, axis: int) -> int:
+    """Physical position of logical axis `axis` (already normalised to be >= 0)."""
+    return x.perm.index(axis)
+
+
+def norm_axis(ctx: LoweringContext, axis: int, rank: int) -> int:
+    if not -rank <= axis < rank:
+        raise ctx.unsupported(f"axis {axis} is out of range for rank {rank}")
+    return axis + rank if axis < 0 else axis
+
+
+def relabel(x: TTensor, perm: tuple[int, ...], q: QParams | None = None) -> TTensor:
+    """The same TOSA tensor seen with another logical layout (no operator)."""
+    return TTensor(x.name, x.shape, x.dtype, tuple(perm), q if q is not None else x.q)
+
+
+def _groups(src: tuple[int, ...], dst: tuple[int, ...]) -> list[tuple[list[int], list[int]]] | None:
+    """Pair runs of non-unit source axes with runs of destination axes of equal element count."""
+    s_axes = [a for a, d in enumerate(src) if d != 1]
+    d_axes = [b for b, d in enumerate(dst) if d != 1]
+    groups, i, j = [], 0, 0
+    while i < len(s_axes) and j < len(d_axes):
+        gs, gd = [s_axes[i]], [d_axes[j]]
+        ps, pd = src[s_axes[i]], dst[d_axes[j]]
+        i, j = i + 1, j + 1
+        while ps != pd:
+            if ps < pd:
+                if i >= len(s_axes):
+                    return None
+                gs.append(s_axes[i])
+                ps *= src[s_axes[i]]
+                i += 1
+            else:
+                if j >= len(d_axes):
+                    return None
+                gd.append(d_axes[j])
+                pd *= dst[d_axes[j]]
+                j += 1
+        groups.append((gs, gd))
+    if i != len(s_axes) or j != len(d_axes):
+        return None
+    return groups
+
+
+def reshape_layout(src: tuple[int, ...], perm: tuple[int, ...], dst: tuple[int, ...]) -> tuple[int, ...] | None:
+    """A layout for `src` (laid out by `perm`) reshaped to `dst` that keeps the physical element order.
+
+    The reshape splits/merges runs of logical axes; if each run is contiguous and
+    in order in the physical layout, the result is a physical reshape with the
+    runs in the same physical order. Unit axes go where the canonical layout
+    puts them. None if the reshape really needs the logical order.
+    """
+    groups = _groups(src, dst)
+    if groups is None:
+        return None
+    by_first = {gs[0]: (gs, gd) for gs, gd in groups}
+    seq = [a for a in perm if src[a] != 1]
+    out: list[int] = []
+    k = 0
+    while k < len(seq):
+        if seq[k] not in by_first:
+            return None
+        gs, gd = by_first[seq[k]]
+        if seq[k:k + len(gs)] != gs:
+            return None
+        out.extend(gd)
+        k += len(gs)
+    it = iter(out)
+    return tuple(next(it) if dst[c] != 1 else c for c in canonical(len(dst)))
+
+
+def reshape_to(ctx: LoweringContext, x: TTensor, new_shape: tuple[int, ...], output_of: str | None = None) -> TTensor:
+    """Reshape by the logical (ONNX) shape; a TRANSPOSE only if the layout makes the order differ."""
+    new_shape = tuple(int(s) for s in new_shape)
+    layout = reshape_layout(x.logical_shape, x.perm, new_shape)
+    if layout is None:
+        x = to_layout(ctx, x, identity(len(x.shape)))
+        layout = reshape_layout(x.logical_shape, x.perm, new_shape)
+        assert layout is not None
+    phys = tuple(new_shape[i] for i in layout)
+    if phys == x.shape and not ctx.is_graph_output(output_of):
+        return relabel(x, layout)
+    out = ctx.new_tensor(phys, x.dtype, layout, x.q, output_of=output_of)
+    ctx.op(Op.RESHAPE, [x.name, ctx.shape_const(phys)], [out.name], attr("Reshape"))
+    return out
+
+
+def phys_reshape(ctx: LoweringContext, x: TTensor, phys: tuple[int, ...], perm: tuple[int, ...] | None = None,
+                 output_of: str | None = None) -> TTensor:
+    """RESHAPE to a physical shape (for internal views); no operator if nothing changes."""
+    phys = tuple(int(s) for s in phys)
+    perm = perm if perm is not None else identity(len(phys))
+    if phys == x.shape and not ctx.is_graph_output(output_of):
+        return relabel(x, perm)
+    out = ctx.new_tensor(phys, x.dtype, perm, x.q, output_of=output_of)
+    ctx.op(Op.RESHAPE, [x.name, ctx.shape_const(phys)], [out.name], attr("Reshape"))
+    return out
+
+
+def slice_phys(ctx: LoweringContext, x: TTensor, start: list[int], size: list[int],
+               output_of: str | None = None) -> TTensor:
+    """SLICE in physical coordinates; no operator if it takes everything."""
+    if list(size) == list(x.shape) and not ctx.is_graph_output(output_of):
+        return x
+    out = ctx.new_tensor(tuple(size), x.dtype, x.perm, x.q, output_of=output_of)
+    ctx.op(Op.SLICE, [x.name, ctx.shape_const(start), ctx.shape_const(size)], [out.name], attr("Slice"))
+    return out
+
+
+def slice_axis(ctx: LoweringContext, x: TTensor, axis: int, start: int, size: int,
+               output_of: str | None = None) -> TTensor:
+    """Slice logical axis `axis` (>= 0) to [start, start + size)."""
+    p = phys_axis(x, axis)
+    begin = [0] * len(x.shape)
+    sizes = list(x.shape)
+    begin[p], sizes[p] = start, size
+    return slice_phys(ctx, x, begin, sizes, output_of)
+
+
+def concat_phys(ctx: LoweringContext, parts: list[TTensor], p: int, output_of: str | None = None) -> TTensor:
+    """CONCAT along physical axis p of tensors sharing one layout and quantisation."""
+    if len(parts) == 1:
+        return parts[0] if not ctx.is_graph_output(output_of) else slice_phys(ctx, parts[0], [0] * len(parts[0].shape),
+                                                                              list(parts[0].shape), output_of)
+    shape = list(parts[0].shape)
+    shape[p] = sum(t.shape[p] for t in parts)
+    out = ctx.new_tensor(tuple(shape), parts[0].dtype, parts[0].perm, parts[0].q, output_of=output_of)
+    ctx.op(Op.CONCAT, [t.name for t in parts], [out.name], attr("Concat", p))
+    return out
+
+
+def result_q(ctx: LoweringContext, q_in: QParams | None, i: int = 0) -> QParams | None:
+    """The quantisation output i must have: its QuantizeLinear's, else the input's (values are unchanged)."""
+    if ctx.profile != "int":
+        return None
+    return ctx.output_q(i) or q_in
+
+
+def direct(ctx: LoweringContext, q_in: QParams | None, i: int = 0) -> str | None:
+    """Output i's ONNX name if the op's result can be the output as is (no requantization needed)."""
+    q = result_q(ctx, q_in, i)
+    if q is not None and q_in is not None and not q_in.same_as(q):
+        return None
+    return ctx.current.output[i]
+
+
+def finish(ctx: LoweringContext, t: TTensor, i: int = 0) -> None:
+    """Bind output i: requantize if its QuantizeLinear asks for other parameters; copy if it is a graph output."""
+    name = ctx.current.output[i]
+    q = result_q(ctx, t.q, i)
+    if q is not None and t.q is not None and not t.q.same_as(q):
+        t = requantize(ctx, t, q, output_of=name)
+    elif ctx.is_graph_output(name) and t.name not in {o.tosa_name for o in ctx.outputs}:
+        out = ctx.new_tensor(t.shape, t.dtype, t.perm, t.q, output_of=name)
+        ctx.op(Op.IDENTITY, [t.name], [out.name], attr("Identity"))
+        t = out
+    ctx.set_output(i, t)
+
+
+def input_in_layout(ctx: LoweringContext, i: int, layout: tuple[int, ...], q: QParams | None) -> TTensor:
+    """Input i in `layout`; constants are laid out (and, in int8, quantized to `q`) at compile time."""
+    v = ctx.value(ctx.current.input[i])
+    if isinstance(v, QConst | np.ndarray) and (ctx.profile == "fp" or q is not None):
+        real = v.real() if isinstance(v, QConst) else np.asarray(v, np.float32)
+        data = q.quantize(real) if ctx.profile == "int" and q is not None else real.astype(np.float32)
+        phys = np.ascontiguousarray(np.transpose(data, layout))
+        return TTensor(ctx.const(phys, "const"), phys.shape, phys.dtype, tuple(layout), q)
+    return to_layout(ctx, ctx.tensor(i), tuple(layout))
+
+
+def constant_ints(ctx: LoweringContext, i: int, what: str) -> list[int] | None:
+    """Integer constant input i as a list (None if absent); must be a constant."""
+    if not ctx.has_input(i):
+        return None
+    c = ctx.constant(i)
+    if c is None:
+        raise ctx.unsupported(f"{what} must be a constant")
+    return [int(v) for v in np.asarray(c).reshape(-1)]

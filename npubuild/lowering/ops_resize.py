@@ -1,0 +1,226 @@
+"""Spatial rearrangements on NHWC tensors: Resize, DepthToSpace, SpaceToDepth.
+
+Resize maps each ONNX coordinate transformation onto TOSA RESIZE's integer
+form in = (out * d + offset) / n (n, d, offset, border per axis). TOSA's
+nearest neighbour rounds halves up; each ONNX nearest mode (floor, ceil,
+round_prefer_floor/ceil) is met by searching (n, d, offset) for a set that
+picks exactly ONNX's source indices (checked in exact arithmetic), trying
+first the pixel-replication form (n = 2u, d = 2, offset = 1 - u), the only
+one Vela 5.2 runs on U55/U65 (for u = 2, 4). Int8 bilinear yields int32
+values scaled by n_y * n_x; one RESCALE brings them back to int8. Vela 5.2
+rejects TOSA bilinear RESIZE on U55/U65 (every parameter form we tried);
+U85 runs both modes.
+
+DepthToSpace / SpaceToDepth are a RESHAPE, one rank-4/5 TRANSPOSE (the
+semantics need it: channels move into space) and a RESHAPE, in NHWC.
+"""
+
+from __future__ import annotations
+
+from fractions import Fraction
+from math import gcd
+
+import numpy as np
+import tosa_serializer as ts
+
+from npubuild.lowering.context import NHWC, LoweringContext, TTensor
+from npubuild.lowering.emit import Op, attr, rescale, to_layout, transpose
+from npubuild.lowering.movement import direct, finish, phys_reshape
+from npubuild.lowering.registry import lowers
+
+COORD_MODES = ("half_pixel", "pytorch_half_pixel", "asymmetric", "align_corners", "tf_half_pixel_for_nn")
+
+
+def _str_attr(ctx: LoweringContext, name: str, default: str) -> str:
+    v = ctx.attr(name, default)
+    return v.decode() if isinstance(v, bytes) else v
+
+
+def _ratio(ctx: LoweringContext, in_len: int, out_len: int, scale: float | None) -> Fraction:
+    """out/in as ONNX uses it in the coordinate transform: the given scale, else sizes' ratio."""
+    if scale is None:
+        return Fraction(out_len, in_len)
+    r = Fraction(scale).limit_denominator(1 << 10)
+    if abs(float(r) - scale) > 1e-6 * scale:
+        raise ctx.unsupported(f"scale {scale} is not a simple fraction")
+    return r
+
+
+def axis_params(ctx: LoweringContext, in_len: int, out_len: int, scale: float | None, coord: str,
+                nearest: str | None) -> tuple[int, int, int, int]:
+    """(n, d, offset, border) of one axis for TOSA RESIZE; nearest is the ONNX nearest_mode or None (linear)."""
+    r = _ratio(ctx, in_len, out_len, scale)
+    n, d, off = r.numerator, r.denominator, 0  # in = (out * d + off) / n
+    if coord == "align_corners" or (coord == "pytorch_half_pixel" and out_len == 1):
+        if out_len == 1:
+            n, d = 1, 1
+        else:
+            g = gcd(out_len - 1, in_len - 1)
+            n, d = (out_len - 1) // g, (in_len - 1) // g
+    elif coord in ("half_pixel", "pytorch_half_pixel"):
+        n, d, off = 2 * n, 2 * d, d - n  # (out + 1/2) * d/n - 1/2
+    elif coord == "tf_half_pixel_for_nn":
+        n, d, off = 2 * n, 2 * d, d  # (out + 1/2) * d/n
+    if nearest is None:
+        return _checked(ctx, in_len, out_len, n, d, off)
+    want = _onnx_nearest(in_len, out_len, r, coord, nearest)
+    for cn, cd, coff in _nearest_candidates(in_len, out_len, n, d, off):
+        border = (out_len - 1) * cd - (in_len - 1) * cn + coff
+        if _valid(cn, cd, coff, border) and _tosa_nearest(in_len, out_len, cn, cd, coff) == want:
+            return cn, cd, coff, border
+    raise ctx.unsupported(f"no TOSA RESIZE offset reproduces nearest_mode '{nearest}' for {in_len} -> {out_len}")
+
+
+def _valid(n: int, d: int, off: int, border: int) -> bool:
+    """TOSA 1.0 RESIZE parameter limits."""
+    return 0 < n <= 2048 and 0 < d < 16 * n and -n <= off < 16 * n and -16 * n <= border < n
+
+
+def _checked(ctx: LoweringContext, in_len: int, out_len: int, n: int, d: int, off: int) -> tuple[int, int, int, int]:
+    border = (out_len - 1) * d - (in_len - 1) * n + off
+    if not _valid(n, d, off, border):
+        raise ctx.unsupported(f"the resize ratio {n}/{d} (offset {off}) is outside TOSA RESIZE's limits")
+    return n, d, off, border
+
+
+def _nearest_candidates(in_len: int, out_len: int, n: int, d: int, off: int):
+    """Parameter sets to try, the replication form Vela runs on every Ethos-U first."""
+    if out_len % in_len == 0 and out_len > in_len:
+        u = out_len // in_len
+        yield 2 * u, 2, 1 - u
+    for mult in (1, 2, 4):
+        span = min(n * mult, 64)
+        for adj in sorted(range(-span, span + 1), key=lambda a: (abs(a), a)):
+            yield n * mult, d * mult, off * mult + adj
+
+
+def _onnx_nearest(in_len: int, out_len: int, r: Fraction, coord: str, mode: str) -> list[int]:
+    """The source index ONNX picks for each output index, in exact arithmetic."""
+    half = Fraction(1, 2)
+    picks = []
+    for o in range(out_len):
+        if coord in ("half_pixel", "pytorch_half_pixel"):
+            x = (o + half) / r - half if (out_len > 1 or coord == "half_pixel") else Fraction(0)
+        elif coord == "asymmetric":
+            x = o / r
+        elif coord == "align_corners":
+            x = Fraction(o * (in_len - 1), out_len - 1) if out_len > 1 else Fraction(0)
+        else:  # tf_half_pixel_for_nn
+            x = (o + half) / r
+        i = {"round_prefer_floor": lambda v: -((-(v - half)).__floor__()),
+             "round_prefer_ceil": lambda v: (v + half).__floor__(),
+             "floor": lambda v: v.__floor__(),
+             "ceil": lambda v: -((-v).__floor__())}[mode](x)
+        picks.append(min(max(int(i), 0), in_len - 1))
+    return picks
+
+
+def _tosa_nearest(in_len: int, out_len: int, n: int, d: int, off: int) -> list[int] | None:
+    """The source index TOSA RESIZE NEAREST picks (rounding halves up), None if it would read out of range."""
+    picks = []
+    for o in range(out_len):
+        y = o * d + off
+        i, rem = divmod(y, n)
+        pick = min(i + 1, in_len - 1) if 2 * rem >= n else max(i, 0)
+        if pick >= in_len:
+            return None
+        picks.append(pick)
+    return picks
+
+
+def _sizes_and_scales(ctx: LoweringContext, x: TTensor) -> tuple[tuple[int, int], tuple[float | None, float | None]]:
+    shape = x.logical_shape
+    axes = ctx.attr("axes")
+    if axes is not None and sorted(int(a) % 4 for a in axes) != [2, 3]:
+        raise ctx.unsupported("only resizing the two spatial axes is supported")
+    scales, sizes = ctx.constant(2), ctx.constant(3)
+    if sizes is not None and np.asarray(sizes).size:
+        sizes = [int(v) for v in np.asarray(sizes).reshape(-1)]
+        full = sizes if len(sizes) == 4 else [shape[0], shape[1], *sizes]
+        if full[0] != shape[0] or full[1] != shape[1]:
+            raise ctx.unsupported("only the spatial axes can be resized")
+        if ctx.attr("keep_aspect_ratio_policy", b"stretch") not in (b"stretch", "stretch"):
+            raise ctx.unsupported("keep_aspect_ratio_policy other than stretch is not supported")
+        return (full[2], full[3]), (None, None)
+    if scales is None or not np.asarray(scales).size:
+        raise ctx.unsupported("scales or sizes must be a constant")
+    sc = [float(v) for v in np.asarray(scales).reshape(-1)]
+    full_sc = sc if len(sc) == 4 else [1.0, 1.0, *sc]
+    if full_sc[0] != 1.0 or full_sc[1] != 1.0:
+        raise ctx.unsupported("only the spatial axes can be resized")
+    return (int(np.floor(shape[2] * full_sc[2])), int(np.floor(shape[3] * full_sc[3]))), (full_sc[2], full_sc[3])
+
+
+@lowers("Resize")
+def lower_resize(ctx: LoweringContext) -> None:
+    x = ctx.tensor(0)
+    if len(x.shape) != 4:
+        raise ctx.unsupported("only 4-D (NCHW) Resize is supported")
+    mode = _str_attr(ctx, "mode", "nearest")
+    coord = _str_attr(ctx, "coordinate_transformation_mode", "half_pixel")
+    if mode not in ("nearest", "linear"):
+        raise ctx.unsupported(f"mode '{mode}' is not supported (nearest, linear)")
+    if coord not in COORD_MODES or (coord == "tf_half_pixel_for_nn" and mode != "nearest"):
+        raise ctx.unsupported(f"coordinate_transformation_mode '{coord}' is not supported with mode '{mode}'")
+    if int(ctx.attr("antialias", 0)):
+        raise ctx.unsupported("antialias is not supported")
+    nearest = _str_attr(ctx, "nearest_mode", "round_prefer_floor") if mode == "nearest" else None
+    x = to_layout(ctx, x, NHWC)
+    (oh, ow), (sh, sw) = _sizes_and_scales(ctx, x)
+    ny, dy, oy, by = axis_params(ctx, x.shape[1], oh, sh, coord, nearest)
+    nx, dx, ox, bx = axis_params(ctx, x.shape[2], ow, sw, coord, nearest)
+    shape = (x.shape[0], oh, ow, x.shape[3])
+    ins = [x.name, ctx.shape_const([ny, dy, nx, dx]), ctx.shape_const([oy, ox]), ctx.shape_const([by, bx])]
+    bilinear = mode == "linear"
+    tosa_mode = ts.ResizeMode.BILINEAR if bilinear else ts.ResizeMode.NEAREST
+    if not bilinear or x.q is None:
+        out = ctx.new_tensor(shape, x.dtype, NHWC, x.q, output_of=direct(ctx, x.q))
+        ctx.op(Op.RESIZE, ins, [out.name], attr("Resize", tosa_mode))
+        finish(ctx, out)
+        return
+    acc = ctx.new_tensor(shape, np.int32, NHWC)
+    ctx.op(Op.RESIZE, ins, [acc.name], attr("Resize", tosa_mode))
+    finish(ctx, _unscale(ctx, acc, ny * nx, x))
+
+
+def _unscale(ctx: LoweringContext, acc: TTensor, factor: int, x: TTensor) -> TTensor:
+    """int32 bilinear sums (values times `factor`) back to x's int8 parameters, rounding once."""
+    assert x.q is not None
+    out_of = direct(ctx, x.q)
+    return rescale(ctx, acc, 1.0 / factor, x.dtype, 0, 0, x.q, output_of=out_of)
+
+
+def _blocksize(ctx: LoweringContext, x: TTensor) -> int:
+    b = int(ctx.attr("blocksize"))
+    if len(x.shape) != 4 or b < 1:
+        raise ctx.unsupported("a 4-D input and a positive blocksize are required")
+    return b
+
+
+@lowers("DepthToSpace")
+def lower_depth_to_space(ctx: LoweringContext) -> None:
+    x = to_layout(ctx, ctx.tensor(0), NHWC)
+    b = _blocksize(ctx, x)
+    n, h, w, c = x.shape
+    if c % (b * b):
+        raise ctx.unsupported(f"{c} channels do not divide by blocksize^2 = {b * b}")
+    co = c // (b * b)
+    if _str_attr(ctx, "mode", "DCR") == "DCR":  # channel = (i * b + j) * co + k
+        v = phys_reshape(ctx, x, (n * h, w, b, b * co))
+        t = transpose(ctx, v, (0, 2, 1, 3), (0, 1, 2, 3))
+    else:  # CRD: channel = (k * b + i) * b + j
+        v = phys_reshape(ctx, x, (n * h, w, co, b, b))
+        t = transpose(ctx, v, (0, 3, 1, 4, 2), (0, 1, 2, 3, 4))
+    finish(ctx, phys_reshape(ctx, t, (n, h * b, w * b, co), NHWC, output_of=direct(ctx, x.q)))
+
+
+@lowers("SpaceToDepth")
+def lower_space_to_depth(ctx: LoweringContext) -> None:
+    x = to_layout(ctx, ctx.tensor(0), NHWC)
+    b = _blocksize(ctx, x)
+    n, h, w, c = x.shape
+    if h % b or w % b:
+        raise ctx.unsupported(f"spatial size {h}x{w} does not divide by blocksize {b}")
+    v = phys_reshape(ctx, x, (n * h // b, b, w // b, b * c))
+    t = transpose(ctx, v, (0, 2, 1, 3), (0, 1, 2, 3))
+    finish(ctx, phys_reshape(ctx, t, (n, h // b, w // b, b * b * c), NHWC, output_of=direct(ctx, x.q)))
