@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-# expect key -> (metric, comparison); "min": value >= limit, "max": value <= limit
+# expect key -> (metric, comparison); "min": value >= limit, "max": value <= limit, "eq": value == limit
 GATES: dict[str, tuple[str, str]] = {
     "npu_offload": ("npu_offload", "min"),
     "max_cpu_ops": ("cpu_ops", "max"),
@@ -16,6 +16,8 @@ GATES: dict[str, tuple[str, str]] = {
     "max_transposes": ("transposes", "max"),
     "min_accuracy": ("accuracy", "min"),
     "max_accuracy_drop": ("accuracy_drop", "max"),
+    "npu_partitions": ("npu_partitions", "eq"),
+    "host_ops": ("host_ops", "eq"),
 }
 
 
@@ -28,6 +30,8 @@ def evaluate(expect: dict, metrics: dict) -> list[dict]:
         value = metrics.get(metric)
         if value is None:
             ok = False
+        elif kind == "eq":
+            ok = value == limit
         elif kind == "min":
             ok = value >= limit
         else:

@@ -207,6 +207,8 @@ class Expect(Strict):
     max_transposes: int | None = Field(default=None, ge=0, description="Most TRANSPOSE ops allowed in the TOSA graph")
     min_accuracy: float | None = Field(default=None, ge=0, le=1, description="Top-1 of the TOSA graph on the evaluation set")
     max_accuracy_drop: float | None = Field(default=None, ge=0, le=1, description="Float minus TOSA top-1 accuracy")
+    npu_partitions: int | None = Field(default=None, ge=0, description="Exact number of NPU partitions expected")
+    host_ops: int | None = Field(default=None, ge=0, description="Exact number of ONNX nodes expected on the host")
 
 
 class CompileSpec(Strict):

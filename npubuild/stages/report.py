@@ -12,8 +12,8 @@ def build_metrics(records: dict[str, dict]) -> dict:
     lower = records.get("lower", {}).get("metrics", {})
     check = records.get("tosa-check", {}).get("metrics", {})
     vela = records.get("vela", {}).get("metrics", {})
-    npu_ops = lower.get("onnx_nodes", 0)
-    cpu_ops = vela.get("vela_cpu_ops", 0)
+    npu_ops = vela.get("npu_nodes", lower.get("onnx_nodes", 0))  # ONNX nodes placed on the NPU
+    cpu_ops = vela.get("vela_cpu_ops", 0) + vela.get("host_ops", 0)
     total = npu_ops + cpu_ops
     return {
         "npu_ops": npu_ops,
@@ -40,6 +40,14 @@ def build_metrics(records: dict[str, dict]) -> dict:
         "vela_cpu_ops": vela.get("vela_cpu_ops"),
         "memory_mode": vela.get("memory_mode"),
         "pools": vela.get("pools"),
+        "npu_partitions": vela.get("npu_partitions"),
+        "host_ops": vela.get("host_ops"),
+        "offloads": vela.get("offloads"),
+        "partition_graph": vela.get("partition_graph"),
+        "memory": vela.get("memory"),
+        "layers": vela.get("layers"),
+        "top_layers": vela.get("top_layers"),
+        "firmware": vela.get("firmware"),
     }
 
 

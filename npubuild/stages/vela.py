@@ -1,4 +1,11 @@
-"""vela stage: compile the TOSA graph for one target with Vela, parse its summary, check memory fits."""
+"""vela stage: compile each NPU partition's TOSA graph with Vela for one target, check memory, emit firmware.
+
+Per NPU partition Vela runs with the profile's (or spec's) options and
+`--verbose-performance` (its per-layer CSV); the raw .npz output is always
+produced too (a second run when the user asked for .tflite) because it holds
+the exact arena, fast-scratch and constant sizes the pool check and the
+firmware files need.
+"""
 
 from __future__ import annotations
 
@@ -13,20 +20,19 @@ from pathlib import Path
 
 from npubuild.config.schema import TargetProfile, VelaOptions
 from npubuild.errors import StageError
-from npubuild.fileio import write_json, write_text
+from npubuild.fileio import read_json, write_json, write_text
+from npubuild.firmware import write_firmware
 from npubuild.plan import StageTask
+from npubuild.pools import npz_sizes, pool_failure, pool_usage
+from npubuild.support import family
 from npubuild.vela_ini import MEMORY_MODE, SYSTEM_CONFIG, memory_mode_name, render_ini
+from npubuild.vela_perf import parse_per_layer, top_layers
 
-KIND_USED = {
-    "sram": "sram_memory_used",
-    "dram": "dram_memory_used",
-    "on_chip_flash": "on_chip_flash_memory_used",
-    "off_chip_flash": "off_chip_flash_memory_used",
-}
 VELA_TIMEOUT_S = 1800
 
 
-def vela_command(tosa: Path, ini: Path, out_dir: Path, profile: TargetProfile, opts: VelaOptions) -> list[str]:
+def vela_command(tosa: Path, ini: Path, out_dir: Path, profile: TargetProfile, opts: VelaOptions,
+                 output_format: str | None = None) -> list[str]:
     """The full Vela command line, as a list (never through a shell)."""
     cmd = [sys.executable, "-m", "ethosu.vela", str(tosa),
            "--config", str(ini),
@@ -35,7 +41,7 @@ def vela_command(tosa: Path, ini: Path, out_dir: Path, profile: TargetProfile, o
            "--accelerator-config", profile.accelerator,
            "--optimise", opts.optimise,
            "--tensor-allocator", opts.tensor_allocator,
-           "--output-format", opts.output_format,
+           "--output-format", output_format or opts.output_format,
            "--output-dir", str(out_dir)]
     if not opts.cascading:
         cmd.append("--disable-cascading")
@@ -57,14 +63,70 @@ def parse_summary_csv(path: Path) -> dict[str, str]:
     return rows[0]
 
 
-def check_pools(profile: TargetProfile, summary: dict[str, str]) -> list[dict]:
-    """Compare Vela's memory use per memory kind with the profile's pool sizes."""
-    pools = []
-    for name, pool in profile.pools.items():
-        used = float(summary.get(KIND_USED[pool.kind], 0.0) or 0.0)
-        pools.append({"pool": name, "kind": pool.kind, "used_kib": round(used, 3), "size_kib": pool.size_kib,
-                      "fits": used <= pool.size_kib})
-    return pools
+def _run_vela(cmd: list[str], accelerator: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONWARNINGS": "ignore"}
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=VELA_TIMEOUT_S, env=env, check=False)
+    except subprocess.TimeoutExpired:
+        raise StageError(f"Vela timed out after {VELA_TIMEOUT_S} s") from None
+    if proc.returncode != 0:
+        lines = [ln for ln in (proc.stderr or proc.stdout).strip().splitlines() if ln.strip()]
+        raise StageError(f"Vela failed ({accelerator}): {lines[-1] if lines else 'exit ' + str(proc.returncode)}")
+    return proc
+
+
+def compile_partition(tosa_src: Path, stem: str, ini: Path, stage_dir: Path, profile: TargetProfile,
+                      opts: VelaOptions) -> dict:
+    """Vela on one .tosa: returns its summary, op counts, per-layer CSV path, artifacts and raw .npz path."""
+    with tempfile.TemporaryDirectory(prefix=".vela-", dir=stage_dir) as tmp:
+        out_dir = Path(tmp)
+        tosa = out_dir / f"{stem}.tosa"  # Vela names its outputs after the input file
+        shutil.copyfile(tosa_src, tosa)
+        cmd = vela_command(tosa, ini, out_dir / "out", profile, opts) + ["--verbose-performance"]
+        proc = _run_vela(cmd, profile.accelerator)
+        write_text(stage_dir / ("vela.log" if stem == "model" else f"{stem}.vela.log"), proc.stdout + proc.stderr)
+        produced = sorted((out_dir / "out").iterdir())
+        csvs = [p for p in produced if p.name.endswith(".csv") and "_summary_" in p.name]
+        if not csvs:
+            raise StageError("Vela wrote no summary CSV")
+        summary = parse_summary_csv(csvs[0])
+        artifacts = []
+        for p in produced:
+            if p.suffix in (".tflite", ".npz") or p.name.endswith("_per-layer.csv"):
+                os.replace(p, stage_dir / p.name)
+                artifacts.append(p.name)
+        npz = stage_dir / f"{stem}_vela.npz"
+        if opts.output_format != "raw":
+            raw_dir = stage_dir / "raw"
+            raw_dir.mkdir(exist_ok=True)
+            _run_vela(vela_command(tosa, ini, out_dir / "raw", profile, opts, "raw"), profile.accelerator)
+            npz = raw_dir / f"{stem}_vela.npz"
+            os.replace(out_dir / "raw" / f"{stem}_vela.npz", npz)
+    npu_ops, cpu_ops = parse_operator_counts(proc.stdout)
+    return {"summary": summary, "npu_ops": npu_ops, "cpu_ops": cpu_ops, "artifacts": artifacts, "npz": npz,
+            "per_layer": stage_dir / f"{stem}_per-layer.csv"}
+
+
+def npu_partitions(io: dict, lower_dir: Path, fam: str) -> list[tuple[int, Path, dict]]:
+    """(partition index, .tosa path, its io and tensor map) for every NPU partition of this family."""
+    rec = io.get("families", {}).get(fam)
+    if not rec:
+        return [(0, lower_dir / "model.tosa", io)]
+    return [(p["index"], lower_dir / p["file"],
+             {"inputs": p["inputs_io"], "outputs": p["outputs_io"],
+              "tensor_nodes": p.get("tensor_nodes", io.get("tensor_nodes", {}))})
+            for p in rec["partitions"] if p["kind"] == "npu"]
+
+
+def placement_metrics(io: dict, fam: str) -> dict:
+    """Where every ONNX node runs on this family (the offload report) and the gateable counts."""
+    rec = io.get("families", {}).get(fam)
+    if not rec:
+        return {}
+    return {"npu_partitions": rec["npu_partitions"], "host_partitions": rec["host_partitions"],
+            "host_ops": rec["host_ops"], "npu_nodes": sum(1 for p in rec["placements"] if p["kind"] == "npu"),
+            "offloads": rec["placements"], "partition_graph": [
+                {k: p[k] for k in ("index", "kind", "file", "inputs", "outputs", "nodes")} for p in rec["partitions"]]}
 
 
 def run(task: StageTask) -> dict:
@@ -73,50 +135,52 @@ def run(task: StageTask) -> dict:
     ini = task.outputs["ini"]
     write_text(ini, render_ini(profile))
     stage_dir = task.dir
-    with tempfile.TemporaryDirectory(prefix=".vela-", dir=stage_dir) as tmp:
-        out_dir = Path(tmp)
-        # Vela names its outputs after the input file: give it a stable name.
-        tosa = out_dir / "model.tosa"
-        shutil.copyfile(task.inputs["tosa"], tosa)
-        cmd = vela_command(tosa, ini, out_dir / "out", profile, opts)
-        env = {**os.environ, "PYTHONWARNINGS": "ignore"}
-        try:
-            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=VELA_TIMEOUT_S, env=env, check=False)
-        except subprocess.TimeoutExpired:
-            raise StageError(f"Vela timed out after {VELA_TIMEOUT_S} s") from None
-        write_text(stage_dir / "vela.log", proc.stdout + proc.stderr)
-        if proc.returncode != 0:
-            lines = [ln for ln in (proc.stderr or proc.stdout).strip().splitlines() if ln.strip()]
-            raise StageError(f"Vela failed ({profile.accelerator}): {lines[-1] if lines else 'exit ' + str(proc.returncode)}")
-        produced = sorted((out_dir / "out").iterdir())
-        csvs = [p for p in produced if p.name.endswith(".csv") and "_summary_" in p.name]
-        if not csvs:
-            raise StageError("Vela wrote no summary CSV")
-        summary = parse_summary_csv(csvs[0])
-        artifacts = []
-        for p in produced:
-            if p.suffix in (".tflite", ".npz"):
-                os.replace(p, stage_dir / p.name)
-                artifacts.append(p.name)
-    npu_ops, cpu_ops = parse_operator_counts(proc.stdout)
-    pools = check_pools(profile, summary)
-    metrics = {
+    lower_dir = task.inputs["tosa"].parent
+    io_path = lower_dir / "io.json"
+    io = read_json(io_path) if io_path.is_file() else {}
+    fam = family(profile.accelerator)
+    results, layers, pools, failure = [], [], [], None
+    for index, tosa, part_io in npu_partitions(io, lower_dir, fam):
+        stem = "model" if index == 0 and tosa.name == "model.tosa" else tosa.stem
+        res = compile_partition(tosa, stem, ini, stage_dir, profile, opts)
+        res["index"] = index
+        res["sizes"] = npz_sizes(res["npz"])
+        part_pools = pool_usage(profile, res["sizes"])
+        pools += [{**p, "partition": index} for p in part_pools]
+        failure = failure or pool_failure(profile.name, part_pools)
+        if res["per_layer"].is_file():
+            layers += parse_per_layer(res["per_layer"], part_io.get("tensor_nodes", {}), index)
+        res["firmware"] = write_firmware(stage_dir / "firmware", stem, res["npz"], part_io, profile, opts)
+        results.append(res)
+    metrics = combine(profile, results)
+    metrics.update(placement_metrics(io, fam))
+    metrics.update({"pools": pools, "layers": layers, "top_layers": top_layers(layers)})
+    write_json(task.outputs["summary"], metrics)
+    if failure:
+        raise StageError(failure)
+    return metrics
+
+
+def combine(profile: TargetProfile, results: list[dict]) -> dict:
+    """Whole-model figures: partitions run one after another, each with its own arena."""
+    def total(key: str) -> float:
+        return sum(float(r["summary"][key]) for r in results)
+
+    return {
         "accelerator": profile.accelerator,
         "memory_mode": memory_mode_name(profile),
-        "vela_npu_ops": npu_ops,
-        "vela_cpu_ops": cpu_ops,
-        "sram_kib": round(float(summary["sram_memory_used"]), 3),
-        "offchip_kib": round(float(summary["off_chip_flash_memory_used"]) + float(summary["dram_memory_used"]), 3),
-        "inference_ms": round(float(summary["inference_time"]) * 1000.0, 6),
-        "npu_cycles": int(float(summary["cycles_total"])),
-        "macs": int(float(summary["nn_macs"])),
-        "pools": pools,
-        "artifacts": artifacts,
-        "summary": {k: v for k, v in summary.items()},
+        "npu_partitions": len(results),
+        "vela_npu_ops": sum(r["npu_ops"] for r in results),
+        "vela_cpu_ops": sum(r["cpu_ops"] for r in results),
+        "sram_kib": round(max((float(r["summary"]["sram_memory_used"]) for r in results), default=0.0), 3),
+        "offchip_kib": round(total("off_chip_flash_memory_used") + total("dram_memory_used"), 3),
+        "inference_ms": round(total("inference_time") * 1000.0, 6),
+        "npu_cycles": int(total("cycles_total")),
+        "macs": int(total("nn_macs")),
+        "memory": {**{k: max((r["sizes"][k] for r in results), default=0) for k in ("arena_bytes", "fast_scratch_bytes")},
+                   **{k: sum(r["sizes"][k] for r in results) for k in ("constants_bytes", "command_stream_bytes")}},
+        "artifacts": [a for r in results for a in r["artifacts"]],
+        "firmware": [r["firmware"] for r in results],
+        "summary": dict(results[0]["summary"]) if results else {},
+        "partition_summaries": [{"partition": r["index"], **r["summary"]} for r in results[1:]],
     }
-    write_json(task.outputs["summary"], metrics)
-    for pool in pools:
-        if not pool["fits"]:
-            raise StageError(f"target '{profile.name}': pool '{pool['pool']}' ({pool['kind']}) needs "
-                             f"{pool['used_kib']:.1f} KiB but has {pool['size_kib']:.1f} KiB")
-    return metrics

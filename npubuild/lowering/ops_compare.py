@@ -1,0 +1,91 @@
+"""Comparisons and selection: Greater, Less, Where.
+
+These are the ops Ethos-U85 runs and Ethos-U55/U65 do not (Vela has no
+GREATER or SELECT there), so they are what target-aware partitioning moves to
+the host on U55. INT profile: a comparison of an int8 tensor with a constant
+is exact in integers, `(x - zp) * s > c  <=>  x - zp > floor(c / s)`; TOSA
+PRO-INT compares int32, so x is first RESCALEd (scale 1) to int32.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from npubuild.lowering.context import LoweringContext, TTensor
+from npubuild.lowering.emit import Op, attr, requantize, rescale, reshape, to_layout
+from npubuild.lowering.registry import lowers
+
+
+def _scalar_const(ctx: LoweringContext, value, dtype, rank: int) -> str:
+    return ctx.const(np.full((1,) * rank, value, dtype=dtype), "cmp")
+
+
+def _same_rank(ctx: LoweringContext, x: TTensor, rank: int) -> TTensor:
+    if len(x.shape) == rank:
+        return x
+    logical = (1,) * (rank - len(x.shape)) + x.logical_shape
+    x = to_layout(ctx, x, tuple(range(len(x.shape))))
+    return reshape(ctx, x, logical, tuple(range(rank)))
+
+
+def _compare(ctx: LoweringContext, greater: bool) -> None:
+    x = ctx.tensor(0)
+    c = ctx.constant(1)
+    out_name = ctx.current.output[0]
+    rank = len(x.shape)
+    if ctx.profile == "fp":
+        other = _scalar_const(ctx, float(np.asarray(c).ravel()[0]), np.float32, rank) if c is not None and \
+            np.asarray(c).size == 1 else to_layout(ctx, _same_rank(ctx, ctx.tensor(1), rank), x.perm).name
+        out = ctx.new_tensor(x.shape, np.bool_, x.perm, output_of=out_name)
+        ins = [x.name, other] if greater else [other, x.name]
+        ctx.op(Op.GREATER, ins, [out.name], attr("Greater"))
+        ctx.set_output(0, out)
+        return
+    if x.q is None or x.q.axis is not None:
+        raise ctx.unsupported("the compared tensor must be per-tensor quantized")
+    x32 = rescale(ctx, x, 1.0, np.int32, x.q.zp, 0, None)
+    if c is not None and np.asarray(c).size == 1:
+        t = float(np.asarray(c).ravel()[0]) / x.q.s
+        other = _scalar_const(ctx, math.floor(t) if greater else math.ceil(t), np.int32, rank)
+    else:
+        y = to_layout(ctx, _same_rank(ctx, ctx.tensor(1), rank), x.perm)
+        if y.q is None or not y.q.same_as(x.q):
+            raise ctx.unsupported("comparing two tensors needs them on the same quantisation")
+        other = rescale(ctx, y, 1.0, np.int32, y.q.zp, 0, None).name
+    out = ctx.new_tensor(x.shape, np.bool_, x.perm, output_of=out_name)
+    ctx.op(Op.GREATER, [x32.name, other] if greater else [other, x32.name], [out.name], attr("Greater"))
+    ctx.set_output(0, out)
+
+
+@lowers("Greater")
+def lower_greater(ctx: LoweringContext) -> None:
+    _compare(ctx, greater=True)
+
+
+@lowers("Less")
+def lower_less(ctx: LoweringContext) -> None:
+    _compare(ctx, greater=False)
+
+
+@lowers("Where")
+def lower_where(ctx: LoweringContext) -> None:
+    cond = ctx.tensor(0)
+    a, b = ctx.tensor(1), ctx.tensor(2)
+    rank = max(len(cond.shape), len(a.shape), len(b.shape))
+    cond = _same_rank(ctx, cond, rank)
+    a = to_layout(ctx, _same_rank(ctx, a, rank), cond.perm)
+    b = to_layout(ctx, _same_rank(ctx, b, rank), cond.perm)
+    shape = tuple(int(max(p, q, r)) for p, q, r in zip(cond.shape, a.shape, b.shape, strict=True))
+    out_name = ctx.current.output[0]
+    if ctx.profile == "int":
+        out_q = ctx.require_output_q()
+        if a.q is None or b.q is None:
+            raise ctx.unsupported("both selected operands must be quantized")
+        a, b = requantize(ctx, a, out_q), requantize(ctx, b, out_q)
+        out = ctx.new_tensor(shape, out_q.dtype, cond.perm, out_q, output_of=out_name)
+    else:
+        out = ctx.new_tensor(shape, np.float32, cond.perm, output_of=out_name)
+    ctx.op(Op.SELECT, [cond.name, a.name, b.name], [out.name], attr("Select"))
+    ctx.set_output(0, out)

@@ -1,0 +1,263 @@
+"""Target-aware partitioning: NPU partitions (TOSA, compiled by Vela) and host partitions (ONNX, onnxruntime).
+
+Vela has no CPU fallback for TOSA input, so a node whose TOSA ops a family's
+support rules reject (support.py) must run on the host. The whole model is
+lowered once; each compute node is placed by the rules; Q/DQ nodes follow the
+node that produces their input (so every NPU partition output is a
+dequantized, float ONNX tensor) and weight DequantizeLinears go with their
+consumers. Nodes are then grouped greedily, in dependency order, into
+alternating runs of one placement. A host partition is saved as ONNX; an NPU
+partition is lowered again on its own, with a copy of the Quantize/Dequantize
+pair in front of each float input, which is exact because the host already
+produced values on that quantisation grid.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+import onnx
+from onnx import helper
+
+from npubuild.errors import StageError
+from npubuild.lowering.driver import LoweredGraph, lower_model
+from npubuild.support import check_node
+from npubuild.tosa_graph import TosaGraphInfo, TosaOpInfo, ops_by_node, read_tosa, tensor_nodes
+
+QDQ = ("QuantizeLinear", "DequantizeLinear")
+
+
+@dataclass
+class Placement:
+    node: str
+    op_type: str
+    kind: Literal["npu", "cpu"]
+    tosa_ops: list[str]
+    rule: str | None = None
+    reason: str | None = None
+    partition: int = 0
+
+
+@dataclass
+class Partition:
+    index: int
+    kind: Literal["npu", "host"]
+    nodes: list[onnx.NodeProto]
+    inputs: list[str] = field(default_factory=list)
+    outputs: list[str] = field(default_factory=list)
+
+
+def place_nodes(model: onnx.ModelProto, by_node: dict[str, list[TosaOpInfo]], graph: TosaGraphInfo,
+                fam: str) -> dict[str, Placement]:
+    """Where each compute node runs on this family, and the rule that decided a CPU placement."""
+    out = {}
+    for n in model.graph.node:
+        if n.op_type in QDQ:
+            continue
+        ops = by_node.get(n.name, [])
+        verdict = check_node(ops, graph, fam)
+        out[n.name] = Placement(n.name, n.op_type, "cpu" if verdict else "npu", [o.op for o in ops],
+                                *(verdict or (None, None)))
+    return out
+
+
+def _label_nodes(model: onnx.ModelProto, placed: dict[str, Placement]) -> dict[str, str]:
+    """npu/host for every node, Q/DQ included (they follow their input's producer, else their consumers)."""
+    producer = {o: n for n in model.graph.node for o in n.output}
+    consumers: dict[str, list[onnx.NodeProto]] = {}
+    for n in model.graph.node:
+        for i in n.input:
+            consumers.setdefault(i, []).append(n)
+    labels: dict[str, str] = {}
+
+    def first_compute_user(n: onnx.NodeProto) -> onnx.NodeProto | None:
+        for _ in range(8):
+            users = consumers.get(n.output[0], [])
+            if not users:
+                return None
+            n = users[0]
+            if n.op_type not in QDQ:
+                return n
+        return None
+
+    def label(n: onnx.NodeProto) -> str:
+        if n.name in labels:
+            return labels[n.name]
+        if n.op_type not in QDQ:
+            result = "npu" if placed[n.name].kind == "npu" else "host"
+        else:
+            src = producer.get(n.input[0])
+            if src is not None:
+                result = label(src)
+            else:  # a graph input or an initializer: go with whoever reads it
+                user = first_compute_user(n)
+                result = label(user) if user is not None else "host"
+        labels[n.name] = result
+        return result
+
+    for n in model.graph.node:
+        label(n)
+    return labels
+
+
+def constant_nodes(model: onnx.ModelProto) -> dict[str, onnx.NodeProto]:
+    """Nodes that read only initializers (weight DequantizeLinears), by output: copied into each user partition."""
+    inits = {i.name for i in model.graph.initializer}
+    return {n.output[0]: n for n in model.graph.node
+            if n.input and all((not i) or i in inits for i in n.input) and len(n.output) == 1}
+
+
+def group(model: onnx.ModelProto, labels: dict[str, str]) -> list[Partition]:
+    """Greedy grouping in dependency order: take every ready node of the current kind, then switch kinds."""
+    consts = constant_nodes(model)
+    const_names = {n.name for n in consts.values()}
+    producer = {o: n.name for n in model.graph.node for o in n.output if n.name not in const_names}
+    deps = {n.name: {producer[i] for i in n.input if i in producer} for n in model.graph.node}
+    remaining = [n for n in model.graph.node if n.name not in const_names]
+    done: set[str] = set()
+    parts: list[Partition] = []
+    while remaining:
+        ready = [n for n in remaining if deps[n.name] <= done]
+        kind = labels[ready[0].name]
+        taken: list[onnx.NodeProto] = []
+        progress = True
+        while progress:
+            progress = False
+            for n in list(remaining):
+                if labels[n.name] == kind and deps[n.name] <= done:
+                    taken.append(n)
+                    done.add(n.name)
+                    remaining.remove(n)
+                    progress = True
+        parts.append(Partition(len(parts), kind, taken))  # type: ignore[arg-type]
+    _boundaries(model, parts)
+    return parts
+
+
+def _boundaries(model: onnx.ModelProto, parts: list[Partition]) -> None:
+    inits = {i.name for i in model.graph.initializer} | set(constant_nodes(model))
+    graph_outputs = [o.name for o in model.graph.output]
+    for p in parts:
+        produced = {o for n in p.nodes for o in n.output}
+        needed = [i for n in p.nodes for i in n.input if i and i not in produced and i not in inits]
+        p.inputs = list(dict.fromkeys(needed))
+    for p in parts:
+        outs = []
+        for n in p.nodes:
+            for o in n.output:
+                used_elsewhere = any(o in q.inputs for q in parts if q.index != p.index)
+                if used_elsewhere or o in graph_outputs:
+                    outs.append(o)
+        p.outputs = outs
+
+
+def _value_infos(model: onnx.ModelProto) -> dict[str, onnx.ValueInfoProto]:
+    inferred = onnx.shape_inference.infer_shapes(model)
+    g = inferred.graph
+    return {vi.name: vi for vi in [*g.input, *g.output, *g.value_info]}
+
+
+def _dq_params(model: onnx.ModelProto, tensor: str) -> onnx.NodeProto | None:
+    for n in model.graph.node:
+        if n.op_type == "DequantizeLinear" and n.output[0] == tensor:
+            return n
+    return None
+
+
+def sub_model(model: onnx.ModelProto, part: Partition, infos: dict[str, onnx.ValueInfoProto],
+              requantize_inputs: bool) -> onnx.ModelProto:
+    """A standalone ONNX model of one partition (initializers it reads, typed inputs and outputs)."""
+    consts = constant_nodes(model)
+    needed = {i for n in part.nodes for i in n.input}
+    nodes = []
+    for n in [consts[o] for o in consts if o in needed] + list(part.nodes):
+        c = onnx.NodeProto()
+        c.CopyFrom(n)
+        nodes.append(c)
+    inputs = []
+    for name in part.inputs:
+        inputs.append(infos[name])
+        dq = _dq_params(model, name) if requantize_inputs else None
+        if dq is None:
+            continue
+        # A copy of the producer's Q/DQ pair so the NPU partition sees a quantized input (exact: same grid).
+        fresh = f"{name}__npu"
+        q_out = f"{fresh}_q"
+        q = helper.make_node("QuantizeLinear", [fresh, *dq.input[1:]], [q_out], name=f"{fresh}_QuantizeLinear")
+        d = helper.make_node("DequantizeLinear", [q_out, *dq.input[1:]], [f"{fresh}_dq"],
+                             name=f"{fresh}_DequantizeLinear")
+        for n in nodes:
+            for k, i in enumerate(n.input):
+                if i == name:
+                    n.input[k] = f"{fresh}_dq"
+        nodes = [q, d, *nodes]
+        vi = onnx.ValueInfoProto()
+        vi.CopyFrom(infos[name])
+        vi.name = fresh
+        inputs[-1] = vi
+    used = {i for n in nodes for i in n.input}
+    inits = [i for i in model.graph.initializer if i.name in used]
+    outputs = [infos[o] for o in part.outputs]
+    g = helper.make_graph(nodes, f"partition{part.index}", inputs, outputs, inits)
+    sub = helper.make_model(g, opset_imports=list(model.opset_import))
+    sub.ir_version = model.ir_version
+    return sub
+
+
+@dataclass
+class PartitionPlan:
+    placements: dict[str, Placement]
+    partitions: list[Partition]
+
+
+def plan_partitions(model: onnx.ModelProto, lowered: LoweredGraph, fam: str) -> PartitionPlan:
+    graph = read_tosa(lowered.tosa)
+    by_node = ops_by_node(graph, lowered.node_ops)
+    placed = place_nodes(model, by_node, graph, fam)
+    if all(p.kind == "npu" for p in placed.values()):
+        return PartitionPlan(placed, [Partition(0, "npu", list(model.graph.node), [], [])])
+    labels = _label_nodes(model, placed)
+    parts = group(model, labels)
+    for p in parts:
+        for n in p.nodes:
+            if n.name in placed:
+                placed[n.name].partition = p.index
+    return PartitionPlan(placed, parts)
+
+
+def write_partitions(model: onnx.ModelProto, plan: PartitionPlan, profile: Literal["int", "fp"], out_dir: Path,
+                     prefix: str) -> list[dict]:
+    """Write each partition (<prefix>partN.tosa or <prefix>hostN.onnx); returns their records for io.json."""
+    infos = _value_infos(model)
+    records = []
+    for part in plan.partitions:
+        rec: dict = {"index": part.index, "kind": part.kind, "inputs": part.inputs, "outputs": part.outputs,
+                     "nodes": [n.name for n in part.nodes if n.op_type not in QDQ]}
+        sub = sub_model(model, part, infos, requantize_inputs=part.kind == "npu")
+        if part.kind == "host":
+            rec["file"] = f"{prefix}host{part.index}.onnx"
+            onnx.save(sub, out_dir / rec["file"])
+        else:
+            try:
+                low = lower_model(sub, profile)
+            except Exception as exc:  # a boundary the lowering cannot take (e.g. a bool tensor input)
+                raise StageError(f"NPU partition {part.index} cannot be lowered on its own: {exc}") from exc
+            rec["file"] = f"{prefix}part{part.index}.tosa"
+            (out_dir / rec["file"]).write_bytes(low.tosa)
+            rec["inputs_io"] = [_rename(i.as_dict()) for i in low.inputs]
+            rec["outputs_io"] = [i.as_dict() for i in low.outputs]
+            rec["profile"] = low.profile
+            try:
+                rec["tensor_nodes"] = tensor_nodes(ops_by_node(read_tosa(low.tosa), low.node_ops))
+            except ValueError:
+                rec["tensor_nodes"] = {}
+        records.append(rec)
+    return records
+
+
+def _rename(spec: dict) -> dict:
+    if spec["onnx_name"].endswith("__npu"):
+        spec["onnx_name"] = spec["onnx_name"][: -len("__npu")]
+    return spec

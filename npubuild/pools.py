@@ -1,0 +1,60 @@
+"""Memory-pool checks after Vela: the arena, the fast scratch and the constants against their pools.
+
+Vela's raw output (.npz) gives the exact byte sizes the firmware must provide:
+`scratch_size` (the tensor arena), `scratch_fast_size` (the fast scratch, the
+arena cache in a Dedicated_Sram memory mode) and the weights/constants blob.
+Each is charged to the pool the profile's placement puts it in; a pool that
+holds several (Sram_Only) is charged their sum.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from npubuild.config.schema import TargetProfile
+
+KIB = 1024.0
+
+
+def npz_sizes(npz: Path) -> dict[str, int]:
+    """Byte sizes of what the firmware must place, straight from Vela's raw output."""
+    with np.load(npz) as z:
+        return {
+            "arena_bytes": int(z["scratch_size"]),
+            "fast_scratch_bytes": int(z["scratch_fast_size"]),
+            "constants_bytes": len(z["weight_data"].item()),
+            "command_stream_bytes": len(z["cmd_data"].item()),
+        }
+
+
+def pool_usage(profile: TargetProfile, sizes: dict[str, int]) -> list[dict]:
+    """Per pool: which roles it holds, the KiB they need, the KiB it has, and whether they fit."""
+    p = profile.placement
+    roles = [("constants", p.constants, sizes["constants_bytes"]), ("arena", p.arena, sizes["arena_bytes"])]
+    if p.cache != p.arena:  # in Shared_Sram / Sram_Only the fast scratch is part of the arena (size 0)
+        roles.append(("fast_scratch", p.cache, sizes["fast_scratch_bytes"]))
+    out = []
+    for name, pool in profile.pools.items():
+        held = {role: nbytes for role, pool_name, nbytes in roles if pool_name == name}
+        need = sum(held.values()) / KIB
+        out.append({"pool": name, "kind": pool.kind, "roles": {r: round(b / KIB, 3) for r, b in held.items()},
+                    "used_kib": round(need, 3), "size_kib": pool.size_kib, "fits": need <= pool.size_kib})
+    if p.arena_cache_kib is not None:
+        cached = sizes["fast_scratch_bytes"] if p.cache != p.arena else sizes["arena_bytes"]
+        need = cached / KIB
+        out.append({"pool": f"{p.cache} (arena cache)", "kind": profile.pools[p.cache].kind,
+                    "roles": {"fast_scratch" if p.cache != p.arena else "arena": round(need, 3)},
+                    "used_kib": round(need, 3), "size_kib": p.arena_cache_kib, "fits": need <= p.arena_cache_kib})
+    return out
+
+
+def pool_failure(target: str, pools: list[dict]) -> str | None:
+    """The one-line error for the first pool that does not fit, or None."""
+    for pool in pools:
+        if not pool["fits"]:
+            roles = ", ".join(f"{r} {k:.1f} KiB" for r, k in pool["roles"].items())
+            return (f"target '{target}': pool '{pool['pool']}' ({pool['kind']}) needs {pool['used_kib']:.1f} KiB "
+                    f"({roles}) but has {pool['size_kib']:.1f} KiB")
+    return None

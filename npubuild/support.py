@@ -1,0 +1,101 @@
+"""What each Ethos-U family can run, as rules over the TOSA operators a node was lowered to.
+
+Taken from Vela 5.2's TOSA constraints (`vela --supported-ops-report` writes
+SUPPORTED_OPS.md) and kept only where Vela really rejects the graph: Vela
+decomposes kernels and strides beyond the native limits (a stride-4 or a
+65x1 CONV2D compiles on U55), so those are not rules here. Every rule has a
+test that builds a graph on both sides of its limit and checks Vela agrees.
+Vela has no CPU fallback for TOSA input: a node a rule rejects runs on the
+host (onnxruntime), see partition.py.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from npubuild.tosa_graph import TosaGraphInfo, TosaOpInfo
+
+# Ethos-U55/U65 TOSA summary table (SUPPORTED_OPS.md, "Ethos-U55 and Ethos-U65 TOSA Summary Table").
+U55_OPS = frozenset({
+    "ABS", "ADD", "ARGMAX", "ARITHMETIC_RIGHT_SHIFT", "AVG_POOL2D", "CAST", "CLAMP", "CLZ", "CONCAT", "CONST",
+    "CONST_SHAPE", "CONV2D", "CONV3D", "DEPTHWISE_CONV2D", "IDENTITY", "LOGICAL_LEFT_SHIFT", "MATMUL", "MAXIMUM",
+    "MAX_POOL2D", "MINIMUM", "MUL", "NEGATE", "PAD", "REDUCE_MAX", "REDUCE_MIN", "REDUCE_SUM", "RESCALE",
+    "RESHAPE", "RESIZE", "REVERSE", "SLICE", "SUB", "TABLE", "TILE", "TRANSPOSE", "TRANSPOSE_CONV2D",
+})
+COMPARISONS = frozenset({"EQUAL", "GREATER", "GREATER_EQUAL"})
+FLOAT_TYPES = frozenset({"FP32", "FP16", "BF16"})
+ARGMAX_MAX_CHANNELS = 127
+
+
+@dataclass(frozen=True)
+class Rule:
+    name: str
+    families: frozenset[str]
+    check: Callable[[TosaOpInfo, TosaGraphInfo], str | None]  # a reason if the op cannot run, else None
+
+
+def family(accelerator: str) -> str:
+    """'u55' for U55 and U65 (one TOSA support table), 'u85' for U85."""
+    return "u85" if accelerator.startswith("ethos-u85") else "u55"
+
+
+def _dtype(graph: TosaGraphInfo, name: str) -> str:
+    t = graph.tensors.get(name)
+    return t.dtype if t is not None else "UNKNOWN"
+
+
+def _op_type(op: TosaOpInfo, graph: TosaGraphInfo) -> str | None:
+    if op.op not in U55_OPS:
+        return f"TOSA {op.op} is not supported by Vela on Ethos-U55/U65"
+    return None
+
+
+def _pro_int(op: TosaOpInfo, graph: TosaGraphInfo) -> str | None:
+    floats = sorted({_dtype(graph, t) for t in op.inputs + op.outputs} & FLOAT_TYPES)
+    if floats:
+        return f"TOSA {op.op} uses {', '.join(floats)}; Vela compiles the PRO-INT profile only"
+    return None
+
+
+def _comparison_int32(op: TosaOpInfo, graph: TosaGraphInfo) -> str | None:
+    if op.op in COMPARISONS:
+        bad = sorted({_dtype(graph, t) for t in op.inputs} - {"INT32"})
+        if bad:
+            return f"TOSA {op.op} on {', '.join(bad)}: Vela compares INT32 only"
+    return None
+
+
+def _argmax_channels(op: TosaOpInfo, graph: TosaGraphInfo) -> str | None:
+    if op.op == "ARGMAX" and op.inputs:
+        t = graph.tensors.get(op.inputs[0])
+        if t is not None and t.shape and t.shape[-1] > ARGMAX_MAX_CHANNELS:
+            return f"TOSA ARGMAX over {t.shape[-1]} channels: Ethos-U55/U65 allow 1..{ARGMAX_MAX_CHANNELS}"
+    return None
+
+
+RULES = (
+    Rule("pro-int-only", frozenset({"u55", "u85"}), _pro_int),
+    Rule("u55-op-type", frozenset({"u55"}), _op_type),
+    Rule("comparison-int32", frozenset({"u55", "u85"}), _comparison_int32),
+    Rule("u55-argmax-channels", frozenset({"u55"}), _argmax_channels),
+)
+
+
+def check_op(op: TosaOpInfo, graph: TosaGraphInfo, fam: str) -> tuple[str, str] | None:
+    """(rule name, reason) of the first rule the op breaks on this family, or None if it can run."""
+    for rule in RULES:
+        if fam in rule.families:
+            reason = rule.check(op, graph)
+            if reason:
+                return rule.name, reason
+    return None
+
+
+def check_node(ops: list[TosaOpInfo], graph: TosaGraphInfo, fam: str) -> tuple[str, str] | None:
+    """A node runs on the NPU only if every TOSA op it became does."""
+    for op in ops:
+        verdict = check_op(op, graph, fam)
+        if verdict:
+            return verdict
+    return None
