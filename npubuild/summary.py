@@ -29,7 +29,8 @@ def build_entries(plan: BuildPlan, run_id: str) -> list[dict]:
             task = plan.tasks[name]
             rec = read_record(task)
             if rec is not None:
-                stages[stage] = {"status": "passed", "seconds": rec["seconds"], "cached": rec["run_id"] != run_id}
+                stages[stage] = {"status": "passed", "seconds": rec["seconds"], "cached": rec["run_id"] != run_id,
+                                 "from_cache": bool(rec.get("from_cache"))}
                 if stage == "report":
                     entry_metrics, gates = rec["metrics"]["metrics"], rec["metrics"]["gates"]
                 continue

@@ -62,7 +62,7 @@ def execute(task: StageTask, run_id: str, debug: bool = False, cache: StageCache
         p.unlink(missing_ok=True)
     task.dir.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
-    key = cache_key(task.config, task.inputs) if cache is not None else None
+    key = cache_key(task.config, task.inputs)  # config + input contents: also the up-to-date check's key
     required = {p.name for n, p in task.outputs.items() if n != "record"}
     entry = cache.get(key, task.dir, required) if cache is not None else None
     if entry is not None:
@@ -102,6 +102,17 @@ def _write_record(task: StageTask, run_id: str, start: float, metrics: dict, cac
     }
     write_json(task.outputs["record"], record)
     return record
+
+
+def is_up_to_date(task: StageTask) -> bool:
+    """Content-based up-to-date check (for executors without doit's database): same config, same inputs."""
+    rec = read_record(task)
+    if rec is None or not all(p.exists() for p in task.outputs.values()):
+        return False
+    try:
+        return rec.get("cache_key") == cache_key(task.config, task.inputs)
+    except OSError:
+        return False
 
 
 def read_record(task: StageTask) -> dict | None:

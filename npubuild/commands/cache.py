@@ -1,0 +1,47 @@
+"""`npubuild cache stats|prune|verify`: look after the shared stage cache."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from npubuild.errors import InputError
+
+
+def _cache(args):
+    from npubuild.cache import StageCache
+
+    url = args.cache or os.environ.get("NPUBUILD_CACHE") or str(Path(args.build_dir).resolve() / "cache")
+    if "://" not in url and not Path(url).is_dir():
+        raise InputError(f"no stage cache at '{url}'")
+    return StageCache(url)
+
+
+def cmd_cache(args) -> int:
+    from npubuild.cache import parse_age
+
+    cache = _cache(args)
+    if args.action == "stats":
+        s = cache.stats()
+        print(f"{s['url']}: {s['entries']} entries, {s['bytes'] / 1024:.1f} KiB")
+    elif args.action == "verify":
+        total, bad = cache.verify()
+        print(f"{total} entries checked, {len(bad)} bad (discarded)")
+        for k in bad:
+            print(f"  discarded {k}")
+        return 1 if bad else 0
+    else:
+        if not args.older_than:
+            raise InputError("cache prune needs --older-than AGE (e.g. 30d)")
+        removed = cache.prune(parse_age(args.older_than))
+        print(f"pruned {removed} entries older than {args.older_than}")
+    return 0
+
+
+def register(sub) -> None:
+    c = sub.add_parser("cache", help="shared stage cache: stats, prune --older-than 30d, verify")
+    c.add_argument("action", choices=["stats", "prune", "verify"])
+    c.add_argument("--cache", help="cache directory or fsspec URL (default: $NPUBUILD_CACHE, else <build-dir>/cache)")
+    c.add_argument("--build-dir", default="build")
+    c.add_argument("--older-than", help="with prune: age such as 30d, 12h")
+    c.set_defaults(func=cmd_cache)
