@@ -234,3 +234,54 @@ def test_log_softmax(shape, axis, spread):
     lowered, err = check_int(model, calib("x", shape, low=-spread, high=spread), {"x": rand(shape, 2, -spread, spread)})
     print(f"log softmax {shape} axis {axis}: max error {err} LSB")
     all_on_npu(lowered)
+
+
+# ---------------------------------------------------------------------------------------------- normalisation
+
+
+def _affine(n: int, seed: int = 3) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    return {"g": rng.uniform(-1.5, 1.5, n).astype(np.float32), "b": rng.normal(0, 0.3, n).astype(np.float32)}
+
+
+@pytest.mark.parametrize("shape,axis,spread", [
+    ([2, 8], -1, 1.0),
+    ([2, 4, 16], -1, 3.0),
+    ([1, 6, 64], -1, 2.0),  # a transformer row
+    ([2, 3, 4, 5], 2, 1.0),  # normalised over two trailing dims (onnxruntime cannot quantize a 2-D gamma)
+])
+def test_layer_norm(shape, axis, spread):
+    k = int(np.prod(shape[axis:]))
+    inits = _affine(k)
+    inits = {"g": inits["g"].reshape(shape[axis:]), "b": inits["b"].reshape(shape[axis:])}
+    model = single_op_model("LayerNormalization", {"x": shape}, {"y": None}, inits, axis=axis, epsilon=1e-5)
+    check_fp(model, {"x": rand(shape, 1, -spread, spread)}, atol=1e-4)
+    if len(shape[axis:]) > 1:
+        return
+    lowered, err = check_int(model, calib("x", shape, low=-spread, high=spread), {"x": rand(shape, 2, -spread, spread)})
+    print(f"layer norm {shape} axis {axis}: max error {err} LSB")
+    all_on_npu(lowered)
+
+
+@pytest.mark.parametrize("shape", [[1, 4, 5, 5], [2, 3, 6, 4]])
+def test_instance_norm(shape):
+    model = single_op_model("InstanceNormalization", {"x": shape}, {"y": None}, _affine(shape[1]), epsilon=1e-5)
+    check_fp(model, {"x": rand(shape, 1)}, atol=1e-4)
+    lowered, err = check_int(model, calib("x", shape), {"x": rand(shape, 2)})
+    print(f"instance norm {shape}: max error {err} LSB")
+    assert "TRANSPOSE" not in tosa_ops(lowered)
+    all_on_npu(lowered)
+
+
+@pytest.mark.parametrize("shape", [[1, 4, 5, 5], [3, 6]])
+def test_batch_norm_not_folded(shape):
+    """A BatchNormalization with no Conv/Gemm before it stays at import: a depthwise 1x1 conv in int8."""
+    rng = np.random.default_rng(0)
+    c = shape[1]
+    inits = {"scale": rng.uniform(-2, 2, c).astype(np.float32), "B": rng.normal(0, 0.5, c).astype(np.float32),
+             "mean": rng.normal(0, 0.3, c).astype(np.float32), "var": rng.uniform(0.2, 2, c).astype(np.float32)}
+    model = single_op_model("BatchNormalization", {"x": shape}, {"y": None}, inits, epsilon=1e-5)
+    check_fp(model, {"x": rand(shape, 1)}, atol=1e-5)
+    lowered, _ = check_int(model, calib("x", shape), {"x": rand(shape, 2)})
+    assert tosa_ops(lowered) <= {"DEPTHWISE_CONV2D", "RESCALE", "RESHAPE"}
+    all_on_npu(lowered)

@@ -1,0 +1,208 @@
+"""Normalisations: BatchNormalization (not folded), LayerNormalization, InstanceNormalization.
+
+BatchNormalization is a per-channel scale and shift: a 1x1 DEPTHWISE_CONV2D
+in int8 (each channel's scale is one int8 weight of +-127 with its own
+per-channel scale, so the only rounding is the output's), MUL + ADD in FP.
+
+Layer and instance normalisation in int8 (Ethos-U has no division or rsqrt):
+with v = x - zp in int32 and K elements per row, c = K v - sum(v) is exact;
+sum(c^2) (shifted to fit int32) gives the variance; 1/sqrt comes from the
+Newton-Raphson rsqrt in intmath with a per-row CLZ exponent; the normalised
+value is kept in int32 fixed point, multiplied by the quantized gamma, beta
+added in the same units, and one RESCALE rounds to the output. FP uses
+REDUCE_SUM, RSQRT, MUL, ADD directly.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from npubuild.lowering import intmath as im
+from npubuild.lowering.context import NHWC, LoweringContext, TTensor, identity
+from npubuild.lowering.emit import Op, attr, rescale, reshape, to_layout
+from npubuild.lowering.ops_conv import Bias, emit_conv
+from npubuild.lowering.ops_reduce import emit_reduce
+from npubuild.lowering.registry import lowers
+
+GAMMA_BITS = 12  # gamma quantized here (when onnxruntime did not) to this many bits
+
+
+# ---------------------------------------------------------------------------------------------- FP pieces
+
+
+def _fp(ctx: LoweringContext, op, kind: str, ins: list[TTensor], output_of: str | None = None) -> TTensor:
+    shape = tuple(max(dims) for dims in zip(*(t.shape for t in ins), strict=True))
+    out = ctx.new_tensor(shape, np.float32, ins[0].perm, output_of=output_of)
+    names = [t.name for t in ins] + ([ctx.const(np.zeros(1, np.int8), "shift")] if op == Op.MUL else [])
+    ctx.op(op, names, [out.name], attr(kind))
+    return out
+
+
+def _fconst(ctx: LoweringContext, values: np.ndarray, like: TTensor) -> TTensor:
+    arr = np.asarray(values, np.float32)
+    return TTensor(ctx.const(arr, "f32"), arr.shape, arr.dtype, like.perm)
+
+
+def _channel_shape(x: TTensor, axis: int, n: int) -> tuple[int, ...]:
+    """[1, ..., n, ..., 1] with n at the physical axis `axis`."""
+    return tuple(n if i == axis else 1 for i in range(len(x.shape)))
+
+
+def _fp_normalize(ctx: LoweringContext, x: TTensor, axes: list[int], count: int, eps: float,
+                  gamma: np.ndarray, beta: np.ndarray, output_of: str | None) -> TTensor:
+    """(x - mean) / sqrt(var + eps) * gamma + beta; gamma and beta already shaped for broadcasting."""
+    inv = _fconst(ctx, np.full((1,) * len(x.shape), 1.0 / count), x)
+    mean = _fp(ctx, Op.MUL, "Mul", [emit_reduce(ctx, Op.REDUCE_SUM, x, axes), inv])
+    d = _fp(ctx, Op.SUB, "Sub", [x, mean])
+    var = _fp(ctx, Op.MUL, "Mul", [emit_reduce(ctx, Op.REDUCE_SUM, _fp(ctx, Op.MUL, "Mul", [d, d]), axes), inv])
+    var = _fp(ctx, Op.ADD, "Add", [var, _fconst(ctx, np.full((1,) * len(x.shape), eps), x)])
+    r = ctx.new_tensor(var.shape, np.float32, var.perm)
+    ctx.op(Op.RSQRT, [var.name], [r.name], attr("Rsqrt"))
+    y = _fp(ctx, Op.MUL, "Mul", [_fp(ctx, Op.MUL, "Mul", [d, r]), _fconst(ctx, gamma, x)])
+    return _fp(ctx, Op.ADD, "Add", [y, _fconst(ctx, beta, x)], output_of=output_of)
+
+
+# ---------------------------------------------------------------------------------------------- INT pieces
+
+
+def _int_normalized(ctx: LoweringContext, x: TTensor, axes: list[int], count: int, eps: float) -> tuple[TTensor, float]:
+    """(x - mean) / sqrt(var + eps) as int32 q with real value q * unit; returns (q, unit)."""
+    assert x.q is not None
+    s = x.q.s
+    v = im.widen(ctx, x)
+    c = im.sub(ctx, im.widen(ctx, x, count), emit_reduce(ctx, Op.REDUCE_SUM, v, axes))  # K (v - mean), |c| <= 255 K
+    sh1 = max(0, math.ceil(math.log2(65025.0 * count**3)) - 30)
+    var_sum = emit_reduce(ctx, Op.REDUCE_SUM, im.mul(ctx, c, c, sh1), axes)  # var = s^2 var_sum 2^sh1 / K^3
+    eps_units = int(min(max(1, round(eps * count**3 / (s * s * 2**sh1))), 1 << 30))
+    vt = im.add(ctx, var_sum, im.const_i32(ctx, eps_units, var_sum))
+    y, h = im.rsqrt(ctx, vt)  # 1/sqrt(vt) = y 2^-29 2^(h - 15)
+    sp = math.ceil(math.log2(255.0 * count + 1))
+    p = im.mul(ctx, c, y, sp)
+    q = im.asr(ctx, p, im.sub(ctx, im.const_i32(ctx, 15, h), h))  # c y 2^(h-15) = q 2^sp
+    unit = 2.0 ** (sp - 29 - sh1 / 2) * math.sqrt(count)
+    return q, unit
+
+
+def _gamma_int(ctx: LoweringContext, index: int, n: int) -> tuple[np.ndarray, float]:
+    """gamma as integers and one scale: onnxruntime's int8 values when per-tensor, else quantized here."""
+    qg = ctx.qconst(index)
+    if qg is not None and qg.q.is_per_tensor and qg.data.size == n and np.all(qg.q.zero_point == 0):
+        return qg.data.astype(np.int64).reshape(-1), qg.q.s
+    g = ctx.constant(index)
+    g = np.ones(n) if g is None else np.broadcast_to(g.astype(np.float64).reshape(-1), (n,))
+    gmax = float(np.max(np.abs(g))) or 1.0
+    scale = gmax / (2 ** (GAMMA_BITS - 1) - 1)
+    return np.round(g / scale).astype(np.int64), scale
+
+
+def _int_affine(ctx: LoweringContext, q: TTensor, unit: float, count: int, gamma_q: np.ndarray, g_scale: float,
+                beta: np.ndarray, shape: tuple[int, ...], output_of: str | None) -> TTensor:
+    """q * unit * gamma + beta -> the int8 output, with one rounding; gamma/beta broadcast as `shape`."""
+    out_q = ctx.require_output_q()
+    gmax = float(np.max(np.abs(gamma_q))) * g_scale
+    bmax = float(np.max(np.abs(beta))) if beta.size else 0.0
+    budget = (math.sqrt(count) * gmax + bmax) / 2**29 or 1e-30  # the output unit that keeps |acc| < 2^29
+    sg = max(0, int(np.max(np.abs(gamma_q))).bit_length())
+    frac = sg + math.floor(math.log2(g_scale / budget))  # q_f = normalized * 2^frac
+    acc_unit = g_scale * 2.0 ** (sg - frac)
+    qf = rescale(ctx, q, unit * 2.0**frac, np.int32, 0, 0, None)
+    g = im.mul(ctx, qf, im.const_i32(ctx, gamma_q.reshape(shape), qf), sg)
+    b = np.clip(np.round(beta / acc_unit), -(2**30), 2**30).astype(np.int64)
+    acc = im.add(ctx, g, im.const_i32(ctx, b.reshape(shape), g))
+    return rescale(ctx, acc, acc_unit / out_q.s, out_q.dtype, 0, out_q.zp, out_q, output_of=output_of)
+
+
+def _affine_values(ctx: LoweringContext, n: int) -> tuple[np.ndarray, np.ndarray]:
+    g = ctx.constant(1)
+    b = ctx.constant(2)
+    gamma = np.ones(n) if g is None else np.broadcast_to(g.astype(np.float64).reshape(-1), (n,))
+    beta = np.zeros(n) if b is None else np.broadcast_to(b.astype(np.float64).reshape(-1), (n,))
+    return gamma, beta
+
+
+def _normalize(ctx: LoweringContext, x: TTensor, axes: list[int], count: int, chan_axis: int, n: int,
+               output_of: str | None) -> TTensor:
+    """Normalise x over physical `axes`, then scale/shift per entry of physical axis `chan_axis` (n entries)."""
+    eps = float(ctx.attr("epsilon", 1e-5))
+    shape = _channel_shape(x, chan_axis, n)
+    if ctx.profile == "fp":
+        gamma, beta = _affine_values(ctx, n)
+        return _fp_normalize(ctx, x, axes, count, eps, gamma.reshape(shape), beta.reshape(shape), output_of)
+    if x.q is None or x.dtype != np.int8:
+        raise ctx.unsupported("the integer normalisation needs an int8 input")
+    q, unit = _int_normalized(ctx, x, axes, count, eps)
+    gamma_q, g_scale = _gamma_int(ctx, 1, n)
+    _, beta = _affine_values(ctx, n)
+    return _int_affine(ctx, q, unit, count, gamma_q, g_scale, beta, shape, output_of)
+
+
+# ---------------------------------------------------------------------------------------------- ops
+
+
+@lowers("LayerNormalization")
+def lower_layer_norm(ctx: LoweringContext) -> None:
+    """Rows of the trailing dims from `axis`: a [rows, K] view, normalised along K."""
+    if any(o for o in ctx.current.output[1:]):
+        raise ctx.unsupported("the Mean and InvStdDev outputs are not supported")
+    x = ctx.tensor(0)
+    shape = x.logical_shape
+    axis = int(ctx.attr("axis", -1))
+    axis = axis + len(shape) if axis < 0 else axis
+    k = int(np.prod(shape[axis:]))
+    rows = int(np.prod(shape[:axis]))
+    x = to_layout(ctx, x, identity(len(shape)))
+    view = reshape(ctx, x, (rows, k), (0, 1))
+    out_name = ctx.current.output[0]
+    y = _normalize(ctx, view, [1], k, 1, k, None)
+    ctx.set_output(0, reshape(ctx, y, tuple(shape), identity(len(shape)), output_of=out_name))
+
+
+@lowers("InstanceNormalization")
+def lower_instance_norm(ctx: LoweringContext) -> None:
+    """Per image and channel over H and W: on NHWC that is physical axes 1 and 2, channels last."""
+    x = ctx.tensor(0)
+    if len(x.shape) != 4:
+        raise ctx.unsupported(f"only rank-4 InstanceNormalization is supported (rank {len(x.shape)})")
+    x = to_layout(ctx, x, NHWC)
+    _, h, w, c = x.shape
+    ctx.set_output(0, _normalize(ctx, x, [1, 2], h * w, 3, c, ctx.current.output[0]))
+
+
+@lowers("BatchNormalization")
+def lower_batch_norm(ctx: LoweringContext) -> None:
+    """y = a x + b per channel (a = scale / sqrt(var + eps), b = B - mean a)."""
+    if any(o for o in ctx.current.output[1:]) or int(ctx.attr("training_mode", 0)):
+        raise ctx.unsupported("training-mode BatchNormalization is not supported")
+    vals = [ctx.constant(i) for i in range(1, 5)]
+    if any(v is None for v in vals):
+        raise ctx.unsupported("scale, B, mean and var must be constants")
+    scale, bias, mean, var = (v.astype(np.float64).reshape(-1) for v in vals)
+    a = scale / np.sqrt(var + float(ctx.attr("epsilon", 1e-5)))
+    b = bias - mean * a
+    x = ctx.tensor(0)
+    out_name = ctx.current.output[0]
+    logical = x.logical_shape
+    if len(logical) < 2 or logical[1] != a.size:
+        raise ctx.unsupported(f"channel axis 1 of {list(logical)} does not match {a.size} BatchNorm channels")
+    if ctx.profile == "fp":
+        chan = x.perm.index(1)
+        shape = _channel_shape(x, chan, a.size)
+        y = _fp(ctx, Op.MUL, "Mul", [x, _fconst(ctx, a.reshape(shape), x)])
+        ctx.set_output(0, _fp(ctx, Op.ADD, "Add", [y, _fconst(ctx, b.reshape(shape), x)], output_of=out_name))
+        return
+    if len(logical) == 4:
+        view = to_layout(ctx, x, NHWC)
+    elif len(logical) == 2:
+        view = reshape(ctx, to_layout(ctx, x, (0, 1)), (1, logical[0], 1, logical[1]), NHWC)
+    else:
+        raise ctx.unsupported(f"integer BatchNormalization of rank {len(logical)} is not supported")
+    w = np.where(a < 0, -127, 127).astype(np.int8).reshape(-1, 1, 1, 1)
+    w_scale = np.where(a != 0, np.abs(a) / 127.0, 1.0)
+    w = np.where(a.reshape(-1, 1, 1, 1) == 0, 0, w).astype(np.int8)
+    direct = len(logical) == 4
+    y = emit_conv(ctx, view, w, w_scale, Bias(b), [0, 0, 0, 0], (1, 1), (1, 1), True, out_name if direct else None)
+    if not direct:
+        y = reshape(ctx, y, tuple(logical), (0, 1), output_of=out_name)
+    ctx.set_output(0, y)
