@@ -2,13 +2,14 @@
 
 The same task graph as `npubuild build configs/`; both share build/.doit.db.
 Set NPUBUILD_SPECS (paths separated by ':') or NPUBUILD_BUILD_DIR to change
-what is built and where.
+what is built and where; NPUBUILD_WAIT=1 waits for a build dir another build holds.
 """
 
 import os
 import sys
 from pathlib import Path
 
+from npubuild.buildlock import acquire
 from npubuild.config.load import load_specs
 from npubuild.doit_tasks import new_run_id
 from npubuild.errors import NpubuildError
@@ -22,5 +23,9 @@ try:
 except NpubuildError as _exc:
     print(_exc, file=sys.stderr)
     sys.exit(_exc.exit_code)
-_plan.build_dir.mkdir(parents=True, exist_ok=True)
+try:  # held until doit exits: no other build may write this build dir meanwhile
+    _lock = acquire(_plan.build_dir, wait=os.environ.get("NPUBUILD_WAIT") == "1")
+except NpubuildError as _exc:
+    print(_exc, file=sys.stderr)
+    sys.exit(_exc.exit_code)
 globals().update(namespace(_plan, new_run_id()))

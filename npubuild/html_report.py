@@ -67,9 +67,10 @@ def _build_details(b: dict, cache_dir: Path | None) -> str:
             ["pool", "kind", "used KiB", "size KiB", "fits"],
             [[escape(p["pool"]), escape(p["kind"]), _v(p["used_kib"]), _v(p["size_kib"]),
               "yes" if p["fits"] else '<span class="bad">NO</span>'] for p in m["pools"]], numeric_from=2))
-    layers = m.get("layers")
+    layers = m.get("layers") or m.get("per_layer")  # Vela's per-layer performance, when the build recorded it
     if layers:
-        data = [(str(lay.get("name", i)), float(lay.get("cycles", 0))) for i, lay in enumerate(layers)]
+        data = [(str(lay.get("onnx_node") or lay.get("name") or lay.get("tensor") or i), float(lay.get("cycles") or 0))
+                for i, lay in enumerate(layers)]
         parts.append(_img(cached_png(cache_dir, "layers", (f"Cycles per layer: {build_id(b)}", data)),
                      "per-layer cycles"))
     parts.append("</details>")

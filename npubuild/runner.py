@@ -9,6 +9,7 @@ from pathlib import Path
 from doit.cmd_base import ModuleTaskLoader
 from doit.doit_cmd import DoitMain
 
+from npubuild.buildlock import locked
 from npubuild.config.load import Build
 from npubuild.doit_tasks import doit_config, make_reporter, new_run_id, task_dicts
 from npubuild.plan import BuildPlan, make_plan
@@ -44,24 +45,25 @@ def namespace(plan: BuildPlan, run_id: str, quiet: bool = False, debug: bool = F
 
 
 def run_plan(plan: BuildPlan, jobs: int = 1, keep_going: bool = False, quiet: bool = False,
-             debug: bool = False) -> RunResult:
+             debug: bool = False, wait: bool = False) -> RunResult:
+    """Run the plan with doit, holding the build dir's lock (`wait` for it, else fail at once if busy)."""
     from npubuild.fileio import read_json
 
-    plan.build_dir.mkdir(parents=True, exist_ok=True)
-    run_id = new_run_id()
-    ns = namespace(plan, run_id, quiet, debug)
-    args = ["run"]
-    if jobs > 1:
-        args += ["-n", str(jobs), "-P", "process"]
-    if keep_going:
-        args.append("--continue")
-    code = DoitMain(ModuleTaskLoader(ns), extra_config={"GLOBAL": {}}).run(args)
-    sys.stdout.flush()
-    report = read_json(plan.build_dir / "report.json")
-    run = read_json(plan.build_dir / "run.json")
+    with locked(plan.build_dir, wait):
+        run_id = new_run_id()
+        ns = namespace(plan, run_id, quiet, debug)
+        args = ["run"]
+        if jobs > 1:
+            args += ["-n", str(jobs), "-P", "process"]
+        if keep_going:
+            args.append("--continue")
+        code = DoitMain(ModuleTaskLoader(ns), extra_config={"GLOBAL": {}}).run(args)
+        sys.stdout.flush()
+        report = read_json(plan.build_dir / "report.json")
+        run = read_json(plan.build_dir / "run.json")
     return RunResult(plan, run_id, report, run["executed"], run["cached"], run["failed"], code)
 
 
 def build(builds: list[Build], build_dir: Path, jobs: int = 1, keep_going: bool = False, quiet: bool = False,
-          debug: bool = False) -> RunResult:
-    return run_plan(make_plan(builds, build_dir), jobs, keep_going, quiet, debug)
+          debug: bool = False, wait: bool = False) -> RunResult:
+    return run_plan(make_plan(builds, build_dir), jobs, keep_going, quiet, debug, wait)

@@ -1,0 +1,73 @@
+"""Whether a stage task is done, from files in its own stage dir only (not doit's database).
+
+doit keeps its dependency database in memory and saves it when a run ends, so
+a build killed with SIGKILL forgets every task it finished. Deciding
+up-to-dateness from each task's `stage.json` (written last, carrying the
+config key) and `inputs.json` (the size, mtime and sha256 of each input when
+the stage ran) keeps finished work across a crash and never takes a half-done
+stage as done.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from npubuild.fileio import file_hash, read_json, write_json
+from npubuild.plan import StageTask
+
+INPUTS_NAME = "inputs.json"
+
+
+def fingerprint(inputs: dict[str, Path]) -> dict[str, list]:
+    """name -> [size, mtime_ns, sha256] for each input file."""
+    out = {}
+    for name, p in sorted(inputs.items()):
+        st = os.stat(p)
+        out[name] = [st.st_size, st.st_mtime_ns, file_hash(p)]
+    return out
+
+
+def write_inputs(task: StageTask, fp: dict[str, list]) -> None:
+    write_json(task.dir / INPUTS_NAME, {"key": task.key, "inputs": fp})
+
+
+def _same(path: Path, saved: list) -> bool:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return False
+    if st.st_size != saved[0]:
+        return False
+    return st.st_mtime_ns == saved[1] or file_hash(path) == saved[2]
+
+
+def is_done(task: StageTask) -> bool:
+    """True if the task completed with its current config and its inputs are unchanged since."""
+    try:
+        rec = read_json(task.outputs["record"])
+        saved = read_json(task.dir / INPUTS_NAME)
+    except (OSError, ValueError):
+        return False
+    if rec.get("key") != task.key or saved.get("key") != task.key:
+        return False
+    fp = saved.get("inputs", {})
+    if set(fp) != set(task.inputs):
+        return False
+    if not all(_same(p, fp[name]) for name, p in task.inputs.items()):
+        return False
+    return all(p.exists() for p in task.outputs.values())
+
+
+def clear_debris(task: StageTask) -> None:
+    """Remove temp files and dirs a killed run left in the stage dir (names starting with '.')."""
+    import shutil
+
+    if not task.dir.is_dir():
+        return
+    for p in task.dir.iterdir():
+        if p.name.startswith("."):
+            if p.is_dir():
+                shutil.rmtree(p, ignore_errors=True)
+            else:
+                p.unlink(missing_ok=True)
