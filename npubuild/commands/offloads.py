@@ -1,0 +1,72 @@
+"""`npubuild offloads SPEC_OR_MODEL --target NAME`: where every ONNX node runs, one line per node.
+
+Builds (cached) what is needed and prints, for each node of the input model,
+its placement (NPU partition n, or CPU in host partition n), the TOSA ops it
+was lowered to, and for a CPU node the support rule that sent it there, like
+TVMC's `--dump-offloads`.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from npubuild.errors import InputError
+
+
+def offload_line(p: dict) -> str:
+    ops = ", ".join(p["tosa_ops"]) or "-"
+    if p["kind"] == "npu":
+        return f"{p['node']}  {p['op_type']}  -> NPU partition {p['partition']}  [{ops}]"
+    return (f"{p['node']}  {p['op_type']}  -> CPU (host partition {p['partition']})  [{ops}]  "
+            f"rule {p['rule']}: {p['reason']}")
+
+
+def _builds(source: Path, target: str, pipeline: str):
+    from npubuild.config.load import adhoc_builds, load_specs
+
+    if source.suffix == ".onnx":
+        return adhoc_builds(source, [target], pipeline)
+    builds = [b for b in load_specs([source]) if b.target.name == target]
+    if not builds:
+        raise InputError(f"no build of this spec targets '{target}'", str(source))
+    return builds
+
+
+def cmd_offloads(args) -> int:
+    from npubuild.fileio import read_json
+    from npubuild.runner import build
+
+    builds = _builds(Path(args.source), args.target, args.pipeline)
+    result = build(builds, Path(args.build_dir), quiet=True, debug=args.debug)
+    plan = result.plan
+    entries = []
+    for b in builds:
+        chain = plan.build_tasks[b.id]
+        vela = plan.tasks[chain["vela"]] if "vela" in chain else None
+        summary = vela.outputs["summary"] if vela is not None else None
+        if summary is None or not summary.is_file():
+            raise InputError(f"build {b.id} produced no placement (see {plan.build_dir / 'report.md'})")
+        data = read_json(summary)
+        entries.append({"build": b.id, "npu_partitions": data.get("npu_partitions"),
+                        "host_ops": data.get("host_ops"), "offloads": data.get("offloads", [])})
+    if args.json:
+        print(json.dumps(entries[0] if len(entries) == 1 else entries, indent=2))
+        return result.exit_code
+    for e in entries:
+        if len(entries) > 1:
+            print(f"# {e['build']}")
+        for p in e["offloads"]:
+            print(offload_line(p))
+        print(f"# {e['npu_partitions']} NPU partition(s), {e['host_ops']} node(s) on the CPU")
+    return result.exit_code
+
+
+def register(sub) -> None:
+    c = sub.add_parser("offloads", help="print where each ONNX node runs on a target (NPU partition or CPU)")
+    c.add_argument("source", metavar="SPEC_OR_MODEL", help="a compile spec (.yaml) or an ONNX model")
+    c.add_argument("--target", required=True, help="target profile name")
+    c.add_argument("--pipeline", default="default", help="pipeline for an ONNX model (specs name their own)")
+    c.add_argument("--build-dir", default="build")
+    c.add_argument("--json", action="store_true", help="print the placements as JSON")
+    c.set_defaults(func=cmd_offloads)

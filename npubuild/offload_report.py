@@ -1,0 +1,35 @@
+"""report.md sections for issue 4: where nodes run (offloads, partitions) and the most expensive layers."""
+
+from __future__ import annotations
+
+TOP_LAYERS = 5
+
+
+def _fmt_ops(ops: list[str]) -> str:
+    return ", ".join(ops) if ops else "-"
+
+
+def placement_markdown(builds: list[dict]) -> list[str]:
+    """Per build: the CPU-placed nodes with their rule, the partition count, and the top layers by cycles."""
+    lines: list[str] = []
+    for b in builds:
+        m = b.get("metrics") or {}
+        offloads, layers = m.get("offloads"), m.get("top_layers")
+        if not offloads and not layers:
+            continue
+        lines += ["", f"## {b['spec']}/{b['model']}/{b['target']}: placement and costliest layers", ""]
+        if offloads:
+            cpu = [p for p in offloads if p["kind"] != "npu"]
+            lines.append(f"{m.get('npu_partitions')} NPU partition(s); {len(cpu)} of {len(offloads)} ONNX nodes "
+                         "on the CPU.")
+            if cpu:
+                lines += ["", "| node | op | host partition | TOSA ops | rule | reason |", "|---|---|---:|---|---|---|"]
+                lines += [f"| {p['node']} | {p['op_type']} | {p['partition']} | {_fmt_ops(p['tosa_ops'])} | "
+                          f"{p['rule']} | {p['reason']} |" for p in cpu]
+        if layers:
+            lines += ["", "| ONNX node | Vela op | partition | cycles | % of cycles | MACs | MAC util % |",
+                      "|---|---|---:|---:|---:|---:|---:|"]
+            lines += [f"| {lay.get('onnx_node') or lay.get('tensor')} | {lay.get('npu_op')} | {lay.get('partition')} | "
+                      f"{lay.get('cycles')} | {lay.get('cycles_pct')} | {lay.get('macs')} | {lay.get('mac_util_pct')} |"
+                      for lay in layers[:TOP_LAYERS]]
+    return lines

@@ -1,0 +1,53 @@
+"""Helpers for the partitioning, offload, pool and firmware tests (issue 4)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+
+def compare_select_model() -> onnx.ModelProto:
+    """Conv -> (Greater, Relu) -> Where -> Conv: Greater and Where lower to GREATER and SELECT, which
+    Ethos-U85 runs and Ethos-U55/U65 do not."""
+    rng = np.random.default_rng(0)
+    w1 = rng.uniform(-1, 1, (8, 4, 3, 3)).astype(np.float32)
+    w2 = rng.uniform(-1, 1, (8, 8, 1, 1)).astype(np.float32)
+    nodes = [helper.make_node("Conv", ["x", "w1"], ["c"], pads=[1, 1, 1, 1], name="conv_a"),
+             helper.make_node("Greater", ["c", "thr"], ["g"], name="gt"),
+             helper.make_node("Relu", ["c"], ["r"], name="relu"),
+             helper.make_node("Where", ["g", "c", "r"], ["s"], name="sel"),
+             helper.make_node("Conv", ["s", "w2"], ["y"], name="conv_b")]
+    graph = helper.make_graph(
+        nodes, "cmp", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, 8, 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8, 8, 8])],
+        [numpy_helper.from_array(w1, "w1"), numpy_helper.from_array(w2, "w2"),
+         numpy_helper.from_array(np.array(0.25, np.float32), "thr")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    return model
+
+
+def write_spec(project: Path, name: str, model_file: str, input_shape: list[int], targets: str,
+               expect: str = "{}", extra: str = "") -> Path:
+    spec = project / "configs" / f"{name}.yaml"
+    spec.write_text(f"""version: 1
+name: {name}
+models:
+  m:
+    path: models/{model_file}
+    input_shapes: {{x: {input_shape}}}
+    calibration: {{random: {{samples: 16, seed: 0}}}}
+targets: {targets}
+verify: {{tosa: true, samples: 4}}
+expect: {expect}
+{extra}""")
+    return spec
+
+
+def add_compare_model(project: Path, name: str = "cmp", targets: str = "[ethos-u55-128, ethos-u85-256]",
+                      expect: str = "{}") -> Path:
+    onnx.save(compare_select_model(), project / "configs" / "models" / "cmp.onnx")
+    return write_spec(project, name, "cmp.onnx", [1, 4, 8, 8], targets, expect)

@@ -1,0 +1,72 @@
+"""Acceptance: an op U55 cannot run but U85 can builds for both; on U55 the model is split into NPU and host
+partitions, with the reason; on U85 it is one NPU partition; the partitioned model matches onnxruntime."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import onnx
+from fourhelpers import add_compare_model
+from npbtest import read_report, run_cli
+
+from npubuild.partition_run import run_partitions
+from npubuild.tosa_run import run_onnx
+
+
+def _io(build_dir: Path) -> tuple[Path, dict]:
+    io_path = next((build_dir / "stages" / "lower").glob("m-*/io.json"))
+    return io_path.parent, json.loads(io_path.read_text())
+
+
+def test_u55_splits_into_npu_and_host_partitions_and_u85_runs_one(project: Path, capsys):
+    spec = add_compare_model(project)
+    build_dir = project / "build"
+    code, _, err = run_cli(["build", str(spec), "--build-dir", str(build_dir), "-q"], capsys)
+    assert code == 0, err
+    builds = {b["target"]: b for b in read_report(build_dir)["builds"]}
+    u55, u85 = builds["ethos-u55-128"]["metrics"], builds["ethos-u85-256"]["metrics"]
+    assert u85["npu_partitions"] == 1 and u85["host_ops"] == 0 and u85["cpu_ops"] == 0
+    assert u55["npu_partitions"] == 2 and u55["host_ops"] == 2 and u55["cpu_ops"] == 2 and u55["npu_ops"] == 3
+    cpu = {p["node"]: p for p in u55["offloads"] if p["kind"] == "cpu"}
+    assert set(cpu) == {"gt", "sel"}
+    assert cpu["gt"]["rule"] == "u55-op-type" and "GREATER" in cpu["gt"]["reason"]
+    assert "SELECT" in cpu["sel"]["reason"]
+    kinds = [p["kind"] for p in u55["partition_graph"]]
+    assert kinds == ["npu", "host", "npu"]
+    # each NPU partition was compiled by Vela on its own, fully on the NPU
+    assert u55["vela_cpu_ops"] == 0 and len(u55["firmware"]) == 2
+    md = (build_dir / "report.md").read_text()
+    assert "| gt | Greater | 1 |" in md and "u55-op-type" in md
+
+    # the partitioned model (NPU parts on the TOSA reference model, host parts on onnxruntime) vs onnxruntime
+    lower_dir, io = _io(build_dir)
+    record = io["families"]["u55"]
+    host = [p for p in record["partitions"] if p["kind"] == "host"]
+    assert host and all(onnx.load(str(lower_dir / p["file"])).graph.node for p in host)
+    qdq = next((build_dir / "stages" / "quantize").glob("m-*/model_qdq.onnx"))
+    rng = np.random.default_rng(7)
+    spec_out = io["outputs"][0]
+    worst = 0.0
+    for _ in range(4):
+        x = rng.uniform(-1, 1, (1, 4, 8, 8)).astype(np.float32)
+        got = run_partitions(lower_dir, record["partitions"], io["outputs"], {"x": x})["y"]
+        ref = run_onnx(str(qdq), {"x": x})["y"]
+        ref_q = np.round(ref / spec_out["scale"]) + spec_out["zero_point"]
+        worst = max(worst, float(np.max(np.abs(ref_q - got.astype(np.float64)))))
+    assert worst <= 1.0
+    assert record["max_error_lsb"] <= 1.0
+
+
+def test_partition_gates(project: Path, capsys):
+    spec = add_compare_model(project, targets="[ethos-u55-128]", expect="{npu_partitions: 1, host_ops: 0}")
+    code, _, _ = run_cli(["build", str(spec), "--build-dir", str(project / "build"), "-q"], capsys)
+    assert code == 1
+    gates = {g["name"]: g for g in read_report(project / "build")["builds"][0]["gates"]}
+    assert gates["npu_partitions"]["value"] == 2 and not gates["npu_partitions"]["ok"]
+    assert gates["host_ops"]["value"] == 2 and not gates["host_ops"]["ok"]
+
+    spec = add_compare_model(project, targets="[ethos-u55-128]", expect="{npu_partitions: 2, host_ops: 2}")
+    code, _, err = run_cli(["build", str(spec), "--build-dir", str(project / "build"), "-q"], capsys)
+    assert code == 0, err
