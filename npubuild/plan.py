@@ -16,7 +16,7 @@ from npubuild.config.load import Build
 from npubuild.fileio import stable_hash
 from npubuild.versions import versions
 
-STAGES = ("import", "quantize", "lower", "tosa-check", "vela", "report")
+STAGES = ("import", "quantize", "lower", "tosa-check", "vela", "npu-sim", "report")
 # the module that implements each stage (its source fingerprint is part of the stage's cache key)
 STAGE_MODULES = {
     "import": "npubuild.stages.importer",
@@ -24,6 +24,7 @@ STAGE_MODULES = {
     "lower": "npubuild.stages.lower",
     "tosa-check": "npubuild.stages.tosa_check",
     "vela": "npubuild.stages.vela",
+    "npu-sim": "npubuild.stages.npu_sim",
     "report": "npubuild.stages.report",
 }
 STAGE_TOOLS = {
@@ -32,6 +33,7 @@ STAGE_TOOLS = {
     "lower": ("onnx", "onnx-ir", "tosa-tools"),
     "tosa-check": ("onnx", "onnxruntime", "tosa-tools"),
     "vela": ("ethos-u-vela",),
+    "npu-sim": ("ethos-u-vela", "tosa-tools"),
     "report": (),
 }
 
@@ -143,6 +145,16 @@ def make_plan(builds: list[Build], build_dir: Path) -> BuildPlan:
                          {"tosa": lower.outputs["tosa"]}, {"ini": "system.ini", "summary": "summary.json"},
                          build_dir, [lower.name], b.id)
             chain["vela"] = vela.name
+            if b.spec.verify.tosa:  # npu-sim: the compiled artifact against TOSA, on tosa-check's samples
+                sim = _task(tasks, "npu-sim", f"{b.model_name}-{b.target.name}",
+                            {"vela": vela.key, "accelerator": b.target.accelerator,
+                             "output_format": b.vela.output_format,
+                             "verify": b.spec.verify.model_dump(exclude={"fvp"}),
+                             "calibration": model.calibration.model_dump()},
+                            {"vela": vela.outputs["summary"], "tosa": lower.outputs["tosa"], "io": lower.outputs["io"],
+                             "float": float_model, **({"calibration": b.calibration_npy} if b.calibration_npy else {})},
+                            {"result": "npusim.json"}, build_dir, [vela.name], b.id)
+                chain["npu-sim"] = sim.name
         stage_records = {stage: tasks[name].outputs["record"] for stage, name in chain.items()}
         report = _task(tasks, "report", f"{b.spec.name}/{b.model_name}/{b.target.name}",
                        {"build": b.id, "expect": b.spec.expect.model_dump(),

@@ -11,7 +11,6 @@ from pathlib import Path
 
 from npubuild.fileio import write_json, write_text
 from npubuild.html_report import write_html
-from npubuild.offload_report import placement_markdown
 from npubuild.plan import BuildPlan
 from npubuild.stages import read_error, read_record
 from npubuild.versions import all_versions
@@ -34,6 +33,8 @@ def build_entries(plan: BuildPlan, run_id: str) -> list[dict]:
                                  "from_cache": bool(rec.get("from_cache"))}
                 if stage == "report":
                     entry_metrics, gates = rec["metrics"]["metrics"], rec["metrics"]["gates"]
+                if isinstance(rec.get("metrics"), dict) and rec["metrics"].get("skipped") is True:
+                    stages[stage].update(status="skipped", reason=rec["metrics"].get("reason", ""))
                 continue
             err = read_error(task)
             if err is not None:
@@ -46,7 +47,7 @@ def build_entries(plan: BuildPlan, run_id: str) -> list[dict]:
                                   "reason": "no FVP stage configured in this version"})
         if errors:
             status = "failed"
-        elif any(s["status"] == "skipped" for k, s in stages.items() if k != "fvp"):
+        elif any(s["status"] == "skipped" for k, s in stages.items() if k != "fvp" and "reason" not in s):
             status = "skipped"
         elif any(not g["ok"] for g in gates):
             status = "failed"
@@ -118,7 +119,6 @@ def render_markdown(report: dict) -> str:
             lines.append(f"- {b['spec']}/{b['model']}/{b['target']}: gate `{g['name']}` limit {g['limit']}, value {g['value']}")
         for b, e in errors:
             lines.append(f"- {b['spec']}/{b['model']}/{b['target']}: {e}")
-    lines += placement_markdown(report["builds"])
     lines += ["", "## Tool versions", ""]
     lines += [f"- {k} {v}" for k, v in report["versions"].items()]
     return "\n".join(lines) + "\n"

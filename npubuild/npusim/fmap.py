@@ -73,7 +73,7 @@ def _precision(cmd: Command, reg: str, ofm: bool) -> tuple[int, bool, int]:
     signed = bool(p & 1)
     size = (p >> 1) & 3 if ofm else (p >> 2) & 3
     if size > 2:
-        raise StageError(f"op {cmd.index}: unsupported {reg} {p:#x}")
+        raise StageError(f"unsupported {reg} {p:#x}")
     return 8 << size, signed, (p >> 6) & 3
 
 

@@ -65,6 +65,7 @@ class OpResult:
     detail: str
     ofm: np.ndarray
     ifm2_shape: tuple[int, int, int] | None = None
+    ofm_bits: int = 8
 
 
 def ofm_shape(cmd: Command) -> tuple[int, int, int]:
@@ -148,7 +149,7 @@ def _finish(cmd: Command, acc: np.ndarray, mult, shift, ofm: fmap.FeatureMap, me
         idx = (v + 128) if ofm.signed else v
         out = table[idx.astype(np.int64)]
         return out if ofm.signed else out.astype(np.uint8).astype(np.int64)
-    raise StageError(f"op {cmd.index}: activation function {fn} on {ofm.bits}-bit OFM not supported yet")
+    raise StageError(f"activation function {fn} on {ofm.bits}-bit OFM not supported yet")
 
 
 def lut_table(mem: dict, slot: int) -> np.ndarray:
@@ -187,7 +188,8 @@ def run_conv(mem: dict, cmd: Command, accel: str, ncores: int) -> OpResult:
     out = _finish(cmd, acc, mult, shift, ofm, mem)
     fmap.write(mem[ofm.region], ofm, out)
     detail = f"k{k.h}x{k.w} s{k.sy}x{k.sx} d{k.dy}x{k.dx} pad{(k.top, k.left, k.bottom, k.right)}"
-    return OpResult(cmd.index, cmd.kind, ishape, ifm.format_name, (oh, ow, oc), ofm.format_name, detail, out)
+    return OpResult(cmd.index, cmd.kind, ishape, ifm.format_name, (oh, ow, oc), ofm.format_name, detail, out,
+                    ofm_bits=ofm.bits)
 
 
 def _valid_count_scale(eshape, ishape, k: Kernel, oh: int, ow: int) -> tuple[np.ndarray, np.ndarray]:
@@ -206,7 +208,7 @@ def _valid_count_scale(eshape, ishape, k: Kernel, oh: int, ow: int) -> tuple[np.
 def run_pool(mem: dict, cmd: Command) -> OpResult:
     mode = POOL_MODES.get(cmd.param & 0xFFFF)
     if mode is None:
-        raise StageError(f"op {cmd.index}: unknown pooling mode {cmd.param}")
+        raise StageError(f"unknown pooling mode {cmd.param}")
     k = kernel_of(cmd)
     oh, ow, oc = ofm_shape(cmd)
     ifm0 = fmap.operand(cmd, "IFM")
@@ -229,7 +231,7 @@ def run_pool(mem: dict, cmd: Command) -> OpResult:
     out = _finish(cmd, acc, m, s, ofm, mem)
     fmap.write(mem[ofm.region], ofm, out)
     return OpResult(cmd.index, f"POOL {mode}", ishape, ifm.format_name, (oh, ow, oc), ofm.format_name,
-                    f"k{k.h}x{k.w} s{k.sy}x{k.sx}", out)
+                    f"k{k.h}x{k.w} s{k.sy}x{k.sx}", out, ofm_bits=ofm.bits)
 
 
 def _ifm2(mem: dict, cmd: Command, oh: int, ow: int, oc: int) -> tuple[np.ndarray, fmap.FeatureMap | None, int]:
@@ -254,7 +256,7 @@ def _clz(a: np.ndarray) -> np.ndarray:
 def run_elementwise(mem: dict, cmd: Command) -> OpResult:
     mode = EW_MODES.get(cmd.param & 0xFFFF)
     if mode is None:
-        raise StageError(f"op {cmd.index}: unknown elementwise mode {cmd.param}")
+        raise StageError(f"unknown elementwise mode {cmd.param}")
     oh, ow, oc = ofm_shape(cmd)
     ifm = fmap.operand(cmd, "IFM")
     a = fmap.read(mem[ifm.region], ifm, oh, ow, oc) - (ifm.zero_point if ifm.bits < 32 else 0)
@@ -300,7 +302,7 @@ def run_elementwise(mem: dict, cmd: Command) -> OpResult:
     elif mode == "SHR":
         acc = scale(a, 1, np.clip(b, 0, 31), (cmd.regs.get("OFM_PRECISION", 0) >> 14) & 3)
     else:
-        raise StageError(f"op {cmd.index}: ELEMENTWISE {mode} not supported yet")
+        raise StageError(f"ELEMENTWISE {mode} not supported yet")
     ofm = fmap.operand(cmd, "OFM")
     m, s = _ofm_global_scale(cmd)
     if mode in ("SHL", "SHR", "CLZ"):
@@ -309,4 +311,4 @@ def run_elementwise(mem: dict, cmd: Command) -> OpResult:
     fmap.write(mem[ofm.region], ofm, out)
     return OpResult(cmd.index, f"ELEMENTWISE {mode}", (oh, ow, oc), ifm.format_name, (oh, ow, oc), ofm.format_name,
                     "scalar" if ifm2_shape is not None and cmd.regs.get("IFM2_BROADCAST", 0) >> 7 & 1 else "", out,
-                    ifm2_shape)
+                    ifm2_shape, ofm.bits)

@@ -37,10 +37,10 @@ def _dma(mem: dict, cmd: Command) -> None:
     src = mem[INTERNAL if src_reg >> 8 & 1 else src_reg & 0xFF]
     dst = mem[INTERNAL if dst_reg >> 8 & 1 else dst_reg & 0xFF]
     if (src_reg >> 9) & 3 or (dst_reg >> 9) & 3:
-        raise StageError(f"op {cmd.index}: 2D/3D DMA not supported yet")
+        raise StageError("2D/3D DMA not supported yet")
     s, d, n = cmd.addr("DMA0_SRC"), cmd.addr("DMA0_DST"), cmd.addr("DMA0_LEN")
     if s + n > len(src) or d + n > len(dst):
-        raise StageError(f"op {cmd.index}: DMA of {n} bytes outside its region")
+        raise StageError(f"DMA of {n} bytes outside its region")
     dst[d:d + n] = src[s:s + n]
 
 
@@ -70,12 +70,15 @@ def run(model: RawModel, inputs: list[np.ndarray], keep_ofms: bool = True) -> Si
         if cmd.kind == "DMA_START":
             _dma(mem, cmd)
             continue
-        if cmd.kind in ("CONV", "DEPTHWISE"):
-            res = ops.run_conv(mem, cmd, model.accelerator, model.ncores)
-        elif cmd.kind == "POOL":
-            res = ops.run_pool(mem, cmd)
-        else:
-            res = ops.run_elementwise(mem, cmd)
+        try:
+            if cmd.kind in ("CONV", "DEPTHWISE"):
+                res = ops.run_conv(mem, cmd, model.accelerator, model.ncores)
+            elif cmd.kind == "POOL":
+                res = ops.run_pool(mem, cmd)
+            else:
+                res = ops.run_elementwise(mem, cmd)
+        except StageError as exc:
+            raise StageError(f"NPU op #{len(trace)} {cmd.kind}: {exc.message}") from None
         if not keep_ofms:
             res.ofm = np.zeros(0)
         trace.append(res)

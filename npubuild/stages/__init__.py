@@ -25,6 +25,7 @@ MODULES = {
     "lower": "npubuild.stages.lower",
     "tosa-check": "npubuild.stages.tosa_check",
     "vela": "npubuild.stages.vela",
+    "npu-sim": "npubuild.stages.npu_sim",
     "report": "npubuild.stages.report",
 }
 StageFn = Callable[[StageTask], dict]

@@ -1,0 +1,67 @@
+"""TOSA intermediates for op-by-op comparison: re-point the main block's outputs at every computed tensor.
+
+The reference model only returns graph outputs. Flatbuffer offsets point
+forward, so a new outputs vector (and copies of the names) appended at the
+end of the buffer is valid; only the block's `outputs` field is patched.
+"""
+
+from __future__ import annotations
+
+import struct
+
+import numpy as np
+from tosa.Op import Op
+from tosa.TosaGraph import TosaGraph
+
+OUTPUTS_SLOT = 12  # vtable offset of TosaBasicBlock.outputs
+SKIP_OPS = {Op.CONST, getattr(Op, "CONST_SHAPE", -1)}
+
+
+def probe_tensors(tosa: bytes) -> tuple[bytes, list[tuple[str, tuple[int, ...]]]]:
+    """A copy of the graph whose outputs are all tensors written by non-constant operators, and their shapes."""
+    buf = bytearray(tosa)
+    block = TosaGraph.GetRootAs(buf, 0).Regions(0).Blocks(0)
+    shapes = {}
+    for i in range(block.TensorsLength()):
+        t = block.Tensors(i)
+        shapes[t.Name().decode()] = tuple(int(t.Shape(j)) for j in range(t.ShapeLength()))
+    names: list[str] = []
+    for i in range(block.OperatorsLength()):
+        op = block.Operators(i)
+        if op.Op() in SKIP_OPS:
+            continue
+        names.extend(op.Outputs(j).decode() for j in range(op.OutputsLength()))
+    field = block._tab.Offset(OUTPUTS_SLOT)
+    if not field or not names:
+        return bytes(tosa), []
+    field_pos = block._tab.Pos + field
+    while len(buf) % 4:
+        buf.append(0)
+    vec_pos = len(buf)
+    buf += struct.pack("<I", len(names)) + bytes(4 * len(names))
+    for k, name in enumerate(names):
+        while len(buf) % 4:
+            buf.append(0)
+        str_pos = len(buf)
+        raw = name.encode()
+        buf += struct.pack("<I", len(raw)) + raw + b"\0"
+        slot = vec_pos + 4 + 4 * k
+        struct.pack_into("<I", buf, slot, str_pos - slot)
+    while len(buf) % 4:
+        buf.append(0)
+    struct.pack_into("<I", buf, field_pos, vec_pos - field_pos)
+    return bytes(buf), [(n, shapes.get(n, ())) for n in names]
+
+
+def intermediates(tosa: bytes, inputs: list[np.ndarray]) -> dict[str, np.ndarray]:
+    """Every computed tensor of the graph on these inputs (TOSA layout)."""
+    import tosa_reference_model as trm
+
+    from npubuild.tosa_run import _quiet_stdio
+
+    probe, names = probe_tensors(tosa)
+    with _quiet_stdio():
+        outs, status = trm.run(probe, [np.ascontiguousarray(x) for x in inputs])
+    if "VALID" not in str(status):
+        return {}
+    return {n: np.asarray(o) for (n, _), o in zip(names, outs, strict=False)}

@@ -1,0 +1,103 @@
+"""Compare npu-sim on a compiled artifact with the TOSA reference model; localise the first differing NPU op."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from npubuild.npusim.npz import RawModel
+from npubuild.npusim.ops import OpResult
+from npubuild.npusim.sim import run
+from npubuild.npusim.tosa_probe import intermediates
+
+
+@dataclass
+class Mismatch:
+    """The first NPU op whose OFM equals no TOSA intermediate of its shape (those it could map to)."""
+
+    op: int  # position among NPU ops
+    kind: str
+    ofm_shape: tuple[int, int, int]
+    ofm_format: str
+    candidates: list[str]
+
+    def describe(self) -> str:
+        return (f"NPU op #{self.op} {self.kind} (ofm {list(self.ofm_shape)} {self.ofm_format}) matches none of "
+                f"TOSA {', '.join(self.candidates[:4])}")
+
+
+@dataclass
+class Verdict:
+    samples: int = 0
+    mismatches: dict[str, int] = field(default_factory=dict)  # output -> differing elements over all samples
+    elements: dict[str, int] = field(default_factory=dict)
+    first_bad_sample: int | None = None
+    first_bad_op: Mismatch | None = None
+    sim_seconds: float = 0.0
+    npu_ops: int = 0
+
+    @property
+    def bitexact(self) -> bool:
+        return not any(self.mismatches.values())
+
+
+def _maps_to(ofm: np.ndarray, tensor: np.ndarray) -> bool | None:
+    """None if the TOSA tensor cannot hold this OFM (shape); else whether some channel window equals it."""
+    oh, ow, oc = ofm.shape
+    if tensor.ndim < 1 or tensor.size % max(tensor.shape[-1], 1):
+        return None
+    c = tensor.shape[-1]
+    if c < oc or tensor.size // c != oh * ow:
+        return None
+    t = tensor.reshape(oh, ow, c).astype(np.int64)
+    return any(np.array_equal(t[..., c0:c0 + oc], ofm) for c0 in range(c - oc + 1))
+
+
+def localise(trace: list[OpResult], inter: dict[str, np.ndarray]) -> Mismatch | None:
+    for n, op in enumerate(trace):
+        cands = []
+        for name, t in inter.items():
+            if t.dtype.itemsize * 8 != op.ofm_bits:
+                continue
+            ok = _maps_to(op.ofm, t)
+            if ok:
+                cands = []
+                break
+            if ok is False:
+                cands.append(name)
+        if cands:
+            return Mismatch(n, op.kind, op.ofm_shape, op.ofm_format, cands)
+    return None
+
+
+def compare(model: RawModel, tosa: bytes, samples: list[list[np.ndarray]], names: list[str]) -> Verdict:
+    """Run every sample (integer TOSA inputs) on both; on the first differing sample, find the op."""
+    import time
+
+    import tosa_reference_model as trm
+
+    from npubuild.tosa_run import _quiet_stdio
+
+    v = Verdict(samples=len(samples))
+    for s, xs in enumerate(samples):
+        with _quiet_stdio():
+            want, status = trm.run(tosa, [np.ascontiguousarray(x) for x in xs])
+        if "VALID" not in str(status):
+            raise ValueError(f"TOSA reference model rejected the graph: {status}")
+        t0 = time.perf_counter()
+        res = run(model, xs)
+        v.sim_seconds += time.perf_counter() - t0
+        v.npu_ops = len(res.ops)
+        bad_here = False
+        for name, w, g in zip(names, want, res.outputs, strict=True):
+            w = np.asarray(w)
+            g = g.reshape(w.shape)
+            bad = int(np.count_nonzero(w.astype(np.int64) != g.astype(np.int64)))
+            v.mismatches[name] = v.mismatches.get(name, 0) + bad
+            v.elements[name] = v.elements.get(name, 0) + w.size
+            bad_here |= bad > 0
+        if bad_here and v.first_bad_sample is None:
+            v.first_bad_sample = s
+            v.first_bad_op = localise(res.ops, intermediates(tosa, xs))
+    return v

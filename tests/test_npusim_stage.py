@@ -1,0 +1,117 @@
+"""The npu-sim stage in real builds: DS-CNN bit-exact on U55/U65 (incl. --optimise Size), skips, and a corrupted weight."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from npbtest import read_report, run_cli
+
+from npubuild.npusim.cmdstream import decode
+from npubuild.npusim.npz import load_raw
+from npubuild.npusim.verify import compare
+from npubuild.stages.npu_sim import quantise
+
+SPEC = """version: 1
+name: kws
+models:
+  ds_cnn:
+    path: models/ds_cnn.onnx
+    input_shapes: {input: [1, 1, 49, 10]}
+    calibration: {random: {samples: 16, seed: 0, low: -1.0, high: 1.0}}
+targets:
+  - {extends: ethos-u55-128, name: u55-raw, vela: {output_format: raw}}
+  - {extends: ethos-u55-128, name: u55-size, vela: {output_format: raw, optimise: Size}}
+  - {extends: ethos-u65-512, name: u65-raw, vela: {output_format: raw}}
+  - ethos-u55-64
+  - ethos-u85-256
+pipeline: default
+quantization: {per_channel: true, method: minmax}
+verify: {tosa: true, samples: 4}
+"""
+
+
+@pytest.fixture(scope="module")
+def kws_build(tmp_path_factory) -> Path:
+    """One DS-CNN build for all tests here (Vela and the simulator are the slow parts)."""
+    import shutil
+
+    from npbtest import REPO
+
+    from npubuild.cli import main
+
+    root = tmp_path_factory.mktemp("npusim") / "product"
+    (root / "configs" / "models").mkdir(parents=True)
+    (root / "dodo.py").write_text("# product repo marker\n")
+    (root / "configs" / "kws.yaml").write_text(SPEC)
+    shutil.copy(REPO / "configs" / "models" / "ds_cnn.onnx", root / "configs" / "models" / "ds_cnn.onnx")
+    assert main(["build", str(root / "configs"), "--build-dir", str(root / "build")]) == 0
+    return root / "build"
+
+
+def _builds(build_dir: Path) -> dict[str, dict]:
+    return {b["target"]: b for b in read_report(build_dir)["builds"]}
+
+
+def test_ds_cnn_bitexact_on_u55_u65_and_size_build(kws_build):
+    builds = _builds(kws_build)
+    for target in ("u55-raw", "u55-size", "u65-raw"):
+        assert builds[target]["status"] == "passed"
+        assert builds[target]["stages"]["npu-sim"]["status"] == "passed"
+        result = json.loads((Path(builds[target]["artifacts"]["vela"]).parents[2] / "npu-sim").glob(
+            f"ds_cnn-{target}-*/npusim.json").__next__().read_text())
+        assert result["bitexact"] is True and result["samples"] == 4 and result["npu_ops"] >= 10
+        assert all(m["elements"] == 0 and m["of"] == 48 for m in result["mismatches"].values())
+
+
+def test_u85_and_tflite_builds_skip_npu_sim_with_a_reason(kws_build):
+    builds = _builds(kws_build)
+    assert "U85" in builds["ethos-u85-256"]["stages"]["npu-sim"]["reason"]
+    assert "tflite" in builds["ethos-u55-64"]["stages"]["npu-sim"]["reason"]
+    for target in ("ethos-u85-256", "ethos-u55-64"):
+        assert builds[target]["stages"]["npu-sim"]["status"] == "skipped"
+        assert builds[target]["status"] == "passed"
+
+
+def _artifacts(build: dict):
+    npz = Path(build["artifacts"]["vela"])
+    tosa = Path(build["artifacts"]["tosa"])
+    io = json.loads((tosa.parent / "io.json").read_text())
+    rng = np.random.default_rng(5)
+    samples = [[quantise(rng.uniform(-1, 1, (1, 1, 49, 10)).astype(np.float32), io["inputs"][0])] for _ in range(4)]
+    return load_raw(npz), tosa.read_bytes(), io, samples
+
+
+def test_corrupted_weight_byte_is_reported_with_its_op(kws_build):
+    model, tosa, io, samples = _artifacts(_builds(kws_build)["u55-raw"])
+    names = [o["onnx_name"] for o in io["outputs"]]
+    assert compare(model, tosa, samples, names).bitexact
+    cmds = decode(model.commands)
+    npu = [c for c in cmds if c.kind != "DMA_START"]
+    k = 3  # a 1x1 CONV whose weights are DMA'd from flash
+    op = npu[k]
+    base = op.addr("WEIGHT_BASE")
+    dma = [c for c in cmds if c.kind == "DMA_START" and c.index < op.index
+           and c.addr("DMA0_DST") <= base < c.addr("DMA0_DST") + c.addr("DMA0_LEN")][-1]
+    src = dma.addr("DMA0_SRC") + base - dma.addr("DMA0_DST") + op.regs["WEIGHT_LENGTH"] // 2
+    weights = bytearray(model.weights)
+    weights[src] ^= 0x01
+    model.weights = bytes(weights)
+    verdict = compare(model, tosa, samples, names)
+    assert not verdict.bitexact and verdict.mismatches[names[0]] > 0
+    assert verdict.first_bad_op is not None and verdict.first_bad_op.op == k
+    assert verdict.first_bad_op.kind == "CONV" and "NPU op #3 CONV" in verdict.first_bad_op.describe()
+
+
+def test_simulate_command_lists_ops_and_prints_outputs(kws_build, capsys, tmp_path):
+    x = tmp_path / "x.npy"
+    np.save(x, np.random.default_rng(1).uniform(-1, 1, (1, 1, 49, 10)).astype(np.float32))
+    code, out, _ = run_cli(["simulate", str(kws_build), "--build", "u55-size", "--input", str(x)], capsys)
+    assert code == 0
+    assert "ethos-u55-128" in out and "DEPTHWISE" in out and "NHCWB16" in out and "gemm_86_out: shape [1, 12]" in out
+    code, _, err = run_cli(["simulate", str(kws_build)], capsys)
+    assert code == 2 and "several raw builds" in err and err.count("\n") == 1
+    code, _, err = run_cli(["simulate", str(x)], capsys)
+    assert code == 2 and err.startswith(str(x))
