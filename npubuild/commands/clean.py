@@ -1,0 +1,89 @@
+"""`npubuild clean [--stale]`: remove a build dir's outputs, or only those the current plan no longer uses.
+
+Stale = stage dirs under <build-dir>/stages and build dirs under
+<build-dir>/builds that no task of the current plan (the specs given, default
+configs/) refers to: results of old configs, old tool versions, removed
+targets. Runs under the build-dir lock, so it never races a build.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+from npubuild.errors import InputError
+
+
+def _size(path: Path) -> int:
+    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
+
+
+def stale_dirs(build_dir: Path, keep: set[Path]) -> list[Path]:
+    """Task dirs under stages/<stage>/ and builds/<spec>/<model>/<target>/ not in `keep`."""
+    out = []
+    stages = build_dir / "stages"
+    if stages.is_dir():
+        out += [d for s in sorted(stages.iterdir()) if s.is_dir() for d in sorted(s.iterdir())
+                if d.is_dir() and d not in keep]
+    builds = build_dir / "builds"
+    if builds.is_dir():
+        for d in sorted(builds.glob("*/*/*")):
+            if d.is_dir() and d not in keep:
+                out.append(d)
+    return out
+
+
+def _prune_empty(root: Path) -> None:
+    if not root.is_dir():
+        return
+    for d in sorted((p for p in root.rglob("*") if p.is_dir()), key=lambda p: len(p.parts), reverse=True):
+        if not any(d.iterdir()):
+            d.rmdir()
+
+
+def cmd_clean(args) -> int:
+    from npubuild.buildlock import LOCK_NAME, locked
+
+    build_dir = Path(args.build_dir).resolve()
+    if not build_dir.is_dir():
+        raise InputError("no such build dir", str(build_dir))
+    if args.stale:
+        from npubuild.config.load import load_specs, spec_paths
+        from npubuild.plan import make_plan
+
+        plan = make_plan(load_specs(spec_paths(args.specs)), build_dir)
+        keep = {t.dir for t in plan.tasks.values()}
+        with locked(build_dir, args.wait):
+            victims = stale_dirs(build_dir, keep)
+            freed = sum(_size(d) for d in victims)
+            if not args.dry_run:
+                for d in victims:
+                    shutil.rmtree(d)
+                _prune_empty(build_dir / "builds")
+        verb = "would remove" if args.dry_run else "removed"
+        for d in victims if args.dry_run else []:
+            print(d.relative_to(build_dir))
+        print(f"{verb} {len(victims)} stale task dir(s), {freed / 2**20:.1f} MiB; "
+              f"kept {len(keep)} used by the current plan")
+        return 0
+    if args.specs:
+        raise InputError("spec arguments only make sense with --stale")
+    with locked(build_dir, args.wait):
+        entries = [p for p in sorted(build_dir.iterdir()) if p.name != LOCK_NAME]
+        freed = sum(_size(p) if p.is_dir() else p.stat().st_size for p in entries)
+        if not args.dry_run:
+            for p in entries:
+                shutil.rmtree(p) if p.is_dir() else p.unlink()
+    print(f"{'would remove' if args.dry_run else 'removed'} everything in {build_dir} "
+          f"({len(entries)} entries, {freed / 2**20:.1f} MiB)")
+    return 0
+
+
+def register(sub) -> None:
+    c = sub.add_parser("clean", help="remove build outputs (--stale: only those the current plan does not use)")
+    c.add_argument("specs", nargs="*", help="with --stale: the specs whose plan is current (default: configs/)")
+    c.add_argument("--build-dir", default="build")
+    c.add_argument("--stale", action="store_true", help="remove only task dirs the current plan does not refer to")
+    c.add_argument("--dry-run", action="store_true", help="say what would go, remove nothing")
+    c.add_argument("--wait", action="store_true", help="wait for a build holding the build dir")
+    c.set_defaults(func=cmd_clean)
