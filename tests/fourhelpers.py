@@ -51,3 +51,20 @@ def add_compare_model(project: Path, name: str = "cmp", targets: str = "[ethos-u
                       expect: str = "{}") -> Path:
     onnx.save(compare_select_model(), project / "configs" / "models" / "cmp.onnx")
     return write_spec(project, name, "cmp.onnx", [1, 4, 8, 8], targets, expect)
+
+
+def conv_chain_model(size: int = 48, channels: int = 16) -> onnx.ModelProto:
+    """Three 3x3 convs on a size x size map: feature maps big enough for cascading and SRAM size to matter."""
+    rng = np.random.default_rng(1)
+    inits, nodes, prev, cin = [], [], "x", 4
+    for i in range(3):
+        w = rng.uniform(-0.5, 0.5, (channels, cin, 3, 3)).astype(np.float32)
+        inits.append(numpy_helper.from_array(w, f"w{i}"))
+        nodes.append(helper.make_node("Conv", [prev, f"w{i}"], [f"c{i}"], pads=[1, 1, 1, 1], name=f"conv{i}"))
+        nodes.append(helper.make_node("Relu", [f"c{i}"], [f"r{i}" if i < 2 else "y"], name=f"relu{i}"))
+        prev, cin = f"r{i}", channels
+    graph = helper.make_graph(nodes, "chain", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, size, size])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, channels, size, size])], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    return model
