@@ -10,8 +10,9 @@ Integer Mul: a positive constant per tensor or per channel is folded into one
 both operands are re-centred to int32 (x - zp), multiplied exactly (MUL,
 shift 0) and the product rescaled by sa*sb/so. A constant operand is kept at
 23-bit precision as an int32 constant instead of its int8 quantisation.
-Div by a constant is Mul by its reciprocal; general Div is a reciprocal TABLE
-on the divisor followed by Mul (the int8 reciprocal limits its accuracy).
+Div by a constant is Mul by its reciprocal; general Div reads a ~15-bit
+reciprocal of the divisor from two int8 TABLEs (high and low byte) and
+multiplies in int32.
 Min/Max rescale each operand to int32 on the output's scale (monotonic, so the
 order is kept), take MINIMUM/MAXIMUM and rescale to int8; against a scalar
 constant they are a CLAMP.
@@ -27,7 +28,7 @@ from npubuild.lowering.emit import Op, attr, clamp, requantize, rescale, reshape
 from npubuild.lowering.patterns import try_fuse_gelu
 from npubuild.lowering.quant import QParams
 from npubuild.lowering.registry import lowers, quantize_also
-from npubuild.lowering.table import build_table, emit_table
+from npubuild.lowering.table import emit_table
 
 HEADROOM_BITS = 20
 CONST_BITS = 23  # precision of an int32 constant operand of Mul/Div (|product| stays below 2**31)
@@ -177,15 +178,30 @@ def lower_mul(ctx: LoweringContext) -> None:
         ctx.set_output(0, _mul_int(ctx, a, b, out_q))
 
 
-def reciprocal_q(in_q: QParams) -> QParams:
-    """int8 parameters covering 1/x over every finite value of an int8 input (asymmetric, like onnxruntime)."""
+RECIP_MAX = 127 * 256 + 127  # largest |R| the two-byte reciprocal holds
+
+
+def reciprocal32(ctx: LoweringContext, b: TTensor) -> tuple[TTensor, float]:
+    """1/b as an int32 tensor R (real = R * scale) with ~15 bits, from two int8 TABLEs giving its high and low
+    bytes (R = 256*hi + lo): one int8 table alone is too coarse, as 1/b spans a wide range when b's int8 range
+    comes close to 0. The code b == 0 maps to the largest finite reciprocal."""
     with np.errstate(divide="ignore"):
-        r = 1.0 / in_q.dequantize(np.arange(-128, 128))
-    r = r[np.isfinite(r)]
-    lo, hi = min(float(r.min()), 0.0), max(float(r.max()), 0.0)
-    scale = (hi - lo) / 255.0
-    zp = int(np.clip(np.round(-128 - lo / scale), -128, 127))
-    return QParams(np.array(scale), np.array(zp, np.int64), np.dtype(np.int8))
+        r = 1.0 / b.q.dequantize(np.arange(-128, 128))
+    finite = np.isfinite(r)
+    peak = float(np.max(np.abs(r[finite])))
+    r = np.where(finite, r, peak)
+    scale = peak / RECIP_MAX
+    big = np.round(r / scale).astype(np.int64)
+    hi = np.floor((big + 128) / 256).astype(np.int64)
+    lo = big - 256 * hi
+    raw = QParams(np.array(1.0), np.array(0, np.int64), np.dtype(np.int8))
+    parts = []
+    for byte, weight in ((hi, 256.0), (lo, 1.0)):
+        t = emit_table(ctx, b, byte.astype(np.int8), raw)
+        parts.append(rescale(ctx, t, weight, np.int32, 0, 0, None))
+    out = ctx.new_tensor(b.shape, np.int32, b.perm)
+    ctx.op(Op.ADD, [parts[0].name, parts[1].name], [out.name], attr("Add"))
+    return out, scale
 
 
 @lowers("Div")
@@ -210,9 +226,8 @@ def lower_div(ctx: LoweringContext) -> None:
         return
     a, b = broadcast_operands(ctx)
     _quantized(ctx, a, b)
-    rq = reciprocal_q(b.q)
-    r = emit_table(ctx, b, build_table(lambda v: 1.0 / v, b.q, rq), rq)
-    ctx.set_output(0, _mul_int(ctx, a, r, out_q))
+    r32, r_scale = reciprocal32(ctx, b)
+    ctx.set_output(0, _int_mul32(ctx, _centred32(ctx, a), r32, a.q.s * r_scale / out_q.s, out_q))
 
 
 # ---------------------------------------------------------------------------------------------- Min, Max
