@@ -145,7 +145,7 @@ def make_plan(builds: list[Build], build_dir: Path) -> BuildPlan:
                          {"tosa": lower.outputs["tosa"]}, {"ini": "system.ini", "summary": "summary.json"},
                          build_dir, [lower.name], b.id)
             chain["vela"] = vela.name
-            if b.spec.verify.tosa:  # npu-sim: the compiled artifact against TOSA, on tosa-check's samples
+            if b.spec.verify.tosa and b.vela.output_format == "raw":  # npu-sim: the artifact against TOSA
                 sim = _task(tasks, "npu-sim", f"{b.model_name}-{b.target.name}",
                             {"vela": vela.key, "accelerator": b.target.accelerator,
                              "output_format": b.vela.output_format,

@@ -13,6 +13,7 @@ from npubuild.fileio import write_json, write_text
 from npubuild.html_report import write_html
 from npubuild.plan import BuildPlan
 from npubuild.stages import read_error, read_record
+from npubuild.stages.npu_sim import skip_reason as npu_sim_skip_reason
 from npubuild.versions import all_versions
 
 
@@ -43,6 +44,10 @@ def build_entries(plan: BuildPlan, run_id: str) -> list[dict]:
                 error_kinds.add(err.get("kind", "stage"))
             else:
                 stages[stage] = {"status": "skipped", "seconds": None, "cached": False}
+        if "vela" in chain and "npu-sim" not in chain:
+            stages["npu-sim"] = {"status": "skipped", "seconds": None, "cached": False,
+                                 "reason": npu_sim_skip_reason(b.target.accelerator, b.vela.output_format)
+                                 or "verify.tosa is off (npu-sim runs on its samples)"}
         stages.setdefault("fvp", {"status": "skipped", "seconds": None, "cached": False,
                                   "reason": "no FVP stage configured in this version"})
         if errors:

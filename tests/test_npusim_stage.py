@@ -38,16 +38,15 @@ def kws_build(tmp_path_factory) -> Path:
     """One DS-CNN build for all tests here (Vela and the simulator are the slow parts)."""
     import shutil
 
-    from npbtest import REPO
-
-    from npubuild.cli import main
+    from npbtest import REPO, run_subprocess
 
     root = tmp_path_factory.mktemp("npusim") / "product"
     (root / "configs" / "models").mkdir(parents=True)
     (root / "dodo.py").write_text("# product repo marker\n")
     (root / "configs" / "kws.yaml").write_text(SPEC)
     shutil.copy(REPO / "configs" / "models" / "ds_cnn.onnx", root / "configs" / "models" / "ds_cnn.onnx")
-    assert main(["build", str(root / "configs"), "--build-dir", str(root / "build")]) == 0
+    proc = run_subprocess(["build", "configs", "--build-dir", "build"], root)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
     return root / "build"
 
 
