@@ -47,10 +47,9 @@ def manifest(npz: Path, io: dict, profile: TargetProfile, opts: VelaOptions) -> 
     with np.load(npz) as z:
         sizes = {"constants": len(z["weight_data"].item()), "arena": int(z["scratch_size"]),
                  "fast_scratch": int(z["scratch_fast_size"])}
-        regions = {int(z["weight_region"]): "constants", int(z["scratch_region"]): "arena",
-                   int(z["scratch_fast_region"]): "fast_scratch"}
-        if sizes["fast_scratch"] == 0 and int(z["scratch_fast_region"]) == int(z["scratch_region"]):
-            regions[int(z["scratch_region"])] = "arena"
+        regions = {int(z["weight_region"]): "constants", int(z["scratch_region"]): "arena"}
+        if sizes["fast_scratch"] > 0:  # without an arena cache (Shared_Sram, Sram_Only) there is no such region
+            regions[int(z["scratch_fast_region"])] = "fast_scratch"
         inputs = _io_entries(z, "input", io.get("inputs", []))
         outputs = _io_entries(z, "output", io.get("outputs", []))
         cmd_len = len(z["cmd_data"].item())

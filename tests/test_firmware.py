@@ -1,0 +1,90 @@
+"""Firmware-ready output: the generated C compiles with gcc -Wall -Werror and carries exactly what Vela produced."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+from npbtest import REPO, read_report, run_cli
+
+MAIN_C = """#include <stdio.h>
+#include "{p}.h"
+int main(int argc, char **argv) {{
+    if (argc != 3) return 2;
+    FILE *f = fopen(argv[1], "wb");
+    fwrite({p}_command_stream, 1, {P}_COMMAND_STREAM_SIZE, f);
+    fclose(f);
+    f = fopen(argv[2], "wb");
+    fwrite({p}_constants, 1, {P}_CONSTANTS_SIZE, f);
+    fclose(f);
+    printf("%u %u %u %u %s\\n", {P}_ARENA_SIZE, {P}_FAST_SCRATCH_SIZE, {P}_CONSTANTS_SIZE,
+           {P}_COMMAND_STREAM_SIZE, {P}_MEMORY_MODE);
+    for (unsigned i = 0; i < {P}_NUM_INPUTS; i++)
+        printf("input %s %u %u %u %.9g %d\\n", {p}_inputs[i].name, {p}_inputs[i].region, {p}_inputs[i].offset,
+               {p}_inputs[i].size, (double){p}_inputs[i].scale, (int){p}_inputs[i].zero_point);
+    for (unsigned i = 0; i < {P}_NUM_OUTPUTS; i++)
+        printf("output %s %u %u %u %.9g %d\\n", {p}_outputs[i].name, {p}_outputs[i].region, {p}_outputs[i].offset,
+               {p}_outputs[i].size, (double){p}_outputs[i].scale, (int){p}_outputs[i].zero_point);
+    return 0;
+}}
+"""
+
+
+@pytest.mark.skipif(shutil.which("gcc") is None, reason="needs the host C compiler")
+def test_generated_c_compiles_and_matches_the_npz(tmp_path: Path, capsys):
+    build_dir = tmp_path / "build"
+    code, _, err = run_cli(["compile", str(REPO / "configs" / "models" / "ds_cnn.onnx"), "--target", "ethos-u55-128",
+                            "--target", "ethos-u65-256", "--build-dir", str(build_dir)], capsys, cwd=tmp_path)
+    assert code == 0, err
+    io = json.loads(next((build_dir / "stages" / "lower").glob("*/io.json")).read_text())
+    modes = {}
+    for b in read_report(build_dir)["builds"]:
+        fw = b["metrics"]["firmware"]
+        assert len(fw) == 1
+        fw = fw[0]
+        header, source, manifest = Path(fw["header"]), Path(fw["source"]), json.loads(Path(fw["manifest"]).read_text())
+        prefix = fw["prefix"]
+        work = tmp_path / b["target"]
+        work.mkdir()
+        (work / "main.c").write_text(MAIN_C.format(p=prefix, P=prefix.upper()))
+        exe = work / "fw"
+        proc = subprocess.run(["gcc", "-std=c11", "-Wall", "-Wextra", "-Werror", "-I", str(header.parent),
+                               str(source), str(work / "main.c"), "-o", str(exe)], capture_output=True, text=True)
+        assert proc.returncode == 0, proc.stderr
+        run = subprocess.run([str(exe), str(work / "cmd.bin"), str(work / "weights.bin")], capture_output=True,
+                             text=True, check=True)
+        lines = run.stdout.splitlines()
+        arena, fast, const_size, cmd_size, mode = lines[0].split()
+        npz = next(Path(fw["manifest"]).parents[1].glob("raw/*_vela.npz"))
+        with np.load(npz) as z:
+            assert (work / "cmd.bin").read_bytes() == bytes(z["cmd_data"].item())
+            assert (work / "weights.bin").read_bytes() == bytes(z["weight_data"].item())
+            assert int(arena) == int(z["scratch_size"]) == manifest["arena_size"]
+            assert int(fast) == int(z["scratch_fast_size"]) == manifest["fast_scratch_size"]
+            assert int(const_size) == len(z["weight_data"].item()) and int(cmd_size) == len(z["cmd_data"].item())
+            ins = [ln.split() for ln in lines if ln.startswith("input ")]
+            outs = [ln.split() for ln in lines if ln.startswith("output ")]
+            assert [int(r[3]) for r in ins] == [int(v) for v in z["input_offset"]]
+            assert [int(r[2]) for r in ins] == [int(v) for v in z["input_region"]]
+            assert [int(r[3]) for r in outs] == [int(v) for v in z["output_offset"]]
+            assert [int(r[4]) for r in outs] == [int(np.prod(s)) * int(e) for s, e in
+                                                 zip(z["output_shape"], z["output_elem_size"], strict=True)]
+        for row, spec in zip(ins + outs, io["inputs"] + io["outputs"], strict=True):
+            assert row[1] == spec["onnx_name"]
+            assert float(row[5]) == pytest.approx(spec["scale"], rel=1e-6) and int(row[6]) == spec["zero_point"]
+        modes[b["target"]] = (mode, manifest, int(fast), b["metrics"]["pools"])
+    mode, manifest, fast, _ = modes["ethos-u55-128"]
+    assert mode == "Shared_Sram" and fast == 0
+    assert {r["role"]: r["pool"] for r in manifest["regions"]} == {"constants": "flash", "arena": "sram"}
+    # U65: arena in DRAM, the fast scratch (arena cache) in the dedicated SRAM, each charged to its own pool
+    mode, manifest, fast, pools = modes["ethos-u65-256"]
+    assert mode == "Dedicated_Sram" and fast > 0
+    roles = {r["role"]: r for r in manifest["regions"]}
+    assert roles["fast_scratch"]["pool"] == "sram" and roles["arena"]["pool"] == "dram"
+    by_pool = {p["pool"]: p for p in pools}
+    assert by_pool["sram"]["roles"] == {"fast_scratch": round(fast / 1024, 3)}
+    assert set(by_pool["dram"]["roles"]) == {"constants", "arena"}
