@@ -159,15 +159,44 @@ def lower_layer_norm(ctx: LoweringContext) -> None:
     ctx.set_output(0, reshape(ctx, y, tuple(shape), identity(len(shape)), output_of=out_name))
 
 
+def channels_last_view(ctx: LoweringContext, x: TTensor) -> tuple[TTensor, tuple[int, ...], tuple[int, ...]]:
+    """A rank-2/3/4 tensor with channels at logical axis 1 as an NHWC tensor (N, H, W, C).
+
+    Returns (view, physical shape, layout) to reshape the result back to: rank 4
+    stays NHWC; [N, C] becomes [1, N, 1, C]; [N, C, L] becomes [N, L, 1, C] (a
+    TRANSPOSE only if both C and L exceed 1).
+    """
+    logical = x.logical_shape
+    if len(logical) == 4:
+        x = to_layout(ctx, x, NHWC)
+        return x, x.shape, NHWC
+    if len(logical) == 2:
+        x = to_layout(ctx, x, (0, 1))
+        return reshape(ctx, x, (1, logical[0], 1, logical[1]), NHWC), x.shape, (0, 1)
+    if len(logical) == 3:
+        x = to_layout(ctx, x, (0, 2, 1))
+        n, length, c = x.shape
+        return reshape(ctx, x, (n, length, 1, c), NHWC), x.shape, (0, 2, 1)
+    raise ctx.unsupported(f"rank {len(logical)} is not supported")
+
+
+def _back(ctx: LoweringContext, y: TTensor, shape: tuple[int, ...], layout: tuple[int, ...], out_name: str) -> TTensor:
+    if layout == NHWC:
+        return y
+    return reshape(ctx, y, shape, layout, output_of=out_name)
+
+
 @lowers("InstanceNormalization")
 def lower_instance_norm(ctx: LoweringContext) -> None:
-    """Per image and channel over H and W: on NHWC that is physical axes 1 and 2, channels last."""
+    """Per image and channel over the spatial axes: on the NHWC view, physical axes 1 and 2, channels last."""
     x = ctx.tensor(0)
-    if len(x.shape) != 4:
-        raise ctx.unsupported(f"only rank-4 InstanceNormalization is supported (rank {len(x.shape)})")
-    x = to_layout(ctx, x, NHWC)
-    _, h, w, c = x.shape
-    ctx.set_output(0, _normalize(ctx, x, [1, 2], h * w, 3, c, ctx.current.output[0]))
+    if len(x.shape) == 2:
+        raise ctx.unsupported("InstanceNormalization needs a spatial axis")
+    view, shape, layout = channels_last_view(ctx, x)
+    _, h, w, c = view.shape
+    out_name = ctx.current.output[0]
+    y = _normalize(ctx, view, [1, 2], h * w, 3, c, out_name if layout == NHWC else None)
+    ctx.set_output(0, _back(ctx, y, shape, layout, out_name))
 
 
 @lowers("BatchNormalization")
@@ -192,17 +221,10 @@ def lower_batch_norm(ctx: LoweringContext) -> None:
         y = _fp(ctx, Op.MUL, "Mul", [x, _fconst(ctx, a.reshape(shape), x)])
         ctx.set_output(0, _fp(ctx, Op.ADD, "Add", [y, _fconst(ctx, b.reshape(shape), x)], output_of=out_name))
         return
-    if len(logical) == 4:
-        view = to_layout(ctx, x, NHWC)
-    elif len(logical) == 2:
-        view = reshape(ctx, to_layout(ctx, x, (0, 1)), (1, logical[0], 1, logical[1]), NHWC)
-    else:
-        raise ctx.unsupported(f"integer BatchNormalization of rank {len(logical)} is not supported")
+    view, shape, layout = channels_last_view(ctx, x)
     w = np.where(a < 0, -127, 127).astype(np.int8).reshape(-1, 1, 1, 1)
     w_scale = np.where(a != 0, np.abs(a) / 127.0, 1.0)
     w = np.where(a.reshape(-1, 1, 1, 1) == 0, 0, w).astype(np.int8)
-    direct = len(logical) == 4
-    y = emit_conv(ctx, view, w, w_scale, Bias(b), [0, 0, 0, 0], (1, 1), (1, 1), True, out_name if direct else None)
-    if not direct:
-        y = reshape(ctx, y, tuple(logical), (0, 1), output_of=out_name)
-    ctx.set_output(0, y)
+    y = emit_conv(ctx, view, w, w_scale, Bias(b), [0, 0, 0, 0], (1, 1), (1, 1), True,
+                  out_name if layout == NHWC else None)
+    ctx.set_output(0, _back(ctx, y, shape, layout, out_name))
