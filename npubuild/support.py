@@ -74,8 +74,32 @@ def _argmax_channels(op: TosaOpInfo, graph: TosaGraphInfo) -> str | None:
     return None
 
 
+RESIZE_U55_UPSCALES = (2, 4, 8)
+
+
+def _resize_u55(op: TosaOpInfo, graph: TosaGraphInfo) -> str | None:
+    """Vela 5.2 runs TOSA RESIZE on U55/U65 only as nearest pixel replication: per axis scale (2u, 2), offset 1 - u,
+    u in 2/4/8 (or a unit axis left alone); bilinear (an INT32/INT48 result) and every other form are rejected."""
+    if op.op != "RESIZE" or len(op.inputs) < 3:
+        return None
+    if _dtype(graph, op.outputs[0]) not in ("INT8", "INT16"):
+        return "TOSA RESIZE bilinear: Vela runs it on Ethos-U85 only"
+    scale, offset = graph.shapes.get(op.inputs[1]), graph.shapes.get(op.inputs[2])
+    src = graph.tensors.get(op.inputs[0])
+    if scale is None or offset is None or src is None or len(src.shape) != 4:
+        return "TOSA RESIZE with non-constant parameters"
+    for axis in range(2):
+        n, d, off = scale[2 * axis], scale[2 * axis + 1], offset[axis]
+        u = n // 2
+        replication = d == 2 and n == 2 * u and off == 1 - u
+        if not (replication and (u in RESIZE_U55_UPSCALES or (u == 1 and src.shape[1 + axis] == 1))):
+            return "TOSA RESIZE on Ethos-U55/U65 runs only as 2x/4x/8x nearest pixel replication"
+    return None
+
+
 RULES = (
     Rule("pro-int-only", frozenset({"u55", "u85"}), _pro_int),
+    Rule("u55-resize", frozenset({"u55"}), _resize_u55),
     Rule("u55-op-type", frozenset({"u55"}), _op_type),
     Rule("comparison-int32", frozenset({"u55", "u85"}), _comparison_int32),
     Rule("u55-argmax-channels", frozenset({"u55"}), _argmax_channels),

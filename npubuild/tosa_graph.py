@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import numpy as np
 from tosa import Attribute, DType, Op
 from tosa.AvgPool2dAttribute import AvgPool2dAttribute
 from tosa.Conv2dAttribute import Conv2dAttribute
@@ -46,6 +47,7 @@ class TosaGraphInfo:
     tensors: dict[str, TosaTensorInfo]
     inputs: list[str]
     outputs: list[str]
+    shapes: dict[str, tuple[int, ...]] = field(default_factory=dict)  # constant SHAPE operands (RESIZE, SLICE...)
 
 
 def _window_attr(op) -> dict:
@@ -78,8 +80,13 @@ def read_tosa(data: bytes) -> TosaGraphInfo:
         ops.append(TosaOpInfo(OP_NAMES.get(o.Op(), "UNKNOWN"),
                               [o.Inputs(j).decode() for j in range(o.InputsLength())],
                               [o.Outputs(j).decode() for j in range(o.OutputsLength())], _window_attr(o)))
+    shapes = {}
+    for i in range(block.ShapesLength()):
+        sh = block.Shapes(i)
+        if sh.DataLength() > 0:
+            shapes[sh.Name().decode()] = tuple(int(v) for v in np.frombuffer(sh.DataAsNumpy().tobytes(), "<i8"))
     return TosaGraphInfo(ops, tensors, [block.Inputs(j).decode() for j in range(block.InputsLength())],
-                         [block.Outputs(j).decode() for j in range(block.OutputsLength())])
+                         [block.Outputs(j).decode() for j in range(block.OutputsLength())], shapes)
 
 
 def ops_by_node(graph: TosaGraphInfo, node_ops: dict[str, list[str]]) -> dict[str, list[TosaOpInfo]]:

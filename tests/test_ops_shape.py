@@ -17,6 +17,8 @@ from onnx import TensorProto, helper
 from ophelpers import calib, check_fp, check_int, io_dict, prepare, rand, single_op_model, vela_op_counts
 
 from npubuild.lowering.driver import lower_model
+from npubuild.support import check_node
+from npubuild.tosa_graph import CONST_OPS, read_tosa
 from npubuild.tosa_run import run_onnx, run_tosa
 
 ACCELS = ("ethos-u55-128", "ethos-u85-256")
@@ -270,6 +272,11 @@ def test_resize(attrs, scales, sizes, max_lsb, u55):
     model = single_op_model("Resize", {"x": shape}, {"y": None}, inits, **attrs)
     lowered = check_op(model, {"x": shape}, max_lsb=max_lsb, vela=None if u55 else {"ethos-u55-128": U55_RESIZE})
     assert ops_of(lowered).count("RESIZE") == 1 and "TRANSPOSE" not in ops_of(lowered)
+    graph = read_tosa(lowered.tosa)
+    ops = [o for o in graph.ops if o.op not in CONST_OPS]
+    verdict = check_node(ops, graph, "u55")  # the support rule agrees with Vela, so a build puts it on the host
+    assert (verdict is None) == u55, verdict
+    assert check_node(ops, graph, "u85") is None
 
 
 # ---------------------------------------------------------------- ops onnxruntime leaves in float
