@@ -191,3 +191,30 @@ def test_torch_exported_gelu():
     lowered, _ = check_int(model, calib("x", [1, 16], low=-2, high=2), {"x": rand([1, 16], 2, -2, 2)}, max_lsb=1)
     assert _tosa_ops(lowered).count("TABLE") == 1 and "ERF" not in _tosa_ops(lowered)
     _assert_on_npu(lowered)
+
+
+@pytest.mark.parametrize("order", [["x", "s"], ["s", "x"]], ids=["x-first", "sigmoid-first"])
+def test_silu_is_one_table(order):
+    """x * Sigmoid(x) (nn.SiLU as torch exports it) becomes one TABLE; measured <= 1 LSB against the QDQ graph,
+    which rounds the sigmoid before the Mul."""
+    shape = [1, 4, 8, 8]
+    nodes = [helper.make_node("Sigmoid", ["x"], ["s"], name="sig"), helper.make_node("Mul", order, ["y"], name="mul")]
+    graph = helper.make_graph(nodes, "silu", [helper.make_tensor_value_info("x", TensorProto.FLOAT, shape)],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, shape)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    check_fp(model, {"x": rand(shape, 1, -6, 6)})
+    lowered, _ = check_int(model, calib("x", shape, low=-6, high=6), {"x": sweep(shape, -6, 6)}, max_lsb=1)
+    assert _tosa_ops(lowered) == ["TABLE"] and lowered.node_ops["sig"] == ["TABLE"]
+    _assert_on_npu(lowered)
+
+
+def test_sigmoid_with_other_uses_is_not_fused():
+    shape = [1, 16]
+    nodes = [helper.make_node("Sigmoid", ["x"], ["s"], name="sig"), helper.make_node("Mul", ["x", "s"], ["y"], name="mul"),
+             helper.make_node("Add", ["s", "x"], ["z"], name="add")]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, shape)],
+                              [helper.make_tensor_value_info(n, TensorProto.FLOAT, shape) for n in ("y", "z")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    check_fp(model, {"x": rand(shape, 1, -4, 4)})
+    lowered, _ = check_int(model, calib("x", shape, low=-4, high=4), {"x": rand(shape, 2, -4, 4)}, max_lsb=1)
+    assert lowered.node_ops["sig"] == ["TABLE"] and "MUL" in lowered.node_ops["mul"]

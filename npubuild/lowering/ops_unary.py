@@ -3,6 +3,7 @@ Abs, Neg, LeakyRelu, PRelu, Pow (constant exponent).
 
 INT profile: each is one int8 TABLE computed from the float function and the
 input/output quantisation (table.py): exact up to one rounding, one NPU op.
+x * Sigmoid(x) (SiLU) is recognised and also becomes one TABLE.
 PRelu with a per-channel slope cannot be one table; it becomes
 slope*x + (1-slope)*max(x, 0) in int32 with the slope as a 23-bit constant.
 
@@ -22,7 +23,7 @@ from npubuild.lowering import fp
 from npubuild.lowering.context import LoweringContext, TTensor
 from npubuild.lowering.emit import Op, attr, clamp, rescale
 from npubuild.lowering.ops_elementwise import CONST_BITS, broadcast_operands, broadcast_pair
-from npubuild.lowering.patterns import gelu
+from npubuild.lowering.patterns import gelu, try_fuse_silu
 from npubuild.lowering.registry import lowers, quantize_also
 from npubuild.lowering.table import lower_via_table
 
@@ -72,7 +73,15 @@ def _direct(op, kind: str, fn: Callable[[np.ndarray], np.ndarray]):
     return lower
 
 
-lowers("Sigmoid")(_direct(Op.SIGMOID, "Sigmoid", _sigmoid))
+
+
+@lowers("Sigmoid")
+def lower_sigmoid(ctx: LoweringContext) -> None:
+    if ctx.profile == "int" and try_fuse_silu(ctx):  # x * sigmoid(x) as one TABLE
+        return
+    _direct(Op.SIGMOID, "Sigmoid", _sigmoid)(ctx)
+
+
 lowers("Tanh")(_direct(Op.TANH, "Tanh", np.tanh))
 lowers("Exp")(_direct(Op.EXP, "Exp", np.exp))
 lowers("Log")(_direct(Op.LOG, "Log", np.log))

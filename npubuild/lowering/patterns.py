@@ -1,4 +1,4 @@
-"""Multi-node ONNX patterns that lower better as one TOSA op: the Erf form of GELU.
+"""Multi-node ONNX patterns that lower better as one TOSA op: the Erf form of GELU, and SiLU.
 
 torch exports nn.GELU() (before opset 20) as x * (1 + Erf(x / sqrt 2)) * 0.5,
 and after quantisation every intermediate gets a Q/DQ pair. Lowered node by
@@ -9,7 +9,8 @@ marks the rest as fused so the driver skips them.
 
 Accuracy: the TABLE computes GELU exactly (one rounding), while onnxruntime's
 QDQ reference rounds after each of the five nodes, so the two can differ by a
-few LSB; the difference is the reference's error, not the lowering's.
+few LSB (1 measured); the difference is the reference's error, not the lowering's.
+SiLU (x * Sigmoid(x), torch's nn.SiLU export) is the same idea on two nodes.
 """
 
 from __future__ import annotations
@@ -185,4 +186,36 @@ def try_fuse_gelu(ctx: LoweringContext) -> bool:
     out = emit_table(ctx, x, build_table(gelu, x.q, out_q), out_q, output_of=m.output)
     ctx.values[m.output] = out
     ctx.fused.update(n.name for n in [*m.nodes, *m.qdq] if n.name != ctx.current.name)
+    return True
+
+
+def silu(x: np.ndarray) -> np.ndarray:
+    x = np.asarray(x, np.float64)
+    return x / (1.0 + np.exp(-x))
+
+
+def try_fuse_silu(ctx: LoweringContext) -> bool:
+    """Sigmoid(x) whose only use is Mul(x, Sigmoid(x)) (SiLU/Swish as torch exports it): one int8 TABLE."""
+    g = GraphView(ctx)
+    node = ctx.current
+    if ctx.is_graph_output(node.output[0]):
+        return False
+    seen: list[onnx.NodeProto] = []
+    uses = g.uses(node.output[0], seen)
+    if len(uses) != 1 or uses[0].op_type != "Mul" or len(uses[0].input) != 2:
+        return False
+    mul = uses[0]
+    x = g.source(node.input[0])
+    srcs = [g.source(i) for i in mul.input]
+    if sorted(srcs) != sorted([x, node.output[0]]):
+        return False
+    xt = ctx.value(node.input[0])
+    qs = [n for n in ctx.consumers.get(mul.output[0], []) if n.op_type == "QuantizeLinear"]
+    if not qs or getattr(xt, "q", None) is None or xt.dtype != np.int8:
+        return False
+    out_q = ctx.qparams_of(qs[0])
+    if out_q.dtype != np.int8:
+        return False
+    ctx.values[mul.output[0]] = emit_table(ctx, xt, build_table(silu, xt.q, out_q), out_q, output_of=mul.output[0])
+    ctx.fused.update(n.name for n in [mul, *seen])
     return True
