@@ -125,12 +125,15 @@ def _decimate(ctx: LoweringContext, x: TTensor, axis: int, lo: int, step: int, c
 
 
 def _reverse(ctx: LoweringContext, x: TTensor, axis: int) -> TTensor:
+    """REVERSE a logical axis, always as the W axis of an [1, outer, L, inner] view (U55/U65 reverse only H or W)."""
     p = phys_axis(x, axis)
     if x.shape[p] == 1:
         return x
-    out = ctx.new_tensor(x.shape, x.dtype, x.perm, x.q)
-    ctx.op(Op.REVERSE, [x.name], [out.name], attr("Reverse", p))
-    return out
+    outer, inner = int(np.prod(x.shape[:p])), int(np.prod(x.shape[p + 1:]))
+    view = phys_reshape(ctx, x, (1, outer, x.shape[p], inner))
+    out = ctx.new_tensor(view.shape, x.dtype, view.perm, x.q)
+    ctx.op(Op.REVERSE, [view.name], [out.name], attr("Reverse", 2))
+    return phys_reshape(ctx, out, x.shape, x.perm)
 
 
 def take(ctx: LoweringContext, x: TTensor, axis: int, start: int, stop: int, step: int) -> TTensor:
