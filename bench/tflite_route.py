@@ -1,0 +1,268 @@
+"""The route users take today, beside npubuild's: float ONNX -> onnx2tf -> TFLite full int8 -> Vela.
+
+A benchmark script, not part of npubuild (never imported by its tests).
+Run it with the Python of a scratch venv that has onnx2tf and its needs:
+
+    python3.11 -m venv /tmp/tflite-venv
+    /tmp/tflite-venv/bin/pip install onnx2tf tensorflow tf_keras onnx_graphsurgeon sng4onnx onnxsim \
+        psutil ai_edge_litert onnx onnxruntime
+    npubuild build configs --build-dir /tmp/npb -k          # npubuild's figures (and its Vela .ini files)
+    PATH=/tmp/tflite-venv/bin:$PATH python bench/tflite_route.py --report /tmp/npb/report.json \
+        --work /tmp/tflite-route --out bench/tflite_route.md
+
+For every build in npubuild's report it converts the same float model
+(batch fixed to 1) with onnx2tf to a saved_model, quantises it with the
+TFLite converter to full int8 (int8 in and out, calibrated on the same kind
+of random data as the spec: uniform [-1, 1], 32 samples, seed 0), measures
+the TFLite model's SNR against onnxruntime on the float model, and compiles
+it with the same Vela, .ini, system config, memory mode and options npubuild
+used. Vela's per-layer output (--verbose-performance) is kept in --work.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+
+VELA = os.environ.get("VELA", "/work/main/.venv/bin/vela")
+ONNX2TF_IMAGE_SAMPLE = "calibration_image_sample_data_20x128x128x3_float32.npy"
+
+
+def static_model(src: Path, dst: Path) -> onnx.ModelProto:
+    """Batch 1 everywhere and inferred shapes: onnx2tf mislays NCHW layouts on a symbolic batch dim."""
+    m = onnx.load(str(src))
+    for vi in list(m.graph.input) + list(m.graph.output):
+        dims = vi.type.tensor_type.shape.dim
+        if dims and not dims[0].HasField("dim_value"):
+            dims[0].Clear()
+            dims[0].dim_value = 1
+    m = onnx.shape_inference.infer_shapes(m)
+    onnx.save(m, str(dst))
+    return m
+
+
+def input_shape(m: onnx.ModelProto) -> tuple[str, list[int]]:
+    vi = m.graph.input[0]
+    return vi.name, [d.dim_value for d in vi.type.tensor_type.shape.dim]
+
+
+def to_tf_layout(x: np.ndarray, tf_shape: list[int]) -> np.ndarray:
+    """onnx2tf turns rank-4 (and rank-3) NC... inputs channel-last; follow it when the shapes say so."""
+    if list(x.shape) == list(tf_shape):
+        return x
+    perm = [0, *range(2, x.ndim), 1]
+    y = x.transpose(perm)
+    if list(y.shape) != list(tf_shape):
+        raise RuntimeError(f"cannot map ONNX input {x.shape} to TF input {tf_shape}")
+    return y
+
+
+def from_tf_layout(y: np.ndarray, onnx_shape: tuple[int, ...]) -> np.ndarray:
+    if tuple(y.shape) == tuple(onnx_shape):
+        return y
+    perm = [0, y.ndim - 1, *range(1, y.ndim - 1)]
+    return y.transpose(perm)
+
+
+def convert(onnx_path: Path, work: Path, samples: int = 32, seed: int = 0) -> Path:
+    """onnx2tf saved_model, then the TFLite converter to full int8 with a representative dataset."""
+    import tensorflow as tf
+
+    sm = work / "saved_model"
+    work.mkdir(parents=True, exist_ok=True)
+    # onnx2tf checks image models on a sample it would download; give it local random data instead
+    sample = work / ONNX2TF_IMAGE_SAMPLE
+    if not sample.exists():
+        np.save(sample, np.random.default_rng(0).uniform(0, 1, (20, 128, 128, 3)).astype(np.float32))
+    log = work / "onnx2tf.log"
+    with open(log, "w") as f:
+        # -rtpo Erf: TFLite has no Erf builtin; onnx2tf's documented workaround approximates it
+        proc = subprocess.run(["onnx2tf", "-i", str(onnx_path), "-o", str(sm), "-osd", "-n", "-rtpo", "Erf"], cwd=work,
+                              stdout=f, stderr=subprocess.STDOUT, check=False)
+    if proc.returncode != 0 or not (sm / "saved_model.pb").exists():
+        raise RuntimeError(f"onnx2tf failed, see {log}")
+    m = onnx.load(str(onnx_path))
+    _, shape = input_shape(m)
+    loaded = tf.saved_model.load(str(sm))
+    sig = loaded.signatures["serving_default"]
+    tf_shape = list(next(iter(sig.structured_input_signature[1].values())).shape)
+    rng = np.random.default_rng(seed)
+    calib = [to_tf_layout(rng.uniform(-1, 1, shape).astype(np.float32), tf_shape) for _ in range(samples)]
+
+    def representative():
+        for x in calib:
+            yield [x]
+
+    conv = tf.lite.TFLiteConverter.from_saved_model(str(sm))
+    conv.optimizations = [tf.lite.Optimize.DEFAULT]
+    conv.representative_dataset = representative
+    conv.target_spec.supported_ops = [tf.lite.OpsSet.TFLITE_BUILTINS_INT8]
+    conv.inference_input_type = tf.int8
+    conv.inference_output_type = tf.int8
+    out = work / "model_int8.tflite"
+    out.write_bytes(conv.convert())
+    return out
+
+
+def tflite_snr(tfl: Path, onnx_path: Path, n: int = 8, seed: int = 1) -> float:
+    """SNR (dB) of the int8 TFLite model against onnxruntime on the float ONNX model."""
+    from ai_edge_litert.interpreter import Interpreter
+
+    interp = Interpreter(model_path=str(tfl))
+    interp.allocate_tensors()
+    inp, out = interp.get_input_details()[0], interp.get_output_details()[0]
+    sess = ort.InferenceSession(str(onnx_path))
+    name, shape = input_shape(onnx.load(str(onnx_path)))
+    rng = np.random.default_rng(seed)
+    sig, noise = 0.0, 0.0
+    for _ in range(n):
+        x = rng.uniform(-1, 1, shape).astype(np.float32)
+        ref = sess.run(None, {name: x})[0].astype(np.float64)
+        s, z = inp["quantization"]
+        xq = np.clip(np.round(to_tf_layout(x, list(inp["shape"])) / s) + z, -128, 127).astype(np.int8)
+        interp.set_tensor(inp["index"], xq)
+        interp.invoke()
+        s, z = out["quantization"]
+        y = (interp.get_tensor(out["index"]).astype(np.float64) - z) * s
+        y = from_tf_layout(y, ref.shape)
+        sig += float(np.sum(ref**2))
+        noise += float(np.sum((ref - y) ** 2))
+    return 10 * np.log10(sig / max(noise, 1e-30))
+
+
+def vela(tfl: Path, ini: Path, accelerator: str, out: Path) -> dict:
+    """Compile with npubuild's .ini and options; returns the same figures npubuild reports."""
+    out.mkdir(parents=True, exist_ok=True)
+    cmd = [VELA, str(tfl), "--config", str(ini), "--system-config", "npubuild_system", "--memory-mode",
+           "npubuild_memory", "--accelerator-config", accelerator, "--optimise", "Performance",
+           "--tensor-allocator", "HillClimb", "--output-dir", str(out), "--verbose-performance"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    (out / "vela.log").write_text(proc.stdout + proc.stderr)
+    if proc.returncode != 0:
+        raise RuntimeError(f"Vela failed on {tfl}: {proc.stderr.strip().splitlines()[-1:]}")
+    summary = next(out.glob("*_summary_*.csv"))
+    with open(summary, newline="") as f:
+        row = next(csv.DictReader(f))
+    npu = re.search(r"NPU operators\s*=\s*(\d+)", proc.stdout)
+    cpu = re.search(r"CPU operators\s*=\s*(\d+)", proc.stdout)
+    return {
+        "npu_ops": int(npu.group(1)) if npu else 0,
+        "cpu_ops": int(cpu.group(1)) if cpu else 0,
+        "sram_kib": round(float(row["sram_memory_used"]), 2),
+        "offchip_kib": round(float(row["off_chip_flash_memory_used"]) + float(row["dram_memory_used"]), 2),
+        "inference_ms": round(float(row["inference_time"]) * 1000.0, 4),
+        "npu_cycles": int(float(row["cycles_total"])),
+    }
+
+
+def ini_for(entry: dict, build_dir: Path) -> Path:
+    """The .ini npubuild wrote for this build's Vela stage."""
+    label = f"{entry['model']}-{entry['target']}-"
+    if "vela" in entry.get("artifacts", {}):
+        ini = Path(entry["artifacts"]["vela"]).parent / "system.ini"
+        if ini.exists():
+            return ini
+    found = sorted((build_dir / "stages" / "vela").glob(f"{label}*/system.ini"), key=lambda p: p.stat().st_mtime)
+    # the .ini depends only on the target profile: any model's will do when this one's Vela did not run
+    found = found or sorted((build_dir / "stages" / "vela").glob(f"*-{entry['target']}-*/system.ini"),
+                            key=lambda p: p.stat().st_mtime)
+    if not found:
+        raise RuntimeError(f"no system.ini for {label} under {build_dir}")
+    return found[-1]
+
+
+def fmt(v, digits: int = 2) -> str:
+    if v is None:
+        return "-"
+    return f"{v:.{digits}f}" if isinstance(v, float) else str(v)
+
+
+def table(rows: list[dict]) -> str:
+    head = ("| model | target | route | npu_ops | cpu_ops | sram_kib | offchip_kib | inference_ms | "
+            "tosa_snr_db | quant_snr_db | transposes |")
+    lines = [head, "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in rows:
+        lines.append(f"| {r['model']} | {r['target']} | {r['route']} | {fmt(r.get('npu_ops'))} | "
+                     f"{fmt(r.get('cpu_ops'))} | {fmt(r.get('sram_kib'))} | {fmt(r.get('offchip_kib'))} | "
+                     f"{fmt(r.get('inference_ms'), 4)} | {fmt(r.get('tosa_snr_db'), 1)} | "
+                     f"{fmt(r.get('quant_snr_db'), 1)} | {fmt(r.get('transposes'))} |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str]) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--report", type=Path, required=True, help="npubuild's report.json")
+    ap.add_argument("--models", type=Path, default=Path(__file__).resolve().parents[1] / "configs" / "models")
+    ap.add_argument("--work", type=Path, default=Path("/tmp/tflite-route"))
+    ap.add_argument("--out", type=Path, help="write the markdown table here too")
+    ap.add_argument("--only", nargs="*", help="model names")
+    args = ap.parse_args(argv)
+    report = json.loads(args.report.read_text())
+    build_dir = args.report.parent
+    rows: list[dict] = []
+    converted: dict[str, tuple[Path, float] | str] = {}
+    for e in report["builds"]:
+        model = e["model"]
+        if args.only and model not in args.only:
+            continue
+        m = e.get("metrics", {})
+        rows.append({"model": model, "target": e["target"], "route": f"npubuild ({e['status']})",
+                     "npu_ops": m.get("vela_npu_ops"), "cpu_ops": m.get("vela_cpu_ops"),
+                     "sram_kib": m.get("sram_kib"), "offchip_kib": m.get("offchip_kib"),
+                     "inference_ms": m.get("inference_ms"), "tosa_snr_db": m.get("tosa_snr_db"),
+                     "quant_snr_db": m.get("quant_snr_db"), "transposes": m.get("transposes")})
+        work = args.work / model
+        if model not in converted:
+            try:
+                src = args.models / f"{model}.onnx"
+                fixed = work / f"{model}.onnx"
+                work.mkdir(parents=True, exist_ok=True)
+                static_model(src, fixed)
+                tfl = convert(fixed, work)
+                converted[model] = (tfl, tflite_snr(tfl, fixed))
+            except Exception as exc:  # report the route's failure in the table, keep going
+                converted[model] = f"{type(exc).__name__}: {exc}"
+        got = converted[model]
+        row = {"model": model, "target": e["target"], "route": "onnx2tf -> TFLite int8"}
+        if isinstance(got, str):
+            row["route"] += f" (failed: {got[:80]})"
+        else:
+            try:
+                acc = e.get("accelerator") or e["target"]
+                row.update(vela(got[0], ini_for(e, build_dir), acc, work / f"vela-{e['target']}"))
+                row["quant_snr_db"] = got[1]
+                ops = subprocess.run([sys.executable, "-c", TRANSPOSE_COUNT, str(got[0])], capture_output=True,
+                                     text=True, check=False).stdout.strip()
+                row["transposes"] = int(ops) if ops.isdigit() else None
+            except Exception as exc:
+                row["route"] += f" (failed: {type(exc).__name__}: {str(exc)[:80]})"
+        rows.append(row)
+        print(table(rows[-2:]).splitlines()[-2], flush=True)
+        print(table(rows[-1:]).splitlines()[-1], flush=True)
+    md = table(rows)
+    print(md)
+    if args.out:
+        args.out.write_text(md)
+    return 0
+
+
+# counts TRANSPOSE ops in a .tflite (run in a subprocess: the analyzer prints a lot)
+TRANSPOSE_COUNT = """
+import sys
+from ai_edge_litert.interpreter import Interpreter
+ops = Interpreter(model_path=sys.argv[1])._get_ops_details()
+print(sum(1 for o in ops if o['op_name'] == 'TRANSPOSE'))
+"""
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))
