@@ -60,6 +60,8 @@ def test_with_constant(op, const):
     lowered, _ = check_int(model, calib("a", X), {"a": rand(X, 2)}, max_lsb=1)
     if op in ("Mul", "Div") and const in ("scalar", "per-channel"):
         assert _ops(lowered) == ["RESCALE"]  # a positive scale per tensor or per channel folds into one RESCALE
+    if op in ("Mul", "Div") and const == "negative-scalar":
+        assert _ops(lowered) == ["TABLE"]  # any other scalar: one exact TABLE
     if op in ("Min", "Max") and "scalar" in const:
         assert _ops(lowered)[-1] == "CLAMP"
     assert "TRANSPOSE" not in _ops(lowered)

@@ -6,10 +6,10 @@ subtracted, and rescaled to the output; Vela fuses the three into one NPU
 elementwise op.
 
 Integer Mul: a positive constant per tensor or per channel is folded into one
-(per-channel) RESCALE; otherwise
+(per-channel) RESCALE, any other scalar into one TABLE; otherwise
 both operands are re-centred to int32 (x - zp), multiplied exactly (MUL,
-shift 0) and the product rescaled by sa*sb/so. A constant operand is kept at
-23-bit precision as an int32 constant instead of its int8 quantisation.
+shift 0) and the product rescaled by sa*sb/so. A constant divisor's reciprocal is
+kept at 23-bit precision as an int32 constant.
 Div by a constant is Mul by its reciprocal; general Div reads a ~15-bit
 reciprocal of the divisor from two int8 TABLEs (high and low byte) and
 multiplies in int32.
@@ -28,7 +28,7 @@ from npubuild.lowering.emit import Op, attr, clamp, requantize, rescale, reshape
 from npubuild.lowering.patterns import try_fuse_gelu
 from npubuild.lowering.quant import QParams
 from npubuild.lowering.registry import lowers, quantize_also
-from npubuild.lowering.table import emit_table
+from npubuild.lowering.table import build_table, emit_table
 
 HEADROOM_BITS = 20
 CONST_BITS = 23  # precision of an int32 constant operand of Mul/Div (|product| stays below 2**31)
@@ -138,16 +138,28 @@ def _mul_int(ctx: LoweringContext, a: TTensor, b: TTensor, out_q: QParams) -> TT
     return _int_mul32(ctx, _centred32(ctx, a), _centred32(ctx, b), a.q.s * b.q.s / out_q.s, out_q)
 
 
-def _mul_const_int(ctx: LoweringContext, x: TTensor, c: np.ndarray, out_q: QParams) -> TTensor:
-    """x * c for a real constant c: one RESCALE if c is a positive scalar, else MUL by an int32 constant."""
+def _mul_const_int(ctx: LoweringContext, x: TTensor, c: np.ndarray, out_q: QParams, qconst: int | None = None
+                   ) -> TTensor:
+    """x * c for a real constant c: one RESCALE for a positive c per tensor or per channel, one TABLE for any
+    other scalar, else MUL by the constant: input `qconst`'s own int8 data when given (exactly what the QDQ
+    graph multiplies by), otherwise c as an int32 at 23 bits (a reciprocal has no exact int8 form)."""
     _quantized(ctx, x)
     c = np.asarray(c, np.float64)
     rank = len(x.shape)
+    out_name = ctx.current.output[0]
     if c.ndim <= rank and np.all(c > 0):  # a positive scale per tensor or per channel: one RESCALE
         phys = np.transpose(c.reshape((1,) * (rank - c.ndim) + c.shape), x.perm)
         if all(d == 1 for d in phys.shape[:-1]) and phys.shape[-1] in (1, x.shape[-1]):
             return rescale(ctx, x, x.q.s * phys.reshape(-1) / out_q.s, out_q.dtype, x.q.zp, out_q.zp, out_q,
-                           output_of=ctx.current.output[0])
+                           output_of=out_name)
+    if c.size == 1 and c.ndim <= rank and np.isfinite(c).all():
+        v = float(c.reshape(-1)[0])
+        return emit_table(ctx, x, build_table(lambda t: np.asarray(t, np.float64) * v, x.q, out_q), out_q,
+                          output_of=out_name)
+    qc = ctx.qconst(qconst) if qconst is not None else None
+    if qc is not None and qc.q.axis is None:
+        a, b = broadcast_pair(ctx, x, operand(ctx, qconst, max(rank, c.ndim)))
+        return _mul_int(ctx, a, b, out_q)
     peak = float(np.max(np.abs(c)))
     if peak == 0.0 or not np.isfinite(peak):
         raise ctx.unsupported("multiplying by a constant that is all zero or not finite")
@@ -170,9 +182,9 @@ def lower_mul(ctx: LoweringContext) -> None:
     out_q = ctx.require_output_q()
     c1, c0 = ctx.constant(1), ctx.constant(0)
     if c1 is not None and c0 is None:
-        ctx.set_output(0, _mul_const_int(ctx, ctx.tensor(0), c1, out_q))
+        ctx.set_output(0, _mul_const_int(ctx, ctx.tensor(0), c1, out_q, qconst=1))
     elif c0 is not None and c1 is None:
-        ctx.set_output(0, _mul_const_int(ctx, ctx.tensor(1), c0, out_q))
+        ctx.set_output(0, _mul_const_int(ctx, ctx.tensor(1), c0, out_q, qconst=0))
     else:
         a, b = broadcast_operands(ctx)
         ctx.set_output(0, _mul_int(ctx, a, b, out_q))
