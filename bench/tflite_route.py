@@ -96,8 +96,10 @@ def convert(onnx_path: Path, work: Path, samples: int = 32, seed: int = 0) -> Pa
     loaded = tf.saved_model.load(str(sm))
     sig = loaded.signatures["serving_default"]
     tf_shape = list(next(iter(sig.structured_input_signature[1].values())).shape)
+    # the very samples npubuild calibrates on (npubuild.data.random_arrays with the specs' settings)
     rng = np.random.default_rng(seed)
-    calib = [to_tf_layout(rng.uniform(-1, 1, shape).astype(np.float32), tf_shape) for _ in range(samples)]
+    batch = rng.uniform(-1, 1, size=(samples, *shape)).astype(np.float32)
+    calib = [to_tf_layout(x, tf_shape) for x in batch]
 
     def representative():
         for x in calib:
@@ -115,7 +117,11 @@ def convert(onnx_path: Path, work: Path, samples: int = 32, seed: int = 0) -> Pa
 
 
 def tflite_snr(tfl: Path, onnx_path: Path, n: int = 8, seed: int = 1) -> float:
-    """SNR (dB) of the int8 TFLite model against onnxruntime on the float ONNX model."""
+    """SNR (dB) of the int8 TFLite model against onnxruntime on the float ONNX model.
+
+    On the inputs npubuild's tosa-check uses (npubuild.data.sample_arrays: verify seed + 1000003,
+    the specs' 8 samples), so the two routes' quant_snr_db are measured alike.
+    """
     from ai_edge_litert.interpreter import Interpreter
 
     interp = Interpreter(model_path=str(tfl))
@@ -123,10 +129,9 @@ def tflite_snr(tfl: Path, onnx_path: Path, n: int = 8, seed: int = 1) -> float:
     inp, out = interp.get_input_details()[0], interp.get_output_details()[0]
     sess = ort.InferenceSession(str(onnx_path))
     name, shape = input_shape(onnx.load(str(onnx_path)))
-    rng = np.random.default_rng(seed)
+    batch = np.random.default_rng(seed + 1_000_003).uniform(-1, 1, size=(n, *shape)).astype(np.float32)
     sig, noise = 0.0, 0.0
-    for _ in range(n):
-        x = rng.uniform(-1, 1, shape).astype(np.float32)
+    for x in batch:
         ref = sess.run(None, {name: x})[0].astype(np.float64)
         s, z = inp["quantization"]
         xq = np.clip(np.round(to_tf_layout(x, list(inp["shape"])) / s) + z, -128, 127).astype(np.int8)
@@ -163,6 +168,43 @@ def vela(tfl: Path, ini: Path, accelerator: str, out: Path) -> dict:
         "inference_ms": round(float(row["inference_time"]) * 1000.0, 4),
         "npu_cycles": int(float(row["cycles_total"])),
     }
+
+
+def tflite_op_cycles(vela_log: Path) -> dict[str, int]:
+    """Vela's per-layer cycles (--verbose-performance) summed by the TFLite operator they came from."""
+    out: dict[str, int] = {}
+    table_rows = False
+    for line in vela_log.read_text().splitlines():
+        if line.startswith("----"):
+            table_rows = True
+            continue
+        if table_rows and not line.strip():
+            table_rows = False
+        elif table_rows:
+            cols = line.split()
+            out[cols[0]] = out.get(cols[0], 0) + int(cols[5])
+    return out
+
+
+def npubuild_op_cycles(entry: dict) -> dict[str, int]:
+    """npubuild's per-layer cycles (report.json metrics.layers) summed by the ONNX op type they lower."""
+    m = entry.get("metrics", {})
+    types = {o["node"]: o["op_type"] for o in m.get("offloads") or []}
+    out: dict[str, int] = {}
+    for layer in m.get("layers") or []:
+        op = types.get(layer.get("onnx_node"), "(unmapped)")
+        out[op] = out.get(op, 0) + int(layer["cycles"])
+    return out
+
+
+def cycles_section(items: list[tuple[str, str, dict[str, int], dict[str, int]]]) -> str:
+    """Markdown: for each model x target, cycles by operator on each route (where npubuild loses)."""
+    lines = ["", "## NPU cycles by operator (Vela per-layer estimates)", ""]
+    for model, target, npb, tfl in items:
+        fmt_ops = lambda d: ", ".join(f"{k} {v}" for k, v in sorted(d.items(), key=lambda kv: -kv[1]))  # noqa: E731
+        lines.append(f"- {model} / {target}: npubuild {sum(npb.values())} ({fmt_ops(npb)}); "
+                     f"TFLite {sum(tfl.values())} ({fmt_ops(tfl)})")
+    return "\n".join(lines) + "\n"
 
 
 def ini_for(entry: dict, build_dir: Path) -> Path:
@@ -211,6 +253,7 @@ def main(argv: list[str]) -> int:
     build_dir = args.report.parent
     rows: list[dict] = []
     converted: dict[str, tuple[Path, float] | str] = {}
+    cycles: list[tuple[str, str, dict[str, int], dict[str, int]]] = []
     for e in report["builds"]:
         model = e["model"]
         if args.only and model not in args.only:
@@ -240,6 +283,8 @@ def main(argv: list[str]) -> int:
             try:
                 acc = e.get("accelerator") or e["target"]
                 row.update(vela(got[0], ini_for(e, build_dir), acc, work / f"vela-{e['target']}"))
+                cycles.append((model, e["target"], npubuild_op_cycles(e),
+                               tflite_op_cycles(work / f"vela-{e['target']}" / "vela.log")))
                 row["quant_snr_db"] = got[1]
                 ops = subprocess.run([sys.executable, "-c", TRANSPOSE_COUNT, str(got[0])], capture_output=True,
                                      text=True, check=False).stdout.strip()
@@ -249,7 +294,7 @@ def main(argv: list[str]) -> int:
         rows.append(row)
         print(table(rows[-2:]).splitlines()[-2], flush=True)
         print(table(rows[-1:]).splitlines()[-1], flush=True)
-    md = table(rows)
+    md = table(rows) + cycles_section(cycles)
     print(md)
     if args.out:
         args.out.write_text(md)

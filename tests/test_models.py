@@ -116,3 +116,19 @@ def test_max_transposes_gate_fails_a_build_with_a_transpose(tmp_path: Path, caps
     gate = next(g for g in entry["gates"] if g["name"] == "max_transposes")
     assert code == 1 and gate["value"] >= 1 and not gate["ok"]
     assert "max_transposes" in err
+
+
+def test_cnn_examples_build_fully_on_the_npu_without_transposes(tmp_path: Path, capsys):
+    """ResNet-8 (ours and torch's), the autoencoder and the MobileNetV3 block: U55 and U85, every gate."""
+    specs = [str(REPO / "configs" / f) for f in ("image_classification.yaml", "anomaly_detection.yaml",
+                                                 "mobilenet_v3.yaml")]
+    code, _, err = run_cli(["build", *specs, "--build-dir", str(tmp_path / "b"), "-q", "-n", "2"], capsys,
+                           cwd=tmp_path)
+    builds = json.loads((tmp_path / "b" / "report.json").read_text())["builds"]
+    assert code == 0, err
+    assert len(builds) == 10
+    for b in builds:
+        m = b["metrics"]
+        assert b["status"] == "passed", (b["model"], b["target"], b["errors"])
+        assert m["transposes"] == 0 and m["npu_offload"] == 1.0 and m["vela_cpu_ops"] == 0
+        assert m["tosa_snr_db"] >= 30 and m["quant_snr_db"] >= 30
