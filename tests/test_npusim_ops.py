@@ -45,5 +45,23 @@ def test_lut_bitexact(name):
     compile_and_check(_model(name), S)
 
 
+@pytest.mark.parametrize("shape", [[1, 10], [2, 6, 16]])
+def test_softmax_bitexact(shape):
+    """Softmax becomes ~27 NPU ops: max pool, LUTs, int32 MUL/SUB chains, REDUCE_SUM over depth, CLZ, SHL, SHR."""
+    compile_and_check(single_op_model("Softmax", {"x": shape}, {"y": None}, axis=-1), shape)
+
+
+def test_matmul_bitexact():
+    """A float MatMul against a constant: Vela's MUL + REDUCE_SUM or CONV lowering."""
+    m = single_op_model("MatMul", {"x": [1, 4, 16]}, {"y": None}, {"w": rand((16, 8), 9)})
+    compile_and_check(m, [1, 4, 16])
+
+
+def test_two_input_matmul_bitexact():
+    """Activations times activations (attention): Vela's transposes, MUL and REDUCE_SUM over depth."""
+    m = single_op_model("MatMul", {"x": [1, 4, 16], "x2": [1, 16, 8]}, {"y": None})
+    compile_and_check(m, [1, 4, 16])
+
+
 def test_elementwise_on_u65_512():
     compile_and_check(_model("add_broadcast"), S, "ethos-u65-512")

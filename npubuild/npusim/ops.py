@@ -213,16 +213,20 @@ def run_pool(mem: dict, cmd: Command) -> OpResult:
     oh, ow, oc = ofm_shape(cmd)
     ifm0 = fmap.operand(cmd, "IFM")
     pad = np.iinfo(np.int64).min if mode == "MAX" else None
-    padded, ishape, ifm = _read_ifm_window(mem, cmd, k, oc, pad)
+    # REDUCE_SUM also sums over the IFM's depth into one OFM channel
+    depth = cmd.regs.get("IFM_DEPTH_M1", 0) + 1 if mode == "REDUCE_SUM" else oc
+    padded, ishape, ifm = _read_ifm_window(mem, cmd, k, depth, pad)
     if mode == "MAX":
         acc = None
         for _, _, win in _windows(padded, k, oh, ow):
             acc = win.copy() if acc is None else np.maximum(acc, win)
         acc = acc - ifm0.zero_point
     else:
-        acc = np.zeros((oh, ow, oc), np.int64)
+        acc = np.zeros((oh, ow, depth), np.int64)
         for _, _, win in _windows(padded - ifm0.zero_point, k, oh, ow):
             acc += win
+        if mode == "REDUCE_SUM":
+            acc = acc.sum(axis=2, keepdims=True)
     ofm = fmap.operand(cmd, "OFM")
     m, s = _ofm_global_scale(cmd)
     if mode == "AVERAGE" and (k.top or k.left or k.bottom or k.right):

@@ -45,6 +45,11 @@ def run(task: StageTask) -> dict:
     npzs = [a for a in vela.get("artifacts", []) if a.endswith(".npz")]
     if not npzs:
         raise StageError("the vela stage wrote no raw .npz artifact")
+    if vela.get("vela_cpu_ops") or (vela.get("npu_partitions") or 1) > 1:
+        metrics = {"skipped": True, "reason": f"Vela split the graph ({vela.get('vela_cpu_ops', 0)} CPU operators, "
+                   f"{vela.get('npu_partitions', 1)} NPU partitions); npu-sim verifies whole-NPU graphs only"}
+        write_json(task.outputs["result"], metrics)
+        return metrics
     model = load_raw(task.inputs["vela"].parent / npzs[0])
     io = read_json(task.inputs["io"])
     if io["profile"] != "int":
