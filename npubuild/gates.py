@@ -16,6 +16,7 @@ GATES: dict[str, tuple[str, str]] = {
     "max_transposes": ("transposes", "max"),
     "min_accuracy": ("accuracy", "min"),
     "max_accuracy_drop": ("accuracy_drop", "max"),
+    "max_fvp_error_lsb": ("fvp_max_error_lsb", "max"),
     "npu_partitions": ("npu_partitions", "eq"),
     "host_ops": ("host_ops", "eq"),
 }

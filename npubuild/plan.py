@@ -16,7 +16,7 @@ from npubuild.config.load import Build
 from npubuild.fileio import stable_hash
 from npubuild.versions import versions
 
-STAGES = ("import", "quantize", "lower", "tosa-check", "vela", "npu-sim", "report")
+STAGES = ("import", "quantize", "lower", "tosa-check", "vela", "npu-sim", "fvp", "report")
 # the module that implements each stage (its source fingerprint is part of the stage's cache key)
 STAGE_MODULES = {
     "import": "npubuild.stages.importer",
@@ -25,6 +25,7 @@ STAGE_MODULES = {
     "tosa-check": "npubuild.stages.tosa_check",
     "vela": "npubuild.stages.vela",
     "npu-sim": "npubuild.stages.npu_sim",
+    "fvp": "npubuild.stages.fvp",
     "report": "npubuild.stages.report",
 }
 STAGE_TOOLS = {
@@ -34,6 +35,7 @@ STAGE_TOOLS = {
     "tosa-check": ("onnx", "onnxruntime", "tosa-tools"),
     "vela": ("ethos-u-vela",),
     "npu-sim": ("ethos-u-vela", "tosa-tools"),
+    "fvp": (),  # the FVP binary's size and mtime are in the task's config
     "report": (),
 }
 
@@ -71,6 +73,7 @@ class BuildPlan:
     builds: list[Build]
     tasks: dict[str, StageTask]  # by name, in dependency order
     build_tasks: dict[str, dict[str, str]]  # build id -> stage -> task name
+    skipped: dict[str, dict[str, str]] = field(default_factory=dict)  # build id -> stage -> why it is not run
 
 
 def _rel(path: Path, root: Path) -> str:
@@ -102,6 +105,7 @@ def make_plan(builds: list[Build], build_dir: Path) -> BuildPlan:
     build_dir = build_dir.resolve()
     tasks: dict[str, StageTask] = {}
     build_tasks: dict[str, dict[str, str]] = {}
+    skipped: dict[str, dict[str, str]] = {}
     for b in builds:
         root = b.project_root
         model = b.model
@@ -155,6 +159,7 @@ def make_plan(builds: list[Build], build_dir: Path) -> BuildPlan:
                              "float": float_model, **({"calibration": b.calibration_npy} if b.calibration_npy else {})},
                             {"result": "npusim.json"}, build_dir, [vela.name], b.id)
                 chain["npu-sim"] = sim.name
+        _fvp_task(tasks, b, chain, build_dir, skipped)
         stage_records = {stage: tasks[name].outputs["record"] for stage, name in chain.items()}
         report = _task(tasks, "report", f"{b.spec.name}/{b.model_name}/{b.target.name}",
                        {"build": b.id, "expect": b.spec.expect.model_dump(),
@@ -162,4 +167,25 @@ def make_plan(builds: list[Build], build_dir: Path) -> BuildPlan:
                        stage_records, {"entry": "entry.json"}, build_dir, list(chain.values()), b.id)
         chain["report"] = report.name
         build_tasks[b.id] = chain
-    return BuildPlan(build_dir, builds, tasks, build_tasks)
+    return BuildPlan(build_dir, builds, tasks, build_tasks, skipped)
+
+
+def _fvp_task(tasks: dict[str, StageTask], b: Build, chain: dict[str, str], build_dir: Path,
+              skipped: dict[str, dict[str, str]]) -> None:
+    """The FVP run of a build, when an FVP and a runner are there (or `required` says to fail without)."""
+    from npubuild.fvp_select import fvp_decision
+
+    config, runner, reason = fvp_decision(b)
+    if config is None:
+        skipped.setdefault(b.id, {})["fvp"] = reason or "not run"
+        return
+    inputs: dict[str, Path] = {}
+    if not config.get("error"):
+        vela, check = tasks[chain["vela"]], tasks[chain["tosa-check"]]
+        inputs = {"vela_summary": vela.outputs["summary"], "io": check.inputs["io"],
+                  "reference": check.outputs["reference"], "runner": runner}
+        config = {**config, "vela": vela.key, "tosa_check": check.key}
+    deps = [chain[s] for s in ("vela", "tosa-check") if s in chain]
+    fvp = _task(tasks, "fvp", f"{b.model_name}-{b.target.name}", config, inputs,
+                {"log": "uart.log", "result": "fvp.json"}, build_dir, deps, b.id)
+    chain["fvp"] = fvp.name

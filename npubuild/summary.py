@@ -49,7 +49,7 @@ def build_entries(plan: BuildPlan, run_id: str) -> list[dict]:
                                  "reason": npu_sim_skip_reason(b.target.accelerator, b.vela.output_format)
                                  or "verify.tosa is off (npu-sim runs on its samples)"}
         stages.setdefault("fvp", {"status": "skipped", "seconds": None, "cached": False,
-                                  "reason": "no FVP stage configured in this version"})
+                                  "reason": plan.skipped.get(b.id, {}).get("fvp", "not planned")})
         if errors:
             status = "failed"
         elif any(s["status"] == "skipped" for k, s in stages.items() if k != "fvp" and "reason" not in s):

@@ -52,7 +52,7 @@ def test_impossible_numerics_gates_fail_with_exit_1_naming_gate_limit_and_value(
     assert bad["min_tosa_snr_db"]["value"] < 1000 and bad["min_quant_snr_db"]["value"] < 900
     assert bad["min_accuracy"]["value"] is None  # no evaluation set: the gate cannot hold
     ok = {g["name"] for g in b["gates"] if g["ok"]}
-    assert ok == {"npu_offload", "max_tosa_error_lsb"}
+    assert {"npu_offload", "max_tosa_error_lsb"} <= ok
     for name in ("min_tosa_snr_db", "min_quant_snr_db"):
         line = next(ln for ln in err.splitlines() if f"gate {name} failed" in ln)
         value = float(re.search(r"value ([0-9.]+)", line).group(1))

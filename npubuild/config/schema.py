@@ -207,8 +207,20 @@ class Expect(Strict):
     max_transposes: int | None = Field(default=None, ge=0, description="Most TRANSPOSE ops allowed in the TOSA graph")
     min_accuracy: float | None = Field(default=None, ge=0, le=1, description="Top-1 of the TOSA graph on the evaluation set")
     max_accuracy_drop: float | None = Field(default=None, ge=0, le=1, description="Float minus TOSA top-1 accuracy")
+    max_fvp_error_lsb: float | None = Field(default=None, ge=0, description="FVP outputs vs the TOSA reference model's")
     npu_partitions: int | None = Field(default=None, ge=0, description="Exact number of NPU partitions expected")
     host_ops: int | None = Field(default=None, ge=0, description="Exact number of ONNX nodes expected on the host")
+
+
+class FvpOptions(Strict):
+    """How to run a build on a Corstone FVP (see npubuild/stages/fvp.py for the runner protocol)."""
+
+    runner: str | None = Field(default=None, description="Runner application ELF, relative to the spec file")
+    executable: str | None = Field(default=None, description="FVP binary (path or name); default: the "
+                                   "target platform's FVP on PATH")
+    timeout_s: int = Field(default=300, ge=1, le=86400, description="FVP --timelimit, seconds")
+    model_address: int = Field(default=0x90000000, ge=0, description="Where --data loads the Vela model")
+    input_address: int = Field(default=0x92000000, ge=0, description="Where --data loads the input bytes")
 
 
 class CompileSpec(Strict):
@@ -221,6 +233,7 @@ class CompileSpec(Strict):
     quantization: Quantization = Quantization()
     verify: Verify = Verify()
     expect: Expect = Expect()
+    fvp: FvpOptions = FvpOptions()
     vela: VelaOptions | None = Field(default=None, description="Overrides the target profiles' Vela options")
     search_paths: list[str] = Field(
         default=[], description="Extra directories (relative to this file) holding targets/ and pipelines/"

@@ -26,6 +26,7 @@ MODULES = {
     "tosa-check": "npubuild.stages.tosa_check",
     "vela": "npubuild.stages.vela",
     "npu-sim": "npubuild.stages.npu_sim",
+    "fvp": "npubuild.stages.fvp",
     "report": "npubuild.stages.report",
 }
 StageFn = Callable[[StageTask], dict]

@@ -1,0 +1,67 @@
+"""Whether a build gets an FVP run, decided when the plan is made: which FVP, which runner, or why not."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+from npubuild.config.load import Build, inside
+from npubuild.errors import InputError
+
+# platform -> accelerator family -> FVP binary name
+FVP_BINARIES = {
+    "corstone-300": {"u55": "FVP_Corstone_SSE-300_Ethos-U55", "u65": "FVP_Corstone_SSE-300_Ethos-U65"},
+    "corstone-320": {"u85": "FVP_Corstone_SSE-320"},
+}
+
+
+def find_fvp(platform: str, family: str, configured: str | None) -> tuple[Path | None, str]:
+    """The FVP executable for this target (fvp.executable, else the platform's FVP on PATH), or None and why."""
+    if configured:
+        p = Path(configured).expanduser()
+        if p.is_file() and os.access(p, os.X_OK):
+            return p.resolve(), ""
+        found = shutil.which(configured)
+        if found:
+            return Path(found).resolve(), ""
+        return None, f"fvp.executable '{configured}' is not an executable file"
+    name = FVP_BINARIES.get(platform, {}).get(family)
+    if name is None:
+        return None, f"no Corstone FVP is known for {family} on platform {platform}"
+    found = shutil.which(name)
+    if found is None:
+        return None, f"no FVP found ({name} is not on PATH and fvp.executable is not set)"
+    return Path(found).resolve(), ""
+
+
+def fvp_decision(b: Build) -> tuple[dict | None, Path | None, str | None]:
+    """(stage config, runner ELF, None) to run the FVP; (config with an error, None, None) when `required`
+    cannot be met; (None, None, reason) to skip."""
+    mode = b.spec.verify.fvp
+    if mode == "off":
+        return None, None, "verify.fvp is off"
+    if b.pipeline.profile != "int":
+        return None, None, "FP profile: the NPU runs integer graphs only"
+    opts = b.spec.fvp
+    runner = None
+    if opts.runner is not None:
+        runner = inside(b.spec_path.parent / opts.runner, b.project_root, "fvp.runner", str(b.spec_path))
+        if not runner.is_file():
+            raise InputError(f"fvp.runner '{opts.runner}' not found", str(b.spec_path))
+    family = b.target.family
+    exe, why = find_fvp(b.target.platform, family, opts.executable)
+    if exe is None:
+        reason = why
+    elif runner is None:
+        reason = "no runner application configured (fvp.runner: path to the runner ELF)"
+    elif not b.spec.verify.tosa:
+        reason = "verify.tosa is off: no TOSA reference outputs to compare the FVP's with"
+    else:
+        st = exe.stat()
+        return ({"platform": b.target.platform, "family": family, "macs": int(b.target.accelerator.split("-")[-1]),
+                 "fvp": {**opts.model_dump(), "executable": str(exe)},
+                 "fvp_binary": {"size": st.st_size, "mtime_ns": st.st_mtime_ns}, "error": None}, runner, None)
+    if mode == "required":
+        return {"error": f"verify.fvp is required but {reason}"}, None, None
+    return None, None, reason
