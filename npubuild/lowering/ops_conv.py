@@ -230,16 +230,16 @@ def lower_conv(ctx: LoweringContext) -> None:
 
 
 def _transpose_conv_pads(ctx: LoweringContext, in_hw, kernel, stride) -> list[int]:
-    """ONNX ConvTranspose pads/output_padding/auto_pad -> TOSA out_pad [top, bottom, left, right]."""
+    """ONNX ConvTranspose pads/output_padding/output_shape/auto_pad -> TOSA out_pad [top, bottom, left, right]."""
     out_padding = list(ctx.attr("output_padding", [0, 0]))
-    if ctx.attr("output_shape") is not None:
-        raise ctx.unsupported("the output_shape attribute is not supported (give pads instead)")
     auto_pad = ctx.attr("auto_pad", b"NOTSET")
     auto_pad = auto_pad.decode() if isinstance(auto_pad, bytes) else auto_pad
-    if auto_pad in ("SAME_UPPER", "SAME_LOWER"):
+    out_shape = ctx.attr("output_shape")
+    if out_shape is not None or auto_pad in ("SAME_UPPER", "SAME_LOWER"):
+        target = list(out_shape)[-2:] if out_shape is not None else [in_hw[i] * stride[i] for i in range(2)]
         pads = []
         for i in range(2):
-            total = max(0, (in_hw[i] - 1) * stride[i] + out_padding[i] + kernel[i] - in_hw[i] * stride[i])
+            total = (in_hw[i] - 1) * stride[i] + out_padding[i] + kernel[i] - target[i]
             small, big = total // 2, total - total // 2
             pads.append((small, big) if auto_pad == "SAME_UPPER" else (big, small))
         p = [pads[0][0], pads[1][0], pads[0][1], pads[1][1]]
@@ -250,43 +250,66 @@ def _transpose_conv_pads(ctx: LoweringContext, in_hw, kernel, stride) -> list[in
     return [-p[0], -p[2] + out_padding[0], -p[1], -p[3] + out_padding[1]]
 
 
-@lowers("ConvTranspose")
-def lower_conv_transpose(ctx: LoweringContext) -> None:
-    """TRANSPOSE_CONV2D: TOSA scatters like ONNX (no kernel flip); ONNX pads crop, so out_pad is negative."""
-    x = ctx.tensor(0)
-    if len(x.shape) != 4:
-        raise ctx.unsupported(f"only 2-D transposed convolutions are supported (input rank {len(x.shape)})")
-    if int(ctx.attr("group", 1)) != 1:
-        raise ctx.unsupported("grouped ConvTranspose is not supported")
-    if tuple(ctx.attr("dilations", [1, 1])) != (1, 1):
-        raise ctx.unsupported("dilated ConvTranspose is not supported")
-    x = to_layout(ctx, x, NHWC)
-    w, w_q = _weights(ctx, 1)  # [C_in, C_out, kh, kw]
-    o, kh, kw = w.shape[1], w.shape[2], w.shape[3]
-    stride = tuple(ctx.attr("strides", [1, 1]))
-    out_pad = _transpose_conv_pads(ctx, (x.shape[1], x.shape[2]), (kh, kw), stride)
-    if out_pad[0] <= -kh or out_pad[1] <= -kh or out_pad[2] <= -kw or out_pad[3] <= -kw:
-        raise ctx.unsupported("padding of a whole kernel or more is not supported")
+def emit_transpose_conv(ctx: LoweringContext, x: TTensor, w_iohw: np.ndarray, w_scale: np.ndarray | None, bias: Bias,
+                        out_pad: list[int], stride, output_name: str | None) -> TTensor:
+    """TRANSPOSE_CONV2D (+ RESCALE in the integer profile) of an NHWC input; weights as ONNX's [C_in, C_out, kh, kw]."""
+    o, kh, kw = w_iohw.shape[1], w_iohw.shape[2], w_iohw.shape[3]
     n, ih, iw, _ = x.shape
     oh = (ih - 1) * stride[0] + out_pad[0] + out_pad[1] + kh
     ow = (iw - 1) * stride[1] + out_pad[2] + out_pad[3] + kw
-    weights = w.transpose(1, 2, 3, 0)  # OHWI
-    bias = read_bias(ctx, 2, o)
-    out_name = ctx.current.output[0]
+    weights = w_iohw.transpose(1, 2, 3, 0)  # OHWI
     if ctx.profile == "int":
-        assert x.q is not None and w_q is not None
-        acc_scale = x.q.s * channel_scales(w_q, o)
+        assert x.q is not None and w_scale is not None
+        acc_scale = x.q.s * w_scale
         acc = ctx.new_tensor((n, oh, ow, o), np.int32, NHWC)
         ins = [x.name, ctx.const(weights.astype(np.int8), "weights"), ctx.const(bias.int32(acc_scale), "bias"),
                ctx.zp(x.q.zp, np.int8), ctx.zp(0, np.int8)]
         ctx.op(Op.TRANSPOSE_CONV2D, ins, [acc.name], attr("TransposeConv2d", out_pad, list(stride), False, ts.DType.INT32))
-        ctx.set_output(0, rescale_acc(ctx, acc, acc_scale, out_name))
-        return
-    out = ctx.new_tensor((n, oh, ow, o), np.float32, NHWC, output_of=out_name)
+        return rescale_acc(ctx, acc, acc_scale, output_name)
+    out = ctx.new_tensor((n, oh, ow, o), np.float32, NHWC, output_of=output_name)
     ins = [x.name, ctx.const(weights.astype(np.float32), "weights"), ctx.const(bias.real.astype(np.float32), "bias"),
            ctx.zp(0, np.float32), ctx.zp(0, np.float32)]
     ctx.op(Op.TRANSPOSE_CONV2D, ins, [out.name], attr("TransposeConv2d", out_pad, list(stride), False, ts.DType.FP32))
-    ctx.set_output(0, out)
+    return out
+
+
+@lowers("ConvTranspose")
+def lower_conv_transpose(ctx: LoweringContext) -> None:
+    """TRANSPOSE_CONV2D: TOSA scatters like ONNX (no kernel flip); ONNX pads crop, so out_pad is negative.
+
+    Groups become one TRANSPOSE_CONV2D per channel SLICE, joined by CONCAT.
+    """
+    x = ctx.tensor(0)
+    if len(x.shape) != 4:
+        raise ctx.unsupported(f"only 2-D transposed convolutions are supported (input rank {len(x.shape)})")
+    if tuple(ctx.attr("dilations", [1, 1])) != (1, 1):
+        raise ctx.unsupported("dilated ConvTranspose is not supported")
+    x = to_layout(ctx, x, NHWC)
+    w, w_q = _weights(ctx, 1)  # [C_in, C_out / group, kh, kw]
+    group = int(ctx.attr("group", 1))
+    c = x.shape[3]
+    cout_g, kh, kw = w.shape[1], w.shape[2], w.shape[3]
+    o = cout_g * group
+    if c % group or w.shape[0] != c:
+        raise ctx.unsupported(f"group={group} does not divide {c} input channels")
+    stride = tuple(ctx.attr("strides", [1, 1]))
+    out_pad = _transpose_conv_pads(ctx, (x.shape[1], x.shape[2]), (kh, kw), stride)
+    if out_pad[0] <= -kh or out_pad[1] <= -kh or out_pad[2] <= -kw or out_pad[3] <= -kw:
+        raise ctx.unsupported("padding of a whole kernel or more is not supported")
+    bias = read_bias(ctx, 2, o)
+    w_scale = channel_scales(w_q, o) if w_q is not None else None
+    out_name = ctx.current.output[0]
+    if group == 1:
+        ctx.set_output(0, emit_transpose_conv(ctx, x, w, w_scale, bias, out_pad, stride, out_name))
+        return
+    cin = c // group
+    parts = []
+    for g in range(group):
+        sel = slice(g * cout_g, (g + 1) * cout_g)
+        parts.append(emit_transpose_conv(ctx, slice_channels(ctx, x, g * cin, cin), w[g * cin:(g + 1) * cin],
+                                         None if w_scale is None else w_scale[sel], bias.select(sel), out_pad,
+                                         stride, None))
+    ctx.set_output(0, concat(ctx, parts, 3, out_name))
 
 
 def _fully_connected(ctx: LoweringContext, x: TTensor, w_ok: np.ndarray, w_scale: np.ndarray | None, bias: Bias) -> None:
