@@ -15,7 +15,7 @@ from npubuild.errors import StageError
 from npubuild.npusim import fmap
 from npubuild.npusim.cmdstream import Command
 from npubuild.npusim.scaling import saturate, scale
-from npubuild.npusim.weights import WeightLayout, decode_scales, decode_stream, unpack_weights
+from npubuild.npusim.weights import WeightLayout, decode_cached, decode_scales, unpack_weights
 
 POOL_MODES = {0: "MAX", 1: "AVERAGE", 2: "REDUCE_SUM"}
 EW_MODES = {0: "MUL", 1: "ADD", 2: "SUB", 3: "MIN", 4: "MAX", 5: "LRELU", 6: "ABS", 7: "CLZ", 8: "SHR", 9: "SHL"}
@@ -126,7 +126,7 @@ def _per_core_weights(mem: dict, cmd: Command, accel: str, ncores: int, oc: int,
         sbase, slen = cmd.addr(f"SCALE{sfx}_BASE"), cmd.regs.get(f"SCALE{sfx}_LENGTH", 0)
         lay = WeightLayout(len(chans), k.h, k.w, 1 if depthwise else ic, (blk + ncores - 1 - core) // ncores,
                            depthwise, k.part_kernel, ifm_bits, ofm_ub, ifm_ub, 8 // k.dy, 8 // k.dx)
-        stream = decode_stream(wregion[wbase:wbase + wlen].tobytes())
+        stream = decode_cached(wregion[wbase:wbase + wlen].tobytes())
         weights[chans] = unpack_weights(stream, lay)
         b, m, s = decode_scales(sregion[sbase:sbase + slen].tobytes(), len(chans))
         bias[chans], mult[chans], shift[chans] = b, m, s

@@ -12,6 +12,7 @@ blocks, sub-kernels, micro-blocks), which `weight_order` maps back to OHWI.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 
 import numpy as np
 
@@ -86,6 +87,14 @@ def decode_stream(data: bytes) -> np.ndarray:
                                 bool(wtrunc), uncompressed)
         out.append(_expand(w_vals, z_vals, palette, palsize, direct_offset, zero_run, bool(new_palette)))
     return np.concatenate(out) if out else np.zeros(0, np.int16)
+
+
+@lru_cache(maxsize=1024)
+def decode_cached(data: bytes) -> np.ndarray:
+    """decode_stream, memoised on the stream's bytes: every sample of a verification reuses the decode."""
+    out = decode_stream(data)
+    out.flags.writeable = False
+    return out
 
 
 def _slice(bb: _Bits, nw: int, nz: int, zero_run: bool, zdiv: int, wdiv: int, wtrunc: bool,
