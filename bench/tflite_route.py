@@ -241,6 +241,27 @@ def table(rows: list[dict]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def side_by_side(rows: list[dict]) -> str:
+    """One line per model x target: npubuild's figures / the TFLite route's (rows come in those pairs)."""
+    head = ("| model | target | ONNX nodes NPU/CPU (npubuild) | Vela NPU/CPU ops | SRAM KiB | off-chip KiB | "
+            "inference ms | tosa_snr_db | quant_snr_db | TRANSPOSE ops |")
+    lines = ["Each cell: npubuild / onnx2tf -> TFLite int8 (same Vela, .ini, system config, memory mode).", "",
+             head, "|---|---|---|---|---|---|---|---:|---|---|"]
+
+    def pair(a: dict, b: dict, key: str, digits: int = 2) -> str:
+        return f"{fmt(a.get(key), digits)} / {fmt(b.get(key), digits)}"
+
+    for a, b in zip(rows[0::2], rows[1::2], strict=True):
+        status = "" if a["route"].endswith("(passed)") else f" ({a['route'].split('(', 1)[-1]}"
+        tfl_fail = " (TFLite route failed)" if "failed" in b["route"] else ""
+        lines.append(f"| {a['model']}{status}{tfl_fail} | {a['target']} | {fmt(a.get('onnx_npu'))}/"
+                     f"{fmt(a.get('onnx_cpu'))} | {fmt(a.get('npu_ops'))}/{fmt(a.get('cpu_ops'))} / "
+                     f"{fmt(b.get('npu_ops'))}/{fmt(b.get('cpu_ops'))} | {pair(a, b, 'sram_kib')} | "
+                     f"{pair(a, b, 'offchip_kib')} | {pair(a, b, 'inference_ms', 4)} | "
+                     f"{fmt(a.get('tosa_snr_db'), 1)} | {pair(a, b, 'quant_snr_db', 1)} | {pair(a, b, 'transposes')} |")
+    return "\n".join(lines) + "\n"
+
+
 def main(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--report", type=Path, required=True, help="npubuild's report.json")
@@ -263,7 +284,8 @@ def main(argv: list[str]) -> int:
                      "npu_ops": m.get("vela_npu_ops"), "cpu_ops": m.get("vela_cpu_ops"),
                      "sram_kib": m.get("sram_kib"), "offchip_kib": m.get("offchip_kib"),
                      "inference_ms": m.get("inference_ms"), "tosa_snr_db": m.get("tosa_snr_db"),
-                     "quant_snr_db": m.get("quant_snr_db"), "transposes": m.get("transposes")})
+                     "quant_snr_db": m.get("quant_snr_db"), "transposes": m.get("transposes"),
+                     "onnx_npu": m.get("npu_ops"), "onnx_cpu": m.get("cpu_ops")})
         work = args.work / model
         if model not in converted:
             try:
@@ -294,7 +316,7 @@ def main(argv: list[str]) -> int:
         rows.append(row)
         print(table(rows[-2:]).splitlines()[-2], flush=True)
         print(table(rows[-1:]).splitlines()[-1], flush=True)
-    md = table(rows) + cycles_section(cycles)
+    md = side_by_side(rows) + cycles_section(cycles)
     print(md)
     if args.out:
         args.out.write_text(md)
