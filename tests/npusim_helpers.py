@@ -12,7 +12,7 @@ import onnx
 from ophelpers import calib, io_dict, quantize_model
 
 from npubuild.lowering.driver import lower_model
-from npubuild.npusim.npz import load_raw
+from npubuild.npusim.npz import RawModel, load_raw
 from npubuild.npusim.sim import run
 from npubuild.tosa_run import _quiet_stdio
 
@@ -71,9 +71,10 @@ def assert_bitexact(tosa: bytes, io: dict, npz: Path, seeds=(0, 1, 2)) -> None:
 
 
 def compile_and_check(model: onnx.ModelProto, input_shape: list[int], accelerator: str = "ethos-u55-128",
-                      *flags: str) -> Path:
+                      *flags: str) -> RawModel:
+    """Lower, compile, assert bit-exact on three seeds; returns the loaded artifact."""
     tosa, io = lower_int(model, input_shape)
     with tempfile.TemporaryDirectory() as tmp:
         npz = vela_raw(tosa, Path(tmp), accelerator, *flags)
         assert_bitexact(tosa, io, npz)
-        return npz
+        return load_raw(npz)
