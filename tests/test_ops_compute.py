@@ -1,8 +1,10 @@
 """Compute-heavy ops, FP and INT against onnxruntime, INT compiled by Vela for one U55 and one U85.
 
-Ops that onnxruntime does not quantize on their own (ReduceMean, GlobalMaxPool...)
-are tested between two layout-preserving ops it does quantize (1x1 MaxPool, Reshape), so
-that the op sees int8 input and output as it does inside a real network.
+Ops that onnxruntime does not quantize by default (ReduceMean, GlobalMaxPool...)
+are mostly tested between two layout-preserving ops it does quantize (1x1
+MaxPool, Reshape), as they sit inside a real network; the quantize stage
+also asks for them alone (registry.quantize_also), checked by
+test_lone_ops_are_quantized.
 """
 
 from __future__ import annotations
@@ -211,6 +213,21 @@ def test_reductions(op, shape, axes, keepdims, axes_as):
         model.opset_import[0].version = 13
     check_fp(model, {"x": rand(shape, 1)}, atol=1e-5)
     lowered, _ = check_int(model, calib("x", shape), {"x": rand(shape, 2)})
+    all_on_npu(lowered)
+
+
+@pytest.mark.parametrize("op,attrs,out_shape", [
+    ("ReduceMean", {"axes": [1], "keepdims": 1}, [1, 1, 5, 5]),
+    ("ReduceMax", {"axes": [2, 3], "keepdims": 0}, [1, 4]),
+    ("GlobalMaxPool", {}, [1, 4, 1, 1]),
+    ("LogSoftmax", {"axis": 1}, [1, 4, 5, 5]),
+])
+def test_lone_ops_are_quantized(op, attrs, out_shape):
+    model = single_op_model(op, {"x": [1, 4, 5, 5]}, {"y": out_shape}, **attrs)
+    model.opset_import[0].version = 13
+    qdq = quantize_model(model, calib("x", [1, 4, 5, 5]))
+    assert [n.op_type for n in qdq.graph.node].count("QuantizeLinear") == 2
+    lowered, _ = check_int(model, calib("x", [1, 4, 5, 5]), {"x": rand([1, 4, 5, 5], 2)})
     all_on_npu(lowered)
 
 

@@ -8,7 +8,9 @@ import tosa_serializer as ts
 from npubuild.lowering.context import NHWC, LoweringContext, TTensor
 from npubuild.lowering.emit import Op, attr, requantize, rescale, to_layout
 from npubuild.lowering.ops_conv import conv_pads, exact_pads, slice_hw
-from npubuild.lowering.registry import lowers
+from npubuild.lowering.registry import lowers, quantize_also
+
+quantize_also("GlobalMaxPool")  # onnxruntime leaves it in float on its own
 
 
 def _pool_geometry(ctx: LoweringContext, x: TTensor, kernel) -> tuple[list[int], tuple, TTensor]:

@@ -15,7 +15,9 @@ import tosa_serializer as ts
 
 from npubuild.lowering.context import NHWC, LoweringContext, TTensor
 from npubuild.lowering.emit import Op, attr, requantize, rescale, reshape
-from npubuild.lowering.registry import lowers
+from npubuild.lowering.registry import lowers, quantize_also
+
+quantize_also("ReduceSum", "ReduceMean", "ReduceMax", "ReduceMin")  # onnxruntime leaves them in float on their own
 
 MAX_POOL_KERNEL_H, MAX_POOL_KERNEL_AREA = 64, 4096  # what both AVG_POOL2D and DEPTHWISE_CONV2D accept on Vela
 

@@ -20,8 +20,10 @@ from npubuild.lowering.context import LoweringContext, TTensor
 from npubuild.lowering.emit import Op, attr, rescale
 from npubuild.lowering.ops_reduce import emit_reduce
 from npubuild.lowering.quant import QParams
-from npubuild.lowering.registry import lowers
+from npubuild.lowering.registry import lowers, quantize_also
 from npubuild.lowering.table import emit_table
+
+quantize_also("LogSoftmax")  # onnxruntime leaves it in float on its own
 
 EXP_BITS = 15
 OUT_FRAC_BITS = 16  # fixed-point fraction of the int32 result before the final RESCALE
