@@ -59,6 +59,7 @@ def test_ds_cnn_bitexact_on_u55_u65_and_size_build(kws_build):
     for target in ("u55-raw", "u55-size", "u65-raw"):
         assert builds[target]["status"] == "passed"
         assert builds[target]["stages"]["npu-sim"]["status"] == "passed"
+        assert builds[target]["metrics"]["npusim_bitexact"] is True
         result = json.loads((Path(builds[target]["artifacts"]["vela"]).parents[2] / "npu-sim").glob(
             f"ds_cnn-{target}-*/npusim.json").__next__().read_text())
         assert result["bitexact"] is True and result["samples"] == 4 and result["npu_ops"] >= 10

@@ -30,6 +30,7 @@ def build_metrics(records: dict[str, dict]) -> dict:
         "fvp_npu_cycles": records.get("fvp", {}).get("metrics", {}).get("fvp_npu_cycles"),
         "fvp_vs_vela_cycles": records.get("fvp", {}).get("metrics", {}).get("fvp_vs_vela_cycles"),
         "fvp_max_error_lsb": records.get("fvp", {}).get("metrics", {}).get("fvp_max_error_lsb"),
+        "npusim_bitexact": records.get("npu-sim", {}).get("metrics", {}).get("bitexact"),
         "tosa_mean_error_lsb": check.get("tosa_mean_error_lsb"),
         "tosa_cosine": check.get("tosa_cosine"),
         "accuracy": check.get("accuracy"),
