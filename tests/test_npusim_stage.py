@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -111,6 +112,10 @@ def test_simulate_command_lists_ops_and_prints_outputs(kws_build, capsys, tmp_pa
     code, out, _ = run_cli(["simulate", str(kws_build), "--build", "u55-size", "--input", str(x)], capsys)
     assert code == 0
     assert "ethos-u55-128" in out and "DEPTHWISE" in out and "NHCWB16" in out and "gemm_86_out: shape [1, 12]" in out
+    # each op is traced to its TOSA tensor and Vela's per-layer cycle estimate for it
+    first_conv = next(ln for ln in out.splitlines() if " CONV " in ln)
+    traced = re.search(r" NHCWB16 +(layer-\d+) +(\d+) ", first_conv)
+    assert traced and int(traced.group(2)) > 0, first_conv
     code, _, err = run_cli(["simulate", str(kws_build)], capsys)
     assert code == 2 and "several raw builds" in err and err.count("\n") == 1
     code, _, err = run_cli(["simulate", str(x)], capsys)

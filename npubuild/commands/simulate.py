@@ -17,8 +17,21 @@ def _load_input(path: str) -> np.ndarray:
         raise InputError(f"cannot read input: {exc}", path) from None
 
 
+def _tosa_names(art, model, feeds: list[np.ndarray], ops) -> list[str | None]:
+    """Each op's TOSA tensor (when the build's graph is known): names Vela's per-layer rows use."""
+    from npubuild.npusim.tosa_probe import intermediates
+    from npubuild.npusim.verify import tensor_of
+
+    if art.tosa is None or art.io is None or not art.tosa.is_file():
+        return [None] * len(ops)
+    xs = [np.asarray(x).reshape(spec["shape"]).astype(spec["dtype"]) for x, spec in zip(feeds, art.io["inputs"],
+                                                                                        strict=True)]
+    inter = intermediates(art.tosa.read_bytes(), xs)
+    return [tensor_of(op, inter) for op in ops]
+
+
 def cmd_simulate(args) -> int:
-    from npubuild.npusim.artifact import locate, prepare_input
+    from npubuild.npusim.artifact import layer_cycles, locate, prepare_input
     from npubuild.npusim.npz import load_raw
     from npubuild.npusim.sim import run
 
@@ -40,10 +53,14 @@ def cmd_simulate(args) -> int:
     seconds = time.perf_counter() - t0
     print(f"{art.label}: {model.accelerator}, {len(result.ops)} NPU ops, simulated in {seconds:.3f} s"
           + ("" if args.input else f" (random input, seed {args.seed})"))
-    print(f"{'#':>4}  {'op':<16} {'ifm':<16} {'ifm fmt':<8} {'ofm':<16} {'ofm fmt':<8} detail")
+    tensors, cycles = _tosa_names(art, model, feeds, result.ops), layer_cycles(art.npz)
+    print(f"{'#':>4}  {'op':<18} {'ifm':<14} {'ifm fmt':<8} {'ofm':<14} {'ofm fmt':<8} {'tosa':<12} "
+          f"{'cycles':>8}  detail")
     for n, op in enumerate(result.ops):
-        print(f"{n:>4}  {op.kind:<16} {str(list(op.ifm_shape)):<16} {op.ifm_format:<8} "
-              f"{str(list(op.ofm_shape)):<16} {op.ofm_format:<8} {op.detail}")
+        name = tensors[n] or "-"
+        cyc = cycles.get(name, "") if tensors[n] else ""
+        print(f"{n:>4}  {op.kind:<18} {str(list(op.ifm_shape)):<14} {op.ifm_format:<8} "
+              f"{str(list(op.ofm_shape)):<14} {op.ofm_format:<8} {name:<12} {cyc!s:>8}  {op.detail}")
     io_outputs = (art.io or {}).get("outputs") or [None] * len(result.outputs)
     for i, (y, spec) in enumerate(zip(result.outputs, io_outputs, strict=True)):
         name = spec["onnx_name"] if spec else f"output {i}"

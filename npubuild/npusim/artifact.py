@@ -19,6 +19,24 @@ class Artifact:
     tosa: Path | None = None
 
 
+def layer_cycles(npz: Path) -> dict[str, int]:
+    """Vela's per-layer cycle estimate (its --verbose-performance CSV next to the artifact), by layer name."""
+    import csv
+
+    for d in (npz.parent, npz.parent.parent):
+        for p in sorted(d.glob("*_per-layer.csv")):
+            with open(p, newline="") as f:
+                rows = list(csv.DictReader(f))
+            out = {}
+            for r in rows:
+                try:
+                    out[r["Name"].strip()] = int(float(r["Op Cycles"]))
+                except (KeyError, ValueError):
+                    continue
+            return out
+    return {}
+
+
 def _io_next_to(tosa: Path | None) -> dict | None:
     if tosa is None:
         return None

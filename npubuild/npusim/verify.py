@@ -55,6 +55,16 @@ def _maps_to(ofm: np.ndarray, tensor: np.ndarray) -> bool | None:
     return any(np.array_equal(t[..., c0:c0 + oc], ofm) for c0 in range(c - oc + 1))
 
 
+def tensor_of(op: OpResult, inter: dict[str, np.ndarray]) -> str | None:
+    """The TOSA tensor (same element width) holding this op's OFM, if any: maps NPU ops back to the graph."""
+    same = [(n, t) for n, t in inter.items() if t.dtype.itemsize * 8 == op.ofm_bits]
+    for exact in (True, False):  # a tensor of exactly the OFM's size first, then channel slices of larger ones
+        for name, t in same:
+            if (t.size == op.ofm.size) == exact and _maps_to(op.ofm, t):
+                return name
+    return None
+
+
 def localise(trace: list[OpResult], inter: dict[str, np.ndarray]) -> Mismatch | None:
     """Only 8/16-bit OFMs are compared: 32-bit ones are mostly Vela's internal steps (a RESCALE split in two)."""
     for n, op in enumerate(trace):
