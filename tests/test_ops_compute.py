@@ -146,12 +146,23 @@ def test_gemm_attributes(trans_a, trans_b, alpha, beta, c_shape):
     all_on_npu(lowered)
 
 
-@pytest.mark.parametrize("a_shape,w_shape", [([2, 5, 16], [16, 8]), ([2, 3, 4, 16], [16, 6])])
+@pytest.mark.parametrize("a_shape,w_shape", [([2, 5, 16], [16, 8]), ([2, 3, 4, 16], [16, 6]), ([16], [16, 4])])
 def test_matmul_constant_weight_batched_input(a_shape, w_shape):
     w = np.random.default_rng(0).normal(0, 0.3, w_shape).astype(np.float32)
     model = single_op_model("MatMul", {"x": a_shape}, {"y": None}, {"w": w})
     check_fp(model, {"x": rand(a_shape, 1)})
     lowered, _ = check_int(model, calib("x", a_shape), {"x": rand(a_shape, 2)})
+    all_on_npu(lowered)
+
+
+@pytest.mark.parametrize("trans_b,alpha", [(0, 1.0), (1, 0.5)])
+def test_gemm_with_activation_b(trans_b, alpha):
+    b_shape = [5, 8] if trans_b else [8, 5]
+    model = single_op_model("Gemm", {"a": [3, 8], "b": b_shape}, {"y": None}, transB=trans_b, alpha=alpha)
+    feeds = {"a": rand([3, 8], 1), "b": rand(b_shape, 2)}
+    check_fp(model, feeds)
+    lowered, _ = check_int(model, {**calib("a", [3, 8]), **calib("b", b_shape, seed=3)}, feeds)
+    assert "MATMUL" in tosa_ops(lowered)
     all_on_npu(lowered)
 
 
@@ -168,6 +179,9 @@ def test_matmul_batched_constant_weight():
     ([2, 4, 8], [2, 8, 5]),
     ([1, 2, 6, 8], [1, 2, 8, 6]),  # attention scores: [B, heads, S, d] x [B, heads, d, S]
     ([2, 3, 8], [8, 4]),
+    ([3, 8], [2, 8, 5]),  # A broadcast over B's batch: TILE
+    ([8], [2, 8, 3]),  # 1-D A
+    ([2, 4, 8], [8]),  # 1-D B
 ])
 def test_matmul_two_activations(a_shape, b_shape):
     model = single_op_model("MatMul", {"a": a_shape, "b": b_shape}, {"y": None})

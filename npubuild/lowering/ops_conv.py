@@ -336,13 +336,21 @@ def _transposed(x: TTensor) -> TTensor:
 def lower_gemm(ctx: LoweringContext) -> None:
     """alpha folds into the weight scale (or the float weights), beta into the bias."""
     alpha, beta = float(ctx.attr("alpha", 1.0)), float(ctx.attr("beta", 1.0))
-    if ctx.qconst(1) is None and ctx.constant(1) is None:
-        raise ctx.unsupported("Gemm with an activation B operand is not supported (use MatMul)")
     x = ctx.tensor(0)
     if len(x.shape) != 2:
         raise ctx.unsupported(f"Gemm input must be 2-D, got shape {list(x.logical_shape)}")
     if int(ctx.attr("transA", 0)):
         x = _transposed(x)
+    if alpha == 0:
+        raise ctx.unsupported("alpha=0 is not supported")
+    if ctx.qconst(1) is None and ctx.constant(1) is None:
+        if ctx.has_input(2) and beta != 0:
+            raise ctx.unsupported("Gemm with an activation B operand and a C input is not supported")
+        if alpha < 0:
+            raise ctx.unsupported("Gemm with an activation B operand and a negative alpha is not supported")
+        b = ctx.tensor(1)
+        matmul(ctx, x, _transposed(b) if int(ctx.attr("transB", 0)) else b, None, alpha)
+        return
     w, w_q = _weights(ctx, 1)
     if not int(ctx.attr("transB", 0)):
         w = w.T
@@ -354,8 +362,6 @@ def lower_gemm(ctx: LoweringContext) -> None:
         w = w * abs(alpha)
     elif w_scale is not None:
         w_scale = w_scale * abs(alpha)
-    if alpha == 0:
-        raise ctx.unsupported("alpha=0 is not supported")
     bias = read_bias(ctx, 2, o) if beta != 0 else Bias(np.zeros(o))
     _fully_connected(ctx, x, w, w_scale, bias.scaled(beta))
 
@@ -366,12 +372,14 @@ def lower_matmul(ctx: LoweringContext) -> None:
     const = ctx.qconst(1) is not None or ctx.constant(1) is not None
     if const:
         w, w_q = _weights(ctx, 1)
-        if w.ndim == 2 and len(ctx.tensor(0).shape) >= 2:
+        if w.ndim == 2:
             o = w.shape[1]
             w_scale = channel_scales(w_q, o) if w_q is not None else None
             _fully_connected(ctx, ctx.tensor(0), w.T, w_scale, Bias(np.zeros(o)))
             return
-    _batched_matmul(ctx)
+    requantized = _per_column_weights(ctx)
+    b, b_cols = requantized if requantized is not None else (ctx.tensor(1), None)
+    matmul(ctx, ctx.tensor(0), b, b_cols)
 
 
 def _as_rank3(ctx: LoweringContext, x: TTensor, batch: int, rows: int | None = None) -> TTensor:
@@ -403,37 +411,62 @@ def _per_column_weights(ctx: LoweringContext) -> tuple[TTensor, np.ndarray] | No
     return TTensor(t.name, t.shape, t.dtype, identity(q.ndim), t.q), cols
 
 
-def _batched_matmul(ctx: LoweringContext) -> None:
-    a = ctx.tensor(0)
-    requantized = _per_column_weights(ctx)
-    b, b_cols = requantized if requantized is not None else (ctx.tensor(1), None)
+def _as_matrix(ctx: LoweringContext, x: TTensor, shape: tuple[int, ...]) -> TTensor:
+    """A 1-D operand as the 2-D matrix ONNX MatMul treats it as."""
+    return reshape(ctx, to_layout(ctx, x, (0,)), shape, (0, 1))
+
+
+def matmul(ctx: LoweringContext, a: TTensor, b: TTensor, b_cols: np.ndarray | None = None, gain: float = 1.0) -> None:
+    """gain * a @ b with numpy batch broadcasting, as TOSA MATMUL on rank 3 (b_cols: B's per-column scales)."""
     la, lb = a.logical_shape, b.logical_shape
-    if len(la) < 2 or len(lb) < 2:
-        raise ctx.unsupported("1-D MatMul operands are not supported")
-    ba, bb = la[:-2], lb[:-2]
-    na, nb = int(np.prod(ba)), int(np.prod(bb))
+    if not la or not lb:
+        raise ctx.unsupported("scalar MatMul operands are not supported")
+    drop = [len(la) == 1, len(lb) == 1]
+    if drop[0]:
+        a, la = _as_matrix(ctx, a, (1, la[0])), (1, la[0])
+    if drop[1]:
+        b, lb = _as_matrix(ctx, b, (lb[0], 1)), (lb[0], 1)
+    ba, bb = tuple(la[:-2]), tuple(lb[:-2])
+    try:
+        out_batch = tuple(int(d) for d in np.broadcast_shapes(ba, bb))
+    except ValueError:
+        raise ctx.unsupported(f"MatMul batch dims {list(ba)} and {list(bb)} do not broadcast") from None
+    na, nb, total = int(np.prod(ba)), int(np.prod(bb)), int(np.prod(out_batch))
     m, n = la[-2], lb[-1]
-    if nb == 1 and na > 1:  # one B for every batch of A: fold A's batches into its rows
+    if nb == 1:  # one B for every batch of A: fold A's batches into its rows
         a3, b3, batch, rows = _as_rank3(ctx, a, 1, na * m), _as_rank3(ctx, b, 1), 1, na * m
-        out_batch = ba
-    elif na == nb and (len(ba) == len(bb) and tuple(ba) == tuple(bb) or len(ba) == 0 or len(bb) == 0):
+    elif na == total and nb == total:
         a3, b3, batch, rows = _as_rank3(ctx, a, na), _as_rank3(ctx, b, nb), na, m
-        out_batch = ba if len(ba) >= len(bb) else bb
+    elif na == 1:  # one A for every batch of B: TILE it
+        a1 = _as_rank3(ctx, a, 1)
+        a3 = ctx.new_tensor((nb, m, la[-1]), a1.dtype, (0, 1, 2), a1.q)
+        ctx.op(Op.TILE, [a1.name, ctx.shape_const([nb, 1, 1])], [a3.name], attr("Tile"))
+        b3, batch, rows = _as_rank3(ctx, b, nb), nb, m
     else:
-        raise ctx.unsupported(f"MatMul batch dims {list(ba)} and {list(bb)} do not match")
-    out_shape = (*out_batch, m, n)
+        raise ctx.unsupported(f"MatMul batch dims {list(ba)} and {list(bb)} only partly broadcast")
+    out_shape = [*out_batch, m, n]
+    if drop[1]:
+        out_shape.pop(-1)
+    if drop[0]:
+        out_shape.pop(-2 if not drop[1] else -1)
     out_name = ctx.current.output[0]
     if ctx.profile == "int":
         if a3.q is None or b3.q is None:
             raise ctx.unsupported("both MatMul operands must be quantized")
-        acc = ctx.new_tensor((batch, rows, n), np.int32, (0, 1, 2))
         if not b3.q.is_per_tensor:
             raise ctx.unsupported("per-channel quantized B is only supported for constant weights")
+        acc = ctx.new_tensor((batch, rows, n), np.int32, (0, 1, 2))
         ctx.op(Op.MATMUL, [a3.name, b3.name, ctx.zp(a3.q.zp, np.int8), ctx.zp(b3.q.zp, np.int8)], [acc.name],
                attr("MatMul"))
         b_scale = b_cols if b_cols is not None else np.array([b3.q.s])
-        y = rescale_acc(ctx, acc, a3.q.s * b_scale, None)
+        y = rescale_acc(ctx, acc, gain * a3.q.s * b_scale, None)
     else:
         y = ctx.new_tensor((batch, rows, n), np.float32, (0, 1, 2))
         ctx.op(Op.MATMUL, [a3.name, b3.name, ctx.zp(0, np.float32), ctx.zp(0, np.float32)], [y.name], attr("MatMul"))
+        if gain != 1.0:
+            g = ctx.const(np.full((1, 1, 1), gain, np.float32), "gain")
+            scaled = ctx.new_tensor(y.shape, np.float32, y.perm)
+            ctx.op(Op.MUL, [y.name, g, ctx.const(np.zeros(1, np.int8), "shift")], [scaled.name], attr("Mul"))
+            y = scaled
+    out_shape = tuple(out_shape)
     ctx.set_output(0, reshape(ctx, y, out_shape, identity(len(out_shape)), output_of=out_name))
