@@ -51,3 +51,30 @@ def test_int16_conv_bitexact(k, cin, cout, depthwise, accel):
     io = {"inputs": [{"shape": [1, 8, 8, cin], "dtype": "int16"}]}
     with tempfile.TemporaryDirectory() as tmp:
         assert_bitexact(tosa, io, vela_raw(tosa, Path(tmp), accel))
+
+
+def table16() -> bytes:
+    """TOSA's interpolating int16 TABLE (513 entries, int32 out): Vela builds it from 16-bit LUT passes and MULs."""
+    s = ts.TosaSerializer("", ts.ConstMode.EMBED, 1, 0, 0, False)
+    x = s.addPlaceholder([1, 4, 4, 8], D.INT16)
+    s.addConst([513], D.INT16, (np.sin(np.linspace(-3, 3, 513)) * 30000).astype(np.int16), name="t")
+    o = s.addOutput([1, 4, 4, 8], D.INT32)
+    s.addOperator(ts.Op.TABLE, [x.name, "t"], [o.name], _attr("Table"))
+    return s.serialize()
+
+
+def maxpool16() -> bytes:
+    s = ts.TosaSerializer("", ts.ConstMode.EMBED, 1, 0, 0, False)
+    x = s.addPlaceholder([1, 8, 8, 8], D.INT16)
+    o = s.addOutput([1, 4, 4, 8], D.INT16)
+    s.addOperator(ts.Op.MAX_POOL2D, [x.name], [o.name],
+                  _attr("MaxPool2d", [2, 2], [2, 2], [0, 0, 0, 0], ts.NanPropagationMode.PROPAGATE))
+    return s.serialize()
+
+
+@pytest.mark.parametrize("graph,shape", [(table16, [1, 4, 4, 8]), (maxpool16, [1, 8, 8, 8])],
+                         ids=["table16", "maxpool16"])
+def test_int16_lut_and_pool_bitexact(graph, shape):
+    tosa = graph()
+    with tempfile.TemporaryDirectory() as tmp:
+        assert_bitexact(tosa, {"inputs": [{"shape": shape, "dtype": "int16"}]}, vela_raw(tosa, Path(tmp)))

@@ -149,6 +149,8 @@ def _finish(cmd: Command, acc: np.ndarray, mult, shift, ofm: fmap.FeatureMap, me
         idx = (v + 128) if ofm.signed else v
         out = table[idx.astype(np.int64)]
         return out if ofm.signed else out.astype(np.uint8).astype(np.int64)
+    if LUT_FIRST <= fn <= LUT_LAST and ofm.bits == 16:
+        return lut16(mem, v, ofm.signed)
     raise StageError(f"activation function {fn} on {ofm.bits}-bit OFM not supported yet")
 
 
@@ -157,6 +159,22 @@ def lut_table(mem: dict, slot: int) -> np.ndarray:
     internal = mem["internal"]
     base = len(internal) - 8 * LUT_SLOT_BYTES + slot * LUT_SLOT_BYTES
     return internal[base:base + 256].view(np.int8).astype(np.int64)
+
+
+def lut16(mem: dict, v: np.ndarray, signed: bool) -> np.ndarray:
+    """16-bit LUT: 512 32-bit entries (base in the low half, slope in the high half), interpolated on 7 bits."""
+    internal = mem["internal"]
+    raw = internal[len(internal) - 8 * LUT_SLOT_BYTES:].view("<i4").astype(np.int64)
+    u = (v + 32768) if signed else v
+    idx, frac = u >> 7, u & 0x7F
+    entry = raw[np.clip(idx, 0, 511)]
+    base = ((entry & 0xFFFF) ^ 0x8000) - 0x8000
+    slope = entry >> 16
+    out = base + ((slope * frac + LUT16_ROUND) >> 7)
+    return saturate(out, 16, signed)
+
+
+LUT16_ROUND = 64  # the interpolation rounds half up, as TFLite's 16-bit LUT reference does
 
 
 def _ofm_global_scale(cmd: Command) -> tuple[int, int]:
