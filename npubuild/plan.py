@@ -10,6 +10,7 @@ vela and report tasks. Executors (doit, later others) only run this plan.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 
 from npubuild.config.load import Build
@@ -50,8 +51,8 @@ class StageTask:
     deps: list[str] = field(default_factory=list)  # names of upstream tasks
     builds: list[str] = field(default_factory=list)
 
-    @property
-    def key(self) -> str:
+    @cached_property
+    def key(self) -> str:  # cached: hashing the config is most of planning time on a big matrix
         return stable_hash(self.config)
 
     @property

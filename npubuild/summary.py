@@ -7,13 +7,15 @@ record comes from an earlier run.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
-from npubuild.fileio import write_json, write_text
+from npubuild.fileio import _json_default, write_text
 from npubuild.html_report import write_html
 from npubuild.plan import BuildPlan
-from npubuild.stages import read_error, read_record
+from npubuild.stages import read_error
 from npubuild.stages.npu_sim import skip_reason as npu_sim_skip_reason
+from npubuild.uptodate import record
 from npubuild.versions import all_versions
 
 
@@ -26,10 +28,12 @@ def build_entries(plan: BuildPlan, run_id: str) -> list[dict]:
         error_kinds: set[str] = set()
         entry_metrics: dict = {}
         gates: list[dict] = []
+        records: dict[str, dict] = {}
         for stage, name in chain.items():
             task = plan.tasks[name]
-            rec = read_record(task)
+            rec = record(task)
             if rec is not None:
+                records[stage] = rec
                 stages[stage] = {"status": "passed", "seconds": rec["seconds"], "cached": rec["run_id"] != run_id,
                                  "from_cache": bool(rec.get("from_cache"))}
                 if stage == "report":
@@ -69,25 +73,35 @@ def build_entries(plan: BuildPlan, run_id: str) -> list[dict]:
             "gates": gates,
             "errors": errors,
             "error_kinds": sorted(error_kinds),
-            "artifacts": artifacts(plan, b.id),
+            "artifacts": artifacts(plan, b.id, records),
         })
     return entries
 
 
-def artifacts(plan: BuildPlan, build_id: str) -> dict[str, str]:
+def artifacts(plan: BuildPlan, build_id: str, records: dict[str, dict] | None = None) -> dict[str, str]:
+    """Paths of the build's main outputs; the Vela files from its stage record (no directory scan per build)."""
     chain = plan.build_tasks[build_id]
     out = {}
     lower = plan.tasks[chain["lower"]]
     out["tosa"] = str(lower.outputs["tosa"])
     vela = plan.tasks[chain["vela"]] if "vela" in chain else None
-    for p in [] if vela is None else sorted(vela.dir.glob("*_vela.tflite")) + sorted(vela.dir.glob("*_vela.npz")):
+    if vela is None:
+        return out
+    names = ((records or {}).get("vela") or {}).get("metrics", {}).get("artifacts")
+    if isinstance(names, list):
+        found = [vela.dir / n for n in sorted(n for n in names if n.endswith("_vela.tflite"))]
+        found += [vela.dir / n for n in sorted(n for n in names if n.endswith("_vela.npz"))]
+    else:
+        found = sorted(vela.dir.glob("*_vela.tflite")) + sorted(vela.dir.glob("*_vela.npz"))
+    for p in found:
         out["vela"] = str(p)
     return out
 
 
 def write_reports(plan: BuildPlan, run_id: str, build_dir: Path) -> dict:
     report = {"versions": all_versions(), "builds": build_entries(plan, run_id)}
-    write_json(build_dir / "report.json", report)
+    # compact: json's C encoder only runs without indent, and report.json of a nightly matrix is megabytes
+    write_text(build_dir / "report.json", json.dumps(report, default=_json_default) + "\n")
     write_text(build_dir / "report.md", render_markdown(report))
     write_html(build_dir / "report.html", report, cache_dir=build_dir / ".cache" / "plots")
     return report

@@ -19,6 +19,31 @@ from npubuild.plan import StageTask
 INPUTS_NAME = "inputs.json"
 
 
+_JSON_CACHE: dict[Path, tuple[tuple[int, int, int], dict]] = {}
+
+
+def read_json_cached(path: Path) -> dict:
+    """read_json, memoised per (inode, mtime, size): the up-to-date checks and the report read the same
+    records in one process, and files are replaced atomically (a new inode) when rewritten."""
+    st = os.stat(path)
+    sig = (st.st_ino, st.st_mtime_ns, st.st_size)
+    hit = _JSON_CACHE.get(path)
+    if hit is not None and hit[0] == sig:
+        return hit[1]
+    data = read_json(path)
+    _JSON_CACHE[path] = (sig, data)
+    return data
+
+
+def record(task: StageTask) -> dict | None:
+    """The task's stage.json if it carries the task's current key (like stages.read_record, memoised)."""
+    try:
+        rec = read_json_cached(task.outputs["record"])
+    except (OSError, ValueError):
+        return None
+    return rec if isinstance(rec, dict) and rec.get("key") == task.key else None
+
+
 def fingerprint(inputs: dict[str, Path]) -> dict[str, list]:
     """name -> [size, mtime_ns, sha256] for each input file."""
     out = {}
@@ -44,12 +69,14 @@ def _same(path: Path, saved: list) -> bool:
 
 def is_done(task: StageTask) -> bool:
     """True if the task completed with its current config and its inputs are unchanged since."""
+    rec = record(task)
+    if rec is None:
+        return False
     try:
-        rec = read_json(task.outputs["record"])
-        saved = read_json(task.dir / INPUTS_NAME)
+        saved = read_json_cached(task.dir / INPUTS_NAME)
     except (OSError, ValueError):
         return False
-    if rec.get("key") != task.key or saved.get("key") != task.key:
+    if saved.get("key") != task.key:
         return False
     fp = saved.get("inputs", {})
     if set(fp) != set(task.inputs):
