@@ -9,3 +9,9 @@ Modules: npz (loading), cmdstream (decoding, register snapshots), weights (our
 own weight-stream decoder and hardware ordering), fmap (NHWC / NHCWB16
 addressing), ops (execution), sim (the machine).
 """
+
+from npubuild.errors import StageError
+
+
+class NotModelled(StageError):
+    """A valid command stream using a feature npu-sim does not model yet: verification cannot conclude."""

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from npubuild.errors import StageError
-from npubuild.npusim import fmap
+from npubuild.npusim import NotModelled, fmap
 from npubuild.npusim.cmdstream import Command
 from npubuild.npusim.scaling import saturate, scale
 from npubuild.npusim.weights import WeightLayout, decode_cached, decode_scales, unpack_weights
@@ -151,7 +151,7 @@ def _finish(cmd: Command, acc: np.ndarray, mult, shift, ofm: fmap.FeatureMap, me
         return out if ofm.signed else out.astype(np.uint8).astype(np.int64)
     if LUT_FIRST <= fn <= LUT_LAST and ofm.bits == 16:
         return lut16(mem, v, ofm.signed)
-    raise StageError(f"activation function {fn} on {ofm.bits}-bit OFM not supported yet")
+    raise NotModelled(f"activation function {fn} on {ofm.bits}-bit OFM is not modelled yet")
 
 
 def lut_table(mem: dict, slot: int) -> np.ndarray:
@@ -324,7 +324,7 @@ def run_elementwise(mem: dict, cmd: Command) -> OpResult:
     elif mode == "SHR":
         acc = scale(a, 1, np.clip(b, 0, 31), (cmd.regs.get("OFM_PRECISION", 0) >> 14) & 3)
     else:
-        raise StageError(f"ELEMENTWISE {mode} not supported yet")
+        raise NotModelled(f"ELEMENTWISE {mode} is not modelled yet")
     ofm = fmap.operand(cmd, "OFM")
     m, s = _ofm_global_scale(cmd)
     if mode in ("SHL", "SHR", "CLZ"):

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from npubuild.errors import InputError, StageError
-from npubuild.npusim import ops
+from npubuild.npusim import NotModelled, ops
 from npubuild.npusim.cmdstream import Command, decode
 from npubuild.npusim.npz import RawModel, TensorPlace
 
@@ -37,7 +37,7 @@ def _dma(mem: dict, cmd: Command) -> None:
     src = mem[INTERNAL if src_reg >> 8 & 1 else src_reg & 0xFF]
     dst = mem[INTERNAL if dst_reg >> 8 & 1 else dst_reg & 0xFF]
     if (src_reg >> 9) & 3 or (dst_reg >> 9) & 3:
-        raise StageError("2D/3D DMA not supported yet")
+        raise NotModelled("2D/3D DMA is not modelled yet")
     s, d, n = cmd.addr("DMA0_SRC"), cmd.addr("DMA0_DST"), cmd.addr("DMA0_LEN")
     if s + n > len(src) or d + n > len(dst):
         raise StageError(f"DMA of {n} bytes outside its region")
@@ -78,7 +78,7 @@ def run(model: RawModel, inputs: list[np.ndarray], keep_ofms: bool = True) -> Si
             else:
                 res = ops.run_elementwise(mem, cmd)
         except StageError as exc:
-            raise StageError(f"NPU op #{len(trace)} {cmd.kind}: {exc.message}") from None
+            raise type(exc)(f"NPU op #{len(trace)} {cmd.kind}: {exc.message}") from None
         if not keep_ofms:
             res.ofm = np.zeros(0)
         trace.append(res)
