@@ -16,10 +16,16 @@ FVP_BINARIES = {
 }
 
 
-def find_fvp(platform: str, family: str, configured: str | None) -> tuple[Path | None, str]:
-    """The FVP executable for this target (fvp.executable, else the platform's FVP on PATH), or None and why."""
+def find_fvp(platform: str, family: str, configured: str | None, base: Path | None = None) -> tuple[Path | None, str]:
+    """The FVP executable for this target (fvp.executable, else the platform's FVP on PATH), or None and why.
+
+    A configured path with a directory part is relative to `base` (the spec's directory); a bare name is
+    looked up on PATH.
+    """
     if configured:
         p = Path(configured).expanduser()
+        if base is not None and not p.is_absolute() and len(p.parts) > 1:
+            p = base / p
         if p.is_file() and os.access(p, os.X_OK):
             return p.resolve(), ""
         found = shutil.which(configured)
@@ -50,7 +56,7 @@ def fvp_decision(b: Build) -> tuple[dict | None, Path | None, str | None]:
         if not runner.is_file():
             raise InputError(f"fvp.runner '{opts.runner}' not found", str(b.spec_path))
     family = b.target.family
-    exe, why = find_fvp(b.target.platform, family, opts.executable)
+    exe, why = find_fvp(b.target.platform, family, opts.executable, b.spec_path.parent)
     if exe is None:
         reason = why
     elif runner is None:

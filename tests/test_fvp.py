@@ -173,3 +173,19 @@ def test_u85_command_line_uses_the_corstone_320_fvp(tmp_path: Path):
     assert "mps4_board.visualisation.disable-visualisation=1" in params and "vis_hdlcd.disable_visualisation=1" in params
     assert "mps4_board.telnetterminal0.start_telnet=0" in params and "mps4_board.uart0.out_file=-" in params
     assert cmd[-2:] == ["--timelimit", "120"]
+
+
+def test_configured_executable_relative_to_the_spec_is_used(project: Path, tmp_path: Path, capsys):
+    runner = _project(project)
+    tools = project / "tools"
+    tools.mkdir()
+    exe = tools / "my_fvp"
+    exe.write_text(STAND_IN)
+    exe.chmod(0o755)
+    spec = project / "configs" / "kws.yaml"
+    spec.write_text(spec.read_text().replace("fvp: {runner: runner.elf,", "fvp: {runner: runner.elf, executable: ../tools/my_fvp,"))
+    _build(project, capsys)
+    runner.write_text(json.dumps({"uart": ["NPU ACTIVE cycles: 77", *_expected_output_lines(project)]}))
+    code, err, b = _build(project, capsys)
+    assert code == 0, err
+    assert b["metrics"]["fvp_npu_cycles"] == 77 and Path(str(runner) + ".argv.json").is_file()
