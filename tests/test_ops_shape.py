@@ -381,3 +381,43 @@ def test_identity_dropout_constant_cast_lower_without_import_passes():
 def test_identity_to_graph_output_is_copied():
     model = single_op_model("Identity", {"x": [2, 3]}, {"y": None})
     assert _fp_without_import(model, {"x": rand([2, 3], 1)}) == ["IDENTITY"]
+
+
+# ---------------------------------------------------------------- what torch exports
+
+def _torch_model(dynamo: bool) -> onnx.ModelProto:
+    torch = pytest.importorskip("torch")
+    nn, fn = torch.nn, torch.nn.functional
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a, self.b = nn.Conv2d(3, 4, 3, padding=1), nn.Conv2d(3, 4, 3, padding=1)
+            self.c = nn.Conv2d(8, 8, 3, padding=1)
+
+        def forward(self, x):
+            y = torch.cat([self.a(x), self.b(x)], 1)
+            y = self.c(fn.pad(y, (1, 1, 1, 1), mode="reflect"))[:, :, 1:-1, 1:-1]
+            p, q = torch.chunk(y, 2, dim=1)
+            y = fn.interpolate(p + q, scale_factor=2, mode="nearest")
+            y = fn.pixel_shuffle(fn.pixel_unshuffle(y, 2), 2)
+            y = fn.adaptive_avg_pool2d(y, 1)
+            return y.view(y.size(0), -1)
+
+    torch.manual_seed(0)
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "net.onnx"
+        torch.onnx.export(Net().eval(), (torch.randn(1, 3, 8, 8),), str(path), input_names=["x"], output_names=["y"],
+                          opset_version=18, dynamo=dynamo, verbose=False)
+        return onnx.load(str(path))
+
+
+@pytest.mark.parametrize("dynamo", [False, True], ids=["torchscript", "dynamo"])
+def test_torch_exported_data_movement(dynamo):
+    """cat, reflect pad, slicing, chunk, nearest upsample, pixel (un)shuffle and view(n, -1) as both exporters
+    write them: shape chains fold at import, everything runs on the NPU, and TRANSPOSEs are only those the
+    pixel (un)shuffles need (TorchScript's rank-6 form costs one more)."""
+    model = _torch_model(dynamo)
+    assert not {"Shape", "Gather", "ConstantOfShape"} & {n.op_type for n in prepare(model).graph.node}
+    lowered = check_op(model, {"x": [1, 3, 8, 8]}, max_lsb=1)
+    assert ops_of(lowered).count("TRANSPOSE") == (2 if dynamo else 3)

@@ -92,12 +92,38 @@ def reshape_layout(src: tuple[int, ...], perm: tuple[int, ...], dst: tuple[int, 
     return tuple(next(it) if dst[c] != 1 else c for c in canonical(len(dst)))
 
 
+def pullback_layout(src: tuple[int, ...], dst: tuple[int, ...], out_layout: tuple[int, ...]) -> tuple[int, ...] | None:
+    """The layout `src` needs so that reshaping it to `dst` lands in `out_layout` with no further move."""
+    groups = _groups(src, dst)
+    if groups is None:
+        return None
+    by_first = {gd[0]: (gs, gd) for gs, gd in groups}
+    seq = [b for b in out_layout if dst[b] != 1]
+    order: list[int] = []
+    k = 0
+    while k < len(seq):
+        if seq[k] not in by_first:
+            return None
+        gs, gd = by_first[seq[k]]
+        if seq[k:k + len(gd)] != gd:
+            return None
+        order.extend(gs)
+        k += len(gd)
+    it = iter(order)
+    return tuple(next(it) if src[c] != 1 else c for c in canonical(len(src)))
+
+
 def reshape_to(ctx: LoweringContext, x: TTensor, new_shape: tuple[int, ...], output_of: str | None = None) -> TTensor:
-    """Reshape by the logical (ONNX) shape; a TRANSPOSE only if the layout makes the order differ."""
+    """Reshape by the logical (ONNX) shape; a TRANSPOSE only if the layout makes the order differ.
+
+    When one is needed, x is transposed straight into the order whose reshape is
+    the result in its canonical layout (NHWC for rank 4), so the consumer needs no second move.
+    """
     new_shape = tuple(int(s) for s in new_shape)
     layout = reshape_layout(x.logical_shape, x.perm, new_shape)
     if layout is None:
-        x = to_layout(ctx, x, identity(len(x.shape)))
+        want = pullback_layout(x.logical_shape, new_shape, canonical(len(new_shape)))
+        x = to_layout(ctx, x, want if want is not None else identity(len(x.shape)))
         layout = reshape_layout(x.logical_shape, x.perm, new_shape)
         assert layout is not None
     phys = tuple(new_shape[i] for i in layout)

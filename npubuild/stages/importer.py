@@ -16,6 +16,7 @@ from npubuild.plan import StageTask
 NORMALISE = ["fold_constants", "fold_batchnorm", "eliminate_identity", "eliminate_dropout", "remove_unused",
              "topological_sort"]
 MIN_OPSET = 13
+MAX_FOLD_ROUNDS = 8
 
 
 def load_onnx(path: Path) -> onnx.ModelProto:
@@ -78,12 +79,17 @@ def normalise(model: onnx.ModelProto, shapes: dict[str, list[int]], where: str) 
             raise InputError(f"opset {opset} could not be converted to {MIN_OPSET}: {exc}", where) from None
     set_static_shapes(model, shapes, where)
     model = _infer(model, where)
-    ir_model = ir.serde.deserialize_model(model)
-    ir_model = run_passes(ir_model, NORMALISE)
-    model = ir.serde.serialize_model(ir_model)
-    # clear stale value_info so inference recomputes it from the folded graph
-    del model.graph.value_info[:]
-    return _infer(model, where)
+    for _ in range(MAX_FOLD_ROUNDS):  # folding makes more shapes static, which lets more Shape chains fold
+        before = len(model.graph.node)
+        ir_model = ir.serde.deserialize_model(model)
+        ir_model = run_passes(ir_model, NORMALISE)
+        model = ir.serde.serialize_model(ir_model)
+        # clear stale value_info so inference recomputes it from the folded graph
+        del model.graph.value_info[:]
+        model = _infer(model, where)
+        if len(model.graph.node) == before:
+            break
+    return model
 
 
 def _infer(model: onnx.ModelProto, where: str) -> onnx.ModelProto:
