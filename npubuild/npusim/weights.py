@@ -142,20 +142,23 @@ def _slice(bb: _Bits, nw: int, nz: int, zero_run: bool, zdiv: int, wdiv: int, wt
             w_carry = cnt
             w_pos += len(w_q)
         if w_prev is not None:
-            for q in w_prev:
-                if len(w_vals) >= nw:
-                    break
-                w_vals.append((q << wdiv) + bb.get(wdiv))
+            _remainders(bb, w_prev[: nw - len(w_vals)], wdiv, w_vals)
         if z_prev is not None:
-            for q in z_prev:
-                if len(z_vals) >= nz:
-                    break
-                z_vals.append((q << zdiv) + bb.get(zdiv))
+            _remainders(bb, z_prev[: nz - len(z_vals)], zdiv, z_vals)
         if not (w_on or z_on):
             break
         w_prev = w_q if w_on else None
         z_prev = z_q if z_on else None
     return w_vals, z_vals
+
+
+def _remainders(bb: _Bits, quotients: list[int], div: int, out: list[int]) -> None:
+    """Append (q << div) + remainder for each quotient; the chunk's remainders are read in one go."""
+    if not div:
+        out.extend(quotients)
+        return
+    bits, mask = bb.get(len(quotients) * div), (1 << div) - 1
+    out.extend((q << div) | (bits >> (i * div) & mask) for i, q in enumerate(quotients))
 
 
 def _expand(w_vals: list[int], z_vals: list[int], palette: list[int], palsize: int, direct_offset: int,
