@@ -116,6 +116,11 @@ def test_simulate_command_lists_ops_and_prints_outputs(kws_build, capsys, tmp_pa
     first_conv = next(ln for ln in out.splitlines() if " CONV " in ln)
     traced = re.search(r" NHCWB16 +(layer-\d+) +(\d+) ", first_conv)
     assert traced and int(traced.group(2)) > 0, first_conv
+    # a tflite build: the vela stage keeps the raw output of the same compile, which simulate runs
+    code, out, _ = run_cli(["simulate", str(kws_build), "--build", "ethos-u55-64", "--input", str(x)], capsys)
+    assert code == 0 and "ethos-u55-64" in out and "gemm_86_out" in out
+    code, _, err = run_cli(["simulate", str(kws_build), "--build", "ethos-u85-256"], capsys)
+    assert code == 2 and "no build with a raw Vela artifact" in err
     code, _, err = run_cli(["simulate", str(kws_build)], capsys)
     assert code == 2 and "several raw builds" in err and err.count("\n") == 1
     code, _, err = run_cli(["simulate", str(x)], capsys)

@@ -49,7 +49,9 @@ def _from_report(build_dir: Path, select: str | None) -> Artifact:
     found = []
     for b in report.get("builds", []):
         vela = (b.get("artifacts") or {}).get("vela")
-        if not vela or not str(vela).endswith(".npz"):
+        if vela and str(vela).endswith(".tflite"):  # the vela stage also keeps the raw output of the same compile
+            vela = next(iter(sorted((Path(vela).parent / "raw").glob("*_vela.npz"))), None)
+        if not vela or str(b.get("accelerator", "")).startswith("ethos-u85"):
             continue
         label = f"{b['spec']}/{b['model']}/{b['target']}"
         if select and select not in (label, b["target"], f"{b['model']}/{b['target']}"):
