@@ -218,3 +218,54 @@ def test_sigmoid_with_other_uses_is_not_fused():
     check_fp(model, {"x": rand(shape, 1, -4, 4)})
     lowered, _ = check_int(model, calib("x", shape, low=-4, high=4), {"x": rand(shape, 2, -4, 4)}, max_lsb=1)
     assert lowered.node_ops["sig"] == ["TABLE"] and "MUL" in lowered.node_ops["mul"]
+
+
+def _chain(nodes, consts: dict[str, float], shape, outputs=("y",)) -> onnx.ModelProto:
+    """A graph from (op, inputs, output, attrs) tuples reading x and scalar constants."""
+    made = [helper.make_node(t, ins, [o], name=f"n{k}_{t}", **a) for k, (t, ins, o, a) in enumerate(nodes)]
+    graph = helper.make_graph(made, "chain", [helper.make_tensor_value_info("x", TensorProto.FLOAT, shape)],
+                              [helper.make_tensor_value_info(o, TensorProto.FLOAT, shape) for o in outputs],
+                              [onnx.numpy_helper.from_array(np.array(v, np.float32), k) for k, v in consts.items()])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+# GELU's tanh form as torch exports it: 0.5 * x * (1 + tanh(sqrt(2/pi) * (x + 0.044715 * x^3)))
+GELU_TANH = ([("Mul", ["x", "x"], "x2", {}), ("Mul", ["x", "x2"], "x3", {}), ("Mul", ["k", "x3"], "kx3", {}),
+              ("Add", ["x", "kx3"], "in", {}), ("Mul", ["s", "in"], "z", {}), ("Tanh", ["z"], "t", {}),
+              ("Add", ["one", "t"], "a", {}), ("Mul", ["x", "a"], "m", {}), ("Mul", ["half", "m"], "y", {})],
+             {"k": 0.044715, "s": float(np.sqrt(2 / np.pi)), "one": 1.0, "half": 0.5})
+# hard-swish written out: x * Clip(x + 3, 0, 6) / 6
+HARD_SWISH = ([("Add", ["x", "three"], "p", {}), ("Clip", ["p", "zero", "six"], "c", {}), ("Mul", ["x", "c"], "m", {}),
+               ("Div", ["m", "six"], "y", {})], {"three": 3.0, "zero": 0.0, "six": 6.0})
+
+
+@pytest.mark.parametrize("chain,max_lsb", [(GELU_TANH, 2), (HARD_SWISH, 1)], ids=["gelu-tanh", "hard-swish"])
+def test_elementwise_chain_is_one_table(chain, max_lsb):
+    """Any chain of elementwise nodes computing f(x) of one tensor is one TABLE (the float f, rounded once).
+    onnxruntime's QDQ graph rounds every intermediate (x^2 and x^3 too, for the tanh GELU), measured here at
+    <= 2 LSB from the exact table for the tanh GELU and <= 1 LSB for the written-out hard-swish."""
+    shape = [1, 4, 8, 8]
+    model = _chain(*chain, shape)
+    check_fp(model, {"x": rand(shape, 1, -4, 4)})
+    lowered, _ = check_int(model, calib("x", shape, low=-4, high=4), {"x": sweep(shape, -4, 4)}, max_lsb=max_lsb)
+    assert _tosa_ops(lowered) == ["TABLE"]
+    _assert_on_npu(lowered)
+
+
+def test_cheap_chains_are_not_tables():
+    """Affine ops and clamps stay RESCALE/CLAMP (Vela fuses those into the op before them)."""
+    shape = [1, 4, 6, 6]
+    model = _chain([("Mul", ["x", "k"], "m", {}), ("Relu", ["m"], "r", {}), ("Sub", ["r", "k"], "y", {})],
+                   {"k": 0.5}, shape)
+    lowered, _ = check_int(model, calib("x", shape), {"x": rand(shape, 2)}, max_lsb=1)
+    assert "TABLE" not in _tosa_ops(lowered)
+
+
+def test_fusion_keeps_other_users_of_x():
+    """x feeds SiLU and, separately, an Abs that is a graph output: SiLU is one TABLE, Abs another."""
+    shape = [1, 16]
+    model = _chain([("Sigmoid", ["x"], "s", {}), ("Mul", ["s", "x"], "y", {}), ("Abs", ["x"], "z", {})], {}, shape,
+                   outputs=("y", "z"))
+    check_fp(model, {"x": rand(shape, 1, -4, 4)})
+    lowered, _ = check_int(model, calib("x", shape, low=-4, high=4), {"x": sweep(shape, -4, 4)}, max_lsb=1)
+    assert _tosa_ops(lowered) == ["TABLE", "TABLE"]

@@ -11,6 +11,7 @@ import numpy as np
 
 from npubuild.lowering.context import LoweringContext
 from npubuild.lowering.emit import clamp, requantize
+from npubuild.lowering.patterns import fusable
 from npubuild.lowering.registry import lowers
 
 
@@ -28,11 +29,13 @@ def _clamp_real(ctx: LoweringContext, lo: float, hi: float) -> None:
 
 
 @lowers("Relu")
+@fusable
 def lower_relu(ctx: LoweringContext) -> None:
     _clamp_real(ctx, 0.0, np.inf)
 
 
 @lowers("Clip")
+@fusable
 def lower_clip(ctx: LoweringContext) -> None:
     lo, hi = ctx.attr("min", -np.inf), ctx.attr("max", np.inf)  # opset < 11
     if ctx.has_input(1):

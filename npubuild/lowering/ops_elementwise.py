@@ -25,7 +25,7 @@ import numpy as np
 from npubuild.lowering import fp
 from npubuild.lowering.context import LoweringContext, QConst, TTensor
 from npubuild.lowering.emit import Op, attr, clamp, requantize, rescale, reshape, to_layout
-from npubuild.lowering.patterns import try_fuse_gelu
+from npubuild.lowering.patterns import fusable
 from npubuild.lowering.quant import QParams
 from npubuild.lowering.registry import lowers, quantize_also
 from npubuild.lowering.table import build_table, emit_table
@@ -108,11 +108,13 @@ def _add_sub(ctx: LoweringContext, op, kind: str) -> None:
 
 
 @lowers("Add")
+@fusable
 def lower_add(ctx: LoweringContext) -> None:
     _add_sub(ctx, Op.ADD, "Add")
 
 
 @lowers("Sub")
+@fusable
 def lower_sub(ctx: LoweringContext) -> None:
     _add_sub(ctx, Op.SUB, "Sub")
 
@@ -171,13 +173,12 @@ def _mul_const_int(ctx: LoweringContext, x: TTensor, c: np.ndarray, out_q: QPara
 
 
 @lowers("Mul")
+@fusable
 def lower_mul(ctx: LoweringContext) -> None:
     out_name = ctx.current.output[0]
     if ctx.profile == "fp":
         a, b = broadcast_operands(ctx)
         ctx.set_output(0, fp.mul(ctx, a, b, output_of=out_name))
-        return
-    if try_fuse_gelu(ctx):
         return
     out_q = ctx.require_output_q()
     c1, c0 = ctx.constant(1), ctx.constant(0)
@@ -217,6 +218,7 @@ def reciprocal32(ctx: LoweringContext, b: TTensor) -> tuple[TTensor, float]:
 
 
 @lowers("Div")
+@fusable
 def lower_div(ctx: LoweringContext) -> None:
     out_name = ctx.current.output[0]
     c = ctx.constant(1)
@@ -228,8 +230,6 @@ def lower_div(ctx: LoweringContext) -> None:
             a, b = broadcast_operands(ctx)
             r = fp.unary(ctx, Op.RECIPROCAL, "Reciprocal", b)
         ctx.set_output(0, fp.mul(ctx, a, r, output_of=out_name))
-        return
-    if try_fuse_gelu(ctx):
         return
     out_q = ctx.require_output_q()
     if c is not None:
@@ -314,10 +314,12 @@ def _int32_on(ctx: LoweringContext, i: int, rank: int, out_q: QParams) -> TTenso
 
 
 @lowers("Min")
+@fusable
 def lower_min(ctx: LoweringContext) -> None:
     _min_max(ctx, Op.MINIMUM, "Minimum")
 
 
 @lowers("Max")
+@fusable
 def lower_max(ctx: LoweringContext) -> None:
     _min_max(ctx, Op.MAXIMUM, "Maximum")

@@ -3,7 +3,8 @@ Abs, Neg, LeakyRelu, PRelu, Pow (constant exponent).
 
 INT profile: each is one int8 TABLE computed from the float function and the
 input/output quantisation (table.py): exact up to one rounding, one NPU op.
-x * Sigmoid(x) (SiLU) is recognised and also becomes one TABLE.
+Chains of these that compute a function of one tensor (GELU's Erf form, SiLU...)
+become one TABLE too (patterns.py).
 PRelu with a per-channel slope cannot be one table; it becomes
 slope*x + (1-slope)*max(x, 0) in int32 with the slope as a 23-bit constant.
 
@@ -23,7 +24,7 @@ from npubuild.lowering import fp
 from npubuild.lowering.context import LoweringContext, TTensor
 from npubuild.lowering.emit import Op, attr, clamp, rescale
 from npubuild.lowering.ops_elementwise import CONST_BITS, broadcast_operands, broadcast_pair
-from npubuild.lowering.patterns import gelu, try_fuse_silu
+from npubuild.lowering.patterns import fusable, gelu
 from npubuild.lowering.registry import lowers, quantize_also
 from npubuild.lowering.table import lower_via_table
 
@@ -70,18 +71,10 @@ def _unary(ctx: LoweringContext, fn: Callable[[np.ndarray], np.ndarray], build_f
 def _direct(op, kind: str, fn: Callable[[np.ndarray], np.ndarray]):
     def lower(ctx: LoweringContext) -> None:
         _unary(ctx, fn, lambda x, out: fp.unary(ctx, op, kind, x, output_of=out))
-    return lower
+    return fusable(lower)
 
 
-
-
-@lowers("Sigmoid")
-def lower_sigmoid(ctx: LoweringContext) -> None:
-    if ctx.profile == "int" and try_fuse_silu(ctx):  # x * sigmoid(x) as one TABLE
-        return
-    _direct(Op.SIGMOID, "Sigmoid", _sigmoid)(ctx)
-
-
+lowers("Sigmoid")(_direct(Op.SIGMOID, "Sigmoid", _sigmoid))
 lowers("Tanh")(_direct(Op.TANH, "Tanh", np.tanh))
 lowers("Exp")(_direct(Op.EXP, "Exp", np.exp))
 lowers("Log")(_direct(Op.LOG, "Log", np.log))
@@ -91,6 +84,7 @@ lowers("Reciprocal")(_direct(Op.RECIPROCAL, "Reciprocal", lambda x: 1.0 / np.asa
 
 
 @lowers("Neg")
+@fusable
 def lower_neg(ctx: LoweringContext) -> None:
     _unary(ctx, np.negative, lambda x, out: fp.negate(ctx, x, output_of=out))
 
@@ -105,11 +99,13 @@ def _fp_pow(ctx: LoweringContext, x: TTensor, p: float, out: str) -> TTensor:
 
 
 @lowers("Sqrt")
+@fusable
 def lower_sqrt(ctx: LoweringContext) -> None:
     _unary(ctx, np.sqrt, lambda x, out: _fp_pow(ctx, x, 0.5, out))
 
 
 @lowers("Pow")
+@fusable
 def lower_pow(ctx: LoweringContext) -> None:
     e = ctx.constant(1)
     if e is None or np.asarray(e).size != 1:
@@ -128,12 +124,14 @@ def _fp_hard_sigmoid(ctx: LoweringContext, x: TTensor, alpha: float, beta: float
 
 
 @lowers("HardSigmoid")
+@fusable
 def lower_hard_sigmoid(ctx: LoweringContext) -> None:
     alpha, beta = float(ctx.attr("alpha", 0.2)), float(ctx.attr("beta", 0.5))
     _unary(ctx, _hard_sigmoid(alpha, beta), lambda x, out: _fp_hard_sigmoid(ctx, x, alpha, beta, out))
 
 
 @lowers("HardSwish")
+@fusable
 def lower_hard_swish(ctx: LoweringContext) -> None:
     hs = _hard_sigmoid(1.0 / 6.0, 0.5)
     _unary(ctx, lambda x: np.asarray(x, np.float64) * hs(x),
@@ -151,6 +149,7 @@ def _fp_gelu(ctx: LoweringContext, x: TTensor, approximate: str, out: str) -> TT
 
 
 @lowers("Gelu")
+@fusable
 def lower_gelu(ctx: LoweringContext) -> None:
     approximate = ctx.attr("approximate", b"none")
     approximate = approximate.decode() if isinstance(approximate, bytes) else str(approximate)
@@ -167,12 +166,14 @@ def _fp_leaky(ctx: LoweringContext, x: TTensor, slope: TTensor, uniform: float |
 
 
 @lowers("LeakyRelu")
+@fusable
 def lower_leaky_relu(ctx: LoweringContext) -> None:
     alpha = float(ctx.attr("alpha", 0.01))
     _unary(ctx, _leaky(alpha), lambda x, out: _fp_leaky(ctx, x, fp.scalar(ctx, alpha, x), alpha, out))
 
 
 @lowers("PRelu")
+@fusable
 def lower_prelu(ctx: LoweringContext) -> None:
     slope = ctx.constant(1)
     uniform = None

@@ -1,30 +1,45 @@
-"""Multi-node ONNX patterns that lower better as one TOSA op: the Erf form of GELU, and SiLU.
+"""Fuse a chain of elementwise ONNX nodes that is a function of one int8 tensor into one TABLE.
 
-torch exports nn.GELU() (before opset 20) as x * (1 + Erf(x / sqrt 2)) * 0.5,
-and after quantisation every intermediate gets a Q/DQ pair. Lowered node by
-node that is five int8 ops with four extra roundings; recognised as one GELU it
-is a single TABLE. The matcher looks through Q -> DQ chains, so it works on the
-QDQ graph; it fires at the first node of the pattern (in graph order) and
-marks the rest as fused so the driver skips them.
+If a connected group of elementwise nodes reads only one activation x (plus
+scalar constants) and only one of its results is used outside the group, the
+group computes y = f(x) for a unary f, and an int8 x has only 256 values: the
+whole group is one TOSA TABLE. This catches the Erf form of GELU torch
+exports (x * (1 + Erf(x / sqrt 2)) * 0.5, five nodes), its tanh form (nine
+nodes), SiLU (x * Sigmoid(x)), a hand-written hard-swish (x * Clip(x + 3, 0, 6)
+/ 6), Mish and the like, without a matcher per formula.
 
-Accuracy: the TABLE computes GELU exactly (one rounding), while onnxruntime's
-QDQ reference rounds after each of the five nodes, so the two can differ by a
-few LSB (1 measured); the difference is the reference's error, not the lowering's.
-SiLU (x * Sigmoid(x), torch's nn.SiLU export) is the same idea on two nodes.
+The matcher looks through Q -> DQ pairs (every intermediate of a QDQ graph has
+one), fires at the group's first node in graph order and marks the rest, with
+the Q/DQ between them, as fused so the driver skips them. f is evaluated by
+onnxruntime on the float nodes, each Q/DQ inside the group kept only as the
+clamp to its int8 range (onnxruntime folds Relu/Clip into such ranges), so the
+table is the float function rounded once. onnxruntime's QDQ reference rounds after
+every node instead, so the two can differ by a LSB or so (1 measured for GELU
+and SiLU); that is the reference's extra rounding, not the lowering's.
+
+Groups made only of affine ops and clamps (x * c, x + c, Relu, Clip) are left
+alone: they lower to RESCALE/CLAMP, which Vela fuses into the op before them.
 """
 
 from __future__ import annotations
 
+import functools
 import math
-from dataclasses import dataclass, field
+from collections.abc import Callable
 
 import numpy as np
 import onnx
+import onnxruntime as ort
+from onnx import TensorProto, helper
 
-from npubuild.lowering.context import LoweringContext, QConst
+from npubuild.lowering.context import LoweringContext, QConst, TTensor
 from npubuild.lowering.table import build_table, emit_table
 
 QDQ = ("QuantizeLinear", "DequantizeLinear")
+ELEMENTWISE = {"Add", "Sub", "Mul", "Div", "Pow", "Min", "Max", "Erf", "Tanh", "Sigmoid", "Exp", "Log", "Sqrt",
+               "Reciprocal", "Abs", "Neg", "Relu", "Clip", "LeakyRelu", "HardSigmoid", "HardSwish", "Gelu", "PRelu"}
+CHEAP = {"Add", "Sub", "Mul", "Div", "Relu", "Clip", "Min", "Max"}  # affine or clamp with one activation input
+MAX_NODES = 32
 
 
 def gelu(x: np.ndarray) -> np.ndarray:
@@ -64,6 +79,12 @@ class GraphView:
                 found.append(n)
         return found
 
+    def leaves(self, name: str) -> bool:
+        """True if `name` (or a Q/DQ copy of it) is a graph output."""
+        if self.ctx.is_graph_output(name) or name in self.ctx.graph_outputs:
+            return True
+        return any(self.leaves(n.output[0]) for n in self.ctx.consumers.get(name, []) if n.op_type in QDQ)
+
     def const(self, name: str) -> np.ndarray | None:
         """A real-valued constant (an initializer, or a DequantizeLinear of one), or None."""
         v = self.ctx.values.get(name)
@@ -76,146 +97,167 @@ class GraphView:
                 return self.ctx.qparams_of(node).dequantize(data)
         return v.real().astype(np.float64) if isinstance(v, QConst) else None
 
-    def is_scalar(self, name: str, value: float, rtol: float = 1e-2) -> bool:
-        c = self.const(name)
-        return c is not None and c.size == 1 and math.isclose(float(c.reshape(-1)[0]), value, rel_tol=rtol)
 
-    def split(self, node: onnx.NodeProto) -> tuple[str, str] | None:
-        """(activation source, constant input name) of a binary node with exactly one constant input."""
-        a, b = node.input[0], node.input[1]
-        ca, cb = self.const(a) is not None, self.const(b) is not None
-        if ca == cb:
+def _view(ctx: LoweringContext) -> GraphView:
+    """One GraphView per lowering (the graph does not change while it is lowered)."""
+    g = getattr(ctx, "_graph_view", None)
+    if g is None:
+        g = GraphView(ctx)
+        ctx._graph_view = g  # type: ignore[attr-defined]
+    return g
+
+
+def _activation_inputs(g: GraphView, node: onnx.NodeProto) -> set[str] | None:
+    """Sources of the node's non-constant inputs, or None if a constant input is not a scalar."""
+    found = set()
+    for name in node.input:
+        if not name:
+            continue
+        c = g.const(name)
+        if c is None:
+            found.add(g.source(name))
+        elif c.size != 1:
             return None
-        return (self.source(b), a) if ca else (self.source(a), b)
+    return found
 
 
-@dataclass
-class Match:
-    x_input: str  # the current node's input carrying x (a DQ output)
-    output: str  # the final node's output
-    nodes: list[onnx.NodeProto] = field(default_factory=list)  # compute nodes of the pattern
-    qdq: list[onnx.NodeProto] = field(default_factory=list)  # Q/DQ nodes strictly inside the pattern
+def _grow(g: GraphView, start: onnx.NodeProto, x: str) -> list[onnx.NodeProto]:
+    """Every later elementwise node reachable from `start` that reads only x, the group's results and scalars."""
+    group = [start]
+    produced = set(start.output)
+    frontier = [*start.output, x]
+    while frontier and len(group) < MAX_NODES:
+        t = frontier.pop()
+        for c in g.uses(t, []):
+            if c in group or c.op_type not in ELEMENTWISE or g.order[c.name] <= g.order[start.name]:
+                continue
+            srcs = _activation_inputs(g, c)
+            if srcs is None or not srcs <= produced | {x} or c.name in g.ctx.fused:
+                continue
+            group.append(c)
+            produced.update(c.output)
+            frontier += list(c.output)
+    return group
 
 
-def _single_use(g: GraphView, node: onnx.NodeProto, m: Match, op_type: str) -> onnx.NodeProto | None:
-    if g.ctx.is_graph_output(node.output[0]):
-        return None
-    seen: list[onnx.NodeProto] = []
-    uses = g.uses(node.output[0], seen)
-    if len(uses) != 1 or uses[0].op_type != op_type:
-        return None
-    m.qdq += seen
-    return uses[0]
+def _ancestors(g: GraphView, group: list[onnx.NodeProto], out: str) -> list[onnx.NodeProto]:
+    by_output = {o: n for n in group for o in n.output}
+    keep: dict[str, onnx.NodeProto] = {}
+    todo = [out]
+    while todo:
+        n = by_output.get(g.source(todo.pop()))
+        if n is not None and n.name not in keep:
+            keep[n.name] = n
+            todo += [i for i in n.input if i]
+    return sorted(keep.values(), key=lambda n: g.order[n.name])
 
 
-def _other(g: GraphView, node: onnx.NodeProto, prev: onnx.NodeProto) -> str:
-    """The input of a binary `node` that does not come from `prev`."""
-    a, b = node.input[0], node.input[1]
-    return b if g.source(a) == prev.output[0] else a
+def _closed(g: GraphView, part: list[onnx.NodeProto], out: str) -> list[onnx.NodeProto] | None:
+    """The Q/DQ nodes inside `part` if every result but `out` is used only inside it, else None."""
+    names = {n.name for n in part}
+    inner: list[onnx.NodeProto] = []
+    for n in part:
+        for o in n.output:
+            if o == out:
+                continue
+            seen: list[onnx.NodeProto] = []
+            if g.leaves(o) or any(u.name not in names for u in g.uses(o, seen)):
+                return None
+            inner += seen
+    return inner
 
 
-def match_gelu(ctx: LoweringContext) -> Match | None:
-    """The Erf GELU pattern whose first node (in graph order) is the current node, or None."""
-    g = GraphView(ctx)
+def _evaluator(ctx: LoweringContext, g: GraphView, part: list[onnx.NodeProto], x: str, out: str
+               ) -> Callable[[np.ndarray], np.ndarray]:
+    """f(x) of the float nodes, run by onnxruntime on a 1-D x.
+
+    A Q -> DQ pair inside the group becomes a Clip to its int8 range: no rounding, but its saturation kept,
+    as onnxruntime folds a Relu/Clip into the range of the Q before it and the graph then has no Clip node.
+    """
+    inits, nodes, clipped = [], [], {}
+
+    def scalar(v: float) -> str:
+        inits.append(onnx.numpy_helper.from_array(np.array(v, np.float32), f"c{len(inits)}"))
+        return inits[-1].name
+
+    for n in part:
+        ins = []
+        for name in n.input:
+            c = g.const(name) if name else None
+            if not name:
+                ins.append("")
+            elif c is not None:
+                ins.append(scalar(float(c.reshape(-1)[0])))
+            elif g.source(name) == x:
+                ins.append("x")
+            elif name != g.source(name):
+                if name not in clipped:
+                    q = ctx.qparams_of(g.producer[name])
+                    lo, hi = (q.qmin - q.zp) * q.s, (q.qmax - q.zp) * q.s
+                    clipped[name] = f"{name}_saturated"
+                    nodes.append(helper.make_node("Clip", [g.source(name), scalar(lo), scalar(hi)], [clipped[name]]))
+                ins.append(clipped[name])
+            else:
+                ins.append(name)
+        m = helper.make_node(n.op_type, ins, list(n.output), name=n.name)
+        m.attribute.extend(n.attribute)
+        nodes.append(m)
+    graph = helper.make_graph(nodes, "f", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [256])],
+                              [helper.make_tensor_value_info(out, TensorProto.FLOAT, None)], inits)
+    model = helper.make_model(graph, opset_imports=[o for o in ctx.model.opset_import if o.domain in ("", "ai.onnx")])
+    model.ir_version = min(ctx.model.ir_version, 10) or 8
+    opts = ort.SessionOptions()
+    opts.log_severity_level = 3
+    sess = ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
+    return lambda v: np.asarray(sess.run(None, {"x": np.asarray(v, np.float32)})[0], np.float64).reshape(-1)
+
+
+def try_fuse_unary_region(ctx: LoweringContext) -> bool:
+    """If the current node starts a group computing f(x) of one int8 tensor, emit one TABLE for it."""
+    g = _view(ctx)
     node = ctx.current
-    parts = g.split(node) if len(node.input) == 2 else None
-    if parts is None:
-        return None
-    x = parts[0]
-    for start in g.uses(x, []):
-        m = _match_from(g, x, start)
-        if m is not None and min(m.nodes, key=lambda n: g.order[n.name]).name == node.name:
-            m.x_input = next(i for i in node.input if g.source(i) == x)
-            return m
-    return None
-
-
-def _match_from(g: GraphView, x: str, div: onnx.NodeProto) -> Match | None:
-    """Match Div(x, sqrt2) | Mul(x, 1/sqrt2) -> Erf -> Add 1 -> (Mul x, Mul 0.5 in either order)."""
-    parts = g.split(div) if div.op_type in ("Div", "Mul") and len(div.input) == 2 else None
-    if parts is None or parts[0] != x:
-        return None
-    want = math.sqrt(2.0) if div.op_type == "Div" else 1.0 / math.sqrt(2.0)
-    if div.op_type == "Div" and g.const(div.input[0]) is not None or not g.is_scalar(parts[1], want):
-        return None
-    m = Match("", "", [div])
-    erf = _single_use(g, div, m, "Erf")
-    add = erf and _single_use(g, erf, m, "Add")
-    if add is None or not g.is_scalar(_other(g, add, erf), 1.0):
-        return None
-    mul1 = _single_use(g, add, m, "Mul")
-    if mul1 is None:
-        return None
-    m.nodes += [erf, add, mul1]
-    other = _other(g, mul1, add)
-    if g.source(other) == x or g.is_scalar(other, 0.5):
-        mul2 = _single_use(g, mul1, m, "Mul")
-        if mul2 is None:
-            return None
-        rest = _other(g, mul2, mul1)
-        if not (g.is_scalar(rest, 0.5) if g.source(other) == x else g.source(rest) == x):
-            return None
-        m.nodes.append(mul2)
-    else:  # (x * 0.5) * (1 + erf)
-        half = g.producer.get(g.source(other))
-        if half is None or half.op_type != "Mul" or g.split(half) is None:
-            return None
-        hx, hc = g.split(half)
-        seen: list[onnx.NodeProto] = []
-        if hx != x or not g.is_scalar(hc, 0.5) or g.uses(half.output[0], seen) != [mul1]:
-            return None
-        m.qdq += seen
-        m.nodes.append(half)
-    final = max(m.nodes, key=lambda n: g.order[n.name])
-    m.output = final.output[0]
-    return m
-
-
-def try_fuse_gelu(ctx: LoweringContext) -> bool:
-    """If the current node starts an Erf GELU, emit one int8 TABLE for the whole pattern and skip the rest."""
-    m = match_gelu(ctx)
-    if m is None:
+    srcs = _activation_inputs(g, node)
+    if not srcs or len(srcs) != 1:
         return False
-    x = ctx.value(m.x_input)
-    qs = [n for n in ctx.consumers.get(m.output, []) if n.op_type == "QuantizeLinear"]
-    if not qs or not hasattr(x, "q") or x.q is None or x.dtype != np.int8:
+    (x,) = srcs
+    group = _grow(g, node, x)
+    if len(group) < 2:
+        return False
+    best: tuple[list[onnx.NodeProto], list[onnx.NodeProto], str] | None = None
+    for n in group:
+        for out in n.output:
+            part = _ancestors(g, group, out)
+            if node not in part or len(part) < 2 or (best is not None and len(part) <= len(best[0])):
+                continue
+            if all(p.op_type in CHEAP and len(_activation_inputs(g, p) or ()) == 1 for p in part):
+                continue
+            inner = _closed(g, part, out)
+            if inner is not None:
+                best = (part, inner, out)
+    if best is None:
+        return False
+    part, inner, out = best
+    qs = [n for n in ctx.consumers.get(out, []) if n.op_type == "QuantizeLinear"]
+    x_in = next(i for i in node.input if i and g.source(i) == x)
+    xt = ctx.value(x_in)
+    if not qs or not isinstance(xt, TTensor) or xt.q is None or xt.dtype != np.int8:
         return False
     out_q = ctx.qparams_of(qs[0])
-    if out_q.dtype != np.int8:
+    if out_q.dtype != np.int8 or not out_q.is_per_tensor:
         return False
-    out = emit_table(ctx, x, build_table(gelu, x.q, out_q), out_q, output_of=m.output)
-    ctx.values[m.output] = out
-    ctx.fused.update(n.name for n in [*m.nodes, *m.qdq] if n.name != ctx.current.name)
+    table = build_table(_evaluator(ctx, g, part, x, out), xt.q, out_q)
+    ctx.values[out] = emit_table(ctx, xt, table, out_q, output_of=out)
+    ctx.fused.update(n.name for n in [*part, *inner] if n.name != node.name)
     return True
 
 
-def silu(x: np.ndarray) -> np.ndarray:
-    x = np.asarray(x, np.float64)
-    return x / (1.0 + np.exp(-x))
+def fusable(lower: Callable[[LoweringContext], None]) -> Callable[[LoweringContext], None]:
+    """Wrap an elementwise lowering: in the INT profile try the one-TABLE fusion first."""
 
+    @functools.wraps(lower)
+    def wrapped(ctx: LoweringContext) -> None:
+        if ctx.profile == "int" and try_fuse_unary_region(ctx):
+            return
+        lower(ctx)
 
-def try_fuse_silu(ctx: LoweringContext) -> bool:
-    """Sigmoid(x) whose only use is Mul(x, Sigmoid(x)) (SiLU/Swish as torch exports it): one int8 TABLE."""
-    g = GraphView(ctx)
-    node = ctx.current
-    if ctx.is_graph_output(node.output[0]):
-        return False
-    seen: list[onnx.NodeProto] = []
-    uses = g.uses(node.output[0], seen)
-    if len(uses) != 1 or uses[0].op_type != "Mul" or len(uses[0].input) != 2:
-        return False
-    mul = uses[0]
-    x = g.source(node.input[0])
-    srcs = [g.source(i) for i in mul.input]
-    if sorted(srcs) != sorted([x, node.output[0]]):
-        return False
-    xt = ctx.value(node.input[0])
-    qs = [n for n in ctx.consumers.get(mul.output[0], []) if n.op_type == "QuantizeLinear"]
-    if not qs or getattr(xt, "q", None) is None or xt.dtype != np.int8:
-        return False
-    out_q = ctx.qparams_of(qs[0])
-    if out_q.dtype != np.int8:
-        return False
-    ctx.values[mul.output[0]] = emit_table(ctx, xt, build_table(silu, xt.q, out_q), out_q, output_of=mul.output[0])
-    ctx.fused.update(n.name for n in [mul, *seen])
-    return True
+    return wrapped
