@@ -277,7 +277,8 @@ def emit_transpose_conv(ctx: LoweringContext, x: TTensor, w_iohw: np.ndarray, w_
 def lower_conv_transpose(ctx: LoweringContext) -> None:
     """TRANSPOSE_CONV2D: TOSA scatters like ONNX (no kernel flip); ONNX pads crop, so out_pad is negative.
 
-    Groups become one TRANSPOSE_CONV2D per channel SLICE, joined by CONCAT.
+    Groups become one TRANSPOSE_CONV2D with block-diagonal weights (group times
+    the MACs of the grouped op; transposed convolutions with groups are rare).
     """
     x = ctx.tensor(0)
     if len(x.shape) != 4:
@@ -299,17 +300,13 @@ def lower_conv_transpose(ctx: LoweringContext) -> None:
     bias = read_bias(ctx, 2, o)
     w_scale = channel_scales(w_q, o) if w_q is not None else None
     out_name = ctx.current.output[0]
-    if group == 1:
-        ctx.set_output(0, emit_transpose_conv(ctx, x, w, w_scale, bias, out_pad, stride, out_name))
-        return
-    cin = c // group
-    parts = []
-    for g in range(group):
-        sel = slice(g * cout_g, (g + 1) * cout_g)
-        parts.append(emit_transpose_conv(ctx, slice_channels(ctx, x, g * cin, cin), w[g * cin:(g + 1) * cin],
-                                         None if w_scale is None else w_scale[sel], bias.select(sel), out_pad,
-                                         stride, None))
-    ctx.set_output(0, concat(ctx, parts, 3, out_name))
+    if group > 1:  # block-diagonal weights: exact, one op (per-group SLICEs were not bit-exact on npu-sim)
+        full = np.zeros((c, o, kh, kw), w.dtype)
+        cin = c // group
+        for g in range(group):
+            full[g * cin:(g + 1) * cin, g * cout_g:(g + 1) * cout_g] = w[g * cin:(g + 1) * cin]
+        w = full
+    ctx.set_output(0, emit_transpose_conv(ctx, x, w, w_scale, bias, out_pad, stride, out_name))
 
 
 def _fully_connected(ctx: LoweringContext, x: TTensor, w_ok: np.ndarray, w_scale: np.ndarray | None, bias: Bias) -> None:

@@ -188,15 +188,28 @@ def _back(ctx: LoweringContext, y: TTensor, shape: tuple[int, ...], layout: tupl
 
 @lowers("InstanceNormalization")
 def lower_instance_norm(ctx: LoweringContext) -> None:
-    """Per image and channel over the spatial axes: on the NHWC view, physical axes 1 and 2, channels last."""
+    """Per image and channel over the spatial axes.
+
+    FP reduces H and W of the NHWC view. INT reduces along the last physical
+    axis only (see ops_softmax.axis_last): NCHW order viewed as [N, C, H*W],
+    one int8 TRANSPOSE in (and the result stays NCHW until an op needs NHWC).
+    """
     x = ctx.tensor(0)
     if len(x.shape) == 2:
         raise ctx.unsupported("InstanceNormalization needs a spatial axis")
-    view, shape, layout = channels_last_view(ctx, x)
-    _, h, w, c = view.shape
     out_name = ctx.current.output[0]
-    y = _normalize(ctx, view, [1, 2], h * w, 3, c, out_name if layout == NHWC else None)
-    ctx.set_output(0, _back(ctx, y, shape, layout, out_name))
+    if ctx.profile == "fp":
+        view, shape, layout = channels_last_view(ctx, x)
+        _, h, w, c = view.shape
+        y = _normalize(ctx, view, [1, 2], h * w, 3, c, out_name if layout == NHWC else None)
+        ctx.set_output(0, _back(ctx, y, shape, layout, out_name))
+        return
+    logical = x.logical_shape
+    n, c, spatial = logical[0], logical[1], int(np.prod(logical[2:]))
+    x = to_layout(ctx, x, identity(len(logical)))
+    view = reshape(ctx, x, (n, c, spatial), (0, 1, 2))
+    y = _normalize(ctx, view, [2], spatial, 1, c, None)
+    ctx.set_output(0, reshape(ctx, y, tuple(logical), identity(len(logical)), output_of=out_name))
 
 
 @lowers("BatchNormalization")

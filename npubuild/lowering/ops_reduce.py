@@ -40,16 +40,35 @@ def physical_axes(x: TTensor, axes: list[int]) -> list[int]:
 
 
 def emit_reduce(ctx: LoweringContext, op, x: TTensor, phys_axes: list[int], q=None) -> TTensor:
-    """One TOSA REDUCE_* per physical axis (TOSA reduces one axis at a time, keeping it as size 1)."""
-    for ax in phys_axes:
-        shape = tuple(1 if i == ax else s for i, s in enumerate(x.shape))
-        out = ctx.new_tensor(shape, x.dtype, x.perm, q if q is not None else x.q)
-        if op in (Op.REDUCE_MAX, Op.REDUCE_MIN):
-            a = attr("ReduceMax" if op == Op.REDUCE_MAX else "ReduceMin", ax, ts.NanPropagationMode.PROPAGATE)
+    """TOSA REDUCE_* over physical axes (kept as size 1).
+
+    TOSA reduces one axis per op; adjacent axes (H and W of NHWC) are merged
+    by a free RESHAPE into one and reduced once: fewer ops, and Vela's
+    chained int32 REDUCE_SUM over two non-channel axes (through its own
+    transposes) was seen to differ from the TOSA reference on npu-sim.
+    """
+    axes = sorted(phys_axes)
+    runs: list[list[int]] = []
+    for ax in axes:
+        if runs and runs[-1][-1] == ax - 1:
+            runs[-1].append(ax)
         else:
-            a = attr("ReduceSum", ax)
-        ctx.op(op, [x.name], [out.name], a)
-        x = out
+            runs.append([ax])
+    for run in reversed(runs):  # from the back, so earlier axis numbers stay valid
+        first, last = run[0], run[-1]
+        kept = tuple(1 if first <= i <= last else s for i, s in enumerate(x.shape))
+        src = x
+        if len(run) > 1:
+            merged = (*x.shape[:first], int(np.prod(x.shape[first:last + 1])), *x.shape[last + 1:])
+            src = reshape(ctx, x, merged, tuple(range(len(merged))))
+        shape = tuple(1 if i == first else s for i, s in enumerate(src.shape))
+        out = ctx.new_tensor(shape, x.dtype, src.perm, q if q is not None else x.q)
+        if op in (Op.REDUCE_MAX, Op.REDUCE_MIN):
+            a = attr("ReduceMax" if op == Op.REDUCE_MAX else "ReduceMin", first, ts.NanPropagationMode.PROPAGATE)
+        else:
+            a = attr("ReduceSum", first)
+        ctx.op(op, [src.name], [out.name], a)
+        x = reshape(ctx, out, kept, x.perm) if len(run) > 1 else TTensor(out.name, out.shape, out.dtype, x.perm, out.q)
     return x
 
 

@@ -17,7 +17,7 @@ import numpy as np
 
 from npubuild.lowering import intmath as im
 from npubuild.lowering.context import LoweringContext, TTensor
-from npubuild.lowering.emit import Op, attr, rescale
+from npubuild.lowering.emit import Op, attr, rescale, to_layout
 from npubuild.lowering.ops_reduce import emit_reduce
 from npubuild.lowering.quant import QParams
 from npubuild.lowering.registry import lowers, quantize_also
@@ -120,13 +120,26 @@ def _lower_int(ctx: LoweringContext, x: TTensor, axis: int, log: bool) -> TTenso
     return rescale(ctx, y, 1.0 / (one * out_q.s), out_q.dtype, 0, out_q.zp, out_q, output_of=out_name)
 
 
+def axis_last(ctx: LoweringContext, x: TTensor, logical_axes: list[int]) -> TTensor:
+    """x in a layout with the given logical axes physically last (a TRANSPOSE only if the order changes).
+
+    The integer lowerings reduce int32 tensors; Vela runs REDUCE_SUM natively
+    over the channel (last) axis only and otherwise moves the data itself,
+    which npu-sim showed to give wrong sums for computed int32 tensors. An
+    int8 layout change up front is cheap and exact; the result keeps the new
+    layout (the next op converts only if it needs to).
+    """
+    layout = tuple(p for p in x.perm if p not in logical_axes) + tuple(logical_axes)
+    return to_layout(ctx, x, layout)
+
+
 def _lower(ctx: LoweringContext, log: bool) -> None:
     x = ctx.tensor(0)
-    axis = _axis(ctx, x)
     if ctx.profile == "fp":
-        ctx.set_output(0, _lower_fp(ctx, x, axis, log))
-    else:
-        ctx.set_output(0, _lower_int(ctx, x, axis, log))
+        ctx.set_output(0, _lower_fp(ctx, x, _axis(ctx, x), log))
+        return
+    x = axis_last(ctx, x, [x.perm[_axis(ctx, x)]])
+    ctx.set_output(0, _lower_int(ctx, x, len(x.shape) - 1, log))
 
 
 @lowers("Softmax")
