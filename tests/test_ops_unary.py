@@ -239,15 +239,15 @@ HARD_SWISH = ([("Add", ["x", "three"], "p", {}), ("Clip", ["p", "zero", "six"], 
                ("Div", ["m", "six"], "y", {})], {"three": 3.0, "zero": 0.0, "six": 6.0})
 
 
-@pytest.mark.parametrize("chain,max_lsb", [(GELU_TANH, 2), (HARD_SWISH, 1)], ids=["gelu-tanh", "hard-swish"])
-def test_elementwise_chain_is_one_table(chain, max_lsb):
+@pytest.mark.parametrize("chain", [GELU_TANH, HARD_SWISH], ids=["gelu-tanh", "hard-swish"])
+def test_elementwise_chain_is_one_table(chain):
     """Any chain of elementwise nodes computing f(x) of one tensor is one TABLE (the float f, rounded once).
-    onnxruntime's QDQ graph rounds every intermediate (x^2 and x^3 too, for the tanh GELU), measured here at
-    <= 2 LSB from the exact table for the tanh GELU and <= 1 LSB for the written-out hard-swish."""
+    onnxruntime's QDQ graph rounds every intermediate (x^2 and x^3 too, for the tanh GELU); measured <= 1 LSB
+    from the table for both chains over 10 calibration/input seeds."""
     shape = [1, 4, 8, 8]
     model = _chain(*chain, shape)
     check_fp(model, {"x": rand(shape, 1, -4, 4)})
-    lowered, _ = check_int(model, calib("x", shape, low=-4, high=4), {"x": sweep(shape, -4, 4)}, max_lsb=max_lsb)
+    lowered, _ = check_int(model, calib("x", shape, low=-4, high=4), {"x": sweep(shape, -4, 4)}, max_lsb=1)
     assert _tosa_ops(lowered) == ["TABLE"]
     _assert_on_npu(lowered)
 
