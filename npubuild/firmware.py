@@ -175,5 +175,6 @@ def write_firmware(out_dir: Path, stem: str, npz: Path, io: dict, profile: Targe
     write_json(paths["manifest"], man)
     write_text(paths["header"], header)
     write_text(paths["source"], source)
-    return {"prefix": prefix, **{k: str(v) for k, v in paths.items()},
+    # paths relative to the stage dir: metrics must not depend on where the build dir is
+    return {"prefix": prefix, **{k: f"{out_dir.name}/{v.name}" for k, v in paths.items()},
             "arena_size": man["arena_size"], "fast_scratch_size": man["fast_scratch_size"]}

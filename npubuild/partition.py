@@ -214,7 +214,14 @@ class PartitionPlan:
 
 def plan_partitions(model: onnx.ModelProto, lowered: LoweredGraph, fam: str) -> PartitionPlan:
     graph = read_tosa(lowered.tosa)
-    by_node = ops_by_node(graph, lowered.node_ops)
+    try:
+        by_node = ops_by_node(graph, lowered.node_ops)
+    except ValueError as exc:  # ops cannot be charged to nodes: all on the NPU, or say why not
+        everything = [o for o in graph.ops if o.op not in ("CONST", "CONST_SHAPE")]
+        verdict = check_node(everything, graph, fam)
+        if verdict:
+            raise StageError(f"cannot partition for {fam}: {exc}; and {verdict[1]}") from None
+        by_node = {n: [] for n in lowered.node_ops}
     placed = place_nodes(model, by_node, graph, fam)
     if all(p.kind == "npu" for p in placed.values()):
         return PartitionPlan(placed, [Partition(0, "npu", list(model.graph.node), [], [])])

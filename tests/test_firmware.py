@@ -46,7 +46,9 @@ def test_generated_c_compiles_and_matches_the_npz(tmp_path: Path, capsys):
         fw = b["metrics"]["firmware"]
         assert len(fw) == 1
         fw = fw[0]
-        header, source, manifest = Path(fw["header"]), Path(fw["source"]), json.loads(Path(fw["manifest"]).read_text())
+        vela_dir = Path(b["artifacts"]["vela"]).parent
+        header, source = vela_dir / fw["header"], vela_dir / fw["source"]
+        manifest = json.loads((vela_dir / fw["manifest"]).read_text())
         prefix = fw["prefix"]
         work = tmp_path / b["target"]
         work.mkdir()
@@ -59,7 +61,7 @@ def test_generated_c_compiles_and_matches_the_npz(tmp_path: Path, capsys):
                              text=True, check=True)
         lines = run.stdout.splitlines()
         arena, fast, const_size, cmd_size, mode = lines[0].split()
-        npz = next(Path(fw["manifest"]).parents[1].glob("raw/*_vela.npz"))
+        npz = next(vela_dir.glob("raw/*_vela.npz"))
         with np.load(npz) as z:
             assert (work / "cmd.bin").read_bytes() == bytes(z["cmd_data"].item())
             assert (work / "weights.bin").read_bytes() == bytes(z["weight_data"].item())

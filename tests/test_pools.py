@@ -50,7 +50,7 @@ def test_cascading_and_sram_size_give_exact_sram_figures_and_a_too_small_pool_fa
     figures = {}
     for key, b in builds.items():
         if b["status"] == "passed":
-            vela_dir = Path(b["metrics"]["firmware"][0]["manifest"]).parents[1]
+            vela_dir = Path(b["artifacts"]["vela"]).parent
         else:  # the failed task: no completion record, its outputs kept for inspection
             vela_dir = next(d for d in (build_dir / "stages" / "vela").glob(f"m-{key[1]}-*")
                             if not (d / "stage.json").exists())
