@@ -90,3 +90,21 @@ def test_generated_c_compiles_and_matches_the_npz(tmp_path: Path, capsys):
     by_pool = {p["pool"]: p for p in pools}
     assert by_pool["sram"]["roles"] == {"fast_scratch": round(fast / 1024, 3)}
     assert set(by_pool["dram"]["roles"]) == {"constants", "arena"}
+
+
+def test_vela_options_from_the_spec_reach_vela_and_the_manifest(project: Path, capsys):
+    spec = project / "configs" / "kws.yaml"
+    spec.write_text(spec.read_text().replace("targets: [ethos-u55-128, ethos-u65-256, ethos-u85-256]",
+                                             "targets: [ethos-u55-128]\n"
+                                             "vela: {output_format: raw, optimise: Size, tensor_allocator: Greedy}"))
+    build_dir = project / "build"
+    code, _, err = run_cli(["build", "--build-dir", str(build_dir), "-q"], capsys, cwd=project)
+    assert code == 0, err
+    b = read_report(build_dir)["builds"][0]
+    vela_dir = Path(b["artifacts"]["vela"]).parent
+    assert b["artifacts"]["vela"].endswith("model_vela.npz") and not list(vela_dir.glob("*.tflite"))
+    assert not (vela_dir / "raw").exists()  # the raw output is the artifact itself: one Vela run
+    manifest = json.loads((vela_dir / b["metrics"]["firmware"][0]["manifest"]).read_text())
+    assert manifest["vela_options"]["optimise"] == "Size" and manifest["vela_options"]["tensor_allocator"] == "Greedy"
+    with np.load(vela_dir / "model_vela.npz") as z:
+        assert manifest["arena_size"] == int(z["scratch_size"]) == b["metrics"]["memory"]["arena_bytes"]

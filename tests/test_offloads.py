@@ -46,3 +46,19 @@ def test_offloads_names_the_rule_for_cpu_nodes(project: Path, capsys):
 def test_offloads_unknown_target_in_spec_is_one_line_exit_2(project: Path, capsys):
     code, _, err = run_cli(["offloads", str(project / "configs" / "kws.yaml"), "--target", "ethos-u55-32"], capsys)
     assert code == 2 and len(err.strip().splitlines()) == 1 and "ethos-u55-32" in err
+
+
+def test_offloads_of_a_model_that_cannot_be_lowered_is_one_line(project: Path, capsys):
+    from onnx import TensorProto, helper
+
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])
+    model = helper.make_model(helper.make_graph([helper.make_node("Cos", ["x"], ["y"], name="my_cos")], "g", [x], [y]),
+                              opset_imports=[helper.make_opsetid("", 17)])
+    path = project / "cos.onnx"
+    onnx.save(model, path)
+    code, _, err = run_cli(["offloads", str(path), "--target", "ethos-u55-128", "--build-dir",
+                            str(project / "build")], capsys, cwd=project)
+    assert code == 2
+    lines = [ln for ln in err.splitlines() if ln.strip()]
+    assert "node 'my_cos' (Cos)" in lines[-1] and "Traceback" not in err

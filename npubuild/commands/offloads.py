@@ -9,6 +9,7 @@ TVMC's `--dump-offloads`.
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 from npubuild.errors import InputError
@@ -46,7 +47,11 @@ def cmd_offloads(args) -> int:
         vela = plan.tasks[chain["vela"]] if "vela" in chain else None
         summary = vela.outputs["summary"] if vela is not None else None
         if summary is None or not summary.is_file():
-            raise InputError(f"build {b.id} produced no placement (see {plan.build_dir / 'report.md'})")
+            entry = next((e for e in result.report["builds"] if e["target"] == b.target.name
+                          and e["model"] == b.model_name), {})
+            first = (entry.get("errors") or [f"build {b.id} produced no placement"])[0]
+            print(first.splitlines()[0], file=sys.stderr)
+            return result.exit_code or 1
         data = read_json(summary)
         entries.append({"build": b.id, "npu_partitions": data.get("npu_partitions"),
                         "host_ops": data.get("host_ops"), "offloads": data.get("offloads", [])})

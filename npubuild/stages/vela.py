@@ -125,6 +125,7 @@ def placement_metrics(io: dict, fam: str) -> dict:
         return {}
     return {"npu_partitions": rec["npu_partitions"], "host_partitions": rec["host_partitions"],
             "host_ops": rec["host_ops"], "npu_nodes": sum(1 for p in rec["placements"] if p["kind"] == "npu"),
+            "partitioned_max_error_lsb": rec.get("max_error_lsb"),
             "offloads": rec["placements"], "partition_graph": [
                 {k: p[k] for k in ("index", "kind", "file", "inputs", "outputs", "nodes")} for p in rec["partitions"]]}
 
