@@ -14,7 +14,17 @@ import numpy as np
 import onnx
 import pytest
 from onnx import TensorProto, helper
-from ophelpers import calib, check_fp, check_int, io_dict, prepare, rand, single_op_model, vela_op_counts
+from ophelpers import (
+    calib,
+    check_fp,
+    check_int,
+    io_dict,
+    prepare,
+    quantize_model,
+    rand,
+    single_op_model,
+    vela_op_counts,
+)
 
 from npubuild.lowering.driver import lower_model
 from npubuild.support import check_node
@@ -278,6 +288,27 @@ def test_resize(attrs, scales, sizes, max_lsb, u55):
     verdict = check_node(ops, graph, "u55")  # the support rule agrees with Vela, so a build puts it on the host
     assert (verdict is None) == u55, verdict
     assert check_node(ops, graph, "u85") is None
+
+
+@pytest.mark.parametrize("coord", ["half_pixel", "pytorch_half_pixel"])
+def test_bilinear_2x_for_u55_runs_on_the_npu(coord):
+    """Lowered for the U55 family, half-pixel bilinear 2x is replication + edge pad + depthwise blur: within
+    1 LSB of onnxruntime (it rounds halves to even) and entirely on the U55 NPU."""
+    shape = [1, 3, 5, 6]
+    model = single_op_model("Resize", {"x": shape}, {"y": None}, {"roi": EMPTY, "sc": np.array([1, 1, 2, 2], np.float32)},
+                            mode="linear", coordinate_transformation_mode=coord)
+    qdq = quantize_model(model, calib("x", shape))
+    lowered = lower_model(qdq, "int", family="u55")
+    assert "DEPTHWISE_CONV2D" in ops_of(lowered) and "TRANSPOSE" not in ops_of(lowered)
+    feeds = {"x": rand(shape, 3)}
+    io = io_dict(lowered)
+    with tempfile.TemporaryDirectory() as tmp:
+        onnx.save(qdq, Path(tmp) / "qdq.onnx")
+        ref = run_onnx(str(Path(tmp) / "qdq.onnx"), feeds)["y"]
+    spec = io["outputs"][0]
+    got = run_tosa(lowered.tosa, io, feeds)["y"].astype(np.float64)
+    assert np.max(np.abs(np.round(ref / spec["scale"]) + spec["zero_point"] - got)) <= 1
+    assert vela_op_counts(lowered.tosa, "ethos-u55-128")[1] == 0
 
 
 # ---------------------------------------------------------------- ops onnxruntime leaves in float

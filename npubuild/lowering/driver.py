@@ -28,13 +28,16 @@ class LoweredGraph:
         return sum(len(v) for v in self.node_ops.values())
 
 
-def lower_model(model: onnx.ModelProto, profile: Literal["int", "fp"]) -> LoweredGraph:
-    """Lower a whole (QDQ for INT, float for FP) ONNX model to one TOSA 1.0 graph."""
+def lower_model(model: onnx.ModelProto, profile: Literal["int", "fp"], family: str | None = None) -> LoweredGraph:
+    """Lower a whole (QDQ for INT, float for FP) ONNX model to one TOSA 1.0 graph.
+
+    `family` ("u55" or "u85") lets a lowering choose a form only that NPU family runs well.
+    """
     load_all()
     for i, node in enumerate(model.graph.node):
         if not node.name:
             node.name = f"{node.op_type}_{i}"
-    ctx = LoweringContext(model, profile)
+    ctx = LoweringContext(model, profile, family=family)
     for node in model.graph.node:
         if node.name in ctx.fused:  # lowered already, as part of a pattern (e.g. the Erf form of GELU)
             continue

@@ -216,7 +216,7 @@ def _full_pads(ctx: LoweringContext, rank: int) -> tuple[list[int], list[int]]:
     return before, after
 
 
-def _edge_parts(ctx: LoweringContext, x: TTensor, a: int, n_before: int, n_after: int, mode: str) -> TTensor:
+def edge_parts(ctx: LoweringContext, x: TTensor, a: int, n_before: int, n_after: int, mode: str) -> TTensor:
     """Pad logical axis a by copying edge, mirrored (reflect) or wrapped slices, then one CONCAT."""
     dim = x.logical_shape[a]
     if mode == "reflect" and (n_before >= dim or n_after >= dim):
@@ -261,7 +261,7 @@ def lower_pad(ctx: LoweringContext) -> None:
         raise ctx.unsupported(f"pad mode '{mode}' is not supported")
     for a in range(rank):
         if before[a] or after[a]:
-            x = _edge_parts(ctx, x, a, before[a], after[a], mode)
+            x = edge_parts(ctx, x, a, before[a], after[a], mode)
     finish(ctx, x)
 
 

@@ -6,10 +6,12 @@ nearest neighbour rounds halves up; each ONNX nearest mode (floor, ceil,
 round_prefer_floor/ceil) is met by searching (n, d, offset) for a set that
 picks exactly ONNX's source indices (checked in exact arithmetic), trying
 first the pixel-replication form (n = 2u, d = 2, offset = 1 - u), the only
-one Vela 5.2 runs on U55/U65 (for u = 2, 4). Int8 bilinear yields int32
+one Vela 5.2 runs on U55/U65 (for u = 2, 4, 8). Int8 bilinear yields int32
 values scaled by n_y * n_x; one RESCALE brings them back to int8. Vela 5.2
 rejects TOSA bilinear RESIZE on U55/U65 (every parameter form we tried);
-U85 runs both modes.
+U85 runs both modes. Lowered for the U55 family, half-pixel bilinear 2x
+becomes replication + a depthwise blur, which U55 runs on the NPU (on U85
+the native RESIZE is 16-24% faster on the example U-Nets, so it stays the default).
 
 DepthToSpace / SpaceToDepth are a RESHAPE, one rank-4/5 TRANSPOSE (the
 semantics need it: channels move into space) and a RESHAPE, in NHWC.
@@ -25,7 +27,8 @@ import tosa_serializer as ts
 
 from npubuild.lowering.context import NHWC, LoweringContext, TTensor
 from npubuild.lowering.emit import Op, attr, rescale, to_layout, transpose
-from npubuild.lowering.movement import direct, finish, phys_reshape
+from npubuild.lowering.movement import direct, finish, phys_reshape, result_q, slice_phys
+from npubuild.lowering.ops_data import edge_parts
 from npubuild.lowering.registry import lowers
 
 COORD_MODES = ("half_pixel", "pytorch_half_pixel", "asymmetric", "align_corners", "tf_half_pixel_for_nn")
@@ -178,9 +181,40 @@ def lower_resize(ctx: LoweringContext) -> None:
         ctx.op(Op.RESIZE, ins, [out.name], attr("Resize", tosa_mode))
         finish(ctx, out)
         return
+    if ctx.family == "u55" and coord in ("half_pixel", "pytorch_half_pixel") and x.dtype == np.int8 \
+            and (oh, ow) == (2 * x.shape[1], 2 * x.shape[2]) and (ny, dy, nx, dx) == (4, 2, 4, 2):
+        finish(ctx, _bilinear_2x(ctx, x))
+        return
     acc = ctx.new_tensor(shape, np.int32, NHWC)
     ctx.op(Op.RESIZE, ins, [acc.name], attr("Resize", tosa_mode))
     finish(ctx, _unscale(ctx, acc, ny * nx, x))
+
+
+def _bilinear_2x(ctx: LoweringContext, x: TTensor) -> TTensor:
+    """Half-pixel bilinear 2x in int8 as every Ethos-U runs it: pixel replication (the only RESIZE form U55
+    accepts) of the edge-padded input, a depthwise 3x3 [1, 2, 1] x [1, 2, 1] / 16 blur rounded once to the
+    output, and a slice dropping the padding.
+
+    On replicated pixels u, out[2i] = (u[2i-1] + 2 u[2i] + u[2i+1]) / 4 = (v[i-1] + 3 v[i]) / 4, and
+    likewise for odd outputs, which is exactly half-pixel bilinear; the edge pad is ONNX's clamping.
+    """
+    assert x.q is not None
+    n, h, w, c = x.shape
+    padded = edge_parts(ctx, edge_parts(ctx, x, 2, 1, 1, "edge"), 3, 1, 1, "edge")
+    up = ctx.new_tensor((n, 2 * h + 4, 2 * w + 4, c), x.dtype, NHWC, x.q)
+    ins = [padded.name, ctx.shape_const([4, 2, 4, 2]), ctx.shape_const([-1, -1]), ctx.shape_const([1, 1])]
+    ctx.op(Op.RESIZE, ins, [up.name], attr("Resize", ts.ResizeMode.NEAREST))
+    blur = np.outer([1, 2, 1], [1, 2, 1]).astype(np.int8)
+    weights = np.ascontiguousarray(np.broadcast_to(blur[:, :, None, None], (3, 3, c, 1)))  # HWCM
+    acc = ctx.new_tensor((n, 2 * h + 2, 2 * w + 2, c), np.int32, NHWC)
+    ins = [up.name, ctx.const(weights, "blur"), ctx.const(np.zeros(c, np.int32), "bias"),
+           ctx.zp(x.q.zp, np.int8), ctx.zp(0, np.int8)]
+    ctx.op(Op.DEPTHWISE_CONV2D, ins, [acc.name], attr("DepthwiseConv2d", [0, 0, 0, 0], [1, 1], [1, 1], False,
+                                                      ts.DType.INT32))
+    out_q = result_q(ctx, x.q)
+    assert out_q is not None
+    y = rescale(ctx, acc, x.q.s / (16 * out_q.s), out_q.dtype, 0, out_q.zp, out_q)
+    return slice_phys(ctx, y, [0, 1, 1, 0], [n, 2 * h, 2 * w, c], output_of=ctx.current.output[0])
 
 
 def _unscale(ctx: LoweringContext, acc: TTensor, factor: int, x: TTensor) -> TTensor:
