@@ -6,13 +6,12 @@ subtracted, and rescaled to the output; Vela fuses the three into one NPU
 elementwise op.
 
 Integer Mul: a positive constant per tensor or per channel is folded into one
-(per-channel) RESCALE, any other scalar into one TABLE; otherwise
-both operands are re-centred to int32 (x - zp), multiplied exactly (MUL,
-shift 0) and the product rescaled by sa*sb/so. A constant divisor's reciprocal is
-kept at 23-bit precision as an int32 constant.
-Div by a constant is Mul by its reciprocal; general Div reads a ~15-bit
-reciprocal of the divisor from two int8 TABLEs (high and low byte) and
-multiplies in int32.
+(per-channel) RESCALE, any other scalar into one TABLE; otherwise both
+operands are re-centred to int32 (x - zp), multiplied exactly (MUL, shift 0)
+and the product rescaled by sa*sb/so. Div by a constant is Mul by its
+reciprocal (kept at 23 bits as an int32 constant when it is not a RESCALE);
+general Div reads a ~15-bit reciprocal of the divisor from two int8 TABLEs
+(high and low byte) and multiplies in int32.
 Min/Max rescale each operand to int32 on the output's scale (monotonic, so the
 order is kept), take MINIMUM/MAXIMUM and rescale to int8; against a scalar
 constant they are a CLAMP.
