@@ -452,3 +452,32 @@ def test_torch_exported_data_movement(dynamo):
     assert not {"Shape", "Gather", "ConstantOfShape"} & {n.op_type for n in prepare(model).graph.node}
     lowered = check_op(model, {"x": [1, 3, 8, 8]}, max_lsb=1)
     assert ops_of(lowered).count("TRANSPOSE") == (2 if dynamo else 3)
+
+
+@pytest.mark.parametrize("per_channel", [False, True], ids=["per-tensor", "per-channel"])
+def test_transposed_dequantized_weight_stays_a_constant(per_channel):
+    """Other quantizers write DequantizeLinear(int8 weight) -> Transpose -> MatMul: the Transpose folds at
+    compile time (moving a per-channel axis), so the MatMul still gets a constant weight and stays bit exact."""
+    rng = np.random.default_rng(0)
+    w = rng.integers(-127, 127, (6, 8)).astype(np.int8)  # [N, K], as torch's Linear stores it
+    ws = (rng.uniform(0.005, 0.01, 6) if per_channel else np.array(0.008)).astype(np.float32)
+    inits = {"w": w, "ws": ws, "wz": np.zeros(ws.shape, np.int8), "xs": np.array(0.01, np.float32),
+             "xz": np.array(3, np.int8), "ys": np.array(0.05, np.float32), "yz": np.array(-2, np.int8)}
+    nodes = [helper.make_node("QuantizeLinear", ["x", "xs", "xz"], ["xq"]),
+             helper.make_node("DequantizeLinear", ["xq", "xs", "xz"], ["xd"]),
+             helper.make_node("DequantizeLinear", ["w", "ws", "wz"], ["wd"], axis=0),
+             helper.make_node("Transpose", ["wd"], ["wt"], perm=[1, 0]),
+             helper.make_node("MatMul", ["xd", "wt"], ["m"]),
+             helper.make_node("QuantizeLinear", ["m", "ys", "yz"], ["yq"]),
+             helper.make_node("DequantizeLinear", ["yq", "ys", "yz"], ["y"])]
+    model = _model(nodes, {"x": [3, 8]}, ["y"], inits, 17)
+    lowered = lower_model(model, "int")
+    assert "TRANSPOSE" not in ops_of(lowered) and "CONV2D" in ops_of(lowered)
+    feeds = {"x": rand([3, 8], 1)}
+    with tempfile.TemporaryDirectory() as tmp:
+        onnx.save(model, Path(tmp) / "m.onnx")
+        ref = run_onnx(str(Path(tmp) / "m.onnx"), feeds)["y"]
+    io = io_dict(lowered)
+    spec = io["outputs"][0]
+    got = run_tosa(lowered.tosa, io, feeds)["y"].astype(np.float64)
+    assert np.array_equal(np.round(ref / spec["scale"]) + spec["zero_point"], got)

@@ -10,6 +10,9 @@ only if a consumer needs the element order it implies.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import replace
+
 import numpy as np
 from onnx import TensorProto, helper, numpy_helper
 
@@ -23,8 +26,34 @@ def reshape_logical(ctx: LoweringContext, x: TTensor, new_shape: tuple[int, ...]
     finish(ctx, reshape_to(ctx, x, new_shape, output_of=direct(ctx, x.q)))
 
 
-def _target_shape(ctx: LoweringContext, x: TTensor, spec: np.ndarray) -> tuple[int, ...]:
-    src = x.logical_shape
+def folded(ctx: LoweringContext, fn: Callable[[np.ndarray], np.ndarray],
+           axis_map: Callable[[int], int | None] | None = None) -> bool:
+    """Apply a shape op to a constant input at compile time (e.g. DequantizeLinear(weight) -> Transpose, as
+    other quantizers write it), so the consumer still sees a constant. `axis_map` moves a per-axis scale."""
+    v = ctx.value(ctx.current.input[0])
+    if isinstance(v, np.ndarray):
+        ctx.set_output(0, np.asarray(fn(v)))
+        return True
+    if isinstance(v, QConst):
+        if v.q.axis is None or v.q.is_per_tensor:
+            ctx.set_output(0, QConst(np.asarray(fn(v.data)), v.q))
+            return True
+        axis = axis_map(v.q.axis % v.data.ndim) if axis_map is not None else None
+        if axis is not None:
+            ctx.set_output(0, QConst(np.asarray(fn(v.data)), replace(v.q, axis=axis)))
+            return True
+    return False
+
+
+def _in_shape(ctx: LoweringContext) -> tuple[int, ...]:
+    """Logical shape of input 0, whatever it is (activation, graph input, constant)."""
+    v = ctx.value(ctx.current.input[0])
+    if isinstance(v, TTensor):
+        return v.logical_shape
+    return tuple(v.data.shape if isinstance(v, QConst) else v.shape)
+
+
+def _target_shape(ctx: LoweringContext, src: tuple[int, ...], spec: np.ndarray) -> tuple[int, ...]:
     allowzero = int(ctx.attr("allowzero", 0))
     out = [int(s) if (s != 0 or allowzero) else src[i] for i, s in enumerate(spec)]
     if -1 in out:
@@ -37,21 +66,22 @@ def _target_shape(ctx: LoweringContext, x: TTensor, spec: np.ndarray) -> tuple[i
 
 @lowers("Reshape")
 def lower_reshape(ctx: LoweringContext) -> None:
-    x = ctx.tensor(0)
     spec = ctx.constant(1)
     if spec is None:
         raise ctx.unsupported("the target shape must be a constant (static shapes are set at import)")
-    reshape_logical(ctx, x, _target_shape(ctx, x, spec.astype(np.int64).reshape(-1)))
+    new = _target_shape(ctx, _in_shape(ctx), spec.astype(np.int64).reshape(-1))
+    if not folded(ctx, lambda a: a.reshape(new)):
+        reshape_logical(ctx, ctx.tensor(0), new)
 
 
 @lowers("Flatten")
 def lower_flatten(ctx: LoweringContext) -> None:
-    x = ctx.tensor(0)
-    shape = x.logical_shape
+    shape = _in_shape(ctx)
     axis = int(ctx.attr("axis", 1))
     axis = axis + len(shape) if axis < 0 else axis
     new = (int(np.prod(shape[:axis])), int(np.prod(shape[axis:])))
-    reshape_logical(ctx, x, new)
+    if not folded(ctx, lambda a: a.reshape(new)):
+        reshape_logical(ctx, ctx.tensor(0), new)
 
 
 def _axes(ctx: LoweringContext) -> list[int] | None:
@@ -65,38 +95,45 @@ def _axes(ctx: LoweringContext) -> list[int] | None:
 
 @lowers("Squeeze")
 def lower_squeeze(ctx: LoweringContext) -> None:
-    x = ctx.tensor(0)
-    shape = x.logical_shape
+    shape = _in_shape(ctx)
     axes = _axes(ctx)
     if axes is None:
         axes = [i for i, d in enumerate(shape) if d == 1]
     axes = {norm_axis(ctx, a, len(shape)) for a in axes}
     if any(shape[a] != 1 for a in axes):
         raise ctx.unsupported(f"cannot squeeze non-unit axes {sorted(axes)} of shape {list(shape)}")
-    reshape_logical(ctx, x, tuple(d for i, d in enumerate(shape) if i not in axes))
+    kept = [i for i in range(len(shape)) if i not in axes]
+    new = tuple(shape[i] for i in kept)
+    if not folded(ctx, lambda a: a.reshape(new), lambda a: kept.index(a) if a in kept else None):
+        reshape_logical(ctx, ctx.tensor(0), new)
 
 
 @lowers("Unsqueeze")
 def lower_unsqueeze(ctx: LoweringContext) -> None:
-    x = ctx.tensor(0)
-    shape = list(x.logical_shape)
+    shape = list(_in_shape(ctx))
     axes = _axes(ctx)
     if axes is None:
         raise ctx.unsupported("Unsqueeze needs axes")
     rank = len(shape) + len(axes)
-    for a in sorted(norm_axis(ctx, a, rank) for a in axes):
+    new_axes = sorted(norm_axis(ctx, a, rank) for a in axes)
+    kept = [i for i in range(rank) if i not in new_axes]  # output position of each input axis
+    for a in new_axes:
         shape.insert(a, 1)
-    reshape_logical(ctx, x, tuple(shape))
+    new = tuple(shape)
+    if not folded(ctx, lambda a: a.reshape(new), lambda a: kept[a]):
+        reshape_logical(ctx, ctx.tensor(0), new)
 
 
 @lowers("Transpose")
 def lower_transpose(ctx: LoweringContext) -> None:
     """Relabel the layout: physical = logical_out.transpose(q) with the same data, so no operator here."""
-    x = ctx.tensor(0)
-    rank = len(x.shape)
-    p = tuple(int(v) for v in ctx.attr("perm", list(range(rank))[::-1]))
+    rank = len(_in_shape(ctx))
+    p = tuple(int(a) for a in ctx.attr("perm", list(range(rank))[::-1]))
     if sorted(p) != list(range(rank)):
         raise ctx.unsupported(f"perm {list(p)} is not a permutation of rank {rank}")
+    if folded(ctx, lambda a: np.transpose(a, p), p.index):
+        return
+    x = ctx.tensor(0)
     inv_p = inverse(p)
     finish(ctx, relabel(x, tuple(inv_p[a] for a in x.perm)))
 
