@@ -235,7 +235,7 @@ def plan_partitions(model: onnx.ModelProto, lowered: LoweredGraph, fam: str) -> 
 
 
 def write_partitions(model: onnx.ModelProto, plan: PartitionPlan, profile: Literal["int", "fp"], out_dir: Path,
-                     prefix: str) -> list[dict]:
+                     prefix: str, family: str | None = None) -> list[dict]:
     """Write each partition (<prefix>partN.tosa or <prefix>hostN.onnx); returns their records for io.json."""
     infos = _value_infos(model)
     records = []
@@ -248,7 +248,7 @@ def write_partitions(model: onnx.ModelProto, plan: PartitionPlan, profile: Liter
             onnx.save(sub, out_dir / rec["file"])
         else:
             try:
-                low = lower_model(sub, profile)
+                low = lower_model(sub, profile, family=family)
             except Exception as exc:  # a boundary the lowering cannot take (e.g. a bool tensor input)
                 raise StageError(f"NPU partition {part.index} cannot be lowered on its own: {exc}") from exc
             rec["file"] = f"{prefix}part{part.index}.tosa"

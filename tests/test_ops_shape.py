@@ -481,3 +481,18 @@ def test_transposed_dequantized_weight_stays_a_constant(per_channel):
     spec = io["outputs"][0]
     got = run_tosa(lowered.tosa, io, feeds)["y"].astype(np.float64)
     assert np.array_equal(np.round(ref / spec["scale"]) + spec["zero_point"], got)
+
+
+def test_u55_family_lowering_keeps_bilinear_resize_on_the_npu():
+    """The portable lowering's bilinear RESIZE goes to the host on U55 (the support rule); the U55 family's
+    own lowering puts every node on the NPU."""
+    from npubuild.partition import plan_partitions
+
+    shape = [1, 2, 4, 4]
+    model = single_op_model("Resize", {"x": shape}, {"y": None}, {"roi": EMPTY, "sc": np.array([1, 1, 2, 2], np.float32)},
+                            mode="linear")
+    qdq = quantize_model(model, calib("x", shape))
+    portable = plan_partitions(qdq, lower_model(qdq, "int"), "u55")
+    assert [p.kind for p in portable.placements.values() if p.node == "the_resize"] == ["cpu"]
+    own = plan_partitions(qdq, lower_model(qdq, "int", family="u55"), "u55")
+    assert all(p.kind == "npu" for p in own.placements.values())
