@@ -88,6 +88,7 @@ class StageCache:
                 return None
             staged.append((dest / name, data))
         for path, data in staged:
+            path.parent.mkdir(parents=True, exist_ok=True)
             with atomic_path(path) as tmp:
                 tmp.write_bytes(data)
         return CacheEntry(key, manifest["files"], manifest.get("metrics", {}), manifest.get("created", 0.0))
@@ -98,14 +99,17 @@ class StageCache:
         base = self._dir(key)
         self.fs.makedirs(f"{base}/{writer}", exist_ok=True)
         files = {}
-        for path in sorted(src.iterdir()):
-            if not path.is_file() or path.name.startswith(".") or path.name in exclude:
+        for path in sorted(src.rglob("*")):  # subdirectories too (the vela stage's raw/ and firmware/)
+            name = path.relative_to(src).as_posix()
+            if not path.is_file() or any(part.startswith(".") for part in name.split("/")) or name in exclude:
                 continue
             data = path.read_bytes()
-            rel = f"{writer}/{path.name}"
+            rel = f"{writer}/{name}"
+            if "/" in name:
+                self.fs.makedirs(f"{base}/{rel.rsplit('/', 1)[0]}", exist_ok=True)
             with self.fs.open(f"{base}/{rel}", "wb") as f:
                 f.write(data)
-            files[path.name] = {"path": rel, "sha256": _sha256(data), "size": len(data)}
+            files[name] = {"path": rel, "sha256": _sha256(data), "size": len(data)}
         manifest = json.dumps({"key": key, "files": files, "metrics": metrics, "created": time.time(),
                                "writer": writer}).encode()
         tmp = f"{base}/.{MANIFEST}.{writer}"

@@ -38,7 +38,8 @@ int main(int argc, char **argv) {{
 def test_generated_c_compiles_and_matches_the_npz(tmp_path: Path, capsys):
     build_dir = tmp_path / "build"
     code, _, err = run_cli(["compile", str(REPO / "configs" / "models" / "ds_cnn.onnx"), "--target", "ethos-u55-128",
-                            "--target", "ethos-u65-256", "--build-dir", str(build_dir)], capsys, cwd=tmp_path)
+                            "--target", "ethos-u65-256", "--build-dir", str(build_dir), "--json"], capsys,
+                           cwd=tmp_path)
     assert code == 0, err
     io = json.loads(next((build_dir / "stages" / "lower").glob("*/io.json")).read_text())
     modes = {}
@@ -108,3 +109,19 @@ def test_vela_options_from_the_spec_reach_vela_and_the_manifest(project: Path, c
     assert manifest["vela_options"]["optimise"] == "Size" and manifest["vela_options"]["tensor_allocator"] == "Greedy"
     with np.load(vela_dir / "model_vela.npz") as z:
         assert manifest["arena_size"] == int(z["scratch_size"]) == b["metrics"]["memory"]["arena_bytes"]
+
+
+def test_a_vela_stage_served_from_the_shared_cache_keeps_its_raw_output_and_firmware(tmp_path: Path, capsys,
+                                                                                     monkeypatch):
+    monkeypatch.setenv("NPUBUILD_CACHE", str(tmp_path / "cache"))
+    dirs = []
+    for name in ("first", "second"):
+        build_dir = tmp_path / name
+        code, _, err = run_cli(["compile", str(REPO / "configs" / "models" / "ds_cnn.onnx"), "--target",
+                                "ethos-u55-128", "--build-dir", str(build_dir), "--json"], capsys, cwd=tmp_path)
+        assert code == 0, err
+        dirs.append(next((build_dir / "stages" / "vela").glob("ds_cnn-*")))
+    assert json.loads((dirs[1] / "stage.json").read_text()).get("from_cache") is True
+    for rel in ("raw/model_vela.npz", "firmware/npubuild_model.h", "firmware/npubuild_model.c",
+                "firmware/npubuild_model.json"):
+        assert (dirs[1] / rel).read_bytes() == (dirs[0] / rel).read_bytes(), rel
