@@ -12,6 +12,7 @@ from pathlib import Path
 
 from npubuild.fileio import _json_default, write_text
 from npubuild.html_report import write_html
+from npubuild.numerics_report import numerics_markdown
 from npubuild.plan import BuildPlan
 from npubuild.stages import read_error
 from npubuild.stages.npu_sim import skip_reason as npu_sim_skip_reason
@@ -130,6 +131,7 @@ def render_markdown(report: dict) -> str:
             f"{_fmt(m.get('inference_ms'), 4)} | {_fmt(m.get('npu_cycles'))} | {_fmt(m.get('tosa_max_error_lsb'), 0)} | "
             f"{_fmt(m.get('tosa_snr_db'), 1)} | {_fmt(m.get('quant_snr_db'), 1)} | {cached}/{ran} |")
     lines += _gates_and_memory(report)
+    lines += numerics_markdown(report["builds"])
     failures = [(b, g) for b in report["builds"] for g in b["gates"] if not g["ok"]]
     errors = [(b, e) for b in report["builds"] for e in b["errors"]]
     if failures or errors:

@@ -76,6 +76,10 @@ def test_digits_spec_reports_float_and_int8_accuracy(tmp_path: Path, capsys):
     gates = {g["name"]: g for g in b["gates"]}
     assert gates["min_accuracy"]["ok"] and gates["max_accuracy_drop"]["ok"]
     assert m["npu_offload"] == 1.0
+    md = (root / "build" / "report.md").read_text()
+    row = next(ln for ln in md.splitlines() if ln.startswith("| digits/digits_cnn/ethos-u55-128 |") and "%" in ln)
+    assert f"| {m['float_accuracy']:.2%} | {m['accuracy']:.2%} |" in row
+    assert "no FVP found" in row
 
 
 def test_missing_labels_file_is_one_line_exit_2(tmp_path: Path, capsys):

@@ -1,0 +1,28 @@
+"""report.md section on numerics: accuracy on the evaluation set, per-output error, FVP cycles next to Vela's."""
+
+from __future__ import annotations
+
+
+def _f(v, fmt: str) -> str:
+    return "-" if v is None else format(v, fmt)
+
+
+def numerics_markdown(builds: list[dict]) -> list[str]:
+    """One row per build that has numerics; nothing when no build ran a TOSA check."""
+    rows = []
+    for b in builds:
+        m = b.get("metrics") or {}
+        if m.get("tosa_snr_db") is None:
+            continue
+        fvp = b.get("stages", {}).get("fvp", {})
+        fvp_text = (f"{_f(m.get('fvp_npu_cycles'), 'd')} ({_f(m.get('fvp_vs_vela_cycles'), '.2f')}x Vela)"
+                    if m.get("fvp_npu_cycles") is not None else f"{fvp.get('status', '-')}: {fvp.get('reason', '')}")
+        rows.append(f"| {b['spec']}/{b['model']}/{b['target']} | {_f(m.get('float_accuracy'), '.2%')} | "
+                    f"{_f(m.get('accuracy'), '.2%')} | {_f(m.get('tosa_max_error_lsb'), '.0f')} | "
+                    f"{_f(m.get('tosa_snr_db'), '.1f')} | {_f(m.get('quant_snr_db'), '.1f')} | "
+                    f"{_f(m.get('npu_cycles'), 'd')} | {fvp_text.strip()} |")
+    if not rows:
+        return []
+    return ["", "## Numerics and accuracy", "",
+            "| build | float top-1 | int8 top-1 | TOSA max LSB | TOSA SNR dB | quant SNR dB | Vela NPU cycles | FVP NPU cycles |",
+            "|---|---:|---:|---:|---:|---:|---:|---|", *rows]
