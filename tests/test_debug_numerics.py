@@ -90,3 +90,19 @@ def test_unknown_model_is_one_line_exit_2(tmp_path: Path, capsys):
     code, _, err = run_cli(["debug-numerics", "configs/d.yaml", "--model", "nope"], capsys, cwd=root)
     assert code == 2 and "matches no build" in err and "--model cnn --target ethos-u55-128" in err
     assert err.count("\n") == 1
+
+
+def test_first_jump_rules():
+    from npubuild.debug_numerics import first_jump
+
+    def row(node, snr, lsb=0.0):
+        return {"node": node, "quant_snr_db": snr, "tosa_snr_db": 150.0, "max_error_lsb": lsb}
+
+    # a gradual slide from 45 to 28 dB is no jump; a fall of more than 20 dB is; so is crossing 20 dB
+    assert first_jump([row("a", 45), row("b", 38), row("c", 28)])["first_jump"] is None
+    assert first_jump([row("a", 45), row("b", 44), row("c", 12), row("d", 5)])["first_jump"] == "c"
+    assert first_jump([row("a", 30), row("b", 24), row("c", 19)])["first_jump"] == "c"
+    assert first_jump([row("a", 9), row("b", 5)])["first_jump"] == "a"
+    # the integer graph leaving its QDQ model by more than one LSB is a lowering error, named apart
+    res = first_jump([row("a", 45), row("b", 44, lsb=1), row("c", 43, lsb=6)])
+    assert res["first_lowering_error"] == "c" and res["first_jump"] is None
