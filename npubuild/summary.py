@@ -15,9 +15,15 @@ from npubuild.html_report import write_html
 from npubuild.numerics_report import numerics_markdown
 from npubuild.plan import BuildPlan
 from npubuild.stages import read_error
-from npubuild.stages.npu_sim import skip_reason as npu_sim_skip_reason
 from npubuild.uptodate import record
 from npubuild.versions import all_versions
+
+
+def _npu_sim_skip_reason(accelerator: str, output_format: str) -> str | None:
+    # imported here: npu_sim pulls in numpy, onnx and the simulator, a third of a no-op rebuild's start-up
+    from npubuild.stages.npu_sim import skip_reason
+
+    return skip_reason(accelerator, output_format)
 
 
 def build_entries(plan: BuildPlan, run_id: str) -> list[dict]:
@@ -51,7 +57,7 @@ def build_entries(plan: BuildPlan, run_id: str) -> list[dict]:
                 stages[stage] = {"status": "skipped", "seconds": None, "cached": False}
         if "vela" in chain and "npu-sim" not in chain:
             stages["npu-sim"] = {"status": "skipped", "seconds": None, "cached": False,
-                                 "reason": npu_sim_skip_reason(b.target.accelerator, b.vela.output_format)
+                                 "reason": _npu_sim_skip_reason(b.target.accelerator, b.vela.output_format)
                                  or "verify.tosa is off (npu-sim runs on its samples)"}
         stages.setdefault("fvp", {"status": "skipped", "seconds": None, "cached": False,
                                   "reason": plan.skipped.get(b.id, {}).get("fvp", "not planned")})
