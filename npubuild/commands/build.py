@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import fnmatch
+import os
 from pathlib import Path
 
 from npubuild.errors import InputError
@@ -17,7 +18,16 @@ def cmd_build(args) -> int:
     builds = load_specs(spec_paths(args.specs))
     if args.only:
         builds = select(builds, args.only)
-    result = build(builds, Path(args.build_dir), args.jobs, args.keep_going, args.quiet, args.debug, args.wait)
+    build_dir = Path(args.build_dir)
+    configure_cache(args.cache, build_dir)
+    if args.executor == "dask":
+        from npubuild.dask_executor import build_dask
+        from npubuild.buildlock import locked
+
+        with locked(build_dir.resolve(), args.wait):
+            return build_dask(builds, build_dir, args.scheduler, args.jobs if args.jobs > 1 else 2, args.quiet,
+                              args.debug).exit_code
+    result = build(builds, build_dir, args.jobs, args.keep_going, args.quiet, args.debug, args.wait)
     return result.exit_code
 
 
@@ -40,6 +50,16 @@ def select(builds: list, patterns: list[str]) -> list:
     return [b for b in builds if any(matches(b.id, p) for p in patterns)]
 
 
+def configure_cache(url: str | None, build_dir: Path) -> None:
+    """The shared stage cache: --cache URL, else $NPUBUILD_CACHE, else <build-dir>/cache; 'off' disables it."""
+    if url is None:
+        url = os.environ.get("NPUBUILD_CACHE") or str(build_dir.resolve() / "cache")
+    if url == "off":
+        os.environ.pop("NPUBUILD_CACHE", None)
+    else:
+        os.environ["NPUBUILD_CACHE"] = url
+
+
 def register(sub) -> None:
     b = sub.add_parser("build", help="build compile specs (default: configs/)")
     b.add_argument("specs", nargs="*", help="spec files or directories")
@@ -50,4 +70,9 @@ def register(sub) -> None:
     b.add_argument("--keep-going", action="store_true", help="go on with other builds after a failure")
     b.add_argument("--wait", action="store_true", help="wait for a build dir another build holds (default: stop)")
     b.add_argument("-q", "--quiet", action="store_true")
+    b.add_argument("--executor", choices=["doit", "dask"], default="doit",
+                   help="doit (default, local processes) or dask (a Dask cluster; LocalCluster without --scheduler)")
+    b.add_argument("--scheduler", help="Dask scheduler address, e.g. tcp://10.0.0.5:8786")
+    b.add_argument("--cache", help="shared stage cache: a directory or fsspec URL, or 'off' "
+                                   "(default: $NPUBUILD_CACHE, else <build-dir>/cache)")
     b.set_defaults(func=cmd_build)
