@@ -21,13 +21,14 @@ def cmd_build(args) -> int:
     build_dir = Path(args.build_dir)
     configure_cache(args.cache, build_dir)
     if args.executor == "dask":
-        from npubuild.dask_executor import build_dask
         from npubuild.buildlock import locked
+        from npubuild.dask_executor import build_dask
 
         with locked(build_dir.resolve(), args.wait):
             return build_dask(builds, build_dir, args.scheduler, args.jobs if args.jobs > 1 else 2, args.quiet,
                               args.debug).exit_code
-    result = build(builds, build_dir, args.jobs, args.keep_going, args.quiet, args.debug, args.wait)
+    live = {"auto": None, "live": True, "plain": False}[args.progress]
+    result = build(builds, build_dir, args.jobs, args.keep_going, args.quiet, args.debug, args.wait, live)
     return result.exit_code
 
 
@@ -70,6 +71,8 @@ def register(sub) -> None:
     b.add_argument("--keep-going", action="store_true", help="go on with other builds after a failure")
     b.add_argument("--wait", action="store_true", help="wait for a build dir another build holds (default: stop)")
     b.add_argument("-q", "--quiet", action="store_true")
+    b.add_argument("--progress", choices=["auto", "live", "plain"], default="auto",
+                   help="live per-stage table, or one line per task (default: live on a terminal)")
     b.add_argument("--executor", choices=["doit", "dask"], default="doit",
                    help="doit (default, local processes) or dask (a Dask cluster; LocalCluster without --scheduler)")
     b.add_argument("--scheduler", help="Dask scheduler address, e.g. tcp://10.0.0.5:8786")
