@@ -400,14 +400,16 @@ def test_softmax_is_bit_exact_against_the_qdq_semantics(shape, spread):
 
 @pytest.mark.parametrize("shape,spread", [([4, 768], 3.0), ([16, 128], 1.0)])
 def test_layer_norm_accuracy_against_the_qdq_semantics(shape, spread):
-    """Measured: at most 1 LSB, on 0.03% of the elements or fewer."""
+    """Measured: at most 1 LSB, on 0.37% (K=128) and 0.75% (K=768, gammas near 0 widen the int16 range) of the
+    elements, all at rounding ties: the affine step runs as an int16 depthwise conv for speed (with an int32
+    MUL/ADD it was 0.03%, at a third more U55 cycles)."""
     k = shape[-1]
     rng = np.random.default_rng(0)
     inits = {"g": rng.uniform(-2, 2, k).astype(np.float32), "b": rng.normal(0, 0.5, k).astype(np.float32)}
     model = single_op_model("LayerNormalization", {"x": shape}, {"y": None}, inits, axis=-1)
     err = errors_vs_unfused_qdq(model, "x", shape, spread)
     print(f"layer norm {shape}: max {err.max()} LSB on {100 * (err > 0).mean():.3f}% of {err.size}")
-    assert err.max() <= 1 and (err > 0).mean() <= 0.001
+    assert err.max() <= 1 and (err > 0).mean() <= 0.01
 
 
 # ---------------------------------------------------------------------------------------------- small chains

@@ -18,12 +18,14 @@ from __future__ import annotations
 import math
 
 import numpy as np
+import tosa_serializer as ts
 
 from npubuild.lowering import intmath as im
 from npubuild.lowering.context import NHWC, LoweringContext, TTensor, identity
 from npubuild.lowering.emit import Op, attr, rescale, reshape, to_layout
 from npubuild.lowering.ops_conv import Bias, emit_conv
 from npubuild.lowering.ops_reduce import emit_reduce
+from npubuild.lowering.quant import multiplier_shift
 from npubuild.lowering.registry import lowers
 
 GAMMA_BITS = 12  # gamma quantized here (when onnxruntime did not) to this many bits
@@ -114,6 +116,60 @@ def _int_affine(ctx: LoweringContext, q: TTensor, unit: float, count: int, gamma
     return rescale(ctx, acc, acc_unit / out_q.s, out_q.dtype, 0, out_q.zp, out_q, output_of=output_of)
 
 
+def _int_affine_channels_last(ctx: LoweringContext, q: TTensor, unit: float, count: int, gamma: np.ndarray,
+                              beta: np.ndarray, output_of: str | None) -> TTensor:
+    """q * unit * gamma + beta with gamma/beta along the last axis: one int16 DEPTHWISE_CONV2D (+ RESCALE).
+
+    The normalised value goes to int16 with as many fraction bits as fit; each
+    channel's weight is +-127 with scale |gamma|/127 (exact, as in
+    BatchNormalization) and beta is the int48 bias. Vela then reads 8-bit
+    weights and one bias per channel instead of two int32 constants per
+    element (MUL + ADD), which cost a third of a layer norm's cycles on U55.
+    The int16 step costs accuracy only at rounding ties (measured: <1% of
+    elements 1 LSB off instead of <0.05%).
+    """
+    out_q = ctx.require_output_q()
+    k = q.shape[-1]
+    # the normalised range that can still change an int8 output (beyond it the output saturates either way),
+    # capped by sqrt(K), which no normalised value exceeds
+    lo, hi = (out_q.qmin - out_q.zp) * out_q.s, (out_q.qmax - out_q.zp) * out_q.s
+    live = gamma != 0
+    reach = np.max((max(-lo, hi) + np.abs(beta[live])) / np.abs(gamma[live])) if live.any() else 1.0
+    frac = math.floor(math.log2(32767.0 / (min(reach, math.sqrt(count)) * 1.01)))
+    rows = int(np.prod(q.shape[:-1]))
+    v16 = rescale_to(ctx, q, unit * 2.0**frac, np.int16)
+    view = reshape(ctx, v16, (1, rows, 1, k), NHWC)
+    w = np.sign(gamma).astype(np.int8).reshape(1, 1, k, 1) * np.int8(127)  # HWCM
+    w_scale = np.where(live, np.abs(gamma) / 127.0, 1.0)
+    acc_unit = w_scale * 2.0**-frac
+    bias = np.clip(np.round(beta / acc_unit), -(2**46), 2**46).astype(np.int64)
+    bias_name = ctx.fresh("bias48")
+    ctx.ser.addConst([k], ts.DType.INT48, bias, name=bias_name)
+    acc_t = ctx.ser.addIntermediate(list(view.shape), ts.DType.INT48)
+    acc = TTensor(acc_t.name, view.shape, np.dtype(np.int64), NHWC)
+    ctx.op(Op.DEPTHWISE_CONV2D, [view.name, ctx.const(w, "weights"), bias_name, ctx.zp(0, np.int16), ctx.zp(0, np.int8)],
+           [acc.name], attr("DepthwiseConv2d", [0, 0, 0, 0], [1, 1], [1, 1], False, ts.DType.INT48))
+    # RESCALE of int48 takes 16-bit multipliers (scale32 is not allowed)
+    mult16, shift16 = multiplier_shift(acc_unit / out_q.s, 16)
+    acc_zp = ctx.fresh("zp48")
+    ctx.ser.addConst([1], ts.DType.INT48, np.zeros(1, np.int64), name=acc_zp)
+    y = ctx.new_tensor(view.shape, out_q.dtype, NHWC, out_q)
+    ctx.op(Op.RESCALE, [acc.name, ctx.const(mult16.astype(np.int16), "multiplier"),
+                        ctx.const(shift16.astype(np.int8), "shift"), acc_zp, ctx.zp(out_q.zp, out_q.dtype)], [y.name],
+           attr("Rescale", False, ts.RoundingMode.SINGLE_ROUND, True, False, False))
+    return reshape(ctx, y, q.shape, q.perm, output_of=output_of)
+
+
+def rescale_to(ctx: LoweringContext, x: TTensor, scale: float, dtype) -> TTensor:
+    """int32 -> dtype, round(x * scale), saturating (one per-tensor RESCALE)."""
+    out = ctx.new_tensor(x.shape, dtype, x.perm)
+    mult, shift = multiplier_shift(scale, 32)
+    ctx.op(Op.RESCALE, [x.name, ctx.const(mult.astype(np.int32), "multiplier"), ctx.const(shift.astype(np.int8), "shift"),
+                        ctx.zp(0, np.int32), ctx.zp(0, np.dtype(dtype))], [out.name],
+           attr("Rescale", True, ts.RoundingMode.SINGLE_ROUND, False, False, False))
+    return out
+
+
 def _affine_values(ctx: LoweringContext, n: int) -> tuple[np.ndarray, np.ndarray]:
     g = ctx.constant(1)
     b = ctx.constant(2)
@@ -133,6 +189,9 @@ def _normalize(ctx: LoweringContext, x: TTensor, axes: list[int], count: int, ch
     if x.q is None or x.dtype != np.int8:
         raise ctx.unsupported("the integer normalisation needs an int8 input")
     q, unit = _int_normalized(ctx, x, axes, count, eps)
+    if chan_axis == len(x.shape) - 1:
+        gamma, beta = _affine_values(ctx, n)
+        return _int_affine_channels_last(ctx, q, unit, count, gamma, beta, output_of)
     gamma_q, g_scale = _gamma_int(ctx, 1, n)
     _, beta = _affine_values(ctx, n)
     return _int_affine(ctx, q, unit, count, gamma_q, g_scale, beta, shape, output_of)
