@@ -26,3 +26,16 @@ def numerics_markdown(builds: list[dict]) -> list[str]:
     return ["", "## Numerics and accuracy", "",
             "| build | float top-1 | int8 top-1 | TOSA max LSB | TOSA SNR dB | quant SNR dB | Vela NPU cycles | FVP NPU cycles |",
             "|---|---:|---:|---:|---:|---:|---:|---|", *rows]
+
+
+def stored_layers(build_dir, build_id: str, lower_key: str | None) -> dict:
+    """The last `debug-numerics` result of a build, while its lowering is unchanged ({} otherwise)."""
+    import json
+    from pathlib import Path
+
+    path = Path(build_dir) / "builds" / build_id / "layers.json"
+    try:
+        res = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return {"layer_numerics": res} if lower_key is not None and res.get("lower_key") == lower_key else {}

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from npubuild.fileio import _json_default, write_text
 from npubuild.html_report import write_html
-from npubuild.numerics_report import numerics_markdown
+from npubuild.numerics_report import numerics_markdown, stored_layers
 from npubuild.plan import BuildPlan
 from npubuild.stages import read_error
 from npubuild.uptodate import record
@@ -81,6 +81,7 @@ def build_entries(plan: BuildPlan, run_id: str) -> list[dict]:
             "errors": errors,
             "error_kinds": sorted(error_kinds),
             "artifacts": artifacts(plan, b.id, records),
+            **stored_layers(plan.build_dir, b.id, records.get("lower", {}).get("cache_key")),
         })
     return entries
 

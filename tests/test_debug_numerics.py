@@ -49,6 +49,15 @@ def test_well_calibrated_model_has_no_jump(tmp_path: Path, capsys):
         assert r["max_error_lsb"] <= 1 and r["quant_snr_db"] > 25, r
     (entry,) = read_report(root / "b")["builds"]
     assert entry["layer_numerics"]["layers"] == res["layers"]
+    # a later build keeps it in the report while the lowering is the same ...
+    assert run_cli(["build", "configs/d.yaml", "--build-dir", "b", "-q"], capsys, cwd=root)[0] == 0
+    (entry,) = read_report(root / "b")["builds"]
+    assert entry["layer_numerics"]["layers"] == res["layers"]
+    # ... and drops it once the quantised model (so the lowering) changes
+    np.save(root / "configs" / "calib.npy", np.load(REPO / "configs" / "data" / "digits_calib.npy")[:20])
+    assert run_cli(["build", "configs/d.yaml", "--build-dir", "b", "-q"], capsys, cwd=root)[0] == 0
+    (entry,) = read_report(root / "b")["builds"]
+    assert "layer_numerics" not in entry
 
 
 def test_all_zero_calibration_names_the_first_layer_where_error_jumps(tmp_path: Path, capsys):

@@ -46,6 +46,8 @@ def cmd_debug_numerics(args) -> int:
                                 args.samples or v.samples, v.seed)
     res = layer_numerics(onnx.load(str(lower_in)), float_model, b.pipeline.passes, b.pipeline.profile, samples)
     res["build"] = b.id
+    lower_rec = read_record(result.plan.tasks[chain["lower"]]) or {}
+    res["lower_key"] = lower_rec.get("cache_key")  # the report keeps this while the lowering's inputs are the same
     out = build_dir / "builds" / b.id / "layers.json"
     write_json(out, res)
     report_path = build_dir / "report.json"
