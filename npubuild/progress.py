@@ -73,3 +73,5 @@ class LiveDisplay:
 
     def stop(self) -> None:
         self.live.stop()
+        if not self.live.console.is_terminal:  # rich ends the last frame without a newline off a terminal
+            self.live.console.line()

@@ -36,8 +36,9 @@ class RunResult:
         return 0
 
 
-def namespace(plan: BuildPlan, run_id: str, quiet: bool = False, debug: bool = False) -> dict:
-    reporter = make_reporter(plan, run_id, plan.build_dir, quiet)
+def namespace(plan: BuildPlan, run_id: str, quiet: bool = False, debug: bool = False,
+              live: bool | None = None) -> dict:
+    reporter = make_reporter(plan, run_id, plan.build_dir, quiet, live)
     ns: dict = dict(task_dicts(plan, run_id, debug))
     ns["DOIT_CONFIG"] = doit_config(plan.build_dir, reporter)
     ns["_npubuild_reporter"] = reporter
@@ -45,13 +46,13 @@ def namespace(plan: BuildPlan, run_id: str, quiet: bool = False, debug: bool = F
 
 
 def run_plan(plan: BuildPlan, jobs: int = 1, keep_going: bool = False, quiet: bool = False,
-             debug: bool = False, wait: bool = False) -> RunResult:
+             debug: bool = False, wait: bool = False, live: bool | None = None) -> RunResult:
     """Run the plan with doit, holding the build dir's lock (`wait` for it, else fail at once if busy)."""
     from npubuild.fileio import read_json
 
     with locked(plan.build_dir, wait):
         run_id = new_run_id()
-        ns = namespace(plan, run_id, quiet, debug)
+        ns = namespace(plan, run_id, quiet, debug, live)
         args = ["run"]
         if jobs > 1:
             args += ["-n", str(jobs), "-P", "process"]
@@ -65,5 +66,6 @@ def run_plan(plan: BuildPlan, jobs: int = 1, keep_going: bool = False, quiet: bo
 
 
 def build(builds: list[Build], build_dir: Path, jobs: int = 1, keep_going: bool = False, quiet: bool = False,
-          debug: bool = False, wait: bool = False) -> RunResult:
-    return run_plan(make_plan(builds, build_dir), jobs, keep_going, quiet, debug, wait)
+          debug: bool = False, wait: bool = False, live: bool | None = None) -> RunResult:
+    """`live`: the per-stage progress table (None: when stdout is a terminal)."""
+    return run_plan(make_plan(builds, build_dir), jobs, keep_going, quiet, debug, wait, live)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import glob
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -53,6 +54,20 @@ def test_keep_going_builds_the_others_and_reports_the_failure(project: Path, cap
 ])
 def test_only_matches_whole_ids_leading_parts_or_any_part(pattern: str, expected: bool):
     assert matches("kws/ds_cnn/ethos-u55-128", pattern) is expected
+
+
+def test_progress_table_shows_each_stage_state(project: Path, capsys):
+    code, out, err = run_cli(["build", "--progress", "live", "--only", "ethos-u85-*"], capsys, cwd=project)
+    assert code == 0, err
+    table = out[out.rindex("stage"):]
+    for header in ("done", "ran", "cached", "failed", "running"):
+        assert header in table.splitlines()[0]
+    rows = {ln.split()[1]: ln.split()[3:8:2] for ln in table.splitlines() if ln.startswith("│")}
+    assert rows["vela"] == ["1/1", "1", "0"] and rows["import"] == ["1/1", "1", "0"]
+    assert re.match(r"\d+ ran, 0 cached, 0 failed", out.rstrip().splitlines()[-1])
+    code, out, _ = run_cli(["build", "--progress", "live", "--only", "ethos-u85-*"], capsys, cwd=project)
+    rows = {ln.split()[1]: ln.split()[3:8:2] for ln in out[out.rindex("stage"):].splitlines() if ln.startswith("│")}
+    assert code == 0 and rows["vela"] == ["1/1", "0", "1"]  # second time: cached
 
 
 def test_only_builds_the_selected_target(project: Path, capsys):
