@@ -42,3 +42,29 @@ def run_partitions(lower_dir: Path, partitions: list[dict], outputs: list[dict],
         for spec in part["outputs_io"]:
             env[spec["onnx_name"]] = _dequantize(got[spec["onnx_name"]], spec)
     return {spec["onnx_name"]: _quantize(env[spec["onnx_name"]], spec) for spec in outputs}
+
+
+def partitioned_numerics(lower_dir: Path, io: dict, samples: dict[str, np.ndarray], reference) -> dict:
+    """For every family whose build is split: the partitioned model vs the QDQ model on the verify samples.
+
+    `reference(feeds)` runs the QDQ model on onnxruntime. Returns family -> max error (output LSB) and samples.
+    """
+    out = {}
+    n = next(iter(samples.values())).shape[0] if samples else 0
+    for fam, rec in (io.get("families") or {}).items():
+        if len(rec["partitions"]) < 2:
+            continue
+        worst = 0.0
+        for i in range(n):
+            feeds = {k: v[i] for k, v in samples.items()}
+            ref, got = reference(feeds), run_partitions(lower_dir, rec["partitions"], io["outputs"], feeds)
+            for spec in io["outputs"]:
+                name = spec["onnx_name"]
+                if spec.get("scale") is None:
+                    err = np.abs(got[name].astype(np.float64) - ref[name])
+                else:
+                    err = np.abs(np.round(ref[name] / spec["scale"]) + spec["zero_point"] - got[name].astype(np.float64))
+                worst = max(worst, float(err.max()) if err.size else 0.0)
+        out[fam] = {"max_error_lsb": worst, "samples": n, "npu_partitions": rec["npu_partitions"],
+                    "host_partitions": rec["host_partitions"]}
+    return out

@@ -57,6 +57,10 @@ def test_u55_splits_into_npu_and_host_partitions_and_u85_runs_one(project: Path,
         worst = max(worst, float(np.max(np.abs(ref_q - got.astype(np.float64)))))
     assert worst <= 1.0
     assert record["max_error_lsb"] <= 1.0
+    # and the TOSA check ran it on the spec's verify samples
+    numerics = json.loads(next((build_dir / "stages" / "tosa-check").glob("m-*/numerics.json")).read_text())
+    assert set(numerics["partitioned"]) == {"u55"}
+    assert numerics["partitioned"]["u55"]["samples"] == 4 and numerics["partitioned"]["u55"]["max_error_lsb"] <= 1.0
 
 
 def test_partition_gates(project: Path, capsys):

@@ -63,13 +63,21 @@ def portable(io: dict) -> dict:
             "profile": io["profile"]}
 
 
+def _input_range(spec: dict) -> tuple[float, float]:
+    """The real range an int8 input can represent (the calibrated range), else [-1, 1]."""
+    if spec.get("scale") is None or spec["dtype"] == "float32":
+        return -1.0, 1.0
+    info = np.iinfo(np.dtype(spec["dtype"]))
+    return (info.min - spec["zero_point"]) * spec["scale"], (info.max - spec["zero_point"]) * spec["scale"]
+
+
 def check_partitioned(qdq_path: Path, out_dir: Path, record: dict, io: dict, seed: int = 0) -> float:
     """Max error (output LSB) of the partitioned model against the whole QDQ model on onnxruntime."""
     rng = np.random.default_rng(seed)
     worst = 0.0
     for _ in range(CHECK_SAMPLES):
-        feeds = {s["onnx_name"]: rng.uniform(-1, 1, [s["shape"][i] for i in np.argsort(s["perm"])]).astype(np.float32)
-                 for s in io["inputs"]}
+        feeds = {s["onnx_name"]: rng.uniform(*_input_range(s), [s["shape"][i] for i in np.argsort(s["perm"])])
+                 .astype(np.float32) for s in io["inputs"]}
         ref = run_onnx(str(qdq_path), feeds)
         got = run_partitions(out_dir, record["partitions"], io["outputs"], feeds)
         for spec in io["outputs"]:

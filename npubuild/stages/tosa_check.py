@@ -20,6 +20,7 @@ from npubuild.data import load_arrays, sample_arrays
 from npubuild.errors import InputError
 from npubuild.fileio import atomic_path, read_json, write_json
 from npubuild.numerics import accuracy, compare_output, lsb_error
+from npubuild.partition_run import partitioned_numerics
 from npubuild.plan import StageTask
 from npubuild.tosa_run import run_tosa
 
@@ -99,6 +100,8 @@ def run(task: StageTask) -> dict:
         "outputs": per_output,
         "io": io_summary(io),
     }
+    if is_int:  # split builds (a family that cannot run some node): the partitioned model, same samples
+        summary["partitioned"] = partitioned_numerics(task.inputs["tosa"].parent, io, samples, reference)
     if task.inputs.get("eval_inputs") is not None:
         summary.update(evaluate(task, io, tosa, float_model, flt_runner))
     write_json(task.outputs["numerics"], summary)
