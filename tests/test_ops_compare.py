@@ -1,0 +1,36 @@
+"""Greater / Less / Where lowerings: FP and INT against onnxruntime, and Vela on U85 (U55 has no GREATER/SELECT)."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+from ophelpers import calib, check_fp, check_int, rand, vela_op_counts
+
+
+def select_model(cmp: str, threshold: float) -> onnx.ModelProto:
+    """y = Where(cmp(x, threshold), x, Relu(x)) after a Conv, so every operand is an int8 activation."""
+    w = np.random.default_rng(3).uniform(-1, 1, (4, 4, 1, 1)).astype(np.float32)
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], name="conv"),
+             helper.make_node(cmp, ["c", "t"], ["g"], name="cmp"),
+             helper.make_node("Relu", ["c"], ["r"], name="relu"),
+             helper.make_node("Where", ["g", "c", "r"], ["y"], name="where")]
+    graph = helper.make_graph(nodes, "sel", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, 6, 6])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4, 6, 6])],
+                              [numpy_helper.from_array(w, "w"),
+                               numpy_helper.from_array(np.array(threshold, np.float32), "t")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    return model
+
+
+@pytest.mark.parametrize("cmp", ["Greater", "Less"])
+@pytest.mark.parametrize("threshold", [-0.3, 0.0, 0.41])
+def test_compare_and_select(cmp: str, threshold: float):
+    model = select_model(cmp, threshold)
+    check_fp(model, {"x": rand((1, 4, 6, 6), 11)})
+    lowered, _ = check_int(model, calib("x", [1, 4, 6, 6]), {"x": rand((1, 4, 6, 6), 12)}, max_lsb=1)
+    assert {"GREATER", "SELECT"} <= {op for ops in lowered.node_ops.values() for op in ops}
+    npu, cpu = vela_op_counts(lowered.tosa, "ethos-u85-256")
+    assert npu > 0 and cpu == 0
