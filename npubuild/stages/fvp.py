@@ -147,8 +147,12 @@ def run(task: StageTask) -> dict:
     exe = Path(cfg["fvp"]["executable"])
     if platform not in BOARD:
         raise StageError(f"verify.fvp: no FVP command line known for platform '{platform}'")
-    model = next(iter(sorted(task.inputs["vela_summary"].parent.glob("*_vela.tflite"))), None)
-    if model is None:
+    vela = read_json(task.inputs["vela_summary"])
+    if vela.get("host_partitions") or (vela.get("npu_partitions") or 1) > 1:
+        raise StageError(f"the FVP stage runs models that are one NPU partition; this one has "
+                         f"{vela.get('npu_partitions')} NPU and {vela.get('host_partitions')} host partitions")
+    model = task.inputs["vela_summary"].parent / "model_vela.tflite"
+    if not model.is_file():
         raise StageError("the FVP runs the Vela .tflite: set vela output_format to tflite")
     io = read_json(task.inputs["io"])
     with np.load(task.inputs["reference"], allow_pickle=False) as z:
@@ -174,7 +178,6 @@ def run(task: StageTask) -> dict:
     if proc.returncode != 0:
         raise StageError(f"FVP exited with status {proc.returncode} (log: {task.outputs['log']})")
     errors = compare(io, reference, log.outputs)
-    vela = read_json(task.inputs["vela_summary"])
     metrics = {
         "fvp": exe.name,
         "fvp_npu_cycles": log.npu_cycles,
