@@ -28,6 +28,8 @@ UBLOCKS = {"ethos-u55-32": (4, 8)}
 
 @dataclass
 class Kernel:
+    """Kernel size, stride, dilation, weight order and IFM padding of one op, decoded from its registers."""
+
     h: int
     w: int
     sy: int
@@ -42,6 +44,10 @@ class Kernel:
 
 
 def kernel_of(cmd: Command) -> Kernel:
+    """KERNEL_STRIDE: bit 0/1 stride x/y low bits, 2 part-kernel-first, 3/4 dilation x/y, 6/9 stride x/y high bits.
+
+    KERNEL_WIDTH/HEIGHT_M1 hold the dilated extent minus one.
+    """
     p = cmd.regs.get("KERNEL_STRIDE", 0)
     sx = ((p & 1) | ((p >> 6) & 1) << 1) + 1
     sy = (((p >> 1) & 1) | ((p >> 9) & 1) << 1) + 1
