@@ -67,7 +67,8 @@ def fvp_decision(b: Build) -> tuple[dict | None, Path | None, str | None]:
         st = exe.stat()
         return ({"platform": b.target.platform, "family": family, "macs": int(b.target.accelerator.split("-")[-1]),
                  "fvp": {**opts.model_dump(), "executable": str(exe)},
-                 "fvp_binary": {"size": st.st_size, "mtime_ns": st.st_mtime_ns}, "error": None}, runner, None)
+                 "fvp_binary": {"size": st.st_size, "mtime_ns": st.st_mtime_ns}, "error": None, "mode": mode},
+                runner, None)
     if mode == "required":
         return {"error": f"verify.fvp is required but {reason}"}, None, None
     return None, None, reason

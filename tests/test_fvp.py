@@ -189,3 +189,21 @@ def test_configured_executable_relative_to_the_spec_is_used(project: Path, tmp_p
     code, err, b = _build(project, capsys)
     assert code == 0, err
     assert b["metrics"]["fvp_npu_cycles"] == 77 and Path(str(runner) + ".argv.json").is_file()
+
+
+@pytest.mark.parametrize("mode", ["auto", "required"])
+def test_a_split_model_is_not_run_on_the_fvp(project: Path, stand_in: Path, capsys, mode: str):
+    from fourhelpers import add_compare_model
+
+    (project / "configs" / "runner.elf").write_text(json.dumps({"uart": []}))
+    spec = add_compare_model(project, targets="[ethos-u55-128]")  # Greater/Where run on the host on U55
+    spec.write_text(spec.read_text().replace("samples: 4}", f"samples: 4, fvp: {mode}}}")
+                    + "fvp: {runner: runner.elf}\n")
+    code, _, err = run_cli(["build", str(spec), "--build-dir", str(project / "build"), "-q"], capsys)
+    (b,) = read_report(project / "build")["builds"]
+    why = "the FVP stage runs models that are one NPU partition; this one has 2 NPU and 1 host partitions"
+    if mode == "auto":
+        assert code == 0, err
+        assert b["stages"]["fvp"]["status"] == "skipped" and b["stages"]["fvp"]["reason"] == why
+    else:
+        assert code == 1 and err.strip().endswith(f"verify.fvp is required but {why}")
