@@ -496,3 +496,29 @@ def test_u55_family_lowering_keeps_bilinear_resize_on_the_npu():
     assert [p.kind for p in portable.placements.values() if p.node == "the_resize"] == ["cpu"]
     own = plan_partitions(qdq, lower_model(qdq, "int", family="u55"), "u55")
     assert all(p.kind == "npu" for p in own.placements.values())
+
+
+FC_HEADS = [("Gemm", {"transB": 1}), ("Gemm", {}), ("MatMul", {})]
+
+
+@pytest.mark.parametrize("op,attrs", FC_HEADS, ids=["gemm-transB", "gemm", "matmul"])
+def test_flatten_into_fully_connected_needs_no_transpose(op, attrs):
+    """Conv -> Flatten (spatial > 1) -> Gemm/MatMul: rows are flattened in NHWC order and the constant weight's
+    K axis is permuted at compile time instead of transposing the activation."""
+    rng = np.random.default_rng(5)
+    k, n = 4 * 3 * 3, 5
+    inits: dict = {"fc": rng.normal(0, 0.2, (n, k) if attrs.get("transB") else (k, n)).astype(np.float32)}
+    nodes = [_conv("w1", "x", "a", 2, 4, 1, inits), helper.make_node("Flatten", ["a"], ["f"], axis=1),
+             helper.make_node(op, ["f", "fc"], ["y"], **attrs)]
+    lowered = check_op(_model(nodes, {"x": [1, 2, 3, 3]}, ["y"], inits, 17), {"x": [1, 2, 3, 3]}, max_lsb=1)
+    assert "TRANSPOSE" not in ops_of(lowered)
+
+
+def test_flatten_read_by_more_than_a_fully_connected_layer_transposes():
+    """If the flattened tensor is also a graph output, its element order must be ONNX's: one TRANSPOSE."""
+    rng = np.random.default_rng(6)
+    inits: dict = {"fc": rng.normal(0, 0.2, (36, 5)).astype(np.float32)}
+    nodes = [_conv("w1", "x", "a", 2, 4, 1, inits), helper.make_node("Flatten", ["a"], ["f"], axis=1),
+             helper.make_node("MatMul", ["f", "fc"], ["y"])]
+    lowered = check_op(_model(nodes, {"x": [1, 2, 3, 3]}, ["y", "f"], inits, 17), {"x": [1, 2, 3, 3]}, max_lsb=1)
+    assert ops_of(lowered).count("TRANSPOSE") == 1

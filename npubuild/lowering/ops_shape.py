@@ -14,16 +14,97 @@ from collections.abc import Callable
 from dataclasses import replace
 
 import numpy as np
+import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from npubuild.lowering.context import LoweringContext, QConst, TTensor, inverse
-from npubuild.lowering.movement import constant_ints, direct, finish, norm_axis, relabel, reshape_to
+from npubuild.lowering.movement import (
+    constant_ints,
+    direct,
+    finish,
+    norm_axis,
+    phys_reshape,
+    relabel,
+    reshape_layout,
+    reshape_to,
+)
 from npubuild.lowering.registry import lowers
 
 
 def reshape_logical(ctx: LoweringContext, x: TTensor, new_shape: tuple[int, ...]) -> None:
     """Bind output 0 to x reshaped to the logical shape `new_shape`."""
+    if reshape_layout(x.logical_shape, x.perm, new_shape) is None:
+        t = flatten_into_fc(ctx, x, new_shape)
+        if t is not None:
+            finish(ctx, t)
+            return
     finish(ctx, reshape_to(ctx, x, new_shape, output_of=direct(ctx, x.q)))
+
+
+def flatten_into_fc(ctx: LoweringContext, x: TTensor, new_shape: tuple[int, ...]) -> TTensor | None:
+    """Flatten an NHWC tensor feeding only fully connected layers without a TRANSPOSE.
+
+    The rows are taken in physical (H, W, C) order and each reader's constant
+    weight gets its K axis permuted to match, at compile time: A_phys @ B[perm]
+    = A @ B. Only when every reader is a Gemm/MatMul (through Q/DQ) whose
+    weight initializer nothing else reads. Returns None when that does not hold.
+    """
+    shape = x.logical_shape
+    if len(new_shape) != 2 or len(shape) < 3 or x.perm[0] != 0 or new_shape[0] != shape[0]:
+        return None
+    readers = _fc_readers(ctx, ctx.current.output[0])
+    if readers is None:
+        return None
+    producers = {o: n for n in ctx.model.graph.node for o in n.output}
+    sources = [_weight_source(ctx, r, producers) for r in readers]
+    if any(src is None for src in sources):
+        return None
+    rest = shape[1:]
+    perm_k = np.arange(int(np.prod(rest))).reshape(rest).transpose([a - 1 for a in x.perm[1:]]).reshape(-1)
+    for reader, (init, k_axis) in zip(readers, sources, strict=True):
+        w = np.ascontiguousarray(np.take(ctx.values[init], perm_k, axis=k_axis))
+        ctx.values[init] = w
+        lowered = ctx.values.get(reader.input[1])  # the weight's DequantizeLinear may have run already
+        if isinstance(lowered, QConst):
+            ctx.values[reader.input[1]] = QConst(w, lowered.q)
+    return phys_reshape(ctx, x, tuple(new_shape), (0, 1), output_of=direct(ctx, x.q))
+
+
+def _fc_readers(ctx: LoweringContext, name: str) -> list[onnx.NodeProto] | None:
+    """The Gemm/MatMul nodes reading `name` (through Q/DQ) as their A operand, None if anything else reads it."""
+    readers, frontier = [], [name]
+    while frontier:
+        v = frontier.pop()
+        if v in ctx.graph_outputs:
+            return None
+        for c in ctx.consumers.get(v, []):
+            if c.op_type in ("QuantizeLinear", "DequantizeLinear") and c.input[0] == v:
+                frontier.append(c.output[0])
+            elif c.op_type in ("Gemm", "MatMul") and c.input[0] == v and v not in c.input[1:] and not any(
+                    a.name == "transA" and a.i for a in c.attribute):
+                readers.append(c)
+            else:
+                return None
+    return readers or None
+
+
+def _weight_source(ctx: LoweringContext, node: onnx.NodeProto, producers: dict) -> tuple[str, int] | None:
+    """(initializer, K axis) of a Gemm/MatMul's constant 2-D weight that only this node reads, else None."""
+    k_axis = 1 if node.op_type == "Gemm" and any(a.name == "transB" and a.i for a in node.attribute) else 0
+    src = node.input[1]
+    dq = producers.get(src)
+    if dq is not None:
+        scale = ctx.values.get(dq.input[1]) if len(dq.input) > 1 else None
+        axis = next((a.i for a in dq.attribute if a.name == "axis"), 1)
+        per_k = isinstance(scale, np.ndarray) and scale.size > 1 and axis % 2 == k_axis
+        if dq.op_type != "DequantizeLinear" or per_k or len(ctx.consumers.get(src, [])) != 1:
+            return None
+        src = dq.input[0]
+    inits = {i.name for i in ctx.model.graph.initializer}
+    w = ctx.values.get(src)
+    if src not in inits or not isinstance(w, np.ndarray) or w.ndim != 2 or len(ctx.consumers.get(src, [])) != 1:
+        return None
+    return src, k_axis
 
 
 def folded(ctx: LoweringContext, fn: Callable[[np.ndarray], np.ndarray],
