@@ -224,6 +224,7 @@ REDUCE_CASES = [
     ("ReduceMax", [1, 4, 6, 6], [2, 3], 1),
     ("ReduceMax", [2, 5, 8], [-1], 0),
     ("ReduceMin", [1, 4, 6, 6], [1], 1),
+    ("ReduceMean", [2, 3, 4], [0, 1, 2], 1),  # every axis: one merged reduction
 ]
 
 
