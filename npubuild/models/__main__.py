@@ -12,7 +12,8 @@ from pathlib import Path
 from npubuild.fileio import write_bytes
 from npubuild.models.zoo import MODELS
 
-TORCH_NAMES = ("resnet8_torch", "mobilenet_v3_block_torch", "transformer_torch", "unet_torch")
+TORCH_NAMES = ("resnet8_torch", "mobilenet_v3_block_torch", "transformer_torch", "transformer_dynamo",
+               "unet_torch")
 
 
 def generators(with_torch: bool) -> dict:

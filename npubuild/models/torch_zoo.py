@@ -131,6 +131,16 @@ def mobilenet_v3_block_torch() -> onnx.ModelProto:
 
 def transformer_torch() -> onnx.ModelProto:
     """The 2-layer transformer encoder in torch, TorchScript exporter (GELU becomes the Erf pattern)."""
+    return _export(*_transformer_module(), dynamo=False)
+
+
+def transformer_dynamo() -> onnx.ModelProto:
+    """The same transformer encoder through the dynamo exporter (torch.onnx.export's default since 2.9)."""
+    return _export(*_transformer_module(), dynamo=True)
+
+
+def _transformer_module():
+    """Seeded 2-layer post-norm encoder (sequence 16, width 64, 4 heads) and an example input."""
     torch = _torch()
     nn = torch.nn
     torch.manual_seed(2)
@@ -154,7 +164,7 @@ def transformer_torch() -> onnx.ModelProto:
             return self.ln2(x + self.ff2(nn.functional.gelu(self.ff1(x))))
 
     model = nn.Sequential(Layer(), Layer())
-    return _export(model, torch.randn(1, seq, d), dynamo=False)
+    return model, torch.randn(1, seq, d)
 
 
 def unet_torch() -> onnx.ModelProto:
@@ -192,5 +202,6 @@ TORCH_MODELS: dict[str, Callable[[], onnx.ModelProto]] = {
     "resnet8_torch": resnet8_torch,
     "mobilenet_v3_block_torch": mobilenet_v3_block_torch,
     "transformer_torch": transformer_torch,
+    "transformer_dynamo": transformer_dynamo,
     "unet_torch": unet_torch,
 }
