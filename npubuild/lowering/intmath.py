@@ -120,7 +120,8 @@ def rsqrt(ctx: LoweringContext, v: TTensor) -> tuple[TTensor, TTensor]:
     index = narrow_exact(ctx, sub(ctx, asr(ctx, m, const_i32(ctx, 23, m)), const_i32(ctx, 128, m)), 0)
     seed_q = QParams(np.float64(RSQRT_SEED_SCALE), np.int64(0), np.dtype(np.int8))
     seed = emit_table(ctx, index, rsqrt_seed_table(), seed_q)
-    y = rescale(ctx, seed, RSQRT_SEED_SCALE * Q29, np.int32, 0, 0, None)
+    # materialised once: Vela would otherwise repeat the widening RESCALE for each of y's three readers
+    y = add(ctx, rescale(ctx, seed, RSQRT_SEED_SCALE * Q29, np.int32, 0, 0, None), const_i32(ctx, 0, seed))
     three = const_i32(ctx, 3 * Q29, v)
     for _ in range(2):
         y2 = mul(ctx, y, y, 29)  # Q29
