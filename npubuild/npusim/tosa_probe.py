@@ -10,6 +10,7 @@ from __future__ import annotations
 import struct
 
 import numpy as np
+from tosa.DType import DType
 from tosa.Op import Op
 from tosa.TosaGraph import TosaGraph
 
@@ -65,3 +66,24 @@ def intermediates(tosa: bytes, inputs: list[np.ndarray]) -> dict[str, np.ndarray
     if "VALID" not in str(status):
         return {}
     return {n: np.asarray(o) for (n, _), o in zip(names, outs, strict=False)}
+
+
+NP_TYPES = {getattr(DType, name): t for name, t in (("INT8", np.int8), ("INT16", np.int16), ("INT32", np.int32),
+                                                    ("UINT8", np.uint8), ("UINT16", np.uint16)) if hasattr(DType, name)}
+
+
+def graph_io(tosa: bytes) -> tuple[list[tuple[str, tuple[int, ...], type]], list[str]]:
+    """The main block's inputs (name, shape, numpy integer type) and output names, in graph order."""
+    block = TosaGraph.GetRootAs(bytearray(tosa), 0).Regions(0).Blocks(0)
+    tensors = {}
+    for i in range(block.TensorsLength()):
+        t = block.Tensors(i)
+        tensors[t.Name().decode()] = (tuple(int(t.Shape(j)) for j in range(t.ShapeLength())), t.Type())
+    inputs = []
+    for j in range(block.InputsLength()):
+        name = block.Inputs(j).decode()
+        shape, dtype = tensors[name]
+        if dtype not in NP_TYPES:
+            raise ValueError(f"input '{name}' has a non-integer TOSA type {dtype}")
+        inputs.append((name, shape, NP_TYPES[dtype]))
+    return inputs, [block.Outputs(j).decode() for j in range(block.OutputsLength())]
