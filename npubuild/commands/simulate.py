@@ -17,6 +17,11 @@ def _load_input(path: str) -> np.ndarray:
         raise InputError(f"cannot read input: {exc}", path) from None
 
 
+def _same_io(io: dict, model) -> bool:
+    sizes = [[int(np.prod(s["shape"])) for s in io[k]] for k in ("inputs", "outputs")]
+    return sizes == [[int(np.prod(p.shape)) for p in places] for places in (model.inputs, model.outputs)]
+
+
 def _tosa_names(art, model, feeds: list[np.ndarray], ops) -> list[str | None]:
     """Each op's TOSA tensor (when the build's graph is known): names Vela's per-layer rows use."""
     from npubuild.npusim.tosa_probe import intermediates
@@ -37,6 +42,8 @@ def cmd_simulate(args) -> int:
 
     art = locate(args.artifact, args.build)
     model = load_raw(art.npz)
+    if art.io and not _same_io(art.io, model):
+        art.io, art.tosa = None, None  # one NPU partition of a split graph: its I/O is not the model's
     if args.input and len(args.input) != len(model.inputs):
         raise InputError(f"the artifact has {len(model.inputs)} inputs, got {len(args.input)} --input")
     io_inputs = (art.io or {}).get("inputs") or [None] * len(model.inputs)

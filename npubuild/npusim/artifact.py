@@ -23,8 +23,9 @@ def layer_cycles(npz: Path) -> dict[str, int]:
     """Vela's per-layer cycle estimate (its --verbose-performance CSV next to the artifact), by layer name."""
     import csv
 
+    stem = npz.name.removesuffix("_vela.npz")
     for d in (npz.parent, npz.parent.parent):
-        for p in sorted(d.glob("*_per-layer.csv")):
+        for p in sorted(d.glob(f"{stem}_per-layer.csv")):
             with open(p, newline="") as f:
                 rows = list(csv.DictReader(f))
             out = {}
@@ -57,12 +58,12 @@ def _from_report(build_dir: Path, select: str | None) -> Artifact:
         if select and select not in (label, b["target"], f"{b['model']}/{b['target']}"):
             continue
         tosa = (b.get("artifacts") or {}).get("tosa")
-        found.append(Artifact(Path(vela), label, None, Path(tosa) if tosa else None))
+        found.append(Artifact(Path(vela), f"{label} ({Path(vela).name})", None, Path(tosa) if tosa else None))
     if not found:
         what = f" matching '{select}'" if select else ""
         raise InputError(f"no build with a raw Vela artifact (vela.output_format: raw){what}", str(build_dir))
     if len(found) > 1:
-        names = ", ".join(a.label for a in found)
+        names = ", ".join(a.label.split(" (")[0] for a in found)
         raise InputError(f"several raw builds ({names}): choose one with --build", str(build_dir))
     art = found[0]
     art.io = _io_next_to(art.tosa)
@@ -83,6 +84,8 @@ def locate(path: str, select: str | None = None) -> Artifact:
     npzs = sorted(p.glob("*_vela.npz"))
     if len(npzs) == 1:
         return Artifact(npzs[0], p.name)
+    if npzs:
+        raise InputError(f"several raw artifacts here ({', '.join(n.name for n in npzs)}): pass one", path)
     raise InputError("no Vela raw .npz here (nor a report.json)", path)
 
 
