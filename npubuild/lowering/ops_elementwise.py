@@ -42,7 +42,8 @@ def broadcast_pair(ctx: LoweringContext, a: TTensor, b: TTensor) -> tuple[TTenso
         a = _unsqueeze_front(ctx, a, rb)
     elif rb < ra:
         b = _unsqueeze_front(ctx, b, ra)
-    layout = a.perm if len(a.shape) == 4 and a.perm != tuple(range(4)) else b.perm
+    # the larger operand keeps its layout (the smaller is usually a constant or a broadcast vector)
+    layout = a.perm if int(np.prod(a.shape)) >= int(np.prod(b.shape)) else b.perm
     return to_layout(ctx, a, layout), to_layout(ctx, b, layout)
 
 
