@@ -14,28 +14,45 @@ from npubuild.npusim.npz import RawModel, TensorPlace
 INTERNAL = "internal"  # key of the NPU's internal memory (SHRAM: LUTs) in the region map
 
 
+class Memory(dict):
+    """Region index (or INTERNAL) -> bytes; a region the artifact does not define is a one-line error."""
+
+    def __missing__(self, key):
+        raise StageError(f"the command stream uses region {key}, which the artifact does not define")
+
+
 @dataclass
 class SimResult:
     outputs: list[np.ndarray]
     ops: list[ops.OpResult] = field(default_factory=list)
 
 
-def _memory(model: RawModel) -> dict[int, np.ndarray]:
-    mem: dict = {}
+def _memory(model: RawModel) -> Memory:
+    mem = Memory()
     weights = np.frombuffer(model.weights, np.uint8).copy()
     mem[model.weight_region] = weights
     mem[model.scratch_region] = np.zeros(max(model.scratch_size, 1), np.uint8)
     if model.fast_size > 0 and model.fast_region not in mem:
         mem[model.fast_region] = np.zeros(model.fast_size, np.uint8)
     mem[INTERNAL] = np.zeros(model.shram_kib * 1024, np.uint8)
+    for place in (*model.inputs, *model.outputs):  # --separate-io-regions: I/O in regions of their own
+        need = place.offset + place.nbytes
+        if place.region not in mem:
+            mem[place.region] = np.zeros(need, np.uint8)
+        elif len(mem[place.region]) < need and place.region != model.weight_region:
+            mem[place.region] = np.concatenate([mem[place.region], np.zeros(need - len(mem[place.region]), np.uint8)])
     return mem
+
+
+def _region(mem: dict, reg: int) -> np.ndarray:
+    """A DMA end: bit 8 selects the internal memory, else the low byte is the region index."""
+    return mem[INTERNAL if reg >> 8 & 1 else reg & 0xFF]
 
 
 def _dma(mem: dict, cmd: Command) -> None:
     r = cmd.regs
     src_reg, dst_reg = r.get("DMA0_SRC_REGION", 0), r.get("DMA0_DST_REGION", 0)
-    src = mem[INTERNAL if src_reg >> 8 & 1 else src_reg & 0xFF]
-    dst = mem[INTERNAL if dst_reg >> 8 & 1 else dst_reg & 0xFF]
+    src, dst = _region(mem, src_reg), _region(mem, dst_reg)
     if (src_reg >> 9) & 3 or (dst_reg >> 9) & 3:
         raise NotModelled("2D/3D DMA is not modelled yet")
     s, d, n = cmd.addr("DMA0_SRC"), cmd.addr("DMA0_DST"), cmd.addr("DMA0_LEN")
