@@ -447,11 +447,11 @@ def _torch_model(dynamo: bool) -> onnx.ModelProto:
 def test_torch_exported_data_movement(dynamo):
     """cat, reflect pad, slicing, chunk, nearest upsample, pixel (un)shuffle and view(n, -1) as both exporters
     write them: shape chains fold at import, everything runs on the NPU, and TRANSPOSEs are only those the
-    pixel (un)shuffles need (TorchScript's rank-6 form costs one more)."""
+    pixel (un)shuffles need (one each, whether written as DepthToSpace or as rank-6 Reshape/Transpose)."""
     model = _torch_model(dynamo)
     assert not {"Shape", "Gather", "ConstantOfShape"} & {n.op_type for n in prepare(model).graph.node}
     lowered = check_op(model, {"x": [1, 3, 8, 8]}, max_lsb=1)
-    assert ops_of(lowered).count("TRANSPOSE") == (2 if dynamo else 3)
+    assert ops_of(lowered).count("TRANSPOSE") == 2
 
 
 @pytest.mark.parametrize("per_channel", [False, True], ids=["per-tensor", "per-channel"])

@@ -17,8 +17,11 @@ from npubuild.lowering.quant import QParams
 
 
 def canonical(rank: int) -> tuple[int, ...]:
-    """The layout a fresh tensor of this rank gets: NHWC for rank 4, row-major otherwise."""
-    return NHWC if rank == 4 else identity(rank)
+    """The layout a reshaped tensor prefers: NHWC for rank 4, channels last for rank >= 5 (the views pixel
+    (un)shuffles go through on their way back to NHWC), row-major below."""
+    if rank == 4:
+        return NHWC
+    return (0, *range(2, rank), 1) if rank >= 5 else identity(rank)
 
 
 def phys_axis(x: TTensor, axis: int) -> int:
