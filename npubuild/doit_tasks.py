@@ -101,7 +101,9 @@ def make_reporter(plan: BuildPlan, run_id: str, build_dir: Path, quiet: bool = F
         blocked: list[str] = []
 
         def __init__(self, outstream, options):
-            self.out = outstream
+            # not doit's `outstream`: its default is the sys.stdout of when doit was imported, which in a
+            # long-lived process (tests, benchmarks) may be a stream closed since
+            outstream = self.out = sys.stdout
             self.started: dict[str, float] = {}
             self.progress = StageProgress(plan)
             use_live = (not quiet and outstream.isatty()) if live is None else live
