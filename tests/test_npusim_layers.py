@@ -19,6 +19,13 @@ def test_conv_transpose_uses_ifm_upscale_bitexact():
     assert any(c.regs.get("IFM_UPSCALE") == 2 for c in decode(model.commands) if c.kind == "CONV")
 
 
+def test_resize_nearest_2x_uses_ifm_upscale_bitexact():
+    m = single_op_model("Resize", {"x": S}, {"y": None}, {"roi": np.zeros(0, np.float32),
+                        "scales": np.array([1, 1, 2, 2], np.float32)}, mode="nearest")
+    model = compile_and_check(m, S)
+    assert any(c.regs.get("IFM_UPSCALE") == 1 for c in decode(model.commands) if c.kind != "DMA_START")
+
+
 @pytest.mark.parametrize("name", ["concat", "pad", "transpose", "reducemean", "hardswish", "prelu"])
 def test_layers_bitexact(name):
     if name == "concat":
