@@ -116,30 +116,11 @@ def _slice(bb: _Bits, nw: int, nz: int, zero_run: bool, zdiv: int, wdiv: int, wt
         z_q: list[int] = []
         unary0 = bb.get(12) if (w_on and not uncompressed) else 0
         if z_on:
-            bits = bb.get(z_len)
-            cnt = z_carry
-            for k in range(z_len):
-                if bits >> k & 1:
-                    cnt += 1
-                else:
-                    z_q.append(cnt)
-                    cnt = 0
-            z_carry = cnt
+            z_q, z_carry = _with_carry(*_zero_run_symbols(bb.get(z_len), z_len), z_carry)
             z_pos += len(z_q)
         if w_on:
-            ones = bin(unary0 & ((1 << w_max) - 1)).count("1")
-            unary1 = bb.get(ones)
-            cnt = w_carry
-            for k in range(w_max):
-                code = 0
-                if unary0 >> k & 1:
-                    code = 1 + (unary1 & 1)
-                    unary1 >>= 1
-                cnt += code
-                if code < 2 or wtrunc:
-                    w_q.append(cnt)
-                    cnt = 0
-            w_carry = cnt
+            ones = _POPCOUNT[unary0 & ((1 << w_max) - 1)]
+            w_q, w_carry = _with_carry(*_weight_symbols(unary0, bb.get(ones), w_max, wtrunc), w_carry)
             w_pos += len(w_q)
         if w_prev is not None:
             _remainders(bb, w_prev[: nw - len(w_vals)], wdiv, w_vals)
@@ -150,6 +131,45 @@ def _slice(bb: _Bits, nw: int, nz: int, zero_run: bool, zdiv: int, wdiv: int, wt
         w_prev = w_q if w_on else None
         z_prev = z_q if z_on else None
     return w_vals, z_vals
+
+
+_POPCOUNT = [bin(i).count("1") for i in range(1 << 12)]
+
+
+def _with_carry(symbols: tuple[int, ...], tail: int, carry: int) -> tuple[list[int], int]:
+    """A chunk's quotients with the previous chunk's unfinished count added to the first; the new carry."""
+    if not symbols:
+        return [], carry + tail
+    return [symbols[0] + carry, *symbols[1:]], tail
+
+
+@lru_cache(maxsize=1 << 16)
+def _zero_run_symbols(bits: int, length: int) -> tuple[tuple[int, ...], int]:
+    """Unary zero-run quotients of one chunk (a 1 counts, a 0 ends a symbol), and the unfinished count."""
+    out, cnt = [], 0
+    for k in range(length):
+        if bits >> k & 1:
+            cnt += 1
+        else:
+            out.append(cnt)
+            cnt = 0
+    return tuple(out), cnt
+
+
+@lru_cache(maxsize=1 << 18)
+def _weight_symbols(unary0: int, unary1: int, length: int, trunc: bool) -> tuple[tuple[int, ...], int]:
+    """Weight quotients of one chunk from its two unary words (codes 0, 1, 2; 2 continues unless truncated)."""
+    out, cnt = [], 0
+    for k in range(length):
+        code = 0
+        if unary0 >> k & 1:
+            code = 1 + (unary1 & 1)
+            unary1 >>= 1
+        cnt += code
+        if code < 2 or trunc:
+            out.append(cnt)
+            cnt = 0
+    return tuple(out), cnt
 
 
 def _remainders(bb: _Bits, quotients: list[int], div: int, out: list[int]) -> None:
