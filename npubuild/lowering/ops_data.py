@@ -42,7 +42,7 @@ def _layout_of_inputs(ctx: LoweringContext) -> tuple[int, ...] | None:
 
 @lowers("Concat")
 def lower_concat(ctx: LoweringContext) -> None:
-    names = [n for n in ctx.current.input]
+    names = list(ctx.current.input)
     layout = _layout_of_inputs(ctx)
     first = next((ctx.tensor(i) for i, n in enumerate(names) if isinstance(ctx.value(n), TTensor)), None)
     if layout is None or first is None:
