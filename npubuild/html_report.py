@@ -21,6 +21,7 @@ td.n{text-align:right;font-variant-numeric:tabular-nums}
 details{margin:.3em 0}summary{cursor:pointer}
 img{max-width:100%}
 """
+MAX_LAYER_CHARTS = 6
 TREND_METRICS = ("inference_ms", "npu_cycles", "sram_kib", "offchip_kib")
 COLUMNS = (("npu_ops", "NPU ops"), ("cpu_ops", "CPU ops"), ("npu_offload", "offload"), ("sram_kib", "SRAM KiB"),
            ("offchip_kib", "off-chip KiB"), ("inference_ms", "inference ms"), ("npu_cycles", "NPU cycles"),
@@ -48,7 +49,27 @@ def _table(head: list[str], rows: list[list[str]], numeric_from: int = 1) -> str
     return "\n".join(out) + "</table>"
 
 
-def _build_details(b: dict, cache_dir: Path | None) -> str:
+def _layer_chart_builds(builds: list[dict], comparison: Comparison | None) -> set[str]:
+    """Builds that get a per-layer cycles chart: failed, regressed, then the slowest, MAX_LAYER_CHARTS in all.
+
+    Drawing is ~0.1-0.5 s a chart: one for each of a nightly's hundreds of builds would dominate the report
+    step; the others get a table of their costliest layers (all layers are in report.json).
+    """
+    regressed = {r.build for r in comparison.regressions} if comparison else set()
+    with_layers = [b for b in builds if b.get("metrics", {}).get("layers")]
+    ranked = sorted(with_layers, key=lambda b: (b["status"] == "passed", build_id(b) not in regressed,
+                                                -(b["metrics"].get("inference_ms") or 0.0)))
+    return {build_id(b) for b in ranked[:MAX_LAYER_CHARTS]}
+
+
+def _layer_table(layers: list[dict]) -> str:
+    top = sorted(layers, key=lambda lay: lay.get("cycles") or 0, reverse=True)[:5]
+    return "<h4>Costliest layers</h4>" + _table(["layer", "op", "cycles", "MACs"], [
+        [escape(str(lay.get("onnx_node") or lay.get("tensor") or "-")), escape(str(lay.get("npu_op") or "-")),
+         _v(lay.get("cycles")), _v(lay.get("macs"))] for lay in top], numeric_from=2)
+
+
+def _build_details(b: dict, cache_dir: Path | None, chart: bool = True) -> str:
     m = b.get("metrics", {})
     parts = [f'<details><summary class="{b["status"]}">{escape(build_id(b))}: {b["status"]}</summary>']
     for e in b.get("errors", []):
@@ -68,7 +89,9 @@ def _build_details(b: dict, cache_dir: Path | None) -> str:
             [[escape(p["pool"]), escape(p["kind"]), _v(p["used_kib"]), _v(p["size_kib"]),
               "yes" if p["fits"] else '<span class="bad">NO</span>'] for p in m["pools"]], numeric_from=2))
     layers = m.get("layers") or m.get("per_layer")  # Vela's per-layer performance, when the build recorded it
-    if layers:
+    if layers and not chart:
+        parts.append(_layer_table(layers))
+    elif layers:
         data = [(str(lay.get("onnx_node") or lay.get("name") or lay.get("tensor") or i), float(lay.get("cycles") or 0))
                 for i, lay in enumerate(layers)]
         parts.append(_img(cached_png(cache_dir, "layers", (f"Cycles per layer: {build_id(b)}", data)),
@@ -121,7 +144,8 @@ def render_html(report: dict, comparison: Comparison | None = None, baseline: st
     if pools:
         h.append("<h2>Memory use per pool</h2>" + _img(cached_png(cache_dir, "pools", (pools,)), "memory per pool"))
     h.append("<h2>Details</h2>")
-    h += [_build_details(b, cache_dir) for b in builds]
+    charted = _layer_chart_builds(builds, comparison)
+    h += [_build_details(b, cache_dir, build_id(b) in charted) for b in builds]
     h.append("<h2>Tool versions</h2>" + _table(["tool", "version"], [
         [escape(k), escape(str(v))] for k, v in report.get("versions", {}).items()], numeric_from=9))
     h.append("</body></html>")

@@ -107,3 +107,22 @@ def test_missing_or_bad_baseline_is_one_line_exit_2(project: Path, capsys):
     (project / "bad.json").write_text("{")
     code, _, err = run_cli(["report", "--baseline", "bad.json"], capsys, cwd=project)
     assert code == 2 and err.count("\n") == 1 and "not a valid report" in err
+
+
+def test_report_html_draws_per_layer_cycles_for_failed_and_slowest_builds_only(project: Path, capsys):
+    from npubuild.html_report import MAX_LAYER_CHARTS, render_html
+
+    _nightly(project, capsys, "night1")
+    report = read_report(project / "build")
+    assert all(b["metrics"].get("layers") for b in report["builds"])
+    # a nightly-sized report: the three real builds repeated under more target names
+    many = [dict(b, target=f"{b['target']}-{i}") for i in range(4) for b in report["builds"]]
+    many[-1] = dict(many[-1], status="failed")
+    html = render_html({**report, "builds": many}, cache_dir=project / "plots")
+    sections = html.split("<details>")[1:]
+    charted = [s.split("</summary>")[0] for s in sections if "data:image/png" in s]
+    assert len(charted) == MAX_LAYER_CHARTS < len(many)
+    assert any(many[-1]["target"] in c for c in charted)  # the failed build is charted
+    slowest = max(many[:-1], key=lambda b: b["metrics"]["inference_ms"])
+    assert any(slowest["target"] in c for c in charted)
+    assert all("Costliest layers" in s for s in sections if "data:image/png" not in s)
