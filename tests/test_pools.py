@@ -84,3 +84,18 @@ def test_cascading_and_sram_size_give_exact_sram_figures_and_a_too_small_pool_fa
     executed = read_run(build_dir)["executed"]
     assert {t.split(":")[0] for t in executed} <= {"vela", "report"}
     assert all("u55-sram64k" in t for t in executed) and len(executed) <= 2
+
+
+def test_constants_that_do_not_fit_their_pool_fail_naming_it(project: Path, capsys):
+    spec = project / "configs" / "kws.yaml"
+    spec.write_text(spec.read_text().replace(
+        "targets: [ethos-u55-128, ethos-u65-256, ethos-u85-256]",
+        "targets: [{extends: ethos-u55-128, name: u55-small-flash, pools: {flash: {size_kib: 16}}}]"))
+    build_dir = project / "build"
+    code, _, err = run_cli(["build", "--build-dir", str(build_dir), "-q"], capsys, cwd=project)
+    assert code == 1
+    line = err.strip().splitlines()[-1]
+    npz = next((build_dir / "stages" / "vela").glob("*/raw/model_vela.npz"))
+    with np.load(npz) as z:
+        need = len(z["weight_data"].item()) / 1024
+    assert f"pool 'flash' (off_chip_flash) needs {need:.1f} KiB (constants {need:.1f} KiB) but has 16.0 KiB" in line
