@@ -132,7 +132,8 @@ def _complete(stage_dir: Path) -> bool:
     return rec["key"].startswith(stage_dir.name.rsplit("-", 1)[1]) and inputs["key"] == rec["key"]
 
 
-def test_a_build_killed_during_vela_leaves_nothing_taken_as_done(project: Path):
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGINT], ids=["SIGKILL", "Ctrl-C"])
+def test_a_build_killed_during_vela_leaves_nothing_taken_as_done(project: Path, sig: int):
     # subprocesses throughout: the killed build and the rerun must plan from the same code
     build_dir = project / "build"
     proc = _npubuild(["build", "-q", "--build-dir", str(build_dir)], project)
@@ -142,8 +143,10 @@ def test_a_build_killed_during_vela_leaves_nothing_taken_as_done(project: Path):
         running = glob.glob(str(build_dir / "stages" / "vela" / "*" / ".vela-*"))
         time.sleep(0.002)
     assert running, f"the build ended before a Vela stage could be caught running: {proc.communicate()}"
-    os.killpg(proc.pid, signal.SIGKILL)  # the build and the Vela it started
-    proc.wait()
+    os.killpg(proc.pid, sig)  # the build and the Vela it started, as a terminal's Ctrl-C would
+    _, err = proc.communicate(timeout=120)
+    if sig == signal.SIGINT:
+        assert proc.returncode != 0 and "Traceback" not in err, err
     killed_dir = Path(running[0]).parent
     assert not _complete(killed_dir)
     stage_dirs = [Path(p) for p in glob.glob(str(build_dir / "stages" / "*" / "*"))]
