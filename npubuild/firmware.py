@@ -178,3 +178,23 @@ def write_firmware(out_dir: Path, stem: str, npz: Path, io: dict, profile: Targe
     # paths relative to the stage dir: metrics must not depend on where the build dir is
     return {"prefix": prefix, **{k: f"{out_dir.name}/{v.name}" for k, v in paths.items()},
             "arena_size": man["arena_size"], "fast_scratch_size": man["fast_scratch_size"]}
+
+
+def write_deployment(out_dir: Path, profile: TargetProfile, partitions: list[dict], firmware: dict[int, dict]) -> str:
+    """The build's deployment manifest: partitions in run order, each NPU one with its C files, each host one
+    with its ONNX file (run on the CPU with onnxruntime or another ONNX runtime). Returns its path (relative)."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    parts = []
+    for p in partitions:
+        entry = {k: p.get(k) for k in ("index", "kind", "inputs", "outputs", "nodes")}
+        if p["kind"] == "npu":
+            fw = firmware.get(p["index"], {})
+            entry.update({"prefix": fw.get("prefix"), "manifest": fw.get("manifest"), "header": fw.get("header"),
+                          "source": fw.get("source")})
+        else:
+            entry["onnx"] = p.get("file")
+        parts.append(entry)
+    path = out_dir / "npubuild_deployment.json"
+    write_json(path, {"target": profile.name, "accelerator": profile.accelerator,
+                      "memory_mode": memory_mode_name(profile), "partitions": parts})
+    return f"{out_dir.name}/{path.name}"

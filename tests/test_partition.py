@@ -37,6 +37,11 @@ def test_u55_splits_into_npu_and_host_partitions_and_u85_runs_one(project: Path,
     assert kinds == ["npu", "host", "npu"]
     # each NPU partition was compiled by Vela on its own, fully on the NPU
     assert u55["vela_cpu_ops"] == 0 and len(u55["firmware"]) == 2
+    vela_dir = Path(builds["ethos-u55-128"]["artifacts"]["vela"]).parent
+    deployment = json.loads((vela_dir / u55["firmware"][0]["manifest"]).parent.joinpath(
+        "npubuild_deployment.json").read_text())
+    assert [(p["kind"], p.get("prefix"), p.get("onnx")) for p in deployment["partitions"]] == [
+        ("npu", "npubuild_u55_part0", None), ("host", None, "u55_host1.onnx"), ("npu", "npubuild_u55_part2", None)]
     md = (build_dir / "report.md").read_text()
     assert "| gt | Greater | 1 |" in md and "u55-op-type" in md
 

@@ -52,6 +52,7 @@ def build_metrics(records: dict[str, dict]) -> dict:
         "layers": vela.get("layers"),
         "top_layers": vela.get("top_layers"),
         "firmware": vela.get("firmware"),
+        "deployment": vela.get("deployment"),
     }
 
 

@@ -21,7 +21,7 @@ from pathlib import Path
 from npubuild.config.schema import TargetProfile, VelaOptions
 from npubuild.errors import StageError
 from npubuild.fileio import read_json, write_json, write_text
-from npubuild.firmware import write_firmware
+from npubuild.firmware import write_deployment, write_firmware
 from npubuild.plan import StageTask
 from npubuild.pools import npz_sizes, pool_failure, pool_usage
 from npubuild.support import family
@@ -155,6 +155,11 @@ def run(task: StageTask) -> dict:
         results.append(res)
     metrics = combine(profile, results)
     metrics.update(placement_metrics(io, fam))
+    graph = metrics.get("partition_graph") or [{"index": 0, "kind": "npu", "inputs": [i["onnx_name"] for i in
+                                                io.get("inputs", [])], "outputs": [o["onnx_name"] for o in
+                                                io.get("outputs", [])], "nodes": [n["name"] for n in io.get("nodes", [])]}]
+    metrics["deployment"] = write_deployment(stage_dir / "firmware", profile, graph,
+                                             {r["index"]: r["firmware"] for r in results})
     metrics.update({"pools": pools, "layers": layers, "top_layers": top_layers(layers)})
     write_json(task.outputs["summary"], metrics)
     if failure:
