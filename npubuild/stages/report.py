@@ -7,6 +7,14 @@ from npubuild.gates import evaluate
 from npubuild.plan import StageTask
 
 
+def deployed_error(check: dict, vela: dict) -> float | None:
+    """Max LSB error of the graph this target really runs (its family's partitions or own lowering, else
+    model.tosa) against onnxruntime on the verify samples."""
+    fam = "u85" if str(vela.get("accelerator", "")).startswith("ethos-u85") else "u55"
+    own = (check.get("partitioned") or {}).get(fam)
+    return own["max_error_lsb"] if own else check.get("tosa_max_error_lsb")
+
+
 def build_metrics(records: dict[str, dict]) -> dict:
     """The contract's metrics from the stage records (None where a stage did not run)."""
     lower = records.get("lower", {}).get("metrics", {})
@@ -53,6 +61,7 @@ def build_metrics(records: dict[str, dict]) -> dict:
         "top_layers": vela.get("top_layers"),
         "firmware": vela.get("firmware"),
         "deployment": vela.get("deployment"),
+        "deployed_max_error_lsb": deployed_error(check, vela),
     }
 
 
