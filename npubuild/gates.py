@@ -19,6 +19,7 @@ GATES: dict[str, tuple[str, str]] = {
     "max_fvp_error_lsb": ("fvp_max_error_lsb", "max"),
     "npu_partitions": ("npu_partitions", "eq"),
     "host_ops": ("host_ops", "eq"),
+    "max_deployed_error_lsb": ("deployed_max_error_lsb", "max"),
 }
 
 

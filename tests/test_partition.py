@@ -78,6 +78,7 @@ def test_partition_gates(project: Path, capsys):
     assert gates["npu_partitions"]["value"] == 2 and not gates["npu_partitions"]["ok"]
     assert gates["host_ops"]["value"] == 2 and not gates["host_ops"]["ok"]
 
-    spec = add_compare_model(project, targets="[ethos-u55-128]", expect="{npu_partitions: 2, host_ops: 2}")
+    spec = add_compare_model(project, targets="[ethos-u55-128]",
+                             expect="{npu_partitions: 2, host_ops: 2, max_deployed_error_lsb: 1}")
     code, _, err = run_cli(["build", str(spec), "--build-dir", str(project / "build"), "-q"], capsys)
     assert code == 0, err

@@ -210,6 +210,8 @@ class Expect(Strict):
     max_fvp_error_lsb: float | None = Field(default=None, ge=0, description="FVP outputs vs the TOSA reference model's")
     npu_partitions: int | None = Field(default=None, ge=0, description="Exact number of NPU partitions expected")
     host_ops: int | None = Field(default=None, ge=0, description="Exact number of ONNX nodes expected on the host")
+    max_deployed_error_lsb: float | None = Field(
+        default=None, ge=0, description="Most LSB error of the graph the target runs (its partitions or lowering)")
 
 
 class FvpOptions(Strict):
