@@ -82,3 +82,5 @@ def test_partition_gates(project: Path, capsys):
                              expect="{npu_partitions: 2, host_ops: 2, max_deployed_error_lsb: 1}")
     code, _, err = run_cli(["build", str(spec), "--build-dir", str(project / "build"), "-q"], capsys)
     assert code == 0, err
+    gates = {g["name"]: g for g in read_report(project / "build")["builds"][0]["gates"]}
+    assert set(gates) == {"npu_partitions", "host_ops", "max_deployed_error_lsb"} and all(g["ok"] for g in gates.values())
