@@ -6,6 +6,7 @@ so a rebuild that changed nothing neither imports matplotlib nor draws.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from npubuild.fileio import stable_hash, write_bytes
@@ -92,6 +93,7 @@ def cached_png(cache_dir: Path | None, kind: str, args: tuple) -> bytes:
         return draw(*args)
     path = cache_dir / f"{kind}-{stable_hash([kind, args], 16)}.png"
     if path.is_file():
+        os.utime(path)  # in use: `npubuild clean --stale` keeps plots no older than the last report
         return path.read_bytes()
     data = draw(*args)
     write_bytes(path, data)

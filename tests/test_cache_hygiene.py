@@ -3,8 +3,10 @@
 
 from __future__ import annotations
 
+import base64
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -66,6 +68,8 @@ def test_clean_stale_removes_only_what_the_plan_no_longer_uses(project: Path, ca
     build_dir = project / "build"
     assert run_cli(["build", "-q"], capsys, cwd=project)[0] == 0
     old_dirs = {p for p in build_dir.glob("stages/*/*")}
+    base = project / "night1.json"
+    base.write_text((build_dir / "report.json").read_text())
     profile.write_text("extends: ethos-u55-128\nclock_mhz: 250\n")
     assert run_cli(["build", "-q"], capsys, cwd=project)[0] == 0
     current = {p for p in build_dir.glob("stages/*/*")}
@@ -77,8 +81,20 @@ def test_clean_stale_removes_only_what_the_plan_no_longer_uses(project: Path, ca
     assert code == 0 and all(str(p.relative_to(build_dir)) in out for p in replaced)
     assert {p for p in build_dir.glob("stages/*/*")} == current  # a dry run removes nothing
     code, out, _ = run_cli(["clean", "--stale"], capsys, cwd=project)
-    assert code == 0 and f"removed {len(replaced)} stale task dir(s)" in out
+    assert code == 0 and f"removed {len(replaced)} stale task dir(s) and " in out
     assert {p for p in build_dir.glob("stages/*/*")} == current - replaced
+    # plots: `report --baseline` drew a trend plot; the next build's report.html no longer shows it
+    assert run_cli(["report", "--baseline", str(base)], capsys, cwd=project)[0] == 1  # u55 got slower
+    trend = set(build_dir.glob(".cache/plots/trend-*.png"))
+    assert len(trend) == 1
+    time.sleep(1)  # plot staleness is by mtime against the latest report.html
+    assert run_cli(["build", "-q"], capsys, cwd=project)[0] == 0
+    code, out, _ = run_cli(["clean", "--stale"], capsys, cwd=project)
+    assert code == 0 and "removed 0 stale task dir(s) and 1 plot(s)" in out
+    html = (build_dir / "report.html").read_text()
+    kept = set(build_dir.glob(".cache/plots/*.png"))
+    assert kept and not kept & trend
+    assert all(base64.b64encode(p.read_bytes()).decode() in html for p in kept)
     code, _, err = run_cli(["build", "-q"], capsys, cwd=project)
     assert code == 0, err
     assert read_run(build_dir)["executed"] == []  # nothing the plan uses was removed

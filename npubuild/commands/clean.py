@@ -15,6 +15,8 @@ from npubuild.errors import InputError
 
 
 def _size(path: Path) -> int:
+    if path.is_file():
+        return path.stat().st_size
     return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
 
 
@@ -31,6 +33,16 @@ def stale_dirs(build_dir: Path, keep: set[Path]) -> list[Path]:
             if d.is_dir() and d not in keep:
                 out.append(d)
     return out
+
+
+def stale_plots(build_dir: Path) -> list[Path]:
+    """Cached report plots older than the last report.html (each report touches the plots it embeds)."""
+    html = build_dir / "report.html"
+    plots = build_dir / ".cache" / "plots"
+    if not html.is_file() or not plots.is_dir():
+        return []
+    newest = html.stat().st_mtime - 0.5  # the plots are touched just before the page is written
+    return sorted(p for p in plots.glob("*.png") if p.stat().st_mtime < newest)
 
 
 def _prune_empty(root: Path) -> None:
@@ -54,16 +66,17 @@ def cmd_clean(args) -> int:
         plan = make_plan(load_specs(spec_paths(args.specs)), build_dir)
         keep = {t.dir for t in plan.tasks.values()}
         with locked(build_dir, args.wait):
-            victims = stale_dirs(build_dir, keep)
+            dirs, plots = stale_dirs(build_dir, keep), stale_plots(build_dir)
+            victims = dirs + plots
             freed = sum(_size(d) for d in victims)
             if not args.dry_run:
                 for d in victims:
-                    shutil.rmtree(d)
+                    shutil.rmtree(d) if d.is_dir() else d.unlink()
                 _prune_empty(build_dir / "builds")
         verb = "would remove" if args.dry_run else "removed"
         for d in victims if args.dry_run else []:
             print(d.relative_to(build_dir))
-        print(f"{verb} {len(victims)} stale task dir(s), {freed / 2**20:.1f} MiB; "
+        print(f"{verb} {len(dirs)} stale task dir(s) and {len(plots)} plot(s), {freed / 2**20:.1f} MiB; "
               f"kept {len(keep)} used by the current plan")
         return 0
     if args.specs:
