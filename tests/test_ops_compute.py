@@ -261,12 +261,25 @@ def test_lone_ops_are_quantized(op, attrs, out_shape):
     npu_bitexact(lowered)
 
 
-def test_spatial_mean_is_a_pool_without_transposes():
+def test_spatial_mean_is_one_exact_reduction():
+    """A mean over H, W (as in squeeze-excite) is one REDUCE_SUM of the merged H*W axis, rounded once:
+    half the Vela cycles of a depthwise conv of ones, and no TRANSPOSE in the TOSA."""
     model = wrapped("ReduceMean", [1, 8, 5, 7], [1, 8, 1, 1], keepdims=1, axes=[2, 3])
     model.opset_import[0].version = 13
-    lowered, _ = check_int(model, calib("x", [1, 8, 5, 7]), {"x": rand([1, 8, 5, 7], 2)})
-    ops = tosa_ops(lowered)
-    assert "REDUCE_SUM" not in ops and "TRANSPOSE" not in ops
+    lowered, err = check_int(model, calib("x", [1, 8, 5, 7]), {"x": rand([1, 8, 5, 7], 2)})
+    ops = [op for node_ops in lowered.node_ops.values() for op in node_ops]
+    assert ops.count("REDUCE_SUM") == 1 and "TRANSPOSE" not in ops and "DEPTHWISE_CONV2D" not in ops
+    npu_bitexact(lowered)
+
+
+@pytest.mark.parametrize("shape", [[1, 16, 32, 32], [1, 8, 5, 7]])
+def test_global_average_pool_changing_scale(shape):
+    """onnxruntime gives GlobalAveragePool its own output scale: the exact REDUCE_SUM path."""
+    model = single_op_model("GlobalAveragePool", {"x": shape}, {"y": None})
+    lowered, _ = check_int(model, calib("x", shape), {"x": rand(shape, 2)})
+    assert "REDUCE_SUM" in tosa_ops(lowered)
+    all_on_npu(lowered)
+    npu_bitexact(lowered)
 
 
 @pytest.mark.parametrize("shape", [[1, 4, 5, 5], [1, 3, 8, 12]])

@@ -108,8 +108,14 @@ def lower_avgpool(ctx: LoweringContext) -> None:
 
 @lowers("GlobalAveragePool")
 def lower_global_avgpool(ctx: LoweringContext) -> None:
+    """AVG_POOL2D when the scale is kept (exact); else an exact int32 REDUCE_SUM (half the cycles of a conv)."""
     x = to_layout(ctx, ctx.tensor(0), NHWC)
     kernel = (x.shape[1], x.shape[2])
+    if ctx.profile == "int" and x.q is not None and not x.q.same_as(ctx.require_output_q()):
+        from npubuild.lowering.ops_reduce import int_sum
+
+        ctx.set_output(0, int_sum(ctx, x, [1, 2], kernel[0] * kernel[1], ctx.current.output[0]))
+        return
     avg_pool(ctx, x, kernel, (1, 1), [0, 0, 0, 0])
 
 

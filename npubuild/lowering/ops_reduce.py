@@ -108,18 +108,28 @@ def _sum_like(ctx: LoweringContext, mean: bool) -> None:
             y = out
         _finish(ctx, y, axes, keepdims)
         return
+    y = int_sum(ctx, x, phys, count if mean else 1, None)
+    _finish(ctx, y, axes, keepdims)
+
+
+def int_sum(ctx: LoweringContext, x: TTensor, phys: list[int], divisor: int, output_of: str | None) -> TTensor:
+    """sum(x - zp) / divisor over physical axes, rounded once into the node's output quantisation.
+
+    Widened to int32, summed exactly by REDUCE_SUM (adjacent axes merged), one
+    RESCALE. For a global average this beats a DEPTHWISE_CONV2D of ones by 2x
+    on Vela (U55 41k vs 87k cycles, U85 38k vs 86k for 32x32x64) and is exact.
+    """
     out_q = ctx.require_output_q()
     assert x.q is not None
     wide = rescale(ctx, x, 1.0, np.int32, x.q.zp, 0, None)
     total = emit_reduce(ctx, Op.REDUCE_SUM, wide, phys)
-    scale = x.q.s / out_q.s / (count if mean else 1)
-    y = rescale(ctx, total, scale, out_q.dtype, 0, out_q.zp, out_q)
-    _finish(ctx, y, axes, keepdims)
+    return rescale(ctx, total, x.q.s / out_q.s / divisor, out_q.dtype, 0, out_q.zp, out_q, output_of=output_of)
 
 
 def _spatial_mean(ctx: LoweringContext, x: TTensor, phys: list[int], keepdims: bool) -> bool:
-    """Mean over H and W of an NHWC tensor with keepdims: the global average pool lowering."""
-    if not (x.perm == NHWC and phys == [1, 2] and keepdims):
+    """Mean over H and W of an NHWC tensor, keepdims, same scale in and out: one AVG_POOL2D (exact then)."""
+    out_q = ctx.require_output_q()
+    if not (x.perm == NHWC and phys == [1, 2] and keepdims and x.q is not None and x.q.same_as(out_q)):
         return False
     if x.shape[1] > MAX_POOL_KERNEL_H or x.shape[1] * x.shape[2] > MAX_POOL_KERNEL_AREA:
         return False
