@@ -103,13 +103,19 @@ def lower_avgpool(ctx: LoweringContext) -> None:
     x = to_layout(ctx, ctx.tensor(0), NHWC)
     kernel = tuple(ctx.attr("kernel_shape"))
     pads, stride, x = _pool_geometry(ctx, x, kernel)
+    if tuple(kernel) == (x.shape[1], x.shape[2]) and not any(pads):  # one window over the whole plane
+        _global_avg(ctx, x)
+        return
     avg_pool(ctx, x, kernel, stride, pads, bool(int(ctx.attr("count_include_pad", 0))))
 
 
 @lowers("GlobalAveragePool")
 def lower_global_avgpool(ctx: LoweringContext) -> None:
+    _global_avg(ctx, to_layout(ctx, ctx.tensor(0), NHWC))
+
+
+def _global_avg(ctx: LoweringContext, x: TTensor) -> None:
     """AVG_POOL2D when the scale is kept (exact); else an exact int32 REDUCE_SUM (half the cycles of a conv)."""
-    x = to_layout(ctx, ctx.tensor(0), NHWC)
     kernel = (x.shape[1], x.shape[2])
     if ctx.profile == "int" and x.q is not None and not x.q.same_as(ctx.require_output_q()):
         from npubuild.lowering.ops_reduce import int_sum
