@@ -13,6 +13,7 @@ from pathlib import Path
 from npubuild.fileio import _json_default, write_text
 from npubuild.html_report import write_html
 from npubuild.numerics_report import numerics_markdown, stored_layers
+from npubuild.offload_report import placement_markdown
 from npubuild.plan import BuildPlan
 from npubuild.stages import read_error
 from npubuild.uptodate import record
@@ -147,6 +148,7 @@ def render_markdown(report: dict) -> str:
             lines.append(f"- {b['spec']}/{b['model']}/{b['target']}: gate `{g['name']}` limit {g['limit']}, value {g['value']}")
         for b, e in errors:
             lines.append(f"- {b['spec']}/{b['model']}/{b['target']}: {e}")
+    lines += placement_markdown(report["builds"])
     lines += ["", "## Tool versions", ""]
     lines += [f"- {k} {v}" for k, v in report["versions"].items()]
     return "\n".join(lines) + "\n"
