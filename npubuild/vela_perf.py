@@ -50,6 +50,13 @@ def parse_per_layer(path: Path, tensor_nodes: dict[str, str], partition: int = 0
         layer["onnx_node"] = tensor_nodes.get(layer["tensor"])
         layer["partition"] = partition
         layers.append(layer)
+    for i, layer in enumerate(layers):
+        if layer["onnx_node"] is None and "_" in layer["tensor"]:
+            # Vela's own layers (e.g. "layer-18_transpose" before a REDUCE_SUM) are named after their input:
+            # charge them to the node they were inserted for, the next layer's
+            following = next((lay["onnx_node"] for lay in layers[i + 1:] if lay["onnx_node"]), None)
+            layer["onnx_node"] = following or tensor_nodes.get(layer["tensor"].rsplit("_", 1)[0])
+            layer["vela_inserted"] = True
     return layers
 
 
