@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import fnmatch
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 from npubuild.errors import InputError
@@ -19,16 +21,15 @@ def cmd_build(args) -> int:
     if args.only:
         builds = select(builds, args.only)
     build_dir = Path(args.build_dir)
-    configure_cache(args.cache, build_dir)
-    if args.executor == "dask":
-        from npubuild.buildlock import locked
-        from npubuild.dask_executor import build_dask
+    with cache_configured(args.cache, build_dir):
+        if args.executor == "dask":
+            from npubuild.buildlock import locked
+            from npubuild.dask_executor import build_dask
 
-        with locked(build_dir.resolve(), args.wait):
-            return build_dask(builds, build_dir, args.scheduler, args.jobs if args.jobs > 1 else 2, args.quiet,
-                              args.debug).exit_code
-    live = {"auto": None, "live": True, "plain": False}[args.progress]
-    result = build(builds, build_dir, args.jobs, args.keep_going, args.quiet, args.debug, args.wait, live)
+            with locked(build_dir.resolve(), args.wait):
+                return build_dask(builds, build_dir, args.scheduler, args.jobs if args.jobs > 1 else 2, args.quiet,
+                                  args.debug).exit_code
+        result = build(builds, build_dir, args.jobs, args.keep_going, args.quiet, args.debug, args.wait)
     return result.exit_code
 
 
@@ -51,14 +52,28 @@ def select(builds: list, patterns: list[str]) -> list:
     return [b for b in builds if any(matches(b.id, p) for p in patterns)]
 
 
-def configure_cache(url: str | None, build_dir: Path) -> None:
-    """The shared stage cache: --cache URL, else $NPUBUILD_CACHE, else <build-dir>/cache; 'off' disables it."""
+@contextlib.contextmanager
+def cache_configured(url: str | None, build_dir: Path) -> Iterator[None]:
+    """The shared stage cache for this build: --cache URL, else $NPUBUILD_CACHE, else <build-dir>/cache.
+
+    'off' disables it. Set in the environment (doit's worker processes inherit
+    it) only for the duration of the build, so a caller that runs several
+    builds in one process (tests, scripts) does not carry one build's cache into the next.
+    """
+    saved = os.environ.get("NPUBUILD_CACHE")
     if url is None:
-        url = os.environ.get("NPUBUILD_CACHE") or str(build_dir.resolve() / "cache")
-    if url == "off":
-        os.environ.pop("NPUBUILD_CACHE", None)
-    else:
-        os.environ["NPUBUILD_CACHE"] = url
+        url = saved or str(build_dir.resolve() / "cache")
+    try:
+        if url == "off":
+            os.environ.pop("NPUBUILD_CACHE", None)
+        else:
+            os.environ["NPUBUILD_CACHE"] = url
+        yield
+    finally:
+        if saved is None:
+            os.environ.pop("NPUBUILD_CACHE", None)
+        else:
+            os.environ["NPUBUILD_CACHE"] = saved
 
 
 def register(sub) -> None:
