@@ -17,23 +17,13 @@ from pathlib import Path
 from npubuild.cache import StageCache, cache_key
 from npubuild.errors import NpubuildError
 from npubuild.fileio import read_json, write_json
-from npubuild.plan import StageTask
+from npubuild.plan import STAGE_MODULES, StageTask
 
-MODULES = {
-    "import": "npubuild.stages.importer",
-    "quantize": "npubuild.stages.quantize",
-    "lower": "npubuild.stages.lower",
-    "tosa-check": "npubuild.stages.tosa_check",
-    "vela": "npubuild.stages.vela",
-    "npu-sim": "npubuild.stages.npu_sim",
-    "fvp": "npubuild.stages.fvp",
-    "report": "npubuild.stages.report",
-}
 StageFn = Callable[[StageTask], dict]
 
 
 def stage_function(stage: str) -> StageFn:
-    return importlib.import_module(MODULES[stage]).run
+    return importlib.import_module(STAGE_MODULES[stage]).run
 
 
 def error_path(task: StageTask) -> Path:
