@@ -1,0 +1,92 @@
+"""U55/U65 lowering of int8->int8 requantisation as a 1x1 depthwise conv of ones (emit.requantize).
+
+The depthwise form must be bit-identical to the RESCALE form (TOSA reference model and npu-sim) and
+cheaper on U55-128 where the lowering takes it; where U65-256 would run it slower, RESCALE stays.
+"""
+
+from __future__ import annotations
+
+import csv
+import subprocess
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from npusim_helpers import assert_bitexact, reference, tosa_inputs, vela_raw
+from ophelpers import calib, io_dict, quantize_model, single_op_model
+
+from npubuild.config.load import default_search_path, load_target
+from npubuild.lowering import emit
+from npubuild.lowering.driver import LoweredGraph, lower_model
+from npubuild.stages.vela import vela_command
+from npubuild.vela_ini import render_ini
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def concat_model(shape: list[int]) -> onnx.ModelProto:
+    """Concat of two inputs calibrated to different ranges: `a` is requantised to the output's (b's) scale."""
+    m = single_op_model("Concat", {"a": shape, "b": shape}, {"y": None}, axis=1)
+    cal = {**calib("a", shape, seed=1), "b": calib("b", shape, seed=2)["b"] * 3.0 + 0.5}
+    return quantize_model(m, cal)
+
+
+def ops(g: LoweredGraph) -> list[str]:
+    return [op for node_ops in g.node_ops.values() for op in node_ops]
+
+
+def cycles(tosa: bytes, accelerator: str) -> int:
+    """Vela's cycle estimate with npubuild's own system config for the accelerator."""
+    profile, _ = load_target(accelerator, default_search_path(ROOT), None)
+    with tempfile.TemporaryDirectory() as tmp:
+        src, ini = Path(tmp) / "m.tosa", Path(tmp) / "system.ini"
+        src.write_bytes(tosa)
+        ini.write_text(render_ini(profile))
+        proc = subprocess.run(vela_command(src, ini, Path(tmp) / "out", profile, profile.vela),
+                              capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        with next((Path(tmp) / "out").glob("*_summary_*.csv")).open() as f:
+            return int(float(next(csv.DictReader(f))["cycles_total"]))
+
+
+def assert_same_reference(a: LoweredGraph, b: LoweredGraph) -> None:
+    io = io_dict(a)
+    for seed in range(3):
+        xs = tosa_inputs(io, seed)
+        for i, (x, y) in enumerate(zip(reference(a.tosa, xs), reference(b.tosa, xs), strict=True)):
+            assert np.array_equal(x, y), f"output {i}, seed {seed}: {int(np.count_nonzero(x != y))} elements differ"
+
+
+def test_depthwise_requantize_identical_and_faster_on_u55():
+    qdq = concat_model([1, 8, 32, 32])
+    portable, u55 = lower_model(qdq, "int"), lower_model(qdq, "int", family="u55")
+    assert ops(portable) == ["RESCALE", "CONCAT"]
+    assert ops(u55) == ["DEPTHWISE_CONV2D", "RESCALE", "CONCAT"]
+    assert_same_reference(portable, u55)
+    assert cycles(u55.tosa, "ethos-u55-128") < cycles(portable.tosa, "ethos-u55-128")
+    assert cycles(u55.tosa, "ethos-u65-256") < cycles(portable.tosa, "ethos-u65-256")
+    assert lower_model(qdq, "int", family="u85").tosa == portable.tosa
+
+
+def test_depthwise_requantize_bitexact_on_npusim():
+    qdq = concat_model([1, 8, 16, 16])
+    u55 = lower_model(qdq, "int", family="u55")
+    assert "DEPTHWISE_CONV2D" in ops(u55)
+    with tempfile.TemporaryDirectory() as tmp:
+        assert_bitexact(u55.tosa, io_dict(u55), vela_raw(u55.tosa, Path(tmp), "ethos-u55-128"))
+
+
+@pytest.mark.parametrize("shape", [[1, 32, 16, 16], [1, 8, 4, 4]])
+def test_rescale_kept_where_depthwise_is_slower_on_u65(shape, monkeypatch):
+    """Wide channels or small planes keep RESCALE; forced, the depthwise form is indeed slower on U65-256."""
+    qdq = concat_model(shape)
+    portable = lower_model(qdq, "int")
+    assert lower_model(qdq, "int", family="u55").tosa == portable.tosa
+    monkeypatch.setattr(emit, "DW_MAX_CHANNELS", 1 << 20)
+    monkeypatch.setattr(emit, "DW_MIN_PLANE", 0)
+    forced = lower_model(qdq, "int", family="u55")
+    assert "DEPTHWISE_CONV2D" in ops(forced)
+    assert_same_reference(portable, forced)
+    assert cycles(forced.tosa, "ethos-u65-256") > cycles(portable.tosa, "ethos-u65-256")
