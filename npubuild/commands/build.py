@@ -29,7 +29,8 @@ def cmd_build(args) -> int:
             with locked(build_dir.resolve(), args.wait):
                 return build_dask(builds, build_dir, args.scheduler, args.jobs if args.jobs > 1 else 2, args.quiet,
                                   args.debug).exit_code
-        result = build(builds, build_dir, args.jobs, args.keep_going, args.quiet, args.debug, args.wait)
+        live = {"auto": None, "live": True, "plain": False}[args.progress]
+        result = build(builds, build_dir, args.jobs, args.keep_going, args.quiet, args.debug, args.wait, live)
     return result.exit_code
 
 
