@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 import tosa_serializer as ts
 
+from npubuild.lowering import epilogue
 from npubuild.lowering.context import NHWC, LoweringContext, TTensor, identity
 from npubuild.lowering.emit import Op, attr, rescale, reshape, to_layout
 from npubuild.lowering.quant import QParams
@@ -125,9 +126,10 @@ def channel_scales(w_q: QParams, o: int, sel: slice = slice(None)) -> np.ndarray
     return np.broadcast_to(np.asarray(w_q.scale, np.float64).reshape(-1), (o,))[sel].copy()
 
 
-def rescale_acc(ctx: LoweringContext, acc: TTensor, acc_scale: np.ndarray, output_name: str | None) -> TTensor:
-    """int32 accumulator -> the node's int8 output, per channel unless all scales agree."""
-    out_q = ctx.require_output_q()
+def rescale_acc(ctx: LoweringContext, acc: TTensor, acc_scale: np.ndarray, output_name: str | None,
+                out_q: QParams | None = None) -> TTensor:
+    """int32 accumulator -> the node's int8 output (or `out_q`), per channel unless all scales agree."""
+    out_q = out_q or ctx.require_output_q()
     scale = np.atleast_1d(acc_scale / out_q.s)
     if np.all(scale == scale[0]):
         scale = scale[:1]
@@ -145,6 +147,7 @@ def emit_conv(
     dilation,
     depthwise: bool,
     output_name: str | None,
+    out_q: QParams | None = None,
 ) -> TTensor:
     """CONV2D or DEPTHWISE_CONV2D (+ RESCALE in the integer profile) on an NHWC input.
 
@@ -169,7 +172,7 @@ def emit_conv(
         inputs = [x.name, ctx.const(weights.astype(np.int8), "weights"), ctx.const(bias.int32(acc_scale), "bias"),
                   ctx.zp(x.q.zp, np.int8), ctx.zp(0, np.int8)]
         ctx.op(op, inputs, [acc.name], attr(kind, pads, list(stride), list(dilation), False, ts.DType.INT32))
-        return rescale_acc(ctx, acc, acc_scale, output_name)
+        return rescale_acc(ctx, acc, acc_scale, output_name, out_q)
     out = ctx.new_tensor((n, oh, ow, o), np.float32, NHWC, output_of=output_name)
     inputs = [x.name, ctx.const(weights.astype(np.float32), "weights"), ctx.const(bias.real.astype(np.float32), "bias"),
               ctx.zp(0, np.float32), ctx.zp(0, np.float32)]
@@ -310,7 +313,10 @@ def lower_conv_transpose(ctx: LoweringContext) -> None:
 
 
 def _fully_connected(ctx: LoweringContext, x: TTensor, w_ok: np.ndarray, w_scale: np.ndarray | None, bias: Bias) -> None:
-    """x [..., K] times w^T, w as [O, K]: a 1x1 CONV2D over an [1, M, 1, K] view (M = all leading dims)."""
+    """x [..., K] times w^T, w as [O, K]: a 1x1 CONV2D over an [1, M, 1, K] view (M = all leading dims).
+
+    A following bias Add / positive scalar Mul chain is folded into the conv's bias and rescale (epilogue.py).
+    """
     lshape = x.logical_shape
     x = to_layout(ctx, x, identity(len(lshape)))
     k = lshape[-1]
@@ -319,9 +325,20 @@ def _fully_connected(ctx: LoweringContext, x: TTensor, w_ok: np.ndarray, w_scale
     o = w_ok.shape[0]
     w4 = w_ok.reshape(o, k, 1, 1)
     out_name = ctx.current.output[0]
-    y = emit_conv(ctx, view, w4, w_scale, bias, [0, 0, 0, 0], (1, 1), (1, 1), False, output_name=None)
+    ep = epilogue.follow(ctx, o, len(lshape))
+    out_q = None
+    if ep is not None:
+        if w_scale is not None:
+            w_scale = w_scale * ep.gain
+        else:
+            w4 = w4 * ep.gain
+        bias = Bias(bias.real * ep.gain + ep.bias)
+        out_name, out_q = ep.out_name, ep.out_q
+    y = emit_conv(ctx, view, w4, w_scale, bias, [0, 0, 0, 0], (1, 1), (1, 1), False, output_name=None, out_q=out_q)
     out_shape = (*lshape[:-1], o)
-    ctx.set_output(0, reshape(ctx, y, out_shape, identity(len(out_shape)), output_of=out_name))
+    ctx.values[out_name] = reshape(ctx, y, out_shape, identity(len(out_shape)), output_of=out_name)
+    if ep is not None:
+        ep.commit(ctx)
 
 
 def _transposed(x: TTensor) -> TTensor:
@@ -447,6 +464,10 @@ def matmul(ctx: LoweringContext, a: TTensor, b: TTensor, b_cols: np.ndarray | No
     if drop[0]:
         out_shape.pop(-2 if not drop[1] else -1)
     out_name = ctx.current.output[0]
+    ep = epilogue.follow(ctx, n, len(out_shape), allow_add=False)  # e.g. attention's 1/sqrt(d) into the rescale
+    out_q = None
+    if ep is not None:
+        gain, out_name, out_q = gain * ep.gain, ep.out_name, ep.out_q
     if ctx.profile == "int":
         if a3.q is None or b3.q is None:
             raise ctx.unsupported("both MatMul operands must be quantized")
@@ -456,7 +477,7 @@ def matmul(ctx: LoweringContext, a: TTensor, b: TTensor, b_cols: np.ndarray | No
         ctx.op(Op.MATMUL, [a3.name, b3.name, ctx.zp(a3.q.zp, np.int8), ctx.zp(b3.q.zp, np.int8)], [acc.name],
                attr("MatMul"))
         b_scale = b_cols if b_cols is not None else np.array([b3.q.s])
-        y = rescale_acc(ctx, acc, gain * a3.q.s * b_scale, None)
+        y = rescale_acc(ctx, acc, gain * a3.q.s * b_scale, None, out_q)
     else:
         y = ctx.new_tensor((batch, rows, n), np.float32, (0, 1, 2))
         ctx.op(Op.MATMUL, [a3.name, b3.name, ctx.zp(0, np.float32), ctx.zp(0, np.float32)], [y.name], attr("MatMul"))
@@ -466,4 +487,6 @@ def matmul(ctx: LoweringContext, a: TTensor, b: TTensor, b_cols: np.ndarray | No
             ctx.op(Op.MUL, [y.name, g, ctx.const(np.zeros(1, np.int8), "shift")], [scaled.name], attr("Mul"))
             y = scaled
     out_shape = tuple(out_shape)
-    ctx.set_output(0, reshape(ctx, y, out_shape, identity(len(out_shape)), output_of=out_name))
+    ctx.values[out_name] = reshape(ctx, y, out_shape, identity(len(out_shape)), output_of=out_name)
+    if ep is not None:
+        ep.commit(ctx)
