@@ -12,6 +12,7 @@ from npubuild.errors import InputError
 from npubuild.fileio import write_bytes
 from npubuild.passes import run_passes
 from npubuild.plan import StageTask
+from npubuild.qoperator import to_qdq
 
 NORMALISE = ["fold_constants", "fold_batchnorm", "eliminate_identity", "eliminate_dropout", "remove_unused",
              "topological_sort"]
@@ -66,6 +67,7 @@ def set_static_shapes(model: onnx.ModelProto, shapes: dict[str, list[int]], wher
 
 
 def normalise(model: onnx.ModelProto, shapes: dict[str, list[int]], where: str) -> onnx.ModelProto:
+    model = to_qdq(model)  # QOperator models from other tools: the same QDQ form as onnxruntime's
     try:
         onnx.checker.check_model(model)
     except onnx.checker.ValidationError as exc:

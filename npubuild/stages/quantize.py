@@ -16,6 +16,7 @@ from npubuild.errors import StageError
 from npubuild.fileio import write_bytes
 from npubuild.lowering.registry import quantized_op_types
 from npubuild.plan import StageTask
+from npubuild.qoperator import is_quantized
 
 METHODS = {
     "minmax": ortq.CalibrationMethod.MinMax,
@@ -76,6 +77,10 @@ def quantize(float_model: Path, arrays: dict[str, np.ndarray], q: dict) -> onnx.
 def run(task: StageTask) -> dict:
     float_model = task.inputs["float"]
     model = onnx.load(str(float_model))
+    if is_quantized(model):  # quantised by another tool (QDQ, or QOperator normalised at import): keep it
+        write_bytes(task.outputs["onnx"], model.SerializeToString())
+        return {"prequantized": True, "calibration_samples": 0,
+                **{op: sum(n.op_type == op for n in model.graph.node) for op in ("QuantizeLinear", "DequantizeLinear")}}
     arrays = calibration_arrays(model, task.config["calibration"], task.inputs.get("calibration"))
     qdq = quantize(float_model, arrays, task.config["quantization"])
     write_bytes(task.outputs["onnx"], qdq.SerializeToString())
