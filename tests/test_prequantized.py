@@ -54,3 +54,45 @@ def test_prequantized_model_compiles_and_matches_the_original(tmp_path: Path, fm
             name = spec["onnx_name"]
             ref_q = np.round(ref[name] / spec["scale"]) + spec["zero_point"]
             assert np.max(np.abs(ref_q - got[name])) <= 1, name
+
+
+def test_qoperator_elementwise_pool_and_matmul_ops(tmp_path: Path):
+    """QLinearAdd, QLinearMul, QLinearSigmoid, QLinearGlobalAveragePool, QLinearMatMul and an int8 MaxPool."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(3)
+    inits = [numpy_helper.from_array(rng.normal(0, 0.4, (4, 4, 3, 3)).astype(np.float32), "w"),
+             numpy_helper.from_array(rng.uniform(0.5, 1.5, (1, 4, 1, 1)).astype(np.float32), "m"),
+             numpy_helper.from_array(rng.normal(0, 0.4, (4, 6)).astype(np.float32), "fc")]
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], kernel_shape=[3, 3], pads=[1, 1, 1, 1], name="conv"),
+             helper.make_node("Add", ["c", "x"], ["a"], name="add"),
+             helper.make_node("Mul", ["a", "m"], ["mu"], name="mul"),
+             helper.make_node("MaxPool", ["mu"], ["p"], kernel_shape=[2, 2], strides=[2, 2], name="pool"),
+             helper.make_node("Sigmoid", ["p"], ["s"], name="sig"),
+             helper.make_node("GlobalAveragePool", ["s"], ["g"], name="gap"),
+             helper.make_node("Flatten", ["g"], ["f"], name="flat"),
+             helper.make_node("MatMul", ["f", "fc"], ["y"], name="fc")]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, 8, 8])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 6])], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.save(model, tmp_path / "float.onnx")
+    arrays = {"x": rng.uniform(-1, 1, (16, 1, 4, 8, 8)).astype(np.float32)}
+    qop = tmp_path / "qop.onnx"
+    ortq.quantize_static(str(tmp_path / "float.onnx"), str(qop), ArrayReader(arrays),
+                         quant_format=ortq.QuantFormat.QOperator, per_channel=False,
+                         activation_type=ortq.QuantType.QInt8, weight_type=ortq.QuantType.QInt8)
+    ops = {n.op_type for n in onnx.load(qop).graph.node}
+    assert {"QLinearConv", "QLinearAdd", "QLinearMul", "QLinearMatMul"} <= ops, ops
+
+    from npubuild.lowering.driver import lower_model
+    from npubuild.qoperator import to_qdq
+
+    lowered = lower_model(to_qdq(onnx.load(qop)), "int")
+    io = {"inputs": [i.as_dict() for i in lowered.inputs], "outputs": [o.as_dict() for o in lowered.outputs]}
+    for seed in range(3):
+        x = np.random.default_rng(seed).uniform(-1, 1, (1, 4, 8, 8)).astype(np.float32)
+        ref = run_onnx(str(qop), {"x": x})["y"]
+        got = run_tosa(lowered.tosa, io, {"x": x})["y"]
+        spec = io["outputs"][0]
+        assert np.max(np.abs(np.round(ref / spec["scale"]) + spec["zero_point"] - got)) <= 1
