@@ -88,13 +88,21 @@ def _finish(ctx: LoweringContext, y: TTensor, axes: list[int], keepdims: bool) -
     ctx.set_output(0, drop_axes(ctx, y, axes, keepdims, out_name if ctx.is_graph_output(out_name) else None))
 
 
-def _sum_like(ctx: LoweringContext, mean: bool) -> None:
+def _reduction(ctx: LoweringContext) -> tuple[TTensor, list[int], bool] | None:
+    """The input, its logical reduce axes and keepdims; None (output bound to the input) for a no-op reduce."""
     x = ctx.tensor(0)
     axes = reduce_axes(ctx, len(x.shape))
-    keepdims = bool(int(ctx.attr("keepdims", 1)))
     if axes is None:
         ctx.set_output(0, x)
+        return None
+    return x, axes, bool(int(ctx.attr("keepdims", 1)))
+
+
+def _sum_like(ctx: LoweringContext, mean: bool) -> None:
+    args = _reduction(ctx)
+    if args is None:
         return
+    x, axes, keepdims = args
     count = int(np.prod([x.logical_shape[a] for a in axes]))
     phys = physical_axes(x, axes)
     if mean and ctx.profile == "int" and _spatial_mean(ctx, x, phys, keepdims):
@@ -140,12 +148,10 @@ def _spatial_mean(ctx: LoweringContext, x: TTensor, phys: list[int], keepdims: b
 
 
 def _max_like(ctx: LoweringContext, op) -> None:
-    x = ctx.tensor(0)
-    axes = reduce_axes(ctx, len(x.shape))
-    keepdims = bool(int(ctx.attr("keepdims", 1)))
-    if axes is None:
-        ctx.set_output(0, x)
+    args = _reduction(ctx)
+    if args is None:
         return
+    x, axes, keepdims = args
     y = emit_reduce(ctx, op, x, physical_axes(x, axes))
     if ctx.profile == "int":
         out_q = ctx.output_q()
