@@ -125,3 +125,11 @@ def test_calibration_npy_with_wrong_shape(project, capsys):
     code, _, err = run_cli(["build", str(spec), "--build-dir", str(project / "build"), "-q"], capsys)
     assert code == 2
     assert "calib.npy" in _one_error_line(err) and "expected (N, 1, 1, 49, 10)" in err
+
+
+def test_missing_fvp_runner_is_named_by_validate(project, capsys):
+    spec = _write(project, BASE + "fvp: {runner: firmware/runner.elf}\n")
+    code, _, err = run_cli(["validate", str(spec)], capsys)
+    line = _one_error_line(err)
+    assert code == 2
+    assert line.startswith(f"{spec}:8:15: error:") and "fvp.runner 'firmware/runner.elf' not found" in line

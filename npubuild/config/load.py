@@ -248,6 +248,10 @@ def load_spec(path: Path) -> list[Build]:
         else:
             profile = t
         profiles.append(profile)
+    if spec.fvp.runner is not None:  # checked here so that `npubuild validate` names it with its position
+        where = locate(marks, ("fvp", "runner"), Location(str(path)))
+        if not inside(path.parent / spec.fvp.runner, root, "fvp.runner", where).is_file():
+            raise InputError(f"fvp.runner '{spec.fvp.runner}' not found", where)
 
     builds = []
     for model_name, model in spec.models.items():
