@@ -79,20 +79,8 @@ def reshape_layout(src: tuple[int, ...], perm: tuple[int, ...], dst: tuple[int, 
     groups = _groups(src, dst)
     if groups is None:
         return None
-    by_first = {gs[0]: (gs, gd) for gs, gd in groups}
-    seq = [a for a in perm if src[a] != 1]
-    out: list[int] = []
-    k = 0
-    while k < len(seq):
-        if seq[k] not in by_first:
-            return None
-        gs, gd = by_first[seq[k]]
-        if seq[k:k + len(gs)] != gs:
-            return None
-        out.extend(gd)
-        k += len(gs)
-    it = iter(out)
-    return tuple(next(it) if dst[c] != 1 else c for c in canonical(len(dst)))
+    out = _map_runs([a for a in perm if src[a] != 1], groups)
+    return None if out is None else _with_unit_axes(out, dst)
 
 
 def pullback_layout(src: tuple[int, ...], dst: tuple[int, ...], out_layout: tuple[int, ...]) -> tuple[int, ...] | None:
@@ -100,20 +88,30 @@ def pullback_layout(src: tuple[int, ...], dst: tuple[int, ...], out_layout: tupl
     groups = _groups(src, dst)
     if groups is None:
         return None
-    by_first = {gd[0]: (gs, gd) for gs, gd in groups}
-    seq = [b for b in out_layout if dst[b] != 1]
-    order: list[int] = []
+    order = _map_runs([b for b in out_layout if dst[b] != 1], [(gd, gs) for gs, gd in groups])
+    return None if order is None else _with_unit_axes(order, src)
+
+
+def _map_runs(seq: list[int], groups: list[tuple[list[int], list[int]]]) -> list[int] | None:
+    """Replace each run `a` of `seq` by its partner `b` (groups are (a, b) pairs); None if `seq` splits a run."""
+    by_first = {a[0]: (a, b) for a, b in groups}
+    out: list[int] = []
     k = 0
     while k < len(seq):
         if seq[k] not in by_first:
             return None
-        gs, gd = by_first[seq[k]]
-        if seq[k:k + len(gd)] != gd:
+        a, b = by_first[seq[k]]
+        if seq[k:k + len(a)] != list(a):
             return None
-        order.extend(gs)
-        k += len(gd)
+        out.extend(b)
+        k += len(a)
+    return out
+
+
+def _with_unit_axes(order: list[int], shape: tuple[int, ...]) -> tuple[int, ...]:
+    """A full layout: `order` for the non-unit axes, unit axes where the canonical layout puts them."""
     it = iter(order)
-    return tuple(next(it) if src[c] != 1 else c for c in canonical(len(src)))
+    return tuple(next(it) if shape[c] != 1 else c for c in canonical(len(shape)))
 
 
 def reshape_to(ctx: LoweringContext, x: TTensor, new_shape: tuple[int, ...], output_of: str | None = None) -> TTensor:

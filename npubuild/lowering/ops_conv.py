@@ -136,6 +136,17 @@ def rescale_acc(ctx: LoweringContext, acc: TTensor, acc_scale: np.ndarray, outpu
     return rescale(ctx, acc, scale, out_q.dtype, 0, out_q.zp, out_q, output_of=output_name)
 
 
+def _int_conv(ctx: LoweringContext, op, x: TTensor, weights: np.ndarray, bias: np.ndarray,
+              shape: tuple[int, ...], attribute) -> TTensor:
+    """An int8 convolution-like op (TOSA 1.0 operand order) into a fresh int32 NHWC accumulator."""
+    assert x.q is not None
+    acc = ctx.new_tensor(shape, np.int32, NHWC)
+    ins = [x.name, ctx.const(weights.astype(np.int8), "weights"), ctx.const(bias, "bias"),
+           ctx.zp(x.q.zp, np.int8), ctx.zp(0, np.int8)]
+    ctx.op(op, ins, [acc.name], attribute)
+    return acc
+
+
 def emit_conv(
     ctx: LoweringContext,
     x: TTensor,
@@ -168,10 +179,8 @@ def emit_conv(
     if ctx.profile == "int":
         assert x.q is not None and w_scale is not None
         acc_scale = x.q.s * w_scale
-        acc = ctx.new_tensor((n, oh, ow, o), np.int32, NHWC)
-        inputs = [x.name, ctx.const(weights.astype(np.int8), "weights"), ctx.const(bias.int32(acc_scale), "bias"),
-                  ctx.zp(x.q.zp, np.int8), ctx.zp(0, np.int8)]
-        ctx.op(op, inputs, [acc.name], attr(kind, pads, list(stride), list(dilation), False, ts.DType.INT32))
+        acc = _int_conv(ctx, op, x, weights, bias.int32(acc_scale), (n, oh, ow, o),
+                        attr(kind, pads, list(stride), list(dilation), False, ts.DType.INT32))
         return rescale_acc(ctx, acc, acc_scale, output_name, out_q)
     out = ctx.new_tensor((n, oh, ow, o), np.float32, NHWC, output_of=output_name)
     inputs = [x.name, ctx.const(weights.astype(np.float32), "weights"), ctx.const(bias.real.astype(np.float32), "bias"),
@@ -264,10 +273,8 @@ def emit_transpose_conv(ctx: LoweringContext, x: TTensor, w_iohw: np.ndarray, w_
     if ctx.profile == "int":
         assert x.q is not None and w_scale is not None
         acc_scale = x.q.s * w_scale
-        acc = ctx.new_tensor((n, oh, ow, o), np.int32, NHWC)
-        ins = [x.name, ctx.const(weights.astype(np.int8), "weights"), ctx.const(bias.int32(acc_scale), "bias"),
-               ctx.zp(x.q.zp, np.int8), ctx.zp(0, np.int8)]
-        ctx.op(Op.TRANSPOSE_CONV2D, ins, [acc.name], attr("TransposeConv2d", out_pad, list(stride), False, ts.DType.INT32))
+        acc = _int_conv(ctx, Op.TRANSPOSE_CONV2D, x, weights, bias.int32(acc_scale), (n, oh, ow, o),
+                        attr("TransposeConv2d", out_pad, list(stride), False, ts.DType.INT32))
         return rescale_acc(ctx, acc, acc_scale, output_name)
     out = ctx.new_tensor((n, oh, ow, o), np.float32, NHWC, output_of=output_name)
     ins = [x.name, ctx.const(weights.astype(np.float32), "weights"), ctx.const(bias.real.astype(np.float32), "bias"),
