@@ -6,7 +6,7 @@ Run it with the Python of a scratch venv that has onnx2tf and its needs:
     python3.11 -m venv /tmp/tflite-venv
     /tmp/tflite-venv/bin/pip install onnx2tf tensorflow tf_keras onnx_graphsurgeon sng4onnx onnxsim \
         psutil ai_edge_litert onnx onnxruntime
-    npubuild build configs --build-dir /tmp/npb -k          # npubuild's figures (and its Vela .ini files)
+    npubuild build configs --build-dir /tmp/npb --keep-going   # npubuild's figures (and its Vela .ini files)
     PATH=/tmp/tflite-venv/bin:$PATH python bench/tflite_route.py --report /tmp/npb/report.json \
         --work /tmp/tflite-route --out bench/tflite_route.md
 
