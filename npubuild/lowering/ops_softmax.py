@@ -5,10 +5,11 @@ FP: REDUCE_MAX, SUB, EXP, REDUCE_SUM, RECIPROCAL (or LOG), MUL.
 INT (no EXP or division on Ethos-U): d = x - max(x) in [-255, 0] becomes an
 int8 index; two int8 TABLEs give the high and low bytes of exp(s_x d) in
 Q15, so exp keeps 15 bits although TABLE is 8-bit in and out (Vela runs
-int16 TABLE on no U55); the rows are summed in int32 and 1/sum comes from
-the Newton-Raphson reciprocal in intmath. LogSoftmax instead subtracts
-ln(sum), whose mantissa part is one more TABLE. Accuracy is measured
-against onnxruntime in tests/test_ops_compute.py.
+int16 TABLE on no U55); the rows are summed in int32. Softmax (softmax_int.py)
+multiplies by the Newton-Raphson reciprocal of intmath in the form Vela runs
+in the fewest passes. LogSoftmax instead subtracts ln(sum), whose mantissa
+part is one more TABLE. Accuracy is measured against onnxruntime in
+tests/test_ops_compute.py.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from npubuild.lowering.emit import Op, attr, rescale, to_layout
 from npubuild.lowering.ops_reduce import emit_reduce
 from npubuild.lowering.quant import QParams
 from npubuild.lowering.registry import lowers, quantize_also
+from npubuild.lowering.softmax_int import lower_softmax_int
 from npubuild.lowering.table import emit_table
 
 quantize_also("LogSoftmax")  # onnxruntime leaves it in float on its own
@@ -95,6 +97,8 @@ def _lower_int(ctx: LoweringContext, x: TTensor, axis: int, log: bool) -> TTenso
     out_q = ctx.require_output_q()
     if x.q is None or x.dtype != np.int8 or out_q.dtype != np.int8:
         raise ctx.unsupported("the integer softmax needs int8 input and output")
+    if not log:
+        return lower_softmax_int(ctx, x, axis, out_q)
     out_name = ctx.current.output[0]
     d, index = _shifted(ctx, x, axis)
     e = _exp_q15(ctx, index, x.q.s)
@@ -102,11 +106,6 @@ def _lower_int(ctx: LoweringContext, x: TTensor, axis: int, log: bool) -> TTenso
     if x.shape[axis] >= 1 << (31 - EXP_BITS):
         raise ctx.unsupported(f"softmax over {x.shape[axis]} elements overflows the int32 sum")
     one = 1 << OUT_FRAC_BITS
-    if not log:
-        r, n = im.reciprocal(ctx, total)  # 1/total = r * 2**-(61 - n)
-        p = im.mul(ctx, e, r, EXP_BITS)  # out = p * 2**-(46 - n)
-        q = im.asr(ctx, p, im.sub(ctx, im.const_i32(ctx, 46 - OUT_FRAC_BITS, n), n))
-        return rescale(ctx, q, 1.0 / (one * out_q.s), out_q.dtype, 0, out_q.zp, out_q, output_of=out_name)
     # log softmax = s_x d - ln(total / 2**15); total = m 2**(32 - n), m in [0.5, 1)
     n = im.clz(ctx, total)
     m = im.shl(ctx, total, im.sub(ctx, n, im.const_i32(ctx, 1, n)))

@@ -1,0 +1,76 @@
+"""The int8 softmax in Vela's fewest passes: exact table split, long rows, and what Vela makes of it."""
+
+from __future__ import annotations
+
+import csv
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+from ophelpers import calib, check_int, rand, single_op_model
+from test_ops_compute import errors_vs_unfused_qdq, npu_bitexact
+
+from npubuild.lowering.softmax_int import EXP_ONE, exp_bytes, reciprocal_plan
+
+
+@pytest.mark.parametrize("scale", [0.01, 0.05, 0.2])
+def test_exp_bytes_recombine_to_exp_in_15_bits(scale):
+    hi, lo = exp_bytes(scale)
+    v = 256 * hi.astype(np.int64) + lo
+    d = np.arange(256) - 255
+    assert np.array_equal(v, np.round(np.exp(scale * d) * EXP_ONE).astype(np.int64))
+    assert v[-1] == EXP_ONE  # d = 0 is exp(0), the largest value
+
+
+@pytest.mark.parametrize("count", [2, 1000, 20000])
+def test_reciprocal_plan_keeps_r16_and_the_shift_in_range(count):
+    t, k = reciprocal_plan(count, 1 / 256)
+    n_min, n_max = 32 - (count * EXP_ONE).bit_length(), 32 - EXP_ONE.bit_length()
+    assert 2**30 / 256 / 2**t <= 2**15  # r16 = r * 256 / 2**t fits int16 (r <= 2**30)
+    assert 0 <= k - n_max and k - n_min <= 31
+
+
+def test_long_rows_stay_within_one_lsb():
+    """3000 elements: the shift would pass 31, so the reciprocal gives up bits (measured: still <= 1 LSB)."""
+    shape = [2, 3000]
+    err = errors_vs_unfused_qdq(single_op_model("Softmax", {"x": shape}, {"y": None}, axis=-1), "x", shape, 6.0)
+    assert err.max() <= 1 and (err > 0).mean() <= 0.001
+
+
+def _vela_layers(tosa: bytes, accelerator: str) -> list[dict]:
+    with tempfile.TemporaryDirectory() as tmp:
+        p = Path(tmp) / "m.tosa"
+        p.write_bytes(tosa)
+        proc = subprocess.run([sys.executable, "-m", "ethosu.vela", str(p), "--accelerator-config", accelerator,
+                               "--output-dir", str(Path(tmp) / "out"), "--verbose-performance"],
+                              capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        with open(next((Path(tmp) / "out").glob("*per-layer.csv")), newline="") as f:
+            return list(csv.DictReader(f))
+
+
+@pytest.mark.parametrize("accelerator", ["ethos-u55-128", "ethos-u85-256"])
+def test_vela_fuses_tables_and_rescales(accelerator):
+    """Each exp TABLE is the LUT activation of its own SUB (no LUT pass, no LUT load charged); the four
+    widening RESCALEs vanish into the ADD, the int8 output RESCALE into the final shift; only the per-row
+    int16 reciprocal RESCALE is left."""
+    shape = [4, 16, 16]
+    model = single_op_model("Softmax", {"x": shape}, {"y": None}, axis=-1)
+    lowered, _ = check_int(model, calib("x", shape, low=-4, high=4), {"x": rand(shape, 2, -4, 4)})
+    rows = _vela_layers(lowered.tosa, accelerator)
+    luts = [r for r in rows if r["NNG Operator"] == "LUT"]
+    subs = {r["Name"] for r in rows if r["NNG Operator"] == "Sub"}
+    assert len(luts) == 2 and all(float(r["Op Cycles"]) == 0 and r["Name"] in subs for r in luts)
+    assert [r["NNG Operator"] for r in rows if r["Name"].startswith("result")] == ["Asr"]
+    assert sum(r["Original Operator"] == "Rescale" for r in rows) == 1
+    assert [r["NNG Operator"] for r in rows].count("Add") == 1
+
+
+def test_npu_bitexact_on_u55():
+    shape = [3, 12]
+    model = single_op_model("Softmax", {"x": shape}, {"y": None}, axis=-1)
+    lowered, _ = check_int(model, calib("x", shape, low=-3, high=3), {"x": rand(shape, 2, -3, 3)})
+    npu_bitexact(lowered)
