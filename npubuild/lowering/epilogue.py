@@ -47,6 +47,7 @@ class Epilogue:
     out_name: str
     out_q: QParams | None
     nodes: list[onnx.NodeProto] = field(default_factory=list)  # folded nodes, Q/DQ between them included
+    exact: tuple[np.ndarray, np.ndarray] | None = None  # the bias as the QDQ model's int32 values and scales
 
     def commit(self, ctx: LoweringContext) -> None:
         """Mark the folded nodes so the driver skips them."""
@@ -88,9 +89,12 @@ def follow(ctx: LoweringContext, o: int, rank: int, allow_add: bool = True) -> E
         if len(users) != 1 or users[0].op_type not in ("Add", "Mul", "Div") or len(users[0].input) != 2:
             break
         nxt = users[0]
-        if nxt.op_type == "Add" and (not allow_add or (ctx.profile == "int" and not INT_BIAS_ADD)):
+        direct = ctx.profile == "int" and not seen  # the QDQ model adds at the product's precision (qdq_linear)
+        if nxt.op_type == "Add" and (not allow_add or (ctx.profile == "int" and not direct and not INT_BIAS_ADD)):
             break
-        if ctx.profile == "int":
+        if direct:
+            pass  # no rounding between the product and this node: nothing to carry in err
+        elif ctx.profile == "int":
             if [n.op_type for n in seen] != ["QuantizeLinear", "DequantizeLinear"]:
                 break
             q_mid = ctx.qparams_of(seen[0])
@@ -107,6 +111,7 @@ def follow(ctx: LoweringContext, o: int, rank: int, allow_add: bool = True) -> E
         if step is None:
             break
         k, b = step
+        exact = _int32_bias(ctx, nxt.input[1 - which[0]], o) if direct and not nodes and nxt.op_type == "Add" else None
         gain, bias, err = gain * k, bias * k + b, err * k
         nodes += [*seen, nxt]
         cur = nxt.output[0]
@@ -118,5 +123,20 @@ def follow(ctx: LoweringContext, o: int, rank: int, allow_add: bool = True) -> E
             out_q = ctx.qparams_of(qs[0])
             if not out_q.is_per_tensor or err >= float(out_q.s):
                 break
-        best = Epilogue(gain, bias.copy(), cur, out_q, list(nodes))
+        best = Epilogue(gain, bias.copy(), cur, out_q, list(nodes), exact if gain == 1.0 else None)
     return best
+
+
+def _int32_bias(ctx: LoweringContext, name: str, o: int) -> tuple[np.ndarray, np.ndarray] | None:
+    """(int32 values, scales) of a bias given as a DequantizeLinear of an int32 initializer, broadcast to o."""
+    dq = _view(ctx).producer.get(name)
+    if dq is None or dq.op_type != "DequantizeLinear":
+        return None
+    data = ctx.values.get(dq.input[0])
+    if not isinstance(data, np.ndarray) or data.dtype != np.int32 or data.size not in (1, o):
+        return None
+    q = ctx.qparams_of(dq)
+    if np.any(q.zero_point != 0):
+        return None
+    return (np.broadcast_to(data.reshape(-1), (o,)).copy(),
+            np.broadcast_to(np.asarray(q.scale, np.float64).reshape(-1), (o,)).copy())

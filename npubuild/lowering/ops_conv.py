@@ -319,16 +319,26 @@ def lower_conv_transpose(ctx: LoweringContext) -> None:
     ctx.set_output(0, emit_transpose_conv(ctx, x, w, w_scale, bias, out_pad, stride, out_name))
 
 
+def fc_view(lshape: tuple[int, ...]) -> tuple[int, ...]:
+    """The NHWC shape a fully connected layer's input [..., K] is viewed as: the leading dims padded to
+    [1, H, W] on the left, as Vela pads the rank of the tensors around it. The conv's output then has the
+    shape the next op reads (a TABLE or elementwise op after a RESHAPE to [..., O]), so Vela fuses it;
+    [1, M, 1, K] left a reshape between them that blocks its fusing of GELU's TABLE into the conv."""
+    lead = tuple(int(d) for d in lshape[:-1])
+    if len(lead) > 3 or (len(lead) == 3 and lead[0] != 1):
+        lead = (int(np.prod(lead)),)
+    return (*(1,) * (3 - len(lead)), *lead, int(lshape[-1]))
+
+
 def _fully_connected(ctx: LoweringContext, x: TTensor, w_ok: np.ndarray, w_scale: np.ndarray | None, bias: Bias) -> None:
-    """x [..., K] times w^T, w as [O, K]: a 1x1 CONV2D over an [1, M, 1, K] view (M = all leading dims).
+    """x [..., K] times w^T, w as [O, K]: a 1x1 CONV2D over an NHWC view of x (fc_view).
 
     A following bias Add / positive scalar Mul chain is folded into the conv's bias and rescale (epilogue.py).
     """
     lshape = x.logical_shape
     x = to_layout(ctx, x, identity(len(lshape)))
     k = lshape[-1]
-    m = int(np.prod(lshape[:-1]))
-    view = reshape(ctx, x, (1, m, 1, k), NHWC)
+    view = reshape(ctx, x, fc_view(lshape), NHWC)
     o = w_ok.shape[0]
     w4 = w_ok.reshape(o, k, 1, 1)
     out_name = ctx.current.output[0]
@@ -339,7 +349,8 @@ def _fully_connected(ctx: LoweringContext, x: TTensor, w_ok: np.ndarray, w_scale
             w_scale = w_scale * ep.gain
         else:
             w4 = w4 * ep.gain
-        bias = Bias(bias.real * ep.gain + ep.bias)
+        exact = ep.exact if ep.exact is not None and not np.any(bias.real) else (None, None)
+        bias = Bias(bias.real * ep.gain + ep.bias, *exact)  # exact: the QDQ model's int32 bias (qdq_linear.py)
         out_name, out_q = ep.out_name, ep.out_q
     y = emit_conv(ctx, view, w4, w_scale, bias, [0, 0, 0, 0], (1, 1), (1, 1), False, output_name=None, out_q=out_q)
     out_shape = (*lshape[:-1], o)

@@ -16,6 +16,7 @@ from npubuild.errors import StageError
 from npubuild.fileio import write_bytes
 from npubuild.lowering.registry import quantized_op_types
 from npubuild.plan import StageTask
+from npubuild.qdq_linear import fold_linear_bias
 from npubuild.qoperator import is_quantized
 
 METHODS = {
@@ -71,7 +72,9 @@ def quantize(float_model: Path, arrays: dict[str, np.ndarray], q: dict) -> onnx.
             )
         except Exception as exc:
             raise StageError(f"onnxruntime quantisation failed: {type(exc).__name__}: {exc}") from None
-        return onnx.load(str(out))
+        qdq = onnx.load(str(out))
+    fold_linear_bias(qdq, onnx.load(str(float_model)))  # MatMul + bias Add as one layer, as TFLite's FullyConnected
+    return qdq
 
 
 def run(task: StageTask) -> dict:
