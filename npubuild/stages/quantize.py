@@ -16,6 +16,7 @@ from npubuild.errors import StageError
 from npubuild.fileio import write_bytes
 from npubuild.lowering.registry import quantized_op_types
 from npubuild.plan import StageTask
+from npubuild.qdq_concat import share_concat_scales
 from npubuild.qdq_linear import fold_linear_bias
 from npubuild.qoperator import is_quantized
 
@@ -86,6 +87,7 @@ def run(task: StageTask) -> dict:
                 **{op: sum(n.op_type == op for n in model.graph.node) for op in ("QuantizeLinear", "DequantizeLinear")}}
     arrays = calibration_arrays(model, task.config["calibration"], task.inputs.get("calibration"))
     qdq = quantize(float_model, arrays, task.config["quantization"])
+    share_concat_scales(qdq, task.config["quantization"]["symmetric_activations"])  # TFLite-style concat scales
     write_bytes(task.outputs["onnx"], qdq.SerializeToString())
     counts = {"QuantizeLinear": 0, "DequantizeLinear": 0}
     for n in qdq.graph.node:
