@@ -4,9 +4,11 @@ BatchNormalization is a per-channel scale and shift: a 1x1 DEPTHWISE_CONV2D
 in int8 (each channel's scale is one int8 weight of +-127 with its own
 per-channel scale, so the only rounding is the output's), MUL + ADD in FP.
 
-Layer and instance normalisation in int8 (Ethos-U has no division or rsqrt):
-with v = x - zp in int32 and K elements per row, c = K v - sum(v) is exact;
-sum(c^2) (shifted to fit int32) gives the variance; 1/sqrt comes from the
+Layer normalisation in int8 (normalising the last axis) is norm_rows: an exact
+centring and variance laid out so Vela fuses every RESCALE, then an int16
+depthwise conv for gamma and beta. Instance normalisation in int8 (Ethos-U
+has no division or rsqrt): with v = x - zp in int32 and K elements per row,
+c = K v - sum(v) is exact; sum(c^2) (shifted to fit int32) gives the variance; 1/sqrt comes from the
 Newton-Raphson rsqrt in intmath with a per-row CLZ exponent; the normalised
 value is kept in int32 fixed point, multiplied by the quantized gamma, beta
 added in the same units, and one RESCALE rounds to the output. FP uses
@@ -23,6 +25,7 @@ import tosa_serializer as ts
 from npubuild.lowering import intmath as im
 from npubuild.lowering.context import NHWC, LoweringContext, TTensor, identity
 from npubuild.lowering.emit import Op, attr, rescale, reshape, to_layout
+from npubuild.lowering.norm_rows import fraction_bits, normalized_int16
 from npubuild.lowering.ops_conv import Bias, emit_conv
 from npubuild.lowering.ops_reduce import emit_reduce
 from npubuild.lowering.quant import multiplier_shift
@@ -116,28 +119,28 @@ def _int_affine(ctx: LoweringContext, q: TTensor, unit: float, count: int, gamma
     return rescale(ctx, acc, acc_unit / out_q.s, out_q.dtype, 0, out_q.zp, out_q, output_of=output_of)
 
 
-def _int_affine_channels_last(ctx: LoweringContext, q: TTensor, unit: float, count: int, gamma: np.ndarray,
+def _int_affine_channels_last(ctx: LoweringContext, x: TTensor, count: int, eps: float, gamma: np.ndarray,
                               beta: np.ndarray, output_of: str | None) -> TTensor:
-    """q * unit * gamma + beta with gamma/beta along the last axis: one int16 DEPTHWISE_CONV2D (+ RESCALE).
+    """Normalise int8 x along its last axis, then * gamma + beta: one int16 DEPTHWISE_CONV2D (+ RESCALE).
 
-    The normalised value goes to int16 with as many fraction bits as fit; each
-    channel's weight is +-127 with scale |gamma|/127 (exact, as in
-    BatchNormalization) and beta is the int48 bias. Vela then reads 8-bit
+    The normalised value comes as int16 with as many fraction bits as fit
+    (norm_rows); each channel's weight is +-127 with scale |gamma|/127 (exact,
+    as in BatchNormalization) and beta is the int48 bias. Vela then reads 8-bit
     weights and one bias per channel instead of two int32 constants per
     element (MUL + ADD), which cost a third of a layer norm's cycles on U55.
     The int16 step costs accuracy only at rounding ties (measured: <1% of
     elements 1 LSB off instead of <0.05%).
     """
     out_q = ctx.require_output_q()
-    k = q.shape[-1]
+    k = x.shape[-1]
     # the normalised range that can still change an int8 output (beyond it the output saturates either way),
     # capped by sqrt(K), which no normalised value exceeds
     lo, hi = (out_q.qmin - out_q.zp) * out_q.s, (out_q.qmax - out_q.zp) * out_q.s
     live = gamma != 0
     reach = np.max((max(-lo, hi) + np.abs(beta[live])) / np.abs(gamma[live])) if live.any() else 1.0
-    frac = math.floor(math.log2(32767.0 / (min(reach, math.sqrt(count)) * 1.01)))
-    rows = int(np.prod(q.shape[:-1]))
-    v16 = rescale_to(ctx, q, unit * 2.0**frac, np.int16)
+    frac, _, _ = fraction_bits(count, math.floor(math.log2(32767.0 / (min(reach, math.sqrt(count)) * 1.01))))
+    rows = int(np.prod(x.shape[:-1]))
+    v16 = normalized_int16(ctx, x, count, eps, frac)
     view = reshape(ctx, v16, (1, rows, 1, k), NHWC)
     w = np.sign(gamma).astype(np.int8).reshape(1, 1, k, 1) * np.int8(127)  # HWCM
     w_scale = np.where(live, np.abs(gamma) / 127.0, 1.0)
@@ -157,17 +160,7 @@ def _int_affine_channels_last(ctx: LoweringContext, q: TTensor, unit: float, cou
     ctx.op(Op.RESCALE, [acc.name, ctx.const(mult16.astype(np.int16), "multiplier"),
                         ctx.const(shift16.astype(np.int8), "shift"), acc_zp, ctx.zp(out_q.zp, out_q.dtype)], [y.name],
            attr("Rescale", False, ts.RoundingMode.SINGLE_ROUND, True, False, False))
-    return reshape(ctx, y, q.shape, q.perm, output_of=output_of)
-
-
-def rescale_to(ctx: LoweringContext, x: TTensor, scale: float, dtype) -> TTensor:
-    """int32 -> dtype, round(x * scale), saturating (one per-tensor RESCALE)."""
-    out = ctx.new_tensor(x.shape, dtype, x.perm)
-    mult, shift = multiplier_shift(scale, 32)
-    ctx.op(Op.RESCALE, [x.name, ctx.const(mult.astype(np.int32), "multiplier"), ctx.const(shift.astype(np.int8), "shift"),
-                        ctx.zp(0, np.int32), ctx.zp(0, np.dtype(dtype))], [out.name],
-           attr("Rescale", True, ts.RoundingMode.SINGLE_ROUND, False, False, False))
-    return out
+    return reshape(ctx, y, x.shape, x.perm, output_of=output_of)
 
 
 def _affine_values(ctx: LoweringContext, n: int) -> tuple[np.ndarray, np.ndarray]:
@@ -188,10 +181,10 @@ def _normalize(ctx: LoweringContext, x: TTensor, axes: list[int], count: int, ch
         return _fp_normalize(ctx, x, axes, count, eps, gamma.reshape(shape), beta.reshape(shape), output_of)
     if x.q is None or x.dtype != np.int8:
         raise ctx.unsupported("the integer normalisation needs an int8 input")
-    q, unit = _int_normalized(ctx, x, axes, count, eps)
-    if chan_axis == len(x.shape) - 1:
+    if chan_axis == len(x.shape) - 1 and axes == [chan_axis]:
         gamma, beta = _affine_values(ctx, n)
-        return _int_affine_channels_last(ctx, q, unit, count, gamma, beta, output_of)
+        return _int_affine_channels_last(ctx, x, count, eps, gamma, beta, output_of)
+    q, unit = _int_normalized(ctx, x, axes, count, eps)
     gamma_q, g_scale = _gamma_int(ctx, 1, n)
     _, beta = _affine_values(ctx, n)
     return _int_affine(ctx, q, unit, count, gamma_q, g_scale, beta, shape, output_of)

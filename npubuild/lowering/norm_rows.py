@@ -1,0 +1,118 @@
+"""Integer (x - mean) / sqrt(var + eps) along the last axis, shaped so Vela fuses every RESCALE.
+
+Why this shape: Vela 5.2 folds a RESCALE into the op next to it only when that
+op can take the scaling (regor graphir_optimiser FuseRescale with the U55/U85
+SupportsQuantization rules): unit-scale int8 -> int32 widenings of *both*
+inputs fuse into an ADD/SUB/MUL (its inputs must keep one type), any RESCALE
+after a REDUCE_SUM fuses into it, and a power-of-two int32 -> int16 RESCALE
+fuses into the ADD/SUB that produces it. A gain-K widening, or a RESCALE after
+an ARITHMETIC_RIGHT_SHIFT, does not fuse and runs as a pass of its own (16x64
+on U85: 2191 and 2944 of the layer norm's 11832 cycles). So, per row of K
+int8 values x:
+
+  m0 = round(sum(x) / K), the rounded mean, as an int8 (the REDUCE_SUM's fused output)
+  c = x - m0 (one SUB of two int8 tensors, |c| <= 255);  t = sum(c), |t| <= K/2
+  V = K sum(c^2) - t^2 = K^2 var / s^2 (exact: the fractional mean t / K is put back here)
+  a = 1 / sqrt(V + eps') per row (seed TABLE + one third-order Newton step)
+  n = (K c - t) a = c (K a) - t a: one MUL by a per-row int32 and one SUB of a
+      per-row int32, rounded to int16 by the SUB's fused shift.
+
+Full-size passes: three reductions, SUB, MUL, MUL, SUB; the rest is per row
+(each per-row op still costs a U55 ~300 cycles, hence the short rsqrt).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from npubuild.lowering import intmath as im
+from npubuild.lowering.context import LoweringContext, TTensor
+from npubuild.lowering.emit import Op, rescale
+from npubuild.lowering.ops_reduce import emit_reduce
+from npubuild.lowering.quant import QParams
+from npubuild.lowering.table import emit_table
+
+SEED_Q = QParams(np.float64(2.0**-7), np.int64(-128), np.dtype(np.int8))  # seed w = q + 128, 1/sqrt(m) ~ w / 128
+A0_MAX = 2.0**30.5 * 1.001  # bound of rsqrt_rows' a (y' < 2^15 sqrt(2) shifted left by at most 15)
+
+
+def _as_i32(ctx: LoweringContext, t: TTensor) -> TTensor:
+    """int8 -> int32 unchanged (zero points 0): Vela fuses it into the consumer when the other input is one too."""
+    return rescale(ctx, t, 1.0, np.int32, 0, 0, None)
+
+
+def variance_shift(count: int) -> int:
+    """Even right shift that keeps K sum(c^2) <= 65025 K^2 within 2^30."""
+    sh = max(0, math.ceil(math.log2(65025.0 * count * count)) - 30)
+    return sh + (sh & 1)
+
+
+def fraction_bits(count: int, frac: int) -> tuple[int, int, int]:
+    """(frac, e, a_sh): the int16 result's fraction bits (lowered if int32 cannot hold them), the extra
+    bits kept before its rounding, and the shift that keeps K a within int32."""
+    sh = variance_shift(count)
+    a_sh = max(0, math.ceil(math.log2(count * A0_MAX)) - 31)
+    frac = min(frac, 29 + sh // 2 - a_sh)  # the per-element MUL needs a right shift of at least 1
+    e = max(0, min(30 - math.ceil(math.log2(math.sqrt(count))) - frac, 29 + sh // 2 - a_sh - frac))
+    return frac, e, a_sh
+
+
+def seed_table() -> np.ndarray:
+    """round(128 / sqrt(m)) - 128 for the mantissa bucket m = (i + 128) / 128 of each index i (m in [0.5, 2))."""
+    m = np.clip((np.arange(-128, 128) + 128) / 128.0, 0.5, 2.0)
+    return np.clip(np.round(128.0 / np.sqrt(m)) - 128, -128, 127).astype(np.int8)
+
+
+def rsqrt_rows(ctx: LoweringContext, v: TTensor) -> TTensor:
+    """a with 1/sqrt(v) ~= a * 2**-30, for int32 v >= 1 (relative error < 2^-15).
+
+    v = m 2^(30 - 2h) with m in [2^29, 2^31); an int8 TABLE on m's top bits
+    gives w ~ 128 / sqrt(m) within 1%, and one third-order step
+    y = w (15 - 10 r + 3 r^2) / 8, r = m w^2, brings that to 3e-6 (two Newton
+    steps took one op more; the seed's widening fuses into the w^2 MUL).
+    """
+    n = im.clz(ctx, v)
+    h = im.asr(ctx, im.sub(ctx, n, im.const_i32(ctx, 2, v)), im.const_i32(ctx, 1, v))  # floor((n - 1) / 2)
+    m = im.shl(ctx, v, im.add(ctx, h, h))  # Q30, in [2^29, 2^31)
+    index = im.narrow_exact(ctx, im.sub(ctx, im.asr(ctx, m, im.const_i32(ctx, 23, m)), im.const_i32(ctx, 128, m)), 0)
+    seed = emit_table(ctx, index, seed_table(), SEED_Q)
+
+    def w() -> TTensor:  # one widening per reader, so Vela can fuse each into its reader
+        return rescale(ctx, seed, 1.0, np.int32, -128, 0, None)
+
+    r = im.mul(ctx, m, im.mul(ctx, w(), w(), 0), 17)  # r 2^27 (m w^2 = r 2^44)
+    u = im.sub(ctx, im.mul(ctx, r, im.const_i32(ctx, 3, r), 0), im.const_i32(ctx, 10 << 27, r))
+    poly = im.add(ctx, im.mul(ctx, r, u, 27), im.const_i32(ctx, 15 << 27, r))  # (15 - 10 r + 3 r^2) 2^27
+    y = im.mul(ctx, w(), poly, 22)  # 2^15 / sqrt(m), >= 2^14.5
+    return im.shl(ctx, y, h)
+
+
+def normalized_int16(ctx: LoweringContext, x: TTensor, count: int, eps: float, frac: int) -> TTensor:
+    """round((x - mean) / sqrt(var + eps) * 2**frac) as int16 (saturating), x int8 reduced along its last axis.
+
+    `frac` must come from `fraction_bits` (the caller scales the result with it).
+    """
+    assert x.q is not None and x.dtype == np.int8
+    axis = len(x.shape) - 1
+    s = emit_reduce(ctx, Op.REDUCE_SUM, _as_i32(ctx, x), [axis])
+    m0 = rescale(ctx, s, 1.0 / count, np.int8, 0, 0, None)  # round(mean of x), within int8 as x is
+    c = im.sub(ctx, _as_i32(ctx, x), _as_i32(ctx, m0))
+    t = emit_reduce(ctx, Op.REDUCE_SUM, c, [axis])
+    sq = emit_reduce(ctx, Op.REDUCE_SUM, im.mul(ctx, c, c, 0), [axis])
+    sh = variance_shift(count)
+    ksq = rescale(ctx, sq, count / 2.0**sh, np.int32, 0, 0, None)  # exact for sh = 0; fused into the REDUCE_SUM
+    var = im.sub(ctx, ksq, im.mul(ctx, t, t, sh))
+    # var = K^2 sum((v - mean)^2) / (K 2^sh) in x's LSB^2; eps in the same units. With sh > 0 the two
+    # roundings can leave var at -1, so eps' >= 2 keeps the rsqrt's input positive.
+    s2 = float(x.q.s) ** 2
+    eps_units = int(min(max(2 if sh else 1, round(eps * count * count / (s2 * 2**sh))), 1 << 30))
+    a0 = rsqrt_rows(ctx, im.add(ctx, var, im.const_i32(ctx, eps_units, var)))  # 1/sqrt(V + eps') = a0 2^-30
+    frac, e, a_sh = fraction_bits(count, frac)
+    sp = 30 + sh // 2 - a_sh - frac - e
+    a = im.mul(ctx, a0, im.const_i32(ctx, count, a0), a_sh)
+    p = im.mul(ctx, c, a, sp)
+    b = im.mul(ctx, t, a0, a_sh + sp)
+    d = im.sub(ctx, p, b)  # n 2^(frac + e)
+    return rescale(ctx, d, 2.0**-e, np.int16, 0, 0, None)

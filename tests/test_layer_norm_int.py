@@ -1,0 +1,77 @@
+"""The int8 layer norm in Vela's fewest passes: rows of any spread, long rows, and what Vela makes of it."""
+
+from __future__ import annotations
+
+import csv
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+from ophelpers import calib, check_int, single_op_model
+from test_ops_compute import npu_bitexact
+
+from npubuild.lowering.norm_rows import A0_MAX, fraction_bits, variance_shift
+
+
+@pytest.mark.parametrize("count", [2, 64, 768, 4096])
+def test_fraction_bits_keep_every_int32_in_range(count):
+    """The per-row multiplier K a, the per-element product c (K a) and the result n 2^(frac + e) fit int32."""
+    frac, e, a_sh = fraction_bits(count, 14)
+    sh = variance_shift(count)
+    sp = 30 + sh // 2 - a_sh - frac - e
+    assert 65025 * count * count / 2**sh <= 2**30 and sh % 2 == 0
+    assert count * A0_MAX / 2**a_sh < 2**31 and sp >= 1
+    assert np.sqrt(count) * 2.0 ** (frac + e) <= 2**30 and frac >= 8
+
+
+def _rows_of_every_spread(shape: list[int]) -> np.ndarray:
+    """Rows from constant to full range, each with its own offset: the rsqrt sees every exponent."""
+    rng = np.random.default_rng(4)
+    rows, k = shape
+    spread = np.geomspace(1e-3, 2.0, rows - 1)
+    x = rng.uniform(-1, 1, (rows - 1, k)) * spread[:, None] + rng.uniform(-1, 1, (rows - 1, 1)) * (2 - spread[:, None])
+    return np.vstack([x, np.full((1, k), 0.3)]).astype(np.float32)
+
+
+@pytest.mark.parametrize("shape", [[12, 8], [12, 64], [6, 768]])
+def test_rows_of_every_spread_within_one_lsb(shape):
+    """Near-constant rows (variance down at eps) and full-range ones alike: <= 1 LSB from onnxruntime's QDQ
+    result, and the NPU (npu-sim, U55) bit-exact with the TOSA reference."""
+    rng = np.random.default_rng(0)
+    k = shape[-1]
+    inits = {"g": rng.uniform(-2, 2, k).astype(np.float32), "b": rng.normal(0, 0.5, k).astype(np.float32)}
+    model = single_op_model("LayerNormalization", {"x": shape}, {"y": None}, inits, axis=-1, epsilon=1e-5)
+    lowered, err = check_int(model, calib("x", shape, low=-2, high=2), {"x": _rows_of_every_spread(shape)})
+    print(f"layer norm {shape}: max error {err} LSB")
+    npu_bitexact(lowered)
+
+
+def _vela_layers(tosa: bytes, accelerator: str) -> list[dict]:
+    with tempfile.TemporaryDirectory() as tmp:
+        p = Path(tmp) / "m.tosa"
+        p.write_bytes(tosa)
+        proc = subprocess.run([sys.executable, "-m", "ethosu.vela", str(p), "--accelerator-config", accelerator,
+                               "--output-dir", str(Path(tmp) / "out"), "--verbose-performance"],
+                              capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        with open(next((Path(tmp) / "out").glob("*per-layer.csv")), newline="") as f:
+            return list(csv.DictReader(f))
+
+
+@pytest.mark.parametrize("accelerator,rescales", [("ethos-u55-128", 2), ("ethos-u85-256", 1)])
+def test_vela_fuses_every_full_size_rescale(accelerator, rescales):
+    """A transformer's [16, 64] layer norm: the widenings vanish into the REDUCE_SUM and the SUB/MUL that read
+    them, the mean's and K sum(c^2)'s RESCALEs into their REDUCE_SUMs, the int16 rounding into the last SUB
+    and the output RESCALE into the depthwise conv. Only the per-row seed widening is left (U55 runs it as an
+    ADD and a MUL)."""
+    shape = [16, 64]
+    rng = np.random.default_rng(0)
+    inits = {"g": rng.uniform(-2, 2, 64).astype(np.float32), "b": rng.normal(0, 0.5, 64).astype(np.float32)}
+    model = single_op_model("LayerNormalization", {"x": shape}, {"y": None}, inits, axis=-1)
+    lowered, _ = check_int(model, calib("x", shape, low=-2, high=2), {"x": _rows_of_every_spread(shape)})
+    rows = _vela_layers(lowered.tosa, accelerator)
+    assert sum(r["Original Operator"] == "Rescale" for r in rows) == rescales
+    assert sum(r["Original Operator"] == "DepthwiseConv2D" for r in rows) == 1
