@@ -9,6 +9,7 @@ import onnx
 
 from npubuild.errors import InputError, UnsupportedOpError
 from npubuild.lowering import load_all
+from npubuild.lowering.concat_order import copied_inputs_first
 from npubuild.lowering.context import IOInfo, LoweringContext, TTensor
 from npubuild.lowering.registry import LOWERINGS
 
@@ -37,6 +38,8 @@ def lower_model(model: onnx.ModelProto, profile: Literal["int", "fp"], family: s
     for i, node in enumerate(model.graph.node):
         if not node.name:
             node.name = f"{node.op_type}_{i}"
+    if family == "u55":
+        model = copied_inputs_first(model)  # Vela's Concat copies in input order: the SRAM peak depends on it
     ctx = LoweringContext(model, profile, family=family)
     for node in model.graph.node:
         if node.name in ctx.fused:  # lowered already, as part of a pattern (e.g. the Erf form of GELU)
