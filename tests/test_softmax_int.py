@@ -10,10 +10,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from ophelpers import calib, check_int, rand, single_op_model
-from test_ops_compute import errors_vs_unfused_qdq, npu_bitexact
+from ophelpers import calib, check_int, io_dict, quantize_model, rand, single_op_model
+from test_ops_compute import errors_vs_unfused_qdq, npu_bitexact, tosa_ops
 
+from npubuild.lowering.driver import lower_model
 from npubuild.lowering.softmax_int import EXP_ONE, exp_bytes, reciprocal_plan
+from npubuild.tosa_run import run_tosa
 
 
 @pytest.mark.parametrize("scale", [0.01, 0.05, 0.2])
@@ -26,11 +28,14 @@ def test_exp_bytes_recombine_to_exp_in_15_bits(scale):
 
 
 @pytest.mark.parametrize("count", [2, 1000, 20000])
-def test_reciprocal_plan_keeps_r16_and_the_shift_in_range(count):
-    t, k = reciprocal_plan(count, 1 / 256)
-    n_min, n_max = 32 - (count * EXP_ONE).bit_length(), 32 - EXP_ONE.bit_length()
-    assert 2**30 / 256 / 2**t <= 2**15  # r16 = r * 256 / 2**t fits int16 (r <= 2**30)
-    assert 0 <= k - n_max and k - n_min <= 31
+@pytest.mark.parametrize("out_scale", [1 / 256, 1 / 255, 0.035])
+def test_reciprocal_plan_keeps_every_value_in_range(count, out_scale):
+    plan = reciprocal_plan(count, out_scale)
+    big, small = count * EXP_ONE * out_scale * 2**plan.a, EXP_ONE * out_scale * 2**plan.a
+    assert big < 2**31 and small >= 2**12  # sum' fits int32 and keeps at least 13 bits
+    n_min, n_max = 32 - int(big).bit_length(), 32 - int(small).bit_length()
+    assert 2**30 / 2**plan.t <= 2**15  # r >> t fits int16 (r <= 2**30)
+    assert 0 <= plan.k - n_max and plan.k - n_min <= 31  # a legal ARITHMETIC_RIGHT_SHIFT
 
 
 def test_long_rows_stay_within_one_lsb():
@@ -74,3 +79,19 @@ def test_npu_bitexact_on_u55():
     model = single_op_model("Softmax", {"x": shape}, {"y": None}, axis=-1)
     lowered, _ = check_int(model, calib("x", shape, low=-3, high=3), {"x": rand(shape, 2, -3, 3)})
     npu_bitexact(lowered)
+
+
+@pytest.mark.parametrize("shape,pooled", [([1, 10], False), ([4, 16, 16], True), ([3, 8, 24], True),
+                                          ([2, 3, 64], False)])
+def test_u85_form_equals_the_portable_graph(shape, pooled):
+    """U85's own lowering (rows as channels of a MAX_POOL2D after one TRANSPOSE; int32 exp and MUL for short
+    rows) gives the portable graph's int8 result on every element."""
+    model = single_op_model("Softmax", {"x": shape}, {"y": None}, axis=-1)
+    qdq = quantize_model(model, calib("x", shape, low=-5, high=5))
+    portable, u85 = lower_model(qdq, "int"), lower_model(qdq, "int", family="u85")
+    assert ("MAX_POOL2D" in tosa_ops(u85)) == pooled and "MAX_POOL2D" not in tosa_ops(portable)
+    for seed in (3, 4):
+        feeds = {"x": rand(shape, seed, -5, 5)}
+        want = run_tosa(portable.tosa, io_dict(portable), feeds)["y"]
+        got = run_tosa(u85.tosa, io_dict(u85), feeds)["y"]
+        assert np.array_equal(want, got)
