@@ -14,13 +14,14 @@ folded form rounds once. Folding is exact up to that rounding, so a step is
 taken only while the intermediates' rounding (0.5 LSB each, carried through the
 later gains) stays under one LSB of the chain's final output.
 
-INT bias Adds are not folded by default (INT_BIAS_ADD): each fold is within one
-LSB of the QDQ reference, but the reference rounds the product before adding
-the bias and the folded form does not, and on the example transformer those
-1-LSB differences add up through the layers (TOSA-vs-QDQ SNR 32.8 -> 27.6 dB,
-under the 30 dB gate, while the SNR against the float model improves,
-28.7 -> 30.0 dB). Folding them needs a QDQ model without that intermediate
-Q/DQ pair, as TFLite's FullyConnected has. Scalar Mul/Div folds are exact when
+INT bias Adds behind a Q/DQ pair are not folded by default (INT_BIAS_ADD): each
+fold is within one LSB of the QDQ reference, but the reference rounds the
+product before adding the bias and the folded form does not, and on the example
+transformer those 1-LSB differences add up through the layers (TOSA-vs-QDQ SNR
+32.8 -> 27.6 dB, under the 30 dB gate). The quantize stage removes that pair
+for constant-weight MatMuls (qdq_linear.py), as TFLite's FullyConnected has
+none: an Add that reads the product directly is folded exactly, with the QDQ
+model's own int32 bias (`Epilogue.exact`). Scalar Mul/Div folds are exact when
 the scales line up as they do in attention (s_product * c == s_out).
 """
 
