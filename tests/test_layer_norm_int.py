@@ -10,9 +10,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from ophelpers import calib, check_int, single_op_model
+from ophelpers import calib, check_int, quantize_model, single_op_model
 from test_ops_compute import npu_bitexact
+from test_requantize_u55 import assert_same_reference, cycles
 
+from npubuild.lowering.driver import lower_model
 from npubuild.lowering.norm_rows import A0_MAX, fraction_bits, variance_shift
 
 
@@ -75,3 +77,24 @@ def test_vela_fuses_every_full_size_rescale(accelerator, rescales):
     rows = _vela_layers(lowered.tosa, accelerator)
     assert sum(r["Original Operator"] == "Rescale" for r in rows) == rescales
     assert sum(r["Original Operator"] == "DepthwiseConv2D" for r in rows) == 1
+
+
+def test_u55_form_identical_and_faster_on_u55_and_u65():
+    """U55/U65 take the seed index as one RESCALE and widen the seed by an ADD of two int8 operands (Vela runs
+    a lone widening RESCALE as two ops there): the same integers, fewer cycles; U85 keeps the portable graph,
+    where the RESCALE index costs ~450 cycles more."""
+    shape = [16, 64]
+    rng = np.random.default_rng(0)
+    inits = {"g": rng.uniform(-2, 2, 64).astype(np.float32), "b": rng.normal(0, 0.5, 64).astype(np.float32)}
+    qdq = quantize_model(single_op_model("LayerNormalization", {"x": shape}, {"y": None}, inits, axis=-1),
+                         calib("x", shape, low=-2, high=2))
+    portable, u55 = lower_model(qdq, "int"), lower_model(qdq, "int", family="u55")
+    assert_same_reference(portable, u55)
+    assert cycles(u55.tosa, "ethos-u55-128") < cycles(portable.tosa, "ethos-u55-128")
+    assert cycles(u55.tosa, "ethos-u65-256") < cycles(portable.tosa, "ethos-u65-256")
+    assert lower_model(qdq, "int", family="u85").tosa == portable.tosa
+    rows = _vela_layers(u55.tosa, "ethos-u55-128")
+    rescales = [r["Name"] for r in rows if r["Original Operator"] == "Rescale"]
+    assert len(rescales) == 1  # only the seed index, which runs the TABLE as its LUT
+    assert [float(r["Op Cycles"]) for r in rows if r["NNG Operator"] == "LUT" and r["Name"] in rescales] == [0.0]
+    npu_bitexact(u55)

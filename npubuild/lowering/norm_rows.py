@@ -65,6 +65,17 @@ def seed_table() -> np.ndarray:
     return np.clip(np.round(128.0 / np.sqrt(m)) - 128, -128, 127).astype(np.int8)
 
 
+def _w_for_product(ctx: LoweringContext, seed: TTensor, w: TTensor) -> TTensor:
+    """The widened seed as an operand next to an int32 one. U55/U65 run a lone int8 -> int32 RESCALE as two
+    ops, w + 0 with both int8 operands widened as one ADD; on U85 the RESCALE is cheaper (and needs no
+    constant)."""
+    if ctx.family != "u55":
+        return w
+    zero = TTensor(ctx.const(np.zeros((1,) * len(seed.shape), np.int8), "zero"), (1,) * len(seed.shape),
+                   np.dtype(np.int8), seed.perm)
+    return im.add(ctx, w, _as_i32(ctx, zero))
+
+
 def rsqrt_rows(ctx: LoweringContext, v: TTensor) -> TTensor:
     """a with 1/sqrt(v) ~= a * 2**-30, for int32 v >= 1 (relative error < 2^-15).
 
@@ -76,7 +87,10 @@ def rsqrt_rows(ctx: LoweringContext, v: TTensor) -> TTensor:
     n = im.clz(ctx, v)
     h = im.asr(ctx, im.sub(ctx, n, im.const_i32(ctx, 2, v)), im.const_i32(ctx, 1, v))  # floor((n - 1) / 2)
     m = im.shl(ctx, v, im.add(ctx, h, h))  # Q30, in [2^29, 2^31)
-    index = im.narrow_exact(ctx, im.sub(ctx, im.asr(ctx, m, im.const_i32(ctx, 23, m)), im.const_i32(ctx, 128, m)), 0)
+    if ctx.family == "u55":  # round(m / 2^23) - 128 as one RESCALE: one op less on U55/U65, 450 cycles more on U85
+        index = rescale(ctx, m, 2.0**-23, np.int8, 0, -128, None)
+    else:
+        index = im.narrow_exact(ctx, im.sub(ctx, im.asr(ctx, m, im.const_i32(ctx, 23, m)), im.const_i32(ctx, 128, m)), 0)
     seed = emit_table(ctx, index, seed_table(), SEED_Q)
 
     def w() -> TTensor:  # one widening per reader, so Vela can fuse each into its reader
@@ -85,7 +99,7 @@ def rsqrt_rows(ctx: LoweringContext, v: TTensor) -> TTensor:
     r = im.mul(ctx, m, im.mul(ctx, w(), w(), 0), 17)  # r 2^27 (m w^2 = r 2^44)
     u = im.sub(ctx, im.mul(ctx, r, im.const_i32(ctx, 3, r), 0), im.const_i32(ctx, 10 << 27, r))
     poly = im.add(ctx, im.mul(ctx, r, u, 27), im.const_i32(ctx, 15 << 27, r))  # (15 - 10 r + 3 r^2) 2^27
-    y = im.mul(ctx, w(), poly, 22)  # 2^15 / sqrt(m), >= 2^14.5
+    y = im.mul(ctx, _w_for_product(ctx, seed, w()), poly, 22)  # 2^15 / sqrt(m), >= 2^14.5
     return im.shl(ctx, y, h)
 
 
@@ -107,7 +121,7 @@ def normalized_int16(ctx: LoweringContext, x: TTensor, count: int, eps: float, f
     # var = K^2 sum((v - mean)^2) / (K 2^sh) in x's LSB^2; eps in the same units. With sh > 0 the two
     # roundings can leave var at -1, so eps' >= 2 keeps the rsqrt's input positive.
     s2 = float(x.q.s) ** 2
-    eps_units = int(min(max(2 if sh else 1, round(eps * count * count / (s2 * 2**sh))), 1 << 30))
+    eps_units = int(min(max(2 if sh else 1, round(eps * count * count / (s2 * 2**sh))), (1 << 30) - 1))
     a0 = rsqrt_rows(ctx, im.add(ctx, var, im.const_i32(ctx, eps_units, var)))  # 1/sqrt(V + eps') = a0 2^-30
     frac, e, a_sh = fraction_bits(count, frac)
     sp = 30 + sh // 2 - a_sh - frac - e
