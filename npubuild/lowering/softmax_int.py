@@ -1,20 +1,24 @@
-"""The int8 softmax in the integer ops Vela runs in the fewest full-size NPU passes.
+"""The int8 softmax in the integer ops Vela runs in the fewest and cheapest NPU passes.
 
-Vela costs every op over the whole tensor (one NPU pass each, ~N/3 cycles
-on U55-128) but ops on the per-row sums almost nothing, so this form keeps
-the full-size ops to six: REDUCE_MAX; two SUB (x - max as the int8 index
-d + 127), each read by one int8 TABLE only, so Vela runs each TABLE as the
-LUT activation of its SUB (a standalone TABLE is its own pass plus a LUT
-load); one ADD of the two table bytes (hi * 256 + lo, no zero points, so
-Vela fuses both widening RESCALEs into it and writes exp in int16); a
-REDUCE_SUM; one int16 MUL by the per-row reciprocal (the output scale
-folded in); one rounding ARITHMETIC_RIGHT_SHIFT whose int8 output RESCALE
-(unit scale, the output zero point) Vela fuses into it. The row ops (CLZ,
-Newton-Raphson 1/sum, the shift amount) are the same as before.
+Vela runs every TOSA op over the whole tensor as one NPU pass, but ops on
+per-row values cost almost nothing, so the full-size work is kept to:
 
-exp keeps 15 bits (K = 32639 = 127 * 257 is the largest value whose high
-byte still fits int8) and the reciprocal 15, so the result rounds once and
-stays within float error of onnxruntime's QDQ softmax.
+- the row max as a tree of MAXIMUMs over the two (overlapping) halves of the
+  row: one pass on half the data per level, the int8 <-> int32 RESCALEs fused
+  (REDUCE_MAX over channels is 3-4x slower on U55 and U85, a TRANSPOSE +
+  MAX_POOL2D over the rows like Vela's own softmax 1.1-1.4x slower on U85);
+- two SUB (x - max as the int8 index d + 127), each read by one int8 TABLE
+  only, so Vela runs each TABLE as the LUT activation of its SUB (a
+  standalone TABLE is its own pass plus a LUT load);
+- one ADD of the two exp bytes (hi * 256 + lo): scaled by 2**19 and 2**11,
+  the only unequal input scales Vela's U55 ADD takes, its RESCALEs fuse;
+- REDUCE_SUM, with the output scale folded into its fused RESCALE;
+- one MUL by the per-row Newton-Raphson reciprocal and one rounding
+  ARITHMETIC_RIGHT_SHIFT into which Vela fuses the int8 output RESCALE.
+
+exp keeps 15 bits (EXP_ONE = 32639 is the largest value whose high byte
+still fits int8) and the reciprocal 15, so the result rounds once and stays
+within float error of onnxruntime's QDQ softmax.
 """
 
 from __future__ import annotations
@@ -26,8 +30,8 @@ import numpy as np
 import tosa_serializer as ts
 
 from npubuild.lowering import intmath as im
-from npubuild.lowering.context import LoweringContext, TTensor, identity
-from npubuild.lowering.emit import Op, attr, rescale, reshape
+from npubuild.lowering.context import LoweringContext, TTensor
+from npubuild.lowering.emit import Op, attr, rescale
 from npubuild.lowering.ops_reduce import emit_reduce
 from npubuild.lowering.quant import QParams, multiplier_shift
 from npubuild.lowering.table import emit_table
@@ -35,8 +39,6 @@ from npubuild.lowering.table import emit_table
 EXP_ONE = 32639  # exp(0): 256 * 127 + 127, the largest value split into two int8 bytes hi * 256 + lo
 RAW_Q = QParams(np.float64(1.0), np.int64(0), np.dtype(np.int8))  # a table byte stored as itself
 MAX_SHIFT = 31  # TOSA ARITHMETIC_RIGHT_SHIFT on int32
-POOL_WIDTHS = (32, 16, 8)  # U85: rows as the channels of a MAX_POOL2D, this many at a time (see _row_max)
-POOL_MAX_KERNEL = 256  # Vela's pooling kernel height limit
 U85_WIDE_ROW, U85_WIDE_MAX = 32, 512  # U85, rows up to 32 long, 512 elements: int32 exp and MUL (_normalise)
 
 
@@ -46,52 +48,6 @@ def exp_bytes(scale: float) -> tuple[np.ndarray, np.ndarray]:
     v = np.round(np.exp(scale * d) * EXP_ONE).astype(np.int64)
     hi = (v + 128) // 256
     return hi.astype(np.int8), (v - 256 * hi).astype(np.int8)
-
-
-def pool_view(family: str | None, shape: tuple[int, ...]) -> tuple[int, int, int, int] | None:
-    """On U85, the [1, rows / W, W, count] view whose max runs as TRANSPOSE + MAX_POOL2D; None: REDUCE_MAX.
-
-    U85 runs REDUCE_MAX over channels slowly (5276 cycles for 64 rows of 16
-    in the example transformer). Moved by one int8 TRANSPOSE to [1, count,
-    rows / W, W], a MAX_POOL2D down the softmax axis takes 881 (Vela's own
-    softmax does the same). Measured on U85-256 for 16..128 rows of 16 and
-    32: W in {32, 16, 8} with at least two rows of W is within 2% of the best
-    view (one row of W is 2-3x slower). U55 has no fast transpose, and a few
-    rows gain nothing: REDUCE_MAX there.
-    """
-    rows, count = int(np.prod(shape[:-1])), shape[-1]
-    w = next((w for w in POOL_WIDTHS if rows % w == 0 and rows >= 2 * w), None)
-    if family != "u85" or w is None or count > POOL_MAX_KERNEL:
-        return None
-    return (1, rows // w, w, count)
-
-
-def _pooled_max(ctx: LoweringContext, x: TTensor) -> TTensor:
-    """max over the last axis of a [1, H, W, C] view: TRANSPOSE to [1, C, H, W], MAX_POOL2D with a [C, 1] kernel."""
-    _, h, w, c = x.shape
-    cols = ctx.new_tensor((1, c, h, w), x.dtype, identity(4), x.q)
-    ctx.op(Op.TRANSPOSE, [x.name], [cols.name], attr("Transpose", [0, 3, 1, 2]))
-    pooled = ctx.new_tensor((1, 1, h, w), x.dtype, identity(4), x.q)
-    ctx.op(Op.MAX_POOL2D, [cols.name], [pooled.name],
-           attr("MaxPool2d", [c, 1], [1, 1], [0, 0, 0, 0], ts.NanPropagationMode.PROPAGATE))
-    return reshape(ctx, pooled, (1, h, w, 1), identity(4))
-
-
-def _index(ctx: LoweringContext, x: TTensor, mx: TTensor) -> TTensor:
-    """d + 127 as int8, d = x - max(x) in [-255, 0]: one SUB with its rescales fused by Vela."""
-    d = im.sub(ctx, im.widen(ctx, x), im.widen(ctx, mx))
-    return im.narrow_exact(ctx, d, 127)
-
-
-def _exp(ctx: LoweringContext, x: TTensor, mx: TTensor, dtype: type) -> TTensor:
-    """round(exp(s_x (x - max)) * EXP_ONE) as int16 or int32: two SUB+LUT passes and one ADD."""
-    assert x.q is not None
-    hi_t, lo_t = exp_bytes(x.q.s)
-    hi = emit_table(ctx, _index(ctx, x, mx), hi_t, RAW_Q)  # separate SUBs: a LUT fuses only into a sole reader
-    lo = emit_table(ctx, _index(ctx, x, mx), lo_t, RAW_Q)
-    # scaled by 2**19 and 2**11: Vela's U55 ADD takes unequal input scales only when the larger is its fixed 2**19
-    e = im.add(ctx, rescale(ctx, hi, 2.0**19, np.int32, 0, 0, None), rescale(ctx, lo, 2.0**11, np.int32, 0, 0, None))
-    return rescale(ctx, e, 2.0**-11, dtype, 0, 0, None)
 
 
 @dataclass(frozen=True)
@@ -123,6 +79,52 @@ def reciprocal_plan(n_elements: int, out_scale: float) -> Plan:
     return Plan(a, t, k)
 
 
+def _channels(ctx: LoweringContext, x: TTensor, start: int, size: int) -> TTensor:
+    """SLICE [start, start + size) of the last axis (Vela reads it in place)."""
+    shape = (*x.shape[:-1], size)
+    out = ctx.new_tensor(shape, x.dtype, x.perm, x.q)
+    begin = [0] * (len(shape) - 1) + [start]
+    ctx.op(Op.SLICE, [x.name, ctx.shape_const(begin), ctx.shape_const(list(shape))], [out.name], attr("Slice"))
+    return out
+
+
+def row_max(ctx: LoweringContext, x: TTensor) -> TTensor:
+    """max over the last axis, kept as size 1: MAXIMUM of the two halves (overlapping by one if odd) until one is left.
+
+    Vela 5.2 cycles, tree / REDUCE_MAX: [4, 16, 16] U55-128 ~1060 / 4295; the
+    example transformer's softmax on U85-256 5826 / 6101 with a TRANSPOSE +
+    MAX_POOL2D max; [4, 1000] U55 32191 / 50228, U85 12666 / 31419 (whole
+    softmax).
+    """
+    assert x.q is not None
+    while x.shape[-1] > 1:
+        c = x.shape[-1]
+        half = (c + 1) // 2
+        lo, hi = _channels(ctx, x, 0, half), _channels(ctx, x, c - half, half)
+        m = ctx.new_tensor((*x.shape[:-1], half), np.int32, x.perm)
+        ctx.op(Op.MAXIMUM, [im.widen(ctx, lo).name, im.widen(ctx, hi).name], [m.name],
+               attr("Maximum", ts.NanPropagationMode.PROPAGATE))
+        x = rescale(ctx, m, 1.0, np.int8, 0, x.q.zp, x.q)
+    return x
+
+
+def _index(ctx: LoweringContext, x: TTensor, mx: TTensor) -> TTensor:
+    """d + 127 as int8, d = x - max(x) in [-255, 0]: one SUB with its rescales fused by Vela."""
+    d = im.sub(ctx, im.widen(ctx, x), im.widen(ctx, mx))
+    return im.narrow_exact(ctx, d, 127)
+
+
+def _exp(ctx: LoweringContext, x: TTensor, mx: TTensor, dtype: type) -> TTensor:
+    """round(exp(s_x (x - max)) * EXP_ONE) as int16 or int32: two SUB+LUT passes and one ADD."""
+    assert x.q is not None
+    hi_t, lo_t = exp_bytes(x.q.s)
+    hi = emit_table(ctx, _index(ctx, x, mx), hi_t, RAW_Q)  # separate SUBs: a LUT fuses only into a sole reader
+    lo = emit_table(ctx, _index(ctx, x, mx), lo_t, RAW_Q)
+    # scaled by 2**19 and 2**11: Vela's U55 ADD takes unequal input scales only when the larger is its fixed 2**19
+    e = im.add(ctx, rescale(ctx, hi, 2.0**19, np.int32, 0, 0, None), rescale(ctx, lo, 2.0**11, np.int32, 0, 0, None))
+    return rescale(ctx, e, 2.0**-11, dtype, 0, 0, None)
+
+
 def lower_softmax_int(ctx: LoweringContext, x: TTensor, axis: int, out_q: QParams) -> TTensor:
     """int8 softmax over the last physical axis (see the module docstring); returns the int8 output."""
     count = x.shape[axis]
@@ -132,22 +134,14 @@ def lower_softmax_int(ctx: LoweringContext, x: TTensor, axis: int, out_q: QParam
         plan = reciprocal_plan(count, out_q.s)
     except ValueError as err:
         raise ctx.unsupported(str(err)) from err
-    out_name = ctx.current.output[0]
-    view = pool_view(ctx.family, x.shape)
-    if view is None:
-        mx = emit_reduce(ctx, Op.REDUCE_MAX, x, [axis])
-        return _normalise(ctx, x, mx, plan, out_q, out_name)
-    # every reader of x takes the view: Vela copies a tensor reshaped for one of several readers
-    x4 = reshape(ctx, x, view, identity(4))
-    y = _normalise(ctx, x4, _pooled_max(ctx, x4), plan, out_q, None)
-    return reshape(ctx, y, x.shape, x.perm, output_of=out_name)
+    return _normalise(ctx, x, row_max(ctx, x), plan, out_q, ctx.current.output[0])
 
 
 def _normalise(ctx: LoweringContext, x: TTensor, mx: TTensor, plan: Plan, out_q: QParams,
                output_of: str | None) -> TTensor:
     """exp(x - max) / sum in the output's int8 quantisation."""
-    # U85-256, Vela 5.2: int32 for [1, 10] 1375 -> 1318 cycles, [16, 16] 5498 -> 5093, [4, 32] 2544 -> 2440,
-    # but [64, 16] 6101 -> 6349, [1, 64] 1708 -> 1813, [2, 100] 2859 -> 3214 (the full-size int32 MUL costs more)
+    # U85-256, Vela 5.2, whole softmax: int32 for [1, 10] 590 -> 525 cycles, [16, 16] 4198 -> 3665, [4, 32]
+    # 1201 -> 1065, but [4, 16, 16] 6812 -> 7028, [1, 64] 649 -> 746, [2, 100] 1285 -> 1624 (int32 MUL costs more)
     wide = ctx.family == "u85" and x.shape[-1] <= U85_WIDE_ROW and int(np.prod(x.shape)) <= U85_WIDE_MAX
     e = _exp(ctx, x, mx, np.int32 if wide else np.int16)
     axis = len(x.shape) - 1
