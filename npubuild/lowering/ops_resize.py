@@ -12,7 +12,8 @@ rejects TOSA bilinear RESIZE on U55/U65 (every parameter form we tried: its
 legalisation wants the 1/(n_y n_x) RESCALE fused into the RESIZE, but with no
 U55 hardware op for RESIZE it fuses no scale onto one); U85 runs both modes.
 Vela also takes a NEAREST RESIZE whose output is 2 (in - 1) + 1 for
-align_corners whatever its offset, so the replication keeps the full 2x size. Lowered for the U55 family, half-pixel bilinear 2x
+align_corners whatever its offset, so the replication keeps the full 2x size.
+Lowered for the U55 family, half-pixel bilinear 2x
 becomes replication + a depthwise blur, which U55 runs on the NPU (on U85
 the native RESIZE is 16-24% faster on the example U-Nets, so it stays the default).
 
