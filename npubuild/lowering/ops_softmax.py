@@ -2,34 +2,27 @@
 
 FP: REDUCE_MAX, SUB, EXP, REDUCE_SUM, RECIPROCAL (or LOG), MUL.
 
-INT (no EXP or division on Ethos-U): d = x - max(x) in [-255, 0] becomes an
-int8 index; two int8 TABLEs give the high and low bytes of exp(s_x d) in
-Q15, so exp keeps 15 bits although TABLE is 8-bit in and out (Vela runs
-int16 TABLE on no U55); the rows are summed in int32. Softmax (softmax_int.py)
-multiplies by the Newton-Raphson reciprocal of intmath in the form Vela runs
-in the fewest passes. LogSoftmax instead subtracts ln(sum), whose mantissa
-part is one more TABLE. Accuracy is measured against onnxruntime in
-tests/test_ops_compute.py.
+INT (no EXP or division on Ethos-U): softmax_int.py. d = x - max(x) in
+[-255, 0] becomes an int8 index; two int8 TABLEs give the high and low bytes
+of exp(s_x d) in 15 bits although TABLE is 8-bit in and out (Vela runs int16
+TABLE on no U55); the rows are summed in int32. Softmax multiplies by the
+Newton-Raphson reciprocal of intmath, LogSoftmax subtracts ln(sum), whose
+mantissa part is one more TABLE; both in the form Vela runs in the fewest
+passes. Accuracy is measured against onnxruntime in tests/test_ops_compute.py
+and tests/test_softmax_int.py.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from npubuild.lowering import intmath as im
 from npubuild.lowering.context import LoweringContext, TTensor
-from npubuild.lowering.emit import Op, attr, rescale, to_layout
+from npubuild.lowering.emit import Op, attr, to_layout
 from npubuild.lowering.ops_reduce import emit_reduce
-from npubuild.lowering.quant import QParams
 from npubuild.lowering.registry import lowers, quantize_also
-from npubuild.lowering.softmax_int import lower_softmax_int
-from npubuild.lowering.table import emit_table
+from npubuild.lowering.softmax_int import lower_log_softmax_int, lower_softmax_int
 
 quantize_also("LogSoftmax")  # onnxruntime leaves it in float on its own
-
-EXP_BITS = 15
-OUT_FRAC_BITS = 16  # fixed-point fraction of the int32 result before the final RESCALE
-BYTE_Q = QParams(np.float64(1.0), np.int64(-128), np.dtype(np.int8))  # a table byte b stored as b - 128
 
 
 def _axis(ctx: LoweringContext, x: TTensor) -> int:
@@ -65,58 +58,11 @@ def _lower_fp(ctx: LoweringContext, x: TTensor, axis: int, log: bool) -> TTensor
     return _fp_binary(ctx, Op.MUL, "Mul", e, _fp_unary(ctx, Op.RECIPROCAL, "Reciprocal", s), output_of=out_name)
 
 
-def exp_tables(scale: float) -> tuple[np.ndarray, np.ndarray]:
-    """High and low byte tables of round(exp(scale * d) * 2**15) for index i = d + 127, d in [-255, 0]."""
-    d = np.arange(-128, 128, dtype=np.float64) - 127
-    v = np.round(np.exp(scale * d) * (1 << EXP_BITS)).astype(np.int64)
-    return ((v >> 8) - 128).astype(np.int8), ((v & 255) - 128).astype(np.int8)
-
-
-def ln_mantissa_table() -> tuple[np.ndarray, QParams]:
-    """ln(m) at the midpoint of each of 256 mantissa bins m in [0.5, 1), as int8 with its QParams."""
-    m = (np.arange(-128, 128, dtype=np.float64) + 384.5) / 512
-    q = QParams(np.float64(np.log(2) / 255), np.int64(127), np.dtype(np.int8))
-    return q.quantize(np.log(m)), q
-
-
-def _shifted(ctx: LoweringContext, x: TTensor, axis: int) -> tuple[TTensor, TTensor]:
-    """d = x - max(x) over the axis: as int32, and as the int8 table index d + 127."""
-    mx = emit_reduce(ctx, Op.REDUCE_MAX, x, [axis])
-    d = im.sub(ctx, im.widen(ctx, x), im.widen(ctx, mx))
-    return d, im.narrow_exact(ctx, d, 127)
-
-
-def _exp_q15(ctx: LoweringContext, index: TTensor, scale: float) -> TTensor:
-    hi_t, lo_t = exp_tables(scale)
-    hi = im.widen(ctx, emit_table(ctx, index, hi_t, BYTE_Q), 256)
-    lo = im.widen(ctx, emit_table(ctx, index, lo_t, BYTE_Q))
-    return im.add(ctx, hi, lo)
-
-
 def _lower_int(ctx: LoweringContext, x: TTensor, axis: int, log: bool) -> TTensor:
     out_q = ctx.require_output_q()
     if x.q is None or x.dtype != np.int8 or out_q.dtype != np.int8:
         raise ctx.unsupported("the integer softmax needs int8 input and output")
-    if not log:
-        return lower_softmax_int(ctx, x, axis, out_q)
-    out_name = ctx.current.output[0]
-    d, index = _shifted(ctx, x, axis)
-    e = _exp_q15(ctx, index, x.q.s)
-    total = emit_reduce(ctx, Op.REDUCE_SUM, e, [axis])  # >= 2**15: the maximum contributes exp(0)
-    if x.shape[axis] >= 1 << (31 - EXP_BITS):
-        raise ctx.unsupported(f"softmax over {x.shape[axis]} elements overflows the int32 sum")
-    one = 1 << OUT_FRAC_BITS
-    # log softmax = s_x d - ln(total / 2**15); total = m 2**(32 - n), m in [0.5, 1)
-    n = im.clz(ctx, total)
-    m = im.shl(ctx, total, im.sub(ctx, n, im.const_i32(ctx, 1, n)))
-    idx = im.narrow_exact(ctx, im.sub(ctx, im.asr(ctx, m, im.const_i32(ctx, 22, m)), im.const_i32(ctx, 384, m)), 0)
-    table, tq = ln_mantissa_table()
-    ln_m = rescale(ctx, emit_table(ctx, idx, table, tq), tq.s * one, np.int32, tq.zp, 0, None)
-    a = rescale(ctx, d, x.q.s * one, np.int32, 0, 0, None)
-    ln2 = np.log(2) * one
-    n_ln2 = im.mul(ctx, n, im.const_i32(ctx, round(ln2), n), 0)
-    y = im.add(ctx, im.sub(ctx, im.sub(ctx, a, ln_m), im.const_i32(ctx, round((32 - EXP_BITS) * ln2), a)), n_ln2)
-    return rescale(ctx, y, 1.0 / (one * out_q.s), out_q.dtype, 0, out_q.zp, out_q, output_of=out_name)
+    return (lower_log_softmax_int if log else lower_softmax_int)(ctx, x, axis, out_q)
 
 
 def axis_last(ctx: LoweringContext, x: TTensor, logical_axes: list[int]) -> TTensor:

@@ -154,3 +154,45 @@ def _normalise(ctx: LoweringContext, x: TTensor, mx: TTensor, plan: Plan, out_q:
         p = im.mul(ctx, e, rescale(ctx, r, 2.0**-plan.t, np.int16, 0, 0, None), 0)
     q = im.asr(ctx, p, im.sub(ctx, im.const_i32(ctx, plan.k, n), n))  # p * 2**-(k - n): output LSBs
     return rescale(ctx, q, 1.0, out_q.dtype, 0, out_q.zp, out_q, output_of=output_of)
+
+
+LOG_FRAC_BITS = 12  # log softmax: int32 values in 2**-12 output LSBs, so the output RESCALE is a shift Vela fuses
+
+
+def ln_mantissa_table() -> tuple[np.ndarray, QParams]:
+    """ln(m) at the midpoint of each of 256 mantissa bins m in [0.5, 1), as int8 with its QParams."""
+    m = (np.arange(-128, 128, dtype=np.float64) + 384.5) / 512
+    q = QParams(np.float64(np.log(2) / 255), np.int64(127), np.dtype(np.int8))
+    return q.quantize(np.log(m)), q
+
+
+def _ln_sum(ctx: LoweringContext, total: TTensor, unit: float) -> TTensor:
+    """ln(total / EXP_ONE) per row in int32 units of `unit`: total = m 2**(32 - n), m in [0.5, 1), ln m by TABLE."""
+    n = im.clz(ctx, total)
+    m = im.shl(ctx, total, im.sub(ctx, n, im.const_i32(ctx, 1, n)))
+    idx = im.narrow_exact(ctx, im.sub(ctx, im.asr(ctx, m, im.const_i32(ctx, 22, m)), im.const_i32(ctx, 384, m)), 0)
+    table, tq = ln_mantissa_table()
+    ln_m = rescale(ctx, emit_table(ctx, idx, table, tq), tq.s / unit, np.int32, tq.zp, 0, None)
+    ln2 = np.log(2) / unit
+    rest = im.add(ctx, ln_m, im.const_i32(ctx, round(32 * ln2 - np.log(EXP_ONE) / unit), ln_m))
+    return im.sub(ctx, rest, im.mul(ctx, n, im.const_i32(ctx, round(ln2), n), 0))
+
+
+def lower_log_softmax_int(ctx: LoweringContext, x: TTensor, axis: int, out_q: QParams) -> TTensor:
+    """int8 log softmax over the last physical axis: s_x (x - max) - ln(sum exp), one rounding at the end.
+
+    The exp and its sum are the softmax's (tree max, SUB+LUT pairs, one ADD);
+    ln(sum) is per row, so the full-size tail is one SUB for x - max, its
+    RESCALE to 2**-12 output LSBs, and one SUB whose shift to int8 Vela fuses.
+    """
+    assert x.q is not None
+    count = x.shape[axis]
+    unit = out_q.s * 2.0**-LOG_FRAC_BITS
+    if count * EXP_ONE >= 2**31 or 256 * x.q.s / unit >= 2**30 or 40 * np.log(2) / unit >= 2**30:
+        raise ctx.unsupported(f"log softmax over {count} elements with these scales overflows int32")
+    mx = row_max(ctx, x)
+    e = _exp(ctx, x, mx, np.int16)
+    total = emit_reduce(ctx, Op.REDUCE_SUM, rescale(ctx, e, 1.0, np.int32, 0, 0, None), [axis])
+    a = rescale(ctx, im.sub(ctx, im.widen(ctx, x), im.widen(ctx, mx)), x.q.s / unit, np.int32, 0, 0, None)
+    y = im.sub(ctx, a, _ln_sum(ctx, total, unit))
+    return rescale(ctx, y, 2.0**-LOG_FRAC_BITS, out_q.dtype, 0, out_q.zp, out_q, output_of=ctx.current.output[0])
