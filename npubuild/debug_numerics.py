@@ -19,7 +19,7 @@ import onnx
 import onnx_ir as ir
 from onnx import TensorProto, helper
 
-from npubuild.errors import NpubuildError
+from npubuild.errors import NpubuildError, UncomputedOutputError
 from npubuild.lowering.driver import lower_model
 from npubuild.numerics import SNR_CAP_DB, cosine, lsb_error, snr_db
 from npubuild.passes import run_passes
@@ -97,9 +97,16 @@ def prepare(model: onnx.ModelProto, passes: list[str]) -> onnx.ModelProto:
 
 
 def lower_exposed(model: onnx.ModelProto, probes: list[Probe], profile: str):
-    """Lower with every probe exposed; probes the lowering cannot expose (fused away) are dropped."""
+    """Lower with every probe exposed; probes the lowering cannot expose (fused away) are dropped.
+
+    Exposing one tensor can stop a pattern from fusing over it and so change
+    which other tensors exist: a probe that lowers alone may be fused away
+    beside the others, so the combined lowering is retried without each
+    output it names as not computed.
+    """
     try:
-        return lower_model(with_outputs(model, [p.exposed_name for p in probes]), profile), probes
+        lowered = lower_model(with_outputs(model, [p.exposed_name for p in probes]), profile)
+        return lowered, probes
     except NpubuildError:
         pass
     kept = []
@@ -109,7 +116,14 @@ def lower_exposed(model: onnx.ModelProto, probes: list[Probe], profile: str):
             kept.append(p)
         except NpubuildError:
             continue
-    return lower_model(with_outputs(model, [p.exposed_name for p in kept]), profile), kept
+    while True:
+        try:
+            return lower_model(with_outputs(model, [p.exposed_name for p in kept]), profile), kept
+        except UncomputedOutputError as exc:
+            left = [p for p in kept if p.exposed_name != exc.output_name]
+            if len(left) == len(kept):  # a real graph output: nothing to drop
+                raise
+            kept = left
 
 
 def _session(model: onnx.ModelProto):

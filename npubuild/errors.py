@@ -51,6 +51,14 @@ class InputError(NpubuildError):
     exit_code = 2
 
 
+class UncomputedOutputError(InputError):
+    """A graph output the lowered graph does not compute (a constant, an input, or fused away)."""
+
+    def __init__(self, output_name: str):
+        super().__init__(f"graph output '{output_name}' is not computed by the lowered graph (constant or input?)")
+        self.output_name = output_name
+
+
 class UnsupportedOpError(InputError):
     """An ONNX node the lowering cannot map; names the node and its op type."""
 

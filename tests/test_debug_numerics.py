@@ -115,3 +115,23 @@ def test_first_jump_rules():
     # the integer graph leaving its QDQ model by more than one LSB is a lowering error, named apart
     res = first_jump([row("a", 45), row("b", 44, lsb=1), row("c", 43, lsb=6)])
     assert res["first_lowering_error"] == "c" and res["first_jump"] is None
+
+
+def test_attention_probes_fused_away_beside_others_are_dropped(tmp_path: Path):
+    """Exposing a head-split Reshape stops its Transpose from fusing over it; the report keeps going without it."""
+    from npubuild.models.zoo import transformer
+
+    model = transformer(seq=8, d=16, heads=2, ffn=32, layers=1)
+    for vi in (*model.graph.input, *model.graph.output):  # batch 1, as the import stage fixes it
+        vi.type.tensor_type.shape.dim[0].dim_value = 1
+    path = tmp_path / "t.onnx"
+    onnx.save(model, path)
+    rng = np.random.default_rng(0)
+    calib = rng.uniform(-1, 1, (8, 1, 8, 16)).astype(np.float32)
+    qdq = quantize(path, {"input": calib}, {"per_channel": True, "method": "minmax", "symmetric_activations": False})
+    res = layer_numerics(qdq, model, PASSES, "int", {"input": calib[:3]})
+    nodes = [r["node"] for r in res["layers"]]
+    assert nodes[0] == "input" and any(n.startswith("softmax") for n in nodes)
+    assert any(n.startswith("layernormalization") for n in nodes)
+    assert res["first_lowering_error"] is None
+    assert all(r["max_error_lsb"] <= 8 for r in res["layers"]), res["layers"]

@@ -7,7 +7,7 @@ from typing import Literal
 
 import onnx
 
-from npubuild.errors import InputError, UnsupportedOpError
+from npubuild.errors import UncomputedOutputError, UnsupportedOpError
 from npubuild.lowering import load_all
 from npubuild.lowering.concat_order import copied_inputs_first
 from npubuild.lowering.context import IOInfo, LoweringContext, TTensor
@@ -55,7 +55,7 @@ def lower_model(model: onnx.ModelProto, profile: Literal["int", "fp"], family: s
     for name in ctx.graph_outputs:
         v = ctx.values.get(name)
         if not isinstance(v, TTensor) or name not in {o.onnx_name for o in ctx.outputs}:
-            raise InputError(f"graph output '{name}' is not computed by the lowered graph (constant or input?)")
+            raise UncomputedOutputError(name)
     return LoweredGraph(
         tosa=ctx.ser.serialize(),
         profile=profile,
