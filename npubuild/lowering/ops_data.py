@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from npubuild.lowering.channel_parts import concat_inputs
 from npubuild.lowering.context import GraphInput, LoweringContext, TTensor
 from npubuild.lowering.emit import Op, attr, dw_requantize_cheaper, requantize, requantize_dw
 from npubuild.lowering.movement import (
@@ -18,7 +19,6 @@ from npubuild.lowering.movement import (
     constant_ints,
     direct,
     finish,
-    input_in_layout,
     norm_axis,
     phys_axis,
     phys_reshape,
@@ -56,20 +56,20 @@ def lower_concat(ctx: LoweringContext) -> None:
     if layout is None or first is None:
         raise ctx.unsupported("Concat of constants only should have been folded at import")
     q = result_q(ctx, first.q)
+    axis = layout.index(norm_axis(ctx, int(ctx.attr("axis")), len(layout)))
     parts = []
     for i, n in enumerate(names):
         if not n:
             continue
-        t = input_in_layout(ctx, i, layout, q)
-        if q is not None and t.q is not None and not t.q.same_as(q):
-            t = requantize(ctx, t, q)  # int8 operands with other scales move to the output's
-        elif ctx.family == "u55" and q is not None and t.q is not None and _copied(ctx, i) \
-                and dw_requantize_cheaper(t, q):
-            t = requantize_dw(ctx, t, q)
-        if 0 not in t.shape:
-            parts.append(t)
-    axis = norm_axis(ctx, int(ctx.attr("axis")), len(layout))
-    out = concat_phys(ctx, parts, layout.index(axis), output_of=ctx.current.output[0])
+        for t in concat_inputs(ctx, i, layout, axis, q):  # an input made of channel groups adds each group
+            if q is not None and t.q is not None and not t.q.same_as(q):
+                t = requantize(ctx, t, q)  # int8 operands with other scales move to the output's
+            elif ctx.family == "u55" and q is not None and t.q is not None and _copied(ctx, i) \
+                    and dw_requantize_cheaper(t, q):
+                t = requantize_dw(ctx, t, q)
+            if 0 not in t.shape:
+                parts.append(t)
+    out = concat_phys(ctx, parts, axis, output_of=ctx.current.output[0])
     finish(ctx, out)
 
 

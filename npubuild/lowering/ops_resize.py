@@ -15,7 +15,9 @@ Vela also takes a NEAREST RESIZE whose output is 2 (in - 1) + 1 for
 align_corners whatever its offset, so the replication keeps the full 2x size.
 Lowered for the U55 family, half-pixel bilinear 2x
 becomes replication + a depthwise blur, which U55 runs on the NPU (on U85
-the native RESIZE is 16-24% faster on the example U-Nets, so it stays the default).
+the native RESIZE is 16-24% faster on the example U-Nets, so it stays the default);
+a large one read only by a channel Concat goes in two channel halves, so only
+one half's replicated intermediate is live (the U-Nets' SRAM peak on U55).
 
 DepthToSpace / SpaceToDepth are a RESHAPE, one rank-4/5 TRANSPOSE (the
 semantics need it: channels move into space) and a RESHAPE, in NHWC.
@@ -29,6 +31,7 @@ from math import gcd
 import numpy as np
 import tosa_serializer as ts
 
+from npubuild.lowering.channel_parts import PartsTensor, feeds_channel_concat
 from npubuild.lowering.context import NHWC, LoweringContext, TTensor
 from npubuild.lowering.emit import (
     Op,
@@ -40,8 +43,15 @@ from npubuild.lowering.emit import (
     transpose,
 )
 from npubuild.lowering.movement import concat_phys, direct, finish, phys_reshape, result_q, slice_phys
+from npubuild.lowering.quant import QParams
 from npubuild.lowering.registry import lowers
 
+SPLIT_CHANNELS = True  # switch (tests compare both forms)
+# smallest replicated intermediate worth splitting: a U-Net step 8x8x16 -> 16x16 on U55-128 would save
+# 1.6 KiB of SRAM for +11% cycles (per-op overheads); 16x16x32 -> 32x32 (41 KiB) saves 17.5 KiB and runs
+# 3% faster (16-channel halves are copied by depthwise, emit.dw_requantize_cheaper); 32x32x16 -> 64x64
+# (72 KiB) saves 9 KiB for +0.7% cycles
+SPLIT_MIN_BYTES = 32 * 1024
 COORD_MODES = ("half_pixel", "pytorch_half_pixel", "asymmetric", "align_corners", "tf_half_pixel_for_nn")
 
 
@@ -208,11 +218,31 @@ def _bilinear_2x(ctx: LoweringContext, x: TTensor) -> TTensor:
 
     On replicated pixels u, out[2i] = (u[2i-1] + 2 u[2i] + u[2i+1]) / 4 = (v[i-1] + 3 v[i]) / 4, and
     likewise for odd outputs, which is exactly half-pixel bilinear; the edge pad is ONNX's clamping.
+
+    The replicated intermediate (4x the input) is the SRAM peak of a U-Net on U55; Vela 5.2 has no strided
+    write a TOSA graph can reach (its own phase-wise bilinear is for TFLite), so when a channel Concat is
+    the one reader the channels go in two halves, each padded, replicated and blurred on its own and handed
+    to the Concat as a separate input (channel_parts): one half's intermediate is live at a time. Example
+    U-Nets on U55-128: SRAM 186.5 -> 177.5 KiB (unet), 195.0 -> 177.5 KiB (unet_torch); two halves keep
+    every group a multiple of 8 channels (8-channel groups of the 32-channel upsample: +7850 cycles).
     """
     assert x.q is not None
     n, h, w, c = x.shape
-    padded = _edge_pad(ctx, _edge_pad(ctx, x, 1), 2)
-    up = ctx.new_tensor((n, 2 * h + 4, 2 * w + 4, c), x.dtype, NHWC, x.q)
+    out_q = result_q(ctx, x.q)
+    assert out_q is not None
+    if SPLIT_CHANNELS and c % 16 == 0 and (2 * h + 4) * (2 * w + 4) * c >= SPLIT_MIN_BYTES \
+            and feeds_channel_concat(ctx):
+        g = c // 2
+        parts = [_blur(ctx, _edge_pad(ctx, _edge_pad(ctx, x, 1, (s, g)), 2), x.q, out_q, None) for s in (0, g)]
+        return PartsTensor("", (n, 2 * h, 2 * w, c), out_q.dtype, NHWC, out_q, parts=parts)
+    return _blur(ctx, _edge_pad(ctx, _edge_pad(ctx, x, 1), 2), x.q, out_q, ctx.current.output[0])
+
+
+def _blur(ctx: LoweringContext, padded: TTensor, in_q: QParams, out_q: QParams, output_of: str | None) -> TTensor:
+    """Replicate the edge-padded input 2x and blur it to the output, rounding once to out_q."""
+    n, hp, wp, c = padded.shape
+    h, w = hp - 2, wp - 2
+    up = ctx.new_tensor((n, 2 * h + 4, 2 * w + 4, c), padded.dtype, NHWC, in_q)
     ins = [padded.name, ctx.shape_const([4, 2, 4, 2]), ctx.shape_const([-1, -1]), ctx.shape_const([1, 1])]
     ctx.op(Op.RESIZE, ins, [up.name], attr("Resize", ts.ResizeMode.NEAREST))
     # the blur reads only the rows/columns it needs (Vela folds an input SLICE into the conv's read), so its
@@ -223,26 +253,27 @@ def _bilinear_2x(ctx: LoweringContext, x: TTensor) -> TTensor:
     weights = np.ascontiguousarray(np.broadcast_to(blur[:, :, None, None], (3, 3, c, 1)))  # HWCM
     acc = ctx.new_tensor((n, 2 * h, 2 * w, c), np.int32, NHWC)
     ins = [up.name, ctx.const(weights, "blur"), ctx.const(np.zeros(c, np.int32), "bias"),
-           ctx.zp(x.q.zp, np.int8), ctx.zp(0, np.int8)]
+           ctx.zp(in_q.zp, np.int8), ctx.zp(0, np.int8)]
     ctx.op(Op.DEPTHWISE_CONV2D, ins, [acc.name], attr("DepthwiseConv2d", [0, 0, 0, 0], [1, 1], [1, 1], False,
                                                       ts.DType.INT32))
-    out_q = result_q(ctx, x.q)
-    assert out_q is not None
-    return rescale(ctx, acc, x.q.s / (16 * out_q.s), out_q.dtype, 0, out_q.zp, out_q, output_of=ctx.current.output[0])
+    return rescale(ctx, acc, in_q.s / (16 * out_q.s), out_q.dtype, 0, out_q.zp, out_q, output_of=output_of)
 
 
-def _edge_pad(ctx: LoweringContext, x: TTensor, axis: int) -> TTensor:
-    """One edge row (axis 1) or column (axis 2) on both sides of an NHWC tensor. The edge slices read the
+def _edge_pad(ctx: LoweringContext, x: TTensor, axis: int, ch: tuple[int, int] | None = None) -> TTensor:
+    """One edge row (axis 1) or column (axis 2) on both sides of an NHWC tensor (of its channels
+    ch = (start, count) only, if given). The edge slices read the
     body too, so Vela cannot write it into the CONCAT in place but copies it; where U55 runs a 1x1
     depthwise of ones faster than its MemoryCopy (emit.dw_requantize_cheaper) the body is copied that way
     (U-Net 32x32x16 and 34x32x16 bodies on U55-128: 16608 -> 9024 and 17632 -> 9536 cycles)."""
     assert x.q is not None
-    size = list(x.shape)
+    c0, cn = ch or (0, x.shape[3])
+    size = [*x.shape[:3], cn]
+    body = slice_phys(ctx, x, [0, 0, 0, c0], size)
     size[axis] = 1
-    last = [0, 0, 0, 0]
+    last = [0, 0, 0, c0]
     last[axis] = x.shape[axis] - 1
-    body = requantize_dw(ctx, x, x.q) if dw_requantize_cheaper(x, x.q) else x
-    return concat_phys(ctx, [slice_phys(ctx, x, [0, 0, 0, 0], size), body, slice_phys(ctx, x, last, size)], axis)
+    body = requantize_dw(ctx, body, x.q) if dw_requantize_cheaper(body, x.q) else body
+    return concat_phys(ctx, [slice_phys(ctx, x, [0, 0, 0, c0], size), body, slice_phys(ctx, x, last, size)], axis)
 
 
 def _unscale(ctx: LoweringContext, acc: TTensor, factor: int, x: TTensor) -> TTensor:

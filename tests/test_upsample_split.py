@@ -1,0 +1,144 @@
+"""U55 bilinear 2x in two channel halves written straight into the Concat (ops_resize.SPLIT_CHANNELS).
+
+The replicated intermediate of the U55 upsample is a U-Net's SRAM peak there; split into halves, each
+half's intermediate is live alone and each half is its own Concat input (channel_parts.py). Checked on a
+U-Net step: the same integers as the one-piece form (TOSA reference model, and npu-sim on the compiled
+artifact), within 1 LSB of onnxruntime, less SRAM in Vela for about the same cycles; an upsample read by
+anything but the Concat stays in one piece.
+"""
+
+from __future__ import annotations
+
+import copy
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from npusim_helpers import assert_bitexact, vela_raw
+from onnx import TensorProto, helper, numpy_helper
+from ophelpers import calib, io_dict, prepare, quantize_model, rand
+from test_concat_scales import vela_summary
+
+from npubuild.lowering import ops_resize
+from npubuild.lowering.driver import LoweredGraph, lower_model
+from npubuild.qdq_concat import share_concat_scales
+from npubuild.tosa_graph import read_tosa
+from npubuild.tosa_run import run_onnx, run_tosa
+
+BIG = (32, 16, 32)  # input size, skip channels, deep channels: replicated 36x36x32 (41 KiB), split
+SMALL = (16, 8, 16)  # replicated 20x20x16 (6 KiB): kept whole (ops_resize.SPLIT_MIN_BYTES)
+
+
+def unet_step(size: int, skip: int, deep: int, extra_reader: bool = False) -> onnx.ModelProto:
+    """QDQ model of x -> conv+relu (skip) -> maxpool -> conv+relu (deep) -> bilinear 2x -> concat(up, skip)
+    -> conv; with `extra_reader` the upsample is also a graph output."""
+    rng = np.random.default_rng(1)
+
+    def conv(name: str, cin: int, cout: int, k: int, scale: float) -> list:
+        return [numpy_helper.from_array((rng.standard_normal((cout, cin, k, k)) * scale).astype(np.float32), f"{name}_w"),
+                numpy_helper.from_array((rng.standard_normal(cout) * 0.1).astype(np.float32), f"{name}_b")]
+
+    inits = [*conv("c1", 2, skip, 3, 0.4), *conv("c2", skip, deep, 3, 0.5), *conv("c3", skip + deep, 4, 1, 0.3),
+             numpy_helper.from_array(np.array([1, 1, 2, 2], np.float32), "scales")]
+    nodes = [
+        helper.make_node("Conv", ["x", "c1_w", "c1_b"], ["c1"], pads=[1, 1, 1, 1]),
+        helper.make_node("Relu", ["c1"], ["skip"]),
+        helper.make_node("MaxPool", ["skip"], ["pool"], kernel_shape=[2, 2], strides=[2, 2]),
+        helper.make_node("Conv", ["pool", "c2_w", "c2_b"], ["c2"], pads=[1, 1, 1, 1]),
+        helper.make_node("Relu", ["c2"], ["deep"]),
+        helper.make_node("Resize", ["deep", "", "scales"], ["up"], mode="linear",
+                         coordinate_transformation_mode="half_pixel"),
+        helper.make_node("Concat", ["up", "skip"], ["cat"], axis=1),
+        helper.make_node("Conv", ["cat", "c3_w", "c3_b"], ["y"]),
+    ]
+    shape = [1, 2, size, size]
+    outputs = [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4, size, size])]
+    if extra_reader:
+        outputs.append(helper.make_tensor_value_info("up", TensorProto.FLOAT, [1, deep, size, size]))
+    graph = helper.make_graph(nodes, "unet_step", [helper.make_tensor_value_info("x", TensorProto.FLOAT, shape)],
+                              outputs, inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    qdq = quantize_model(prepare(model), calib("x", shape, n=16))
+    share_concat_scales(qdq)
+    return qdq
+
+
+@pytest.fixture(scope="module")
+def qdq() -> onnx.ModelProto:
+    return unet_step(*BIG)
+
+
+def feeds_for(model: onnx.ModelProto, seed: int) -> dict[str, np.ndarray]:
+    return {"x": rand([d.dim_value for d in model.graph.input[0].type.tensor_type.shape.dim], seed=seed)}
+
+
+def max_error_lsb(model: onnx.ModelProto, family: str | None) -> tuple[LoweredGraph, float]:
+    """Lower for `family`; the largest error of any output against onnxruntime on the QDQ model, in LSB."""
+    g = lower_model(copy.deepcopy(model), "int", family=family)
+    feeds = feeds_for(model, 3)
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "m.onnx"
+        onnx.save(model, path)
+        ref = run_onnx(str(path), feeds)
+    got = run_tosa(g.tosa, io_dict(g), feeds)
+    errors = [np.max(np.abs(np.round(ref[s["onnx_name"]] / s["scale"]) + s["zero_point"]
+                            - got[s["onnx_name"]].astype(np.float64))) for s in io_dict(g)["outputs"]]
+    return g, float(max(errors))
+
+
+def lowered(model: onnx.ModelProto, split: bool, monkeypatch) -> LoweredGraph:
+    """The u55 lowering with or without the split, held (as the lower stage holds it) to the portable
+    lowering's error + 1 LSB."""
+    monkeypatch.setattr(ops_resize, "SPLIT_CHANNELS", split)
+    g, err = max_error_lsb(model, "u55")
+    assert err <= max_error_lsb(model, None)[1] + 1
+    return g
+
+
+def final_concat_inputs(tosa: bytes) -> list[str]:
+    """Producer op of each input of the skip Concat (the only one with a 48-channel output)."""
+    info = read_tosa(tosa)
+    producer = {out: op.op for op in info.ops for out in op.outputs}
+    cat = next(op for op in info.ops if op.op == "CONCAT" and info.tensors[op.outputs[0]].shape[-1] == sum(BIG[1:]))
+    return [producer[t] for t in cat.inputs]
+
+
+def resizes(g: LoweredGraph) -> int:
+    return sum(op.op == "RESIZE" for op in read_tosa(g.tosa).ops)
+
+
+def test_halves_are_concat_inputs_with_the_same_integers(qdq, monkeypatch) -> None:
+    whole, halves = lowered(qdq, False, monkeypatch), lowered(qdq, True, monkeypatch)
+    assert final_concat_inputs(whole.tosa) == ["RESCALE", "RESCALE"]
+    assert final_concat_inputs(halves.tosa) == ["RESCALE"] * 3  # skip copy, then each half's blur
+    assert (resizes(whole), resizes(halves)) == (1, 2)
+    io = io_dict(whole)
+    for seed in (11, 12):
+        feeds = feeds_for(qdq, seed)
+        np.testing.assert_array_equal(*(run_tosa(g.tosa, io, feeds)["y"] for g in (whole, halves)))
+
+
+def test_halves_lower_u55_sram(qdq, monkeypatch) -> None:
+    whole, halves = lowered(qdq, False, monkeypatch), lowered(qdq, True, monkeypatch)
+    a, b = vela_summary(halves.tosa, "ethos-u55-128"), vela_summary(whole.tosa, "ethos-u55-128")
+    assert float(a["sram_memory_used"]) < float(b["sram_memory_used"])
+    assert float(a["cycles_total"]) <= 1.03 * float(b["cycles_total"])
+
+
+def test_halves_bitexact_on_npu_sim(qdq, monkeypatch) -> None:
+    g = lowered(qdq, True, monkeypatch)
+    with tempfile.TemporaryDirectory() as tmp:
+        assert_bitexact(g.tosa, io_dict(g), vela_raw(g.tosa, Path(tmp)), seeds=(0,))
+
+
+def test_upsample_read_elsewhere_stays_whole(monkeypatch) -> None:
+    g = lowered(unet_step(*BIG, extra_reader=True), True, monkeypatch)  # both outputs within 1 LSB
+    assert resizes(g) == 1
+
+
+def test_small_upsample_stays_whole(monkeypatch) -> None:
+    """Split, the small one would cost more cycles than its SRAM saving is worth (SPLIT_MIN_BYTES)."""
+    assert resizes(lowered(unet_step(*SMALL), True, monkeypatch)) == 1
