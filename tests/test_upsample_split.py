@@ -28,6 +28,7 @@ from npubuild.tosa_graph import read_tosa
 from npubuild.tosa_run import run_onnx, run_tosa
 
 BIG = (32, 16, 32)  # input size, skip channels, deep channels: replicated 36x36x32 (41 KiB), split
+LARGE = (64, 8, 16)  # replicated 68x68x16 (72 KiB), split; 16 channels: the row pad is shared by both halves
 SMALL = (16, 8, 16)  # replicated 20x20x16 (6 KiB): kept whole (ops_resize.SPLIT_MIN_BYTES)
 
 
@@ -66,9 +67,9 @@ def unet_step(size: int, skip: int, deep: int, extra_reader: bool = False) -> on
     return qdq
 
 
-@pytest.fixture(scope="module")
-def qdq() -> onnx.ModelProto:
-    return unet_step(*BIG)
+@pytest.fixture(scope="module", params=[BIG, LARGE], ids=["16x16x32", "32x32x16"])
+def qdq(request) -> onnx.ModelProto:
+    return unet_step(*request.param)
 
 
 def feeds_for(model: onnx.ModelProto, seed: int) -> dict[str, np.ndarray]:
@@ -99,10 +100,10 @@ def lowered(model: onnx.ModelProto, split: bool, monkeypatch) -> LoweredGraph:
 
 
 def final_concat_inputs(tosa: bytes) -> list[str]:
-    """Producer op of each input of the skip Concat (the only one with a 48-channel output)."""
+    """Producer op of each input of the skip Concat (the last CONCAT)."""
     info = read_tosa(tosa)
     producer = {out: op.op for op in info.ops for out in op.outputs}
-    cat = next(op for op in info.ops if op.op == "CONCAT" and info.tensors[op.outputs[0]].shape[-1] == sum(BIG[1:]))
+    cat = [op for op in info.ops if op.op == "CONCAT"][-1]
     return [producer[t] for t in cat.inputs]
 
 
