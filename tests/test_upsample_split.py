@@ -143,3 +143,37 @@ def test_upsample_read_elsewhere_stays_whole(monkeypatch) -> None:
 def test_small_upsample_stays_whole(monkeypatch) -> None:
     """Split, the small one would cost more cycles than its SRAM saving is worth (SPLIT_MIN_BYTES)."""
     assert resizes(lowered(unet_step(*SMALL), True, monkeypatch)) == 1
+
+
+def test_concat_in_another_layout_takes_the_halves_joined(monkeypatch) -> None:
+    """A Concat whose other inputs come in NCHW (reshaped from 3-D) concatenates in that layout: the halves
+    are joined by one CONCAT and transposed with it (channel_parts.materialize); results within 1 LSB."""
+    inits = [numpy_helper.from_array(np.array([1, 1, 2, 2], np.float32), "scales"),
+             numpy_helper.from_array(np.array([1, 4, 32, 32], np.int64), "shape")]
+    nodes = [
+        helper.make_node("Resize", ["a", "", "scales"], ["up"], mode="linear", coordinate_transformation_mode="half_pixel"),
+        helper.make_node("Reshape", ["b", "shape"], ["rb"]),
+        helper.make_node("Reshape", ["c", "shape"], ["rc"]),
+        helper.make_node("Concat", ["rb", "up", "rc"], ["y"], axis=1),
+    ]
+    shapes = {"a": [1, 32, 16, 16], "b": [1, 4, 1024], "c": [1, 4, 1024]}
+    graph = helper.make_graph(nodes, "layouts", [helper.make_tensor_value_info(k, TensorProto.FLOAT, v)
+                                                 for k, v in shapes.items()],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 40, 32, 32])], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    cal = {}
+    for k, v in shapes.items():
+        cal.update(calib(k, v, n=8))
+    qdq = quantize_model(prepare(model), cal)
+    monkeypatch.setattr(ops_resize, "SPLIT_CHANNELS", True)
+    g = lower_model(copy.deepcopy(qdq), "int", family="u55")
+    ops = [op.op for op in read_tosa(g.tosa).ops]
+    assert ops.count("RESIZE") == 2 and "TRANSPOSE" in ops
+    feeds = {k: rand(v, seed=i) for i, (k, v) in enumerate(shapes.items())}
+    with tempfile.TemporaryDirectory() as tmp:
+        onnx.save(qdq, Path(tmp) / "m.onnx")
+        ref = run_onnx(str(Path(tmp) / "m.onnx"), feeds)["y"]
+    spec = io_dict(g)["outputs"][0]
+    got = run_tosa(g.tosa, io_dict(g), feeds)["y"].astype(np.float64)
+    assert np.max(np.abs(np.round(ref / spec["scale"]) + spec["zero_point"] - got)) <= 1
