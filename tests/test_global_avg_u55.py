@@ -1,0 +1,49 @@
+"""A whole-plane average that keeps its scale: U55/U65 sum the raw int8 values, U85 keeps AVG_POOL2D.
+
+Vela's U55 pooling of an 8x8 window costs more than its REDUCE_SUM (ResNet-8's head: 2892 vs
+1883 cycles); the sum needs no zero-point term because round(sum(x - zp) / n) + zp is
+round(sum(x) / n). Checked against onnxruntime, the portable graph, Vela and npu-sim.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from ophelpers import calib, check_int, quantize_model
+from test_ops_compute import npu_bitexact, wrapped
+from test_requantize_u55 import assert_same_reference, cycles, ops
+
+from npubuild.lowering.driver import lower_model
+
+
+def _gap_model(shape: list[int]):
+    """An AveragePool over the whole plane, which onnxruntime quantizes with its input's scale."""
+    return wrapped("AveragePool", shape, [*shape[:2], 1, 1], kernel_shape=shape[2:])
+
+
+@pytest.mark.parametrize("shape", [[1, 64, 8, 8], [1, 32, 9, 9]])  # a power-of-two count and an odd one
+def test_u55_sum_identical_to_the_pool_and_faster(shape):
+    model = _gap_model(shape)
+    cal = calib("x", shape, low=-1.0, high=3.0)
+    check_int(model, cal, {"x": np.random.default_rng(5).uniform(-1, 3, shape).astype(np.float32)})
+    qdq = quantize_model(model, cal)
+    portable, u55 = lower_model(qdq, "int"), lower_model(qdq, "int", family="u55")
+    assert "AVG_POOL2D" in ops(portable)  # onnxruntime kept the scale: the exact pool
+    assert "REDUCE_SUM" in ops(u55) and "AVG_POOL2D" not in ops(u55)
+    assert lower_model(qdq, "int", family="u85").tosa == portable.tosa
+    assert_same_reference(portable, u55)
+    assert cycles(u55.tosa, "ethos-u55-128") < cycles(portable.tosa, "ethos-u55-128")
+    assert cycles(u55.tosa, "ethos-u65-256") < cycles(portable.tosa, "ethos-u65-256")
+
+
+def test_u55_sum_bitexact_on_npusim():
+    qdq = quantize_model(_gap_model([1, 32, 8, 8]), calib("x", [1, 32, 8, 8], low=-1.0, high=3.0))
+    npu_bitexact(lower_model(qdq, "int", family="u55"))
+
+
+@pytest.mark.parametrize("shape", [[1, 64, 4, 4], [1, 16, 8, 8], [1, 32, 10, 10]])
+def test_small_or_inexact_means_keep_the_pool_on_u55(shape):
+    """A window under 8x8 or fewer than 32 channels is cheaper pooled; a count of 100 could round a tie
+    differently as a raw sum."""
+    qdq = quantize_model(_gap_model(shape), calib("x", shape, low=-1.0, high=3.0))
+    assert lower_model(qdq, "int", family="u55").tosa == lower_model(qdq, "int").tosa
