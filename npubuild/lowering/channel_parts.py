@@ -31,7 +31,7 @@ class PartsTensor(TTensor):
 
 
 def feeds_channel_concat(ctx: LoweringContext) -> bool:
-    """Whether the current node's only reader is a 4-D channel Concat (directly or through one Q -> DQ pair)."""
+    """Whether the current node's only reader is a channel Concat (directly or through one Q -> DQ pair)."""
     assert ctx.current is not None
     name = ctx.current.output[0]
     if ctx.is_graph_output(name):
@@ -51,7 +51,8 @@ def feeds_channel_concat(ctx: LoweringContext) -> bool:
 
 
 def concat_inputs(ctx: LoweringContext, i: int, layout: tuple[int, ...], axis: int, q: QParams | None) -> list[TTensor]:
-    """Concat input i in `layout`: a PartsTensor split along the Concat's physical `axis` as its parts."""
+    """Concat input i in `layout`: a PartsTensor split along the Concat's physical `axis` as its parts (any
+    other PartsTensor joined first: the Concat took another layout than the parts')."""
     name = ctx.current.input[i]
     v = ctx.value(name)
     if isinstance(v, PartsTensor):
