@@ -222,7 +222,8 @@ def _bilinear_2x(ctx: LoweringContext, x: TTensor) -> TTensor:
     The replicated intermediate (4x the input) is the SRAM peak of a U-Net on U55; Vela 5.2 has no strided
     write a TOSA graph can reach (its own 4-phase depthwise bilinear needs the 1/16 scale on the RESIZE; a
     stride-2 TRANSPOSE_CONV2D is a zero-upscaled full conv with its RESCALE left unfused: unet 448 KiB,
-    +90k cycles; a CONCAT or RESHAPE between the phases and the Concat is a whole copy), so when a channel Concat is
+    +90k cycles; by regor's MoveConcatSliceToProducer a CONCAT or RESHAPE between the phases and the Concat
+    is a whole copy), so when a channel Concat is
     the one reader the channels go in two halves, each padded, replicated and blurred on its own and handed
     to the Concat as a separate input (channel_parts): one half's intermediate is live at a time. Example
     U-Nets on U55-128: SRAM 186.5 -> 177.5 KiB (unet), 195.0 -> 177.5 KiB (unet_torch); two halves keep
