@@ -145,12 +145,23 @@ def tflite_snr(tfl: Path, onnx_path: Path, n: int = 8, seed: int = 1) -> float:
     return 10 * np.log10(sig / max(noise, 1e-30))
 
 
+def vela_options(ini: Path) -> list[str]:
+    """The Vela options of the npubuild build whose .ini this is (its stage record), as flags."""
+    record = ini.parent / "stage.json"
+    opts = json.loads(record.read_text())["config"]["vela"] if record.exists() else {}
+    flags = ["--optimise", opts.get("optimise", "Performance"),
+             "--tensor-allocator", opts.get("tensor_allocator", "HillClimb")]
+    if not opts.get("cascading", True):
+        flags.append("--disable-cascading")
+    return flags + list(opts.get("extra_flags", []))
+
+
 def vela(tfl: Path, ini: Path, accelerator: str, out: Path) -> dict:
     """Compile with npubuild's .ini and options; returns the same figures npubuild reports."""
     out.mkdir(parents=True, exist_ok=True)
     cmd = [VELA, str(tfl), "--config", str(ini), "--system-config", "npubuild_system", "--memory-mode",
-           "npubuild_memory", "--accelerator-config", accelerator, "--optimise", "Performance",
-           "--tensor-allocator", "HillClimb", "--output-dir", str(out), "--verbose-performance"]
+           "npubuild_memory", "--accelerator-config", accelerator, *vela_options(ini),
+           "--output-dir", str(out), "--verbose-performance"]
     proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
     (out / "vela.log").write_text(proc.stdout + proc.stderr)
     if proc.returncode != 0:
