@@ -56,6 +56,17 @@ def exact_pads(in_hw, kernel, stride, dilation, pads: list[int]) -> tuple[list[i
     return pads, (keep[0], keep[1])
 
 
+def widen_instead_of_slice(w: np.ndarray, in_hw: tuple[int, int], keep: tuple[int, int]) -> np.ndarray:
+    """Zero taps after the kernel in place of slicing off the input rows/cols the stride never reaches.
+
+    The same integers (a zero weight adds nothing), but the input keeps its full
+    width: on U85 Vela then keeps the block input (read by the other branch of
+    a ResNet downsampling block too) in its brick format and picks the better block.
+    """
+    extra = (in_hw[0] - keep[0], in_hw[1] - keep[1])
+    return np.pad(w, [(0, 0), (0, 0), (0, extra[0]), (0, extra[1])])
+
+
 def slice_hw(ctx: LoweringContext, x: TTensor, keep: tuple[int, int]) -> TTensor:
     if (x.shape[1], x.shape[2]) == keep:
         return x
@@ -222,6 +233,9 @@ def lower_conv(ctx: LoweringContext) -> None:
     dilation = tuple(ctx.attr("dilations", [1, 1]))
     pads = conv_pads(ctx, (x.shape[1], x.shape[2]), kernel, stride, dilation)
     pads, keep = exact_pads((x.shape[1], x.shape[2]), kernel, stride, dilation, pads)
+    if ctx.family == "u85" and dilation == (1, 1) and keep != (x.shape[1], x.shape[2]):
+        w = widen_instead_of_slice(w, (x.shape[1], x.shape[2]), keep)
+        keep = (x.shape[1], x.shape[2])
     x = slice_hw(ctx, x, keep)
     bias = read_bias(ctx, 2, o)
     w_scale = channel_scales(w_q, o) if w_q is not None else None
