@@ -35,9 +35,20 @@ class Rule:
     check: Callable[[TosaOpInfo, TosaGraphInfo], str | None]  # a reason if the op cannot run, else None
 
 
+FAMILIES = ("u55", "u65", "u85")
+RULES_OF = {"u55": "u55", "u65": "u55", "u85": "u85"}  # U65 runs U55's TOSA op set (one support table)
+
+
 def family(accelerator: str) -> str:
-    """'u55' for U55 and U65 (one TOSA support table), 'u85' for U85."""
-    return "u85" if accelerator.startswith("ethos-u85") else "u55"
+    """The lowering family of an accelerator: 'u55', 'u65' or 'u85'.
+
+    U65 has U55's support rules (see `RULES_OF`) but its own lowering, since its wider
+    MAC array and AXI ports change which of two equivalent TOSA forms Vela runs faster.
+    """
+    for fam in FAMILIES:
+        if accelerator.startswith(f"ethos-{fam}"):
+            return fam
+    raise ValueError(f"unknown Ethos-U accelerator '{accelerator}'")
 
 
 def _dtype(graph: TosaGraphInfo, name: str) -> str:
@@ -108,8 +119,9 @@ RULES = (
 
 def check_op(op: TosaOpInfo, graph: TosaGraphInfo, fam: str) -> tuple[str, str] | None:
     """(rule name, reason) of the first rule the op breaks on this family, or None if it can run."""
+    rules = RULES_OF.get(fam, fam)
     for rule in RULES:
-        if fam in rule.families:
+        if rules in rule.families:
             reason = rule.check(op, graph)
             if reason:
                 return rule.name, reason

@@ -11,6 +11,7 @@ from npubuild.errors import UncomputedOutputError, UnsupportedOpError
 from npubuild.lowering import load_all
 from npubuild.lowering.concat_order import copied_inputs_first
 from npubuild.lowering.context import IOInfo, LoweringContext, TTensor
+from npubuild.lowering.family_choices import takes
 from npubuild.lowering.registry import LOWERINGS
 
 
@@ -32,13 +33,14 @@ class LoweredGraph:
 def lower_model(model: onnx.ModelProto, profile: Literal["int", "fp"], family: str | None = None) -> LoweredGraph:
     """Lower a whole (QDQ for INT, float for FP) ONNX model to one TOSA 1.0 graph.
 
-    `family` ("u55" or "u85") lets a lowering choose a form only that NPU family runs well.
+    `family` ("u55", "u65" or "u85") lets a lowering choose a form only that NPU family runs well
+    (family_choices.py says which family takes which form).
     """
     load_all()
     for i, node in enumerate(model.graph.node):
         if not node.name:
             node.name = f"{node.op_type}_{i}"
-    if family == "u55":
+    if takes(family, "concat_order"):
         model = copied_inputs_first(model)  # Vela's Concat copies in input order: the SRAM peak depends on it
     ctx = LoweringContext(model, profile, family=family)
     for node in model.graph.node:

@@ -11,6 +11,7 @@ import numpy as np
 import tosa_serializer as ts
 
 from npubuild.lowering.context import LoweringContext, TTensor, identity, inverse
+from npubuild.lowering.family_choices import takes
 from npubuild.lowering.quant import QParams, multiplier_shift
 
 Op = ts.Op
@@ -55,7 +56,7 @@ def requantize(ctx: LoweringContext, x: TTensor, out_q: QParams, output_of: str 
     assert x.q is not None
     if x.q.same_as(out_q) and output_of is None:
         return x
-    if ctx.family == "u55" and dw_requantize_cheaper(x, out_q):
+    if takes(ctx.family, "dw_requantize") and dw_requantize_cheaper(x, out_q):
         return requantize_dw(ctx, x, out_q, output_of)
     return rescale(ctx, x, x.q.s / out_q.s, out_q.dtype, x.q.zp, out_q.zp, out_q, output_of)
 

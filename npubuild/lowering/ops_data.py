@@ -14,6 +14,7 @@ import numpy as np
 from npubuild.lowering.channel_parts import concat_inputs
 from npubuild.lowering.context import GraphInput, LoweringContext, TTensor
 from npubuild.lowering.emit import Op, attr, dw_requantize_cheaper, requantize, requantize_dw
+from npubuild.lowering.family_choices import takes
 from npubuild.lowering.movement import (
     concat_phys,
     constant_ints,
@@ -64,7 +65,7 @@ def lower_concat(ctx: LoweringContext) -> None:
         for t in concat_inputs(ctx, i, layout, axis, q):  # an input made of channel groups adds each group
             if q is not None and t.q is not None and not t.q.same_as(q):
                 t = requantize(ctx, t, q)  # int8 operands with other scales move to the output's
-            elif ctx.family == "u55" and q is not None and t.q is not None and _copied(ctx, i) \
+            elif takes(ctx.family, "concat_dw_copy") and q is not None and t.q is not None and _copied(ctx, i) \
                     and dw_requantize_cheaper(t, q):
                 t = requantize_dw(ctx, t, q)
             if 0 not in t.shape:

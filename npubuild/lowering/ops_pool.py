@@ -7,6 +7,7 @@ import tosa_serializer as ts
 
 from npubuild.lowering.context import NHWC, LoweringContext, TTensor
 from npubuild.lowering.emit import Op, attr, requantize, rescale, to_layout
+from npubuild.lowering.family_choices import takes
 from npubuild.lowering.ops_conv import conv_pads, exact_pads, slice_hw
 from npubuild.lowering.registry import lowers, quantize_also
 
@@ -122,7 +123,7 @@ def _global_avg(ctx: LoweringContext, x: TTensor) -> None:
 
         ctx.set_output(0, int_sum(ctx, x, [1, 2], kernel[0] * kernel[1], ctx.current.output[0]))
         return
-    if ctx.profile == "int" and ctx.family == "u55" and _sum_beats_pool_on_u55(x):
+    if ctx.profile == "int" and takes(ctx.family, "plane_sum") and _sum_beats_pool_on_u55(x):
         ctx.set_output(0, _raw_mean(ctx, x, kernel[0] * kernel[1]))
         return
     avg_pool(ctx, x, kernel, (1, 1), [0, 0, 0, 0])

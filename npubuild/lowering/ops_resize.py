@@ -42,6 +42,7 @@ from npubuild.lowering.emit import (
     to_layout,
     transpose,
 )
+from npubuild.lowering.family_choices import takes
 from npubuild.lowering.movement import concat_phys, direct, finish, phys_reshape, result_q, slice_phys
 from npubuild.lowering.quant import QParams
 from npubuild.lowering.registry import lowers
@@ -202,7 +203,7 @@ def lower_resize(ctx: LoweringContext) -> None:
         ctx.op(Op.RESIZE, ins, [out.name], attr("Resize", tosa_mode))
         finish(ctx, out)
         return
-    if ctx.family == "u55" and coord in ("half_pixel", "pytorch_half_pixel") and x.dtype == np.int8 \
+    if takes(ctx.family, "bilinear_2x") and coord in ("half_pixel", "pytorch_half_pixel") and x.dtype == np.int8 \
             and (oh, ow) == (2 * x.shape[1], 2 * x.shape[2]) and (ny, dy, nx, dx) == (4, 2, 4, 2):
         finish(ctx, _bilinear_2x(ctx, x))
         return
@@ -233,7 +234,8 @@ def _bilinear_2x(ctx: LoweringContext, x: TTensor) -> TTensor:
     n, h, w, c = x.shape
     out_q = result_q(ctx, x.q)
     assert out_q is not None
-    if SPLIT_CHANNELS and c % 16 == 0 and (2 * h + 4) * (2 * w + 4) * c >= SPLIT_MIN_BYTES \
+    if SPLIT_CHANNELS and takes(ctx.family, "bilinear_channel_split") and c % 16 == 0 \
+            and (2 * h + 4) * (2 * w + 4) * c >= SPLIT_MIN_BYTES \
             and feeds_channel_concat(ctx):
         g = c // 2
         # the row pad once for both halves where its body copy is a depthwise (-960 cycles on unet), else

@@ -2,11 +2,14 @@
 
 model.tosa / io.json are the whole model in one TOSA graph (what the TOSA
 check verifies and what a family that supports every node compiles). For an
-INT build the support rules of each family (U55/U65, U85) place every node;
-a family that cannot run some node gets its own partition files
-(`<family>_partN.tosa`, `<family>_hostN.onnx`), and the partitioned model is
-run here (NPU parts on the TOSA reference model, host parts on onnxruntime)
-against the whole QDQ model on onnxruntime.
+INT build each lowering family (U55, U65, U85; support.FAMILIES) is lowered
+with the forms it runs best (lowering/family_choices.py) and written as
+`<family>_model.tosa` where that differs from model.tosa; the support rules
+of each family (U65 has U55's) place every node, a family that cannot run
+some node gets its own partition files (`<family>_partN.tosa`,
+`<family>_hostN.onnx`), and a partitioned or own-lowered model is run here
+(NPU parts on the TOSA reference model, host parts on onnxruntime) against
+the whole QDQ model on onnxruntime.
 """
 
 from __future__ import annotations
@@ -25,11 +28,11 @@ from npubuild.partition import PartitionPlan, plan_partitions, write_partitions
 from npubuild.partition_run import run_partitions
 from npubuild.passes import run_passes
 from npubuild.plan import StageTask
+from npubuild.support import FAMILIES
 from npubuild.tosa_graph import ops_by_node, read_tosa, tensor_nodes
 from npubuild.tosa_run import run_onnx
 
 QDQ_OPS = {"QuantizeLinear", "DequantizeLinear"}
-FAMILIES = ("u55", "u85")
 CHECK_SAMPLES = 4
 MAX_PARTITION_LSB = 1.0
 

@@ -5,12 +5,13 @@ from __future__ import annotations
 from npubuild.fileio import read_json, write_json
 from npubuild.gates import evaluate
 from npubuild.plan import StageTask
+from npubuild.support import family
 
 
 def deployed_error(check: dict, vela: dict) -> float | None:
     """Max LSB error of the graph this target really runs (its family's partitions or own lowering, else
     model.tosa) against onnxruntime on the verify samples."""
-    fam = "u85" if str(vela.get("accelerator", "")).startswith("ethos-u85") else "u55"
+    fam = family(str(vela.get("accelerator", "ethos-u55")))
     own = (check.get("partitioned") or {}).get(fam)
     return own["max_error_lsb"] if own else check.get("tosa_max_error_lsb")
 

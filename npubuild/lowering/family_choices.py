@@ -1,0 +1,34 @@
+"""Which NPU family takes which family-specific lowering form, in one table.
+
+Each choice is a TOSA form that Vela 5.2 runs better on some Ethos-U families
+than the portable form (the reason and the U55 numbers are at the lowering
+that emits it). U65 has U55's support rules (same TOSA op set) but twice or
+four times the MACs and a wider AXI, so a form that pays on U55 may lose on
+U65: each entry lists the families it was measured to win on.
+"""
+
+from __future__ import annotations
+
+CHOICES: dict[str, frozenset[str]] = {
+    # Concat inputs copied in first (driver.copied_inputs_first): the SRAM peak of Vela's in-order copies
+    "concat_order": frozenset({"u55", "u65"}),
+    # int8 requantize as a 1x1 depthwise conv instead of a RESCALE (emit.requantize_dw)
+    "dw_requantize": frozenset({"u55", "u65"}),
+    # a Concat input that Vela copies anyway becomes a depthwise copy at the output's scale (ops_data)
+    "concat_dw_copy": frozenset({"u55", "u65"}),
+    # half-pixel bilinear 2x as replication + depthwise blur: REQUIRED where RESIZE is nearest-only
+    "bilinear_2x": frozenset({"u55", "u65"}),
+    # that bilinear 2x in two channel halves, for the SRAM peak (channel_parts)
+    "bilinear_channel_split": frozenset({"u55", "u65"}),
+    # a whole-plane mean at the same scale as REDUCE_SUM instead of AVG_POOL2D (ops_pool)
+    "plane_sum": frozenset({"u55", "u65"}),
+    # layer norm's seed widened by one ADD next to an int32 operand (norm_rows._w_for_product)
+    "norm_widen_add": frozenset({"u55", "u65"}),
+    # layer norm's table index round(m / 2^23) - 128 as one RESCALE (norm_rows.rsqrt_rows)
+    "norm_index_rescale": frozenset({"u55", "u65"}),
+}
+
+
+def takes(family: str | None, choice: str) -> bool:
+    """Whether lowering for `family` (None: portable) uses the form `choice`."""
+    return family is not None and family in CHOICES[choice]
