@@ -40,3 +40,20 @@ def test_unbuffered_weights_are_faster_on_u85(tmp_path: Path, capsys):
     assert flagged["sram_kib"] < default["sram_kib"]  # no staging buffers for the weights
     assert flagged["offchip_kib"] == default["offchip_kib"]
     assert flagged["tosa_snr_db"] == default["tosa_snr_db"]
+
+
+def test_spec_vela_options_lay_over_the_targets_field_by_field(tmp_path: Path):
+    """The spec's extra flag must not drop what a target chose elsewhere (here its raw output for npu-sim)."""
+    from npubuild.config.load import load_specs
+
+    for f in FILES:
+        (tmp_path / "configs" / f).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(REPO / "configs" / f, tmp_path / "configs" / f)
+    (tmp_path / "dodo.py").write_text("# product repo marker\n")
+    spec = tmp_path / "configs" / "digits.yaml"
+    spec.write_text(spec.read_text().replace(
+        "targets: [ethos-u55-128, ethos-u85-256]",
+        "targets: [{extends: ethos-u55-128, name: u55-raw, vela: {output_format: raw, optimise: Size}}]"))
+    (b,) = load_specs([tmp_path / "configs"])
+    assert b.vela.output_format == "raw" and b.vela.optimise == "Size"  # the target's
+    assert b.vela.extra_flags == ["--disable-buffering"]  # the spec's

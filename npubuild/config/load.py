@@ -277,11 +277,22 @@ def load_spec(path: Path) -> list[Build]:
                     calibration_npy=npy,
                     target=profile,
                     pipeline=pipeline,
-                    vela=spec.vela or profile.vela,
+                    vela=vela_options(profile.vela, spec.vela),
                     evaluation=evaluation,
                 )
             )
     return builds
+
+
+def vela_options(target: VelaOptions, spec: VelaOptions | None) -> VelaOptions:
+    """The target's Vela options with the fields the spec sets laid over them.
+
+    Field by field, so a spec asking for one extra flag keeps what the target
+    chose elsewhere (its output format, say).
+    """
+    if spec is None:
+        return target
+    return target.model_copy(update={k: getattr(spec, k) for k in spec.model_fields_set})
 
 
 def _evaluation_files(model, model_name: str, path: Path, root: Path, marks: Marks) -> tuple[Path, Path] | None:

@@ -236,7 +236,7 @@ class CompileSpec(Strict):
     verify: Verify = Verify()
     expect: Expect = Expect()
     fvp: FvpOptions = FvpOptions()
-    vela: VelaOptions | None = Field(default=None, description="Overrides the target profiles' Vela options")
+    vela: VelaOptions | None = Field(default=None, description="Overrides, field by field, the target profiles' Vela options")
     search_paths: list[str] = Field(
         default=[], description="Extra directories (relative to this file) holding targets/ and pipelines/"
     )
