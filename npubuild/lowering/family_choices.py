@@ -11,15 +11,23 @@ from __future__ import annotations
 
 CHOICES: dict[str, frozenset[str]] = {
     # Concat inputs copied in first (driver.copied_inputs_first): the SRAM peak of Vela's in-order copies
-    "concat_order": frozenset({"u55", "u65"}),
+    # (U85 only with concat_max_copy: the order alone costs 0.1% in time there, with it the U-Nets gain 3%)
+    "concat_order": frozenset({"u55", "u65", "u85"}),
     # int8 requantize as a 1x1 depthwise conv instead of a RESCALE (emit.requantize_dw)
     "dw_requantize": frozenset({"u55", "u65"}),
     # a Concat input that Vela copies anyway becomes a depthwise copy at the output's scale (ops_data)
     "concat_dw_copy": frozenset({"u55", "u65"}),
+    # ... or an elementwise MAXIMUM of the input with itself, no constant (concat_copy)
+    "concat_max_copy": frozenset({"u85"}),
     # half-pixel bilinear 2x as replication + depthwise blur: REQUIRED where RESIZE is nearest-only
     "bilinear_2x": frozenset({"u55", "u65"}),
-    # that bilinear 2x in two channel halves, for the SRAM peak (channel_parts)
-    "bilinear_channel_split": frozenset({"u55", "u65"}),
+    # that bilinear 2x in two channel halves, for the SRAM peak (channel_parts). U55-128 needs the SRAM;
+    # on U65 the halves cost time: unet / unet_torch 333340 -> 343846 / 363814 -> 377785 cycles on U65-256,
+    # 231189 -> 239248 / 248166 -> 263010 on U65-512 (SRAM 186.5 / 195.0 -> 177.5 KiB). Most of it is
+    # Vela's estimate of the Concat's reader conv: its weight DMA is charged the cycles the op before it
+    # cannot hide, and half a blur hides less (network_performance.cpp EstimateFullOpPerformance:
+    # 51018 -> 58534 cycles), the rest the second replication/blur/pad pass (+3000)
+    "bilinear_channel_split": frozenset({"u55"}),
     # a whole-plane mean at the same scale as REDUCE_SUM instead of AVG_POOL2D (ops_pool)
     "plane_sum": frozenset({"u55", "u65"}),
     # layer norm's seed widened by one ADD next to an int32 operand (norm_rows._w_for_product)

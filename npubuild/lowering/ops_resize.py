@@ -13,10 +13,10 @@ legalisation wants the 1/(n_y n_x) RESCALE fused into the RESIZE, but with no
 U55 hardware op for RESIZE it fuses no scale onto one); U85 runs both modes.
 Vela also takes a NEAREST RESIZE whose output is 2 (in - 1) + 1 for
 align_corners whatever its offset, so the replication keeps the full 2x size.
-Lowered for the U55 family, half-pixel bilinear 2x
-becomes replication + a depthwise blur, which U55 runs on the NPU (on U85
+Lowered for the U55 and U65 families, half-pixel bilinear 2x
+becomes replication + a depthwise blur, which U55/U65 run on the NPU (on U85
 the native RESIZE is 16-24% faster on the example U-Nets, so it stays the default);
-a large one read only by a channel Concat goes in two channel halves, so only
+on U55 a large one read only by a channel Concat goes in two channel halves, so only
 one half's replicated intermediate is live (the U-Nets' SRAM peak on U55).
 
 DepthToSpace / SpaceToDepth are a RESHAPE, one rank-4/5 TRANSPOSE (the
@@ -224,7 +224,7 @@ def _bilinear_2x(ctx: LoweringContext, x: TTensor) -> TTensor:
     write a TOSA graph can reach (its own 4-phase depthwise bilinear needs the 1/16 scale on the RESIZE; a
     stride-2 TRANSPOSE_CONV2D is a zero-upscaled full conv with its RESCALE left unfused: unet 448 KiB,
     +90k cycles; by regor's MoveConcatSliceToProducer a CONCAT or RESHAPE between the phases and the Concat
-    is a whole copy), so when a channel Concat is
+    is a whole copy), so on U55 (family_choices: U65 runs it faster whole) when a channel Concat is
     the one reader the channels go in two halves, each padded, replicated and blurred on its own and handed
     to the Concat as a separate input (channel_parts): one half's intermediate is live at a time. Example
     U-Nets on U55-128: SRAM 186.5 -> 177.5 KiB (unet), 195.0 -> 177.5 KiB (unet_torch); two halves keep
