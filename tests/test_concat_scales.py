@@ -22,7 +22,7 @@ from onnx import TensorProto, helper, numpy_helper
 from ophelpers import calib, io_dict, prepare, quantize_model, rand, single_op_model
 
 from npubuild.config.load import default_search_path, load_target
-from npubuild.lowering import concat_order
+from npubuild.lowering import concat_order, family_choices
 from npubuild.lowering.driver import LoweredGraph, lower_model
 from npubuild.qdq_concat import share_concat_scales, union_params
 from npubuild.stages.vela import vela_command
@@ -224,3 +224,44 @@ def test_u55_edge_pad_body_copied_by_depthwise() -> None:
     for op in pads:
         body = producer.get(op.inputs[1])
         assert body is not None and body.op == "RESCALE" and producer[body.inputs[0]].op == "DEPTHWISE_CONV2D"
+
+
+def offchip(summary: dict[str, str]) -> float:
+    return float(summary["dram_memory_used"]) + float(summary["off_chip_flash_memory_used"])
+
+
+def max_copies(tosa: bytes) -> list[int]:
+    """Positions of the CONCAT inputs that are a MAXIMUM of one tensor with itself (between RESCALEs)."""
+    info = read_tosa(tosa)
+    producer = {out: op for op in info.ops for out in op.outputs}
+    found = []
+    for op in info.ops:
+        if op.op != "CONCAT":
+            continue
+        for pos, t in enumerate(op.inputs):
+            narrow = producer.get(t)
+            top = producer.get(narrow.inputs[0]) if narrow is not None and narrow.op == "RESCALE" else None
+            if top is not None and top.op == "MAXIMUM" and all(producer[i].op == "RESCALE" for i in top.inputs):
+                if len({producer[i].inputs[0] for i in top.inputs}) == 1:
+                    found.append(pos)
+    return found
+
+
+def test_u85_copies_the_skip_with_a_maximum(models, monkeypatch) -> None:
+    """On U85 the skip Vela must copy into the Concat is a MAXIMUM of itself: the same integers, faster than
+    Vela's own copy (a pooling pass there) and, unlike U55's depthwise copy, with no constant off-chip."""
+    _, _, shared = models
+    maxed = lowered_ok(shared, "u85")
+    assert max_copies(maxed.tosa) == [0]  # the skip, copied first
+    monkeypatch.setitem(family_choices.CHOICES, "concat_max_copy", frozenset())
+    monkeypatch.setitem(family_choices.CHOICES, "concat_dw_copy", frozenset({"u85"}))
+    dw = lowered_ok(shared, "u85")  # copied first by a 1x1 depthwise of ones
+    monkeypatch.setitem(family_choices.CHOICES, "concat_dw_copy", frozenset())
+    monkeypatch.setitem(family_choices.CHOICES, "concat_order", frozenset())
+    plain = lowered_ok(shared, "u85")  # Vela's own copy, last
+    assert max_copies(plain.tosa) == []
+    a, b, c = (vela_summary(g.tosa, "ethos-u85-256") for g in (maxed, plain, dw))
+    assert float(a["cycles_total"]) < float(b["cycles_total"])
+    assert float(a["sram_memory_used"]) <= float(b["sram_memory_used"])
+    assert offchip(a) <= offchip(b)
+    assert offchip(a) < offchip(c)  # the depthwise form's ones and per-channel scale/bias
