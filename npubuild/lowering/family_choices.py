@@ -34,6 +34,12 @@ CHOICES: dict[str, frozenset[str]] = {
     "norm_widen_add": frozenset({"u55", "u65"}),
     # layer norm's table index round(m / 2^23) - 128 as one RESCALE (norm_rows.rsqrt_rows)
     "norm_index_rescale": frozenset({"u55", "u65"}),
+    # a strided conv that never reaches the last input rows/cols gets zero kernel taps, not a SLICE (ops_conv);
+    # on U65 the taps cost MACs as on U55: resnet8 U65-256 109039 -> 113824 cycles, off-chip +0.9 KiB
+    "conv_stride_taps": frozenset({"u85"}),
+    # softmax's exp in int32 for small rows (softmax_int); U65 loses: resnet8 U65-256 109039 -> 109124 cycles,
+    # mobilenet_v1 264315 -> 264521
+    "softmax_wide": frozenset({"u85"}),
 }
 
 

@@ -16,6 +16,7 @@ import tosa_serializer as ts
 from npubuild.lowering import epilogue
 from npubuild.lowering.context import NHWC, LoweringContext, TTensor, identity
 from npubuild.lowering.emit import Op, attr, rescale, reshape, to_layout
+from npubuild.lowering.family_choices import takes
 from npubuild.lowering.patterns import _view
 from npubuild.lowering.quant import QParams
 from npubuild.lowering.registry import lowers
@@ -233,7 +234,7 @@ def lower_conv(ctx: LoweringContext) -> None:
     dilation = tuple(ctx.attr("dilations", [1, 1]))
     pads = conv_pads(ctx, (x.shape[1], x.shape[2]), kernel, stride, dilation)
     pads, keep = exact_pads((x.shape[1], x.shape[2]), kernel, stride, dilation, pads)
-    if ctx.family == "u85" and dilation == (1, 1) and keep != (x.shape[1], x.shape[2]):
+    if takes(ctx.family, "conv_stride_taps") and dilation == (1, 1) and keep != (x.shape[1], x.shape[2]):
         w = widen_instead_of_slice(w, (x.shape[1], x.shape[2]), keep)
         keep = (x.shape[1], x.shape[2])
     x = slice_hw(ctx, x, keep)
