@@ -11,9 +11,12 @@ NHWC instead of padding 24 channels to 32 in NHCWB16. The Conv reading the
 Concat gets its weights' input channels in the same order, so its result is
 unchanged bit for bit. U-Net on U55-128: SRAM 264.6 -> 186.5 KiB, same cycles.
 On U85 the order alone costs 0.1% in time, so it goes with the copy as an
-elementwise MAXIMUM (concat_copy): copied first, the skip is no longer live at
-the last Resize (the SRAM peak). unet / unet_torch on U85-256: 0.2532 -> 0.2451 ms,
-SRAM 208.0 -> 177.6 KiB, same off-chip (family_choices says who takes it).
+elementwise MAXIMUM (concat_copy). There too the Concat stays NHWC (64x64x24:
+96 KiB, not 128 KiB of NHCWB16), which is the SRAM gain: Vela's own copy runs
+after the last Resize even when first (order alone: SRAM 176.0 KiB), the
+MAXIMUM right after the skip's conv, so the Concat is live from there (177.6).
+unet / unet_torch on U85-256: 0.2532 -> 0.2451 ms, SRAM 208.0 -> 177.6 KiB, same
+off-chip; the widest U85s lose time (family_choices says who takes it and why).
 """
 
 from __future__ import annotations

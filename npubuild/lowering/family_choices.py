@@ -11,7 +11,10 @@ from __future__ import annotations
 
 CHOICES: dict[str, frozenset[str]] = {
     # Concat inputs copied in first (driver.copied_inputs_first): the SRAM peak of Vela's in-order copies
-    # (U85 only with concat_max_copy: the order alone costs 0.1% in time there, with it the U-Nets gain 3%)
+    # (U85 only with concat_max_copy: the order alone costs 0.1% in time there, with it the U-Nets gain 3%
+    # and SRAM 208 -> 177.6 KiB. The skip first puts the upsample at channel 8, so Vela keeps the Concat
+    # NHWC, which its reader conv reads slower on the widest U85s: unet U85-1024 99477 -> 101911 cycles,
+    # U85-2048 72073 -> 90680 (reader conv 13750 -> 28350), against U85-128/256/512 -10.8/-10.4/-5.3%)
     "concat_order": frozenset({"u55", "u65", "u85"}),
     # int8 requantize as a 1x1 depthwise conv instead of a RESCALE (emit.requantize_dw)
     "dw_requantize": frozenset({"u55", "u65"}),
