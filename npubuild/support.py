@@ -35,19 +35,22 @@ class Rule:
     check: Callable[[TosaOpInfo, TosaGraphInfo], str | None]  # a reason if the op cannot run, else None
 
 
-FAMILIES = ("u55", "u65", "u85")
-RULES_OF = {"u55": "u55", "u65": "u55", "u85": "u85"}  # U65 runs U55's TOSA op set (one support table)
+FAMILIES = ("u55", "u65", "u85", "u85wide")
+# U65 runs U55's TOSA op set and the wide U85s U85's (one support table each)
+RULES_OF = {"u55": "u55", "u65": "u55", "u85": "u85", "u85wide": "u85"}
+U85_WIDE_MACS = 1024  # ethos-u85-1024 and -2048 lower as "u85wide" (measured in lowering/family_choices.py)
 
 
 def family(accelerator: str) -> str:
-    """The lowering family of an accelerator: 'u55', 'u65' or 'u85'.
+    """The lowering family of an accelerator: 'u55', 'u65', 'u85' (U85-128/256/512) or 'u85wide' (U85-1024/2048).
 
-    U65 has U55's support rules (see `RULES_OF`) but its own lowering, since its wider
-    MAC array and AXI ports change which of two equivalent TOSA forms Vela runs faster.
+    U65 and the wide U85s have U55's / U85's support rules (see `RULES_OF`) but their own lowering,
+    since a wider MAC array and AXI ports change which of two equivalent TOSA forms Vela runs faster.
     """
-    for fam in FAMILIES:
+    for fam in ("u55", "u65", "u85"):
         if accelerator.startswith(f"ethos-{fam}"):
-            return fam
+            macs = accelerator.rsplit("-", 1)[-1]
+            return "u85wide" if fam == "u85" and macs.isdigit() and int(macs) >= U85_WIDE_MACS else fam
     raise ValueError(f"unknown Ethos-U accelerator '{accelerator}'")
 
 

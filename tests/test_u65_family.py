@@ -28,8 +28,8 @@ U65_RAW = "{extends: ethos-u65-256, name: u65-raw, vela: {output_format: raw}}" 
 
 
 def test_family_of_each_accelerator():
-    assert [family(a) for a in ("ethos-u55-32", "ethos-u65-256", "ethos-u65-512", "ethos-u85-1024")] == \
-        ["u55", "u65", "u65", "u85"]
+    assert [family(a) for a in ("ethos-u55-32", "ethos-u65-256", "ethos-u65-512", "ethos-u85-512", "ethos-u85-1024")] \
+        == ["u55", "u65", "u65", "u85", "u85wide"]
 
 
 def test_u65_is_placed_by_u55_rules_as_vela_agrees():

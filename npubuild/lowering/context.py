@@ -119,7 +119,7 @@ class LoweringContext:
     node_ops: dict[str, list[str]] = field(default_factory=dict)  # onnx node name -> TOSA op names
     fused: set[str] = field(default_factory=set)  # nodes already lowered as part of a fused pattern (skipped)
     current: onnx.NodeProto | None = None
-    family: str | None = None  # "u55" / "u65" / "u85": forms one NPU family runs better (family_choices)
+    family: str | None = None  # support.FAMILIES: forms one NPU family runs better (family_choices)
     _counter: int = 0
 
     def __post_init__(self) -> None:

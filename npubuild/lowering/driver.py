@@ -33,7 +33,7 @@ class LoweredGraph:
 def lower_model(model: onnx.ModelProto, profile: Literal["int", "fp"], family: str | None = None) -> LoweredGraph:
     """Lower a whole (QDQ for INT, float for FP) ONNX model to one TOSA 1.0 graph.
 
-    `family` ("u55", "u65" or "u85") lets a lowering choose a form only that NPU family runs well
+    `family` ("u55", "u65", "u85" or "u85wide") lets a lowering choose a form only that NPU family runs well
     (family_choices.py says which family takes which form).
     """
     load_all()

@@ -4,7 +4,9 @@ Each choice is a TOSA form that Vela 5.2 runs better on some Ethos-U families
 than the portable form (the reason and the U55 numbers are at the lowering
 that emits it). U65 has U55's support rules (same TOSA op set) but twice or
 four times the MACs and a wider AXI, so a form that pays on U55 may lose on
-U65: each entry lists the families it was measured to win on.
+U65; likewise U85-1024/2048 ("u85wide", U85's rules) against U85-128/256/512
+("u85"): each entry lists the families it was measured to win on (U85 entries
+on all five U85 sizes, the 13 example models).
 """
 
 from __future__ import annotations
@@ -14,13 +16,18 @@ CHOICES: dict[str, frozenset[str]] = {
     # (U85 only with concat_max_copy: the order alone costs 0.1% in time there, with it the U-Nets gain 3%
     # and SRAM 208 -> 177.6 KiB. The skip first puts the upsample at channel 8, so Vela keeps the Concat
     # NHWC, which its reader conv reads slower on the widest U85s: unet U85-1024 99477 -> 101911 cycles,
-    # U85-2048 72073 -> 90680 (reader conv 13750 -> 28350), against U85-128/256/512 -10.8/-10.4/-5.3%)
+    # U85-2048 72073 -> 90680 (reader conv 13750 -> 28350), against U85-128/256/512 -10.8/-10.4/-5.3%;
+    # so u85wide takes neither: the order alone is unet U85-1024/2048 102191 / 88388 (SRAM 176 KiB), and on
+    # U85-128/512 531377 / 184545 against 531174 / 183922 portable)
     "concat_order": frozenset({"u55", "u65", "u85"}),
     # int8 requantize as a 1x1 depthwise conv instead of a RESCALE (emit.requantize_dw)
     "dw_requantize": frozenset({"u55", "u65"}),
     # a Concat input that Vela copies anyway becomes a depthwise copy at the output's scale (ops_data)
     "concat_dw_copy": frozenset({"u55", "u65"}),
-    # ... or an elementwise MAXIMUM of the input with itself, no constant (concat_copy)
+    # ... or an elementwise MAXIMUM of the input with itself, no constant (concat_copy). Alone (portable order)
+    # unet U85-1024 99477 -> 99146 cycles but U85-2048 72073 -> 74190: there Vela runs the 64x64x8 skip's
+    # MAXIMUM in 6400 cycles against 4685 for its own MemoryCopy, and the reader conv 13750 -> 14618; SRAM stays
+    # 208 KiB, so u85wide keeps Vela's copy (U85-128/512 with the order: 473658 / 174086, SRAM 177.6 KiB)
     "concat_max_copy": frozenset({"u85"}),
     # half-pixel bilinear 2x as replication + depthwise blur: REQUIRED where RESIZE is nearest-only
     "bilinear_2x": frozenset({"u55", "u65"}),
@@ -38,11 +45,14 @@ CHOICES: dict[str, frozenset[str]] = {
     # layer norm's table index round(m / 2^23) - 128 as one RESCALE (norm_rows.rsqrt_rows)
     "norm_index_rescale": frozenset({"u55", "u65"}),
     # a strided conv that never reaches the last input rows/cols gets zero kernel taps, not a SLICE (ops_conv);
-    # on U65 the taps cost MACs as on U55: resnet8 U65-256 109039 -> 113824 cycles, off-chip +0.9 KiB
-    "conv_stride_taps": frozenset({"u85"}),
+    # on U65 the taps cost MACs as on U55: resnet8 U65-256 109039 -> 113824 cycles, off-chip +0.9 KiB.
+    # Every U85 wins: resnet8 U85-128/512/1024/2048 166879 / 56268 / 37012 / 32770 -> 158906 / 55903 / 34948 /
+    # 30552 cycles (resnet8_torch alike)
+    "conv_stride_taps": frozenset({"u85", "u85wide"}),
     # softmax's exp in int32 for small rows (softmax_int); U65 loses: resnet8 U65-256 109039 -> 109124 cycles,
-    # mobilenet_v1 264315 -> 264521
-    "softmax_wide": frozenset({"u85"}),
+    # mobilenet_v1 264315 -> 264521. Every U85 wins: resnet8 U85-128/512/1024/2048 -65/-63/-103/-104 cycles,
+    # mobilenet_v1 -66/-64/-104/-105
+    "softmax_wide": frozenset({"u85", "u85wide"}),
 }
 
 

@@ -2,7 +2,7 @@
 
 model.tosa / io.json are the whole model in one TOSA graph (what the TOSA
 check verifies and what a family that supports every node compiles). For an
-INT build each lowering family (U55, U65, U85; support.FAMILIES) is lowered
+INT build each lowering family (U55, U65, U85, U85-1024/2048; support.FAMILIES) is lowered
 with the forms it runs best (lowering/family_choices.py) and written as
 `<family>_model.tosa` where that differs from model.tosa; the support rules
 of each family (U65 has U55's) place every node, a family that cannot run
