@@ -11,20 +11,26 @@ Build single-op models with `single_op_model`; inputs are float32 arrays in ONNX
 
 from __future__ import annotations
 
+import csv
 import subprocess
 import sys
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import onnx
 from onnx import TensorProto, helper
 
+from npubuild.config.load import default_search_path, load_target
 from npubuild.lowering.driver import LoweredGraph, lower_model
 from npubuild.stages.importer import normalise
 from npubuild.stages.quantize import quantize
-from npubuild.stages.vela import parse_operator_counts
+from npubuild.stages.vela import parse_operator_counts, vela_command
 from npubuild.tosa_run import run_onnx, run_tosa
+from npubuild.vela_ini import render_ini
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def single_op_model(op: str, input_shapes: dict[str, list[int]], output_shapes: dict[str, list[int] | None],
@@ -123,6 +129,34 @@ def vela_op_counts(tosa: bytes, accelerator: str) -> tuple[int, int]:
                                "--output-dir", str(Path(tmp) / "out")], capture_output=True, text=True, timeout=300)
         assert proc.returncode == 0, proc.stdout + proc.stderr
         return parse_operator_counts(proc.stdout)
+
+
+@dataclass
+class VelaRun:
+    """Vela's summary row and per-layer rows for one compiled graph."""
+
+    summary: dict[str, str]
+    layers: list[dict[str, str]]
+
+    @property
+    def cycles(self) -> int:
+        return int(float(self.summary["cycles_total"]))
+
+
+def vela_run(tosa: bytes, accelerator: str) -> VelaRun:
+    """Compile with Vela (real) and npubuild's own system config for the accelerator, as a build does."""
+    profile, _ = load_target(accelerator, default_search_path(ROOT), None)
+    with tempfile.TemporaryDirectory() as tmp:
+        src, ini, out = Path(tmp) / "m.tosa", Path(tmp) / "system.ini", Path(tmp) / "out"
+        src.write_bytes(tosa)
+        ini.write_text(render_ini(profile))
+        cmd = vela_command(src, ini, out, profile, profile.vela) + ["--verbose-performance"]
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        with next(out.glob("*_summary_*.csv")).open(newline="") as f:
+            summary = next(csv.DictReader(f))
+        with next(out.glob("*_per-layer.csv")).open(newline="") as f:
+            return VelaRun(summary, list(csv.DictReader(f)))
 
 
 def rand(shape, seed: int = 0, low: float = -1.0, high: float = 1.0) -> np.ndarray:

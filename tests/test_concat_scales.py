@@ -10,8 +10,6 @@ blur written straight into the Concat).
 from __future__ import annotations
 
 import copy
-import csv
-import subprocess
 import tempfile
 from pathlib import Path
 
@@ -19,16 +17,13 @@ import numpy as np
 import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
-from ophelpers import calib, io_dict, prepare, quantize_model, rand, single_op_model
+from ophelpers import calib, io_dict, prepare, quantize_model, rand, single_op_model, vela_run
 
-from npubuild.config.load import default_search_path, load_target
 from npubuild.lowering import concat_order, family_choices
 from npubuild.lowering.driver import LoweredGraph, lower_model
 from npubuild.qdq_concat import share_concat_scales, union_params
-from npubuild.stages.vela import vela_command
 from npubuild.tosa_graph import read_tosa
 from npubuild.tosa_run import run_onnx, run_tosa
-from npubuild.vela_ini import render_ini
 
 ROOT = Path(__file__).resolve().parents[1]
 SHAPE = [1, 2, 16, 16]
@@ -151,30 +146,12 @@ def int8_requantised_concat_inputs(tosa: bytes) -> int:
     return count
 
 
-def vela_summary(tosa: bytes, accelerator: str) -> dict[str, str]:
-    """Vela's summary row (cycles, memory) with npubuild's own system config for the accelerator."""
-    profile, _ = load_target(accelerator, default_search_path(ROOT), None)
-    with tempfile.TemporaryDirectory() as tmp:
-        src, ini = Path(tmp) / "m.tosa", Path(tmp) / "system.ini"
-        src.write_bytes(tosa)
-        ini.write_text(render_ini(profile))
-        proc = subprocess.run(vela_command(src, ini, Path(tmp) / "out", profile, profile.vela),
-                              capture_output=True, text=True, timeout=300)
-        assert proc.returncode == 0, proc.stdout + proc.stderr
-        with next((Path(tmp) / "out").glob("*_summary_*.csv")).open() as f:
-            return next(csv.DictReader(f))
-
-
-def cycles(tosa: bytes, accelerator: str) -> int:
-    return int(float(vela_summary(tosa, accelerator)["cycles_total"]))
-
-
 def test_u85_shared_scales_drop_the_requantisation(models) -> None:
     _, qdq, shared = models
     before, after = lowered_ok(qdq, "u85"), lowered_ok(shared, "u85")
     assert int8_requantised_concat_inputs(before.tosa) == 2
     assert int8_requantised_concat_inputs(after.tosa) == 0
-    assert cycles(after.tosa, "ethos-u85-256") < cycles(before.tosa, "ethos-u85-256")
+    assert vela_run(after.tosa, "ethos-u85-256").cycles < vela_run(before.tosa, "ethos-u85-256").cycles
 
 
 def test_u55_blur_writes_into_the_concat(models) -> None:
@@ -186,7 +163,7 @@ def test_u55_blur_writes_into_the_concat(models) -> None:
     # the blur's RESCALE feeds the Concat with no SLICE between; the skip (also read by MaxPool) is copied
     # by a 1x1 depthwise, which U55 runs faster than Vela's MemoryCopy
     assert [producer[t] for t in cat.inputs] == ["RESCALE", "RESCALE"]
-    assert cycles(after.tosa, "ethos-u55-128") < cycles(before.tosa, "ethos-u55-128")
+    assert vela_run(after.tosa, "ethos-u55-128").cycles < vela_run(before.tosa, "ethos-u55-128").cycles
 
 
 def test_u55_copies_the_skip_first(models, monkeypatch) -> None:
@@ -199,7 +176,7 @@ def test_u55_copies_the_skip_first(models, monkeypatch) -> None:
     first = lowered_ok(shared, "u55")
     monkeypatch.setattr(concat_order, "COPIED_FIRST", False)
     last = lowered_ok(shared, "u55")
-    a, b = vela_summary(first.tosa, "ethos-u55-128"), vela_summary(last.tosa, "ethos-u55-128")
+    a, b = vela_run(first.tosa, "ethos-u55-128").summary, vela_run(last.tosa, "ethos-u55-128").summary
     assert float(a["sram_memory_used"]) < float(b["sram_memory_used"])
     assert float(a["cycles_total"]) <= 1.01 * float(b["cycles_total"])
 
@@ -260,7 +237,7 @@ def test_u85_copies_the_skip_with_a_maximum(models, monkeypatch) -> None:
     monkeypatch.setitem(family_choices.CHOICES, "concat_order", frozenset())
     plain = lowered_ok(shared, "u85")  # Vela's own copy, last
     assert max_copies(plain.tosa) == []
-    a, b, c = (vela_summary(g.tosa, "ethos-u85-256") for g in (maxed, plain, dw))
+    a, b, c = (vela_run(g.tosa, "ethos-u85-256").summary for g in (maxed, plain, dw))
     assert float(a["cycles_total"]) < float(b["cycles_total"])
     assert float(a["sram_memory_used"]) <= float(b["sram_memory_used"])
     assert offchip(a) <= offchip(b)

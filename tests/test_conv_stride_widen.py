@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import numpy as np
 from onnx import TensorProto, helper, numpy_helper
-from ophelpers import calib, check_int, quantize_model
-from test_requantize_u55 import assert_same_reference, cycles, ops
+from ophelpers import calib, check_int, quantize_model, vela_run
+from test_requantize_u55 import assert_same_reference, ops
 
 from npubuild.lowering.driver import lower_model
 
@@ -46,7 +46,7 @@ def test_u85_zero_taps_identical_to_the_slice_and_faster():
     portable, u85 = lower_model(qdq, "int"), lower_model(qdq, "int", family="u85")
     assert "SLICE" in ops(portable) and "SLICE" not in ops(u85)
     assert_same_reference(portable, u85)
-    assert cycles(u85.tosa, "ethos-u85-256") < cycles(portable.tosa, "ethos-u85-256")
+    assert vela_run(u85.tosa, "ethos-u85-256").cycles < vela_run(portable.tosa, "ethos-u85-256").cycles
 
 
 def test_u55_keeps_the_slice():

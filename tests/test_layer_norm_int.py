@@ -2,17 +2,11 @@
 
 from __future__ import annotations
 
-import csv
-import subprocess
-import sys
-import tempfile
-from pathlib import Path
-
 import numpy as np
 import pytest
-from ophelpers import calib, check_int, quantize_model, single_op_model
+from ophelpers import calib, check_int, quantize_model, single_op_model, vela_run
 from test_ops_compute import npu_bitexact
-from test_requantize_u55 import assert_same_reference, cycles
+from test_requantize_u55 import assert_same_reference
 
 from npubuild.lowering.driver import lower_model
 from npubuild.lowering.norm_rows import A0_MAX, fraction_bits, variance_shift
@@ -51,18 +45,6 @@ def test_rows_of_every_spread_within_one_lsb(shape):
     npu_bitexact(lowered)
 
 
-def _vela_layers(tosa: bytes, accelerator: str) -> list[dict]:
-    with tempfile.TemporaryDirectory() as tmp:
-        p = Path(tmp) / "m.tosa"
-        p.write_bytes(tosa)
-        proc = subprocess.run([sys.executable, "-m", "ethosu.vela", str(p), "--accelerator-config", accelerator,
-                               "--output-dir", str(Path(tmp) / "out"), "--verbose-performance"],
-                              capture_output=True, text=True, timeout=300)
-        assert proc.returncode == 0, proc.stdout + proc.stderr
-        with open(next((Path(tmp) / "out").glob("*per-layer.csv")), newline="") as f:
-            return list(csv.DictReader(f))
-
-
 @pytest.mark.parametrize("accelerator,rescales", [("ethos-u55-128", 2), ("ethos-u85-256", 1)])
 def test_vela_fuses_every_full_size_rescale(accelerator, rescales):
     """A transformer's [16, 64] layer norm: the widenings vanish into the REDUCE_SUM and the SUB/MUL that read
@@ -74,7 +56,7 @@ def test_vela_fuses_every_full_size_rescale(accelerator, rescales):
     inits = {"g": rng.uniform(-2, 2, 64).astype(np.float32), "b": rng.normal(0, 0.5, 64).astype(np.float32)}
     model = single_op_model("LayerNormalization", {"x": shape}, {"y": None}, inits, axis=-1)
     lowered, _ = check_int(model, calib("x", shape, low=-2, high=2), {"x": _rows_of_every_spread(shape)})
-    rows = _vela_layers(lowered.tosa, accelerator)
+    rows = vela_run(lowered.tosa, accelerator).layers
     assert sum(r["Original Operator"] == "Rescale" for r in rows) == rescales
     assert sum(r["Original Operator"] == "DepthwiseConv2D" for r in rows) == 1
 
@@ -90,10 +72,10 @@ def test_u55_form_identical_and_faster_on_u55_and_u65():
                          calib("x", shape, low=-2, high=2))
     portable, u55 = lower_model(qdq, "int"), lower_model(qdq, "int", family="u55")
     assert_same_reference(portable, u55)
-    assert cycles(u55.tosa, "ethos-u55-128") < cycles(portable.tosa, "ethos-u55-128")
-    assert cycles(u55.tosa, "ethos-u65-256") < cycles(portable.tosa, "ethos-u65-256")
+    assert vela_run(u55.tosa, "ethos-u55-128").cycles < vela_run(portable.tosa, "ethos-u55-128").cycles
+    assert vela_run(u55.tosa, "ethos-u65-256").cycles < vela_run(portable.tosa, "ethos-u65-256").cycles
     assert lower_model(qdq, "int", family="u85").tosa == portable.tosa
-    rows = _vela_layers(u55.tosa, "ethos-u55-128")
+    rows = vela_run(u55.tosa, "ethos-u55-128").layers
     rescales = [r["Name"] for r in rows if r["Original Operator"] == "Rescale"]
     assert len(rescales) == 1  # only the seed index, which runs the TABLE as its LUT
     assert [float(r["Op Cycles"]) for r in rows if r["NNG Operator"] == "LUT" and r["Name"] in rescales] == [0.0]

@@ -9,8 +9,6 @@ against onnxruntime, the TOSA reference model and Vela's own estimates.
 
 from __future__ import annotations
 
-import csv
-import subprocess
 import tempfile
 from pathlib import Path
 
@@ -19,15 +17,12 @@ import onnx
 import pytest
 from npusim_helpers import compile_and_check
 from onnx import TensorProto, helper, numpy_helper
-from ophelpers import calib, check_int, quantize_model, rand
+from ophelpers import calib, check_int, quantize_model, rand, vela_run
 
 import npubuild.stages.quantize as quantize_stage
-from npubuild.config.load import default_search_path, load_target
 from npubuild.lowering import ops_conv
 from npubuild.qdq_linear import fold_linear_bias
-from npubuild.stages.vela import vela_command
 from npubuild.tosa_run import run_onnx
-from npubuild.vela_ini import render_ini
 
 ROOT = Path(__file__).resolve().parents[1]
 SHAPE = [1, 8, 16]
@@ -127,20 +122,6 @@ def test_left_alone(kind):
     check_int(model, calib("x", SHAPE), {"x": rand(SHAPE, 5)}, max_lsb=1.0)
 
 
-def vela_layers(tosa: bytes, accelerator: str) -> list[dict]:
-    """Vela's per-layer rows (npubuild's system config for the accelerator)."""
-    profile, _ = load_target(accelerator, default_search_path(ROOT), None)
-    with tempfile.TemporaryDirectory() as tmp:
-        src, ini = Path(tmp) / "m.tosa", Path(tmp) / "system.ini"
-        src.write_bytes(tosa)
-        ini.write_text(render_ini(profile))
-        cmd = vela_command(src, ini, Path(tmp) / "out", profile, profile.vela) + ["--verbose-performance"]
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
-        assert proc.returncode == 0, proc.stdout + proc.stderr
-        with next((Path(tmp) / "out").glob("*_per-layer.csv")).open() as f:
-            return list(csv.DictReader(f))
-
-
 def total_cycles(layers: list[dict]) -> int:
     return sum(int(float(r["Op Cycles"])) for r in layers)
 
@@ -169,10 +150,10 @@ def test_vela_runs_one_pass_per_layer(accelerator, monkeypatch):
     more than a conv chained with an ADD that writes it; the layers inside the network gain more.)"""
     model, shape = stack(), [1, 8, 32]
     lowered, _ = check_int(model, calib("x", shape), {"x": rand(shape, 6)})
-    layers = vela_layers(lowered.tosa, accelerator)
+    layers = vela_run(lowered.tosa, accelerator).layers
     unfolded(monkeypatch)
     plain, _ = check_int(model, calib("x", shape), {"x": rand(shape, 6)})
-    plain_layers = vela_layers(plain.tosa, accelerator)
+    plain_layers = vela_run(plain.tosa, accelerator).layers
     assert [r["NNG Operator"] for r in layers].count("Add") == 0
     assert [r["NNG Operator"] for r in plain_layers].count("Add") == 3
     assert total_cycles(layers) < total_cycles(plain_layers)
@@ -183,12 +164,12 @@ def test_gelu_table_fuses_into_the_conv(accelerator, monkeypatch):
     """The conv's NHWC view has the shape the TABLE reads, so Vela runs the LUT as the conv's activation."""
     model, feeds = linear(gelu=True), {"x": rand(SHAPE, 7)}
     lowered, _ = check_int(model, calib("x", SHAPE), feeds, max_lsb=2.0)
-    layers = vela_layers(lowered.tosa, accelerator)
+    layers = vela_run(lowered.tosa, accelerator).layers
     luts = [r for r in layers if r["NNG Operator"] == "LUT"]
     assert luts and all(int(float(r["Op Cycles"])) == 0 for r in luts), layers
     monkeypatch.setattr(ops_conv, "fc_view", lambda s: (1, int(np.prod(s[:-1])), 1, int(s[-1])))  # the old view
     old, _ = check_int(model, calib("x", SHAPE), feeds, max_lsb=2.0)
-    assert total_cycles(layers) < total_cycles(vela_layers(old.tosa, accelerator))
+    assert total_cycles(layers) < total_cycles(vela_run(old.tosa, accelerator).layers)
 
 
 def residual() -> onnx.ModelProto:
@@ -206,10 +187,10 @@ def test_shared_input_is_not_copied(accelerator, monkeypatch):
     model, feeds = residual(), {"x": rand(SHAPE, 8)}
     lowered, _ = check_int(model, calib("x", SHAPE), feeds)
     assert "SLICE" in lowered.node_ops["fc"], lowered.node_ops
-    layers = vela_layers(lowered.tosa, accelerator)
+    layers = vela_run(lowered.tosa, accelerator).layers
     monkeypatch.setattr(ops_conv, "unshared", lambda ctx, x: x)
     plain, _ = check_int(model, calib("x", SHAPE), feeds)
-    plain_layers = vela_layers(plain.tosa, accelerator)
+    plain_layers = vela_run(plain.tosa, accelerator).layers
     assert [r["NNG Operator"] for r in layers].count("MemoryCopy") == 0, layers
     assert [r["NNG Operator"] for r in plain_layers].count("MemoryCopy") == 1, plain_layers
     assert total_cycles(layers) < total_cycles(plain_layers)

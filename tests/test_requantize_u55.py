@@ -6,8 +6,6 @@ cheaper on U55-128 where the lowering takes it; where U65-256 would run it slowe
 
 from __future__ import annotations
 
-import csv
-import subprocess
 import tempfile
 from pathlib import Path
 
@@ -15,13 +13,10 @@ import numpy as np
 import onnx
 import pytest
 from npusim_helpers import assert_bitexact, reference, tosa_inputs, vela_raw
-from ophelpers import calib, io_dict, quantize_model, single_op_model
+from ophelpers import calib, io_dict, quantize_model, single_op_model, vela_run
 
-from npubuild.config.load import default_search_path, load_target
 from npubuild.lowering import emit
 from npubuild.lowering.driver import LoweredGraph, lower_model
-from npubuild.stages.vela import vela_command
-from npubuild.vela_ini import render_ini
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -35,20 +30,6 @@ def concat_model(shape: list[int]) -> onnx.ModelProto:
 
 def ops(g: LoweredGraph) -> list[str]:
     return [op for node_ops in g.node_ops.values() for op in node_ops]
-
-
-def cycles(tosa: bytes, accelerator: str) -> int:
-    """Vela's cycle estimate with npubuild's own system config for the accelerator."""
-    profile, _ = load_target(accelerator, default_search_path(ROOT), None)
-    with tempfile.TemporaryDirectory() as tmp:
-        src, ini = Path(tmp) / "m.tosa", Path(tmp) / "system.ini"
-        src.write_bytes(tosa)
-        ini.write_text(render_ini(profile))
-        proc = subprocess.run(vela_command(src, ini, Path(tmp) / "out", profile, profile.vela),
-                              capture_output=True, text=True, timeout=300)
-        assert proc.returncode == 0, proc.stdout + proc.stderr
-        with next((Path(tmp) / "out").glob("*_summary_*.csv")).open() as f:
-            return int(float(next(csv.DictReader(f))["cycles_total"]))
 
 
 def assert_same_reference(a: LoweredGraph, b: LoweredGraph) -> None:
@@ -65,8 +46,8 @@ def test_depthwise_requantize_identical_and_faster_on_u55():
     assert ops(portable) == ["RESCALE", "CONCAT"]
     assert ops(u55) == ["DEPTHWISE_CONV2D", "RESCALE", "CONCAT"]
     assert_same_reference(portable, u55)
-    assert cycles(u55.tosa, "ethos-u55-128") < cycles(portable.tosa, "ethos-u55-128")
-    assert cycles(u55.tosa, "ethos-u65-256") < cycles(portable.tosa, "ethos-u65-256")
+    assert vela_run(u55.tosa, "ethos-u55-128").cycles < vela_run(portable.tosa, "ethos-u55-128").cycles
+    assert vela_run(u55.tosa, "ethos-u65-256").cycles < vela_run(portable.tosa, "ethos-u65-256").cycles
     assert lower_model(qdq, "int", family="u85").tosa == portable.tosa
 
 
@@ -89,4 +70,4 @@ def test_rescale_kept_where_depthwise_is_slower_on_u65(shape, monkeypatch):
     forced = lower_model(qdq, "int", family="u55")
     assert "DEPTHWISE_CONV2D" in ops(forced)
     assert_same_reference(portable, forced)
-    assert cycles(forced.tosa, "ethos-u65-256") > cycles(portable.tosa, "ethos-u65-256")
+    assert vela_run(forced.tosa, "ethos-u65-256").cycles > vela_run(portable.tosa, "ethos-u65-256").cycles

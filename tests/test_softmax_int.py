@@ -2,15 +2,9 @@
 
 from __future__ import annotations
 
-import csv
-import subprocess
-import sys
-import tempfile
-from pathlib import Path
-
 import numpy as np
 import pytest
-from ophelpers import calib, check_int, io_dict, quantize_model, rand, single_op_model
+from ophelpers import calib, check_int, io_dict, quantize_model, rand, single_op_model, vela_run
 from test_ops_compute import errors_vs_unfused_qdq, npu_bitexact, wrapped
 
 from npubuild.lowering.driver import lower_model
@@ -45,18 +39,6 @@ def test_long_rows_stay_within_one_lsb():
     assert err.max() <= 1 and (err > 0).mean() <= 0.001
 
 
-def _vela_layers(tosa: bytes, accelerator: str) -> list[dict]:
-    with tempfile.TemporaryDirectory() as tmp:
-        p = Path(tmp) / "m.tosa"
-        p.write_bytes(tosa)
-        proc = subprocess.run([sys.executable, "-m", "ethosu.vela", str(p), "--accelerator-config", accelerator,
-                               "--output-dir", str(Path(tmp) / "out"), "--verbose-performance"],
-                              capture_output=True, text=True, timeout=300)
-        assert proc.returncode == 0, proc.stdout + proc.stderr
-        with open(next((Path(tmp) / "out").glob("*per-layer.csv")), newline="") as f:
-            return list(csv.DictReader(f))
-
-
 @pytest.mark.parametrize("accelerator", ["ethos-u55-128", "ethos-u85-256"])
 def test_vela_fuses_tables_and_rescales(accelerator):
     """Each exp TABLE is the LUT activation of its own SUB (no LUT pass, no LUT load charged); the four
@@ -65,7 +47,7 @@ def test_vela_fuses_tables_and_rescales(accelerator):
     shape = [4, 16, 16]
     model = single_op_model("Softmax", {"x": shape}, {"y": None}, axis=-1)
     lowered, _ = check_int(model, calib("x", shape, low=-4, high=4), {"x": rand(shape, 2, -4, 4)})
-    rows = _vela_layers(lowered.tosa, accelerator)
+    rows = vela_run(lowered.tosa, accelerator).layers
     luts = [r for r in rows if r["NNG Operator"] == "LUT"]
     subs = {r["Name"] for r in rows if r["NNG Operator"] == "Sub"}
     assert len(luts) == 2 and all(float(r["Op Cycles"]) == 0 and r["Name"] in subs for r in luts)
@@ -112,6 +94,6 @@ def test_vela_runs_log_softmax_tail_in_two_full_size_passes():
     fused (a pure shift); the exp TABLEs are LUT activations of their SUBs."""
     shape = [4, 16, 16]
     qdq = quantize_model(wrapped("LogSoftmax", shape, shape, axis=-1), calib("x", shape, low=-4, high=4))
-    rows = _vela_layers(lower_model(qdq, "int").tosa, "ethos-u55-128")
+    rows = vela_run(lower_model(qdq, "int").tosa, "ethos-u55-128").layers
     assert [r["NNG Operator"] for r in rows if r["Name"].startswith("result")] == ["Sub"]
     assert all(float(r["Op Cycles"]) == 0 for r in rows if r["NNG Operator"] == "LUT")

@@ -16,8 +16,8 @@ from pathlib import Path
 import onnx
 import tosa_serializer as ts
 from npbtest import read_report, run_cli
-from ophelpers import calib, quantize_model
-from test_concat_scales import max_copies, models, vela_summary  # noqa: F401  (models: fixture)
+from ophelpers import calib, quantize_model, vela_run
+from test_concat_scales import max_copies, models  # noqa: F401  (models: fixture)
 from test_conv_stride_widen import _downsampling_block
 from test_requantize_u55 import assert_same_reference, ops
 from test_support import compare, rule_verdict, vela_compiles
@@ -50,7 +50,7 @@ def test_wide_u85_keeps_velas_concat_copy(models):  # noqa: F811
     assert max_copies(u85.tosa) == [0] and max_copies(wide.tosa) == []
     assert wide.tosa == lower_model(copy.deepcopy(shared), "int").tosa
     # measured 7596 (U85 form) vs 4202 cycles on U85-2048, 8906 vs 9651 on U85-256
-    assert float(vela_summary(wide.tosa, WIDE)["cycles_total"]) < float(vela_summary(u85.tosa, WIDE)["cycles_total"])
+    assert vela_run(wide.tosa, WIDE).cycles < vela_run(u85.tosa, WIDE).cycles
 
 
 def test_wide_u85_takes_the_zero_taps():
@@ -58,7 +58,7 @@ def test_wide_u85_takes_the_zero_taps():
     portable, wide = lower_model(qdq, "int"), lower_model(qdq, "int", family="u85wide")
     assert "SLICE" in ops(portable) and "SLICE" not in ops(wide)
     assert_same_reference(portable, wide)
-    assert float(vela_summary(wide.tosa, WIDE)["cycles_total"]) < float(vela_summary(portable.tosa, WIDE)["cycles_total"])
+    assert vela_run(wide.tosa, WIDE).cycles < vela_run(portable.tosa, WIDE).cycles
 
 
 def test_wide_u85_target_compiles_its_own_lowering(project: Path, capsys):

@@ -18,8 +18,7 @@ import onnx
 import pytest
 from npusim_helpers import assert_bitexact, vela_raw
 from onnx import TensorProto, helper, numpy_helper
-from ophelpers import calib, io_dict, prepare, quantize_model, rand
-from test_concat_scales import vela_summary
+from ophelpers import calib, io_dict, prepare, quantize_model, rand, vela_run
 
 from npubuild.lowering import ops_resize
 from npubuild.lowering.driver import LoweredGraph, lower_model
@@ -124,7 +123,7 @@ def test_halves_are_concat_inputs_with_the_same_integers(qdq, monkeypatch) -> No
 
 def test_halves_lower_u55_sram(qdq, monkeypatch) -> None:
     whole, halves = lowered(qdq, False, monkeypatch), lowered(qdq, True, monkeypatch)
-    a, b = vela_summary(halves.tosa, "ethos-u55-128"), vela_summary(whole.tosa, "ethos-u55-128")
+    a, b = vela_run(halves.tosa, "ethos-u55-128").summary, vela_run(whole.tosa, "ethos-u55-128").summary
     assert float(a["sram_memory_used"]) < float(b["sram_memory_used"])
     assert float(a["cycles_total"]) <= 1.03 * float(b["cycles_total"])
 
