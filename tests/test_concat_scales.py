@@ -29,15 +29,17 @@ ROOT = Path(__file__).resolve().parents[1]
 SHAPE = [1, 2, 16, 16]
 
 
-def unet_step() -> onnx.ModelProto:
-    """x -> conv+relu (skip, 8 ch) -> maxpool -> conv+relu (16 ch) -> bilinear 2x -> concat(up, skip) -> conv."""
-    rng = np.random.default_rng(0)
+def unet_step(size: int = 16, skip: int = 8, deep: int = 16, extra_reader: bool = False,
+              seed: int = 0) -> onnx.ModelProto:
+    """Float x -> conv+relu (skip) -> maxpool -> conv+relu (deep) -> bilinear 2x -> concat(up, skip) -> conv;
+    with `extra_reader` the upsample is also a graph output."""
+    rng = np.random.default_rng(seed)
 
     def conv(name: str, cin: int, cout: int, k: int, scale: float) -> list:
         return [numpy_helper.from_array((rng.standard_normal((cout, cin, k, k)) * scale).astype(np.float32), f"{name}_w"),
                 numpy_helper.from_array((rng.standard_normal(cout) * 0.1).astype(np.float32), f"{name}_b")]
 
-    inits = [*conv("c1", 2, 8, 3, 0.4), *conv("c2", 8, 16, 3, 0.5), *conv("c3", 24, 4, 1, 0.3),
+    inits = [*conv("c1", 2, skip, 3, 0.4), *conv("c2", skip, deep, 3, 0.5), *conv("c3", skip + deep, 4, 1, 0.3),
              numpy_helper.from_array(np.array([1, 1, 2, 2], np.float32), "scales")]
     nodes = [
         helper.make_node("Conv", ["x", "c1_w", "c1_b"], ["c1"], pads=[1, 1, 1, 1]),
@@ -50,8 +52,11 @@ def unet_step() -> onnx.ModelProto:
         helper.make_node("Concat", ["up", "skip"], ["cat"], axis=1),
         helper.make_node("Conv", ["cat", "c3_w", "c3_b"], ["y"]),
     ]
-    graph = helper.make_graph(nodes, "unet_step", [helper.make_tensor_value_info("x", TensorProto.FLOAT, SHAPE)],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4, 16, 16])], inits)
+    outputs = [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4, size, size])]
+    if extra_reader:
+        outputs.append(helper.make_tensor_value_info("up", TensorProto.FLOAT, [1, deep, size, size]))
+    graph = helper.make_graph(nodes, "unet_step",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 2, size, size])], outputs, inits)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     model.ir_version = 8
     return prepare(model)

@@ -19,6 +19,7 @@ import pytest
 from npusim_helpers import assert_bitexact, vela_raw
 from onnx import TensorProto, helper, numpy_helper
 from ophelpers import calib, io_dict, prepare, quantize_model, rand, vela_run
+from test_concat_scales import unet_step as float_unet_step
 
 from npubuild.lowering import ops_resize
 from npubuild.lowering.driver import LoweredGraph, lower_model
@@ -32,36 +33,8 @@ SMALL = (16, 8, 16)  # replicated 20x20x16 (6 KiB): kept whole (ops_resize.SPLIT
 
 
 def unet_step(size: int, skip: int, deep: int, extra_reader: bool = False) -> onnx.ModelProto:
-    """QDQ model of x -> conv+relu (skip) -> maxpool -> conv+relu (deep) -> bilinear 2x -> concat(up, skip)
-    -> conv; with `extra_reader` the upsample is also a graph output."""
-    rng = np.random.default_rng(1)
-
-    def conv(name: str, cin: int, cout: int, k: int, scale: float) -> list:
-        return [numpy_helper.from_array((rng.standard_normal((cout, cin, k, k)) * scale).astype(np.float32), f"{name}_w"),
-                numpy_helper.from_array((rng.standard_normal(cout) * 0.1).astype(np.float32), f"{name}_b")]
-
-    inits = [*conv("c1", 2, skip, 3, 0.4), *conv("c2", skip, deep, 3, 0.5), *conv("c3", skip + deep, 4, 1, 0.3),
-             numpy_helper.from_array(np.array([1, 1, 2, 2], np.float32), "scales")]
-    nodes = [
-        helper.make_node("Conv", ["x", "c1_w", "c1_b"], ["c1"], pads=[1, 1, 1, 1]),
-        helper.make_node("Relu", ["c1"], ["skip"]),
-        helper.make_node("MaxPool", ["skip"], ["pool"], kernel_shape=[2, 2], strides=[2, 2]),
-        helper.make_node("Conv", ["pool", "c2_w", "c2_b"], ["c2"], pads=[1, 1, 1, 1]),
-        helper.make_node("Relu", ["c2"], ["deep"]),
-        helper.make_node("Resize", ["deep", "", "scales"], ["up"], mode="linear",
-                         coordinate_transformation_mode="half_pixel"),
-        helper.make_node("Concat", ["up", "skip"], ["cat"], axis=1),
-        helper.make_node("Conv", ["cat", "c3_w", "c3_b"], ["y"]),
-    ]
-    shape = [1, 2, size, size]
-    outputs = [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4, size, size])]
-    if extra_reader:
-        outputs.append(helper.make_tensor_value_info("up", TensorProto.FLOAT, [1, deep, size, size]))
-    graph = helper.make_graph(nodes, "unet_step", [helper.make_tensor_value_info("x", TensorProto.FLOAT, shape)],
-                              outputs, inits)
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    model.ir_version = 8
-    qdq = quantize_model(prepare(model), calib("x", shape, n=16))
+    """test_concat_scales' U-Net step, quantised, its Concat sharing one scale as the quantize stage leaves it."""
+    qdq = quantize_model(float_unet_step(size, skip, deep, extra_reader, seed=1), calib("x", [1, 2, size, size], n=16))
     share_concat_scales(qdq)
     return qdq
 
