@@ -29,6 +29,7 @@ from npubuild.lowering.movement import (
     slice_axis,
     slice_phys,
 )
+from npubuild.lowering.quant import QParams
 from npubuild.lowering.registry import lowers
 
 
@@ -64,18 +65,26 @@ def lower_concat(ctx: LoweringContext) -> None:
     for i, n in enumerate(names):
         if not n:
             continue
+        copied = _copied(ctx, i)
         for t in concat_inputs(ctx, i, layout, axis, q):  # an input made of channel groups adds each group
-            if q is not None and t.q is not None and not t.q.same_as(q):
-                t = requantize(ctx, t, q)  # int8 operands with other scales move to the output's
-            elif takes(ctx.family, "concat_dw_copy") and q is not None and t.q is not None and _copied(ctx, i) \
-                    and dw_requantize_cheaper(t, q):
-                t = requantize_dw(ctx, t, q)
-            elif takes(ctx.family, "concat_max_copy") and q is not None and fits_max_copy(t) and _copied(ctx, i):
-                t = max_copy(ctx, t)
+            t = _operand(ctx, t, q, copied)
             if 0 not in t.shape:
                 parts.append(t)
     out = concat_phys(ctx, parts, axis, output_of=ctx.current.output[0])
     finish(ctx, out)
+
+
+def _operand(ctx: LoweringContext, t: TTensor, q: QParams | None, copied: bool) -> TTensor:
+    """A Concat input as the Concat takes it: at the output's scale, and copied the family's fast way."""
+    if q is None or t.q is None:
+        return t
+    if not t.q.same_as(q):
+        return requantize(ctx, t, q)  # int8 operands with other scales move to the output's
+    if copied and takes(ctx.family, "concat_dw_copy") and dw_requantize_cheaper(t, q):
+        return requantize_dw(ctx, t, q)
+    if copied and takes(ctx.family, "concat_max_copy") and fits_max_copy(t):
+        return max_copy(ctx, t)
+    return t
 
 
 def _split_sizes(ctx: LoweringContext, dim: int) -> list[int]:
