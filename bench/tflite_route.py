@@ -156,11 +156,16 @@ def vela_options(ini: Path) -> list[str]:
     return flags + list(opts.get("extra_flags", []))
 
 
+def ini_section(ini: Path, kind: str) -> str:
+    """The name of the .ini's one `[kind.NAME]` section (npubuild names its system config per family)."""
+    return next(m.group(1) for m in re.finditer(rf"^\[{kind}\.([^\]]+)\]", ini.read_text(), re.MULTILINE))
+
+
 def vela(tfl: Path, ini: Path, accelerator: str, out: Path) -> dict:
     """Compile with npubuild's .ini and options; returns the same figures npubuild reports."""
     out.mkdir(parents=True, exist_ok=True)
-    cmd = [VELA, str(tfl), "--config", str(ini), "--system-config", "npubuild_system", "--memory-mode",
-           "npubuild_memory", "--accelerator-config", accelerator, *vela_options(ini),
+    cmd = [VELA, str(tfl), "--config", str(ini), "--system-config", ini_section(ini, "System_Config"),
+           "--memory-mode", ini_section(ini, "Memory_Mode"), "--accelerator-config", accelerator, *vela_options(ini),
            "--output-dir", str(out), "--verbose-performance"]
     proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
     (out / "vela.log").write_text(proc.stdout + proc.stderr)

@@ -11,7 +11,7 @@ from npbtest import REPO, run_cli
 from npubuild.config.load import default_search_path, load_target
 from npubuild.config.schema import ACCELERATORS
 from npubuild.errors import Location
-from npubuild.vela_ini import MEMORY_MODE, SYSTEM_CONFIG, render_ini
+from npubuild.vela_ini import MEMORY_MODE, render_ini, system_config_name
 
 
 def test_a_profile_for_every_accelerator_vela_accepts():
@@ -23,7 +23,7 @@ def test_a_profile_for_every_accelerator_vela_accepts():
         assert profile.accelerator == name
         ini = configparser.ConfigParser()
         ini.read_string(render_ini(profile))
-        system = ini[f"System_Config.{SYSTEM_CONFIG}"]
+        system = ini[f"System_Config.{system_config_name(profile.accelerator)}"]
         assert float(system["core_clock"]) == profile.clock_mhz * 1e6
         assert {system["axi0_port"], system["axi1_port"]} <= {"Sram", "Dram", "OnChipFlash", "OffChipFlash"}
         for pool in profile.pools.values():
@@ -42,7 +42,7 @@ def test_vela_is_always_given_our_config(project: Path, capsys):
     for log in logs:
         text = log.read_text()
         assert "Using a default" not in text and "No configuration file" not in text
-        assert "npubuild_system" in text and "npubuild_memory" in text
+        assert "_npubuild" in text and "npubuild_memory" in text
 
 
 def test_targets_command_lists_clock_pools_and_placement(capsys):

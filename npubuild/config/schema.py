@@ -94,6 +94,16 @@ class VelaOptions(Strict):
     ] = []
 
 
+class VelaMirror(Strict):
+    """The system config and memory mode of Vela's bundled vela.ini that a profile reproduces value for value.
+
+    Declared by the shipped profiles; a test compiles through both and requires identical figures.
+    """
+
+    system_config: str
+    memory_mode: str
+
+
 class TargetProfile(Strict):
     """An accelerator plus the system it sits in: clock, memories and their use."""
 
@@ -105,6 +115,9 @@ class TargetProfile(Strict):
     pools: dict[Name, MemoryPool]
     placement: Placement
     vela: VelaOptions = VelaOptions()
+    mirrors: VelaMirror | None = Field(
+        default=None, description="The Vela bundled system config + memory mode this profile reproduces"
+    )
 
     @model_validator(mode="after")
     def _check_pools(self) -> TargetProfile:

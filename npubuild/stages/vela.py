@@ -25,7 +25,7 @@ from npubuild.firmware import write_deployment, write_firmware
 from npubuild.plan import StageTask
 from npubuild.pools import npz_sizes, pool_failure, pool_usage
 from npubuild.support import family
-from npubuild.vela_ini import MEMORY_MODE, SYSTEM_CONFIG, memory_mode_name, render_ini
+from npubuild.vela_ini import MEMORY_MODE, memory_mode_name, render_ini, system_config_name
 from npubuild.vela_perf import parse_per_layer, top_layers
 
 VELA_TIMEOUT_S = 1800
@@ -36,7 +36,7 @@ def vela_command(tosa: Path, ini: Path, out_dir: Path, profile: TargetProfile, o
     """The full Vela command line, as a list (never through a shell)."""
     cmd = [sys.executable, "-m", "ethosu.vela", str(tosa),
            "--config", str(ini),
-           "--system-config", SYSTEM_CONFIG,
+           "--system-config", system_config_name(profile.accelerator),
            "--memory-mode", MEMORY_MODE,
            "--accelerator-config", profile.accelerator,
            "--optimise", opts.optimise,
