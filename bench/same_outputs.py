@@ -1,0 +1,205 @@
+"""Show that two npubuild trees build the same outputs: TOSA files byte for byte, report.json equal.
+
+For refactors that must not change behaviour. Builds every spec in configs/ plus a few extra builds
+that reach other paths (a host-partitioned U55 model, raw Vela output checked by npu-sim, U65's own
+lowering, the FP pipeline) with each tree, then compares:
+
+- every file the lower stage wrote (model.tosa, <family>_*.tosa, host .onnx, io.json) per build;
+- Vela's summary.json and firmware files per build;
+- report.json, after removing what legitimately differs: run ids, seconds, cached flags, the npubuild
+  source fingerprint in versions and in the stage-dir hashes of paths.
+
+    python bench/same_outputs.py REV_A [REV_B]      # git revisions; REV_B defaults to the working tree
+
+Each revision is checked out into a temporary git worktree and run with the current interpreter and
+PYTHONPATH pointing at it. Exits 1 and lists the differences if there are any.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+REPO = Path(__file__).resolve().parents[1]
+HASH_DIR = re.compile(r"-[0-9a-f]{8}(?=/|$)")
+VOLATILE = {"seconds", "cached", "from_cache", "run_id", "layers_path"}
+
+EXTRA_SPEC = """version: 1
+name: extra
+models:
+  cmp:
+    path: models/cmp.onnx
+    input_shapes: {x: [1, 4, 8, 8]}
+    calibration: {random: {samples: 16, seed: 0}}
+  ds_cnn:
+    path: models/ds_cnn.onnx
+    input_shapes: {input: [1, 1, 49, 10]}
+    calibration: {random: {samples: 16, seed: 0}}
+  unet:
+    path: models/unet.onnx
+    input_shapes: {input: [1, 1, 64, 64]}
+    calibration: {random: {samples: 16, seed: 0}}
+targets:
+  - ethos-u65-256
+  - {extends: ethos-u55-128, name: u55-raw, vela: {output_format: raw}}
+verify: {tosa: true, samples: 4}
+"""
+FP_SPEC = """version: 1
+name: extra_fp
+models:
+  resnet8:
+    path: models/resnet8.onnx
+    calibration: {random: {samples: 8, seed: 0}}
+targets: [ethos-u55-128]
+pipeline: fp
+verify: {tosa: true, samples: 4}
+"""
+
+
+def compare_select_model() -> onnx.ModelProto:
+    """Conv -> Greater/Relu -> Where -> Conv: GREATER and SELECT run on the host for U55."""
+    rng = np.random.default_rng(0)
+    nodes = [helper.make_node("Conv", ["x", "w1"], ["c"], pads=[1, 1, 1, 1], name="conv_a"),
+             helper.make_node("Greater", ["c", "thr"], ["g"], name="gt"),
+             helper.make_node("Relu", ["c"], ["r"], name="relu"),
+             helper.make_node("Where", ["g", "c", "r"], ["s"], name="sel"),
+             helper.make_node("Conv", ["s", "w2"], ["y"], name="conv_b")]
+    inits = [numpy_helper.from_array(rng.uniform(-1, 1, (8, 4, 3, 3)).astype(np.float32), "w1"),
+             numpy_helper.from_array(rng.uniform(-1, 1, (8, 8, 1, 1)).astype(np.float32), "w2"),
+             numpy_helper.from_array(np.array(0.25, np.float32), "thr")]
+    graph = helper.make_graph(nodes, "cmp", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, 8, 8])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8, 8, 8])], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    return model
+
+
+def make_project(root: Path) -> Path:
+    """configs/ as shipped plus the extra specs, in a scratch project of its own."""
+    shutil.copytree(REPO / "configs", root / "configs")
+    (root / "dodo.py").write_text("# scratch project\n")
+    onnx.save(compare_select_model(), root / "configs" / "models" / "cmp.onnx")
+    (root / "configs" / "extra.yaml").write_text(EXTRA_SPEC)
+    (root / "configs" / "extra_fp.yaml").write_text(FP_SPEC)
+    return root
+
+
+def checkout(rev: str | None, scratch: Path) -> Path:
+    if rev is None:
+        return REPO
+    tree = scratch / f"tree-{rev.replace('/', '_')}"
+    subprocess.run(["git", "-C", str(REPO), "worktree", "add", "--detach", "-f", str(tree), rev], check=True,
+                   capture_output=True)
+    return tree
+
+
+def build(tree: Path, project: Path, out: Path) -> None:
+    env = {**os.environ, "PYTHONPATH": str(tree)}
+    proc = subprocess.run([sys.executable, "-m", "npubuild", "build", str(project / "configs"), "--build-dir",
+                           str(out), "-n", "2", "--keep-going", "--progress", "plain", "--cache", "off"],
+                          cwd=project, env=env, capture_output=True, text=True)
+    if proc.returncode not in (0, 1):
+        raise SystemExit(f"build with {tree} failed ({proc.returncode}): {proc.stderr.strip()[-500:]}")
+
+
+def normalised(obj, build_dir: str):
+    """report.json without what differs between two trees building the same thing."""
+    if isinstance(obj, dict):
+        return {k: normalised(v, build_dir) for k, v in obj.items() if k not in VOLATILE}
+    if isinstance(obj, list):
+        return [normalised(v, build_dir) for v in obj]
+    if isinstance(obj, str):
+        return HASH_DIR.sub("-HASH", obj.replace(build_dir, "BUILD"))
+    return obj
+
+
+def stage_files(build_dir: Path, report: dict) -> dict[str, bytes]:
+    """Per build id: the lower stage's and the vela stage's files (not the records, which carry keys)."""
+    out = {}
+    for b in report["builds"]:
+        bid = f"{b['spec']}/{b['model']}/{b['target']}"
+        arts = b.get("artifacts", {})
+        dirs = {"lower": Path(arts["tosa"]).parent} if "tosa" in arts else {}
+        if "vela" in arts:
+            vela = Path(arts["vela"]).parent
+            dirs["vela"] = vela.parent if vela.name == "raw" else vela
+        for stage, d in dirs.items():
+            for p in sorted(d.rglob("*")):
+                if p.is_file() and p.name not in ("stage.json", "inputs.json", "vela.log") \
+                        and not p.name.endswith(".vela.log") and not p.name.startswith("."):
+                    data = p.read_bytes()
+                    if p.name in ("summary.json", "npubuild_deployment.json") or p.suffix == ".json":
+                        data = json.dumps(normalised(json.loads(data), str(build_dir)), sort_keys=True).encode()
+                    out[f"{bid} {stage}/{p.relative_to(d)}"] = data
+    return out
+
+
+def compare(a: Path, b: Path) -> list[str]:
+    ra, rb = (json.loads((d / "report.json").read_text()) for d in (a, b))
+    diffs = []
+    for side, r in (("A", ra), ("B", rb)):
+        r["versions"].pop("npubuild", None)
+    na, nb = normalised(ra, str(a)), normalised(rb, str(b))
+    for x, y in zip(na["builds"], nb["builds"], strict=False):
+        if x != y:
+            keys = sorted(k for k in set(x) | set(y) if x.get(k) != y.get(k))
+            mkeys = sorted(k for k in set(x.get("metrics", {})) | set(y.get("metrics", {}))
+                           if x.get("metrics", {}).get(k) != y.get("metrics", {}).get(k))
+            diffs.append(f"report {x.get('spec')}/{x.get('model')}/{x.get('target')}: {keys} metrics {mkeys}")
+    if len(na["builds"]) != len(nb["builds"]) or na["versions"] != nb["versions"]:
+        diffs.append("report: different build lists or tool versions")
+    fa, fb = stage_files(a, ra), stage_files(b, rb)
+    for name in sorted(set(fa) | set(fb)):
+        if fa.get(name) != fb.get(name):
+            diffs.append(f"file {name}: {'missing in A' if name not in fa else 'missing in B' if name not in fb else 'differs'}")
+    return diffs
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("rev_a")
+    ap.add_argument("rev_b", nargs="?", help="default: the working tree")
+    ap.add_argument("--keep", type=Path, help="build into this directory and keep it")
+    args = ap.parse_args()
+    scratch = Path(tempfile.mkdtemp(prefix="npb-same-")) if args.keep is None else args.keep
+    trees = []
+    try:
+        outs = []
+        for side, rev in (("a", args.rev_a), ("b", args.rev_b)):
+            tree = checkout(rev, scratch)
+            trees.append(tree)
+            project = make_project(scratch / f"project-{side}")
+            out = scratch / f"build-{side}"
+            build(tree, project, out)
+            outs.append(out)
+        diffs = compare(*outs)
+        n = len(json.loads((outs[0] / "report.json").read_text())["builds"])
+        files = len(stage_files(outs[0], json.loads((outs[0] / "report.json").read_text())))
+        if diffs:
+            print("\n".join(diffs))
+            print(f"{len(diffs)} difference(s) over {n} builds and {files} stage files")
+            return 1
+        print(f"identical: {n} builds' report entries and {files} lower/vela stage files")
+        return 0
+    finally:
+        for tree in trees:
+            if tree != REPO:
+                subprocess.run(["git", "-C", str(REPO), "worktree", "remove", "--force", str(tree)],
+                               capture_output=True)
+        if args.keep is None:
+            shutil.rmtree(scratch, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
