@@ -9,12 +9,12 @@ import os
 import sys
 from pathlib import Path
 
-from npubuild.buildlock import acquire
+from npubuild.build.doit_executor import new_run_id
+from npubuild.build.lock import acquire
+from npubuild.build.plan import make_plan
+from npubuild.build.session import namespace
 from npubuild.config.load import load_specs
-from npubuild.doit_tasks import new_run_id
 from npubuild.errors import NpubuildError
-from npubuild.plan import make_plan
-from npubuild.runner import namespace
 
 _here = Path(__file__).parent
 _specs = [Path(p) for p in os.environ.get("NPUBUILD_SPECS", str(_here / "configs")).split(":")]

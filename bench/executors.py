@@ -53,9 +53,9 @@ def stage_seconds(build_dir: Path) -> float:
 def run(executor: str, specs: Path, build_dir: Path, cache: Path, workers: int) -> dict:
     import os
 
+    from npubuild.build.dask_executor import build_dask
+    from npubuild.build.session import build
     from npubuild.config.load import load_specs
-    from npubuild.dask_executor import build_dask
-    from npubuild.runner import build
 
     os.environ["NPUBUILD_CACHE"] = str(cache)
     builds = load_specs([specs])

@@ -89,17 +89,17 @@ def run_json(build_dir: Path) -> dict:
 
 def noop_breakdown(root: Path, build_dir: Path) -> dict[str, float]:
     """The no-op path in this process, timed by part (interpreter start-up and imports excluded)."""
-    import npubuild.passes
+    import npubuild.frontend.passes
+    from npubuild.build.plan import make_plan
+    from npubuild.build.session import run_plan
+    from npubuild.build.uptodate import is_done
     from npubuild.config.load import load_specs
-    from npubuild.plan import make_plan
-    from npubuild.runner import run_plan
-    from npubuild.summary import write_reports
-    from npubuild.uptodate import is_done
+    from npubuild.report.summary import write_reports
 
-    npubuild.passes.load_all()  # imports are paid once per process: timed apart (the start-up row)
-    import npubuild.uptodate
+    npubuild.frontend.passes.load_all()  # imports are paid once per process: timed apart (the start-up row)
+    import npubuild.build.uptodate
 
-    npubuild.uptodate._JSON_CACHE.clear()  # each repeat reads the records afresh, like a new process
+    npubuild.build.uptodate._JSON_CACHE.clear()  # each repeat reads the records afresh, like a new process
     os.chdir(root)
     t0 = time.perf_counter()
     builds = load_specs([root / "configs"])
@@ -151,8 +151,8 @@ def main(argv: list[str] | None = None) -> int:
         for _ in range(REPEATS):
             start = time.perf_counter()
             # what the no-op CLI imports before it does any work (the same modules, nothing run)
-            subprocess.run([sys.executable, "-c", "import npubuild.cli, npubuild.commands.build, npubuild.runner, "
-                            "npubuild.config.load, npubuild.passes; npubuild.cli.make_parser()"], check=True)
+            subprocess.run([sys.executable, "-c", "import npubuild.cli, npubuild.commands.build, npubuild.build.session, "
+                            "npubuild.config.load, npubuild.frontend.passes; npubuild.cli.make_parser()"], check=True)
             startups.append(time.perf_counter() - start)
         startup = min(startups)
         rows.append(("  of which interpreter start-up + imports", f"{startup:.2f} s"))

@@ -148,7 +148,7 @@ def stage_files(build_dir: Path, report: dict) -> dict[str, bytes]:
 def compare(a: Path, b: Path) -> list[str]:
     ra, rb = (json.loads((d / "report.json").read_text()) for d in (a, b))
     diffs = []
-    for side, r in (("A", ra), ("B", rb)):
+    for r in (ra, rb):
         r["versions"].pop("npubuild", None)
     na, nb = normalised(ra, str(a)), normalised(rb, str(b))
     for x, y in zip(na["builds"], nb["builds"], strict=False):

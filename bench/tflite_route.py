@@ -96,7 +96,7 @@ def convert(onnx_path: Path, work: Path, samples: int = 32, seed: int = 0) -> Pa
     loaded = tf.saved_model.load(str(sm))
     sig = loaded.signatures["serving_default"]
     tf_shape = list(next(iter(sig.structured_input_signature[1].values())).shape)
-    # the very samples npubuild calibrates on (npubuild.data.random_arrays with the specs' settings)
+    # the very samples npubuild calibrates on (npubuild.frontend.data.random_arrays with the specs' settings)
     rng = np.random.default_rng(seed)
     batch = rng.uniform(-1, 1, size=(samples, *shape)).astype(np.float32)
     calib = [to_tf_layout(x, tf_shape) for x in batch]
@@ -119,7 +119,7 @@ def convert(onnx_path: Path, work: Path, samples: int = 32, seed: int = 0) -> Pa
 def tflite_snr(tfl: Path, onnx_path: Path, n: int = 8, seed: int = 1) -> float:
     """SNR (dB) of the int8 TFLite model against onnxruntime on the float ONNX model.
 
-    On the inputs npubuild's tosa-check uses (npubuild.data.sample_arrays: verify seed + 1000003,
+    On the inputs npubuild's tosa-check uses (npubuild.frontend.data.sample_arrays: verify seed + 1000003,
     the specs' 8 samples), so the two routes' quant_snr_db are measured alike.
     """
     from ai_edge_litert.interpreter import Interpreter

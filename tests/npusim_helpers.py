@@ -14,7 +14,7 @@ from ophelpers import calib, io_dict, quantize_model
 from npubuild.lowering.driver import lower_model
 from npubuild.npusim.npz import RawModel, load_raw
 from npubuild.npusim.sim import run
-from npubuild.tosa_run import _quiet_stdio
+from npubuild.tosa.run import _quiet_stdio
 
 
 def lower_int(model: onnx.ModelProto, input_shape: list[int]) -> tuple[bytes, dict]:

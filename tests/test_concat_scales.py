@@ -1,4 +1,4 @@
-"""Concat inputs sharing the Concat output's quantisation (npubuild.qdq_concat), and what it buys in Vela.
+"""Concat inputs sharing the Concat output's quantisation (npubuild.frontend.qdq_concat), and what it buys in Vela.
 
 A small U-Net step (conv skip, max-pool, conv, bilinear 2x Resize, channel Concat) quantised by onnxruntime
 gets one scale per Concat group from the post-pass; the QDQ model stays close to the float one, the int8
@@ -19,11 +19,11 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 from ophelpers import calib, io_dict, prepare, quantize_model, rand, single_op_model, vela_run
 
+from npubuild.frontend.qdq_concat import share_concat_scales, union_params
 from npubuild.lowering import concat_order, family_choices
 from npubuild.lowering.driver import LoweredGraph, lower_model
-from npubuild.qdq_concat import share_concat_scales, union_params
-from npubuild.tosa_graph import read_tosa
-from npubuild.tosa_run import run_onnx, run_tosa
+from npubuild.tosa.graph import read_tosa
+from npubuild.tosa.run import run_onnx, run_tosa
 
 ROOT = Path(__file__).resolve().parents[1]
 SHAPE = [1, 2, 16, 16]

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from npbtest import read_report, read_run
 
-from npubuild.cache import StageCache
+from npubuild.build.cache import StageCache
 from npubuild.config.load import load_specs
 
 
@@ -45,7 +45,7 @@ def cluster():
 
 def test_doit_and_dask_give_identical_metrics_and_a_second_machine_takes_everything_from_cache(
         project: Path, cluster, monkeypatch):
-    from npubuild.dask_executor import build_dask
+    from npubuild.build.dask_executor import build_dask
 
     doit_dir, dask_dir, third_dir = project / "b-doit", project / "b-dask", project / "b-third"
     proc = _build(project, doit_dir, project / "cache-doit")
@@ -98,7 +98,7 @@ def test_corrupt_entry_is_detected_discarded_and_recomputed(project: Path):
 
 
 def test_a_worker_killed_mid_stage_costs_a_retry_and_corrupts_nothing(project: Path, cluster, monkeypatch):
-    from npubuild.dask_executor import build_dask
+    from npubuild.build.dask_executor import build_dask
 
     cache_dir = project / "cache-kill"
     monkeypatch.setenv("NPUBUILD_CACHE", str(cache_dir))

@@ -11,8 +11,8 @@ import onnx
 from npbtest import REPO, read_report, run_cli
 from onnx import numpy_helper
 
-from npubuild.debug_numerics import layer_numerics
 from npubuild.stages.quantize import quantize
+from npubuild.verify.debug_numerics import layer_numerics
 
 PASSES = ["eliminate_identity", "eliminate_dropout", "remove_unused", "topological_sort"]
 DIGITS = REPO / "configs" / "models" / "digits_cnn.onnx"
@@ -102,7 +102,7 @@ def test_unknown_model_is_one_line_exit_2(tmp_path: Path, capsys):
 
 
 def test_first_jump_rules():
-    from npubuild.debug_numerics import first_jump
+    from npubuild.verify.debug_numerics import first_jump
 
     def row(node, snr, lsb=0.0):
         return {"node": node, "quant_snr_db": snr, "tosa_snr_db": 150.0, "max_error_lsb": lsb}

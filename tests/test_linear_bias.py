@@ -20,9 +20,9 @@ from onnx import TensorProto, helper, numpy_helper
 from ophelpers import calib, check_int, quantize_model, rand, vela_run
 
 import npubuild.stages.quantize as quantize_stage
+from npubuild.frontend.qdq_linear import fold_linear_bias
 from npubuild.lowering import ops_conv
-from npubuild.qdq_linear import fold_linear_bias
-from npubuild.tosa_run import run_onnx
+from npubuild.tosa.run import run_onnx
 
 ROOT = Path(__file__).resolve().parents[1]
 SHAPE = [1, 8, 16]

@@ -16,10 +16,10 @@ import pytest
 from npbtest import REPO, run_cli
 from onnx import numpy_helper
 
+from npubuild.frontend.normalise import normalise
 from npubuild.models.__main__ import TORCH_NAMES
 from npubuild.models.__main__ import main as models_main
 from npubuild.models.zoo import MODELS
-from npubuild.stages.importer import normalise
 
 MODELS_DIR = REPO / "configs" / "models"
 CNNS = ("ds_cnn", "mobilenet_v1", "resnet8", "autoencoder", "mobilenet_v3_block", "unet")

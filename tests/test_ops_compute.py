@@ -30,7 +30,7 @@ from ophelpers import (
 )
 
 from npubuild.lowering.driver import lower_model
-from npubuild.tosa_run import run_tosa
+from npubuild.tosa.run import run_tosa
 
 ACCELERATORS = ("ethos-u55-128", "ethos-u85-256")
 

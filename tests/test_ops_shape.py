@@ -26,10 +26,10 @@ from ophelpers import (
     vela_op_counts,
 )
 
+from npubuild.ethosu.support import check_node
 from npubuild.lowering.driver import lower_model
-from npubuild.support import check_node
-from npubuild.tosa_graph import CONST_OPS, read_tosa
-from npubuild.tosa_run import run_onnx, run_tosa
+from npubuild.tosa.graph import CONST_OPS, read_tosa
+from npubuild.tosa.run import run_onnx, run_tosa
 
 ACCELS = ("ethos-u55-128", "ethos-u85-256")
 BIG = np.iinfo(np.int64).max
@@ -486,7 +486,7 @@ def test_transposed_dequantized_weight_stays_a_constant(per_channel):
 def test_u55_family_lowering_keeps_bilinear_resize_on_the_npu():
     """The portable lowering's bilinear RESIZE goes to the host on U55 (the support rule); the U55 family's
     own lowering puts every node on the NPU."""
-    from npubuild.partition import plan_partitions
+    from npubuild.ethosu.partition import plan_partitions
 
     shape = [1, 2, 4, 4]
     model = single_op_model("Resize", {"x": shape}, {"y": None}, {"roi": EMPTY, "sc": np.array([1, 1, 2, 2], np.float32)},

@@ -11,8 +11,8 @@ import onnx
 from fourhelpers import add_compare_model
 from npbtest import read_report, run_cli
 
-from npubuild.partition_run import run_partitions
-from npubuild.tosa_run import run_onnx
+from npubuild.tosa.run import run_onnx
+from npubuild.verify.partitioned import run_partitions
 
 
 def _io(build_dir: Path) -> tuple[Path, dict]:

@@ -13,9 +13,9 @@ import pytest
 from npbtest import REPO, run_subprocess
 from onnxruntime import quantization as ortq
 
-from npubuild.stages.importer import normalise
+from npubuild.frontend.normalise import normalise
 from npubuild.stages.quantize import ArrayReader
-from npubuild.tosa_run import run_onnx, run_tosa
+from npubuild.tosa.run import run_onnx, run_tosa
 
 
 def _quantize_elsewhere(tmp: Path, fmt: ortq.QuantFormat) -> Path:
@@ -85,8 +85,8 @@ def test_qoperator_elementwise_pool_and_matmul_ops(tmp_path: Path):
     ops = {n.op_type for n in onnx.load(qop).graph.node}
     assert {"QLinearConv", "QLinearAdd", "QLinearMul", "QLinearMatMul"} <= ops, ops
 
+    from npubuild.frontend.qoperator import to_qdq
     from npubuild.lowering.driver import lower_model
-    from npubuild.qoperator import to_qdq
 
     lowered = lower_model(to_qdq(onnx.load(qop)), "int")
     io = {"inputs": [i.as_dict() for i in lowered.inputs], "outputs": [o.as_dict() for o in lowered.outputs]}

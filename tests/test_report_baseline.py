@@ -110,7 +110,7 @@ def test_missing_or_bad_baseline_is_one_line_exit_2(project: Path, capsys):
 
 
 def test_report_html_draws_per_layer_cycles_for_failed_and_slowest_builds_only(project: Path, capsys):
-    from npubuild.html_report import MAX_LAYER_CHARTS, render_html
+    from npubuild.report.html import MAX_LAYER_CHARTS, render_html
 
     _nightly(project, capsys, "night1")
     report = read_report(project / "build")

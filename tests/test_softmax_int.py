@@ -9,7 +9,7 @@ from test_ops_compute import errors_vs_unfused_qdq, npu_bitexact, wrapped
 
 from npubuild.lowering.driver import lower_model
 from npubuild.lowering.softmax_int import EXP_ONE, exp_bytes, reciprocal_plan
-from npubuild.tosa_run import run_tosa
+from npubuild.tosa.run import run_tosa
 
 
 @pytest.mark.parametrize("scale", [0.01, 0.05, 0.2])

@@ -15,8 +15,8 @@ import numpy as np
 import pytest
 import tosa_serializer as ts
 
-from npubuild.support import check_node, family
-from npubuild.tosa_graph import read_tosa
+from npubuild.ethosu.support import check_node, family
+from npubuild.tosa.graph import read_tosa
 
 D = ts.DType
 U55, U85 = "ethos-u55-128", "ethos-u85-256"

@@ -11,7 +11,7 @@ from npbtest import REPO, run_cli
 from npubuild.config.load import default_search_path, load_target
 from npubuild.config.schema import ACCELERATORS
 from npubuild.errors import Location
-from npubuild.vela_ini import MEMORY_MODE, render_ini, system_config_name
+from npubuild.ethosu.vela_ini import MEMORY_MODE, render_ini, system_config_name
 
 
 def test_a_profile_for_every_accelerator_vela_accepts():

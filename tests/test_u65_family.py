@@ -18,9 +18,9 @@ from ophelpers import io_dict, vela_run
 from test_support import compare, rule_verdict, vela_compiles
 from test_upsample_split import BIG, unet_step
 
+from npubuild.ethosu.partition import plan_partitions
+from npubuild.ethosu.support import family
 from npubuild.lowering.driver import lower_model
-from npubuild.partition import plan_partitions
-from npubuild.support import family
 
 U55, U65 = "ethos-u55-128", "ethos-u65-256"
 U65_RAW = "{extends: ethos-u65-256, name: u65-raw, vela: {output_format: raw}}"  # npu-sim runs raw

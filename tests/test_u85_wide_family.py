@@ -22,9 +22,9 @@ from test_conv_stride_widen import _downsampling_block
 from test_requantize_u55 import assert_same_reference, ops
 from test_support import compare, rule_verdict, vela_compiles
 
+from npubuild.ethosu.support import RULES_OF, family
 from npubuild.lowering.driver import lower_model
 from npubuild.lowering.family_choices import takes
-from npubuild.support import RULES_OF, family
 
 U85, WIDE = "ethos-u85-256", "ethos-u85-2048"
 

@@ -21,11 +21,11 @@ from onnx import TensorProto, helper, numpy_helper
 from ophelpers import calib, io_dict, prepare, quantize_model, rand, vela_run
 from test_concat_scales import unet_step as float_unet_step
 
+from npubuild.frontend.qdq_concat import share_concat_scales
 from npubuild.lowering import ops_resize
 from npubuild.lowering.driver import LoweredGraph, lower_model
-from npubuild.qdq_concat import share_concat_scales
-from npubuild.tosa_graph import read_tosa
-from npubuild.tosa_run import run_onnx, run_tosa
+from npubuild.tosa.graph import read_tosa
+from npubuild.tosa.run import run_onnx, run_tosa
 
 BIG = (32, 16, 32)  # input size, skip channels, deep channels: replicated 36x36x32 (41 KiB), split
 LARGE = (64, 8, 16)  # replicated 68x68x16 (72 KiB), split; 16 channels: the row pad is shared by both halves

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 from npbtest import read_report, run_cli
 
-from npubuild.numerics import compare_output, lsb_error
+from npubuild.verify.numerics import compare_output, lsb_error
 
 
 def _spec(project: Path, **replace: str) -> Path:

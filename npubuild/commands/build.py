@@ -12,8 +12,8 @@ from npubuild.errors import InputError
 
 
 def cmd_build(args) -> int:
+    from npubuild.build.session import build
     from npubuild.config.load import load_specs, spec_paths
-    from npubuild.runner import build
 
     if args.jobs < 1:
         raise InputError(f"-n/--jobs must be at least 1, got {args.jobs}")
@@ -23,8 +23,8 @@ def cmd_build(args) -> int:
     build_dir = Path(args.build_dir)
     with cache_configured(args.cache, build_dir):
         if args.executor == "dask":
-            from npubuild.buildlock import locked
-            from npubuild.dask_executor import build_dask
+            from npubuild.build.dask_executor import build_dask
+            from npubuild.build.lock import locked
 
             with locked(build_dir.resolve(), args.wait):
                 return build_dask(builds, build_dir, args.scheduler, args.jobs if args.jobs > 1 else 2, args.quiet,

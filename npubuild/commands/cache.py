@@ -9,7 +9,7 @@ from npubuild.errors import InputError
 
 
 def _cache(args):
-    from npubuild.cache import StageCache
+    from npubuild.build.cache import StageCache
 
     url = args.cache or os.environ.get("NPUBUILD_CACHE") or str(Path(args.build_dir).resolve() / "cache")
     if "://" not in url and not Path(url).is_dir():
@@ -18,7 +18,7 @@ def _cache(args):
 
 
 def cmd_cache(args) -> int:
-    from npubuild.cache import parse_age
+    from npubuild.build.cache import parse_age
 
     cache = _cache(args)
     if args.action == "stats":

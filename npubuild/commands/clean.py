@@ -54,14 +54,14 @@ def _prune_empty(root: Path) -> None:
 
 
 def cmd_clean(args) -> int:
-    from npubuild.buildlock import LOCK_NAME, locked
+    from npubuild.build.lock import LOCK_NAME, locked
 
     build_dir = Path(args.build_dir).resolve()
     if not build_dir.is_dir():
         raise InputError("no such build dir", str(build_dir))
     if args.stale:
+        from npubuild.build.plan import make_plan
         from npubuild.config.load import load_specs, spec_paths
-        from npubuild.plan import make_plan
 
         plan = make_plan(load_specs(spec_paths(args.specs)), build_dir)
         keep = {t.dir for t in plan.tasks.values()}

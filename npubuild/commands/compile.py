@@ -7,8 +7,8 @@ from pathlib import Path
 
 
 def cmd_compile(args) -> int:
+    from npubuild.build.session import build
     from npubuild.config.load import adhoc_builds
-    from npubuild.runner import build
 
     builds = adhoc_builds(Path(args.model), args.target, args.pipeline)
     result = build(builds, Path(args.build_dir), quiet=args.json, debug=args.debug)

@@ -11,12 +11,12 @@ from npubuild.errors import InputError, StageError
 def cmd_debug_numerics(args) -> int:
     import onnx
 
+    from npubuild.build.execute import read_error, read_record
+    from npubuild.build.session import build
     from npubuild.config.load import load_spec
-    from npubuild.data import load_arrays, sample_arrays, subset
-    from npubuild.debug_numerics import layer_numerics, render_table
     from npubuild.fileio import read_json, write_json
-    from npubuild.runner import build
-    from npubuild.stages import read_error, read_record
+    from npubuild.frontend.data import load_arrays, sample_arrays, subset
+    from npubuild.verify.debug_numerics import layer_numerics, render_table
 
     builds = load_spec(Path(args.spec))
     chosen = [b for b in builds if (args.model is None or b.model_name == args.model)

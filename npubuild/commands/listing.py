@@ -9,7 +9,7 @@ from pathlib import Path
 def cmd_targets(args) -> int:
     from npubuild.config.load import default_search_path, find_project_root, load_target
     from npubuild.errors import Location
-    from npubuild.vela_ini import memory_mode_name
+    from npubuild.ethosu.vela_ini import memory_mode_name
 
     search = default_search_path(find_project_root(Path.cwd()))
     for name in search.names("targets"):

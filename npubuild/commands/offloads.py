@@ -35,8 +35,8 @@ def _builds(source: Path, target: str, pipeline: str):
 
 
 def cmd_offloads(args) -> int:
+    from npubuild.build.session import build
     from npubuild.fileio import read_json
-    from npubuild.runner import build
 
     builds = _builds(Path(args.source), args.target, args.pipeline)
     result = build(builds, Path(args.build_dir), quiet=True, debug=args.debug)

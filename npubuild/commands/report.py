@@ -29,9 +29,9 @@ def load_report(path: Path) -> dict:
 
 def cmd_report(args) -> int:
     from npubuild.config.load import find_project_root
-    from npubuild.junit import write_junit
-    from npubuild.regress import compare, load_thresholds, render_comparison
-    from npubuild.summary import render_markdown, write_html
+    from npubuild.report.junit import write_junit
+    from npubuild.report.regress import compare, load_thresholds, render_comparison
+    from npubuild.report.summary import render_markdown, write_html
 
     build_dir = Path(args.build_dir)
     report = load_report(build_dir / "report.json")

@@ -237,7 +237,7 @@ def load_spec(path: Path) -> list[Build]:
         pipeline, _ = load_pipeline(spec.pipeline, search, locate(marks, ("pipeline",), Location(str(path))))
     else:
         pipeline = spec.pipeline
-    from npubuild.passes import check_pass_names
+    from npubuild.frontend.passes import check_pass_names
 
     check_pass_names(pipeline, locate(marks, ("pipeline",), Location(str(path))))
 

@@ -58,7 +58,7 @@ def intermediates(tosa: bytes, inputs: list[np.ndarray]) -> dict[str, np.ndarray
     """Every computed tensor of the graph on these inputs (TOSA layout)."""
     import tosa_reference_model as trm
 
-    from npubuild.tosa_run import _quiet_stdio
+    from npubuild.tosa.run import _quiet_stdio
 
     probe, names = probe_tensors(tosa)
     with _quiet_stdio():

@@ -91,7 +91,7 @@ def compare(model: RawModel, tosa: bytes, samples: list[list[np.ndarray]], names
 
     import tosa_reference_model as trm
 
-    from npubuild.tosa_run import _quiet_stdio
+    from npubuild.tosa.run import _quiet_stdio
 
     v = Verdict(samples=len(samples))
     if len(model.outputs) != len(names) or len(model.inputs) != len(samples[0] if samples else []):

@@ -27,9 +27,9 @@ from pathlib import Path
 
 import numpy as np
 
+from npubuild.build.plan import StageTask
 from npubuild.errors import StageError
 from npubuild.fileio import read_json, write_json, write_text
-from npubuild.plan import StageTask
 
 # the platform's board prefix for -C parameters, and where --data loads files
 BOARD = {"corstone-300": "mps3_board", "corstone-320": "mps4_board"}

@@ -21,16 +21,16 @@ import numpy as np
 import onnx
 import onnx_ir as ir
 
+from npubuild.build.plan import StageTask
 from npubuild.errors import StageError
+from npubuild.ethosu.partition import PartitionPlan, plan_partitions, write_partitions
+from npubuild.ethosu.support import FAMILIES
 from npubuild.fileio import write_bytes, write_json
+from npubuild.frontend.passes import run_passes
 from npubuild.lowering.driver import LoweredGraph, lower_model
-from npubuild.partition import PartitionPlan, plan_partitions, write_partitions
-from npubuild.partition_run import run_partitions
-from npubuild.passes import run_passes
-from npubuild.plan import StageTask
-from npubuild.support import FAMILIES
-from npubuild.tosa_graph import ops_by_node, read_tosa, tensor_nodes
-from npubuild.tosa_run import run_onnx
+from npubuild.tosa.graph import ops_by_node, read_tosa, tensor_nodes
+from npubuild.tosa.run import run_onnx
+from npubuild.verify.partitioned import run_partitions
 
 QDQ_OPS = {"QuantizeLinear", "DequantizeLinear"}
 CHECK_SAMPLES = 4

@@ -16,14 +16,14 @@ from pathlib import Path
 import numpy as np
 import onnx
 
-from npubuild.data import sample_arrays
+from npubuild.build.plan import StageTask
 from npubuild.errors import StageError
 from npubuild.fileio import read_json, write_json
+from npubuild.frontend.data import sample_arrays
 from npubuild.npusim import NotModelled
 from npubuild.npusim.npz import load_raw
 from npubuild.npusim.tosa_probe import graph_io
 from npubuild.npusim.verify import compare
-from npubuild.plan import StageTask
 
 
 def skip_reason(accelerator: str, output_format: str) -> str | None:

@@ -10,15 +10,15 @@ import numpy as np
 import onnx
 from onnxruntime import quantization as ortq
 
-from npubuild.calibration import entropy_options
-from npubuild.data import calibration_arrays
+from npubuild.build.plan import StageTask
 from npubuild.errors import StageError
 from npubuild.fileio import write_bytes
+from npubuild.frontend.calibration import entropy_options
+from npubuild.frontend.data import calibration_arrays
+from npubuild.frontend.qdq_concat import share_concat_scales
+from npubuild.frontend.qdq_linear import fold_linear_bias
+from npubuild.frontend.qoperator import is_quantized
 from npubuild.lowering.registry import quantized_op_types
-from npubuild.plan import StageTask
-from npubuild.qdq_concat import share_concat_scales
-from npubuild.qdq_linear import fold_linear_bias
-from npubuild.qoperator import is_quantized
 
 METHODS = {
     "minmax": ortq.CalibrationMethod.MinMax,

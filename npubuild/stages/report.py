@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
+from npubuild.build.plan import StageTask
+from npubuild.ethosu.support import family
 from npubuild.fileio import read_json, write_json
-from npubuild.gates import evaluate
-from npubuild.plan import StageTask
-from npubuild.support import family
+from npubuild.report.gates import evaluate
 
 
 def deployed_error(check: dict, vela: dict) -> float | None:

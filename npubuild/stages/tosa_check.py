@@ -16,13 +16,13 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 
-from npubuild.data import load_arrays, sample_arrays
+from npubuild.build.plan import StageTask
 from npubuild.errors import InputError
 from npubuild.fileio import atomic_path, read_json, write_json
-from npubuild.numerics import accuracy, compare_output, lsb_error
-from npubuild.partition_run import partitioned_numerics
-from npubuild.plan import StageTask
-from npubuild.tosa_run import run_tosa
+from npubuild.frontend.data import load_arrays, sample_arrays
+from npubuild.tosa.run import run_tosa
+from npubuild.verify.numerics import accuracy, compare_output, lsb_error
+from npubuild.verify.partitioned import partitioned_numerics
 
 
 class OnnxRunner:

@@ -18,15 +18,15 @@ import sys
 import tempfile
 from pathlib import Path
 
+from npubuild.build.plan import StageTask
 from npubuild.config.schema import TargetProfile, VelaOptions
 from npubuild.errors import StageError
+from npubuild.ethosu.firmware import write_deployment, write_firmware
+from npubuild.ethosu.perf import parse_per_layer, top_layers
+from npubuild.ethosu.pools import npz_sizes, pool_failure, pool_usage
+from npubuild.ethosu.support import family
+from npubuild.ethosu.vela_ini import MEMORY_MODE, memory_mode_name, render_ini, system_config_name
 from npubuild.fileio import read_json, write_json, write_text
-from npubuild.firmware import write_deployment, write_firmware
-from npubuild.plan import StageTask
-from npubuild.pools import npz_sizes, pool_failure, pool_usage
-from npubuild.support import family
-from npubuild.vela_ini import MEMORY_MODE, memory_mode_name, render_ini, system_config_name
-from npubuild.vela_perf import parse_per_layer, top_layers
 
 VELA_TIMEOUT_S = 1800
 

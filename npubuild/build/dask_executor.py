@@ -17,8 +17,8 @@ from pathlib import Path
 
 from npubuild.errors import NpubuildError
 from npubuild.fileio import write_json
-from npubuild.plan import BuildPlan, StageTask
-from npubuild.summary import write_reports
+from npubuild.build.plan import BuildPlan, StageTask
+from npubuild.report.summary import write_reports
 
 TASK_RETRIES = 3
 
@@ -29,8 +29,8 @@ def run_task(task: StageTask, run_id: str, debug: bool, cache_url: str | None, *
     The cache URL travels with the task: workers started elsewhere, or before
     the client chose a cache, still use the client's cache.
     """
-    from npubuild.cache import StageCache
-    from npubuild.stages import execute, is_up_to_date
+    from npubuild.build.cache import StageCache
+    from npubuild.build.execute import execute, is_up_to_date
 
     if any(u["status"] in ("failed", "skipped") for u in upstream):
         return {"task": task.name, "status": "skipped"}
@@ -96,10 +96,10 @@ def run_plan_dask(plan: BuildPlan, run_id: str, scheduler: str | None = None, wo
 def build_dask(builds, build_dir: Path, scheduler: str | None = None, workers: int = 2, quiet: bool = False,
                debug: bool = False, client=None):
     """`npubuild build --executor dask`: plan, run on Dask, and return the same RunResult as the doit runner."""
-    from npubuild.doit_tasks import new_run_id
+    from npubuild.build.doit_executor import new_run_id
     from npubuild.fileio import read_json
-    from npubuild.plan import make_plan
-    from npubuild.runner import RunResult
+    from npubuild.build.plan import make_plan
+    from npubuild.build.session import RunResult
 
     plan = make_plan(builds, build_dir)
     info = run_plan_dask(plan, new_run_id(), scheduler, workers, quiet, debug, client)

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from npubuild.config.load import Build
 from npubuild.fileio import stable_hash
-from npubuild.versions import versions
+from npubuild.build.versions import versions
 
 STAGES = ("import", "quantize", "lower", "tosa-check", "vela", "npu-sim", "fvp", "report")
 # the module that implements each stage (its source fingerprint is part of the stage's cache key)
@@ -174,7 +174,7 @@ def make_plan(builds: list[Build], build_dir: Path) -> BuildPlan:
 def _fvp_task(tasks: dict[str, StageTask], b: Build, chain: dict[str, str], build_dir: Path,
               skipped: dict[str, dict[str, str]]) -> None:
     """The FVP run of a build, when an FVP and a runner are there (or `required` says to fail without)."""
-    from npubuild.fvp_select import fvp_decision
+    from npubuild.ethosu.fvp_select import fvp_decision
 
     config, runner, reason = fvp_decision(b)
     if config is None:

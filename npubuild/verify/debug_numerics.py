@@ -20,10 +20,10 @@ import onnx_ir as ir
 from onnx import TensorProto, helper
 
 from npubuild.errors import NpubuildError, UncomputedOutputError
+from npubuild.frontend.passes import run_passes
 from npubuild.lowering.driver import lower_model
-from npubuild.numerics import SNR_CAP_DB, cosine, lsb_error, snr_db
-from npubuild.passes import run_passes
-from npubuild.tosa_run import run_tosa
+from npubuild.tosa.run import run_tosa
+from npubuild.verify.numerics import SNR_CAP_DB, cosine, lsb_error, snr_db
 
 QDQ = {"QuantizeLinear", "DequantizeLinear"}
 JUMP_DB = 20.0  # an SNR this much below the node before it is a jump

@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from typing import IO
 
-from npubuild.plan import STAGES, BuildPlan
+from npubuild.build.plan import STAGES, BuildPlan
 
 STATES = ("running", "ran", "cached", "failed")
 

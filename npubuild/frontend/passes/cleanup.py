@@ -5,7 +5,7 @@ from __future__ import annotations
 import onnx_ir as ir
 from onnx_ir.passes import common
 
-from npubuild.passes import register
+from npubuild.frontend.passes import register
 
 
 @register("eliminate_identity")

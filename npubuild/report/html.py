@@ -7,8 +7,8 @@ from html import escape
 from pathlib import Path
 
 from npubuild.fileio import write_text
-from npubuild.plots import cached_png
-from npubuild.regress import Comparison, build_id
+from npubuild.report.plots import cached_png
+from npubuild.report.regress import Comparison, build_id
 
 CSS = """
 body{font-family:system-ui,sans-serif;margin:1.5em;color:#222}

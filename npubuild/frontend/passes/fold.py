@@ -12,7 +12,7 @@ import onnx
 import onnx_ir as ir
 from onnx.reference import ReferenceEvaluator
 
-from npubuild.passes import register
+from npubuild.frontend.passes import register
 
 MAX_FOLDED_ELEMENTS = 1 << 22
 NON_DETERMINISTIC = {"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Multinomial", "Bernoulli"}

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
-from npubuild.tosa_run import run_onnx, run_tosa
+from npubuild.tosa.run import run_onnx, run_tosa
 
 
 def _dequantize(y: np.ndarray, spec: dict) -> np.ndarray:

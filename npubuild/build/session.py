@@ -9,10 +9,10 @@ from pathlib import Path
 from doit.cmd_base import ModuleTaskLoader
 from doit.doit_cmd import DoitMain
 
-from npubuild.buildlock import locked
+from npubuild.build.lock import locked
 from npubuild.config.load import Build
-from npubuild.doit_tasks import doit_config, make_reporter, new_run_id, task_dicts
-from npubuild.plan import BuildPlan, make_plan
+from npubuild.build.doit_executor import doit_config, make_reporter, new_run_id, task_dicts
+from npubuild.build.plan import BuildPlan, make_plan
 
 
 @dataclass

@@ -2,7 +2,7 @@
 
 Both `doit` (through dodo.py) and `npubuild build` (through doit's API) load
 tasks from here and share the same stage dirs, so the same cache: a task is up
-to date when its stage dir says so (npubuild.uptodate), whoever ran it.
+to date when its stage dir says so (npubuild.build.uptodate), whoever ran it.
 """
 
 from __future__ import annotations
@@ -17,11 +17,11 @@ from doit.exceptions import TaskFailed, UnmetDependency
 
 from npubuild.errors import NpubuildError
 from npubuild.fileio import write_json
-from npubuild.plan import STAGES, BuildPlan, StageTask
-from npubuild.progress import LiveDisplay, StageProgress
-from npubuild.stages import execute
-from npubuild.summary import write_reports
-from npubuild.uptodate import clear_debris, fingerprint, is_done, write_inputs
+from npubuild.build.plan import STAGES, BuildPlan, StageTask
+from npubuild.build.progress import LiveDisplay, StageProgress
+from npubuild.build.execute import execute
+from npubuild.report.summary import write_reports
+from npubuild.build.uptodate import clear_debris, fingerprint, is_done, write_inputs
 
 
 def new_run_id() -> str:
@@ -43,7 +43,7 @@ def run_stage(task: StageTask, run_id: str, debug: bool = False) -> TaskFailed |
 
 
 def stage_done(stage_task: StageTask) -> bool:
-    """doit uptodate check (see npubuild.uptodate: survives a killed run, unlike doit's database).
+    """doit uptodate check (see npubuild.build.uptodate: survives a killed run, unlike doit's database).
 
     Not named `task`: doit would pass its own Task object for a first argument of that name.
     """

@@ -10,14 +10,14 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from npubuild.build.execute import read_error
+from npubuild.build.plan import BuildPlan
+from npubuild.build.uptodate import record
+from npubuild.build.versions import all_versions
 from npubuild.fileio import _json_default, write_text
-from npubuild.html_report import write_html
-from npubuild.numerics_report import numerics_markdown, stored_layers
-from npubuild.offload_report import placement_markdown
-from npubuild.plan import BuildPlan
-from npubuild.stages import read_error
-from npubuild.uptodate import record
-from npubuild.versions import all_versions
+from npubuild.report.html import write_html
+from npubuild.report.numerics import numerics_markdown, stored_layers
+from npubuild.report.offloads import placement_markdown
 
 
 def _npu_sim_skip_reason(accelerator: str, output_format: str) -> str | None:

@@ -6,7 +6,7 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 from npubuild.fileio import write_bytes
-from npubuild.regress import Comparison, build_id
+from npubuild.report.regress import Comparison, build_id
 
 
 def junit_tree(report: dict, comparison: Comparison | None = None) -> ET.ElementTree:

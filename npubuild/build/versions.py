@@ -26,11 +26,11 @@ DISTRIBUTIONS = {
 }
 PACKAGE_ROOT = Path(npubuild.__file__).parent
 # Packages that import their modules dynamically (registries): using any part pulls in all of it.
-REGISTRY_PACKAGES = ("npubuild.lowering", "npubuild.passes")
+REGISTRY_PACKAGES = ("npubuild.lowering", "npubuild.frontend.passes")
 # Orchestration, not computation: stage modules import these for types and plumbing only, and a change
 # there (a new stage in the plan, a new executor) must not invalidate every cached result.
-ORCHESTRATION = frozenset({"npubuild.plan", "npubuild.stages", "npubuild.versions", "npubuild.cache",
-                           "npubuild.doit_tasks", "npubuild.runner", "npubuild.summary", "npubuild"})
+ORCHESTRATION = frozenset({"npubuild.build.plan", "npubuild.stages", "npubuild.build.versions", "npubuild.build.cache",
+                           "npubuild.build.doit_executor", "npubuild.build.session", "npubuild.report.summary", "npubuild"})
 
 
 @functools.cache

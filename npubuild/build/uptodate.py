@@ -14,7 +14,7 @@ import os
 from pathlib import Path
 
 from npubuild.fileio import file_hash, read_json, write_json
-from npubuild.plan import StageTask
+from npubuild.build.plan import StageTask
 
 INPUTS_NAME = "inputs.json"
 

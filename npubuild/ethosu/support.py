@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from npubuild.tosa_graph import TosaGraphInfo, TosaOpInfo
+from npubuild.tosa.graph import TosaGraphInfo, TosaOpInfo
 
 # Ethos-U55/U65 TOSA summary table (SUPPORTED_OPS.md, "Ethos-U55 and Ethos-U65 TOSA Summary Table").
 U55_OPS = frozenset({

@@ -22,9 +22,9 @@ import onnx
 from onnx import helper
 
 from npubuild.errors import StageError
+from npubuild.ethosu.support import check_node
 from npubuild.lowering.driver import LoweredGraph, lower_model
-from npubuild.support import check_node
-from npubuild.tosa_graph import TosaGraphInfo, TosaOpInfo, ops_by_node, read_tosa, tensor_nodes
+from npubuild.tosa.graph import TosaGraphInfo, TosaOpInfo, ops_by_node, read_tosa, tensor_nodes
 
 QDQ = ("QuantizeLinear", "DequantizeLinear")
 

@@ -1,0 +1,129 @@
+"""Run one stage task for any executor: the completion record, the shared cache, the error record.
+
+`execute` wraps a stage for any executor: it clears the old completion record,
+runs the stage, and writes `stage.json` (config, metrics, seconds, run id)
+last, so a task killed mid-stage has no record and is never taken as done.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import time
+import traceback
+from collections.abc import Callable
+from pathlib import Path
+
+from npubuild.build.cache import StageCache, cache_key
+from npubuild.build.plan import STAGE_MODULES, StageTask
+from npubuild.errors import NpubuildError
+from npubuild.fileio import read_json, write_json
+
+StageFn = Callable[[StageTask], dict]
+
+
+def stage_function(stage: str) -> StageFn:
+    return importlib.import_module(STAGE_MODULES[stage]).run
+
+
+def error_path(task: StageTask) -> Path:
+    return task.dir / "error.json"
+
+
+def shared_cache() -> StageCache | None:
+    """The shared stage cache named by NPUBUILD_CACHE (a directory or an fsspec URL), if any.
+
+    An environment variable, not a plan field, so that every executor's workers
+    (doit processes, Dask workers on other machines) find it the same way.
+    """
+    url = os.environ.get("NPUBUILD_CACHE")
+    return StageCache(url) if url else None
+
+
+def execute(task: StageTask, run_id: str, debug: bool = False, cache: StageCache | None = None) -> dict:
+    """Run one stage task (or restore it from the shared cache); returns its record.
+
+    Raises NpubuildError (one line) on failure. The report stage is never
+    cached: it only gathers the other stages' records of this build dir.
+    """
+    if cache is None and task.stage != "report":
+        cache = shared_cache()
+    record_path = task.outputs["record"]
+    err_path = error_path(task)
+    for p in (record_path, err_path):
+        p.unlink(missing_ok=True)
+    task.dir.mkdir(parents=True, exist_ok=True)
+    start = time.perf_counter()
+    key = cache_key(task.config, task.inputs)  # config + input contents: also the up-to-date check's key
+    required = {p.name for n, p in task.outputs.items() if n != "record"}
+    entry = cache.get(key, task.dir, required) if cache is not None else None
+    if entry is not None:
+        return _write_record(task, run_id, start, entry.metrics, key, from_cache=True)
+    try:
+        metrics = stage_function(task.stage)(task)
+    except NpubuildError as exc:
+        write_json(err_path, {"kind": "input" if exc.exit_code == 2 else "stage", "message": str(exc),
+                              "run_id": run_id})
+        raise
+    except Exception as exc:  # a bug or a tool crash: keep the traceback on disk, one line on screen
+        detail = traceback.format_exc()
+        write_json(err_path, {"kind": "internal", "message": f"error: {type(exc).__name__}: {exc}",
+                              "traceback": detail, "run_id": run_id})
+        if debug:
+            raise
+        raise NpubuildError(f"internal error in stage {task.stage}: {type(exc).__name__}: {exc} "
+                            f"(traceback in {err_path})") from exc
+    if cache is not None:
+        cache.put(key, task.dir, metrics, exclude={record_path.name, err_path.name})
+    return _write_record(task, run_id, start, metrics, key, from_cache=False)
+
+
+def _write_record(task: StageTask, run_id: str, start: float, metrics: dict, cache_key: str | None,
+                  from_cache: bool) -> dict:
+    """stage.json, written last: its presence (with the task's key) is what marks the task complete."""
+    record = {
+        "stage": task.stage,
+        "task": task.name,
+        "key": task.key,
+        "cache_key": cache_key,
+        "from_cache": from_cache,
+        "run_id": run_id,
+        "seconds": round(time.perf_counter() - start, 4),
+        "metrics": metrics,
+        "config": task.config,
+    }
+    write_json(task.outputs["record"], record)
+    return record
+
+
+def is_up_to_date(task: StageTask) -> bool:
+    """Content-based up-to-date check (for executors without doit's database): same config, same inputs."""
+    rec = read_record(task)
+    if rec is None or not all(p.exists() for p in task.outputs.values()):
+        return False
+    try:
+        return rec.get("cache_key") == cache_key(task.config, task.inputs)
+    except OSError:
+        return False
+
+
+def read_record(task: StageTask) -> dict | None:
+    """The completion record of a task, if it completed with its current config."""
+    path = task.outputs["record"]
+    if not path.is_file():
+        return None
+    try:
+        rec = read_json(path)
+    except (OSError, ValueError):
+        return None
+    return rec if rec.get("key") == task.key else None
+
+
+def read_error(task: StageTask) -> dict | None:
+    path = error_path(task)
+    if not path.is_file():
+        return None
+    try:
+        return read_json(path)
+    except (OSError, ValueError):
+        return None
