@@ -53,7 +53,6 @@ def stage_seconds(build_dir: Path) -> float:
 def run(executor: str, specs: Path, build_dir: Path, cache: Path, workers: int) -> dict:
     import os
 
-    from npubuild.build.dask_executor import build_dask
     from npubuild.build.session import build
     from npubuild.config.load import load_specs
 
@@ -63,7 +62,7 @@ def run(executor: str, specs: Path, build_dir: Path, cache: Path, workers: int) 
     if executor == "doit":
         result = build(builds, build_dir, jobs=workers, quiet=True)
     else:
-        result = build_dask(builds, build_dir, workers=workers, quiet=True)
+        result = build(builds, build_dir, jobs=workers, quiet=True, executor="dask")
     wall = time.perf_counter() - start
     assert result.exit_code == 0, f"{executor} build failed"
     tasks = len(result.plan.tasks)

@@ -90,8 +90,10 @@ def run_json(build_dir: Path) -> dict:
 def noop_breakdown(root: Path, build_dir: Path) -> dict[str, float]:
     """The no-op path in this process, timed by part (interpreter start-up and imports excluded)."""
     import npubuild.frontend.passes
+    from npubuild.build.cache import resolve_cache
+    from npubuild.build.doit_executor import DoitExecutor
     from npubuild.build.plan import make_plan
-    from npubuild.build.session import run_plan
+    from npubuild.build.session import run_build
     from npubuild.build.uptodate import is_done
     from npubuild.config.load import load_specs
     from npubuild.report.summary import write_reports
@@ -108,7 +110,7 @@ def noop_breakdown(root: Path, build_dir: Path) -> dict[str, float]:
     t2 = time.perf_counter()
     checks = [is_done(t) for t in plan.tasks.values()]
     t3 = time.perf_counter()
-    result = run_plan(plan, quiet=True)
+    result = run_build(plan, DoitExecutor(resolve_cache(None, build_dir)), quiet=True)
     t4 = time.perf_counter()
     write_reports(plan, result.run_id, build_dir)
     t5 = time.perf_counter()

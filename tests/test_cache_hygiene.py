@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 import pytest
-from npbtest import read_report, read_run, run_cli
+from npbtest import REPO, read_report, read_run, run_cli
 
 import npubuild.build.versions
 
@@ -129,3 +129,4 @@ def test_init_scaffolds_a_repo_that_builds_out_of_the_box(tmp_path: Path, capsys
     assert not run["failed"] and len(run["executed"]) + len(run["cached"]) == len(first["executed"])
     code, _, err = run_cli(["init", str(root)], capsys)
     assert code == 2 and "already exists" in err and err.count("\n") == 1
+    assert (root / "dodo.py").read_text() == (REPO / "dodo.py").read_text()  # one dodo.py body, not two

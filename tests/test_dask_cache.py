@@ -45,14 +45,14 @@ def cluster():
 
 def test_doit_and_dask_give_identical_metrics_and_a_second_machine_takes_everything_from_cache(
         project: Path, cluster, monkeypatch):
-    from npubuild.build.dask_executor import build_dask
+    from npubuild.build.session import build
 
     doit_dir, dask_dir, third_dir = project / "b-doit", project / "b-dask", project / "b-third"
     proc = _build(project, doit_dir, project / "cache-doit")
     assert proc.returncode == 0, proc.stderr
     monkeypatch.setenv("NPUBUILD_CACHE", str(project / "cache-dask"))
     monkeypatch.chdir(project)
-    result = build_dask(load_specs([project / "configs"]), dask_dir, client=cluster, quiet=True)
+    result = build(load_specs([project / "configs"]), dask_dir, client=cluster, quiet=True, executor="dask")
     assert result.exit_code == 0
     by_doit = {(b["model"], b["target"]): b["metrics"] for b in read_report(doit_dir)["builds"]}
     by_dask = {(b["model"], b["target"]): b["metrics"] for b in read_report(dask_dir)["builds"]}
@@ -98,7 +98,7 @@ def test_corrupt_entry_is_detected_discarded_and_recomputed(project: Path):
 
 
 def test_a_worker_killed_mid_stage_costs_a_retry_and_corrupts_nothing(project: Path, cluster, monkeypatch):
-    from npubuild.build.dask_executor import build_dask
+    from npubuild.build.session import build
 
     cache_dir = project / "cache-kill"
     monkeypatch.setenv("NPUBUILD_CACHE", str(cache_dir))
@@ -118,7 +118,7 @@ def test_a_worker_killed_mid_stage_costs_a_retry_and_corrupts_nothing(project: P
 
     t = threading.Thread(target=killer)
     t.start()
-    result = build_dask(load_specs([project / "configs"]), project / "b", client=cluster, quiet=True)
+    result = build(load_specs([project / "configs"]), project / "b", client=cluster, quiet=True, executor="dask")
     t.join()
     assert killed, "no task was ever seen running"
     assert result.exit_code == 0

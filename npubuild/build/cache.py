@@ -30,9 +30,17 @@ from npubuild.fileio import atomic_path, file_hash, stable_hash
 MANIFEST = "manifest.json"
 
 
-def cache_key(config: dict, inputs: dict[str, Path]) -> str:
-    """The full key: resolved config + content of every input file."""
-    return stable_hash({"config": config, "inputs": {k: file_hash(p) for k, p in sorted(inputs.items())}}, 40)
+def cache_key(config: dict, inputs: dict[str, Path], hashes: dict[str, str] | None = None) -> str:
+    """The full key: resolved config + content of every input file (`hashes`: their sha256, if known)."""
+    hashes = hashes if hashes is not None else {k: file_hash(p) for k, p in inputs.items()}
+    return stable_hash({"config": config, "inputs": {k: hashes[k] for k in sorted(inputs)}}, 40)
+
+
+def resolve_cache(url: str | None, build_dir: Path) -> str | None:
+    """The shared stage cache of a build, the same for every entry point (build, compile, offloads,
+    debug-numerics, plain doit): `url` (--cache), else $NPUBUILD_CACHE, else <build-dir>/cache; 'off': none."""
+    url = url or os.environ.get("NPUBUILD_CACHE") or str(Path(build_dir).resolve() / "cache")
+    return None if url == "off" else url
 
 
 @dataclass

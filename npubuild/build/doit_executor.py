@@ -1,49 +1,38 @@
-"""The plan as doit tasks: one task per stage per distinct config, plus a reporter that writes report.json.
+"""The plan as doit tasks, run by doit in local processes: `npubuild build` and plain `doit` (dodo.py).
 
-Both `doit` (through dodo.py) and `npubuild build` (through doit's API) load
-tasks from here and share the same stage dirs, so the same cache: a task is up
-to date when its stage dir says so (npubuild.build.uptodate), whoever ran it.
+Both load the same task dicts and share the same stage dirs, so the same cache:
+a task is up to date when its stage dir says so (npubuild.build.uptodate),
+whoever ran it. doit's reporter only forwards task events to the build
+session, which writes the reports when doit ends the run.
 """
 
 from __future__ import annotations
 
+import os
 import sys
-import time
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
 from doit.exceptions import TaskFailed, UnmetDependency
 
-from npubuild.errors import NpubuildError
-from npubuild.fileio import write_json
+from npubuild.build.execute import run_stage, was_restored
 from npubuild.build.plan import STAGES, BuildPlan, StageTask
-from npubuild.build.progress import LiveDisplay, StageProgress
-from npubuild.build.execute import execute
-from npubuild.report.summary import write_reports
-from npubuild.build.uptodate import clear_debris, fingerprint, is_done, write_inputs
+from npubuild.build.session import Session
+from npubuild.build.uptodate import is_done
+from npubuild.errors import NpubuildError
 
 
-def new_run_id() -> str:
-    return f"{time.strftime('%Y%m%dT%H%M%S')}-{uuid.uuid4().hex[:8]}"
-
-
-def run_stage(task: StageTask, run_id: str, debug: bool = False) -> TaskFailed | None:
+def doit_action(task: StageTask, run_id: str, debug: bool, cache_url: str | None) -> TaskFailed | None:
     """doit python-action: run the stage; a failure is one line, never a traceback."""
-    clear_debris(task)
     try:
-        fp = fingerprint(task.inputs)
-        execute(task, run_id, debug)
+        run_stage(task, run_id, debug, cache_url)
     except NpubuildError as exc:
         return TaskFailed(str(exc))
-    except OSError as exc:  # an input vanished under us (another process, a clean)
-        return TaskFailed(f"error: stage {task.stage}: cannot read an input: {exc}")
-    write_inputs(task, fp)
     return None
 
 
 def stage_done(stage_task: StageTask) -> bool:
-    """doit uptodate check (see npubuild.build.uptodate: survives a killed run, unlike doit's database).
+    """doit uptodate check (npubuild.build.uptodate: survives a killed run, unlike doit's database).
 
     Not named `task`: doit would pass its own Task object for a first argument of that name.
     """
@@ -60,7 +49,7 @@ def doit_config(build_dir: Path, reporter: type) -> dict:
     }
 
 
-def task_dicts(plan: BuildPlan, run_id: str, debug: bool = False) -> dict[str, Iterator[dict]]:
+def task_dicts(plan: BuildPlan, run_id: str, debug: bool, cache_url: str | None) -> dict[str, Iterator[dict]]:
     """doit task generators keyed by stage (`task_<stage>` functions for a loader namespace)."""
     by_stage: dict[str, list[StageTask]] = {s: [] for s in STAGES}
     for t in plan.tasks.values():
@@ -73,7 +62,7 @@ def task_dicts(plan: BuildPlan, run_id: str, debug: bool = False) -> dict[str, I
                 yield {
                     "basename": stage,
                     "name": t.sub,
-                    "actions": [(run_stage, [t, run_id, debug])],
+                    "actions": [(doit_action, [t, run_id, debug, cache_url])],
                     "targets": [str(p) for p in t.outputs.values()],
                     "task_dep": list(t.deps),
                     "uptodate": [(stage_done, [t], {})],
@@ -87,45 +76,15 @@ def task_dicts(plan: BuildPlan, run_id: str, debug: bool = False) -> dict[str, I
     return {f"task_{s.replace('-', '_')}": generator(s) for s in STAGES}
 
 
-def make_reporter(plan: BuildPlan, run_id: str, build_dir: Path, quiet: bool = False,
-                  live: bool | None = None) -> type:
-    """A doit reporter: a live per-stage table on a terminal (`live`, default: when the output is one),
-    else one line per task (ran / cached / failed); report.json at the end."""
-    total = len(plan.tasks)
+def make_reporter(session: Session) -> type:
+    """A doit reporter class that forwards every task event to `session` and closes it at the end."""
+    tasks = session.plan.tasks
 
     class NpubuildReporter:
         desc = "npubuild progress"
-        executed: list[str] = []
-        cached: list[str] = []
-        failed: list[tuple[str, str]] = []
-        blocked: list[str] = []
 
         def __init__(self, outstream, options):
-            # not doit's `outstream`: its default is the sys.stdout of when doit was imported, which in a
-            # long-lived process (tests, benchmarks) may be a stream closed since
-            outstream = self.out = sys.stdout
-            self.started: dict[str, float] = {}
-            self.progress = StageProgress(plan)
-            use_live = (not quiet and outstream.isatty()) if live is None else live
-            self.live = LiveDisplay(self.progress, outstream) if use_live else None
-
-        def _line(self, text: str) -> None:
-            if not quiet and self.live is None:
-                self.out.write(text + "\n")
-                self.out.flush()
-
-        def _event(self, task_name: str, state: str) -> None:
-            self.progress.mark(task_name, state)
-            if self.live is not None:
-                self.live.update()
-
-        def _stop_live(self) -> None:
-            if self.live is not None:
-                self.live.stop()
-                self.live = None
-
-        def _done(self) -> int:
-            return len(self.executed) + len(self.cached) + len(self.failed)
+            pass
 
         def initialize(self, tasks, selected_tasks):
             pass
@@ -135,35 +94,28 @@ def make_reporter(plan: BuildPlan, run_id: str, build_dir: Path, quiet: bool = F
 
         def execute_task(self, task):
             if task.actions:
-                self.started[task.name] = time.perf_counter()
-                self._event(task.name, "running")
-                self._line(f"[{self._done() + 1:>3}/{total}] run     {task.name}")
+                session.started(task.name)
 
         def add_success(self, task):
             if task.actions:
-                self.executed.append(task.name)
-                self._event(task.name, "ran")
+                restored = task.name in tasks and was_restored(tasks[task.name])
+                session.finished(task.name, "from-cache" if restored else "ran")
 
         def add_failure(self, task, fail):
             if not task.actions:  # a stage's group task: its failed member was reported already
                 return
             if isinstance(fail, UnmetDependency):  # an upstream task failed (--keep-going): not run, not a new error
-                self.blocked.append(task.name)
+                session.finished(task.name, "blocked")
                 return
             msg = fail.get_msg().strip().splitlines()
             text = msg[-1] if msg else fail.get_name()
             if isinstance(fail, TaskFailed) and fail.message:
                 text = fail.message
-            self.failed.append((task.name, text))
-            self._event(task.name, "failed")
-            sys.stderr.write(f"{text}\n")
-            sys.stderr.flush()
+            session.finished(task.name, "failed", text)
 
         def skip_uptodate(self, task):
             if task.actions:
-                self.cached.append(task.name)
-                self._event(task.name, "cached")
-                self._line(f"[{self._done():>3}/{total}] cached  {task.name}")
+                session.finished(task.name, "cached")
 
         def skip_ignore(self, task):
             pass
@@ -172,28 +124,80 @@ def make_reporter(plan: BuildPlan, run_id: str, build_dir: Path, quiet: bool = F
             sys.stderr.write(exception.get_msg())
 
         def runtime_error(self, msg):
-            self._stop_live()
             first = msg.strip().splitlines()[-1] if msg.strip() else msg
-            sys.stderr.write(f"error: {first}\n")
+            session.abort(first)
 
         def teardown_task(self, task):
             pass
 
         def complete_run(self):
-            self._stop_live()
-            report = write_reports(plan, run_id, build_dir)
-            write_json(build_dir / "run.json", {"run_id": run_id, "executed": sorted(self.executed),
-                                                "cached": sorted(self.cached),
-                                                "failed": [n for n, _ in self.failed],
-                                                "blocked": sorted(self.blocked)})
-            for b in report["builds"]:  # a gate that fell short is a failure: say which, its limit and value
-                for g in b["gates"]:
-                    if not g["ok"]:
-                        sys.stderr.write(f"{b['spec']}/{b['model']}/{b['target']}: gate {g['name']} failed: "
-                                         f"limit {g['limit']}, value {g['value']}\n")
-            counts = {s: sum(1 for b in report["builds"] if b["status"] == s) for s in ("passed", "failed", "skipped")}
-            self._line(f"{len(self.executed)} ran, {len(self.cached)} cached, {len(self.failed)} failed; "
-                       f"builds: {counts['passed']} passed, {counts['failed']} failed, {counts['skipped']} skipped; "
-                       f"report: {build_dir / 'report.json'}")
+            session.close(1 if session.outcomes["failed"] else 0)
 
     return NpubuildReporter
+
+
+def namespace(plan: BuildPlan, session: Session, debug: bool, cache_url: str | None) -> dict:
+    """What a doit loader reads: the task generators and DOIT_CONFIG with the session's reporter."""
+    ns: dict = dict(task_dicts(plan, session.run_id, debug, cache_url))
+    ns["DOIT_CONFIG"] = doit_config(plan.build_dir, make_reporter(session))
+    return ns
+
+
+class DoitExecutor:
+    """Local processes through doit's API (`-n JOBS` runs tasks in parallel processes)."""
+
+    name = "doit"
+
+    def __init__(self, cache_url: str | None, debug: bool = False, jobs: int = 1, keep_going: bool = False):
+        self.cache_url, self.debug, self.jobs, self.keep_going = cache_url, debug, jobs, keep_going
+
+    def run(self, plan: BuildPlan, session: Session) -> int:
+        from doit.cmd_base import ModuleTaskLoader
+        from doit.doit_cmd import DoitMain
+
+        args = ["run"]
+        if self.jobs > 1:
+            args += ["-n", str(self.jobs), "-P", "process"]
+        if self.keep_going:
+            args.append("--continue")
+        ns = namespace(plan, session, self.debug, self.cache_url)
+        return DoitMain(ModuleTaskLoader(ns), extra_config={"GLOBAL": {}}).run(args)
+
+
+# A project's dodo.py (this repository's, and the one `npubuild init` writes): all of it is dodo_namespace.
+DODO_PY = '''"""doit entry point: `doit` builds every compile spec in configs/ into build/, as `npubuild build` does.
+
+The same plan, stage dirs, shared cache and reports as `npubuild build configs/`. NPUBUILD_SPECS
+(paths separated by ':'), NPUBUILD_BUILD_DIR and NPUBUILD_CACHE change what is built, where, and
+with which shared cache; NPUBUILD_WAIT=1 waits for a build dir another build holds.
+"""
+
+from npubuild.build.doit_executor import dodo_namespace
+
+globals().update(dodo_namespace(__file__))
+'''
+
+
+def dodo_namespace(dodo_file: str) -> dict:
+    """The whole body of a project's dodo.py: plain `doit` runs the same plan and session as `npubuild build`.
+
+    Builds every spec in configs/ next to dodo.py into build/ there. NPUBUILD_SPECS (paths separated by
+    ':'), NPUBUILD_BUILD_DIR, NPUBUILD_CACHE and NPUBUILD_WAIT=1 (wait for a busy build dir) change that.
+    """
+    from npubuild.build.cache import resolve_cache
+    from npubuild.build.lock import acquire
+    from npubuild.build.plan import make_plan
+    from npubuild.config.load import load_specs
+
+    here = Path(dodo_file).resolve().parent
+    specs = [Path(p) for p in os.environ.get("NPUBUILD_SPECS", str(here / "configs")).split(":")]
+    try:
+        plan = make_plan(load_specs(specs), Path(os.environ.get("NPUBUILD_BUILD_DIR", here / "build")))
+        lock_fd = acquire(plan.build_dir, wait=os.environ.get("NPUBUILD_WAIT") == "1")
+    except NpubuildError as exc:
+        print(exc, file=sys.stderr)
+        sys.exit(exc.exit_code)
+    session = Session(plan)
+    ns = namespace(plan, session, False, resolve_cache(None, plan.build_dir))
+    ns["_npubuild_lock"] = lock_fd  # held until doit exits: no other build may write this build dir meanwhile
+    return ns

@@ -8,7 +8,6 @@ last, so a task killed mid-stage has no record and is never taken as done.
 from __future__ import annotations
 
 import importlib
-import os
 import time
 import traceback
 from collections.abc import Callable
@@ -16,7 +15,8 @@ from pathlib import Path
 
 from npubuild.build.cache import StageCache, cache_key
 from npubuild.build.plan import STAGE_MODULES, StageTask
-from npubuild.errors import NpubuildError
+from npubuild.build.uptodate import clear_debris, fingerprint, read_record, write_inputs
+from npubuild.errors import NpubuildError, StageError
 from npubuild.fileio import read_json, write_json
 
 StageFn = Callable[[StageTask], dict]
@@ -30,31 +30,34 @@ def error_path(task: StageTask) -> Path:
     return task.dir / "error.json"
 
 
-def shared_cache() -> StageCache | None:
-    """The shared stage cache named by NPUBUILD_CACHE (a directory or an fsspec URL), if any.
+def run_stage(task: StageTask, run_id: str, debug: bool = False, cache_url: str | None = None) -> dict:
+    """What every executor runs for a task: clear a killed run's debris, run (or restore) the stage, and
+    record the inputs it was built from (the up-to-date check reads them). Raises NpubuildError (one line)."""
+    clear_debris(task)
+    try:
+        fp = fingerprint(task.inputs)
+        cache = StageCache(cache_url) if cache_url and task.stage != "report" else None
+        record = execute(task, run_id, debug, cache, {name: v[2] for name, v in fp.items()})
+    except OSError as exc:  # an input vanished under us (another process, a clean)
+        raise StageError(f"stage {task.stage}: cannot read an input: {exc}") from None
+    write_inputs(task, fp)
+    return record
 
-    An environment variable, not a plan field, so that every executor's workers
-    (doit processes, Dask workers on other machines) find it the same way.
-    """
-    url = os.environ.get("NPUBUILD_CACHE")
-    return StageCache(url) if url else None
 
-
-def execute(task: StageTask, run_id: str, debug: bool = False, cache: StageCache | None = None) -> dict:
+def execute(task: StageTask, run_id: str, debug: bool = False, cache: StageCache | None = None,
+            input_hashes: dict[str, str] | None = None) -> dict:
     """Run one stage task (or restore it from the shared cache); returns its record.
 
     Raises NpubuildError (one line) on failure. The report stage is never
     cached: it only gathers the other stages' records of this build dir.
     """
-    if cache is None and task.stage != "report":
-        cache = shared_cache()
     record_path = task.outputs["record"]
     err_path = error_path(task)
     for p in (record_path, err_path):
         p.unlink(missing_ok=True)
     task.dir.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
-    key = cache_key(task.config, task.inputs)  # config + input contents: also the up-to-date check's key
+    key = cache_key(task.config, task.inputs, input_hashes)  # config + input contents
     required = {p.name for n, p in task.outputs.items() if n != "record"}
     entry = cache.get(key, task.dir, required) if cache is not None else None
     if entry is not None:
@@ -96,27 +99,10 @@ def _write_record(task: StageTask, run_id: str, start: float, metrics: dict, cac
     return record
 
 
-def is_up_to_date(task: StageTask) -> bool:
-    """Content-based up-to-date check (for executors without doit's database): same config, same inputs."""
+def was_restored(task: StageTask) -> bool:
+    """Whether the task's last run took its outputs from the shared cache instead of computing them."""
     rec = read_record(task)
-    if rec is None or not all(p.exists() for p in task.outputs.values()):
-        return False
-    try:
-        return rec.get("cache_key") == cache_key(task.config, task.inputs)
-    except OSError:
-        return False
-
-
-def read_record(task: StageTask) -> dict | None:
-    """The completion record of a task, if it completed with its current config."""
-    path = task.outputs["record"]
-    if not path.is_file():
-        return None
-    try:
-        rec = read_json(path)
-    except (OSError, ValueError):
-        return None
-    return rec if rec.get("key") == task.key else None
+    return bool(rec and rec.get("from_cache"))
 
 
 def read_error(task: StageTask) -> dict | None:

@@ -35,8 +35,9 @@ def read_json_cached(path: Path) -> dict:
     return data
 
 
-def record(task: StageTask) -> dict | None:
-    """The task's stage.json if it carries the task's current key (like stages.read_record, memoised)."""
+def read_record(task: StageTask) -> dict | None:
+    """The task's stage.json if it carries the task's current key (memoised: the up-to-date checks and the
+    report read the same records in one process)."""
     try:
         rec = read_json_cached(task.outputs["record"])
     except (OSError, ValueError):
@@ -69,7 +70,7 @@ def _same(path: Path, saved: list) -> bool:
 
 def is_done(task: StageTask) -> bool:
     """True if the task completed with its current config and its inputs are unchanged since."""
-    rec = record(task)
+    rec = read_record(task)
     if rec is None:
         return False
     try:

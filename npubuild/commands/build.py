@@ -2,10 +2,7 @@
 
 from __future__ import annotations
 
-import contextlib
 import fnmatch
-import os
-from collections.abc import Iterator
 from pathlib import Path
 
 from npubuild.errors import InputError
@@ -20,17 +17,9 @@ def cmd_build(args) -> int:
     builds = load_specs(spec_paths(args.specs))
     if args.only:
         builds = select(builds, args.only)
-    build_dir = Path(args.build_dir)
-    with cache_configured(args.cache, build_dir):
-        if args.executor == "dask":
-            from npubuild.build.dask_executor import build_dask
-            from npubuild.build.lock import locked
-
-            with locked(build_dir.resolve(), args.wait):
-                return build_dask(builds, build_dir, args.scheduler, args.jobs if args.jobs > 1 else 2, args.quiet,
-                                  args.debug).exit_code
-        live = {"auto": None, "live": True, "plain": False}[args.progress]
-        result = build(builds, build_dir, args.jobs, args.keep_going, args.quiet, args.debug, args.wait, live)
+    live = {"auto": None, "live": True, "plain": False}[args.progress]
+    result = build(builds, Path(args.build_dir), args.jobs, args.keep_going, args.quiet, args.debug, args.wait, live,
+                   cache=args.cache, executor=args.executor, scheduler=args.scheduler)
     return result.exit_code
 
 
@@ -51,30 +40,6 @@ def select(builds: list, patterns: list[str]) -> list:
             raise InputError(f"--only '{pat}' matches no build (ids are spec/model/target, "
                              f"e.g. {builds[0].id if builds else 'none loaded'})")
     return [b for b in builds if any(matches(b.id, p) for p in patterns)]
-
-
-@contextlib.contextmanager
-def cache_configured(url: str | None, build_dir: Path) -> Iterator[None]:
-    """The shared stage cache for this build: --cache URL, else $NPUBUILD_CACHE, else <build-dir>/cache.
-
-    'off' disables it. Set in the environment (doit's worker processes inherit
-    it) only for the duration of the build, so a caller that runs several
-    builds in one process (tests, scripts) does not carry one build's cache into the next.
-    """
-    saved = os.environ.get("NPUBUILD_CACHE")
-    if url is None:
-        url = saved or str(build_dir.resolve() / "cache")
-    try:
-        if url == "off":
-            os.environ.pop("NPUBUILD_CACHE", None)
-        else:
-            os.environ["NPUBUILD_CACHE"] = url
-        yield
-    finally:
-        if saved is None:
-            os.environ.pop("NPUBUILD_CACHE", None)
-        else:
-            os.environ["NPUBUILD_CACHE"] = saved
 
 
 def register(sub) -> None:

@@ -2,16 +2,17 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 from npubuild.errors import InputError
 
 
 def _cache(args):
-    from npubuild.build.cache import StageCache
+    from npubuild.build.cache import StageCache, resolve_cache
 
-    url = args.cache or os.environ.get("NPUBUILD_CACHE") or str(Path(args.build_dir).resolve() / "cache")
+    url = resolve_cache(args.cache, Path(args.build_dir))
+    if url is None:
+        raise InputError("--cache off: there is no cache to look after")
     if "://" not in url and not Path(url).is_dir():
         raise InputError(f"no stage cache at '{url}'")
     return StageCache(url)

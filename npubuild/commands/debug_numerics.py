@@ -11,8 +11,9 @@ from npubuild.errors import InputError, StageError
 def cmd_debug_numerics(args) -> int:
     import onnx
 
-    from npubuild.build.execute import read_error, read_record
+    from npubuild.build.execute import read_error
     from npubuild.build.session import build
+    from npubuild.build.uptodate import read_record
     from npubuild.config.load import load_spec
     from npubuild.fileio import read_json, write_json
     from npubuild.frontend.data import load_arrays, sample_arrays, subset

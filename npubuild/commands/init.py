@@ -12,33 +12,6 @@ from pathlib import Path
 
 from npubuild.errors import InputError
 
-DODO = '''"""doit entry point: `doit` builds every compile spec in configs/ into build/ (same as `npubuild build`).
-
-NPUBUILD_SPECS (paths separated by ':') and NPUBUILD_BUILD_DIR change what is built and where.
-"""
-
-import os
-import sys
-from pathlib import Path
-
-from npubuild.build.lock import acquire
-from npubuild.config.load import load_specs
-from npubuild.build.doit_executor import new_run_id
-from npubuild.errors import NpubuildError
-from npubuild.build.plan import make_plan
-from npubuild.build.session import namespace
-
-_here = Path(__file__).parent
-_specs = [Path(p) for p in os.environ.get("NPUBUILD_SPECS", str(_here / "configs")).split(":")]
-try:
-    _plan = make_plan(load_specs(_specs), Path(os.environ.get("NPUBUILD_BUILD_DIR", _here / "build")))
-    _lock = acquire(_plan.build_dir, wait=os.environ.get("NPUBUILD_WAIT") == "1")
-except NpubuildError as _exc:
-    print(_exc, file=sys.stderr)
-    sys.exit(_exc.exit_code)
-globals().update(namespace(_plan, new_run_id()))
-'''
-
 TARGET = """# {name}: our board. Extends the shipped {parent} profile (see `npubuild targets`);
 # only what differs is written here, the rest deep-merges from the parent.
 extends: {parent}
@@ -78,12 +51,13 @@ metrics:
 
 def scaffold(root: Path, product: str) -> list[Path]:
     """Write the files; refuses to touch an existing one."""
+    from npubuild.build.doit_executor import DODO_PY
     from npubuild.fileio import write_bytes, write_text
     from npubuild.models.zoo import ds_cnn
 
     target = f"{product}-u55"
     files: dict[Path, str | bytes] = {
-        root / "dodo.py": DODO,
+        root / "dodo.py": DODO_PY,
         root / "targets" / f"{target}.yaml": TARGET.format(name=target, parent="ethos-u55-128", product=product),
         root / "configs" / f"{product}.yaml": SPEC.format(product=product, name=target),
         root / "configs" / "models" / "ds_cnn.onnx": ds_cnn(seed=0).SerializeToString(),

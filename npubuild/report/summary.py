@@ -12,7 +12,7 @@ from pathlib import Path
 
 from npubuild.build.execute import read_error
 from npubuild.build.plan import BuildPlan
-from npubuild.build.uptodate import record
+from npubuild.build.uptodate import read_record
 from npubuild.build.versions import all_versions
 from npubuild.fileio import _json_default, write_text
 from npubuild.report.html import write_html
@@ -39,7 +39,7 @@ def build_entries(plan: BuildPlan, run_id: str) -> list[dict]:
         records: dict[str, dict] = {}
         for stage, name in chain.items():
             task = plan.tasks[name]
-            rec = record(task)
+            rec = read_record(task)
             if rec is not None:
                 records[stage] = rec
                 stages[stage] = {"status": "passed", "seconds": rec["seconds"], "cached": rec["run_id"] != run_id,
