@@ -102,8 +102,12 @@ class Session:
     # ------------------------------------------------------------------ the end of the run
 
     def close(self, executor_code: int = 0) -> RunResult:
-        """Write the reports and run.json once; print failed gates and the closing line."""
+        """Write the reports and run.json once; print failed gates and the closing line.
+
+        doit's reporter closes the session when doit ends its run (plain `doit` has no other hook); the
+        executor's own exit code arrives with the second call (`npubuild build`), and a failure there wins."""
         if self.result is not None:
+            self.result.executor_code = self.result.executor_code or executor_code
             return self.result
         from npubuild.report.summary import write_reports
 
