@@ -65,8 +65,8 @@ def test_rescale_kept_where_depthwise_is_slower_on_u65(shape, monkeypatch):
     qdq = concat_model(shape)
     portable = lower_model(qdq, "int")
     assert lower_model(qdq, "int", family="u55").tosa == portable.tosa
-    monkeypatch.setattr(emit, "DW_MAX_CHANNELS", 1 << 20)
-    monkeypatch.setattr(emit, "DW_MIN_PLANE", 0)
+    monkeypatch.setitem(emit.DW_MAX_CHANNELS, "u55", 1 << 20)
+    monkeypatch.setitem(emit.DW_MIN_PLANE, "u55", 0)
     forced = lower_model(qdq, "int", family="u55")
     assert "DEPTHWISE_CONV2D" in ops(forced)
     assert_same_reference(portable, forced)

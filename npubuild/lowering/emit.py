@@ -56,16 +56,18 @@ def requantize(ctx: LoweringContext, x: TTensor, out_q: QParams, output_of: str 
     assert x.q is not None
     if x.q.same_as(out_q) and output_of is None:
         return x
-    if takes(ctx.family, "dw_requantize") and dw_requantize_cheaper(x, out_q):
+    if takes(ctx.family, "dw_requantize") and dw_requantize_cheaper(ctx.family, x, out_q):
         return requantize_dw(ctx, x, out_q, output_of)
     return rescale(ctx, x, x.q.s / out_q.s, out_q.dtype, x.q.zp, out_q.zp, out_q, output_of)
 
 
-DW_MAX_CHANNELS = 16  # wider: U65-256 runs the depthwise form up to 40% slower than RESCALE (Vela 5.2)
-DW_MIN_PLANE = 256  # smaller planes: no gain on U55-128, up to 1000 cycles lost on U65-256
+# per family, where the 1x1 depthwise form beats RESCALE and Vela's MemoryCopy: channels at most, H*W at least
+# (a family with no entry, which takes a depthwise form only when a test forces it, has U65's)
+DW_MAX_CHANNELS = {"u55": 16, "u65": 16}  # wider: U65-256 runs the depthwise form up to 40% slower than RESCALE
+DW_MIN_PLANE = {"u55": 256, "u65": 256}  # smaller planes: no gain on U55-128, up to 1000 cycles lost on U65-256
 
 
-def dw_requantize_cheaper(x: TTensor, out_q: QParams) -> bool:
+def dw_requantize_cheaper(family: str | None, x: TTensor, out_q: QParams) -> bool:
     """Whether U55/U65 run this int8->int8 requantisation faster as a 1x1 depthwise conv than as a RESCALE.
 
     Vela 5.2 (npubuild's system configs) on a Concat of two requantised inputs: U55-128 gains 15-35% for
@@ -79,7 +81,8 @@ def dw_requantize_cheaper(x: TTensor, out_q: QParams) -> bool:
     if len(x.shape) != 4 or x.dtype != np.int8 or np.dtype(out_q.dtype) != np.int8:
         return False
     n, h, w, c = x.shape
-    return x.q.is_per_tensor and out_q.is_per_tensor and c <= DW_MAX_CHANNELS and h * w >= DW_MIN_PLANE
+    most, least = DW_MAX_CHANNELS.get(family, DW_MAX_CHANNELS["u65"]), DW_MIN_PLANE.get(family, DW_MIN_PLANE["u65"])
+    return x.q.is_per_tensor and out_q.is_per_tensor and c <= most and h * w >= least
 
 
 def requantize_dw(ctx: LoweringContext, x: TTensor, out_q: QParams, output_of: str | None = None) -> TTensor:

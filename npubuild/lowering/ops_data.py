@@ -80,7 +80,7 @@ def _operand(ctx: LoweringContext, t: TTensor, q: QParams | None, copied: bool) 
         return t
     if not t.q.same_as(q):
         return requantize(ctx, t, q)  # int8 operands with other scales move to the output's
-    if copied and takes(ctx.family, "concat_dw_copy") and dw_requantize_cheaper(t, q):
+    if copied and takes(ctx.family, "concat_dw_copy") and dw_requantize_cheaper(ctx.family, t, q):
         return requantize_dw(ctx, t, q)
     if copied and takes(ctx.family, "concat_max_copy") and fits_max_copy(t):
         return max_copy(ctx, t)

@@ -123,13 +123,19 @@ def _global_avg(ctx: LoweringContext, x: TTensor) -> None:
 
         ctx.set_output(0, int_sum(ctx, x, [1, 2], kernel[0] * kernel[1], ctx.current.output[0]))
         return
-    if ctx.profile == "int" and takes(ctx.family, "plane_sum") and _sum_beats_pool_on_u55(x):
+    if ctx.profile == "int" and takes(ctx.family, "plane_sum") and _sum_beats_pool(ctx.family, x):
         ctx.set_output(0, _raw_mean(ctx, x, kernel[0] * kernel[1]))
         return
     avg_pool(ctx, x, kernel, (1, 1), [0, 0, 0, 0])
 
 
-def _sum_beats_pool_on_u55(x: TTensor) -> bool:
+# per family, where REDUCE_SUM beats AVG_POOL2D: the smallest window and the channel range (a family with
+# no entry, which takes the sum only when a test forces it, has U65's)
+SUM_MIN_COUNT = {"u55": 64, "u65": 64}  # from 8x8
+SUM_CHANNELS = {"u55": (32, 1 << 30), "u65": (32, 1 << 30)}
+
+
+def _sum_beats_pool(family: str, x: TTensor) -> bool:
     """Whether a whole-plane mean at the same scale is cheaper as REDUCE_SUM than as AVG_POOL2D on U55/U65.
 
     Vela's U55 pooling steps kernel element by kernel element over every channel micro-block,
@@ -141,7 +147,8 @@ def _sum_beats_pool_on_u55(x: TTensor) -> bool:
     """
     count = x.shape[1] * x.shape[2]
     exact = count % 2 == 1 or count & (count - 1) == 0
-    return x.dtype == np.int8 and exact and count >= 64 and x.shape[3] >= 32
+    (lo, hi), least = SUM_CHANNELS.get(family, SUM_CHANNELS["u65"]), SUM_MIN_COUNT.get(family, SUM_MIN_COUNT["u65"])
+    return x.dtype == np.int8 and exact and count >= least and lo <= x.shape[3] <= hi
 
 
 def _raw_mean(ctx: LoweringContext, x: TTensor, count: int) -> TTensor:

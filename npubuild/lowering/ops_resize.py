@@ -48,6 +48,7 @@ from npubuild.lowering.quant import QParams
 from npubuild.lowering.registry import lowers
 
 SPLIT_CHANNELS = True  # switch (tests compare both forms)
+SHARED_ROW_PAD = True  # switch: the halves' row pad done once where its body is a depthwise copy (bench compares)
 # smallest replicated intermediate worth splitting: a U-Net step 8x8x16 -> 16x16 on U55-128 would save
 # 1.6 KiB of SRAM for +11% cycles (per-op overheads); 16x16x32 -> 32x32 (41 KiB) saves 17.5 KiB and runs
 # 3% faster (16-channel halves are copied by depthwise, emit.dw_requantize_cheaper); 32x32x16 -> 64x64
@@ -240,7 +241,7 @@ def _bilinear_2x(ctx: LoweringContext, x: TTensor) -> TTensor:
         g = c // 2
         # the row pad once for both halves where its body copy is a depthwise (-960 cycles on unet), else
         # per half, so each half's copy is one (unet_torch's 32 channels: MemoryCopy, +1750 cycles if shared)
-        rows = _edge_pad(ctx, x, 1) if dw_requantize_cheaper(x, x.q) else None
+        rows = _edge_pad(ctx, x, 1) if SHARED_ROW_PAD and dw_requantize_cheaper(ctx.family, x, x.q) else None
         halves = [_edge_pad(ctx, rows, 2, (s, g)) if rows is not None else _edge_pad(ctx, _edge_pad(ctx, x, 1, (s, g)), 2)
                   for s in (0, g)]
         parts = [_blur(ctx, half, x.q, out_q, None) for half in halves]
@@ -282,7 +283,7 @@ def _edge_pad(ctx: LoweringContext, x: TTensor, axis: int, ch: tuple[int, int] |
     size[axis] = 1
     last = [0, 0, 0, c0]
     last[axis] = x.shape[axis] - 1
-    body = requantize_dw(ctx, body, x.q) if dw_requantize_cheaper(body, x.q) else body
+    body = requantize_dw(ctx, body, x.q) if dw_requantize_cheaper(ctx.family, body, x.q) else body
     return concat_phys(ctx, [slice_phys(ctx, x, [0, 0, 0, c0], size), body, slice_phys(ctx, x, last, size)], axis)
 
 
