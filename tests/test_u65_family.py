@@ -52,7 +52,7 @@ def test_u65_keeps_the_upsample_whole_where_u55_splits_it():
         assert all(np.array_equal(a, b) for a, b in zip(reference(u55.tosa, xs), reference(u65.tosa, xs),
                                                         strict=True))
     split, whole = vela_run(u55.tosa, U65).summary, vela_run(u65.tosa, U65).summary
-    assert float(whole["cycles_total"]) < 0.95 * float(split["cycles_total"])  # measured 106824 -> 93919
+    assert float(whole["cycles_total"]) < 0.95 * float(split["cycles_total"])  # measured 99400 -> 93919
 
 
 def test_u65_target_compiles_its_own_lowering(project: Path, capsys):

@@ -27,8 +27,9 @@ from npubuild.lowering.driver import LoweredGraph, lower_model
 from npubuild.tosa.graph import read_tosa
 from npubuild.tosa.run import run_onnx, run_tosa
 
+# on U55 every split shares the row pad between both halves (its body copied by a 1x1 depthwise)
 BIG = (32, 16, 32)  # input size, skip channels, deep channels: replicated 36x36x32 (41 KiB), split
-LARGE = (64, 8, 16)  # replicated 68x68x16 (72 KiB), split; 16 channels: the row pad is shared by both halves
+LARGE = (64, 8, 16)  # replicated 68x68x16 (72 KiB), split
 SMALL = (16, 8, 16)  # replicated 20x20x16 (6 KiB): kept whole (ops_resize.SPLIT_MIN_BYTES)
 
 

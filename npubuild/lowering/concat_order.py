@@ -9,7 +9,7 @@ that chain's SRAM peak. Copied first, it is dead by then; and the skip's 8
 channels first put the upsample at channel 8, so Vela keeps the Concat output
 NHWC instead of padding 24 channels to 32 in NHCWB16. The Conv reading the
 Concat gets its weights' input channels in the same order, so its result is
-unchanged bit for bit. U-Net on U55-128: SRAM 264.6 -> 186.5 KiB, same cycles.
+unchanged bit for bit. U-Net on U55-128: SRAM 214.3 -> 177.5 KiB, same cycles.
 On U85 the order alone costs 0.1% in time, so it goes with the copy as an
 elementwise MAXIMUM (concat_copy). There too the Concat stays NHWC (64x64x24:
 96 KiB, not 128 KiB of NHCWB16), which is the SRAM gain: Vela's own copy runs

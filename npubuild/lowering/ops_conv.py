@@ -351,7 +351,7 @@ def unshared(ctx: LoweringContext, x: TTensor) -> TTensor:
 
     Vela drops a RESHAPE by aliasing its input, unless that input has other readers and a
     different shape: then it inserts a MemoryCopy (a transformer's LayerNorm output read by the
-    next projection and the residual Add: 1448 cycles on U55-128, 731 on U85-256 per 16x64 block).
+    next projection and the residual Add: 1520 cycles on U55-128, 731 on U85-256 per 16x64 block).
     A whole-tensor SLICE gives the RESHAPE an input of its own, which Vela reads in place (no layer).
     """
     g = _view(ctx)

@@ -46,7 +46,7 @@ def _layout_of_inputs(ctx: LoweringContext) -> tuple[int, ...] | None:
 def _copied(ctx: LoweringContext, i: int) -> bool:
     """Whether Vela must copy Concat input i into the output (it writes a producer's result in place only
     when the Concat is its one reader): on U55 a 1x1 depthwise of ones makes that copy about twice as fast
-    as Vela's MemoryCopy (U-Net skip 64x64x8 on U55-128: 32912 -> 17216 cycles) and is written in place;
+    as Vela's MemoryCopy (U-Net skip 64x64x8 on U55-128: 32928 -> 17472 cycles) and is written in place;
     on U85 an elementwise MAXIMUM of the input with itself is four times as fast, with no constant (concat_copy)."""
     name = ctx.current.input[i]
     return isinstance(ctx.value(name), GraphInput) or len(ctx.consumers.get(name, [])) > 1
@@ -80,7 +80,7 @@ def _operand(ctx: LoweringContext, t: TTensor, q: QParams | None, copied: bool) 
         return t
     if not t.q.same_as(q):
         return requantize(ctx, t, q)  # int8 operands with other scales move to the output's
-    if copied and takes(ctx.family, "concat_dw_copy") and dw_requantize_cheaper(t, q):
+    if copied and takes(ctx.family, "concat_dw_copy") and dw_requantize_cheaper(ctx.family, t, q):
         return requantize_dw(ctx, t, q)
     if copied and takes(ctx.family, "concat_max_copy") and fits_max_copy(t):
         return max_copy(ctx, t)

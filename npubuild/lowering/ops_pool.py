@@ -123,25 +123,34 @@ def _global_avg(ctx: LoweringContext, x: TTensor) -> None:
 
         ctx.set_output(0, int_sum(ctx, x, [1, 2], kernel[0] * kernel[1], ctx.current.output[0]))
         return
-    if ctx.profile == "int" and takes(ctx.family, "plane_sum") and _sum_beats_pool_on_u55(x):
+    if ctx.profile == "int" and takes(ctx.family, "plane_sum") and _sum_beats_pool(ctx.family, x):
         ctx.set_output(0, _raw_mean(ctx, x, kernel[0] * kernel[1]))
         return
     avg_pool(ctx, x, kernel, (1, 1), [0, 0, 0, 0])
 
 
-def _sum_beats_pool_on_u55(x: TTensor) -> bool:
+# per family, where REDUCE_SUM beats AVG_POOL2D: the smallest window and the channel range (a family with
+# no entry, which takes the sum only when a test forces it, has U65's)
+SUM_MIN_COUNT = {"u55": 16, "u65": 64}  # from 4x4 / 8x8
+SUM_CHANNELS = {"u55": (16, 96), "u65": (32, 1 << 30)}
+
+
+def _sum_beats_pool(family: str, x: TTensor) -> bool:
     """Whether a whole-plane mean at the same scale is cheaper as REDUCE_SUM than as AVG_POOL2D on U55/U65.
 
     Vela's U55 pooling steps kernel element by kernel element over every channel micro-block,
-    its REDUCE_SUM is a transpose and a sum (the RESCALE fused): ResNet-8's 8x8x64 head 2892
-    -> 1883 cycles. Measured over 2x2..16x16 windows and 8..128 channels, the sum wins on
-    U55-128 and U65-256 from an 8x8 window and 32 channels on, and loses below (2x2: +15-30%).
-    Only counts where it is bit-identical to the pool (see _raw_mean). U85 keeps the pool: there
-    the sum's transpose alone costs more (3392 vs 1480 cycles).
+    its REDUCE_SUM is a transpose and a sum (the RESCALE fused): ResNet-8's 8x8x64 head 3152
+    -> 2662 cycles on U55-128. Measured over 2x2..16x16 windows and 8..256 channels, the sum
+    wins on U55-128 from a 4x4 window for 16..96 channels (up to 5%), loses on smaller windows
+    and 8 channels (2x2: +11-65%) and from 128 channels (+1-15%; misses: 96 at 16x16 +1.3%, 128
+    at 5x5 -5%; U55-64/256 win from 128 too, U55-32 loses everywhere); on U65-256 it wins from an
+    8x8 window and 32 channels. Only counts where it is bit-identical to the pool (see _raw_mean).
+    U85 keeps the pool: there the sum's transpose alone costs more (3392 vs 1480 cycles).
     """
     count = x.shape[1] * x.shape[2]
     exact = count % 2 == 1 or count & (count - 1) == 0
-    return x.dtype == np.int8 and exact and count >= 64 and x.shape[3] >= 32
+    (lo, hi), least = SUM_CHANNELS.get(family, SUM_CHANNELS["u65"]), SUM_MIN_COUNT.get(family, SUM_MIN_COUNT["u65"])
+    return x.dtype == np.int8 and exact and count >= least and lo <= x.shape[3] <= hi
 
 
 def _raw_mean(ctx: LoweringContext, x: TTensor, count: int) -> TTensor:

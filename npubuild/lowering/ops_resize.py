@@ -48,10 +48,11 @@ from npubuild.lowering.quant import QParams
 from npubuild.lowering.registry import lowers
 
 SPLIT_CHANNELS = True  # switch (tests compare both forms)
+SHARED_ROW_PAD = True  # switch: the halves' row pad done once where its body is a depthwise copy (bench compares)
 # smallest replicated intermediate worth splitting: a U-Net step 8x8x16 -> 16x16 on U55-128 would save
-# 1.6 KiB of SRAM for +11% cycles (per-op overheads); 16x16x32 -> 32x32 (41 KiB) saves 17.5 KiB and runs
-# 3% faster (16-channel halves are copied by depthwise, emit.dw_requantize_cheaper); 32x32x16 -> 64x64
-# (72 KiB) saves 9 KiB for +0.7% cycles
+# 1.7 KiB of SRAM for +11% cycles (per-op overheads); 16x16x32 -> 32x32 (41 KiB) saves 11.3 KiB for +2.2%
+# (on unet_torch, with its 32x32x16 split too, 16.5 KiB for +1.0%); 32x32x16 -> 64x64 (72 KiB) saves
+# 9 KiB on unet for +0.6% cycles (bench/family_choices.py --sweep)
 SPLIT_MIN_BYTES = 32 * 1024
 COORD_MODES = ("half_pixel", "pytorch_half_pixel", "asymmetric", "align_corners", "tf_half_pixel_for_nn")
 
@@ -227,7 +228,7 @@ def _bilinear_2x(ctx: LoweringContext, x: TTensor) -> TTensor:
     is a whole copy), so on U55 (family_choices: U65 runs it faster whole) when a channel Concat is
     the one reader the channels go in two halves, each padded, replicated and blurred on its own and handed
     to the Concat as a separate input (channel_parts): one half's intermediate is live at a time. Example
-    U-Nets on U55-128: SRAM 186.5 -> 177.5 KiB (unet), 195.0 -> 177.5 KiB (unet_torch); two halves keep
+    U-Nets on U55-128: SRAM 186.5 -> 177.5 KiB (unet), 195.0 -> 178.5 KiB (unet_torch); two halves keep
     every group a multiple of 8 channels (8-channel groups of the 32-channel upsample: +7850 cycles).
     """
     assert x.q is not None
@@ -238,9 +239,10 @@ def _bilinear_2x(ctx: LoweringContext, x: TTensor) -> TTensor:
             and (2 * h + 4) * (2 * w + 4) * c >= SPLIT_MIN_BYTES \
             and feeds_channel_concat(ctx):
         g = c // 2
-        # the row pad once for both halves where its body copy is a depthwise (-960 cycles on unet), else
-        # per half, so each half's copy is one (unet_torch's 32 channels: MemoryCopy, +1750 cycles if shared)
-        rows = _edge_pad(ctx, x, 1) if dw_requantize_cheaper(x, x.q) else None
+        # the row pad once for both halves where its body copy is a depthwise (on U55 always; U55-128: unet's
+        # 32x32x16 -1216 cycles, unet_torch's 16x16x32 -976 for 1 KiB more SRAM), else per half, so each
+        # half's body can be a depthwise copy where the whole one is not
+        rows = _edge_pad(ctx, x, 1) if SHARED_ROW_PAD and dw_requantize_cheaper(ctx.family, x, x.q) else None
         halves = [_edge_pad(ctx, rows, 2, (s, g)) if rows is not None else _edge_pad(ctx, _edge_pad(ctx, x, 1, (s, g)), 2)
                   for s in (0, g)]
         parts = [_blur(ctx, half, x.q, out_q, None) for half in halves]
@@ -274,7 +276,7 @@ def _edge_pad(ctx: LoweringContext, x: TTensor, axis: int, ch: tuple[int, int] |
     ch = (start, count) only, if given). The edge slices read the
     body too, so Vela cannot write it into the CONCAT in place but copies it; where U55 runs a 1x1
     depthwise of ones faster than its MemoryCopy (emit.dw_requantize_cheaper) the body is copied that way
-    (U-Net 32x32x16 and 34x32x16 bodies on U55-128: 16608 -> 9024 and 17632 -> 9536 cycles)."""
+    (U-Net 32x32x16 and 34x32x16 bodies on U55-128: 16640 -> 9280 and 17664 -> 9792 cycles)."""
     assert x.q is not None
     c0, cn = ch or (0, x.shape[3])
     size = [*x.shape[:3], cn]
@@ -282,7 +284,7 @@ def _edge_pad(ctx: LoweringContext, x: TTensor, axis: int, ch: tuple[int, int] |
     size[axis] = 1
     last = [0, 0, 0, c0]
     last[axis] = x.shape[axis] - 1
-    body = requantize_dw(ctx, body, x.q) if dw_requantize_cheaper(body, x.q) else body
+    body = requantize_dw(ctx, body, x.q) if dw_requantize_cheaper(ctx.family, body, x.q) else body
     return concat_phys(ctx, [slice_phys(ctx, x, [0, 0, 0, c0], size), body, slice_phys(ctx, x, last, size)], axis)
 
 
