@@ -28,7 +28,6 @@ import contextlib
 import copy
 import csv
 import hashlib
-import importlib
 import os
 import subprocess
 import sys
@@ -42,16 +41,17 @@ import onnx
 import onnx_ir as ir
 from onnx import TensorProto, helper, numpy_helper
 
+from npubuild.build.execute import run_stage
+from npubuild.build.plan import make_plan
 from npubuild.config.load import default_search_path, load_specs, load_target, vela_options
+from npubuild.ethosu.vela_ini import render_ini
+from npubuild.frontend.normalise import normalise
+from npubuild.frontend.passes import run_passes
+from npubuild.frontend.qdq_concat import share_concat_scales
 from npubuild.lowering import emit, family_choices, ops_conv, ops_pool, ops_resize
 from npubuild.lowering.driver import lower_model
-from npubuild.passes import run_passes
-from npubuild.plan import STAGE_MODULES, make_plan
-from npubuild.qdq_concat import share_concat_scales
-from npubuild.stages.importer import normalise
 from npubuild.stages.quantize import quantize
 from npubuild.stages.vela import vela_command
-from npubuild.vela_ini import render_ini
 
 ROOT = Path(__file__).resolve().parents[1]
 TARGETS = ["ethos-u55-32", "ethos-u55-64", "ethos-u55-128", "ethos-u55-256"]
@@ -183,8 +183,7 @@ def qdq_models(build_dir: Path) -> list[tuple[str, onnx.ModelProto, object]]:
             for stage in ("import", "quantize"):
                 task = plan.tasks[chain[stage]]
                 if not task.outputs[("onnx")].is_file():
-                    task.dir.mkdir(parents=True, exist_ok=True)
-                    importlib.import_module(STAGE_MODULES[stage]).run(task)
+                    run_stage(task, "bench-family-choices")
         model = onnx.load(str(quant.outputs["onnx"]))
         model = ir.serde.serialize_model(run_passes(ir.serde.deserialize_model(model), b.pipeline.passes))
         out.append((b.model_name, model, b.spec.vela))
