@@ -1,4 +1,4 @@
-"""Re-measure npubuild's family-specific lowering forms (npubuild/lowering/family_choices.py) with Vela.
+"""Re-measure npubuild's family-specific lowering forms (npubuild/lowering/options.py) with Vela.
 
 A benchmark script, not a test: it prints markdown tables. Run it from the project root, after building
 the examples once (the QDQ models are the quantize stage's, read from that build dir; a missing one is
@@ -11,11 +11,11 @@ made there by running the import and quantize stages):
     PYTHONPATH=. python bench/family_choices.py --sweep -j 2                      # the threshold predicates
 
 Default mode: every example model in configs/ is lowered as the lower stage lowers it (pipeline passes,
-then lower_model(model, "int", family=fam)) with the table as it stands, then with each choice flipped
-for that family alone and with each threshold knob moved (VARIANTS), and compiled by Vela through
+then lower_model with the family's LoweringOptions) as they stand, then with each choice flipped for that
+family alone and with each threshold knob moved (`variants`), and compiled by Vela through
 npubuild's own .ini and options (vela_command, render_ini, the target profile and the spec's Vela
 options) for every target. Per variant: cycles, inference ms, SRAM and off-chip KiB, before -> after,
-for every (model, target) whose TOSA the variant changes. The choices are flipped in this process only.
+for every (model, target) whose TOSA the variant changes. bench/family_choices.md keeps the results.
 
 --sweep: micro-graphs over a grid of shapes, each predicate's two (or more) forms forced; per shape and
 target the change against the first form and which form wins (SWEEPS). About 3.5 minutes with -j 2.
@@ -24,7 +24,6 @@ target the change against the first form and which form wins (SWEEPS). About 3.5
 from __future__ import annotations
 
 import argparse
-import contextlib
 import copy
 import csv
 import hashlib
@@ -32,8 +31,9 @@ import os
 import subprocess
 import sys
 import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -48,49 +48,41 @@ from npubuild.ethosu.vela_ini import render_ini
 from npubuild.frontend.normalise import normalise
 from npubuild.frontend.passes import run_passes
 from npubuild.frontend.qdq_concat import share_concat_scales
-from npubuild.lowering import emit, family_choices, ops_conv, ops_pool, ops_resize
+from npubuild.lowering import ops_conv
 from npubuild.lowering.driver import lower_model
+from npubuild.lowering.options import FAMILY_OPTIONS, DepthwiseLimits, PlaneSumLimits
 from npubuild.stages.quantize import quantize
 from npubuild.stages.vela import vela_command
 
 ROOT = Path(__file__).resolve().parents[1]
 TARGETS = ["ethos-u55-32", "ethos-u55-64", "ethos-u55-128", "ethos-u55-256"]
 BIG = 1 << 30
-Patch = tuple[object, str, object]  # (module or dict, attribute or key, value)
+Changes = dict[str, object]  # LoweringOptions fields to set; "unshared" replaces ops_conv.unshared
+CHOICES = ("concat_order", "dw_requantize", "concat_dw_copy", "concat_max_copy", "bilinear_channel_split",
+           "plane_sum", "norm_widen_add", "norm_index_rescale", "conv_stride_taps", "softmax_wide")
 
 
-@contextlib.contextmanager
-def patched(patches: list[Patch]) -> Iterator[None]:
-    """Set module attributes / dict items for the duration (this process only)."""
-    missing = object()
-    saved = []
-    for obj, key, value in patches:
-        if isinstance(obj, dict):
-            saved.append((obj, key, obj.get(key, missing)))
-            obj[key] = value
-        else:
-            saved.append((obj, key, getattr(obj, key)))
-            setattr(obj, key, value)
+def dw_limits(channels: int, plane: int = 0) -> Changes:
+    """The 1x1 depthwise form (LoweringOptions.depthwise_pays) up to `channels`, from a `plane` of H*W."""
+    return {"depthwise_limits": DepthwiseLimits(channels, plane)}
+
+
+def sum_limits(count: int, channels: tuple[int, int] = (0, BIG)) -> Changes:
+    """REDUCE_SUM for a whole-plane mean (LoweringOptions.plane_sum_pays) from `count` elements, in `channels`."""
+    return {"plane_sum": PlaneSumLimits(count, *channels)}
+
+
+def lower(model: onnx.ModelProto, fam: str, changes: Changes) -> bytes:
+    """The family's lowering with `changes` to its options (and, for "unshared", to ops_conv)."""
+    changes = dict(changes)
+    unshared = changes.pop("unshared", None)
+    saved = ops_conv.unshared
+    if unshared is not None:
+        ops_conv.unshared = unshared  # a form with no option (always on): replaced in this process only
     try:
-        yield
+        return lower_model(copy.deepcopy(model), "int", options=replace(FAMILY_OPTIONS[fam], **changes)).tosa
     finally:
-        for obj, key, value in reversed(saved):
-            if isinstance(obj, dict) and value is missing:
-                del obj[key]
-            elif isinstance(obj, dict):
-                obj[key] = value
-            else:
-                setattr(obj, key, value)
-
-
-def dw_limits(fam: str, channels: int, plane: int = 0) -> list[Patch]:
-    """The 1x1 depthwise form (emit.dw_requantize_cheaper) up to `channels`, from a `plane` of H*W, for fam."""
-    return [(emit.DW_MAX_CHANNELS, fam, channels), (emit.DW_MIN_PLANE, fam, plane)]
-
-
-def sum_limits(fam: str, count: int, channels: tuple[int, int] = (0, BIG)) -> list[Patch]:
-    """REDUCE_SUM for a whole-plane mean (ops_pool._sum_beats_pool) from `count` elements, in `channels`."""
-    return [(ops_pool.SUM_MIN_COUNT, fam, count), (ops_pool.SUM_CHANNELS, fam, channels)]
+        ops_conv.unshared = saved
 
 
 # ------------------------------------------------------------------------------------------------ Vela
@@ -138,32 +130,33 @@ def cell(a: dict, b: dict, key: str, fmt: str) -> str:
 
 # ---------------------------------------------------------------------------------------- example models
 
-def flip(choice: str, fam: str) -> list[Patch]:
-    return [(family_choices.CHOICES, choice, family_choices.CHOICES[choice] ^ {fam})]
+def flip(choice: str, fam: str) -> Changes:
+    """The choice turned off for `fam` if it takes it, else on (plane_sum on with U55's limits)."""
+    value = getattr(FAMILY_OPTIONS[fam], choice)
+    if choice == "plane_sum":
+        return {choice: None if value is not None else FAMILY_OPTIONS["u55"].plane_sum}
+    return {choice: not value}
 
 
-def variants(fam: str) -> dict[str, list[Patch]]:
+def variants(fam: str) -> dict[str, Changes]:
     """Each choice flipped for `fam`, then the threshold knobs moved (the names say to what)."""
-    out = {f"{c} ({'off' if fam in s else 'on'})": flip(c, fam) for c, s in family_choices.CHOICES.items()
-           if c != "bilinear_2x"}  # bilinear_2x: U55 has no bilinear RESIZE
-    ch = family_choices.CHOICES
-    if fam in ch["concat_dw_copy"] and fam not in ch["concat_max_copy"]:  # the depthwise copy comes first
-        out["concat_max_copy instead of concat_dw_copy"] = flip("concat_max_copy", fam) + flip("concat_dw_copy", fam)
-
+    opts = FAMILY_OPTIONS[fam]
+    out = {f"{c} ({'off' if getattr(opts, c) else 'on'})": flip(c, fam) for c in CHOICES}
+    if opts.concat_dw_copy and not opts.concat_max_copy:  # the depthwise copy comes first
+        out["concat_max_copy instead of concat_dw_copy"] = {**flip("concat_max_copy", fam), **flip("concat_dw_copy", fam)}
+    lim = opts.depthwise_limits
     for most in (8, 16, 32, BIG):
-        if most != emit.DW_MAX_CHANNELS.get(fam):
-            out[f"depthwise form up to {most if most < BIG else 'any'} channels"] = dw_limits(
-                fam, most, emit.DW_MIN_PLANE.get(fam, 0))
+        if most != lim.max_channels:
+            out[f"depthwise form up to {most if most < BIG else 'any'} channels"] = dw_limits(most, lim.min_plane)
     for least in (0, 256, 1024):
-        if least != emit.DW_MIN_PLANE.get(fam):
-            out[f"depthwise form from a plane of {least}"] = dw_limits(fam, emit.DW_MAX_CHANNELS.get(fam, BIG), least)
+        if least != lim.min_plane:
+            out[f"depthwise form from a plane of {least}"] = dw_limits(lim.max_channels, least)
     out.update({
-        "bilinear pad bodies by MemoryCopy": [(ops_resize, "dw_requantize_cheaper", lambda f, x, q: False)],
-        "bilinear row pad per half": [(ops_resize, "SHARED_ROW_PAD", False)],
-        "SPLIT_MIN_BYTES=0": [(ops_resize, "SPLIT_MIN_BYTES", 0)],
-        "SPLIT_MIN_BYTES=80K": [(ops_resize, "SPLIT_MIN_BYTES", 80 * 1024)],
-        "plane_sum from any window": sum_limits(fam, 0),
-        "fully-connected unshared SLICE off": [(ops_conv, "unshared", lambda ctx, x: x)],
+        "bilinear row pad per half": {"shared_row_pad": False},
+        "split_min_bytes=0": {"split_min_bytes": 0},
+        "split_min_bytes=80K": {"split_min_bytes": 80 * 1024},
+        "plane_sum from any window": sum_limits(0),
+        "fully-connected unshared SLICE off": {"unshared": lambda ctx, x: x},
     })
     return out
 
@@ -197,12 +190,11 @@ def bench_models(args: argparse.Namespace) -> None:
     base: dict[str, bytes] = {}
     lowered: dict[tuple[str, str], bytes] = {}
     for name, model, spec_vela in models:
-        base[name] = lower_model(copy.deepcopy(model), "int", family=args.family).tosa
+        base[name] = lower(model, args.family, {})
         for t in args.targets:
             vela.submit(base[name], t, spec_vela)
-        for v, patches in todo.items():
-            with patched(patches):
-                tosa = lower_model(copy.deepcopy(model), "int", family=args.family).tosa
+        for v, changes in todo.items():
+            tosa = lower(model, args.family, changes)
             if tosa != base[name]:
                 lowered[(v, name)] = tosa
                 for t in args.targets:
@@ -305,32 +297,32 @@ def unet_step(size: int, deep: int, skip: int = 8) -> onnx.ModelProto:
     return _qdq(_model(nodes, {"x": [1, 2, size, size]}, {"y": [1, 4, size, size]}, inits), {"x": (-1.0, 1.0)})
 
 
-NO_SKIP_COPY = (family_choices.CHOICES, "concat_dw_copy", frozenset())
+NO_SKIP_COPY: Changes = {"concat_dw_copy": False}
 
 
-def _upsample_forms(fam: str, shape: tuple[int, int]) -> dict[str, list[Patch]]:
-    split = [(ops_resize, "SPLIT_MIN_BYTES", 0)]
-    return {"whole, pad by copy": [NO_SKIP_COPY, (ops_resize, "SPLIT_CHANNELS", False), *dw_limits(fam, 0)],
-            "whole, pad by dw": [NO_SKIP_COPY, (ops_resize, "SPLIT_CHANNELS", False), *dw_limits(fam, BIG)],
-            "halves, pads by copy": [NO_SKIP_COPY, *split, *dw_limits(fam, 0)],
-            "halves, per-half pads by dw": [NO_SKIP_COPY, *split, (ops_resize, "SHARED_ROW_PAD", False),
-                                            *dw_limits(fam, BIG)],
-            "halves, shared row pad by dw": [NO_SKIP_COPY, *split, *dw_limits(fam, BIG)],
-            "rule": [NO_SKIP_COPY]}
+def _upsample_forms(fam: str, shape: tuple[int, int]) -> dict[str, Changes]:
+    split = {"split_min_bytes": 0}
+    whole = {"bilinear_channel_split": False}
+    return {"whole, pad by copy": {**NO_SKIP_COPY, **whole, **dw_limits(0)},
+            "whole, pad by dw": {**NO_SKIP_COPY, **whole, **dw_limits(BIG)},
+            "halves, pads by copy": {**NO_SKIP_COPY, **split, **dw_limits(0)},
+            "halves, per-half pads by dw": {**NO_SKIP_COPY, **split, "shared_row_pad": False, **dw_limits(BIG)},
+            "halves, shared row pad by dw": {**NO_SKIP_COPY, **split, **dw_limits(BIG)},
+            "rule": NO_SKIP_COPY}
 
 
 # name: (shape grid, model maker, forms (first: the reference), what the shape means)
-SWEEPS: dict[str, tuple[list, Callable, Callable[[str, tuple], dict[str, list[Patch]]], str]] = {
+SWEEPS: dict[str, tuple[list, Callable, Callable[[str, tuple], dict[str, Changes]], str]] = {
     "dw_requantize (Concat of a requantised input)": (
         [(c, hw) for c in (8, 16, 32, 64, 128) for hw in (4, 8, 16, 32, 64)], requant_concat,
-        lambda f, s: {"RESCALE": dw_limits(f, 0), "1x1 depthwise": dw_limits(f, BIG), "rule": []}, "channels, plane HxW"),
+        lambda f, s: {"RESCALE": dw_limits(0), "1x1 depthwise": dw_limits(BIG), "rule": {}}, "channels, plane HxW"),
     "concat_dw_copy (a Concat input read twice)": (
         [(c, hw) for c in (8, 16, 32, 64, 128) for hw in (4, 8, 16, 32, 64)], copied_concat,
-        lambda f, s: {"MemoryCopy": dw_limits(f, 0), "1x1 depthwise": dw_limits(f, BIG), "rule": []},
+        lambda f, s: {"MemoryCopy": dw_limits(0), "1x1 depthwise": dw_limits(BIG), "rule": {}},
         "channels, plane HxW"),
     "plane_sum (whole-plane mean at the same scale)": (
         [(c, k) for c in (8, 16, 32, 64, 96, 128, 256) for k in (2, 3, 4, 5, 8, 16)], plane_mean,
-        lambda f, s: {"AVG_POOL2D": sum_limits(f, BIG), "REDUCE_SUM": sum_limits(f, 0), "rule": []},
+        lambda f, s: {"AVG_POOL2D": sum_limits(BIG), "REDUCE_SUM": sum_limits(0), "rule": {}},
         "channels, window KxK"),
     "bilinear 2x on U55: split and edge-pad copies (U-Net step, skip 8 channels)": (
         [(hw, c) for hw in (8, 16, 32) for c in (16, 32, 64)], lambda hw, c: unet_step(2 * hw, c),
@@ -365,9 +357,8 @@ def bench_sweep(args: argparse.Namespace) -> None:
         for shape in grid:
             qdq = make(*shape)
             forms = {}
-            for form, patches in forms_of(fam, shape).items():
-                with patched(patches):
-                    forms[form] = lower_model(copy.deepcopy(qdq), "int", family=fam).tosa
+            for form, changes in forms_of(fam, shape).items():
+                forms[form] = lower(qdq, fam, changes)
             rows.append((shape, forms, {(f, t): vela.submit(tosa, t) for f, tosa in forms.items() for t in args.targets}))
         names = [f for f in forms_of(fam, grid[0]) if f != "rule"]
         print(f"## {title}\n\nper target: cycles of each form against `{names[0]}` (SRAM KiB where they differ); "

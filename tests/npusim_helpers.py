@@ -12,19 +12,21 @@ import onnx
 from ophelpers import calib, io_dict, quantize_model
 
 from npubuild.lowering.driver import lower_model
+from npubuild.lowering.options import LoweringOptions
 from npubuild.npusim.npz import RawModel, load_raw
 from npubuild.npusim.sim import run
 from npubuild.tosa.run import _quiet_stdio
 
 
-def lower_int(model: onnx.ModelProto, input_shape: list[int]) -> tuple[bytes, dict]:
+def lower_int(model: onnx.ModelProto, input_shape: list[int],
+              options: LoweringOptions | None = None) -> tuple[bytes, dict]:
     """Quantize (calibrating every graph input) and lower to int8 TOSA; returns (tosa, io)."""
     shapes = {i.name: [d.dim_value for d in i.type.tensor_type.shape.dim] for i in model.graph.input}
     cal = {}
     for n, (name, shape) in enumerate(shapes.items()):
         cal.update(calib(name, shape or input_shape, seed=100 + n))
     qdq = quantize_model(model, cal)
-    lowered = lower_model(qdq, "int")
+    lowered = lower_model(qdq, "int", options=options)
     return lowered.tosa, io_dict(lowered)
 
 
@@ -71,9 +73,9 @@ def assert_bitexact(tosa: bytes, io: dict, npz: Path, seeds=(0, 1, 2)) -> None:
 
 
 def compile_and_check(model: onnx.ModelProto, input_shape: list[int], accelerator: str = "ethos-u55-128",
-                      *flags: str) -> RawModel:
+                      *flags: str, options: LoweringOptions | None = None) -> RawModel:
     """Lower, compile, assert bit-exact on three seeds; returns the loaded artifact."""
-    tosa, io = lower_int(model, input_shape)
+    tosa, io = lower_int(model, input_shape, options)
     with tempfile.TemporaryDirectory() as tmp:
         npz = vela_raw(tosa, Path(tmp), accelerator, *flags)
         assert_bitexact(tosa, io, npz)

@@ -26,6 +26,7 @@ from npubuild.config.load import default_search_path, load_target
 from npubuild.ethosu.vela_ini import render_ini
 from npubuild.frontend.normalise import normalise
 from npubuild.lowering.driver import LoweredGraph, lower_model
+from npubuild.lowering.options import LoweringOptions
 from npubuild.stages.quantize import quantize
 from npubuild.stages.vela import parse_operator_counts, vela_command
 from npubuild.tosa.run import run_onnx, run_tosa
@@ -95,13 +96,14 @@ def quantize_model(model: onnx.ModelProto, calibration: dict[str, np.ndarray], p
 
 
 def check_int(model: onnx.ModelProto, calibration: dict[str, np.ndarray], feeds: dict[str, np.ndarray],
-              max_lsb: float = 1.0, per_channel: bool = True) -> tuple[LoweredGraph, float]:
+              max_lsb: float = 1.0, per_channel: bool = True,
+              options: LoweringOptions | None = None) -> tuple[LoweredGraph, float]:
     """Quantize, lower to TOSA INT, assert every output is within `max_lsb` of onnxruntime's QDQ result.
 
     Returns the lowered graph and the max error in LSB seen.
     """
     qdq = quantize_model(model, calibration, per_channel)
-    lowered = lower_model(qdq, "int")
+    lowered = lower_model(qdq, "int", options=options)
     io = io_dict(lowered)
     with tempfile.TemporaryDirectory() as tmp:
         path = _save(qdq, Path(tmp), "qdq.onnx")

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import copy
 import tempfile
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -20,8 +21,9 @@ from onnx import TensorProto, helper, numpy_helper
 from ophelpers import calib, io_dict, prepare, quantize_model, rand, single_op_model, vela_run
 
 from npubuild.frontend.qdq_concat import share_concat_scales, union_params
-from npubuild.lowering import concat_order, family_choices
+from npubuild.lowering import concat_order
 from npubuild.lowering.driver import LoweredGraph, lower_model
+from npubuild.lowering.options import FAMILY_OPTIONS
 from npubuild.tosa.graph import read_tosa
 from npubuild.tosa.run import run_onnx, run_tosa
 
@@ -126,9 +128,10 @@ def test_quantisation_error_stays_small(models) -> None:
     assert snr_db(ref, run(shared, feeds)) > max(30.0, snr_db(ref, run(qdq, feeds)) - 3.0)
 
 
-def lowered_ok(model: onnx.ModelProto, family: str) -> LoweredGraph:
-    """Lower for `family`; the int8 TOSA graph must match onnxruntime on the same QDQ model within 1 LSB."""
-    g = lower_model(copy.deepcopy(model), "int", family=family)
+def lowered_ok(model: onnx.ModelProto, family: str, **changes) -> LoweredGraph:
+    """Lower for `family` (with `changes` to its options); the int8 TOSA graph must match onnxruntime on the
+    same QDQ model within 1 LSB."""
+    g = lower_model(copy.deepcopy(model), "int", options=replace(FAMILY_OPTIONS[family], **changes))
     io = io_dict(g)
     feeds = {"x": rand(SHAPE, seed=3)}
     ref, got = run(model, feeds), run_tosa(g.tosa, io, feeds)
@@ -171,7 +174,7 @@ def test_u55_blur_writes_into_the_concat(models) -> None:
     assert vela_run(after.tosa, "ethos-u55-128").cycles < vela_run(before.tosa, "ethos-u55-128").cycles
 
 
-def test_u55_copies_the_skip_first(models, monkeypatch) -> None:
+def test_u55_copies_the_skip_first(models) -> None:
     _, _, shared = models
     reordered = concat_order.copied_inputs_first(shared)
     cat = next(n for n in reordered.graph.node if n.op_type == "Concat")
@@ -179,8 +182,7 @@ def test_u55_copies_the_skip_first(models, monkeypatch) -> None:
     feeds = {"x": rand(SHAPE, seed=5)}
     np.testing.assert_array_equal(run(reordered, feeds), run(shared, feeds))  # conv weights permuted to match
     first = lowered_ok(shared, "u55")
-    monkeypatch.setattr(concat_order, "COPIED_FIRST", False)
-    last = lowered_ok(shared, "u55")
+    last = lowered_ok(shared, "u55", concat_order=False)
     a, b = vela_run(first.tosa, "ethos-u55-128").summary, vela_run(last.tosa, "ethos-u55-128").summary
     assert float(a["sram_memory_used"]) < float(b["sram_memory_used"])
     assert float(a["cycles_total"]) <= 1.01 * float(b["cycles_total"])
@@ -229,18 +231,14 @@ def max_copies(tosa: bytes) -> list[int]:
     return found
 
 
-def test_u85_copies_the_skip_with_a_maximum(models, monkeypatch) -> None:
+def test_u85_copies_the_skip_with_a_maximum(models) -> None:
     """On U85 the skip Vela must copy into the Concat is a MAXIMUM of itself: the same integers, faster than
     Vela's own copy (a pooling pass there) and, unlike U55's depthwise copy, with no constant off-chip."""
     _, _, shared = models
     maxed = lowered_ok(shared, "u85")
     assert max_copies(maxed.tosa) == [0]  # the skip, copied first
-    monkeypatch.setitem(family_choices.CHOICES, "concat_max_copy", frozenset())
-    monkeypatch.setitem(family_choices.CHOICES, "concat_dw_copy", frozenset({"u85"}))
-    dw = lowered_ok(shared, "u85")  # copied first by a 1x1 depthwise of ones
-    monkeypatch.setitem(family_choices.CHOICES, "concat_dw_copy", frozenset())
-    monkeypatch.setitem(family_choices.CHOICES, "concat_order", frozenset())
-    plain = lowered_ok(shared, "u85")  # Vela's own copy, last
+    dw = lowered_ok(shared, "u85", concat_max_copy=False, concat_dw_copy=True)  # first, by a 1x1 depthwise of ones
+    plain = lowered_ok(shared, "u85", concat_max_copy=False, concat_order=False)  # Vela's own copy, last
     assert max_copies(plain.tosa) == []
     a, b, c = (vela_run(g.tosa, "ethos-u85-256").summary for g in (maxed, plain, dw))
     assert float(a["cycles_total"]) < float(b["cycles_total"])

@@ -15,8 +15,10 @@ from ophelpers import calib, check_fp, check_int, rand, vela_op_counts
 
 import npubuild.stages.quantize as quantize_stage
 from npubuild.lowering import epilogue
+from npubuild.lowering.options import LoweringOptions
 
 SHAPE = [1, 6, 16]
+INT_BIAS_ADD = LoweringOptions(int_bias_add=True)  # off by default: see epilogue.py
 
 
 def linear_chain(tail: list[str], o: int = 12, extra_use: bool = False) -> onnx.ModelProto:
@@ -57,10 +59,10 @@ def test_fp_chain_folds(tail):
 
 
 @pytest.mark.parametrize("tail", CHAINS, ids="-".join)
-def test_int_chain_folds_within_one_lsb(tail, monkeypatch):
+def test_int_chain_folds_within_one_lsb(tail):
     """With INT bias Adds switched on, every chain becomes the conv's bias and one RESCALE, within 1 LSB."""
-    monkeypatch.setattr(epilogue, "INT_BIAS_ADD", True)
-    lowered, worst = check_int(linear_chain(tail), calib("x", SHAPE), {"x": rand(SHAPE, 2)}, max_lsb=1.0)
+    lowered, worst = check_int(linear_chain(tail), calib("x", SHAPE), {"x": rand(SHAPE, 2)}, max_lsb=1.0,
+                               options=INT_BIAS_ADD)
     assert folded(lowered, tail), lowered.node_ops
     ops = sum(lowered.node_ops.values(), [])
     assert "ADD" not in ops and ops.count("RESCALE") == 1, ops
@@ -83,9 +85,8 @@ def test_second_reader_blocks_folding():
 
 @pytest.mark.parametrize("accelerator", ["ethos-u55-128", "ethos-u85-256"])
 def test_vela_ops_drop(accelerator, monkeypatch):
-    monkeypatch.setattr(epilogue, "INT_BIAS_ADD", True)
     model = linear_chain(["add", "mul"])
-    lowered, _ = check_int(model, calib("x", SHAPE), {"x": rand(SHAPE, 5)})
+    lowered, _ = check_int(model, calib("x", SHAPE), {"x": rand(SHAPE, 5)}, options=INT_BIAS_ADD)
     npu, cpu = vela_op_counts(lowered.tosa, accelerator)
     monkeypatch.setattr(epilogue, "follow", lambda *a, **k: None)  # our own fold off: the per-node lowering
     monkeypatch.setattr(quantize_stage, "fold_linear_bias", lambda *a, **k: 0)  # and onnxruntime's Q/DQ pair back
@@ -96,9 +97,9 @@ def test_vela_ops_drop(accelerator, monkeypatch):
 
 
 @pytest.mark.parametrize("bias_add", [False, True])
-def test_npusim_bitexact_u55(bias_add, monkeypatch):
-    monkeypatch.setattr(epilogue, "INT_BIAS_ADD", bias_add)
-    compile_and_check(linear_chain(["add", "mul"]), SHAPE, "ethos-u55-128")
+def test_npusim_bitexact_u55(bias_add):
+    compile_and_check(linear_chain(["add", "mul"]), SHAPE, "ethos-u55-128",
+                      options=LoweringOptions(int_bias_add=bias_add))
 
 
 def scores_scaled(op: str) -> onnx.ModelProto:

@@ -7,14 +7,16 @@ round(sum(x) / n). Checked against onnxruntime, the portable graph, Vela and npu
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 from ophelpers import calib, check_int, quantize_model, vela_run
 from test_ops_compute import npu_bitexact, wrapped
 from test_requantize_u55 import assert_same_reference, ops
 
-from npubuild.lowering import ops_pool
 from npubuild.lowering.driver import lower_model
+from npubuild.lowering.options import FAMILY_OPTIONS, PlaneSumLimits
 
 
 def _gap_model(shape: list[int]):
@@ -48,7 +50,7 @@ def test_u55_sum_bitexact_on_npusim():
 
 
 @pytest.mark.parametrize("shape", [[1, 64, 2, 2], [1, 8, 8, 8], [1, 128, 8, 8], [1, 32, 10, 10]])
-def test_small_wide_or_inexact_means_keep_the_pool_on_u55(shape, monkeypatch):
+def test_small_wide_or_inexact_means_keep_the_pool_on_u55(shape):
     """A window under 4x4, fewer than 16 or more than 96 channels are cheaper pooled on U55-128 (forced, the
     sum is slower); a count of 100 could round a tie differently as a raw sum."""
     qdq = quantize_model(_gap_model(shape), calib("x", shape, low=-1.0, high=3.0))
@@ -56,8 +58,7 @@ def test_small_wide_or_inexact_means_keep_the_pool_on_u55(shape, monkeypatch):
     assert pooled.tosa == lower_model(qdq, "int").tosa
     if shape[2] * shape[3] == 100:
         return
-    monkeypatch.setitem(ops_pool.SUM_MIN_COUNT, "u55", 0)
-    monkeypatch.setitem(ops_pool.SUM_CHANNELS, "u55", (0, 1 << 30))
-    summed = lower_model(qdq, "int", family="u55")
+    forced = replace(FAMILY_OPTIONS["u55"], plane_sum=PlaneSumLimits(0, 0, 1 << 30))
+    summed = lower_model(qdq, "int", options=forced)
     assert "REDUCE_SUM" in ops(summed)
     assert vela_run(summed.tosa, "ethos-u55-128").cycles > vela_run(pooled.tosa, "ethos-u55-128").cycles

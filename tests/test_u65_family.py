@@ -1,4 +1,4 @@
-"""U65 as its own lowering family (support.family, lowering/family_choices.py).
+"""U65 as its own lowering family (Accelerator.lowering_family, lowering/options.py).
 
 U65 runs U55's TOSA op set, so it is placed by U55's support rules, but it is lowered on its own: a form
 only U55 needs (the bilinear upsample in two channel halves, for U55-128's SRAM) is left out on U65,

@@ -1,4 +1,4 @@
-"""The widest U85s (1024 and 2048 MACs) as their own lowering family "u85wide" (support.family, family_choices).
+"""The widest U85s (1024 and 2048 MACs) as their own lowering family "u85wide" (Accelerator.lowering_family, lowering/options.py).
 
 They run U85's TOSA op set, so they are placed by U85's support rules, but they are lowered on their own:
 the U85-256 Concat forms (copied inputs first, the copy as a MAXIMUM of itself) make Vela lay the Concat
@@ -24,7 +24,7 @@ from test_support import compare, rule_verdict, vela_compiles
 
 from npubuild.ethosu.support import RULES_OF, family
 from npubuild.lowering.driver import lower_model
-from npubuild.lowering.family_choices import takes
+from npubuild.lowering.options import FAMILY_OPTIONS
 
 U85, WIDE = "ethos-u85-256", "ethos-u85-2048"
 
@@ -44,7 +44,7 @@ def test_wide_u85_is_placed_by_u85_rules_as_vela_agrees():
 def test_wide_u85_keeps_velas_concat_copy(models):  # noqa: F811
     """The U-Net step: U85 copies the skip first by a MAXIMUM; the wide family lowers it portably, faster there."""
     _, _, shared = models
-    assert not takes("u85wide", "concat_order") and not takes("u85wide", "concat_max_copy")
+    assert not FAMILY_OPTIONS["u85wide"].concat_order and not FAMILY_OPTIONS["u85wide"].concat_max_copy
     u85 = lower_model(copy.deepcopy(shared), "int", family="u85")
     wide = lower_model(copy.deepcopy(shared), "int", family="u85wide")
     assert max_copies(u85.tosa) == [0] and max_copies(wide.tosa) == []

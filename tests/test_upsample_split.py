@@ -1,4 +1,4 @@
-"""U55 bilinear 2x in two channel halves written straight into the Concat (ops_resize.SPLIT_CHANNELS).
+"""U55 bilinear 2x in two channel halves written straight into the Concat (LoweringOptions.bilinear_channel_split).
 
 The replicated intermediate of the U55 upsample is a U-Net's SRAM peak there; split into halves, each
 half's intermediate is live alone and each half is its own Concat input (channel_parts.py). Checked on a
@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import copy
 import tempfile
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -22,8 +23,8 @@ from ophelpers import calib, io_dict, prepare, quantize_model, rand, vela_run
 from test_concat_scales import unet_step as float_unet_step
 
 from npubuild.frontend.qdq_concat import share_concat_scales
-from npubuild.lowering import ops_resize
 from npubuild.lowering.driver import LoweredGraph, lower_model
+from npubuild.lowering.options import FAMILY_OPTIONS, PORTABLE, LoweringOptions
 from npubuild.tosa.graph import read_tosa
 from npubuild.tosa.run import run_onnx, run_tosa
 
@@ -49,9 +50,9 @@ def feeds_for(model: onnx.ModelProto, seed: int) -> dict[str, np.ndarray]:
     return {"x": rand([d.dim_value for d in model.graph.input[0].type.tensor_type.shape.dim], seed=seed)}
 
 
-def max_error_lsb(model: onnx.ModelProto, family: str | None) -> tuple[LoweredGraph, float]:
-    """Lower for `family`; the largest error of any output against onnxruntime on the QDQ model, in LSB."""
-    g = lower_model(copy.deepcopy(model), "int", family=family)
+def max_error_lsb(model: onnx.ModelProto, options: LoweringOptions) -> tuple[LoweredGraph, float]:
+    """Lower with `options`; the largest error of any output against onnxruntime on the QDQ model, in LSB."""
+    g = lower_model(copy.deepcopy(model), "int", options=options)
     feeds = feeds_for(model, 3)
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "m.onnx"
@@ -63,12 +64,11 @@ def max_error_lsb(model: onnx.ModelProto, family: str | None) -> tuple[LoweredGr
     return g, float(max(errors))
 
 
-def lowered(model: onnx.ModelProto, split: bool, monkeypatch) -> LoweredGraph:
+def lowered(model: onnx.ModelProto, split: bool) -> LoweredGraph:
     """The u55 lowering with or without the split, held (as the lower stage holds it) to the portable
     lowering's error + 1 LSB."""
-    monkeypatch.setattr(ops_resize, "SPLIT_CHANNELS", split)
-    g, err = max_error_lsb(model, "u55")
-    assert err <= max_error_lsb(model, None)[1] + 1
+    g, err = max_error_lsb(model, replace(FAMILY_OPTIONS["u55"], bilinear_channel_split=split))
+    assert err <= max_error_lsb(model, PORTABLE)[1] + 1
     return g
 
 
@@ -84,8 +84,8 @@ def resizes(g: LoweredGraph) -> int:
     return sum(op.op == "RESIZE" for op in read_tosa(g.tosa).ops)
 
 
-def test_halves_are_concat_inputs_with_the_same_integers(qdq, monkeypatch) -> None:
-    whole, halves = lowered(qdq, False, monkeypatch), lowered(qdq, True, monkeypatch)
+def test_halves_are_concat_inputs_with_the_same_integers(qdq) -> None:
+    whole, halves = lowered(qdq, False), lowered(qdq, True)
     assert final_concat_inputs(whole.tosa) == ["RESCALE", "RESCALE"]
     assert final_concat_inputs(halves.tosa) == ["RESCALE"] * 3  # skip copy, then each half's blur
     assert (resizes(whole), resizes(halves)) == (1, 2)
@@ -95,30 +95,30 @@ def test_halves_are_concat_inputs_with_the_same_integers(qdq, monkeypatch) -> No
         np.testing.assert_array_equal(*(run_tosa(g.tosa, io, feeds)["y"] for g in (whole, halves)))
 
 
-def test_halves_lower_u55_sram(qdq, monkeypatch) -> None:
-    whole, halves = lowered(qdq, False, monkeypatch), lowered(qdq, True, monkeypatch)
+def test_halves_lower_u55_sram(qdq) -> None:
+    whole, halves = lowered(qdq, False), lowered(qdq, True)
     a, b = vela_run(halves.tosa, "ethos-u55-128").summary, vela_run(whole.tosa, "ethos-u55-128").summary
     assert float(a["sram_memory_used"]) < float(b["sram_memory_used"])
     assert float(a["cycles_total"]) <= 1.03 * float(b["cycles_total"])
 
 
-def test_halves_bitexact_on_npu_sim(qdq, monkeypatch) -> None:
-    g = lowered(qdq, True, monkeypatch)
+def test_halves_bitexact_on_npu_sim(qdq) -> None:
+    g = lowered(qdq, True)
     with tempfile.TemporaryDirectory() as tmp:
         assert_bitexact(g.tosa, io_dict(g), vela_raw(g.tosa, Path(tmp)), seeds=(0,))
 
 
-def test_upsample_read_elsewhere_stays_whole(monkeypatch) -> None:
-    g = lowered(unet_step(*BIG, extra_reader=True), True, monkeypatch)  # both outputs within 1 LSB
+def test_upsample_read_elsewhere_stays_whole() -> None:
+    g = lowered(unet_step(*BIG, extra_reader=True), True)  # both outputs within 1 LSB
     assert resizes(g) == 1
 
 
-def test_small_upsample_stays_whole(monkeypatch) -> None:
+def test_small_upsample_stays_whole() -> None:
     """Split, the small one would cost more cycles than its SRAM saving is worth (SPLIT_MIN_BYTES)."""
-    assert resizes(lowered(unet_step(*SMALL), True, monkeypatch)) == 1
+    assert resizes(lowered(unet_step(*SMALL), True)) == 1
 
 
-def test_concat_in_another_layout_takes_the_halves_joined(monkeypatch) -> None:
+def test_concat_in_another_layout_takes_the_halves_joined() -> None:
     """A Concat whose other inputs come in NCHW (reshaped from 3-D) concatenates in that layout: the halves
     are joined by one CONCAT and transposed with it (channel_parts.materialize); results within 1 LSB."""
     inits = [numpy_helper.from_array(np.array([1, 1, 2, 2], np.float32), "scales"),
@@ -139,7 +139,6 @@ def test_concat_in_another_layout_takes_the_halves_joined(monkeypatch) -> None:
     for k, v in shapes.items():
         cal.update(calib(k, v, n=8))
     qdq = quantize_model(prepare(model), cal)
-    monkeypatch.setattr(ops_resize, "SPLIT_CHANNELS", True)
     g = lower_model(copy.deepcopy(qdq), "int", family="u55")
     ops = [op.op for op in read_tosa(g.tosa).ops]
     assert ops.count("RESIZE") == 2 and "TRANSPOSE" in ops

@@ -10,7 +10,9 @@ from __future__ import annotations
 import re
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, create_model, field_validator, model_validator
+
+from npubuild.config.metrics import GATES
 
 ACCELERATORS = (
     "ethos-u55-32",
@@ -205,26 +207,17 @@ class Verify(Strict):
     fvp: Literal["auto", "required", "off"] = "auto"
 
 
-class Expect(Strict):
-    """Gates: each is checked after the build; one that falls short fails it (exit 1)."""
+def _expect_model() -> type[BaseModel]:
+    """Gates: each is checked after the build; one that falls short fails it (exit 1). Made from
+    metrics.GATES, the one table of gate keys, their metrics and bounds."""
+    fields = {g.key: (g.type | None, Field(default=None, description=g.description or None, **g.bounds))
+              for g in GATES}
+    model = create_model("Expect", __base__=Strict, __doc__=_expect_model.__doc__, **fields)
+    model.__module__ = __name__
+    return model
 
-    npu_offload: float | None = Field(default=None, ge=0, le=1, description="Minimum fraction of ops on the NPU")
-    max_cpu_ops: int | None = Field(default=None, ge=0)
-    max_sram_kib: float | None = Field(default=None, gt=0)
-    max_offchip_kib: float | None = Field(default=None, gt=0)
-    max_inference_ms: float | None = Field(default=None, gt=0)
-    max_npu_cycles: int | None = Field(default=None, gt=0)
-    min_tosa_snr_db: float | None = None
-    max_tosa_error_lsb: float | None = Field(default=None, ge=0)
-    min_quant_snr_db: float | None = None
-    max_transposes: int | None = Field(default=None, ge=0, description="Most TRANSPOSE ops allowed in the TOSA graph")
-    min_accuracy: float | None = Field(default=None, ge=0, le=1, description="Top-1 of the TOSA graph on the evaluation set")
-    max_accuracy_drop: float | None = Field(default=None, ge=0, le=1, description="Float minus TOSA top-1 accuracy")
-    max_fvp_error_lsb: float | None = Field(default=None, ge=0, description="FVP outputs vs the TOSA reference model's")
-    npu_partitions: int | None = Field(default=None, ge=0, description="Exact number of NPU partitions expected")
-    host_ops: int | None = Field(default=None, ge=0, description="Exact number of ONNX nodes expected on the host")
-    max_deployed_error_lsb: float | None = Field(
-        default=None, ge=0, description="Most LSB error of the graph the target runs (its partitions or lowering)")
+
+Expect = _expect_model()
 
 
 class FvpOptions(Strict):

@@ -16,7 +16,7 @@ elementwise MAXIMUM (concat_copy). There too the Concat stays NHWC (64x64x24:
 after the last Resize even when first (order alone: SRAM 176.0 KiB), the
 MAXIMUM right after the skip's conv, so the Concat is live from there (177.6).
 unet / unet_torch on U85-256: 0.2532 -> 0.2451 ms, SRAM 208.0 -> 177.6 KiB, same
-off-chip; the widest U85s lose time (family_choices says who takes it and why).
+off-chip; the widest U85s lose time (lowering/options.py says who takes it and why).
 """
 
 from __future__ import annotations
@@ -26,8 +26,6 @@ import copy
 import numpy as np
 import onnx
 from onnx import numpy_helper
-
-COPIED_FIRST = True  # switch (tests compare both orders)
 
 
 def _consumers(model: onnx.ModelProto) -> dict[str, list[onnx.NodeProto]]:
@@ -100,7 +98,7 @@ class _Graph:
 
 def copied_inputs_first(model: onnx.ModelProto) -> onnx.ModelProto:
     """The model with each channel Concat read only by Convs reordered copied-inputs-first (a copy; or `model`)."""
-    if not COPIED_FIRST or not any(n.op_type == "Concat" for n in model.graph.node):
+    if not any(n.op_type == "Concat" for n in model.graph.node):
         return model
     model = copy.deepcopy(model)
     g = _Graph(model)

@@ -18,6 +18,7 @@ import tosa_serializer as ts
 from onnx import numpy_helper
 
 from npubuild.errors import UnsupportedOpError
+from npubuild.lowering.options import PORTABLE, LoweringOptions
 from npubuild.lowering.quant import QParams
 
 NHWC = (0, 2, 3, 1)  # physical NHWC of a logical NCHW tensor
@@ -119,7 +120,7 @@ class LoweringContext:
     node_ops: dict[str, list[str]] = field(default_factory=dict)  # onnx node name -> TOSA op names
     fused: set[str] = field(default_factory=set)  # nodes already lowered as part of a fused pattern (skipped)
     current: onnx.NodeProto | None = None
-    family: str | None = None  # support.FAMILIES: forms one NPU family runs better (family_choices)
+    options: LoweringOptions = PORTABLE  # the forms this family's lowering takes (lowering/options.py)
     _counter: int = 0
 
     def __post_init__(self) -> None:

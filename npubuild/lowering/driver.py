@@ -11,7 +11,7 @@ from npubuild.errors import UncomputedOutputError, UnsupportedOpError
 from npubuild.lowering import load_all
 from npubuild.lowering.concat_order import copied_inputs_first
 from npubuild.lowering.context import IOInfo, LoweringContext, TTensor
-from npubuild.lowering.family_choices import takes
+from npubuild.lowering.options import LoweringOptions
 from npubuild.lowering.registry import LOWERINGS
 
 
@@ -30,19 +30,21 @@ class LoweredGraph:
         return sum(len(v) for v in self.node_ops.values())
 
 
-def lower_model(model: onnx.ModelProto, profile: Literal["int", "fp"], family: str | None = None) -> LoweredGraph:
+def lower_model(model: onnx.ModelProto, profile: Literal["int", "fp"], family: str | None = None,
+                options: LoweringOptions | None = None) -> LoweredGraph:
     """Lower a whole (QDQ for INT, float for FP) ONNX model to one TOSA 1.0 graph.
 
-    `family` ("u55", "u65", "u85" or "u85wide") lets a lowering choose a form only that NPU family runs well
-    (family_choices.py says which family takes which form).
+    `family` ("u55", "u65", "u85" or "u85wide") lets a lowering choose the forms that NPU family runs best
+    (options.FAMILY_OPTIONS); `options` gives them explicitly instead (tests, benchmarks).
     """
     load_all()
     for i, node in enumerate(model.graph.node):
         if not node.name:
             node.name = f"{node.op_type}_{i}"
-    if takes(family, "concat_order"):
+    options = options or LoweringOptions.for_family(family)
+    if options.concat_order:
         model = copied_inputs_first(model)  # Vela's Concat copies in input order: the SRAM peak depends on it
-    ctx = LoweringContext(model, profile, family=family)
+    ctx = LoweringContext(model, profile, options=options)
     for node in model.graph.node:
         if node.name in ctx.fused:  # lowered already, as part of a pattern (e.g. the Erf form of GELU)
             continue

@@ -11,7 +11,6 @@ import numpy as np
 import tosa_serializer as ts
 
 from npubuild.lowering.context import LoweringContext, TTensor, identity, inverse
-from npubuild.lowering.family_choices import takes
 from npubuild.lowering.quant import QParams, multiplier_shift
 
 Op = ts.Op
@@ -56,33 +55,9 @@ def requantize(ctx: LoweringContext, x: TTensor, out_q: QParams, output_of: str 
     assert x.q is not None
     if x.q.same_as(out_q) and output_of is None:
         return x
-    if takes(ctx.family, "dw_requantize") and dw_requantize_cheaper(ctx.family, x, out_q):
+    if ctx.options.dw_requantize and ctx.options.depthwise_pays(x, out_q):
         return requantize_dw(ctx, x, out_q, output_of)
     return rescale(ctx, x, x.q.s / out_q.s, out_q.dtype, x.q.zp, out_q.zp, out_q, output_of)
-
-
-# per family, where the 1x1 depthwise form beats RESCALE and Vela's MemoryCopy: channels at most, H*W at least
-# (a family with no entry, which takes a depthwise form only when a test forces it, has U65's)
-DW_MAX_CHANNELS = {"u55": 1 << 30, "u65": 16}  # U65-256: wider runs up to 40% slower than RESCALE (Vela 5.2)
-DW_MIN_PLANE = {"u55": 0, "u65": 256}  # U65-256: smaller planes lose up to 1000 cycles
-
-
-def dw_requantize_cheaper(family: str | None, x: TTensor, out_q: QParams) -> bool:
-    """Whether `family` runs this int8->int8 requantisation (or copy) faster as a 1x1 depthwise conv than as a
-    RESCALE (or Vela's MemoryCopy).
-
-    Vela 5.2 (npubuild's system configs) on a Concat of a requantised input, 8..128 channels x 4x4..64x64:
-    U55-128 gains 11-25% on every shape (32x32x32: 66560 -> 51504 cycles, 16x32x32: 33280 -> 26160), U55-64
-    15-25%, U55-256 up to 22% (but 32x16x16 +2.1%), U55-32 loses up to 15% (U55-128 first: no limit on U55).
-    U65-256 loses from 24 channels up (157286 -> 218828) and on planes under 16x16, gains for <= 16 channels
-    on >= 16x16 planes (16x32x32: 34952 -> 26389). bench/family_choices.py --sweep measures both.
-    """
-    assert x.q is not None
-    if len(x.shape) != 4 or x.dtype != np.int8 or np.dtype(out_q.dtype) != np.int8:
-        return False
-    n, h, w, c = x.shape
-    most, least = DW_MAX_CHANNELS.get(family, DW_MAX_CHANNELS["u65"]), DW_MIN_PLANE.get(family, DW_MIN_PLANE["u65"])
-    return x.q.is_per_tensor and out_q.is_per_tensor and c <= most and h * w >= least
 
 
 def requantize_dw(ctx: LoweringContext, x: TTensor, out_q: QParams, output_of: str | None = None) -> TTensor:

@@ -14,7 +14,7 @@ folded form rounds once. Folding is exact up to that rounding, so a step is
 taken only while the intermediates' rounding (0.5 LSB each, carried through the
 later gains) stays under one LSB of the chain's final output.
 
-INT bias Adds behind a Q/DQ pair are not folded by default (INT_BIAS_ADD): each
+INT bias Adds behind a Q/DQ pair are not folded by default (LoweringOptions.int_bias_add): each
 fold is within one LSB of the QDQ reference, but the reference rounds the
 product before adding the bias and the folded form does not, and on the example
 transformer those 1-LSB differences add up through the layers (TOSA-vs-QDQ SNR
@@ -35,8 +35,6 @@ import onnx
 from npubuild.lowering.context import LoweringContext
 from npubuild.lowering.patterns import _view
 from npubuild.lowering.quant import QParams
-
-INT_BIAS_ADD = False  # fold INT bias Adds too (exact per op to 1 LSB, drifts from the QDQ reference; see above)
 
 
 @dataclass
@@ -91,7 +89,7 @@ def follow(ctx: LoweringContext, o: int, rank: int, allow_add: bool = True) -> E
             break
         nxt = users[0]
         direct = ctx.profile == "int" and not seen  # the QDQ model adds at the product's precision (qdq_linear)
-        if nxt.op_type == "Add" and (not allow_add or (ctx.profile == "int" and not direct and not INT_BIAS_ADD)):
+        if nxt.op_type == "Add" and (not allow_add or (ctx.profile == "int" and not direct and not ctx.options.int_bias_add)):
             break
         if direct:
             pass  # no rounding between the product and this node: nothing to carry in err

@@ -30,9 +30,8 @@ import numpy as np
 from npubuild.lowering import intmath as im
 from npubuild.lowering.context import LoweringContext, TTensor
 from npubuild.lowering.emit import Op, rescale
-from npubuild.lowering.family_choices import takes
-from npubuild.lowering.ops_reduce import emit_reduce
 from npubuild.lowering.quant import QParams
+from npubuild.lowering.reduction import emit_reduce
 from npubuild.lowering.table import emit_table
 
 SEED_Q = QParams(np.float64(2.0**-7), np.int64(-128), np.dtype(np.int8))  # seed w = q + 128, 1/sqrt(m) ~ w / 128
@@ -70,7 +69,7 @@ def _w_for_product(ctx: LoweringContext, seed: TTensor, w: TTensor) -> TTensor:
     """The widened seed as an operand next to an int32 one. U55/U65 run a lone int8 -> int32 RESCALE as two
     ops, w + 0 with both int8 operands widened as one ADD; on U85 the RESCALE is cheaper (and needs no
     constant)."""
-    if not takes(ctx.family, "norm_widen_add"):
+    if not ctx.options.norm_widen_add:
         return w
     zero = TTensor(ctx.const(np.zeros((1,) * len(seed.shape), np.int8), "zero"), (1,) * len(seed.shape),
                    np.dtype(np.int8), seed.perm)
@@ -90,7 +89,7 @@ def rsqrt_rows(ctx: LoweringContext, v: TTensor) -> TTensor:
     n = im.clz(ctx, v)
     h = im.asr(ctx, im.sub(ctx, n, im.const_i32(ctx, 2, v)), im.const_i32(ctx, 1, v))  # floor((n - 1) / 2)
     m = im.shl(ctx, v, im.add(ctx, h, h))  # Q30, in [2^29, 2^31)
-    if takes(ctx.family, "norm_index_rescale"):  # round(m / 2^23) - 128 as one RESCALE: one op less on U55/U65, 450 cycles more on U85
+    if ctx.options.norm_index_rescale:  # round(m / 2^23) - 128 as one RESCALE: one op less on U55/U65, 450 cycles more on U85
         index = rescale(ctx, m, 2.0**-23, np.int8, 0, -128, None)
     else:
         index = im.narrow_exact(ctx, im.sub(ctx, im.asr(ctx, m, im.const_i32(ctx, 23, m)), im.const_i32(ctx, 128, m)), 0)

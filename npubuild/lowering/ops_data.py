@@ -14,8 +14,7 @@ import numpy as np
 from npubuild.lowering.channel_parts import concat_inputs
 from npubuild.lowering.concat_copy import fits_max_copy, max_copy
 from npubuild.lowering.context import GraphInput, LoweringContext, TTensor
-from npubuild.lowering.emit import Op, attr, dw_requantize_cheaper, requantize, requantize_dw
-from npubuild.lowering.family_choices import takes
+from npubuild.lowering.emit import Op, attr, requantize, requantize_dw
 from npubuild.lowering.movement import (
     concat_phys,
     constant_ints,
@@ -80,9 +79,9 @@ def _operand(ctx: LoweringContext, t: TTensor, q: QParams | None, copied: bool) 
         return t
     if not t.q.same_as(q):
         return requantize(ctx, t, q)  # int8 operands with other scales move to the output's
-    if copied and takes(ctx.family, "concat_dw_copy") and dw_requantize_cheaper(ctx.family, t, q):
+    if copied and ctx.options.concat_dw_copy and ctx.options.depthwise_pays(t, q):
         return requantize_dw(ctx, t, q)
-    if copied and takes(ctx.family, "concat_max_copy") and fits_max_copy(t):
+    if copied and ctx.options.concat_max_copy and fits_max_copy(t):
         return max_copy(ctx, t)
     return t
 

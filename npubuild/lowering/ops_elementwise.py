@@ -22,60 +22,33 @@ from __future__ import annotations
 import numpy as np
 
 from npubuild.lowering import fp
+from npubuild.lowering.broadcast import (
+    CONST_BITS,
+    broadcast_operands,
+    broadcast_pair,
+    operand,
+    operand_rank,
+)
 from npubuild.lowering.context import LoweringContext, QConst, TTensor
-from npubuild.lowering.emit import Op, attr, clamp, requantize, rescale, reshape, to_layout
+from npubuild.lowering.emit import Op, attr, clamp, requantize, rescale
 from npubuild.lowering.patterns import fusable
 from npubuild.lowering.quant import QParams
 from npubuild.lowering.registry import lowers, quantize_also
 from npubuild.lowering.table import build_table, emit_table
 
 HEADROOM_BITS = 20
-CONST_BITS = 23  # precision of an int32 constant operand of Mul/Div (|product| stays below 2**31)
 
 quantize_also("Sub", "Div", "Min", "Max")
 
 
-def broadcast_pair(ctx: LoweringContext, a: TTensor, b: TTensor) -> tuple[TTensor, TTensor]:
-    """Both tensors in one layout and one rank (TOSA broadcasts only between equal ranks)."""
-    ra, rb = len(a.shape), len(b.shape)
-    if ra < rb:
-        a = _unsqueeze_front(ctx, a, rb)
-    elif rb < ra:
-        b = _unsqueeze_front(ctx, b, ra)
-    # the larger operand keeps its layout (the smaller is usually a constant or a broadcast vector)
-    layout = a.perm if int(np.prod(a.shape)) >= int(np.prod(b.shape)) else b.perm
-    return to_layout(ctx, a, layout), to_layout(ctx, b, layout)
 
 
-def broadcast_operands(ctx: LoweringContext) -> tuple[TTensor, TTensor]:
-    """Inputs 0 and 1 of the current node, ready for a TOSA binary op."""
-    rank = max(_rank(ctx, 0), _rank(ctx, 1))
-    return broadcast_pair(ctx, operand(ctx, 0, rank), operand(ctx, 1, rank))
 
 
-def _rank(ctx: LoweringContext, i: int) -> int:
-    v = ctx.values.get(ctx.current.input[i])
-    if isinstance(v, QConst):
-        return v.data.ndim
-    if isinstance(v, np.ndarray):
-        return v.ndim
-    return len(ctx.tensor(i).shape)
 
 
-def operand(ctx: LoweringContext, i: int, rank: int) -> TTensor:
-    """Input i; a constant gets leading unit dims in numpy (no RESHAPE op) before it becomes a TOSA constant."""
-    v = ctx.values.get(ctx.current.input[i])
-    if isinstance(v, QConst) and ctx.profile == "int" and v.q.axis is None:
-        return ctx.materialize_const(v.data.reshape((1,) * (rank - v.data.ndim) + v.data.shape), v.q, "qconst")
-    if isinstance(v, np.ndarray) and ctx.profile == "fp" and v.dtype.kind == "f":
-        return ctx.materialize_const(v.astype(np.float32).reshape((1,) * (rank - v.ndim) + v.shape), None)
-    return ctx.tensor(i)
 
 
-def _unsqueeze_front(ctx: LoweringContext, x: TTensor, rank: int) -> TTensor:
-    logical = (1,) * (rank - len(x.shape)) + x.logical_shape
-    x = to_layout(ctx, x, tuple(range(len(x.shape))))
-    return reshape(ctx, x, logical, tuple(range(rank)))
 
 
 def _out_shape(a: TTensor, b: TTensor) -> tuple[int, ...]:
@@ -249,7 +222,7 @@ def _min_max(ctx: LoweringContext, op, kind: str) -> None:
     """Variadic Min/Max. TOSA 1.0 PRO-INT has MINIMUM/MAXIMUM for int32 only, so int8 operands are rescaled
     to int32 on the output's scale (rounding is monotonic: min-then-round == round-then-min)."""
     idx = [i for i in range(len(ctx.current.input)) if ctx.has_input(i)]
-    rank = max(_rank(ctx, i) for i in idx)
+    rank = max(operand_rank(ctx, i) for i in idx)
     out_name = ctx.current.output[0]
     out_q = None
     if _clamp_by_scalar(ctx, idx, op):

@@ -36,24 +36,15 @@ from npubuild.lowering.context import NHWC, LoweringContext, TTensor
 from npubuild.lowering.emit import (
     Op,
     attr,
-    dw_requantize_cheaper,
     requantize_dw,
     rescale,
     to_layout,
     transpose,
 )
-from npubuild.lowering.family_choices import takes
 from npubuild.lowering.movement import concat_phys, direct, finish, phys_reshape, result_q, slice_phys
 from npubuild.lowering.quant import QParams
 from npubuild.lowering.registry import lowers
 
-SPLIT_CHANNELS = True  # switch (tests compare both forms)
-SHARED_ROW_PAD = True  # switch: the halves' row pad done once where its body is a depthwise copy (bench compares)
-# smallest replicated intermediate worth splitting: a U-Net step 8x8x16 -> 16x16 on U55-128 would save
-# 1.7 KiB of SRAM for +11% cycles (per-op overheads); 16x16x32 -> 32x32 (41 KiB) saves 11.3 KiB for +2.2%
-# (on unet_torch, with its 32x32x16 split too, 16.5 KiB for +1.0%); 32x32x16 -> 64x64 (72 KiB) saves
-# 9 KiB on unet for +0.6% cycles (bench/family_choices.py --sweep)
-SPLIT_MIN_BYTES = 32 * 1024
 COORD_MODES = ("half_pixel", "pytorch_half_pixel", "asymmetric", "align_corners", "tf_half_pixel_for_nn")
 
 
@@ -204,7 +195,7 @@ def lower_resize(ctx: LoweringContext) -> None:
         ctx.op(Op.RESIZE, ins, [out.name], attr("Resize", tosa_mode))
         finish(ctx, out)
         return
-    if takes(ctx.family, "bilinear_2x") and coord in ("half_pixel", "pytorch_half_pixel") and x.dtype == np.int8 \
+    if ctx.options.bilinear_2x and coord in ("half_pixel", "pytorch_half_pixel") and x.dtype == np.int8 \
             and (oh, ow) == (2 * x.shape[1], 2 * x.shape[2]) and (ny, dy, nx, dx) == (4, 2, 4, 2):
         finish(ctx, _bilinear_2x(ctx, x))
         return
@@ -235,14 +226,14 @@ def _bilinear_2x(ctx: LoweringContext, x: TTensor) -> TTensor:
     n, h, w, c = x.shape
     out_q = result_q(ctx, x.q)
     assert out_q is not None
-    if SPLIT_CHANNELS and takes(ctx.family, "bilinear_channel_split") and c % 16 == 0 \
-            and (2 * h + 4) * (2 * w + 4) * c >= SPLIT_MIN_BYTES \
+    opts = ctx.options
+    if opts.bilinear_channel_split and c % 16 == 0 and (2 * h + 4) * (2 * w + 4) * c >= opts.split_min_bytes \
             and feeds_channel_concat(ctx):
         g = c // 2
         # the row pad once for both halves where its body copy is a depthwise (on U55 always; U55-128: unet's
         # 32x32x16 -1216 cycles, unet_torch's 16x16x32 -976 for 1 KiB more SRAM), else per half, so each
         # half's body can be a depthwise copy where the whole one is not
-        rows = _edge_pad(ctx, x, 1) if SHARED_ROW_PAD and dw_requantize_cheaper(ctx.family, x, x.q) else None
+        rows = _edge_pad(ctx, x, 1) if opts.shared_row_pad and opts.depthwise_pays(x, x.q) else None
         halves = [_edge_pad(ctx, rows, 2, (s, g)) if rows is not None else _edge_pad(ctx, _edge_pad(ctx, x, 1, (s, g)), 2)
                   for s in (0, g)]
         parts = [_blur(ctx, half, x.q, out_q, None) for half in halves]
@@ -275,7 +266,7 @@ def _edge_pad(ctx: LoweringContext, x: TTensor, axis: int, ch: tuple[int, int] |
     """One edge row (axis 1) or column (axis 2) on both sides of an NHWC tensor (of its channels
     ch = (start, count) only, if given). The edge slices read the
     body too, so Vela cannot write it into the CONCAT in place but copies it; where U55 runs a 1x1
-    depthwise of ones faster than its MemoryCopy (emit.dw_requantize_cheaper) the body is copied that way
+    depthwise of ones faster than its MemoryCopy (LoweringOptions.depthwise_pays) the body is copied that way
     (U-Net 32x32x16 and 34x32x16 bodies on U55-128: 16640 -> 9280 and 17664 -> 9792 cycles)."""
     assert x.q is not None
     c0, cn = ch or (0, x.shape[3])
@@ -284,7 +275,7 @@ def _edge_pad(ctx: LoweringContext, x: TTensor, axis: int, ch: tuple[int, int] |
     size[axis] = 1
     last = [0, 0, 0, c0]
     last[axis] = x.shape[axis] - 1
-    body = requantize_dw(ctx, body, x.q) if dw_requantize_cheaper(ctx.family, body, x.q) else body
+    body = requantize_dw(ctx, body, x.q) if ctx.options.depthwise_pays(body, x.q) else body
     return concat_phys(ctx, [slice_phys(ctx, x, [0, 0, 0, c0], size), body, slice_phys(ctx, x, last, size)], axis)
 
 

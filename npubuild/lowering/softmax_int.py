@@ -32,15 +32,13 @@ import tosa_serializer as ts
 from npubuild.lowering import intmath as im
 from npubuild.lowering.context import LoweringContext, TTensor
 from npubuild.lowering.emit import Op, attr, rescale
-from npubuild.lowering.family_choices import takes
-from npubuild.lowering.ops_reduce import emit_reduce
 from npubuild.lowering.quant import QParams, multiplier_shift
+from npubuild.lowering.reduction import emit_reduce
 from npubuild.lowering.table import emit_table
 
 EXP_ONE = 32639  # exp(0): 256 * 127 + 127, the largest value split into two int8 bytes hi * 256 + lo
 RAW_Q = QParams(np.float64(1.0), np.int64(0), np.dtype(np.int8))  # a table byte stored as itself
 MAX_SHIFT = 31  # TOSA ARITHMETIC_RIGHT_SHIFT on int32
-U85_WIDE_ROW, U85_WIDE_MAX = 32, 512  # U85, rows up to 32 long, 512 elements: int32 exp and MUL (_normalise)
 
 
 def exp_bytes(scale: float) -> tuple[np.ndarray, np.ndarray]:
@@ -143,7 +141,7 @@ def _normalise(ctx: LoweringContext, x: TTensor, mx: TTensor, plan: Plan, out_q:
     """exp(x - max) / sum in the output's int8 quantisation."""
     # U85-256, Vela 5.2, whole softmax: int32 for [1, 10] 590 -> 525 cycles, [16, 16] 4198 -> 3665, [4, 32]
     # 1201 -> 1065, but [4, 16, 16] 6812 -> 7028, [1, 64] 649 -> 746, [2, 100] 1285 -> 1624 (int32 MUL costs more)
-    wide = takes(ctx.family, "softmax_wide") and x.shape[-1] <= U85_WIDE_ROW and int(np.prod(x.shape)) <= U85_WIDE_MAX
+    wide = ctx.options.softmax_row_is_wide(x.shape)
     e = _exp(ctx, x, mx, np.int32 if wide else np.int16)
     axis = len(x.shape) - 1
     total = emit_reduce(ctx, Op.REDUCE_SUM, e if wide else rescale(ctx, e, 1.0, np.int32, 0, 0, None), [axis])
