@@ -18,7 +18,7 @@ import numpy as np
 import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
-from ophelpers import calib, io_dict, prepare, quantize_model, rand, single_op_model, vela_run
+from ophelpers import calib, prepare, quantize_model, rand, single_op_model, vela_run
 
 from npubuild.frontend.qdq_concat import share_concat_scales, union_params
 from npubuild.lowering import concat_order
@@ -132,12 +132,10 @@ def lowered_ok(model: onnx.ModelProto, family: str, **changes) -> LoweredGraph:
     """Lower for `family` (with `changes` to its options); the int8 TOSA graph must match onnxruntime on the
     same QDQ model within 1 LSB."""
     g = lower_model(copy.deepcopy(model), "int", options=replace(FAMILY_OPTIONS[family], **changes))
-    io = io_dict(g)
     feeds = {"x": rand(SHAPE, seed=3)}
-    ref, got = run(model, feeds), run_tosa(g.tosa, io, feeds)
-    spec = io["outputs"][0]
-    ref_q = np.round(ref / spec["scale"]) + spec["zero_point"]
-    assert float(np.max(np.abs(ref_q - got[spec["onnx_name"]].astype(np.float64)))) <= 1.0
+    ref, got = run(model, feeds), run_tosa(g.tosa, g, feeds)
+    spec = g.outputs[0]
+    assert float(np.max(np.abs(spec.quantize_reference(ref) - got[spec.onnx_name].astype(np.float64)))) <= 1.0
     return g
 
 
@@ -197,10 +195,8 @@ def test_u55_edge_pad_body_copied_by_depthwise() -> None:
     qdq = quantize_model(m, calib("x", shape, n=8))
     g = lower_model(copy.deepcopy(qdq), "int", family="u55")
     feeds = {"x": rand(shape, seed=2)}
-    io = io_dict(g)
-    spec = io["outputs"][0]
-    ref_q = np.round(run(qdq, feeds) / spec["scale"]) + spec["zero_point"]
-    assert np.max(np.abs(ref_q - run_tosa(g.tosa, io, feeds)[spec["onnx_name"]])) <= 1
+    spec = g.outputs[0]
+    assert np.max(np.abs(spec.quantize_reference(run(qdq, feeds)) - run_tosa(g.tosa, g, feeds)[spec.onnx_name])) <= 1
     info = read_tosa(g.tosa)
     producer = {out: op for op in info.ops for out in op.outputs}
     pads = [op for op in info.ops if op.op == "CONCAT" and len(op.inputs) == 3]

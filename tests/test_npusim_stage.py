@@ -13,7 +13,7 @@ from npbtest import read_report, run_cli
 from npubuild.npusim.cmdstream import decode
 from npubuild.npusim.npz import load_raw
 from npubuild.npusim.verify import compare
-from npubuild.stages.npu_sim import quantise
+from npubuild.stages.records import LowerRecord
 
 SPEC = """version: 1
 name: kws
@@ -79,15 +79,15 @@ def test_u85_and_tflite_builds_skip_npu_sim_with_a_reason(kws_build):
 def _artifacts(build: dict):
     npz = Path(build["artifacts"]["vela"])
     tosa = Path(build["artifacts"]["tosa"])
-    io = json.loads((tosa.parent / "io.json").read_text())
+    io = LowerRecord.read(tosa.parent / "io.json")
     rng = np.random.default_rng(5)
-    samples = [[quantise(rng.uniform(-1, 1, (1, 1, 49, 10)).astype(np.float32), io["inputs"][0])] for _ in range(4)]
+    samples = [[io.inputs[0].to_tosa(rng.uniform(-1, 1, (1, 1, 49, 10)).astype(np.float32))] for _ in range(4)]
     return load_raw(npz), tosa.read_bytes(), io, samples
 
 
 def test_corrupted_weight_byte_is_reported_with_its_op(kws_build):
     model, tosa, io, samples = _artifacts(_builds(kws_build)["u55-raw"])
-    names = [o["onnx_name"] for o in io["outputs"]]
+    names = [o.onnx_name for o in io.outputs]
     assert compare(model, tosa, samples, names).bitexact
     cmds = decode(model.commands)
     npu = [c for c in cmds if c.kind != "DMA_START"]

@@ -387,11 +387,10 @@ def errors_vs_unfused_qdq(model, name: str, shape, spread: float, seeds=(10, 11)
     of these into its own int8 kernels, e.g. QLinearSoftmax, which are themselves up to ~1.2 LSB off)."""
     qdq = quantize_model(model, calib(name, shape, low=-spread, high=spread))
     lowered = lower_model(qdq, "int")
-    io = io_dict(lowered)
     opts = ort.SessionOptions()
     opts.log_severity_level = 3
     opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    out = io["outputs"][0]
+    out = lowered.outputs[0]
     errs = []
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "qdq.onnx"
@@ -399,9 +398,9 @@ def errors_vs_unfused_qdq(model, name: str, shape, spread: float, seeds=(10, 11)
         sess = ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
         for seed in seeds:
             feeds = {name: rand(shape, seed, -spread, spread)}
-            ref = sess.run([out["onnx_name"]], feeds)[0]
-            got = run_tosa(lowered.tosa, io, feeds)[out["onnx_name"]].astype(np.float64)
-            errs.append(np.abs(np.round(ref / out["scale"]) + out["zero_point"] - got).ravel())
+            ref = sess.run([out.onnx_name], feeds)[0]
+            got = run_tosa(lowered.tosa, lowered, feeds)[out.onnx_name].astype(np.float64)
+            errs.append(np.abs(out.quantize_reference(ref) - got).ravel())
     return np.concatenate(errs)
 
 

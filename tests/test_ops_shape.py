@@ -18,7 +18,6 @@ from ophelpers import (
     calib,
     check_fp,
     check_int,
-    io_dict,
     prepare,
     quantize_model,
     rand,
@@ -301,13 +300,11 @@ def test_bilinear_2x_for_u55_runs_on_the_npu(coord):
     lowered = lower_model(qdq, "int", family="u55")
     assert "DEPTHWISE_CONV2D" in ops_of(lowered) and "TRANSPOSE" not in ops_of(lowered)
     feeds = {"x": rand(shape, 3)}
-    io = io_dict(lowered)
     with tempfile.TemporaryDirectory() as tmp:
         onnx.save(qdq, Path(tmp) / "qdq.onnx")
         ref = run_onnx(str(Path(tmp) / "qdq.onnx"), feeds)["y"]
-    spec = io["outputs"][0]
-    got = run_tosa(lowered.tosa, io, feeds)["y"].astype(np.float64)
-    assert np.max(np.abs(np.round(ref / spec["scale"]) + spec["zero_point"] - got)) <= 1
+    got = run_tosa(lowered.tosa, lowered, feeds)["y"].astype(np.float64)
+    assert np.max(np.abs(lowered.outputs[0].quantize_reference(ref) - got)) <= 1
     assert vela_op_counts(lowered.tosa, "ethos-u55-128")[1] == 0
 
 
@@ -390,7 +387,7 @@ def _fp_without_import(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> 
         path = Path(tmp) / "m.onnx"
         onnx.save(model, path)
         ref = run_onnx(str(path), feeds)
-    got = run_tosa(lowered.tosa, io_dict(lowered), feeds)
+    got = run_tosa(lowered.tosa, lowered, feeds)
     for name, r in ref.items():
         np.testing.assert_allclose(got[name], r, rtol=1e-5, atol=1e-5)
     return ops_of(lowered)
@@ -477,10 +474,8 @@ def test_transposed_dequantized_weight_stays_a_constant(per_channel):
     with tempfile.TemporaryDirectory() as tmp:
         onnx.save(model, Path(tmp) / "m.onnx")
         ref = run_onnx(str(Path(tmp) / "m.onnx"), feeds)["y"]
-    io = io_dict(lowered)
-    spec = io["outputs"][0]
-    got = run_tosa(lowered.tosa, io, feeds)["y"].astype(np.float64)
-    assert np.array_equal(np.round(ref / spec["scale"]) + spec["zero_point"], got)
+    got = run_tosa(lowered.tosa, lowered, feeds)["y"].astype(np.float64)
+    assert np.array_equal(lowered.outputs[0].quantize_reference(ref), got)
 
 
 def test_u55_family_lowering_keeps_bilinear_resize_on_the_npu():

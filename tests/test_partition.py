@@ -11,13 +11,14 @@ import onnx
 from fourhelpers import add_compare_model
 from npbtest import read_report, run_cli
 
+from npubuild.stages.records import LowerRecord
 from npubuild.tosa.run import run_onnx
 from npubuild.verify.partitioned import run_partitions
 
 
-def _io(build_dir: Path) -> tuple[Path, dict]:
+def _io(build_dir: Path) -> tuple[Path, LowerRecord]:
     io_path = next((build_dir / "stages" / "lower").glob("m-*/io.json"))
-    return io_path.parent, json.loads(io_path.read_text())
+    return io_path.parent, LowerRecord.read(io_path)
 
 
 def test_u55_splits_into_npu_and_host_partitions_and_u85_runs_one(project: Path, capsys):
@@ -47,21 +48,20 @@ def test_u55_splits_into_npu_and_host_partitions_and_u85_runs_one(project: Path,
 
     # the partitioned model (NPU parts on the TOSA reference model, host parts on onnxruntime) vs onnxruntime
     lower_dir, io = _io(build_dir)
-    record = io["families"]["u55"]
-    host = [p for p in record["partitions"] if p["kind"] == "host"]
-    assert host and all(onnx.load(str(lower_dir / p["file"])).graph.node for p in host)
+    record = io.families["u55"]
+    host = [p for p in record.partitions if p.kind == "host"]
+    assert host and all(onnx.load(str(lower_dir / p.file)).graph.node for p in host)
     qdq = next((build_dir / "stages" / "quantize").glob("m-*/model_qdq.onnx"))
     rng = np.random.default_rng(7)
-    spec_out = io["outputs"][0]
+    spec_out = io.outputs[0]
     worst = 0.0
     for _ in range(4):
         x = rng.uniform(-1, 1, (1, 4, 8, 8)).astype(np.float32)
-        got = run_partitions(lower_dir, record["partitions"], io["outputs"], {"x": x})["y"]
+        got = run_partitions(lower_dir, record.partitions, io.outputs, {"x": x})["y"]
         ref = run_onnx(str(qdq), {"x": x})["y"]
-        ref_q = np.round(ref / spec_out["scale"]) + spec_out["zero_point"]
-        worst = max(worst, float(np.max(np.abs(ref_q - got.astype(np.float64)))))
+        worst = max(worst, float(np.max(np.abs(spec_out.quantize_reference(ref) - got.astype(np.float64)))))
     assert worst <= 1.0
-    assert record["max_error_lsb"] <= 1.0
+    assert record.max_error_lsb <= 1.0
     # and the TOSA check ran it on the spec's verify samples
     numerics = json.loads(next((build_dir / "stages" / "tosa-check").glob("m-*/numerics.json")).read_text())
     assert set(numerics["partitioned"]) == {"u55", "u65"}  # U65 has U55's support rules: split the same way

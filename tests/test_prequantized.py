@@ -15,6 +15,7 @@ from onnxruntime import quantization as ortq
 
 from npubuild.frontend.normalise import normalise
 from npubuild.stages.quantize import ArrayReader
+from npubuild.stages.records import LowerRecord
 from npubuild.tosa.run import run_onnx, run_tosa
 
 
@@ -44,16 +45,15 @@ def test_prequantized_model_compiles_and_matches_the_original(tmp_path: Path, fm
     assert quant["metrics"]["prequantized"] is True  # not quantised a second time
 
     tosa = Path(entry["artifacts"]["tosa"])
-    io = json.loads((tosa.parent / "io.json").read_text())
+    io = LowerRecord.read(tosa.parent / "io.json")
     rng = np.random.default_rng(7)
     for _ in range(3):
         x = rng.uniform(-1, 1, (1, 1, 49, 10)).astype(np.float32)
         ref = run_onnx(str(model), {"input": x})
         got = run_tosa(tosa.read_bytes(), io, {"input": x})
-        for spec in io["outputs"]:
-            name = spec["onnx_name"]
-            ref_q = np.round(ref[name] / spec["scale"]) + spec["zero_point"]
-            assert np.max(np.abs(ref_q - got[name])) <= 1, name
+        for spec in io.outputs:
+            name = spec.onnx_name
+            assert np.max(np.abs(spec.quantize_reference(ref[name]) - got[name])) <= 1, name
 
 
 def test_qoperator_elementwise_pool_and_matmul_ops(tmp_path: Path):
@@ -89,10 +89,8 @@ def test_qoperator_elementwise_pool_and_matmul_ops(tmp_path: Path):
     from npubuild.lowering.driver import lower_model
 
     lowered = lower_model(to_qdq(onnx.load(qop)), "int")
-    io = {"inputs": [i.as_dict() for i in lowered.inputs], "outputs": [o.as_dict() for o in lowered.outputs]}
     for seed in range(3):
         x = np.random.default_rng(seed).uniform(-1, 1, (1, 4, 8, 8)).astype(np.float32)
         ref = run_onnx(str(qop), {"x": x})["y"]
-        got = run_tosa(lowered.tosa, io, {"x": x})["y"]
-        spec = io["outputs"][0]
-        assert np.max(np.abs(np.round(ref / spec["scale"]) + spec["zero_point"] - got)) <= 1
+        got = run_tosa(lowered.tosa, lowered, {"x": x})["y"]
+        assert np.max(np.abs(lowered.outputs[0].quantize_reference(ref) - got)) <= 1

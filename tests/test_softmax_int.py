@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from ophelpers import calib, check_int, io_dict, quantize_model, rand, single_op_model, vela_run
+from ophelpers import calib, check_int, quantize_model, rand, single_op_model, vela_run
 from test_ops_compute import errors_vs_unfused_qdq, npu_bitexact, wrapped
 
 from npubuild.lowering.driver import lower_model
@@ -73,8 +73,8 @@ def test_u85_form_equals_the_portable_graph(shape, own):
     assert (u85.tosa != portable.tosa) == own
     for seed in (3, 4):
         feeds = {"x": rand(shape, seed, -5, 5)}
-        want = run_tosa(portable.tosa, io_dict(portable), feeds)["y"]
-        got = run_tosa(u85.tosa, io_dict(u85), feeds)["y"]
+        want = run_tosa(portable.tosa, portable, feeds)["y"]
+        got = run_tosa(u85.tosa, u85, feeds)["y"]
         assert np.array_equal(want, got)
 
 

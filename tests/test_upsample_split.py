@@ -58,9 +58,9 @@ def max_error_lsb(model: onnx.ModelProto, options: LoweringOptions) -> tuple[Low
         path = Path(tmp) / "m.onnx"
         onnx.save(model, path)
         ref = run_onnx(str(path), feeds)
-    got = run_tosa(g.tosa, io_dict(g), feeds)
-    errors = [np.max(np.abs(np.round(ref[s["onnx_name"]] / s["scale"]) + s["zero_point"]
-                            - got[s["onnx_name"]].astype(np.float64))) for s in io_dict(g)["outputs"]]
+    got = run_tosa(g.tosa, g, feeds)
+    errors = [np.max(np.abs(s.quantize_reference(ref[s.onnx_name]) - got[s.onnx_name].astype(np.float64)))
+              for s in g.outputs]
     return g, float(max(errors))
 
 
@@ -89,10 +89,9 @@ def test_halves_are_concat_inputs_with_the_same_integers(qdq) -> None:
     assert final_concat_inputs(whole.tosa) == ["RESCALE", "RESCALE"]
     assert final_concat_inputs(halves.tosa) == ["RESCALE"] * 3  # skip copy, then each half's blur
     assert (resizes(whole), resizes(halves)) == (1, 2)
-    io = io_dict(whole)
     for seed in (11, 12):
         feeds = feeds_for(qdq, seed)
-        np.testing.assert_array_equal(*(run_tosa(g.tosa, io, feeds)["y"] for g in (whole, halves)))
+        np.testing.assert_array_equal(*(run_tosa(g.tosa, whole, feeds)["y"] for g in (whole, halves)))
 
 
 def test_halves_lower_u55_sram(qdq) -> None:
@@ -146,6 +145,5 @@ def test_concat_in_another_layout_takes_the_halves_joined() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         onnx.save(qdq, Path(tmp) / "m.onnx")
         ref = run_onnx(str(Path(tmp) / "m.onnx"), feeds)["y"]
-    spec = io_dict(g)["outputs"][0]
-    got = run_tosa(g.tosa, io_dict(g), feeds)["y"].astype(np.float64)
-    assert np.max(np.abs(np.round(ref / spec["scale"]) + spec["zero_point"] - got)) <= 1
+    got = run_tosa(g.tosa, g, feeds)["y"].astype(np.float64)
+    assert np.max(np.abs(g.outputs[0].quantize_reference(ref) - got)) <= 1

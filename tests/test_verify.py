@@ -8,7 +8,8 @@ from pathlib import Path
 import numpy as np
 from npbtest import read_report, run_cli
 
-from npubuild.verify.numerics import compare_output, lsb_error
+from npubuild.tosa.iospec import IOSpec
+from npubuild.verify.numerics import compare_output
 
 
 def _spec(project: Path, **replace: str) -> Path:
@@ -78,7 +79,7 @@ def test_lsb_error_and_compare_output_measure_what_they_say():
     scale, zp = 0.5 / 64, -3
     q = np.round(ref / scale) + zp
     q[0, 2] -= 2  # two LSB off on one element
-    err = lsb_error(ref, q, scale, zp, "int8")
+    err = IOSpec("y", "y", (1, 3), (0, 1), "int8", scale, zp).lsb_error(ref, q)
     assert err.tolist() == [[0.0, 0.0, 2.0]]  # 1.0 / scale + zp = 125 fits int8; no clipping
     got = (q - zp) * scale
     entry = compare_output(ref, got, flt=ref, lsb=err)

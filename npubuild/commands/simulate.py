@@ -3,11 +3,17 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from npubuild.errors import InputError
+
+if TYPE_CHECKING:
+    from npubuild.stages.records import LowerRecord
+    from npubuild.tosa.iospec import IOSpec
 
 
 def _load_input(path: str) -> np.ndarray:
@@ -17,8 +23,8 @@ def _load_input(path: str) -> np.ndarray:
         raise InputError(f"cannot read input: {exc}", path) from None
 
 
-def _same_io(io: dict, model) -> bool:
-    sizes = [[int(np.prod(s["shape"])) for s in io[k]] for k in ("inputs", "outputs")]
+def _same_io(io: LowerRecord, model) -> bool:
+    sizes = [[s.size for s in specs] for specs in (io.inputs, io.outputs)]
     return sizes == [[int(np.prod(p.shape)) for p in places] for places in (model.inputs, model.outputs)]
 
 
@@ -29,8 +35,7 @@ def _tosa_names(art, model, feeds: list[np.ndarray], ops) -> list[str | None]:
 
     if art.tosa is None or art.io is None or not art.tosa.is_file():
         return [None] * len(ops)
-    xs = [np.asarray(x).reshape(spec["shape"]).astype(spec["dtype"]) for x, spec in zip(feeds, art.io["inputs"],
-                                                                                        strict=True)]
+    xs = [np.asarray(x).reshape(spec.shape).astype(spec.dtype) for x, spec in zip(feeds, art.io.inputs, strict=True)]
     inter = intermediates(art.tosa.read_bytes(), xs)
     return [tensor_of(op, inter) for op in ops]
 
@@ -46,7 +51,7 @@ def cmd_simulate(args) -> int:
         art.io, art.tosa = None, None  # one NPU partition of a split graph: its I/O is not the model's
     if args.input and len(args.input) != len(model.inputs):
         raise InputError(f"the artifact has {len(model.inputs)} inputs, got {len(args.input)} --input")
-    io_inputs = (art.io or {}).get("inputs") or [None] * len(model.inputs)
+    io_inputs: Sequence[IOSpec | None] = art.io.inputs if art.io else [None] * len(model.inputs)
     feeds = []
     for i, place in enumerate(model.inputs):
         if args.input:
@@ -68,15 +73,15 @@ def cmd_simulate(args) -> int:
         cyc = cycles.get(name, "") if tensors[n] else ""
         print(f"{n:>4}  {op.kind:<18} {str(list(op.ifm_shape)):<14} {op.ifm_format:<8} "
               f"{str(list(op.ofm_shape)):<14} {op.ofm_format:<8} {name:<12} {cyc!s:>8}  {op.detail}")
-    io_outputs = (art.io or {}).get("outputs") or [None] * len(result.outputs)
+    io_outputs: Sequence[IOSpec | None] = art.io.outputs if art.io else [None] * len(result.outputs)
     for i, (y, spec) in enumerate(zip(result.outputs, io_outputs, strict=True)):
-        name = spec["onnx_name"] if spec else f"output {i}"
-        if spec and y.size == int(np.prod(spec["shape"])):
-            y = np.transpose(y.reshape(spec["shape"]), np.argsort(spec["perm"]))
+        name = spec.onnx_name if spec else f"output {i}"
+        if spec and y.size == spec.size:
+            y = spec.from_tosa(y.reshape(spec.shape))
         print(f"{name}: shape {list(y.shape)} {y.dtype}")
         print(np.array2string(y.reshape(-1) if y.size <= 64 else y.reshape(-1)[:64], max_line_width=100))
-        if spec and spec.get("scale") is not None:
-            deq = (y.astype(np.float64) - spec["zero_point"]) * spec["scale"]
+        if spec and spec.quantized:
+            deq = spec.dequantize(y)
             print("dequantized:", np.array2string(deq.reshape(-1)[:64], precision=4, max_line_width=100))
         if args.save:
             out = Path(args.save) / f"output{i}.npy"

@@ -10,6 +10,7 @@ scratch sizes, region map, I/O offsets and quantisation are constants.
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -17,6 +18,8 @@ import numpy as np
 from npubuild.config.schema import TargetProfile, VelaOptions
 from npubuild.ethosu.vela_ini import arena_cache_bytes, memory_mode_name
 from npubuild.fileio import write_json, write_text
+from npubuild.stages.records import PartitionRecord
+from npubuild.tosa.iospec import GraphIO, IOSpec
 
 # The Ethos-U driver's base-pointer regions as Vela's raw output numbers them.
 REGION_ROLES = {0: "constants", 1: "arena", 2: "fast_scratch"}
@@ -27,20 +30,19 @@ def c_ident(text: str) -> str:
     return ident if re.match(r"[A-Za-z_]", ident) else f"m_{ident}"
 
 
-def _io_entries(z, kind: str, specs: list[dict]) -> list[dict]:
+def _io_entries(z, kind: str, specs: Sequence[IOSpec]) -> list[dict]:
     out = []
     for i, spec in enumerate(specs):
         shape = [int(d) for d in z[f"{kind}_shape"][i]]
         elem = int(z[f"{kind}_elem_size"][i])
-        out.append({"name": spec.get("onnx_name", f"{kind}{i}"), "region": int(z[f"{kind}_region"][i]),
+        out.append({"name": spec.onnx_name, "region": int(z[f"{kind}_region"][i]),
                     "offset": int(z[f"{kind}_offset"][i]), "shape": shape, "elem_size": elem,
-                    "size": int(np.prod(shape)) * elem, "dtype": spec.get("dtype"),
-                    "layout": "NHWC" if spec.get("perm") == [0, 2, 3, 1] else "as ONNX",
-                    "scale": spec.get("scale"), "zero_point": spec.get("zero_point")})
+                    "size": int(np.prod(shape)) * elem, "dtype": spec.dtype, "layout": spec.layout,
+                    "scale": spec.scale, "zero_point": spec.zero_point})
     return out
 
 
-def manifest(npz: Path, io: dict, profile: TargetProfile, opts: VelaOptions) -> dict:
+def manifest(npz: Path, io: GraphIO, profile: TargetProfile, opts: VelaOptions) -> dict:
     """What the firmware must provide and where, from the raw output and the profile."""
     p = profile.placement
     pool_of = {"constants": p.constants, "arena": p.arena, "fast_scratch": p.cache}
@@ -50,8 +52,8 @@ def manifest(npz: Path, io: dict, profile: TargetProfile, opts: VelaOptions) -> 
         regions = {int(z["weight_region"]): "constants", int(z["scratch_region"]): "arena"}
         if sizes["fast_scratch"] > 0:  # without an arena cache (Shared_Sram, Sram_Only) there is no such region
             regions[int(z["scratch_fast_region"])] = "fast_scratch"
-        inputs = _io_entries(z, "input", io.get("inputs", []))
-        outputs = _io_entries(z, "output", io.get("outputs", []))
+        inputs = _io_entries(z, "input", io.inputs)
+        outputs = _io_entries(z, "output", io.outputs)
         cmd_len = len(z["cmd_data"].item())
     region_list = []
     for idx, role in sorted(regions.items()):
@@ -162,7 +164,7 @@ const {prefix}_io_t {prefix}_outputs[] = {{
     return header, source
 
 
-def write_firmware(out_dir: Path, stem: str, npz: Path, io: dict, profile: TargetProfile, opts: VelaOptions) -> dict:
+def write_firmware(out_dir: Path, stem: str, npz: Path, io: GraphIO, profile: TargetProfile, opts: VelaOptions) -> dict:
     """Write <prefix>.json, <prefix>.h and <prefix>.c; returns their paths and the manifest's sizes."""
     out_dir.mkdir(parents=True, exist_ok=True)
     prefix = c_ident(f"npubuild_{stem}")
@@ -180,19 +182,21 @@ def write_firmware(out_dir: Path, stem: str, npz: Path, io: dict, profile: Targe
             "arena_size": man["arena_size"], "fast_scratch_size": man["fast_scratch_size"]}
 
 
-def write_deployment(out_dir: Path, profile: TargetProfile, partitions: list[dict], firmware: dict[int, dict]) -> str:
+def write_deployment(out_dir: Path, profile: TargetProfile, partitions: Sequence[PartitionRecord],
+                     firmware: dict[int, dict]) -> str:
     """The build's deployment manifest: partitions in run order, each NPU one with its C files, each host one
     with its ONNX file (run on the CPU with onnxruntime or another ONNX runtime). Returns its path (relative)."""
     out_dir.mkdir(parents=True, exist_ok=True)
     parts = []
     for p in partitions:
-        entry = {k: p.get(k) for k in ("index", "kind", "inputs", "outputs", "nodes")}
-        if p["kind"] == "npu":
-            fw = firmware.get(p["index"], {})
+        entry: dict = {"index": p.index, "kind": p.kind, "inputs": list(p.inputs), "outputs": list(p.outputs),
+                       "nodes": list(p.nodes)}
+        if p.kind == "npu":
+            fw = firmware.get(p.index, {})
             entry.update({"prefix": fw.get("prefix"), "manifest": fw.get("manifest"), "header": fw.get("header"),
                           "source": fw.get("source")})
         else:
-            entry["onnx"] = p.get("file")
+            entry["onnx"] = p.file
         parts.append(entry)
     path = out_dir / "npubuild_deployment.json"
     write_json(path, {"target": profile.name, "accelerator": profile.accelerator,

@@ -24,20 +24,11 @@ from onnx import helper
 from npubuild.errors import StageError
 from npubuild.ethosu.support import check_node
 from npubuild.lowering.driver import LoweredGraph, lower_model
+from npubuild.stages.records import PartitionRecord, Placement
 from npubuild.tosa.graph import TosaGraphInfo, TosaOpInfo, ops_by_node, read_tosa, tensor_nodes
+from npubuild.tosa.iospec import IOSpec
 
 QDQ = ("QuantizeLinear", "DequantizeLinear")
-
-
-@dataclass
-class Placement:
-    node: str
-    op_type: str
-    kind: Literal["npu", "cpu"]
-    tosa_ops: list[str]
-    rule: str | None = None
-    reason: str | None = None
-    partition: int = 0
 
 
 @dataclass
@@ -235,36 +226,35 @@ def plan_partitions(model: onnx.ModelProto, lowered: LoweredGraph, fam: str) -> 
 
 
 def write_partitions(model: onnx.ModelProto, plan: PartitionPlan, profile: Literal["int", "fp"], out_dir: Path,
-                     prefix: str, family: str | None = None) -> list[dict]:
+                     prefix: str, family: str | None = None) -> list[PartitionRecord]:
     """Write each partition (<prefix>partN.tosa or <prefix>hostN.onnx); returns their records for io.json."""
     infos = _value_infos(model)
     records = []
     for part in plan.partitions:
-        rec: dict = {"index": part.index, "kind": part.kind, "inputs": part.inputs, "outputs": part.outputs,
-                     "nodes": [n.name for n in part.nodes if n.op_type not in QDQ]}
+        nodes = tuple(n.name for n in part.nodes if n.op_type not in QDQ)
         sub = sub_model(model, part, infos, requantize_inputs=part.kind == "npu")
         if part.kind == "host":
-            rec["file"] = f"{prefix}host{part.index}.onnx"
-            onnx.save(sub, out_dir / rec["file"])
-        else:
-            try:
-                low = lower_model(sub, profile, family=family)
-            except Exception as exc:  # a boundary the lowering cannot take (e.g. a bool tensor input)
-                raise StageError(f"NPU partition {part.index} cannot be lowered on its own: {exc}") from exc
-            rec["file"] = f"{prefix}part{part.index}.tosa"
-            (out_dir / rec["file"]).write_bytes(low.tosa)
-            rec["inputs_io"] = [_rename(i.as_dict()) for i in low.inputs]
-            rec["outputs_io"] = [i.as_dict() for i in low.outputs]
-            rec["profile"] = low.profile
-            try:
-                rec["tensor_nodes"] = tensor_nodes(ops_by_node(read_tosa(low.tosa), low.node_ops))
-            except ValueError:
-                rec["tensor_nodes"] = {}
-        records.append(rec)
+            file = f"{prefix}host{part.index}.onnx"
+            onnx.save(sub, out_dir / file)
+            records.append(PartitionRecord(part.index, part.kind, file, tuple(part.inputs), tuple(part.outputs),
+                                           nodes))
+            continue
+        try:
+            low = lower_model(sub, profile, family=family)
+        except Exception as exc:  # a boundary the lowering cannot take (e.g. a bool tensor input)
+            raise StageError(f"NPU partition {part.index} cannot be lowered on its own: {exc}") from exc
+        file = f"{prefix}part{part.index}.tosa"
+        (out_dir / file).write_bytes(low.tosa)
+        try:
+            tensors = tensor_nodes(ops_by_node(read_tosa(low.tosa), low.node_ops))
+        except ValueError:
+            tensors = {}
+        records.append(PartitionRecord(part.index, part.kind, file, tuple(part.inputs), tuple(part.outputs), nodes,
+                                       tuple(_rename(i) for i in low.inputs), tuple(low.outputs), low.profile,
+                                       tensors))
     return records
 
 
-def _rename(spec: dict) -> dict:
-    if spec["onnx_name"].endswith("__npu"):
-        spec["onnx_name"] = spec["onnx_name"][: -len("__npu")]
-    return spec
+def _rename(spec: IOSpec) -> IOSpec:
+    """An NPU partition's input is the copy sub_model made of the boundary tensor: give it the tensor's name."""
+    return spec.renamed(spec.onnx_name.removesuffix("__npu"))

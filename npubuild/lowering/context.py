@@ -20,6 +20,7 @@ from onnx import numpy_helper
 from npubuild.errors import UnsupportedOpError
 from npubuild.lowering.options import PORTABLE, LoweringOptions
 from npubuild.lowering.quant import QParams
+from npubuild.tosa.iospec import IOSpec
 
 NHWC = (0, 2, 3, 1)  # physical NHWC of a logical NCHW tensor
 
@@ -80,30 +81,6 @@ class GraphInput:
     elem_type: int
 
 
-@dataclass
-class IOInfo:
-    """How a TOSA graph input/output maps to the ONNX one: order, layout, quantisation."""
-
-    onnx_name: str
-    tosa_name: str
-    shape: tuple[int, ...]  # physical
-    perm: tuple[int, ...]
-    dtype: str
-    scale: float | None = None
-    zero_point: int | None = None
-
-    def as_dict(self) -> dict:
-        return {
-            "onnx_name": self.onnx_name,
-            "tosa_name": self.tosa_name,
-            "shape": list(self.shape),
-            "perm": list(self.perm),
-            "dtype": self.dtype,
-            "scale": self.scale,
-            "zero_point": self.zero_point,
-        }
-
-
 Value = TTensor | QConst | GraphInput | np.ndarray
 
 
@@ -115,8 +92,8 @@ class LoweringContext:
     values: dict[str, Value] = field(default_factory=dict)
     consumers: dict[str, list[onnx.NodeProto]] = field(default_factory=dict)
     graph_outputs: list[str] = field(default_factory=list)
-    inputs: list[IOInfo] = field(default_factory=list)
-    outputs: list[IOInfo] = field(default_factory=list)
+    inputs: list[IOSpec] = field(default_factory=list)
+    outputs: list[IOSpec] = field(default_factory=list)
     node_ops: dict[str, list[str]] = field(default_factory=dict)  # onnx node name -> TOSA op names
     fused: set[str] = field(default_factory=set)  # nodes already lowered as part of a fused pattern (skipped)
     current: onnx.NodeProto | None = None
@@ -203,8 +180,8 @@ class LoweringContext:
         return seen if seen in self.graph_outputs else None
 
     @staticmethod
-    def _io(onnx_name: str, t: TTensor) -> IOInfo:
-        return IOInfo(
+    def _io(onnx_name: str, t: TTensor) -> IOSpec:
+        return IOSpec(
             onnx_name=onnx_name,
             tosa_name=t.name,
             shape=t.shape,

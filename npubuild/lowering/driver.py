@@ -10,9 +10,10 @@ import onnx
 from npubuild.errors import UncomputedOutputError, UnsupportedOpError
 from npubuild.lowering import load_all
 from npubuild.lowering.concat_order import copied_inputs_first
-from npubuild.lowering.context import IOInfo, LoweringContext, TTensor
+from npubuild.lowering.context import LoweringContext, TTensor
 from npubuild.lowering.options import LoweringOptions
 from npubuild.lowering.registry import LOWERINGS
+from npubuild.tosa.iospec import IOSpec
 
 
 @dataclass
@@ -21,8 +22,8 @@ class LoweredGraph:
 
     tosa: bytes
     profile: Literal["int", "fp"]
-    inputs: list[IOInfo]
-    outputs: list[IOInfo]
+    inputs: list[IOSpec]
+    outputs: list[IOSpec]
     node_ops: dict[str, list[str]]  # ONNX node name -> TOSA op types it became
 
     @property

@@ -51,6 +51,8 @@ class QParams:
         )
 
     def quantize(self, x: np.ndarray) -> np.ndarray:
+        """Constants the lowering writes into the graph (per-tensor or per-axis, float64): graph inputs and outputs are
+        quantised by tosa.iospec.IOSpec, which divides in the feed's own precision as the reference does."""
         q = np.round(np.asarray(x, np.float64) / self.scale) + self.zero_point
         return np.clip(q, self.qmin, self.qmax).astype(self.dtype)
 

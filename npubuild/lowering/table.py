@@ -31,7 +31,11 @@ def int8_inputs(in_q: QParams) -> np.ndarray:
 
 
 def quantize_like_ort(y: np.ndarray, out_q: QParams) -> np.ndarray:
-    """QuantizeLinear as onnxruntime does it: float32 divide, round half to even, saturate; NaN -> zero point."""
+    """QuantizeLinear as onnxruntime does it: float32 divide, round half to even, saturate; NaN -> zero point.
+
+    For TABLE entries only (f may give NaN or inf on some of the 256 codes); a graph's own inputs and
+    outputs are quantised by tosa.iospec.IOSpec.
+    """
     y = np.asarray(y, np.float64)
     big = float(np.finfo(np.float32).max)
     y = np.nan_to_num(y, nan=0.0, posinf=big, neginf=-big).astype(np.float32)

@@ -9,13 +9,15 @@ from pathlib import Path
 import numpy as np
 
 from npubuild.errors import InputError
+from npubuild.stages.records import LowerRecord
+from npubuild.tosa.iospec import IOSpec
 
 
 @dataclass
 class Artifact:
     npz: Path
     label: str
-    io: dict | None = None  # the lower stage's io.json, when known (quantisation, ONNX layout)
+    io: LowerRecord | None = None  # the lower stage's io.json, when known (quantisation, ONNX layout)
     tosa: Path | None = None
 
 
@@ -38,11 +40,11 @@ def layer_cycles(npz: Path) -> dict[str, int]:
     return {}
 
 
-def _io_next_to(tosa: Path | None) -> dict | None:
+def _io_next_to(tosa: Path | None) -> LowerRecord | None:
     if tosa is None:
         return None
     p = tosa.parent / "io.json"
-    return json.loads(p.read_text()) if p.is_file() else None
+    return LowerRecord.read(p) if p.is_file() else None
 
 
 def _from_report(build_dir: Path, select: str | None) -> Artifact:
@@ -89,7 +91,7 @@ def locate(path: str, select: str | None = None) -> Artifact:
     raise InputError("no Vela raw .npz here (nor a report.json)", path)
 
 
-def prepare_input(x: np.ndarray, shape: tuple[int, ...], spec: dict | None, where: str) -> np.ndarray:
+def prepare_input(x: np.ndarray, shape: tuple[int, ...], spec: IOSpec | None, where: str) -> np.ndarray:
     """Integer arrays are taken as they are (NHWC); float arrays are quantised from ONNX layout via io.json."""
     if np.issubdtype(x.dtype, np.integer):
         if x.size != int(np.prod(shape)):
@@ -99,11 +101,9 @@ def prepare_input(x: np.ndarray, shape: tuple[int, ...], spec: dict | None, wher
         raise InputError(f"unsupported input dtype {x.dtype}", where)
     if spec is None:
         raise InputError("a float input needs a build directory (for its quantisation); pass integers", where)
-    if x.ndim != len(spec["perm"]):
-        raise InputError(f"expected a rank-{len(spec['perm'])} array in ONNX layout, got shape {list(x.shape)}", where)
-    x = np.transpose(x, spec["perm"])
-    info = np.iinfo(np.dtype(spec["dtype"]))
-    q = np.clip(np.round(x / spec["scale"]) + spec["zero_point"], info.min, info.max).astype(spec["dtype"])
+    if x.ndim != len(spec.perm):
+        raise InputError(f"expected a rank-{len(spec.perm)} array in ONNX layout, got shape {list(x.shape)}", where)
+    q = spec.to_tosa(x)
     if q.size != int(np.prod(shape)):
         raise InputError(f"{x.size} elements, the artifact's input has shape {list(shape)}", where)
     return q.reshape(shape)

@@ -30,6 +30,8 @@ import numpy as np
 from npubuild.build.plan import StageTask
 from npubuild.errors import StageError
 from npubuild.fileio import read_json, write_json, write_text
+from npubuild.stages.records import LowerRecord
+from npubuild.tosa.iospec import GraphIO
 
 # the platform's board prefix for -C parameters, and where --data loads files
 BOARD = {"corstone-300": "mps3_board", "corstone-320": "mps4_board"}
@@ -109,33 +111,24 @@ def parse_uart(text: str) -> UartLog:
     return log
 
 
-def input_bytes(io: dict, reference: dict[str, np.ndarray]) -> bytes:
+def input_bytes(io: GraphIO, reference: dict[str, np.ndarray]) -> bytes:
     """The reference sample's inputs as the NPU takes them: quantised, NHWC, concatenated."""
-    parts = []
-    for spec in io["inputs"]:
-        x = np.transpose(reference[f"input_{spec['onnx_name']}"], spec["perm"])
-        if spec["dtype"] != "float32":
-            info = np.iinfo(np.dtype(spec["dtype"]))
-            x = np.clip(np.round(x / spec["scale"]) + spec["zero_point"], info.min, info.max)
-        parts.append(np.ascontiguousarray(x.astype(spec["dtype"])).tobytes())
-    return b"".join(parts)
+    return b"".join(spec.to_tosa(reference[f"input_{spec.onnx_name}"]).tobytes() for spec in io.inputs)
 
 
-def compare(io: dict, reference: dict[str, np.ndarray], got: dict[int, bytes]) -> dict:
+def compare(io: GraphIO, reference: dict[str, np.ndarray], got: dict[int, bytes]) -> dict:
     """Max difference in LSB of every output the runner printed against the TOSA reference model's."""
     per_output = {}
-    for i, spec in enumerate(io["outputs"]):
+    for i, spec in enumerate(io.outputs):
         if i not in got:
-            raise StageError(f"the runner printed no output {i} ('{spec['onnx_name']}'): expected a line "
+            raise StageError(f"the runner printed no output {i} ('{spec.onnx_name}'): expected a line "
                              f"'npubuild-output {i} <hex>'")
-        dtype = np.dtype(spec["dtype"])
-        arr = np.frombuffer(got[i], dtype=dtype)
-        if arr.size != int(np.prod(spec["shape"])):
-            raise StageError(f"output {i} has {arr.size} elements on the FVP, expected {int(np.prod(spec['shape']))}")
-        inv = tuple(int(j) for j in np.argsort(spec["perm"]))
-        y = np.transpose(arr.reshape(spec["shape"]), inv)
-        ref = reference[f"output_{spec['onnx_name']}"]
-        per_output[spec["onnx_name"]] = float(np.max(np.abs(y.astype(np.int64) - ref.astype(np.int64))))
+        arr = np.frombuffer(got[i], dtype=np.dtype(spec.dtype))
+        if arr.size != spec.size:
+            raise StageError(f"output {i} has {arr.size} elements on the FVP, expected {spec.size}")
+        y = spec.from_tosa(arr.reshape(spec.shape))
+        ref = reference[f"output_{spec.onnx_name}"]
+        per_output[spec.onnx_name] = float(np.max(np.abs(y.astype(np.int64) - ref.astype(np.int64))))
     return per_output
 
 
@@ -157,7 +150,7 @@ def run(task: StageTask) -> dict:
     model = task.inputs["vela_summary"].parent / "model_vela.tflite"
     if not model.is_file():
         raise StageError("the FVP runs the Vela .tflite: set vela output_format to tflite")
-    io = read_json(task.inputs["io"])
+    io = LowerRecord.read(task.inputs["io"])
     with np.load(task.inputs["reference"], allow_pickle=False) as z:
         reference = {k: z[k] for k in z.files}
     inputs = task.dir / "input.bin"

@@ -14,7 +14,8 @@ the whole QDQ model on onnxruntime.
 
 from __future__ import annotations
 
-from dataclasses import asdict
+from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -25,12 +26,14 @@ from npubuild.build.plan import StageTask
 from npubuild.errors import StageError
 from npubuild.ethosu.partition import PartitionPlan, plan_partitions, write_partitions
 from npubuild.ethosu.support import FAMILIES
-from npubuild.fileio import write_bytes, write_json
+from npubuild.fileio import write_bytes
 from npubuild.frontend.passes import run_passes
 from npubuild.lowering.driver import LoweredGraph, lower_model
+from npubuild.stages.records import FamilyRecord, LowerRecord, NodeRecord, PartitionRecord
 from npubuild.tosa.graph import ops_by_node, read_tosa, tensor_nodes
+from npubuild.tosa.iospec import IOSpec
 from npubuild.tosa.run import run_onnx
-from npubuild.verify.partitioned import run_partitions
+from npubuild.verify.partitioned import worst_error
 
 QDQ_OPS = {"QuantizeLinear", "DequantizeLinear"}
 CHECK_SAMPLES = 4
@@ -45,52 +48,37 @@ def node_tensors(lowered: LoweredGraph) -> dict[str, str]:
         return {}
 
 
-def family_record(model: onnx.ModelProto, lowered: LoweredGraph, io: dict, plan: PartitionPlan, fam: str,
-                  out_dir: Path) -> dict:
-    placements = [asdict(p) for p in plan.placements.values()]
+def family_record(model: onnx.ModelProto, lowered: LoweredGraph, io: LowerRecord, plan: PartitionPlan, fam: str,
+                  out_dir: Path) -> FamilyRecord:
+    placements = tuple(plan.placements.values())
     if len(plan.partitions) == 1 and plan.partitions[0].kind == "npu":
-        parts = [{"index": 0, "kind": "npu", "file": "model.tosa", "inputs": [i["onnx_name"] for i in io["inputs"]],
-                  "outputs": [o["onnx_name"] for o in io["outputs"]], "nodes": [p["node"] for p in placements],
-                  "inputs_io": io["inputs"], "outputs_io": io["outputs"], "profile": io["profile"]}]
+        parts = (io.whole_partition([p.node for p in placements]),)
     else:
-        parts = write_partitions(model, plan, lowered.profile, out_dir, f"{fam}_", family=fam)
-    return {"partitions": parts, "placements": placements,
-            "npu_partitions": sum(1 for p in parts if p["kind"] == "npu"),
-            "host_partitions": sum(1 for p in parts if p["kind"] == "host"),
-            "host_ops": sum(1 for p in placements if p["kind"] == "cpu")}
+        parts = tuple(write_partitions(model, plan, lowered.profile, out_dir, f"{fam}_", family=fam))
+    return FamilyRecord(parts, placements)
 
 
-def portable(io: dict) -> dict:
-    """model.tosa (the lowering for every family) as a one-partition record."""
-    return {"index": 0, "kind": "npu", "file": "model.tosa", "inputs_io": io["inputs"], "outputs_io": io["outputs"],
-            "profile": io["profile"]}
+def own_whole_graph(fam: str, fam_lowered: LoweredGraph, whole: PartitionRecord, out_dir: Path) -> PartitionRecord:
+    """The family's own lowering of the whole model, written as <family>_model.tosa, in place of model.tosa."""
+    file = f"{fam}_model.tosa"
+    write_bytes(out_dir / file, fam_lowered.tosa)
+    return replace(whole, file=file, inputs_io=tuple(fam_lowered.inputs), outputs_io=tuple(fam_lowered.outputs),
+                   tensor_nodes=node_tensors(fam_lowered))
 
 
-def _input_range(spec: dict) -> tuple[float, float]:
+def _input_range(spec: IOSpec) -> tuple[float, float]:
     """The real range an int8 input can represent (the calibrated range), else [-1, 1]."""
-    if spec.get("scale") is None or spec["dtype"] == "float32":
-        return -1.0, 1.0
-    info = np.iinfo(np.dtype(spec["dtype"]))
-    return (info.min - spec["zero_point"]) * spec["scale"], (info.max - spec["zero_point"]) * spec["scale"]
+    return spec.representable_range() or (-1.0, 1.0)
 
 
-def check_partitioned(qdq_path: Path, out_dir: Path, record: dict, io: dict, seed: int = 0) -> float:
+def check_partitioned(qdq_path: Path, out_dir: Path, partitions: Sequence[PartitionRecord], io: LowerRecord,
+                      seed: int = 0) -> float:
     """Max error (output LSB) of the partitioned model against the whole QDQ model on onnxruntime."""
     rng = np.random.default_rng(seed)
     worst = 0.0
     for _ in range(CHECK_SAMPLES):
-        feeds = {s["onnx_name"]: rng.uniform(*_input_range(s), [s["shape"][i] for i in np.argsort(s["perm"])])
-                 .astype(np.float32) for s in io["inputs"]}
-        ref = run_onnx(str(qdq_path), feeds)
-        got = run_partitions(out_dir, record["partitions"], io["outputs"], feeds)
-        for spec in io["outputs"]:
-            name = spec["onnx_name"]
-            if spec.get("scale") is None:
-                err = float(np.max(np.abs(got[name].astype(np.float64) - ref[name])))
-            else:
-                ref_q = np.round(ref[name] / spec["scale"]) + spec["zero_point"]
-                err = float(np.max(np.abs(ref_q - got[name].astype(np.float64))))
-            worst = max(worst, err)
+        feeds = {s.onnx_name: rng.uniform(*_input_range(s), s.onnx_shape).astype(np.float32) for s in io.inputs}
+        worst = worst_error(out_dir, partitions, io.outputs, feeds, run_onnx(str(qdq_path), feeds), worst)
     return worst
 
 
@@ -108,43 +96,31 @@ def run(task: StageTask) -> dict:
     for ops in lowered.node_ops.values():
         for op in ops:
             tosa_ops[op] = tosa_ops.get(op, 0) + 1
-    nodes = [{"name": n.name, "op_type": n.op_type, "tosa_ops": lowered.node_ops.get(n.name, [])}
-             for n in compute_nodes]
-    io = {
-        "profile": lowered.profile,
-        "inputs": [i.as_dict() for i in lowered.inputs],
-        "outputs": [o.as_dict() for o in lowered.outputs],
-        "nodes": nodes,
-        "tensor_nodes": node_tensors(lowered),
-    }
-    families: dict[str, dict] = {}
+    nodes = tuple(NodeRecord(n.name, n.op_type, tuple(lowered.node_ops.get(n.name, []))) for n in compute_nodes)
+    io = LowerRecord(lowered.profile, tuple(lowered.inputs), tuple(lowered.outputs), nodes, node_tensors(lowered))
+    families: dict[str, FamilyRecord] = {}
     if lowered.profile == "int":
         qdq_path = out_dir / "model_partitioning.onnx"
         for fam in FAMILIES:
             fam_lowered = lower_model(model, pipeline["profile"], family=fam)  # forms only this family runs
             own = fam_lowered.tosa != lowered.tosa
             plan = plan_partitions(model, fam_lowered if own else lowered, fam)
-            families[fam] = family_record(model, fam_lowered if own else lowered, io, plan, fam, out_dir)
-            whole = families[fam]["partitions"][0]
-            if own and len(families[fam]["partitions"]) == 1 and whole["file"] == "model.tosa":
-                whole["file"] = f"{fam}_model.tosa"
-                write_bytes(out_dir / whole["file"], fam_lowered.tosa)
-                whole["inputs_io"] = [i.as_dict() for i in fam_lowered.inputs]
-                whole["outputs_io"] = [o.as_dict() for o in fam_lowered.outputs]
-                whole["tensor_nodes"] = node_tensors(fam_lowered)
-            if len(families[fam]["partitions"]) > 1 or own:
+            rec = family_record(model, fam_lowered if own else lowered, io, plan, fam, out_dir)
+            if own and len(rec.partitions) == 1 and rec.partitions[0].file == "model.tosa":
+                rec = replace(rec, partitions=(own_whole_graph(fam, fam_lowered, rec.partitions[0], out_dir),))
+            if len(rec.partitions) > 1 or own:
                 if not qdq_path.exists():
                     onnx.save(model, qdq_path)
-                err = check_partitioned(qdq_path, out_dir, families[fam], io)
-                families[fam]["max_error_lsb"] = err
+                err = check_partitioned(qdq_path, out_dir, rec.partitions, io)
+                rec = replace(rec, max_error_lsb=err)
                 # a family's own lowering rounds differently: hold it to the portable graph's own error
-                base = check_partitioned(qdq_path, out_dir, {"partitions": [portable(io)]}, io) if own else 0.0
+                base = check_partitioned(qdq_path, out_dir, [io.whole_partition([])], io) if own else 0.0
                 if err > base + MAX_PARTITION_LSB:
                     raise StageError(f"the {fam} partitioned model differs from the whole model by {err:g} LSB")
-    io["families"] = families
-    write_json(task.outputs["io"], io)
+            families[fam] = rec
+    io = replace(io, families=families)
+    io.write(task.outputs["io"])
     return {"onnx_nodes": len(compute_nodes), "tosa_ops": tosa_ops, "tosa_op_count": lowered.tosa_op_count,
             "transposes": tosa_ops.get("TRANSPOSE", 0),
-            "partitioning": {f: {k: r[k] for k in ("npu_partitions", "host_partitions", "host_ops")}
-                             for f, r in families.items()}}
-
+            "partitioning": {f: {"npu_partitions": r.npu_partitions, "host_partitions": r.host_partitions,
+                                 "host_ops": r.host_ops} for f, r in families.items()}}

@@ -24,6 +24,7 @@ from npubuild.npusim import NotModelled
 from npubuild.npusim.npz import load_raw
 from npubuild.npusim.tosa_probe import graph_io
 from npubuild.npusim.verify import compare
+from npubuild.stages.records import LowerRecord
 
 
 def skip_reason(accelerator: str, output_format: str) -> str | None:
@@ -35,20 +36,13 @@ def skip_reason(accelerator: str, output_format: str) -> str | None:
     return None
 
 
-def quantise(x: np.ndarray, spec: dict) -> np.ndarray:
-    """ONNX-layout float sample -> the TOSA graph's integer input, as tosa_run does it."""
-    x = np.transpose(np.asarray(x), spec["perm"])
-    info = np.iinfo(np.dtype(spec["dtype"]))
-    return np.clip(np.round(x / spec["scale"]) + spec["zero_point"], info.min, info.max).astype(spec["dtype"])
-
-
 def run(task: StageTask) -> dict:
     reason = skip_reason(task.config["accelerator"], task.config["output_format"])
     if reason is not None:
         return _skip(task, reason)
     vela = read_json(task.inputs["vela"])
-    io = read_json(task.inputs["io"])
-    if io["profile"] != "int":
+    io = LowerRecord.read(task.inputs["io"])
+    if io.profile != "int":
         raise StageError("npu-sim needs an integer (int profile) TOSA graph")
     if vela.get("vela_cpu_ops"):
         return _skip(task, f"Vela left {vela['vela_cpu_ops']} operators on the CPU inside an NPU partition; "
@@ -88,7 +82,7 @@ def _skip(task: StageTask, reason: str) -> dict:
     return metrics
 
 
-def _jobs(task: StageTask, vela: dict, io: dict) -> list[tuple[str, object, bytes, list, list[str]]]:
+def _jobs(task: StageTask, vela: dict, io: LowerRecord) -> list[tuple[str, object, bytes, list, list[str]]]:
     """(label, artifact, TOSA graph, integer samples, output names) per NPU partition (one for a whole graph).
 
     A whole graph runs tosa-check's samples; the NPU partitions of a split graph run seeded random
@@ -105,9 +99,9 @@ def _jobs(task: StageTask, vela: dict, io: dict) -> list[tuple[str, object, byte
         arrays = sample_arrays(float_model, task.config["calibration"], task.inputs.get("calibration"),
                                verify["samples"], verify["seed"])
         n = next(iter(arrays.values())).shape[0]
-        samples = [[quantise(arrays[spec["onnx_name"]][i], spec) for spec in io["inputs"]] for i in range(n)]
+        samples = [[spec.to_tosa(arrays[spec.onnx_name][i]) for spec in io.inputs] for i in range(n)]
         tosa = (lower_dir / parts[0]["file"]) if parts else task.inputs["tosa"]
-        return [("", load_raw(vela_dir / npzs[0]), tosa.read_bytes(), samples, [o["onnx_name"] for o in io["outputs"]])]
+        return [("", load_raw(vela_dir / npzs[0]), tosa.read_bytes(), samples, [o.onnx_name for o in io.outputs])]
     jobs = []
     rng = np.random.default_rng(verify["seed"])
     for p in parts:

@@ -7,6 +7,7 @@ from npubuild.config.metrics import METRICS
 from npubuild.ethosu.support import family
 from npubuild.fileio import read_json, write_json
 from npubuild.report.gates import evaluate
+from npubuild.stages.records import PartitionedCheck
 
 
 def deployed_error(check: dict, vela: dict) -> float | None:
@@ -14,7 +15,7 @@ def deployed_error(check: dict, vela: dict) -> float | None:
     model.tosa) against onnxruntime on the verify samples."""
     fam = family(str(vela.get("accelerator", "ethos-u55")))
     own = (check.get("partitioned") or {}).get(fam)
-    return own["max_error_lsb"] if own else check.get("tosa_max_error_lsb")
+    return PartitionedCheck.from_json(own).max_error_lsb if own else check.get("tosa_max_error_lsb")
 
 
 def build_metrics(records: dict[str, dict]) -> dict:

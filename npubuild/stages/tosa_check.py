@@ -18,10 +18,12 @@ import onnxruntime as ort
 
 from npubuild.build.plan import StageTask
 from npubuild.errors import InputError
-from npubuild.fileio import atomic_path, read_json, write_json
+from npubuild.fileio import atomic_path, write_json
 from npubuild.frontend.data import load_arrays, sample_arrays
+from npubuild.stages.records import LowerRecord
+from npubuild.tosa.iospec import IOSpec
 from npubuild.tosa.run import run_tosa
-from npubuild.verify.numerics import accuracy, compare_output, lsb_error
+from npubuild.verify.numerics import accuracy, compare_output
 from npubuild.verify.partitioned import partitioned_numerics
 
 
@@ -43,34 +45,26 @@ class OnnxRunner:
         return dict(zip(self.names, self.sess.run(self.names, feeds), strict=True))
 
 
-def dequantized(y: np.ndarray, spec: dict) -> np.ndarray:
-    if spec["dtype"] == "float32":
-        return y.astype(np.float64)
-    return (y.astype(np.float64) - spec["zero_point"]) * spec["scale"]
-
-
-def io_summary(io: dict) -> dict:
+def io_summary(io: LowerRecord) -> dict:
     """Graph inputs/outputs as deployed: dtype, ONNX-layout shape, scale and zero point (nobody has to guess)."""
-    def one(spec: dict) -> dict:
-        perm = spec["perm"]
-        logical = [spec["shape"][perm.index(i)] for i in range(len(perm))]
-        return {"name": spec["onnx_name"], "dtype": spec["dtype"], "shape": spec["shape"], "onnx_shape": logical,
-                "layout": "NHWC" if perm == [0, 2, 3, 1] else "as ONNX",
-                "scale": spec["scale"], "zero_point": spec["zero_point"]}
-    return {"inputs": [one(s) for s in io["inputs"]], "outputs": [one(s) for s in io["outputs"]]}
+    def one(spec: IOSpec) -> dict:
+        return {"name": spec.onnx_name, "dtype": spec.dtype, "shape": list(spec.shape),
+                "onnx_shape": list(spec.onnx_shape), "layout": spec.layout, "scale": spec.scale,
+                "zero_point": spec.zero_point}
+    return {"inputs": [one(s) for s in io.inputs], "outputs": [one(s) for s in io.outputs]}
 
 
 def run(task: StageTask) -> dict:
-    io = read_json(task.inputs["io"])
+    io = LowerRecord.read(task.inputs["io"])
     tosa = task.inputs["tosa"].read_bytes()
     verify = task.config["verify"]
-    is_int = io["profile"] == "int"
+    is_int = io.profile == "int"
     float_model = onnx.load(str(task.inputs["float"]))
     samples = sample_arrays(float_model, task.config["calibration"], task.inputs.get("calibration"),
                             verify["samples"], verify["seed"])
     n = next(iter(samples.values())).shape[0]
     reference, flt_runner = OnnxRunner(task.inputs["reference"]), OnnxRunner(task.inputs["float"])
-    names = [o["onnx_name"] for o in io["outputs"]]
+    names = [o.onnx_name for o in io.outputs]
     got: dict[str, list] = {k: [] for k in names}
     ref: dict[str, list] = {k: [] for k in names}
     flt: dict[str, list] = {k: [] for k in names}
@@ -79,15 +73,15 @@ def run(task: StageTask) -> dict:
     for i in range(n):
         feeds = {k: v[i] for k, v in samples.items()}
         r, f, t = reference(feeds), flt_runner(feeds), run_tosa(tosa, io, feeds)
-        for spec in io["outputs"]:
-            name = spec["onnx_name"]
+        for spec in io.outputs:
+            name = spec.onnx_name
             if i == 0:
                 first_raw[name] = t[name]
-            got[name].append(dequantized(t[name], spec))
+            got[name].append(spec.dequantize(t[name]))
             ref[name].append(r[name])
             flt[name].append(f[name])
             if is_int:
-                lsb[name].append(lsb_error(r[name], t[name], spec["scale"], spec["zero_point"], spec["dtype"]).ravel())
+                lsb[name].append(spec.lsb_error(r[name], t[name]).ravel())
     per_output = {
         name: compare_output(np.concatenate(ref[name]), np.concatenate(got[name]),
                              np.concatenate(flt[name]) if is_int else None,
@@ -96,7 +90,7 @@ def run(task: StageTask) -> dict:
     }
     summary: dict = {
         "samples": n,
-        "profile": io["profile"],
+        "profile": io.profile,
         "tosa_snr_db": min(e["snr_db"] for e in per_output.values()),
         "tosa_max_error_lsb": max(e["max_error_lsb"] for e in per_output.values()) if is_int else None,
         "tosa_mean_error_lsb": max(e["mean_error_lsb"] for e in per_output.values()) if is_int else None,
@@ -106,7 +100,8 @@ def run(task: StageTask) -> dict:
         "io": io_summary(io),
     }
     if is_int:  # split builds (a family that cannot run some node): the partitioned model, same samples
-        summary["partitioned"] = partitioned_numerics(task.inputs["tosa"].parent, io, samples, reference)
+        checks = partitioned_numerics(task.inputs["tosa"].parent, io, samples, reference)
+        summary["partitioned"] = {fam: c.to_json() for fam, c in checks.items()}
     if task.inputs.get("eval_inputs") is not None:
         summary.update(evaluate(task, io, tosa, float_model, flt_runner))
     write_json(task.outputs["numerics"], summary)
@@ -117,7 +112,7 @@ def run(task: StageTask) -> dict:
     return summary
 
 
-def evaluate(task: StageTask, io: dict, tosa: bytes, float_model: onnx.ModelProto, flt_runner: OnnxRunner) -> dict:
+def evaluate(task: StageTask, io: LowerRecord, tosa: bytes, float_model: onnx.ModelProto, flt_runner: OnnxRunner) -> dict:
     """Top-1 accuracy on the evaluation set: the float model, and the TOSA graph the NPU will run."""
     cfg = task.config["evaluation"]
     inputs = load_arrays(task.inputs["eval_inputs"], float_model)
@@ -131,16 +126,16 @@ def evaluate(task: StageTask, io: dict, tosa: bytes, float_model: onnx.ModelProt
                          f"{list(labels.shape)}", str(task.inputs["eval_labels"]))
     if cfg.get("samples"):
         n = min(n, cfg["samples"])
-    names = [o["onnx_name"] for o in io["outputs"]]
+    names = [o.onnx_name for o in io.outputs]
     out = cfg.get("output") or names[0]
     if out not in names:
         raise InputError(f"evaluation output '{out}' is not a graph output (outputs: {', '.join(names)})")
-    spec = io["outputs"][names.index(out)]
+    spec = io.outputs[names.index(out)]
     f_scores, t_scores = [], []
     for i in range(n):
         feeds = {k: v[i] for k, v in inputs.items()}
         f_scores.append(flt_runner(feeds)[out].reshape(-1))
-        t_scores.append(dequantized(run_tosa(tosa, io, feeds)[out], spec).reshape(-1))
+        t_scores.append(spec.dequantize(run_tosa(tosa, io, feeds)[out]).reshape(-1))
     fa = accuracy(np.stack(f_scores), labels[:n])
     ta = accuracy(np.stack(t_scores), labels[:n])
     return {"eval_samples": n, "float_accuracy": fa, "accuracy": ta, "accuracy_drop": fa - ta}

@@ -16,6 +16,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+from dataclasses import asdict
 from pathlib import Path
 
 from npubuild.build.plan import StageTask
@@ -26,9 +27,11 @@ from npubuild.ethosu.perf import parse_per_layer, top_layers
 from npubuild.ethosu.pools import npz_sizes, pool_failure, pool_usage
 from npubuild.ethosu.support import family
 from npubuild.ethosu.vela_ini import MEMORY_MODE, memory_mode_name, render_ini, system_config_name
-from npubuild.fileio import read_json, write_json, write_text
+from npubuild.fileio import write_json, write_text
+from npubuild.stages.records import LowerRecord, PartitionRecord
 
 VELA_TIMEOUT_S = 1800
+NO_IO = LowerRecord("", (), ())  # a .tosa without io.json beside it: no names, quantisation or partitions
 
 
 def vela_command(tosa: Path, ini: Path, out_dir: Path, profile: TargetProfile, opts: VelaOptions,
@@ -107,27 +110,21 @@ def compile_partition(tosa_src: Path, stem: str, ini: Path, stage_dir: Path, pro
             "per_layer": stage_dir / f"{stem}_per-layer.csv"}
 
 
-def npu_partitions(io: dict, lower_dir: Path, fam: str) -> list[tuple[int, Path, dict]]:
-    """(partition index, .tosa path, its io and tensor map) for every NPU partition of this family."""
-    rec = io.get("families", {}).get(fam)
-    if not rec:
-        return [(0, lower_dir / "model.tosa", io)]
-    return [(p["index"], lower_dir / p["file"],
-             {"inputs": p["inputs_io"], "outputs": p["outputs_io"],
-              "tensor_nodes": p.get("tensor_nodes", io.get("tensor_nodes", {}))})
-            for p in rec["partitions"] if p["kind"] == "npu"]
+def npu_partitions(io: LowerRecord, lower_dir: Path, fam: str) -> list[tuple[int, Path, PartitionRecord]]:
+    """(partition index, .tosa path, its record: io and tensor map) for every NPU partition of this family."""
+    return [(p.index, lower_dir / p.file, p) for p in io.npu_partitions(fam)]
 
 
-def placement_metrics(io: dict, fam: str) -> dict:
+def placement_metrics(io: LowerRecord, fam: str) -> dict:
     """Where every ONNX node runs on this family (the offload report) and the gateable counts."""
-    rec = io.get("families", {}).get(fam)
-    if not rec:
+    rec = io.families.get(fam)
+    if rec is None:
         return {}
-    return {"npu_partitions": rec["npu_partitions"], "host_partitions": rec["host_partitions"],
-            "host_ops": rec["host_ops"], "npu_nodes": sum(1 for p in rec["placements"] if p["kind"] == "npu"),
-            "partitioned_max_error_lsb": rec.get("max_error_lsb"),
-            "offloads": rec["placements"], "partition_graph": [
-                {k: p[k] for k in ("index", "kind", "file", "inputs", "outputs", "nodes")} for p in rec["partitions"]]}
+    return {"npu_partitions": rec.npu_partitions, "host_partitions": rec.host_partitions,
+            "host_ops": rec.host_ops, "npu_nodes": rec.npu_nodes,
+            "partitioned_max_error_lsb": rec.max_error_lsb,
+            "offloads": [asdict(p) for p in rec.placements],
+            "partition_graph": [p.graph_entry() for p in rec.partitions]}
 
 
 def run(task: StageTask) -> dict:
@@ -138,10 +135,10 @@ def run(task: StageTask) -> dict:
     stage_dir = task.dir
     lower_dir = task.inputs["tosa"].parent
     io_path = lower_dir / "io.json"
-    io = read_json(io_path) if io_path.is_file() else {}
+    io = LowerRecord.read(io_path) if io_path.is_file() else NO_IO
     fam = family(profile.accelerator)
     results, layers, pools, failure = [], [], [], None
-    for index, tosa, part_io in npu_partitions(io, lower_dir, fam):
+    for index, tosa, part in npu_partitions(io, lower_dir, fam):
         stem = "model" if index == 0 and tosa.name == "model.tosa" else tosa.stem
         res = compile_partition(tosa, stem, ini, stage_dir, profile, opts)
         res["index"] = index
@@ -150,14 +147,13 @@ def run(task: StageTask) -> dict:
         pools += [{**p, "partition": index} for p in part_pools]
         failure = failure or pool_failure(profile.name, part_pools)
         if res["per_layer"].is_file():
-            layers += parse_per_layer(res["per_layer"], part_io.get("tensor_nodes", {}), index)
-        res["firmware"] = write_firmware(stage_dir / "firmware", stem, res["npz"], part_io, profile, opts)
+            layers += parse_per_layer(res["per_layer"], part.tensor_nodes or {}, index)
+        res["firmware"] = write_firmware(stage_dir / "firmware", stem, res["npz"], part.io, profile, opts)
         results.append(res)
     metrics = combine(profile, results)
     metrics.update(placement_metrics(io, fam))
-    graph = metrics.get("partition_graph") or [{"index": 0, "kind": "npu", "inputs": [i["onnx_name"] for i in
-                                                io.get("inputs", [])], "outputs": [o["onnx_name"] for o in
-                                                io.get("outputs", [])], "nodes": [n["name"] for n in io.get("nodes", [])]}]
+    rec = io.families.get(fam)
+    graph = rec.partitions if rec is not None else [io.whole_partition([n.name for n in io.nodes])]
     metrics["deployment"] = write_deployment(stage_dir / "firmware", profile, graph,
                                              {r["index"]: r["firmware"] for r in results})
     metrics.update({"pools": pools, "layers": layers, "top_layers": top_layers(layers)})

@@ -9,7 +9,7 @@ import numpy as np
 import onnxruntime as ort
 
 from npubuild.errors import StageError
-from npubuild.lowering.context import inverse
+from npubuild.tosa.iospec import GraphIO
 
 
 @contextmanager
@@ -28,29 +28,19 @@ def _quiet_stdio():
             os.close(fd)
 
 
-def run_tosa(tosa: bytes, io: dict, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+def run_tosa(tosa: bytes, io: GraphIO, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     """Feed ONNX-layout float inputs (quantized here for int8 graphs); returns ONNX-layout outputs.
 
-    Integer outputs are returned as raw integers; callers dequantize with io's scale/zero point.
+    Integer outputs are returned as raw integers; callers dequantize with their IOSpec.
     """
     import tosa_reference_model as trm
 
-    arrays = []
-    for spec in io["inputs"]:
-        x = np.asarray(feeds[spec["onnx_name"]])
-        x = np.transpose(x, spec["perm"])
-        if spec["dtype"] != "float32":
-            info = np.iinfo(np.dtype(spec["dtype"]))
-            x = np.clip(np.round(x / spec["scale"]) + spec["zero_point"], info.min, info.max)
-        arrays.append(np.ascontiguousarray(x.astype(spec["dtype"])))
+    arrays = [spec.to_tosa(feeds[spec.onnx_name]) for spec in io.inputs]
     with _quiet_stdio():
         outputs, status = trm.run(tosa, arrays)
     if "VALID" not in str(status):
         raise StageError(f"TOSA reference model rejected the graph: {status}")
-    result = {}
-    for spec, y in zip(io["outputs"], outputs, strict=True):
-        result[spec["onnx_name"]] = np.transpose(np.asarray(y), inverse(tuple(spec["perm"])))
-    return result
+    return {spec.onnx_name: spec.from_tosa(y) for spec, y in zip(io.outputs, outputs, strict=True)}
 
 
 def run_onnx(model_path: str, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:

@@ -22,8 +22,9 @@ from onnx import TensorProto, helper
 from npubuild.errors import NpubuildError, UncomputedOutputError
 from npubuild.frontend.passes import run_passes
 from npubuild.lowering.driver import lower_model
+from npubuild.tosa.iospec import IOSpec
 from npubuild.tosa.run import run_tosa
-from npubuild.verify.numerics import SNR_CAP_DB, cosine, lsb_error, snr_db
+from npubuild.verify.numerics import SNR_CAP_DB, cosine, snr_db
 
 QDQ = {"QuantizeLinear", "DequantizeLinear"}
 JUMP_DB = 20.0  # an SNR this much below the node before it is a jump
@@ -141,8 +142,7 @@ def layer_numerics(lower_input: onnx.ModelProto, float_model: onnx.ModelProto, p
     model = prepare(lower_input, passes)
     probes = find_probes(model, profile)
     lowered, probes = lower_exposed(model, probes, profile)
-    io = {"inputs": [i.as_dict() for i in lowered.inputs], "outputs": [o.as_dict() for o in lowered.outputs]}
-    specs = {o["onnx_name"]: o for o in io["outputs"]}
+    specs = {o.onnx_name: o for o in lowered.outputs}
     probes = [p for p in probes if p.exposed_name in specs]
     ref_sess = _session(with_outputs(model, [p.exposed_name for p in probes]))
     float_names = {n for node in float_model.graph.node for n in node.output} | {i.name for i in float_model.graph.input}
@@ -152,7 +152,7 @@ def layer_numerics(lower_input: onnx.ModelProto, float_model: onnx.ModelProto, p
     n = next(iter(samples.values())).shape[0]
     for i in range(n):
         feeds = {k: v[i] for k, v in samples.items()}
-        got = run_tosa(lowered.tosa, io, feeds)
+        got = run_tosa(lowered.tosa, lowered, feeds)
         ref = dict(zip([o.name for o in ref_sess.get_outputs()], ref_sess.run(None, feeds), strict=True))
         flt = dict(zip([o.name for o in flt_sess.get_outputs()], flt_sess.run(None, feeds), strict=True))
         flt.update(feeds)
@@ -160,35 +160,31 @@ def layer_numerics(lower_input: onnx.ModelProto, float_model: onnx.ModelProto, p
             spec, a = specs[p.exposed_name], acc[p.exposed_name]
             raw = got[p.exposed_name]
             a["q"].append(raw)
-            a["tosa"].append(raw.astype(np.float64) if spec["dtype"] == "float32"
-                             else (raw.astype(np.float64) - spec["zero_point"]) * spec["scale"])
+            a["tosa"].append(spec.dequantize(raw))
             a["ref"].append(ref[p.exposed_name])
             if p.float_name in flt:
                 a["flt"].append(flt[p.float_name])
-    rows = [input_row(spec, samples[spec["onnx_name"]]) for spec in io["inputs"] if spec["dtype"] != "float32"]
+    rows = [input_row(spec, samples[spec.onnx_name]) for spec in lowered.inputs if spec.dtype != "float32"]
     for p in probes:
         spec, a = specs[p.exposed_name], acc[p.exposed_name]
         tosa, ref = np.stack(a["tosa"]), np.stack(a["ref"])
         row = {"node": p.node, "op_type": p.op_type, "tensor": p.float_name,
                "tosa_snr_db": snr_db(ref, tosa), "cosine": cosine(ref, tosa),
-               "max_error_lsb": None, "quant_snr_db": None, "scale": spec["scale"], "zero_point": spec["zero_point"]}
-        if spec["dtype"] != "float32":
-            row["max_error_lsb"] = float(lsb_error(ref, np.stack(a["q"]), spec["scale"], spec["zero_point"],
-                                                   spec["dtype"]).max())
+               "max_error_lsb": None, "quant_snr_db": None, "scale": spec.scale, "zero_point": spec.zero_point}
+        if spec.dtype != "float32":
+            row["max_error_lsb"] = float(spec.lsb_error(ref, np.stack(a["q"])).max())
         if a["flt"]:
             row["quant_snr_db"] = snr_db(np.stack(a["flt"]), tosa)
         rows.append(row)
     return {"profile": profile, "samples": n, "layers": rows, **first_jump(rows)}
 
 
-def input_row(spec: dict, x: np.ndarray) -> dict:
+def input_row(spec: IOSpec, x: np.ndarray) -> dict:
     """The graph input's own quantisation (the TOSA graph takes it already quantised): error enters here first."""
-    info = np.iinfo(np.dtype(spec["dtype"]))
-    q = np.clip(np.round(x / spec["scale"]) + spec["zero_point"], info.min, info.max)
-    deq = (q - spec["zero_point"]) * spec["scale"]
-    return {"node": spec["onnx_name"], "op_type": "graph input", "tensor": spec["onnx_name"],
+    deq = spec.through_qdq(x)
+    return {"node": spec.onnx_name, "op_type": "graph input", "tensor": spec.onnx_name,
             "tosa_snr_db": SNR_CAP_DB, "cosine": cosine(x, deq), "max_error_lsb": 0.0,
-            "quant_snr_db": snr_db(x, deq), "scale": spec["scale"], "zero_point": spec["zero_point"]}
+            "quant_snr_db": snr_db(x, deq), "scale": spec.scale, "zero_point": spec.zero_point}
 
 
 def first_jump(rows: list[dict]) -> dict:
