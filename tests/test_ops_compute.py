@@ -3,7 +3,7 @@
 Ops that onnxruntime does not quantize by default (ReduceMean, GlobalMaxPool...)
 are mostly tested between two layout-preserving ops it does quantize (1x1
 MaxPool, Reshape), as they sit inside a real network; the quantize stage
-also asks for them alone (registry.quantize_also), checked by
+also asks for them alone (frontend.quantized_ops, the lowerings' registry.quantize_also), checked by
 test_lone_ops_are_quantized.
 """
 
@@ -261,6 +261,16 @@ def test_lone_ops_are_quantized(op, attrs, out_shape):
     lowered, _ = check_int(model, calib("x", [1, 4, 5, 5]), {"x": rand([1, 4, 5, 5], 2)})
     all_on_npu(lowered)
     npu_bitexact(lowered)
+
+
+def test_quantize_asks_for_exactly_the_op_types_the_lowerings_declare():
+    """The quantize stage's list is data (it must not import the lowering); the op modules declare theirs."""
+    from npubuild.frontend.quantized_ops import QUANTIZE_ALSO
+    from npubuild.lowering import load_all
+    from npubuild.lowering.registry import QUANTIZE_ALSO as DECLARED
+
+    load_all()
+    assert QUANTIZE_ALSO == DECLARED
 
 
 def test_spatial_mean_is_one_exact_reduction():

@@ -13,7 +13,7 @@ from npubuild.lowering.context import LoweringContext
 
 Lowering = Callable[[LoweringContext], None]
 LOWERINGS: dict[str, Lowering] = {}
-QUANTIZE_ALSO: set[str] = set()  # op types onnxruntime leaves in float unless asked, lowered in int8 here
+QUANTIZE_ALSO: set[str] = set()  # op types onnxruntime leaves in float unless asked (frontend.quantized_ops)
 
 
 def lowers(*op_types: str) -> Callable[[Lowering], Lowering]:
@@ -28,18 +28,9 @@ def lowers(*op_types: str) -> Callable[[Lowering], Lowering]:
 
 
 def quantize_also(*op_types: str) -> None:
-    """Ask the quantize stage to put Q/DQ around these op types too (onnxruntime skips ops it has no kernel for)."""
+    """Declare op types the quantize stage must ask onnxruntime to quantize too (frontend/quantized_ops.py
+    lists them as data; tests/test_ops_compute.py holds the two equal)."""
     QUANTIZE_ALSO.update(op_types)
-
-
-def quantized_op_types() -> list[str]:
-    """Every op type the quantize stage asks onnxruntime to quantize: its defaults plus QUANTIZE_ALSO."""
-    from onnxruntime.quantization.registry import QDQRegistry, QLinearOpsRegistry
-
-    from npubuild.lowering import load_all
-
-    load_all()
-    return sorted(set(QDQRegistry) | set(QLinearOpsRegistry) | QUANTIZE_ALSO)
 
 
 def supported_op_types() -> list[str]:

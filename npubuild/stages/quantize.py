@@ -18,7 +18,7 @@ from npubuild.frontend.data import calibration_arrays
 from npubuild.frontend.qdq_concat import share_concat_scales
 from npubuild.frontend.qdq_linear import fold_linear_bias
 from npubuild.frontend.qoperator import is_quantized
-from npubuild.lowering.registry import quantized_op_types
+from npubuild.frontend.quantized_ops import quantized_op_types
 
 METHODS = {
     "minmax": ortq.CalibrationMethod.MinMax,

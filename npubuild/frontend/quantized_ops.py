@@ -1,0 +1,23 @@
+"""The op types the quantize stage asks onnxruntime to put Q/DQ around.
+
+onnxruntime's own QDQ and QLinear registries, plus op types npubuild lowers in
+int8 that onnxruntime leaves in float unless asked (its kernels for them are
+float only). The second list is data here, not read from the lowering's
+registry, so that the quantize stage (and its cache key) does not depend on
+the lowering's code; a test holds it equal to what the op lowerings declare
+with `registry.quantize_also`.
+"""
+
+from __future__ import annotations
+
+QUANTIZE_ALSO = frozenset({
+    "Abs", "Div", "Erf", "Exp", "Gelu", "GlobalMaxPool", "HardSigmoid", "HardSwish", "Log", "LogSoftmax", "Max",
+    "Min", "Neg", "PRelu", "Pow", "Reciprocal", "ReduceMax", "ReduceMean", "ReduceMin", "ReduceSum", "Sqrt", "Sub",
+    "Tanh",
+})
+
+
+def quantized_op_types() -> list[str]:
+    from onnxruntime.quantization.registry import QDQRegistry, QLinearOpsRegistry
+
+    return sorted(set(QDQRegistry) | set(QLinearOpsRegistry) | QUANTIZE_ALSO)
