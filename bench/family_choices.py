@@ -44,15 +44,15 @@ from onnx import TensorProto, helper, numpy_helper
 from npubuild.build.execute import run_stage
 from npubuild.build.plan import make_plan
 from npubuild.config.load import default_search_path, load_specs, load_target, vela_options
+from npubuild.ethosu.vela import vela_command
 from npubuild.ethosu.vela_ini import render_ini
 from npubuild.frontend.normalise import normalise
 from npubuild.frontend.passes import run_passes
 from npubuild.frontend.qdq_concat import share_concat_scales
+from npubuild.frontend.quantize import quantize
 from npubuild.lowering import ops_conv
 from npubuild.lowering.driver import lower_model
 from npubuild.lowering.options import FAMILY_OPTIONS, DepthwiseLimits, PlaneSumLimits
-from npubuild.stages.quantize import quantize
-from npubuild.stages.vela import vela_command
 
 ROOT = Path(__file__).resolve().parents[1]
 TARGETS = ["ethos-u55-32", "ethos-u55-64", "ethos-u55-128", "ethos-u55-256"]

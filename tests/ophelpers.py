@@ -23,12 +23,12 @@ import onnx
 from onnx import TensorProto, helper
 
 from npubuild.config.load import default_search_path, load_target
+from npubuild.ethosu.vela import parse_operator_counts, vela_command
 from npubuild.ethosu.vela_ini import render_ini
 from npubuild.frontend.normalise import normalise
+from npubuild.frontend.quantize import quantize
 from npubuild.lowering.driver import LoweredGraph, lower_model
 from npubuild.lowering.options import LoweringOptions
-from npubuild.stages.quantize import quantize
-from npubuild.stages.vela import parse_operator_counts, vela_command
 from npubuild.tosa.run import run_onnx, run_tosa
 
 ROOT = Path(__file__).resolve().parents[1]

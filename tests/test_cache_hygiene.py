@@ -24,12 +24,13 @@ UNTOUCHED = {
 
 
 def _affected(project: Path, tool: str) -> set[str]:
-    """Tasks of the plan whose stage calls `tool` (plan.STAGE_TOOLS), and every task downstream of one."""
-    from npubuild.build.plan import STAGE_TOOLS, make_plan
+    """Tasks of the plan whose stage calls `tool` (Stage.tools), and every task downstream of one."""
+    from npubuild.build.plan import make_plan
     from npubuild.config.load import load_specs
+    from npubuild.stages import BY_NAME
 
     plan = make_plan(load_specs([project / "configs"]), project / "build")
-    hit = {n for n, t in plan.tasks.items() if tool in STAGE_TOOLS[t.stage]}
+    hit = {n for n, t in plan.tasks.items() if tool in BY_NAME[t.stage].tools}
     changed = True
     while changed:
         more = {n for n, t in plan.tasks.items() if n not in hit and hit & set(t.deps)}

@@ -11,7 +11,7 @@ import onnx
 from npbtest import REPO, read_report, run_cli
 from onnx import numpy_helper
 
-from npubuild.stages.quantize import quantize
+from npubuild.frontend.quantize import quantize
 from npubuild.verify.debug_numerics import layer_numerics
 
 PASSES = ["eliminate_identity", "eliminate_dropout", "remove_unused", "topological_sort"]

@@ -13,7 +13,7 @@ from npusim_helpers import compile_and_check
 from onnx import TensorProto, helper
 from ophelpers import calib, check_fp, check_int, rand, vela_op_counts
 
-import npubuild.stages.quantize as quantize_stage
+import npubuild.frontend.quantize as quantize_stage
 from npubuild.lowering import epilogue
 from npubuild.lowering.options import LoweringOptions
 

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from npbtest import read_report, run_cli
 
-from npubuild.stages.fvp import fvp_command, parse_uart
+from npubuild.ethosu.fvp import fvp_command, parse_uart
 
 STAND_IN = f"""#!{sys.executable}
 # Stand-in for a Corstone FVP (none can be installed here): records argv, prints the runner's scripted UART.

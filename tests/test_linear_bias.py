@@ -19,7 +19,7 @@ from npusim_helpers import compile_and_check
 from onnx import TensorProto, helper, numpy_helper
 from ophelpers import calib, check_int, quantize_model, rand, vela_run
 
-import npubuild.stages.quantize as quantize_stage
+import npubuild.frontend.quantize as quantize_stage
 from npubuild.frontend.qdq_linear import fold_linear_bias
 from npubuild.lowering import ops_conv
 from npubuild.tosa.run import run_onnx

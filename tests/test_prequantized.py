@@ -14,7 +14,7 @@ from npbtest import REPO, run_subprocess
 from onnxruntime import quantization as ortq
 
 from npubuild.frontend.normalise import normalise
-from npubuild.stages.quantize import ArrayReader
+from npubuild.frontend.quantize import ArrayReader
 from npubuild.stages.records import LowerRecord
 from npubuild.tosa.run import run_onnx, run_tosa
 

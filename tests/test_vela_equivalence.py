@@ -23,9 +23,9 @@ from ophelpers import quantize_model
 
 from npubuild.config.load import default_search_path, load_target
 from npubuild.config.schema import ACCELERATORS, TargetProfile
+from npubuild.ethosu.vela import vela_command
 from npubuild.ethosu.vela_ini import arena_cache_bytes, render_ini
 from npubuild.lowering.driver import lower_model
-from npubuild.stages.vela import vela_command
 
 ROOT = Path(__file__).resolve().parents[1]
 BUNDLED_INI = Path(ethosu.vela.__file__).parents[1] / "config_files" / "Arm" / "vela.ini"

@@ -16,10 +16,11 @@ from pathlib import Path
 from doit.exceptions import TaskFailed, UnmetDependency
 
 from npubuild.build.execute import run_stage, was_restored
-from npubuild.build.plan import STAGES, BuildPlan, StageTask
+from npubuild.build.plan import BuildPlan, StageTask
 from npubuild.build.session import Session
 from npubuild.build.uptodate import is_done
 from npubuild.errors import NpubuildError
+from npubuild.stages import STAGE_NAMES
 
 
 def doit_action(task: StageTask, run_id: str, debug: bool, cache_url: str | None) -> TaskFailed | None:
@@ -45,13 +46,13 @@ def doit_config(build_dir: Path, reporter: type) -> dict:
         "dep_file": str(build_dir / ".doit.db"),
         "reporter": reporter,
         "verbosity": 0,
-        "default_tasks": list(STAGES),
+        "default_tasks": list(STAGE_NAMES),
     }
 
 
 def task_dicts(plan: BuildPlan, run_id: str, debug: bool, cache_url: str | None) -> dict[str, Iterator[dict]]:
     """doit task generators keyed by stage (`task_<stage>` functions for a loader namespace)."""
-    by_stage: dict[str, list[StageTask]] = {s: [] for s in STAGES}
+    by_stage: dict[str, list[StageTask]] = {s: [] for s in STAGE_NAMES}
     for t in plan.tasks.values():
         by_stage[t.stage].append(t)
 
@@ -73,7 +74,7 @@ def task_dicts(plan: BuildPlan, run_id: str, debug: bool, cache_url: str | None)
         gen.basename = stage
         return gen
 
-    return {f"task_{s.replace('-', '_')}": generator(s) for s in STAGES}
+    return {f"task_{s.replace('-', '_')}": generator(s) for s in STAGE_NAMES}
 
 
 def make_reporter(session: Session) -> type:

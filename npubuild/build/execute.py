@@ -7,14 +7,13 @@ last, so a task killed mid-stage has no record and is never taken as done.
 
 from __future__ import annotations
 
-import importlib
 import time
 import traceback
 from collections.abc import Callable
 from pathlib import Path
 
 from npubuild.build.cache import StageCache, cache_key
-from npubuild.build.plan import STAGE_MODULES, StageTask
+from npubuild.build.plan import StageTask
 from npubuild.build.uptodate import clear_debris, fingerprint, read_record, write_inputs
 from npubuild.errors import NpubuildError, StageError
 from npubuild.fileio import read_json, write_json
@@ -23,7 +22,9 @@ StageFn = Callable[[StageTask], dict]
 
 
 def stage_function(stage: str) -> StageFn:
-    return importlib.import_module(STAGE_MODULES[stage]).run
+    from npubuild.stages import BY_NAME
+
+    return BY_NAME[stage].run
 
 
 def error_path(task: StageTask) -> Path:

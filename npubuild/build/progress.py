@@ -5,7 +5,8 @@ from __future__ import annotations
 import time
 from typing import IO
 
-from npubuild.build.plan import STAGES, BuildPlan
+from npubuild.build.plan import BuildPlan
+from npubuild.stages import STAGE_NAMES
 
 STATES = ("running", "ran", "cached", "failed")
 
@@ -14,7 +15,7 @@ class StageProgress:
     """Per-stage counts of tasks running / ran / cached / failed, and which tasks are running now."""
 
     def __init__(self, plan: BuildPlan):
-        self.total = {s: 0 for s in STAGES}
+        self.total = {s: 0 for s in STAGE_NAMES}
         for t in plan.tasks.values():
             self.total[t.stage] = self.total.get(t.stage, 0) + 1
         self.counts = {s: dict.fromkeys(STATES, 0) for s in self.total}

@@ -27,10 +27,15 @@ DISTRIBUTIONS = {
 PACKAGE_ROOT = Path(npubuild.__file__).parent
 # Packages that import their modules dynamically (registries): using any part pulls in all of it.
 REGISTRY_PACKAGES = ("npubuild.lowering", "npubuild.frontend.passes")
-# Orchestration, not computation: stage modules import these for types and plumbing only, and a change
-# there (a new stage in the plan, a new executor) must not invalidate every cached result.
-ORCHESTRATION = frozenset({"npubuild.build.plan", "npubuild.stages", "npubuild.build.versions", "npubuild.build.cache",
-                           "npubuild.build.doit_executor", "npubuild.build.session", "npubuild.report.summary", "npubuild"})
+# Orchestration, not computation: stage implementations import these for types and plumbing only, and a
+# change there (a new stage in the plan, a new executor) must not invalidate every cached result: the
+# npubuild.build package, the stage registry (npubuild.stages itself; records.py is part of the contract).
+ORCHESTRATION = frozenset({"npubuild", "npubuild.stages"})
+ORCHESTRATION_PACKAGE = "npubuild.build"
+
+
+def _orchestration(name: str) -> bool:
+    return name in ORCHESTRATION or name == ORCHESTRATION_PACKAGE or name.startswith(ORCHESTRATION_PACKAGE + ".")
 
 
 @functools.cache
@@ -89,7 +94,7 @@ def _closure(module: str) -> list[Path]:
         parts = name.split(".")
         for i in range(1, len(parts) + 1):  # a module's parent packages run too
             prefix = ".".join(parts[:i])
-            if prefix in ORCHESTRATION and prefix != module:
+            if _orchestration(prefix) and prefix != module:
                 continue
             f = _module_file(prefix)
             if f is None or f in seen:

@@ -5,14 +5,19 @@ The import stage's work, also used by tests and tools that start from a model fi
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import onnx
 import onnx_ir as ir
 from google.protobuf.message import DecodeError
 
 from npubuild.errors import InputError
+from npubuild.fileio import write_bytes
 from npubuild.frontend.passes import run_passes
 from npubuild.frontend.qoperator import to_qdq
+
+if TYPE_CHECKING:
+    from npubuild.build.plan import StageTask
 
 NORMALISE = ["fold_constants", "fold_batchnorm", "eliminate_identity", "eliminate_dropout", "remove_unused",
              "topological_sort"]
@@ -100,3 +105,16 @@ def _infer(model: onnx.ModelProto, where: str) -> onnx.ModelProto:
     except (onnx.shape_inference.InferenceError, onnx.checker.ValidationError) as exc:
         first = str(exc).strip().splitlines()[0]
         raise InputError(f"shape inference failed: {first}", where) from None
+
+
+def run(task: StageTask) -> dict:
+    """The import stage: the model file, checked and normalised, as model.onnx."""
+    src = task.inputs["model"]
+    model = load_onnx(src)
+    before = len(model.graph.node)
+    model = normalise(model, task.config["input_shapes"], str(src))
+    write_bytes(task.outputs["onnx"], model.SerializeToString())
+    ops: dict[str, int] = {}
+    for n in model.graph.node:
+        ops[n.op_type] = ops.get(n.op_type, 0) + 1
+    return {"nodes_in": before, "nodes_out": len(model.graph.node), "op_types": ops}

@@ -1,19 +1,23 @@
-"""import stage: load and check the ONNX model, make shapes static, fold constants and BatchNorm."""
+"""import stage: the user's model file, checked and normalised (frontend/normalise.py) into model.onnx."""
 
 from __future__ import annotations
 
-from npubuild.build.plan import StageTask
-from npubuild.fileio import write_bytes
-from npubuild.frontend.normalise import load_onnx, normalise
+from pathlib import Path
+
+from npubuild.build.stage import Chain, Stage, TaskSpec, run_of
+from npubuild.config.load import Build
 
 
-def run(task: StageTask) -> dict:
-    src = task.inputs["model"]
-    model = load_onnx(src)
-    before = len(model.graph.node)
-    model = normalise(model, task.config["input_shapes"], str(src))
-    write_bytes(task.outputs["onnx"], model.SerializeToString())
-    ops: dict[str, int] = {}
-    for n in model.graph.node:
-        ops[n.op_type] = ops.get(n.op_type, 0) + 1
-    return {"nodes_in": before, "nodes_out": len(model.graph.node), "op_types": ops}
+def _rel(path: Path, root: Path) -> str:
+    try:
+        return str(path.resolve().relative_to(root))
+    except ValueError:
+        return str(path.resolve())
+
+
+def plan(b: Build, chain: Chain) -> TaskSpec:
+    return TaskSpec(b.model_name, {"model": _rel(b.model_path, b.project_root), "input_shapes": b.model.input_shapes},
+                    {"model": b.model_path}, {"onnx": "model.onnx"}, ())
+
+
+STAGE = Stage("import", "npubuild.frontend.normalise", ("onnx", "onnx-ir"), plan, run_of("npubuild.frontend.normalise"))

@@ -1,40 +1,17 @@
-"""report stage (per build): gather the stages' metrics into the contract's metrics and check gates."""
+"""report stage (one per build): the stages' metrics gathered into the report's metrics and the gates checked
+(report/metrics.py). Never in the shared cache: it reads this build dir's records."""
 
 from __future__ import annotations
 
-from npubuild.build.plan import StageTask
-from npubuild.config.metrics import METRICS
-from npubuild.ethosu.support import family
-from npubuild.fileio import read_json, write_json
-from npubuild.report.gates import evaluate
-from npubuild.stages.records import PartitionedCheck
+from npubuild.build.stage import Chain, Stage, TaskSpec, run_of
+from npubuild.config.load import Build
 
 
-def deployed_error(check: dict, vela: dict) -> float | None:
-    """Max LSB error of the graph this target really runs (its family's partitions or own lowering, else
-    model.tosa) against onnxruntime on the verify samples."""
-    fam = family(str(vela.get("accelerator", "ethos-u55")))
-    own = (check.get("partitioned") or {}).get(fam)
-    return PartitionedCheck.from_json(own).max_error_lsb if own else check.get("tosa_max_error_lsb")
+def plan(b: Build, chain: Chain) -> TaskSpec:
+    return TaskSpec(f"{b.spec.name}/{b.model_name}/{b.target.name}",
+                    {"build": b.id, "expect": b.spec.expect.model_dump(),
+                     "stages": {s: t.key for s, t in chain.items()}},
+                    {s: t.outputs["record"] for s, t in chain.items()}, {"entry": "entry.json"}, tuple(chain))
 
 
-def build_metrics(records: dict[str, dict]) -> dict:
-    """The contract's metrics (config.metrics.METRICS) from the stage records (None where a stage did not run)."""
-    stage_metrics = {stage: rec.get("metrics", {}) for stage, rec in records.items()}
-    lower, check, vela = (stage_metrics.get(s, {}) for s in ("lower", "tosa-check", "vela"))
-    npu_ops = vela.get("npu_nodes", lower.get("onnx_nodes", 0))  # ONNX nodes placed on the NPU
-    cpu_ops = vela.get("vela_cpu_ops", 0) + vela.get("host_ops", 0)
-    total = npu_ops + cpu_ops
-    derived = {"npu_ops": npu_ops, "cpu_ops": cpu_ops, "npu_offload": round(npu_ops / total, 4) if total else 0.0,
-               "deployed_max_error_lsb": deployed_error(check, vela)}
-    return {m.name: derived[m.name] if m.stage is None else stage_metrics.get(m.stage, {}).get(m.source_key)
-            for m in METRICS}
-
-
-def run(task: StageTask) -> dict:
-    records = {stage: read_json(path) for stage, path in task.inputs.items()}
-    metrics = build_metrics(records)
-    gates = evaluate(task.config["expect"], metrics)
-    entry = {"metrics": metrics, "gates": gates}
-    write_json(task.outputs["entry"], entry)
-    return entry
+STAGE = Stage("report", "npubuild.report.metrics", (), plan, run_of("npubuild.report.metrics"), per_build=True)

@@ -1,188 +1,20 @@
-"""vela stage: compile each NPU partition's TOSA graph with Vela for one target, check memory, emit firmware.
-
-Per NPU partition Vela runs with the profile's (or spec's) options and
-`--verbose-performance` (its per-layer CSV); the raw .npz output is always
-produced too (a second run when the user asked for .tflite) because it holds
-the exact arena, fast-scratch and constant sizes the pool check and the
-firmware files need.
-"""
+"""vela stage: each NPU partition of the target's family compiled by Vela, pools checked, firmware written
+(ethosu/vela.py). The integer profile only: Ethos-U runs integer graphs."""
 
 from __future__ import annotations
 
-import csv
-import os
-import re
-import shutil
-import subprocess
-import sys
-import tempfile
-from dataclasses import asdict
-from pathlib import Path
-
-from npubuild.build.plan import StageTask
-from npubuild.config.schema import TargetProfile, VelaOptions
-from npubuild.errors import StageError
-from npubuild.ethosu.firmware import write_deployment, write_firmware
-from npubuild.ethosu.perf import parse_per_layer, top_layers
-from npubuild.ethosu.pools import npz_sizes, pool_failure, pool_usage
-from npubuild.ethosu.support import family
-from npubuild.ethosu.vela_ini import MEMORY_MODE, memory_mode_name, render_ini, system_config_name
-from npubuild.fileio import write_json, write_text
-from npubuild.stages.records import LowerRecord, PartitionRecord
-
-VELA_TIMEOUT_S = 1800
-NO_IO = LowerRecord("", (), ())  # a .tosa without io.json beside it: no names, quantisation or partitions
+from npubuild.build.stage import Chain, Stage, TaskSpec, run_of
+from npubuild.config.load import Build
 
 
-def vela_command(tosa: Path, ini: Path, out_dir: Path, profile: TargetProfile, opts: VelaOptions,
-                 output_format: str | None = None) -> list[str]:
-    """The full Vela command line, as a list (never through a shell)."""
-    cmd = [sys.executable, "-m", "ethosu.vela", str(tosa),
-           "--config", str(ini),
-           "--system-config", system_config_name(profile.accelerator),
-           "--memory-mode", MEMORY_MODE,
-           "--accelerator-config", profile.accelerator,
-           "--optimise", opts.optimise,
-           "--tensor-allocator", opts.tensor_allocator,
-           "--output-format", output_format or opts.output_format,
-           "--output-dir", str(out_dir)]
-    if not opts.cascading:
-        cmd.append("--disable-cascading")
-    cmd.extend(opts.extra_flags)
-    return cmd
+def plan(b: Build, chain: Chain) -> TaskSpec | None:
+    if b.pipeline.profile != "int":
+        return None
+    lower = chain["lower"]
+    return TaskSpec(f"{b.model_name}-{b.target.name}",
+                    {"lower": lower.key, "target": b.target.model_dump(), "vela": b.vela.model_dump()},
+                    {"tosa": lower.outputs["tosa"], "io": lower.outputs["io"]},
+                    {"ini": "system.ini", "summary": "summary.json"}, ("lower",))
 
 
-def parse_operator_counts(stdout: str) -> tuple[int, int]:
-    cpu = re.search(r"CPU operators\s*=\s*(\d+)", stdout)
-    npu = re.search(r"NPU operators\s*=\s*(\d+)", stdout)
-    return (int(npu.group(1)) if npu else 0, int(cpu.group(1)) if cpu else 0)
-
-
-def parse_summary_csv(path: Path) -> dict[str, str]:
-    with open(path, newline="") as f:
-        rows = list(csv.DictReader(f))
-    if not rows:
-        raise StageError(f"Vela wrote an empty summary {path.name}")
-    return rows[0]
-
-
-def _run_vela(cmd: list[str], accelerator: str) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONWARNINGS": "ignore"}
-    try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=VELA_TIMEOUT_S, env=env, check=False)
-    except subprocess.TimeoutExpired:
-        raise StageError(f"Vela timed out after {VELA_TIMEOUT_S} s") from None
-    if proc.returncode != 0:
-        lines = [ln for ln in (proc.stderr or proc.stdout).strip().splitlines() if ln.strip()]
-        raise StageError(f"Vela failed ({accelerator}): {lines[-1] if lines else 'exit ' + str(proc.returncode)}")
-    return proc
-
-
-def compile_partition(tosa_src: Path, stem: str, ini: Path, stage_dir: Path, profile: TargetProfile,
-                      opts: VelaOptions) -> dict:
-    """Vela on one .tosa: returns its summary, op counts, per-layer CSV path, artifacts and raw .npz path."""
-    with tempfile.TemporaryDirectory(prefix=".vela-", dir=stage_dir) as tmp:
-        out_dir = Path(tmp)
-        tosa = out_dir / f"{stem}.tosa"  # Vela names its outputs after the input file
-        shutil.copyfile(tosa_src, tosa)
-        cmd = vela_command(tosa, ini, out_dir / "out", profile, opts) + ["--verbose-performance"]
-        proc = _run_vela(cmd, profile.accelerator)
-        write_text(stage_dir / ("vela.log" if stem == "model" else f"{stem}.vela.log"), proc.stdout + proc.stderr)
-        produced = sorted((out_dir / "out").iterdir())
-        csvs = [p for p in produced if p.name.endswith(".csv") and "_summary_" in p.name]
-        if not csvs:
-            raise StageError("Vela wrote no summary CSV")
-        summary = parse_summary_csv(csvs[0])
-        artifacts = []
-        for p in produced:
-            if p.suffix in (".tflite", ".npz") or p.name.endswith("_per-layer.csv"):
-                os.replace(p, stage_dir / p.name)
-                artifacts.append(p.name)
-        npz = stage_dir / f"{stem}_vela.npz"
-        if opts.output_format != "raw":
-            raw_dir = stage_dir / "raw"
-            raw_dir.mkdir(exist_ok=True)
-            _run_vela(vela_command(tosa, ini, out_dir / "raw", profile, opts, "raw"), profile.accelerator)
-            npz = raw_dir / f"{stem}_vela.npz"
-            os.replace(out_dir / "raw" / f"{stem}_vela.npz", npz)
-    npu_ops, cpu_ops = parse_operator_counts(proc.stdout)
-    return {"summary": summary, "npu_ops": npu_ops, "cpu_ops": cpu_ops, "artifacts": artifacts, "npz": npz,
-            "per_layer": stage_dir / f"{stem}_per-layer.csv"}
-
-
-def npu_partitions(io: LowerRecord, lower_dir: Path, fam: str) -> list[tuple[int, Path, PartitionRecord]]:
-    """(partition index, .tosa path, its record: io and tensor map) for every NPU partition of this family."""
-    return [(p.index, lower_dir / p.file, p) for p in io.npu_partitions(fam)]
-
-
-def placement_metrics(io: LowerRecord, fam: str) -> dict:
-    """Where every ONNX node runs on this family (the offload report) and the gateable counts."""
-    rec = io.families.get(fam)
-    if rec is None:
-        return {}
-    return {"npu_partitions": rec.npu_partitions, "host_partitions": rec.host_partitions,
-            "host_ops": rec.host_ops, "npu_nodes": rec.npu_nodes,
-            "partitioned_max_error_lsb": rec.max_error_lsb,
-            "offloads": [asdict(p) for p in rec.placements],
-            "partition_graph": [p.graph_entry() for p in rec.partitions]}
-
-
-def run(task: StageTask) -> dict:
-    profile = TargetProfile.model_validate(task.config["target"])
-    opts = VelaOptions.model_validate(task.config["vela"])
-    ini = task.outputs["ini"]
-    write_text(ini, render_ini(profile))
-    stage_dir = task.dir
-    lower_dir = task.inputs["tosa"].parent
-    io_path = lower_dir / "io.json"
-    io = LowerRecord.read(io_path) if io_path.is_file() else NO_IO
-    fam = family(profile.accelerator)
-    results, layers, pools, failure = [], [], [], None
-    for index, tosa, part in npu_partitions(io, lower_dir, fam):
-        stem = "model" if index == 0 and tosa.name == "model.tosa" else tosa.stem
-        res = compile_partition(tosa, stem, ini, stage_dir, profile, opts)
-        res["index"] = index
-        res["sizes"] = npz_sizes(res["npz"])
-        part_pools = pool_usage(profile, res["sizes"])
-        pools += [{**p, "partition": index} for p in part_pools]
-        failure = failure or pool_failure(profile.name, part_pools)
-        if res["per_layer"].is_file():
-            layers += parse_per_layer(res["per_layer"], part.tensor_nodes or {}, index)
-        res["firmware"] = write_firmware(stage_dir / "firmware", stem, res["npz"], part.io, profile, opts)
-        results.append(res)
-    metrics = combine(profile, results)
-    metrics.update(placement_metrics(io, fam))
-    rec = io.families.get(fam)
-    graph = rec.partitions if rec is not None else [io.whole_partition([n.name for n in io.nodes])]
-    metrics["deployment"] = write_deployment(stage_dir / "firmware", profile, graph,
-                                             {r["index"]: r["firmware"] for r in results})
-    metrics.update({"pools": pools, "layers": layers, "top_layers": top_layers(layers)})
-    write_json(task.outputs["summary"], metrics)
-    if failure:
-        raise StageError(failure)
-    return metrics
-
-
-def combine(profile: TargetProfile, results: list[dict]) -> dict:
-    """Whole-model figures: partitions run one after another, each with its own arena."""
-    def total(key: str) -> float:
-        return sum(float(r["summary"][key]) for r in results)
-
-    return {
-        "accelerator": profile.accelerator,
-        "memory_mode": memory_mode_name(profile),
-        "npu_partitions": len(results),
-        "vela_npu_ops": sum(r["npu_ops"] for r in results),
-        "vela_cpu_ops": sum(r["cpu_ops"] for r in results),
-        "sram_kib": round(max((float(r["summary"]["sram_memory_used"]) for r in results), default=0.0), 3),
-        "offchip_kib": round(total("off_chip_flash_memory_used") + total("dram_memory_used"), 3),
-        "inference_ms": round(total("inference_time") * 1000.0, 6),
-        "npu_cycles": int(total("cycles_total")),
-        "macs": int(total("nn_macs")),
-        "memory": {**{k: max((r["sizes"][k] for r in results), default=0) for k in ("arena_bytes", "fast_scratch_bytes")},
-                   **{k: sum(r["sizes"][k] for r in results) for k in ("constants_bytes", "command_stream_bytes")}},
-        "artifacts": [a for r in results for a in r["artifacts"]],
-        "firmware": [r["firmware"] for r in results],
-        "summary": dict(results[0]["summary"]) if results else {},
-        "partition_summaries": [{"partition": r["index"], **r["summary"]} for r in results[1:]],
-    }
+STAGE = Stage("vela", "npubuild.ethosu.vela", ("ethos-u-vela",), plan, run_of("npubuild.ethosu.vela"))

@@ -1,0 +1,188 @@
+"""fvp stage: run the Vela-compiled model on a Corstone FVP with a user's runner application.
+
+No FVP ships with npubuild (Arm distributes them separately): the stage runs
+when one is on PATH or named by `fvp.executable`, and the spec names a runner
+ELF (`fvp.runner`). `verify.fvp: auto` then skips with the reason; `required`
+fails the build.
+
+The runner protocol (what the runner ELF must do):
+- the FVP loads the Vela model (`*_vela.tflite`) at `fvp.model_address` and
+  the input (raw int8 bytes, in the TOSA graph's NHWC layout, one input after
+  the other) at `fvp.input_address`, with `--data`;
+- the runner prints each output on the UART as `npubuild-output <index> <hex bytes>`;
+- it prints the NPU PMU counters as the Ethos-U driver's PMU report does
+  (`ethosu_pmu_cycle_cntr : N`, `ethosu_pmu_cntr<i> : N`) or as
+  `NPU ACTIVE cycles: N` / `NPU TOTAL cycles: N`;
+- it ends with an EOT character (0x04), which stops the FVP (uart0.shutdown_on_eot).
+A hard fault, an assertion message or the FVP's own `CPU time has been
+exceeded` (its --timelimit) fails the stage.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from npubuild.build.plan import StageTask
+from npubuild.errors import StageError
+from npubuild.fileio import read_json, write_json, write_text
+from npubuild.stages.records import LowerRecord
+from npubuild.tosa.iospec import GraphIO
+
+# the platform's board prefix for -C parameters, and where --data loads files
+BOARD = {"corstone-300": "mps3_board", "corstone-320": "mps4_board"}
+MACS_PARAM = {"corstone-300": "ethosu.num_macs", "corstone-320": "mps4_board.subsystem.ethosu.num_macs"}
+DATA_TARGET = {"corstone-300": "mps3_board.cpu0", "corstone-320": "mps4_board.subsystem.cpu0"}
+
+FAULTS = [
+    (re.compile(r"hard ?fault", re.I), "hard fault"),
+    (re.compile(r"assert(ion)?\b.*\bfail|\bfailed assertion|^\s*assert(ion)? failed", re.I), "assertion failed"),
+    (re.compile(r"CPU time (limit )?(has been )?exceeded", re.I), "CPU time exceeded (FVP --timelimit)"),
+]
+OUTPUT_RE = re.compile(r"npubuild-output\s+(\d+)\s+([0-9a-fA-F]*)\s*$")
+PMU_CYCLE_RE = re.compile(r"ethosu_pmu_cycle_cntr\s*:\s*(\d+)", re.I)
+PMU_CNTR_RE = re.compile(r"ethosu_pmu_cntr(\d+)\s*:\s*(\d+)", re.I)
+NPU_CYCLES_RE = re.compile(r"NPU\s+(ACTIVE|TOTAL|IDLE)\s*(?:cycles)?\s*:\s*(\d+)", re.I)
+
+
+def fvp_command(exe: Path, platform: str, macs: int, runner: Path, model: Path, inputs: Path,
+                model_address: int, input_address: int, timeout_s: int) -> list[str]:
+    """The FVP's argv: MAC count, no visualisation, no telnet, UART0 to stdout, stop on EOT, time limit."""
+    board = BOARD[platform]
+    params = [
+        f"{MACS_PARAM[platform]}={macs}",
+        f"{board}.visualisation.disable-visualisation=1",
+        f"{board}.telnetterminal0.start_telnet=0",
+        f"{board}.uart0.out_file=-",
+        f"{board}.uart0.shutdown_on_eot=1",
+    ]
+    if platform == "corstone-320":
+        params.append("vis_hdlcd.disable_visualisation=1")
+    cmd = [str(exe)]
+    for p in params:
+        cmd += ["-C", p]
+    cmd += ["-a", str(runner),
+            "--data", f"{DATA_TARGET[platform]}={model}@{model_address:#x}",
+            "--data", f"{DATA_TARGET[platform]}={inputs}@{input_address:#x}",
+            "--timelimit", str(timeout_s)]
+    return cmd
+
+
+@dataclass
+class UartLog:
+    outputs: dict[int, bytes] = field(default_factory=dict)
+    pmu: dict[str, int] = field(default_factory=dict)
+    faults: list[str] = field(default_factory=list)
+
+    @property
+    def npu_cycles(self) -> int | None:
+        for key in ("cycle_cntr", "npu_total", "npu_active"):
+            if key in self.pmu:
+                return self.pmu[key]
+        return None
+
+
+def parse_uart(text: str) -> UartLog:
+    """Outputs, PMU counters and fault lines from the FVP's UART/stdout log."""
+    log = UartLog()
+    for line in text.splitlines():
+        line = line.strip().strip("\x04")
+        m = OUTPUT_RE.search(line)
+        if m:
+            try:
+                log.outputs[int(m.group(1))] = bytes.fromhex(m.group(2))
+            except ValueError:
+                log.faults.append(f"malformed output line: {line[:80]}")
+            continue
+        if (m := PMU_CYCLE_RE.search(line)) is not None:
+            log.pmu["cycle_cntr"] = int(m.group(1))
+        elif (m := PMU_CNTR_RE.search(line)) is not None:
+            log.pmu[f"cntr{m.group(1)}"] = int(m.group(2))
+        elif (m := NPU_CYCLES_RE.search(line)) is not None:
+            log.pmu[f"npu_{m.group(1).lower()}"] = int(m.group(2))
+        for pattern, what in FAULTS:
+            if pattern.search(line):
+                log.faults.append(f"{what}: {line[:120]}")
+                break
+    return log
+
+
+def input_bytes(io: GraphIO, reference: dict[str, np.ndarray]) -> bytes:
+    """The reference sample's inputs as the NPU takes them: quantised, NHWC, concatenated."""
+    return b"".join(spec.to_tosa(reference[f"input_{spec.onnx_name}"]).tobytes() for spec in io.inputs)
+
+
+def compare(io: GraphIO, reference: dict[str, np.ndarray], got: dict[int, bytes]) -> dict:
+    """Max difference in LSB of every output the runner printed against the TOSA reference model's."""
+    per_output = {}
+    for i, spec in enumerate(io.outputs):
+        if i not in got:
+            raise StageError(f"the runner printed no output {i} ('{spec.onnx_name}'): expected a line "
+                             f"'npubuild-output {i} <hex>'")
+        arr = np.frombuffer(got[i], dtype=np.dtype(spec.dtype))
+        if arr.size != spec.size:
+            raise StageError(f"output {i} has {arr.size} elements on the FVP, expected {spec.size}")
+        y = spec.from_tosa(arr.reshape(spec.shape))
+        ref = reference[f"output_{spec.onnx_name}"]
+        per_output[spec.onnx_name] = float(np.max(np.abs(y.astype(np.int64) - ref.astype(np.int64))))
+    return per_output
+
+
+def run(task: StageTask) -> dict:
+    cfg = task.config
+    if cfg.get("error"):
+        raise StageError(cfg["error"])
+    platform, macs = cfg["platform"], cfg["macs"]
+    exe = Path(cfg["fvp"]["executable"])
+    if platform not in BOARD:
+        raise StageError(f"verify.fvp: no FVP command line known for platform '{platform}'")
+    vela = read_json(task.inputs["vela_summary"])
+    if vela.get("host_partitions") or (vela.get("npu_partitions") or 1) > 1:
+        why = (f"the FVP stage runs models that are one NPU partition; this one has "
+               f"{vela.get('npu_partitions')} NPU and {vela.get('host_partitions')} host partitions")
+        if cfg.get("mode") == "required":
+            raise StageError(f"verify.fvp is required but {why}")
+        return {"skipped": True, "reason": why}
+    model = task.inputs["vela_summary"].parent / "model_vela.tflite"
+    if not model.is_file():
+        raise StageError("the FVP runs the Vela .tflite: set vela output_format to tflite")
+    io = LowerRecord.read(task.inputs["io"])
+    with np.load(task.inputs["reference"], allow_pickle=False) as z:
+        reference = {k: z[k] for k in z.files}
+    inputs = task.dir / "input.bin"
+    inputs.write_bytes(input_bytes(io, reference))
+    f = cfg["fvp"]
+    cmd = fvp_command(exe, platform, macs, task.inputs["runner"], model, inputs, f["model_address"],
+                      f["input_address"], f["timeout_s"])
+    write_json(task.dir / "command.json", cmd)
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, errors="replace", timeout=f["timeout_s"] + 30,
+                              stdin=subprocess.DEVNULL)
+    except subprocess.TimeoutExpired:
+        raise StageError(f"FVP did not stop within {f['timeout_s'] + 30} s (runner never sent EOT?)") from None
+    except OSError as exc:
+        raise StageError(f"cannot start the FVP {exe}: {exc}") from None
+    text = proc.stdout + proc.stderr
+    write_text(task.outputs["log"], text)
+    log = parse_uart(text)
+    if log.faults:
+        raise StageError(f"FVP run failed: {log.faults[0]} (log: {task.outputs['log']})")
+    if proc.returncode != 0:
+        raise StageError(f"FVP exited with status {proc.returncode} (log: {task.outputs['log']})")
+    errors = compare(io, reference, log.outputs)
+    metrics = {
+        "fvp": exe.name,
+        "fvp_npu_cycles": log.npu_cycles,
+        "vela_npu_cycles": vela.get("npu_cycles"),
+        "fvp_vs_vela_cycles": (log.npu_cycles / vela["npu_cycles"]) if log.npu_cycles and vela.get("npu_cycles")
+        else None,
+        "pmu": log.pmu,
+        "fvp_max_error_lsb": max(errors.values()) if errors else None,
+        "fvp_outputs": errors,
+    }
+    write_json(task.outputs["result"], metrics)
+    return metrics
