@@ -50,8 +50,8 @@ from npubuild.frontend.normalise import normalise
 from npubuild.frontend.passes import run_passes
 from npubuild.frontend.qdq_concat import share_concat_scales
 from npubuild.frontend.quantize import quantize
-from npubuild.lowering import ops_conv
 from npubuild.lowering.driver import lower_model
+from npubuild.lowering.ops import conv as ops_conv
 from npubuild.lowering.options import FAMILY_OPTIONS, DepthwiseLimits, PlaneSumLimits
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -20,8 +20,8 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 from ophelpers import calib, prepare, quantize_model, rand, single_op_model, vela_run
 
+from npubuild.frontend import concat_order
 from npubuild.frontend.qdq_concat import share_concat_scales, union_params
-from npubuild.lowering import concat_order
 from npubuild.lowering.driver import LoweredGraph, lower_model
 from npubuild.lowering.options import FAMILY_OPTIONS
 from npubuild.tosa.graph import read_tosa

@@ -14,7 +14,7 @@ from onnx import TensorProto, helper
 from ophelpers import calib, check_fp, check_int, rand, vela_op_counts
 
 import npubuild.frontend.quantize as quantize_stage
-from npubuild.lowering import epilogue
+from npubuild.lowering.fusion import epilogue
 from npubuild.lowering.options import LoweringOptions
 
 SHAPE = [1, 6, 16]

@@ -9,7 +9,7 @@ from test_ops_compute import npu_bitexact
 from test_requantize_u55 import assert_same_reference
 
 from npubuild.lowering.driver import lower_model
-from npubuild.lowering.norm_rows import A0_MAX, fraction_bits, variance_shift
+from npubuild.lowering.fusion.norm_rows import A0_MAX, fraction_bits, variance_shift
 
 
 @pytest.mark.parametrize("count", [2, 64, 768, 4096])

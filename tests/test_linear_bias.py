@@ -21,7 +21,7 @@ from ophelpers import calib, check_int, quantize_model, rand, vela_run
 
 import npubuild.frontend.quantize as quantize_stage
 from npubuild.frontend.qdq_linear import fold_linear_bias
-from npubuild.lowering import ops_conv
+from npubuild.lowering.ops import conv as ops_conv
 from npubuild.tosa.run import run_onnx
 
 ROOT = Path(__file__).resolve().parents[1]

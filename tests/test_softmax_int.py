@@ -8,7 +8,7 @@ from ophelpers import calib, check_int, quantize_model, rand, single_op_model, v
 from test_ops_compute import errors_vs_unfused_qdq, npu_bitexact, wrapped
 
 from npubuild.lowering.driver import lower_model
-from npubuild.lowering.softmax_int import EXP_ONE, exp_bytes, reciprocal_plan
+from npubuild.lowering.fusion.softmax_int import EXP_ONE, exp_bytes, reciprocal_plan
 from npubuild.tosa.run import run_tosa
 
 

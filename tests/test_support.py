@@ -15,7 +15,8 @@ import numpy as np
 import pytest
 import tosa_serializer as ts
 
-from npubuild.ethosu.support import check_node, family
+from npubuild.config.accelerator import Accelerator
+from npubuild.ethosu.support import check_node
 from npubuild.tosa.graph import read_tosa
 
 D = ts.DType
@@ -101,7 +102,7 @@ def vela_compiles(tosa: bytes, accelerator: str) -> bool:
 def rule_verdict(tosa: bytes, accelerator: str) -> str | None:
     graph = read_tosa(tosa)
     ops = [o for o in graph.ops if o.op not in ("CONST", "CONST_SHAPE")]
-    verdict = check_node(ops, graph, family(accelerator))
+    verdict = check_node(ops, graph, Accelerator.parse(accelerator).lowering_family)
     return verdict[0] if verdict else None
 
 

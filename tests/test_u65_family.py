@@ -18,8 +18,8 @@ from ophelpers import io_dict, vela_run
 from test_support import compare, rule_verdict, vela_compiles
 from test_upsample_split import BIG, unet_step
 
+from npubuild.config.accelerator import Accelerator
 from npubuild.ethosu.partition import plan_partitions
-from npubuild.ethosu.support import family
 from npubuild.lowering.driver import lower_model
 
 U55, U65 = "ethos-u55-128", "ethos-u65-256"
@@ -27,7 +27,7 @@ U65_RAW = "{extends: ethos-u65-256, name: u65-raw, vela: {output_format: raw}}" 
 
 
 def test_family_of_each_accelerator():
-    assert [family(a) for a in ("ethos-u55-32", "ethos-u65-256", "ethos-u65-512", "ethos-u85-512", "ethos-u85-1024")] \
+    assert [Accelerator.parse(a).lowering_family for a in ("ethos-u55-32", "ethos-u65-256", "ethos-u65-512", "ethos-u85-512", "ethos-u85-1024")] \
         == ["u55", "u65", "u65", "u85", "u85wide"]
 
 

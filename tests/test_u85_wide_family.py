@@ -22,7 +22,7 @@ from test_conv_stride_widen import _downsampling_block
 from test_requantize_u55 import assert_same_reference, ops
 from test_support import compare, rule_verdict, vela_compiles
 
-from npubuild.ethosu.support import RULES_OF, family
+from npubuild.config.accelerator import Accelerator, rules_of
 from npubuild.lowering.driver import lower_model
 from npubuild.lowering.options import FAMILY_OPTIONS
 
@@ -31,8 +31,8 @@ U85, WIDE = "ethos-u85-256", "ethos-u85-2048"
 
 def test_family_of_each_u85():
     accs = [f"ethos-u85-{m}" for m in (128, 256, 512, 1024, 2048)]
-    assert [family(a) for a in accs] == ["u85", "u85", "u85", "u85wide", "u85wide"]
-    assert RULES_OF["u85wide"] == "u85"
+    assert [Accelerator.parse(a).lowering_family for a in accs] == ["u85", "u85", "u85", "u85wide", "u85wide"]
+    assert rules_of("u85wide") == "u85"
 
 
 def test_wide_u85_is_placed_by_u85_rules_as_vela_agrees():

@@ -26,7 +26,7 @@ DISTRIBUTIONS = {
 }
 PACKAGE_ROOT = Path(npubuild.__file__).parent
 # Packages that import their modules dynamically (registries): using any part pulls in all of it.
-REGISTRY_PACKAGES = ("npubuild.lowering", "npubuild.frontend.passes")
+REGISTRY_PACKAGES = ("npubuild.lowering.ops", "npubuild.frontend.passes")
 # Orchestration, not computation: stage implementations import these for types and plumbing only, and a
 # change there (a new stage in the plan, a new executor) must not invalidate every cached result: the
 # npubuild.build package, the stage registry (npubuild.stages itself; records.py is part of the contract).

@@ -12,6 +12,7 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, create_model, field_validator, model_validator
 
+from npubuild.config.accelerator import Accelerator as ParsedAccelerator
 from npubuild.config.metrics import GATES
 
 ACCELERATORS = (
@@ -132,15 +133,11 @@ class TargetProfile(Strict):
             pool_name = getattr(self.placement, role)
             if pool_name not in self.pools:
                 raise ValueError(f"placement.{role} names pool '{pool_name}', which is not in pools")
-        if self.accelerator.startswith("ethos-u85"):
+        if ParsedAccelerator.parse(self.accelerator).generation == "u85":
             return self
         if any(p.ports_used is not None for p in self.pools.values()):
             raise ValueError("ports_used applies to ethos-u85 only")
         return self
-
-    @property
-    def family(self) -> Literal["u55", "u65", "u85"]:
-        return self.accelerator.split("-")[1]  # type: ignore[return-value]
 
 
 # --------------------------------------------------------------------------- pipelines

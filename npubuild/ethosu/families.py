@@ -2,8 +2,8 @@
 
 model.tosa / io.json are the whole model in one TOSA graph (what the TOSA
 check verifies and what a family that supports every node compiles). For an
-INT build each lowering family (U55, U65, U85, U85-1024/2048; support.FAMILIES) is lowered
-with the forms it runs best (lowering/family_choices.py) and written as
+INT build each lowering family (U55, U65, U85, U85-1024/2048; accelerator.LOWERING_FAMILIES) is lowered
+with the forms it runs best (lowering/options.py) and written as
 `<family>_model.tosa` where that differs from model.tosa; the support rules
 of each family (U65 has U55's) place every node, a family that cannot run
 some node gets its own partition files (`<family>_partN.tosa`,
@@ -23,9 +23,9 @@ import onnx
 import onnx_ir as ir
 
 from npubuild.build.plan import StageTask
+from npubuild.config.accelerator import LOWERING_FAMILIES
 from npubuild.errors import StageError
 from npubuild.ethosu.partition import PartitionPlan, plan_partitions, write_partitions
-from npubuild.ethosu.support import FAMILIES
 from npubuild.fileio import write_bytes
 from npubuild.frontend.passes import run_passes
 from npubuild.lowering.driver import LoweredGraph, lower_model
@@ -101,7 +101,7 @@ def run(task: StageTask) -> dict:
     families: dict[str, FamilyRecord] = {}
     if lowered.profile == "int":
         qdq_path = out_dir / "model_partitioning.onnx"
-        for fam in FAMILIES:
+        for fam in LOWERING_FAMILIES:
             fam_lowered = lower_model(model, pipeline["profile"], family=fam)  # forms only this family runs
             own = fam_lowered.tosa != lowered.tosa
             plan = plan_partitions(model, fam_lowered if own else lowered, fam)

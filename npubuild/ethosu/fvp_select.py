@@ -6,6 +6,7 @@ import os
 import shutil
 from pathlib import Path
 
+from npubuild.config.accelerator import Accelerator
 from npubuild.config.load import Build, inside
 from npubuild.errors import InputError
 
@@ -55,7 +56,8 @@ def fvp_decision(b: Build) -> tuple[dict | None, Path | None, str | None]:
         runner = inside(b.spec_path.parent / opts.runner, b.project_root, "fvp.runner", str(b.spec_path))
         if not runner.is_file():
             raise InputError(f"fvp.runner '{opts.runner}' not found", str(b.spec_path))
-    family = b.target.family
+    acc = Accelerator.parse(b.target.accelerator)
+    family = acc.generation
     exe, why = find_fvp(b.target.platform, family, opts.executable, b.spec_path.parent)
     if exe is None:
         reason = why
@@ -65,7 +67,7 @@ def fvp_decision(b: Build) -> tuple[dict | None, Path | None, str | None]:
         reason = "verify.tosa is off: no TOSA reference outputs to compare the FVP's with"
     else:
         st = exe.stat()
-        return ({"platform": b.target.platform, "family": family, "macs": int(b.target.accelerator.split("-")[-1]),
+        return ({"platform": b.target.platform, "family": family, "macs": acc.macs,
                  "fvp": {**opts.model_dump(), "executable": str(exe)},
                  "fvp_binary": {"size": st.st_size, "mtime_ns": st.st_mtime_ns}, "error": None, "mode": mode},
                 runner, None)

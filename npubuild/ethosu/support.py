@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from npubuild.config.accelerator import rules_of
 from npubuild.tosa.graph import TosaGraphInfo, TosaOpInfo
 
 # Ethos-U55/U65 TOSA summary table (SUPPORTED_OPS.md, "Ethos-U55 and Ethos-U65 TOSA Summary Table").
@@ -33,25 +34,6 @@ class Rule:
     name: str
     families: frozenset[str]
     check: Callable[[TosaOpInfo, TosaGraphInfo], str | None]  # a reason if the op cannot run, else None
-
-
-FAMILIES = ("u55", "u65", "u85", "u85wide")
-# U65 runs U55's TOSA op set and the wide U85s U85's (one support table each)
-RULES_OF = {"u55": "u55", "u65": "u55", "u85": "u85", "u85wide": "u85"}
-U85_WIDE_MACS = 1024  # ethos-u85-1024 and -2048 lower as "u85wide" (measured in lowering/family_choices.py)
-
-
-def family(accelerator: str) -> str:
-    """The lowering family of an accelerator: 'u55', 'u65', 'u85' (U85-128/256/512) or 'u85wide' (U85-1024/2048).
-
-    U65 and the wide U85s have U55's / U85's support rules (see `RULES_OF`) but their own lowering,
-    since a wider MAC array and AXI ports change which of two equivalent TOSA forms Vela runs faster.
-    """
-    for fam in ("u55", "u65", "u85"):
-        if accelerator.startswith(f"ethos-{fam}"):
-            macs = accelerator.rsplit("-", 1)[-1]
-            return "u85wide" if fam == "u85" and macs.isdigit() and int(macs) >= U85_WIDE_MACS else fam
-    raise ValueError(f"unknown Ethos-U accelerator '{accelerator}'")
 
 
 def _dtype(graph: TosaGraphInfo, name: str) -> str:
@@ -122,7 +104,7 @@ RULES = (
 
 def check_op(op: TosaOpInfo, graph: TosaGraphInfo, fam: str) -> tuple[str, str] | None:
     """(rule name, reason) of the first rule the op breaks on this family, or None if it can run."""
-    rules = RULES_OF.get(fam, fam)
+    rules = rules_of(fam)
     for rule in RULES:
         if rules in rule.families:
             reason = rule.check(op, graph)

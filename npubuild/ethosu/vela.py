@@ -20,12 +20,12 @@ from dataclasses import asdict
 from pathlib import Path
 
 from npubuild.build.plan import StageTask
+from npubuild.config.accelerator import Accelerator
 from npubuild.config.schema import TargetProfile, VelaOptions
 from npubuild.errors import StageError
 from npubuild.ethosu.firmware import write_deployment, write_firmware
 from npubuild.ethosu.perf import parse_per_layer, top_layers
 from npubuild.ethosu.pools import npz_sizes, pool_failure, pool_usage
-from npubuild.ethosu.support import family
 from npubuild.ethosu.vela_ini import MEMORY_MODE, memory_mode_name, render_ini, system_config_name
 from npubuild.fileio import write_json, write_text
 from npubuild.stages.records import LowerRecord, PartitionRecord
@@ -136,7 +136,7 @@ def run(task: StageTask) -> dict:
     lower_dir = task.inputs["tosa"].parent
     io_path = lower_dir / "io.json"
     io = LowerRecord.read(io_path) if io_path.is_file() else NO_IO
-    fam = family(profile.accelerator)
+    fam = Accelerator.parse(profile.accelerator).lowering_family
     results, layers, pools, failure = [], [], [], None
     for index, tosa, part in npu_partitions(io, lower_dir, fam):
         stem = "model" if index == 0 and tosa.name == "model.tosa" else tosa.stem

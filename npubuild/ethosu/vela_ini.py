@@ -13,6 +13,7 @@ as Vela's own bundled configs are.
 
 from __future__ import annotations
 
+from npubuild.config.accelerator import Accelerator
 from npubuild.config.schema import TargetProfile
 
 VELA_MEMORY = {"sram": "Sram", "dram": "Dram", "on_chip_flash": "OnChipFlash", "off_chip_flash": "OffChipFlash"}
@@ -21,7 +22,7 @@ MEMORY_MODE = "npubuild_memory"
 
 def system_config_name(accelerator: str) -> str:
     """The section name Vela models as `accelerator`'s family (see the module docstring)."""
-    return f"Ethos_{accelerator.split('-')[1].upper()}_npubuild"
+    return f"Ethos_{Accelerator.parse(accelerator).generation.upper()}_npubuild"
 
 
 def arena_cache_bytes(profile: TargetProfile) -> int:

@@ -1,4 +1,8 @@
-"""ONNX -> TOSA 1.0 lowering: a driver walking the graph and one module per op family."""
+"""ONNX -> TOSA 1.0 lowering: a driver walking the graph and one module per op family (lowering/ops/).
+
+The rest of this package is what those modules share: the context (layout and quantisation per tensor),
+the registry, the options a family's lowering takes, and the emit helpers.
+"""
 
 from __future__ import annotations
 
@@ -7,7 +11,8 @@ import pkgutil
 
 
 def load_all() -> None:
-    """Import every ops_* module so that their @lowers registrations run."""
-    for info in pkgutil.iter_modules(__path__):
-        if info.name.startswith("ops_"):
-            importlib.import_module(f"{__name__}.{info.name}")
+    """Import every op module so that their @lowers registrations run."""
+    from npubuild.lowering import ops
+
+    for info in pkgutil.iter_modules(ops.__path__):
+        importlib.import_module(f"{ops.__name__}.{info.name}")

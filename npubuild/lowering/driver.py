@@ -8,8 +8,8 @@ from typing import Literal
 import onnx
 
 from npubuild.errors import UncomputedOutputError, UnsupportedOpError
+from npubuild.frontend.concat_order import copied_inputs_first
 from npubuild.lowering import load_all
-from npubuild.lowering.concat_order import copied_inputs_first
 from npubuild.lowering.context import LoweringContext, TTensor
 from npubuild.lowering.options import LoweringOptions
 from npubuild.lowering.registry import LOWERINGS

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from npubuild.ethosu.accelerator import LoweringFamily
+from npubuild.config.accelerator import LoweringFamily
 
 
 @dataclass(frozen=True)

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from npubuild.build.plan import StageTask
+from npubuild.config.accelerator import Accelerator
 from npubuild.config.metrics import METRICS
-from npubuild.ethosu.support import family
 from npubuild.fileio import read_json, write_json
 from npubuild.report.gates import evaluate
 from npubuild.stages.records import PartitionedCheck
@@ -13,7 +13,7 @@ from npubuild.stages.records import PartitionedCheck
 def deployed_error(check: dict, vela: dict) -> float | None:
     """Max LSB error of the graph this target really runs (its family's partitions or own lowering, else
     model.tosa) against onnxruntime on the verify samples."""
-    fam = family(str(vela.get("accelerator", "ethos-u55")))
+    fam = Accelerator.parse(str(vela.get("accelerator", "ethos-u55-128"))).lowering_family
     own = (check.get("partitioned") or {}).get(fam)
     return PartitionedCheck.from_json(own).max_error_lsb if own else check.get("tosa_max_error_lsb")
 

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from npubuild.build.stage import Chain, Skip, Stage, TaskSpec, run_of
+from npubuild.config.accelerator import Accelerator
 from npubuild.config.load import Build
-from npubuild.ethosu.accelerator import Accelerator
 
 
 def skip_reason(accelerator: str, output_format: str) -> str | None:

@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from npubuild.lowering.channel_parts import concat_inputs
-from npubuild.lowering.concat_copy import fits_max_copy, max_copy
 from npubuild.lowering.context import GraphInput, LoweringContext, TTensor
 from npubuild.lowering.emit import Op, attr, requantize, requantize_dw
+from npubuild.lowering.fusion.channel_parts import concat_inputs
+from npubuild.lowering.fusion.concat_copy import fits_max_copy, max_copy
 from npubuild.lowering.movement import (
     concat_phys,
     constant_ints,

@@ -31,7 +31,7 @@ from npubuild.lowering.broadcast import (
 )
 from npubuild.lowering.context import LoweringContext, QConst, TTensor
 from npubuild.lowering.emit import Op, attr, clamp, requantize, rescale
-from npubuild.lowering.patterns import fusable
+from npubuild.lowering.fusion.patterns import fusable
 from npubuild.lowering.quant import QParams
 from npubuild.lowering.registry import lowers, quantize_also
 from npubuild.lowering.table import build_table, emit_table

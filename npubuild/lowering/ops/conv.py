@@ -11,7 +11,6 @@ from __future__ import annotations
 import numpy as np
 import tosa_serializer as ts
 
-from npubuild.lowering import epilogue
 from npubuild.lowering.context import NHWC, LoweringContext, TTensor, identity
 from npubuild.lowering.convolution import (
     Bias,
@@ -24,7 +23,8 @@ from npubuild.lowering.convolution import (
     slice_hw,
 )
 from npubuild.lowering.emit import Op, attr, reshape, to_layout
-from npubuild.lowering.patterns import _view
+from npubuild.lowering.fusion import epilogue
+from npubuild.lowering.fusion.patterns import _view
 from npubuild.lowering.quant import QParams
 from npubuild.lowering.registry import lowers
 

@@ -26,7 +26,7 @@ from npubuild.lowering import intmath as im
 from npubuild.lowering.context import NHWC, LoweringContext, TTensor, identity
 from npubuild.lowering.convolution import Bias, emit_conv
 from npubuild.lowering.emit import Op, attr, rescale, reshape, to_layout
-from npubuild.lowering.norm_rows import fraction_bits, normalized_int16
+from npubuild.lowering.fusion.norm_rows import fraction_bits, normalized_int16
 from npubuild.lowering.quant import multiplier_shift
 from npubuild.lowering.reduction import emit_reduce
 from npubuild.lowering.registry import lowers

@@ -33,7 +33,7 @@ import numpy as np
 import onnx
 
 from npubuild.lowering.context import LoweringContext
-from npubuild.lowering.patterns import _view
+from npubuild.lowering.fusion.patterns import _view
 from npubuild.lowering.quant import QParams
 
 

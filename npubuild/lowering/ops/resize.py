@@ -31,7 +31,6 @@ from math import gcd
 import numpy as np
 import tosa_serializer as ts
 
-from npubuild.lowering.channel_parts import PartsTensor, feeds_channel_concat
 from npubuild.lowering.context import NHWC, LoweringContext, TTensor
 from npubuild.lowering.emit import (
     Op,
@@ -41,6 +40,7 @@ from npubuild.lowering.emit import (
     to_layout,
     transpose,
 )
+from npubuild.lowering.fusion.channel_parts import PartsTensor, feeds_channel_concat
 from npubuild.lowering.movement import concat_phys, direct, finish, phys_reshape, result_q, slice_phys
 from npubuild.lowering.quant import QParams
 from npubuild.lowering.registry import lowers

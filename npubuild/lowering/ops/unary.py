@@ -24,7 +24,7 @@ from npubuild.lowering import fp
 from npubuild.lowering.broadcast import CONST_BITS, broadcast_operands, broadcast_pair
 from npubuild.lowering.context import LoweringContext, TTensor
 from npubuild.lowering.emit import Op, attr, clamp, rescale
-from npubuild.lowering.patterns import fusable, gelu
+from npubuild.lowering.fusion.patterns import fusable, gelu
 from npubuild.lowering.registry import lowers, quantize_also
 from npubuild.lowering.table import lower_via_table
 

@@ -18,9 +18,9 @@ import numpy as np
 
 from npubuild.lowering.context import LoweringContext, TTensor
 from npubuild.lowering.emit import Op, attr, to_layout
+from npubuild.lowering.fusion.softmax_int import lower_log_softmax_int, lower_softmax_int
 from npubuild.lowering.reduction import emit_reduce
 from npubuild.lowering.registry import lowers, quantize_also
-from npubuild.lowering.softmax_int import lower_log_softmax_int, lower_softmax_int
 
 quantize_also("LogSoftmax")  # onnxruntime leaves it in float on its own
 

@@ -11,7 +11,7 @@ import numpy as np
 
 from npubuild.lowering.context import LoweringContext
 from npubuild.lowering.emit import clamp, requantize
-from npubuild.lowering.patterns import fusable
+from npubuild.lowering.fusion.patterns import fusable
 from npubuild.lowering.registry import lowers
 
 
