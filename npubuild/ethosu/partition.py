@@ -23,6 +23,7 @@ from onnx import helper
 
 from npubuild.errors import StageError
 from npubuild.ethosu.support import check_node
+from npubuild.frontend.graph_index import GraphIndex
 from npubuild.lowering.driver import LoweredGraph, lower_model
 from npubuild.stages.records import PartitionRecord, Placement
 from npubuild.tosa.graph import TosaGraphInfo, TosaOpInfo, ops_by_node, read_tosa, tensor_nodes
@@ -56,16 +57,12 @@ def place_nodes(model: onnx.ModelProto, by_node: dict[str, list[TosaOpInfo]], gr
 
 def _label_nodes(model: onnx.ModelProto, placed: dict[str, Placement]) -> dict[str, str]:
     """npu/host for every node, Q/DQ included (they follow their input's producer, else their consumers)."""
-    producer = {o: n for n in model.graph.node for o in n.output}
-    consumers: dict[str, list[onnx.NodeProto]] = {}
-    for n in model.graph.node:
-        for i in n.input:
-            consumers.setdefault(i, []).append(n)
+    index = GraphIndex(model)
     labels: dict[str, str] = {}
 
     def first_compute_user(n: onnx.NodeProto) -> onnx.NodeProto | None:
         for _ in range(8):
-            users = consumers.get(n.output[0], [])
+            users = index.consumers.get(n.output[0], [])
             if not users:
                 return None
             n = users[0]
@@ -79,7 +76,7 @@ def _label_nodes(model: onnx.ModelProto, placed: dict[str, Placement]) -> dict[s
         if n.op_type not in QDQ:
             result = "npu" if placed[n.name].kind == "npu" else "host"
         else:
-            src = producer.get(n.input[0])
+            src = index.producer.get(n.input[0])
             if src is not None:
                 result = label(src)
             else:  # a graph input or an initializer: go with whoever reads it

@@ -27,24 +27,14 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
-
-def _consumers(model: onnx.ModelProto) -> dict[str, list[onnx.NodeProto]]:
-    out: dict[str, list[onnx.NodeProto]] = {}
-    for n in model.graph.node:
-        for name in n.input:
-            if name:
-                out.setdefault(name, []).append(n)
-    return out
+from npubuild.frontend.graph_index import GraphIndex
 
 
-class _Graph:
+class _Graph(GraphIndex):
+    """The graph index plus inferred shapes and the Concat/Conv questions the reordering asks."""
+
     def __init__(self, model: onnx.ModelProto) -> None:
-        g = model.graph
-        self.consumers = _consumers(model)
-        self.producer = {o: n for n in g.node for o in n.output}
-        self.inits = {t.name: t for t in g.initializer}
-        self.inputs = {i.name for i in g.input} - set(self.inits)
-        self.outputs = {o.name for o in g.output}
+        super().__init__(model)
         inferred = onnx.shape_inference.infer_shapes(model)
         self.shapes = {v.name: [d.dim_value for d in v.type.tensor_type.shape.dim]
                        for v in [*inferred.graph.value_info, *inferred.graph.input, *inferred.graph.output]}
@@ -54,7 +44,7 @@ class _Graph:
         return name in self.inputs or len(self.consumers.get(name, [])) > 1
 
     def only_reader(self, name: str, node: onnx.NodeProto) -> bool:
-        return name not in self.outputs and self.consumers.get(name) == [node]
+        return self.only_user(name) == node
 
     def weight_init(self, conv: onnx.NodeProto) -> onnx.TensorProto | None:
         """The (int8 or float) initializer behind a Conv's weights, if only this Conv reads it."""

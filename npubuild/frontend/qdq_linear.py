@@ -20,37 +20,12 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
+from npubuild.frontend.graph_index import GraphIndex
+
 Q, DQ = "QuantizeLinear", "DequantizeLinear"
 
 
-class _Graph:
-    """Producer, consumer and initializer look-ups over one ONNX graph."""
-
-    def __init__(self, model: onnx.ModelProto):
-        g = model.graph
-        self.graph = g
-        self.inits = {i.name: i for i in g.initializer}
-        self.producer = {o: n for n in g.node for o in n.output}
-        self.consumers: dict[str, list[onnx.NodeProto]] = {}
-        for n in g.node:
-            for name in n.input:
-                if name:
-                    self.consumers.setdefault(name, []).append(n)
-        self.outputs = {o.name for o in g.output}
-
-    def array(self, name: str) -> np.ndarray | None:
-        init = self.inits.get(name)
-        return None if init is None else numpy_helper.to_array(init)
-
-    def only_user(self, name: str, op_type: str) -> onnx.NodeProto | None:
-        """The single consumer of `name` if it has type `op_type` and `name` is not a graph output."""
-        users = self.consumers.get(name, [])
-        if name in self.outputs or len(users) != 1 or users[0].op_type != op_type:
-            return None
-        return users[0]
-
-
-def _dq_params(g: _Graph, dq: onnx.NodeProto) -> tuple[np.ndarray, np.ndarray, np.ndarray, int] | None:
+def _dq_params(g: GraphIndex, dq: onnx.NodeProto) -> tuple[np.ndarray, np.ndarray, np.ndarray, int] | None:
     """(data, scale, zero point, axis) of a DequantizeLinear of an initializer, or None."""
     data = g.array(dq.input[0])
     scale = g.array(dq.input[1])
@@ -63,7 +38,7 @@ def _dq_params(g: _Graph, dq: onnx.NodeProto) -> tuple[np.ndarray, np.ndarray, n
     return data, scale.astype(np.float64), zp.astype(np.int64), axis
 
 
-def _weight_scales(g: _Graph, mm: onnx.NodeProto) -> np.ndarray | None:
+def _weight_scales(g: GraphIndex, mm: onnx.NodeProto) -> np.ndarray | None:
     """Per-output-column scales of a MatMul's constant int8 2-D weight with zero point 0, or None."""
     dq = g.producer.get(mm.input[1])
     p = None if dq is None or dq.op_type != DQ else _dq_params(g, dq)
@@ -80,7 +55,7 @@ def _weight_scales(g: _Graph, mm: onnx.NodeProto) -> np.ndarray | None:
     return None
 
 
-def _activation_scale(g: _Graph, name: str) -> float | None:
+def _activation_scale(g: GraphIndex, name: str) -> float | None:
     """The per-tensor scale of an activation read through a DequantizeLinear, or None."""
     dq = g.producer.get(name)
     if dq is None or dq.op_type != DQ or dq.input[0] in g.inits:
@@ -89,7 +64,7 @@ def _activation_scale(g: _Graph, name: str) -> float | None:
     return None if scale is None or scale.size != 1 else float(scale.reshape(-1)[0])
 
 
-def _bias(g: _Graph, name: str, n: int, float_bias: np.ndarray | None) -> np.ndarray | None:
+def _bias(g: GraphIndex, name: str, n: int, float_bias: np.ndarray | None) -> np.ndarray | None:
     """The Add's constant operand as n real per-column values (the float model's if known), or None."""
     values = float_bias
     if values is None:
@@ -116,7 +91,7 @@ def fold_linear_bias(qdq: onnx.ModelProto, float_model: onnx.ModelProto | None =
 
     The bias becomes DequantizeLinear(int32, s_x * s_w) read by the Add straight from the MatMul.
     """
-    g = _Graph(qdq)
+    g = GraphIndex(qdq)
     float_inits = {i.name: i for i in float_model.graph.initializer} if float_model is not None else {}
     float_adds = _float_biases(float_model)
     inserts: dict[str, onnx.NodeProto] = {}  # Add output -> its int32 bias DequantizeLinear (first in the graph)
@@ -151,7 +126,7 @@ def fold_linear_bias(qdq: onnx.ModelProto, float_model: onnx.ModelProto | None =
     return len(inserts)
 
 
-def _rewrite(g: _Graph, q: onnx.NodeProto, add: onnx.NodeProto, side: int, real: np.ndarray,
+def _rewrite(g: GraphIndex, q: onnx.NodeProto, add: onnx.NodeProto, side: int, real: np.ndarray,
              scale: np.ndarray) -> onnx.NodeProto:
     """Point the Add at the MatMul itself and add its int32 bias constants; returns the bias DequantizeLinear."""
     stem = add.output[0]

@@ -18,6 +18,7 @@ import tosa_serializer as ts
 from onnx import numpy_helper
 
 from npubuild.errors import UnsupportedOpError
+from npubuild.frontend.graph_index import GraphIndex
 from npubuild.lowering.options import PORTABLE, LoweringOptions
 from npubuild.lowering.quant import QParams
 from npubuild.tosa.iospec import IOSpec
@@ -90,8 +91,7 @@ class LoweringContext:
     profile: Literal["int", "fp"]
     ser: ts.TosaSerializer = field(init=False)
     values: dict[str, Value] = field(default_factory=dict)
-    consumers: dict[str, list[onnx.NodeProto]] = field(default_factory=dict)
-    graph_outputs: list[str] = field(default_factory=list)
+    index: GraphIndex = field(init=False)  # producers and readers of every ONNX tensor, through Q/DQ
     inputs: list[IOSpec] = field(default_factory=list)
     outputs: list[IOSpec] = field(default_factory=list)
     node_ops: dict[str, list[str]] = field(default_factory=dict)  # onnx node name -> TOSA op names
@@ -105,17 +105,21 @@ class LoweringContext:
         g = self.model.graph
         for init in g.initializer:
             self.values[init.name] = numpy_helper.to_array(init)
-        for node in g.node:
-            for name in node.input:
-                if name:
-                    self.consumers.setdefault(name, []).append(node)
+        self.index = GraphIndex(self.model)
         inits = {i.name for i in g.initializer}
         for vi in g.input:
             if vi.name in inits:
                 continue
             dims = tuple(d.dim_value for d in vi.type.tensor_type.shape.dim)
             self.values[vi.name] = GraphInput(vi.name, dims, vi.type.tensor_type.elem_type)
-        self.graph_outputs = [o.name for o in g.output]
+
+    @property
+    def consumers(self) -> dict[str, list[onnx.NodeProto]]:
+        return self.index.consumers
+
+    @property
+    def graph_outputs(self) -> list[str]:
+        return self.index.output_names
 
     # ------------------------------------------------------------------ errors
 
@@ -155,7 +159,7 @@ class LoweringContext:
         """A new tensor; if `output_of` is a graph output (possibly through Q/DQ) it becomes a TOSA output."""
         dtype = np.dtype(dtype)
         perm = perm if perm is not None else identity(len(shape))
-        graph_out = self._graph_output_for(output_of) if output_of else None
+        graph_out = self.index.graph_output_for(output_of) if output_of else None
         if graph_out is not None and graph_out not in {o.onnx_name for o in self.outputs}:
             t = self.ser.addOutput(list(shape), NP_TO_TOSA[dtype])
             tt = TTensor(t.name, tuple(shape), dtype, perm, q)
@@ -164,20 +168,20 @@ class LoweringContext:
         t = self.ser.addIntermediate(list(shape), NP_TO_TOSA[dtype])
         return TTensor(t.name, tuple(shape), dtype, perm, q)
 
-    def is_graph_output(self, value: str | None) -> bool:
-        return value is not None and self._graph_output_for(value) is not None
+    def real_const(self, name: str) -> np.ndarray | None:
+        """A real-valued constant (an initializer, or a DequantizeLinear of one) as float64, or None."""
+        v = self.values.get(name)
+        if isinstance(v, np.ndarray) and name in self.index.inits:
+            return v.astype(np.float64)
+        node = self.index.producer.get(name)
+        if node is not None and node.op_type == "DequantizeLinear" and node.input[0] in self.index.inits:
+            data = self.values.get(node.input[0])
+            if isinstance(data, np.ndarray):
+                return self.qparams_of(node).dequantize(data)
+        return v.real().astype(np.float64) if isinstance(v, QConst) else None
 
-    def _graph_output_for(self, value: str) -> str | None:
-        """The graph output `value` reaches through Q/DQ-only chains, if any."""
-        seen = value
-        for _ in range(4):
-            if seen in self.graph_outputs:
-                return seen
-            nexts = [n for n in self.consumers.get(seen, []) if n.op_type in ("QuantizeLinear", "DequantizeLinear")]
-            if len(nexts) != 1 or len(self.consumers.get(seen, [])) != 1:
-                return None
-            seen = nexts[0].output[0]
-        return seen if seen in self.graph_outputs else None
+    def is_graph_output(self, value: str | None) -> bool:
+        return value is not None and self.index.graph_output_for(value) is not None
 
     @staticmethod
     def _io(onnx_name: str, t: TTensor) -> IOSpec:

@@ -20,6 +20,7 @@ import onnx_ir as ir
 from onnx import TensorProto, helper
 
 from npubuild.errors import NpubuildError, UncomputedOutputError
+from npubuild.frontend.graph_index import GraphIndex
 from npubuild.frontend.passes import run_passes
 from npubuild.lowering.driver import lower_model
 from npubuild.tosa.iospec import IOSpec
@@ -43,25 +44,15 @@ class Probe:
     exposed_name: str
 
 
-def _single_consumer(consumers: dict[str, list[onnx.NodeProto]], name: str, op: str) -> onnx.NodeProto | None:
-    users = consumers.get(name, [])
-    return users[0] if len(users) == 1 and users[0].op_type == op else None
-
-
 def find_probes(model: onnx.ModelProto, profile: str) -> list[Probe]:
     """The graph input(s) and every compute node's first output, as the lowering can expose them."""
-    consumers: dict[str, list[onnx.NodeProto]] = {}
-    for n in model.graph.node:
-        for i in n.input:
-            consumers.setdefault(i, []).append(n)
-    inits = {i.name for i in model.graph.initializer}
+    index = GraphIndex(model)
     probes = []
     if profile == "int":  # the input's own quantisation is the first place error enters
         for vi in model.graph.input:
-            q = _single_consumer(consumers, vi.name, "QuantizeLinear") if vi.name not in inits else None
-            dq = _single_consumer(consumers, q.output[0], "DequantizeLinear") if q is not None else None
-            if dq is not None:
-                probes.append(Probe(vi.name, "input", vi.name, dq.output[0]))
+            copy = index.quantized_copy(vi.name) if vi.name not in index.inits else None
+            if copy is not None:
+                probes.append(Probe(vi.name, "input", vi.name, copy))
     for n in model.graph.node:
         if n.op_type in QDQ or not n.output:
             continue
@@ -69,11 +60,10 @@ def find_probes(model: onnx.ModelProto, profile: str) -> list[Probe]:
         if profile == "fp":
             probes.append(Probe(n.name, n.op_type, out, out))
             continue
-        q = _single_consumer(consumers, out, "QuantizeLinear")
-        dq = _single_consumer(consumers, q.output[0], "DequantizeLinear") if q is not None else None
-        if dq is not None:
+        copy = index.quantized_copy(out)
+        if copy is not None:
             float_name = out if not out.endswith("_QuantizeLinear_Input") else out[: -len("_QuantizeLinear_Input")]
-            probes.append(Probe(n.name, n.op_type, float_name, dq.output[0]))
+            probes.append(Probe(n.name, n.op_type, float_name, copy))
     return probes
 
 

@@ -33,7 +33,6 @@ import numpy as np
 import onnx
 
 from npubuild.lowering.context import LoweringContext
-from npubuild.lowering.fusion.patterns import _view
 from npubuild.lowering.quant import QParams
 
 
@@ -75,16 +74,15 @@ def _step(const: np.ndarray, op: str, operand_first: bool, o: int, rank: int) ->
 
 def follow(ctx: LoweringContext, o: int, rank: int, allow_add: bool = True) -> Epilogue | None:
     """The longest foldable affine chain after the current node's output 0 (o channels, last axis), or None."""
-    g = _view(ctx)
     cur = ctx.current.output[0]
     gain, bias, err = 1.0, np.zeros(o), 0.0  # err: the intermediates' rounding, real units
     nodes: list[onnx.NodeProto] = []
     best: Epilogue | None = None
     for _ in range(8):
-        if g.leaves(cur):
+        if ctx.index.reaches_output(cur):
             break
         seen: list[onnx.NodeProto] = []
-        users = g.uses(cur, seen)
+        users = ctx.index.uses(cur, seen)
         if len(users) != 1 or users[0].op_type not in ("Add", "Mul", "Div") or len(users[0].input) != 2:
             break
         nxt = users[0]
@@ -102,10 +100,10 @@ def follow(ctx: LoweringContext, o: int, rank: int, allow_add: bool = True) -> E
             err += 0.5 * float(q_mid.s)
         elif seen:
             break
-        which = [i for i, name in enumerate(nxt.input) if g.source(name) == cur]
+        which = [i for i, name in enumerate(nxt.input) if ctx.index.source(name) == cur]
         if len(which) != 1:
             break
-        const = g.const(nxt.input[1 - which[0]])
+        const = ctx.real_const(nxt.input[1 - which[0]])
         step = None if const is None else _step(const, nxt.op_type, which[0] == 0, o, rank)
         if step is None:
             break
@@ -128,7 +126,7 @@ def follow(ctx: LoweringContext, o: int, rank: int, allow_add: bool = True) -> E
 
 def _int32_bias(ctx: LoweringContext, name: str, o: int) -> tuple[np.ndarray, np.ndarray] | None:
     """(int32 values, scales) of a bias given as a DequantizeLinear of an int32 initializer, broadcast to o."""
-    dq = _view(ctx).producer.get(name)
+    dq = ctx.index.producer.get(name)
     if dq is None or dq.op_type != "DequantizeLinear":
         return None
     data = ctx.values.get(dq.input[0])

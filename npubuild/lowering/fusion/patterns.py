@@ -32,7 +32,7 @@ import onnx
 import onnxruntime as ort
 from onnx import TensorProto, helper
 
-from npubuild.lowering.context import LoweringContext, QConst, TTensor
+from npubuild.lowering.context import LoweringContext, TTensor
 from npubuild.lowering.table import build_table, emit_table
 
 QDQ = ("QuantizeLinear", "DequantizeLinear")
@@ -47,92 +47,32 @@ def gelu(x: np.ndarray) -> np.ndarray:
     return 0.5 * x * (1.0 + np.vectorize(math.erf)(x / math.sqrt(2.0)))
 
 
-class GraphView:
-    """Producer/consumer look-ups over the ONNX graph that see through Q -> DQ pairs."""
-
-    def __init__(self, ctx: LoweringContext):
-        self.ctx = ctx
-        self.producer: dict[str, onnx.NodeProto] = {o: n for n in ctx.model.graph.node for o in n.output}
-        self.order = {n.name: i for i, n in enumerate(ctx.model.graph.node)}
-        self.inits = {i.name for i in ctx.model.graph.initializer}
-
-    def source(self, name: str) -> str:
-        """The real value behind `name`: the input of the Q of a Q -> DQ chain ending at `name`."""
-        for _ in range(8):
-            dq = self.producer.get(name)
-            if dq is None or dq.op_type != "DequantizeLinear":
-                return name
-            q = self.producer.get(dq.input[0])
-            if q is None or q.op_type != "QuantizeLinear":
-                return name
-            name = q.input[0]
-        return name
-
-    def uses(self, name: str, seen: list[onnx.NodeProto]) -> list[onnx.NodeProto]:
-        """The non-Q/DQ nodes that read `name`, directly or through Q -> DQ; Q/DQ passed are added to `seen`."""
-        found = []
-        for n in self.ctx.consumers.get(name, []):
-            if n.op_type in QDQ:
-                seen.append(n)
-                found += self.uses(n.output[0], seen)
-            else:
-                found.append(n)
-        return found
-
-    def leaves(self, name: str) -> bool:
-        """True if `name` (or a Q/DQ copy of it) is a graph output."""
-        if self.ctx.is_graph_output(name) or name in self.ctx.graph_outputs:
-            return True
-        return any(self.leaves(n.output[0]) for n in self.ctx.consumers.get(name, []) if n.op_type in QDQ)
-
-    def const(self, name: str) -> np.ndarray | None:
-        """A real-valued constant (an initializer, or a DequantizeLinear of one), or None."""
-        v = self.ctx.values.get(name)
-        if isinstance(v, np.ndarray) and name in self.inits:
-            return v.astype(np.float64)
-        node = self.producer.get(name)
-        if node is not None and node.op_type == "DequantizeLinear" and node.input[0] in self.inits:
-            data = self.ctx.values.get(node.input[0])
-            if isinstance(data, np.ndarray):
-                return self.ctx.qparams_of(node).dequantize(data)
-        return v.real().astype(np.float64) if isinstance(v, QConst) else None
-
-
-def _view(ctx: LoweringContext) -> GraphView:
-    """One GraphView per lowering (the graph does not change while it is lowered)."""
-    g = getattr(ctx, "_graph_view", None)
-    if g is None:
-        g = GraphView(ctx)
-        ctx._graph_view = g  # type: ignore[attr-defined]
-    return g
-
-
-def _activation_inputs(g: GraphView, node: onnx.NodeProto) -> set[str] | None:
+def _activation_inputs(ctx: LoweringContext, node: onnx.NodeProto) -> set[str] | None:
     """Sources of the node's non-constant inputs, or None if a constant input is not a scalar."""
     found = set()
     for name in node.input:
         if not name:
             continue
-        c = g.const(name)
+        c = ctx.real_const(name)
         if c is None:
-            found.add(g.source(name))
+            found.add(ctx.index.source(name))
         elif c.size != 1:
             return None
     return found
 
 
-def _grow(g: GraphView, start: onnx.NodeProto, x: str) -> list[onnx.NodeProto]:
+def _grow(ctx: LoweringContext, start: onnx.NodeProto, x: str) -> list[onnx.NodeProto]:
     """Every later elementwise node reachable from `start` that reads only x, the group's results and scalars."""
     group = [start]
     produced = set(start.output)
     frontier = [*start.output, x]
     while frontier and len(group) < MAX_NODES:
         t = frontier.pop()
-        for c in g.uses(t, []):
-            if c in group or c.op_type not in ELEMENTWISE or g.order[c.name] <= g.order[start.name]:
+        for c in ctx.index.uses(t, []):
+            if c in group or c.op_type not in ELEMENTWISE or ctx.index.order[c.name] <= ctx.index.order[start.name]:
                 continue
-            srcs = _activation_inputs(g, c)
-            if srcs is None or not srcs <= produced | {x} or c.name in g.ctx.fused:
+            srcs = _activation_inputs(ctx, c)
+            if srcs is None or not srcs <= produced | {x} or c.name in ctx.fused:
                 continue
             group.append(c)
             produced.update(c.output)
@@ -140,19 +80,19 @@ def _grow(g: GraphView, start: onnx.NodeProto, x: str) -> list[onnx.NodeProto]:
     return group
 
 
-def _ancestors(g: GraphView, group: list[onnx.NodeProto], out: str) -> list[onnx.NodeProto]:
+def _ancestors(ctx: LoweringContext, group: list[onnx.NodeProto], out: str) -> list[onnx.NodeProto]:
     by_output = {o: n for n in group for o in n.output}
     keep: dict[str, onnx.NodeProto] = {}
     todo = [out]
     while todo:
-        n = by_output.get(g.source(todo.pop()))
+        n = by_output.get(ctx.index.source(todo.pop()))
         if n is not None and n.name not in keep:
             keep[n.name] = n
             todo += [i for i in n.input if i]
-    return sorted(keep.values(), key=lambda n: g.order[n.name])
+    return sorted(keep.values(), key=lambda n: ctx.index.order[n.name])
 
 
-def _closed(g: GraphView, part: list[onnx.NodeProto], out: str) -> list[onnx.NodeProto] | None:
+def _closed(ctx: LoweringContext, part: list[onnx.NodeProto], out: str) -> list[onnx.NodeProto] | None:
     """The Q/DQ nodes inside `part` if every result but `out` is used only inside it, else None."""
     names = {n.name for n in part}
     inner: list[onnx.NodeProto] = []
@@ -161,13 +101,13 @@ def _closed(g: GraphView, part: list[onnx.NodeProto], out: str) -> list[onnx.Nod
             if o == out:
                 continue
             seen: list[onnx.NodeProto] = []
-            if g.leaves(o) or any(u.name not in names for u in g.uses(o, seen)):
+            if ctx.index.reaches_output(o) or any(u.name not in names for u in ctx.index.uses(o, seen)):
                 return None
             inner += seen
     return inner
 
 
-def _evaluator(ctx: LoweringContext, g: GraphView, part: list[onnx.NodeProto], x: str, out: str
+def _evaluator(ctx: LoweringContext, part: list[onnx.NodeProto], x: str, out: str
                ) -> Callable[[np.ndarray], np.ndarray]:
     """f(x) of the float nodes, run by onnxruntime on a 1-D x.
 
@@ -183,19 +123,19 @@ def _evaluator(ctx: LoweringContext, g: GraphView, part: list[onnx.NodeProto], x
     for n in part:
         ins = []
         for name in n.input:
-            c = g.const(name) if name else None
+            c = ctx.real_const(name) if name else None
             if not name:
                 ins.append("")
             elif c is not None:
                 ins.append(scalar(float(c.reshape(-1)[0])))
-            elif g.source(name) == x:
+            elif ctx.index.source(name) == x:
                 ins.append("x")
-            elif name != g.source(name):
+            elif name != ctx.index.source(name):
                 if name not in clipped:
-                    q = ctx.qparams_of(g.producer[name])
+                    q = ctx.qparams_of(ctx.index.producer[name])
                     lo, hi = (q.qmin - q.zp) * q.s, (q.qmax - q.zp) * q.s
                     clipped[name] = f"{name}_saturated"
-                    nodes.append(helper.make_node("Clip", [g.source(name), scalar(lo), scalar(hi)], [clipped[name]]))
+                    nodes.append(helper.make_node("Clip", [ctx.index.source(name), scalar(lo), scalar(hi)], [clipped[name]]))
                 ins.append(clipped[name])
             else:
                 ins.append(name)
@@ -214,38 +154,37 @@ def _evaluator(ctx: LoweringContext, g: GraphView, part: list[onnx.NodeProto], x
 
 def try_fuse_unary_region(ctx: LoweringContext) -> bool:
     """If the current node starts a group computing f(x) of one int8 tensor, emit one TABLE for it."""
-    g = _view(ctx)
     node = ctx.current
-    srcs = _activation_inputs(g, node)
+    srcs = _activation_inputs(ctx, node)
     if not srcs or len(srcs) != 1:
         return False
     (x,) = srcs
-    group = _grow(g, node, x)
+    group = _grow(ctx, node, x)
     if len(group) < 2:
         return False
     best: tuple[list[onnx.NodeProto], list[onnx.NodeProto], str] | None = None
     for n in group:
         for out in n.output:
-            part = _ancestors(g, group, out)
+            part = _ancestors(ctx, group, out)
             if node not in part or len(part) < 2 or (best is not None and len(part) <= len(best[0])):
                 continue
-            if all(p.op_type in CHEAP and len(_activation_inputs(g, p) or ()) == 1 for p in part):
+            if all(p.op_type in CHEAP and len(_activation_inputs(ctx, p) or ()) == 1 for p in part):
                 continue
-            inner = _closed(g, part, out)
+            inner = _closed(ctx, part, out)
             if inner is not None:
                 best = (part, inner, out)
     if best is None:
         return False
     part, inner, out = best
     qs = [n for n in ctx.consumers.get(out, []) if n.op_type == "QuantizeLinear"]
-    x_in = next(i for i in node.input if i and g.source(i) == x)
+    x_in = next(i for i in node.input if i and ctx.index.source(i) == x)
     xt = ctx.value(x_in)
     if not qs or not isinstance(xt, TTensor) or xt.q is None or xt.dtype != np.int8:
         return False
     out_q = ctx.qparams_of(qs[0])
     if out_q.dtype != np.int8 or not out_q.is_per_tensor:
         return False
-    table = build_table(_evaluator(ctx, g, part, x, out), xt.q, out_q)
+    table = build_table(_evaluator(ctx, part, x, out), xt.q, out_q)
     ctx.values[out] = emit_table(ctx, xt, table, out_q, output_of=out)
     ctx.fused.update(n.name for n in [*part, *inner] if n.name != node.name)
     return True

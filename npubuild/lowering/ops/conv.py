@@ -24,7 +24,6 @@ from npubuild.lowering.convolution import (
 )
 from npubuild.lowering.emit import Op, attr, reshape, to_layout
 from npubuild.lowering.fusion import epilogue
-from npubuild.lowering.fusion.patterns import _view
 from npubuild.lowering.quant import QParams
 from npubuild.lowering.registry import lowers
 
@@ -236,8 +235,7 @@ def unshared(ctx: LoweringContext, x: TTensor) -> TTensor:
     next projection and the residual Add: 1520 cycles on U55-128, 731 on U85-256 per 16x64 block).
     A whole-tensor SLICE gives the RESHAPE an input of its own, which Vela reads in place (no layer).
     """
-    g = _view(ctx)
-    if len(g.uses(g.source(ctx.current.input[0]), [])) <= 1:
+    if len(ctx.index.uses(ctx.index.source(ctx.current.input[0]), [])) <= 1:
         return x
     out = ctx.new_tensor(x.shape, x.dtype, x.perm, x.q)
     ctx.op(Op.SLICE, [x.name, ctx.shape_const([0] * len(x.shape)), ctx.shape_const(list(x.shape))], [out.name],
