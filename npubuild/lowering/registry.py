@@ -29,7 +29,7 @@ def lowers(*op_types: str) -> Callable[[Lowering], Lowering]:
 
 def quantize_also(*op_types: str) -> None:
     """Declare op types the quantize stage must ask onnxruntime to quantize too (frontend/quantized_ops.py
-    lists them as data; tests/test_ops_compute.py holds the two equal)."""
+    lists them as data; tests/lowering/test_ops_compute.py holds the two equal)."""
     QUANTIZE_ALSO.update(op_types)
 
 

@@ -8,8 +8,8 @@ of exp(s_x d) in 15 bits although TABLE is 8-bit in and out (Vela runs int16
 TABLE on no U55); the rows are summed in int32. Softmax multiplies by the
 Newton-Raphson reciprocal of intmath, LogSoftmax subtracts ln(sum), whose
 mantissa part is one more TABLE; both in the form Vela runs in the fewest
-passes. Accuracy is measured against onnxruntime in tests/test_ops_compute.py
-and tests/test_softmax_int.py.
+passes. Accuracy is measured against onnxruntime in tests/lowering/test_ops_compute.py
+and tests/lowering/test_softmax_int.py.
 """
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ from __future__ import annotations
 import numpy as np
 from onnx import TensorProto, helper, numpy_helper
 from ophelpers import calib, check_int, quantize_model, vela_run
-from test_requantize_u55 import assert_same_reference, ops
+from test_depthwise_requantize import assert_same_reference, ops
 
 from npubuild.lowering.driver import lower_model
 

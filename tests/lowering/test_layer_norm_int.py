@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from ophelpers import calib, check_int, quantize_model, single_op_model, vela_run
+from test_depthwise_requantize import assert_same_reference
 from test_ops_compute import npu_bitexact
-from test_requantize_u55 import assert_same_reference
 
 from npubuild.lowering.driver import lower_model
 from npubuild.lowering.fusion.norm_rows import A0_MAX, fraction_bits, variance_shift

@@ -1,4 +1,4 @@
-"""Helpers for the partitioning, offload, pool and firmware tests (issue 4)."""
+"""Small models and specs for the build-level tests (partitioning, offloads, pools, firmware, performance)."""
 
 from __future__ import annotations
 

@@ -4,6 +4,8 @@
 from __future__ import annotations
 
 import base64
+import os
+import shutil
 import subprocess
 import sys
 import time
@@ -37,6 +39,36 @@ def _affected(project: Path, tool: str) -> set[str]:
         hit |= more
         changed = bool(more)
     return hit
+
+
+@pytest.mark.parametrize("edited, untouched, rerun", [
+    ("lowering/ops/conv.py", {"import", "quantize"}, {"lower", "tosa-check", "vela", "report"}),
+    ("frontend/quantize.py", {"import"}, {"quantize", "lower", "tosa-check", "vela", "report"}),
+    ("ethosu/vela.py", {"import", "quantize", "lower", "tosa-check"}, {"vela", "report"}),
+])
+def test_editing_npubuild_source_reruns_the_stages_that_run_it(project: Path, tmp_path: Path, edited: str,
+                                                              untouched: set[str], rerun: set[str]):
+    """Each stage's key holds the fingerprint of the code it runs: an edit to an op lowering re-runs lower and
+    what consumes it, never import or quantize (a copy of npubuild is edited, in subprocesses)."""
+    src = tmp_path / "src"
+    shutil.copytree(REPO / "npubuild", src / "npubuild", ignore=shutil.ignore_patterns("__pycache__"))
+    for d in ("targets", "pipelines"):  # what the shipped root holds beside the package
+        shutil.copytree(REPO / d, src / d)
+    env = {k: v for k, v in os.environ.items() if k != "NPUBUILD_CACHE"} | {"PYTHONPATH": str(src)}
+
+    def build() -> dict:
+        proc = subprocess.run([sys.executable, "-m", "npubuild", "build", "-q", "--cache", "off"], cwd=project,
+                              env=env, capture_output=True, text=True, timeout=600)
+        assert proc.returncode == 0, proc.stderr
+        return read_run(project / "build")
+
+    first = build()
+    assert {n.split(":")[0] for n in first["executed"]} >= untouched | rerun
+    with open(src / "npubuild" / edited, "a") as f:
+        f.write("\n# an edit\n")
+    run = build()
+    assert {n.split(":")[0] for n in run["executed"]} == rerun
+    assert untouched <= {n.split(":")[0] for n in run["cached"]}
 
 
 @pytest.mark.parametrize("tool", sorted(UNTOUCHED))

@@ -19,7 +19,7 @@ from npbtest import read_report, run_cli
 from ophelpers import calib, quantize_model, vela_run
 from test_concat_scales import max_copies, models  # noqa: F401  (models: fixture)
 from test_conv_stride_widen import _downsampling_block
-from test_requantize_u55 import assert_same_reference, ops
+from test_depthwise_requantize import assert_same_reference, ops
 from test_support import compare, rule_verdict, vela_compiles
 
 from npubuild.config.accelerator import Accelerator, rules_of

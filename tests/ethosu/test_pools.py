@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 import onnx
-from fourhelpers import conv_chain_model, write_spec
+from buildhelpers import conv_chain_model, write_spec
 from npbtest import read_report, read_run, run_cli
 
 from npubuild.build.versions import versions

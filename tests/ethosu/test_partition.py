@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import onnx
-from fourhelpers import add_compare_model
+from buildhelpers import add_compare_model
 from npbtest import read_report, run_cli
 
 from npubuild.stages.records import LowerRecord

@@ -27,7 +27,7 @@ from npubuild.ethosu.vela import vela_command
 from npubuild.ethosu.vela_ini import arena_cache_bytes, render_ini
 from npubuild.lowering.driver import lower_model
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 BUNDLED_INI = Path(ethosu.vela.__file__).parents[1] / "config_files" / "Arm" / "vela.ini"
 FIGURES = ("cycles_total", "inference_time", "sram_memory_used", "off_chip_flash_memory_used", "dram_memory_used")
 

@@ -27,7 +27,7 @@ from npubuild.lowering.options import FAMILY_OPTIONS
 from npubuild.tosa.graph import read_tosa
 from npubuild.tosa.run import run_onnx, run_tosa
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SHAPE = [1, 2, 16, 16]
 
 

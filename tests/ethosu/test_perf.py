@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import onnx
-from fourhelpers import add_compare_model
+from buildhelpers import add_compare_model
 from npbtest import read_report, run_cli
 
 

@@ -18,7 +18,7 @@ from ophelpers import calib, io_dict, quantize_model, single_op_model, vela_run
 
 from npubuild.lowering.driver import LoweredGraph, lower_model
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def concat_model(shape: list[int]) -> onnx.ModelProto:

@@ -24,7 +24,7 @@ from npubuild.frontend.qdq_linear import fold_linear_bias
 from npubuild.lowering.ops import conv as ops_conv
 from npubuild.tosa.run import run_onnx
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SHAPE = [1, 8, 16]
 
 
