@@ -166,24 +166,23 @@ def resolve_ref(ref: str, from_file: Path, kind: str | None, search: SearchPath,
     return found
 
 
-def load_target(name: str, search: SearchPath, where: Location) -> tuple[TargetProfile, Path]:
-    path = search.find("targets", name)
+def _load_named(model: type[M], kind: str, name: str, search: SearchPath, where: Location) -> tuple[M, Path]:
+    """A target profile or pipeline by name: `<dir>/<kind>/<name>.yaml` on the search path, extends merged."""
+    path = search.find(kind, name)
     if path is None:
-        known = ", ".join(search.names("targets")) or "none"
-        raise InputError(f"unknown target '{name}' (known: {known})", where)
-    data, marks = load_with_extends(path, "targets", search)
+        known = ", ".join(search.names(kind)) or "none"
+        raise InputError(f"unknown {kind[:-1]} '{name}' (known: {known})", where)
+    data, marks = load_with_extends(path, kind, search)
     data.setdefault("name", name)
-    return validate(TargetProfile, data, marks, path), path
+    return validate(model, data, marks, path), path
+
+
+def load_target(name: str, search: SearchPath, where: Location) -> tuple[TargetProfile, Path]:
+    return _load_named(TargetProfile, "targets", name, search, where)
 
 
 def load_pipeline(name: str, search: SearchPath, where: Location) -> tuple[Pipeline, Path]:
-    path = search.find("pipelines", name)
-    if path is None:
-        known = ", ".join(search.names("pipelines")) or "none"
-        raise InputError(f"unknown pipeline '{name}' (known: {known})", where)
-    data, marks = load_with_extends(path, "pipelines", search)
-    data.setdefault("name", name)
-    return validate(Pipeline, data, marks, path), path
+    return _load_named(Pipeline, "pipelines", name, search, where)
 
 
 @dataclass(frozen=True)

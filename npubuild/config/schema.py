@@ -8,26 +8,13 @@ an error with a position, not a silently ignored setting.
 from __future__ import annotations
 
 import re
-from typing import Annotated, Literal
+from typing import Annotated, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, create_model, field_validator, model_validator
 
 from npubuild.config.accelerator import Accelerator as ParsedAccelerator
 from npubuild.config.metrics import GATES
 
-ACCELERATORS = (
-    "ethos-u55-32",
-    "ethos-u55-64",
-    "ethos-u55-128",
-    "ethos-u55-256",
-    "ethos-u65-256",
-    "ethos-u65-512",
-    "ethos-u85-128",
-    "ethos-u85-256",
-    "ethos-u85-512",
-    "ethos-u85-1024",
-    "ethos-u85-2048",
-)
 Accelerator = Literal[
     "ethos-u55-32",
     "ethos-u55-64",
@@ -41,6 +28,7 @@ Accelerator = Literal[
     "ethos-u85-1024",
     "ethos-u85-2048",
 ]
+ACCELERATORS: tuple[str, ...] = get_args(Accelerator)  # every accelerator config Vela 5.2 accepts
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$")
 Name = Annotated[str, Field(pattern=NAME_RE.pattern, max_length=80)]
 
