@@ -24,7 +24,7 @@ from npubuild.frontend.graph_index import GraphIndex
 from npubuild.frontend.passes import run_passes
 from npubuild.lowering.driver import lower_model
 from npubuild.tosa.iospec import IOSpec
-from npubuild.tosa.run import run_tosa
+from npubuild.tosa.run import OnnxSession, run_tosa
 from npubuild.verify.numerics import SNR_CAP_DB, cosine, snr_db
 
 QDQ = {"QuantizeLinear", "DequantizeLinear"}
@@ -117,15 +117,6 @@ def lower_exposed(model: onnx.ModelProto, probes: list[Probe], profile: str):
             kept = left
 
 
-def _session(model: onnx.ModelProto):
-    import onnxruntime as ort
-
-    opts = ort.SessionOptions()
-    opts.log_severity_level = 3
-    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL  # keep Q/DQ as written
-    return ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
-
-
 def layer_numerics(lower_input: onnx.ModelProto, float_model: onnx.ModelProto, passes: list[str], profile: str,
                    samples: dict[str, np.ndarray]) -> dict:
     """Per-probe error measures over the samples, and the first probe where the error jumps."""
@@ -134,17 +125,16 @@ def layer_numerics(lower_input: onnx.ModelProto, float_model: onnx.ModelProto, p
     lowered, probes = lower_exposed(model, probes, profile)
     specs = {o.onnx_name: o for o in lowered.outputs}
     probes = [p for p in probes if p.exposed_name in specs]
-    ref_sess = _session(with_outputs(model, [p.exposed_name for p in probes]))
+    reference = OnnxSession(with_outputs(model, [p.exposed_name for p in probes]).SerializeToString())
     float_names = {n for node in float_model.graph.node for n in node.output} | {i.name for i in float_model.graph.input}
     flt_probes = [p.float_name for p in probes if p.float_name in float_names]
-    flt_sess = _session(with_outputs(float_model, flt_probes))
+    float_run = OnnxSession(with_outputs(float_model, flt_probes).SerializeToString())
     acc: dict[str, dict[str, list]] = {p.exposed_name: {"tosa": [], "q": [], "ref": [], "flt": []} for p in probes}
     n = next(iter(samples.values())).shape[0]
     for i in range(n):
         feeds = {k: v[i] for k, v in samples.items()}
         got = run_tosa(lowered.tosa, lowered, feeds)
-        ref = dict(zip([o.name for o in ref_sess.get_outputs()], ref_sess.run(None, feeds), strict=True))
-        flt = dict(zip([o.name for o in flt_sess.get_outputs()], flt_sess.run(None, feeds), strict=True))
+        ref, flt = reference(feeds), float_run(feeds)
         flt.update(feeds)
         for p in probes:
             spec, a = specs[p.exposed_name], acc[p.exposed_name]

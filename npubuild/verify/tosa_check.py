@@ -10,11 +10,8 @@ are kept (reference.npz) so that later stages (the FVP) compare against them.
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import numpy as np
 import onnx
-import onnxruntime as ort
 
 from npubuild.build.plan import StageTask
 from npubuild.errors import InputError
@@ -22,27 +19,9 @@ from npubuild.fileio import atomic_path, write_json
 from npubuild.frontend.data import load_arrays, sample_arrays
 from npubuild.stages.records import LowerRecord
 from npubuild.tosa.iospec import IOSpec
-from npubuild.tosa.run import run_tosa
+from npubuild.tosa.run import OnnxSession, run_tosa
 from npubuild.verify.numerics import accuracy, compare_output
 from npubuild.verify.partitioned import partitioned_numerics
-
-
-class OnnxRunner:
-    """One onnxruntime session reused for every sample (a session per call costs more than the run)."""
-
-    def __init__(self, path: Path):
-        opts = ort.SessionOptions()
-        opts.log_severity_level = 3
-        # The QDQ model's own semantics (DQ -> float op -> Q): the optimised session fuses some chains into
-        # int8 kernels that round differently (QLinearSoftmax rounds as if the output scale were 1/256: up to
-        # 1.2 LSB per softmax, amplified by the layers after it; the transformer example measured 29 dB against
-        # it, 33-35 dB against the QDQ semantics).
-        opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-        self.sess = ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
-        self.names = [o.name for o in self.sess.get_outputs()]
-
-    def __call__(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        return dict(zip(self.names, self.sess.run(self.names, feeds), strict=True))
 
 
 def io_summary(io: LowerRecord) -> dict:
@@ -63,7 +42,7 @@ def run(task: StageTask) -> dict:
     samples = sample_arrays(float_model, task.config["calibration"], task.inputs.get("calibration"),
                             verify["samples"], verify["seed"])
     n = next(iter(samples.values())).shape[0]
-    reference, flt_runner = OnnxRunner(task.inputs["reference"]), OnnxRunner(task.inputs["float"])
+    reference, flt_runner = OnnxSession(task.inputs["reference"]), OnnxSession(task.inputs["float"])
     names = [o.onnx_name for o in io.outputs]
     got: dict[str, list] = {k: [] for k in names}
     ref: dict[str, list] = {k: [] for k in names}
@@ -112,7 +91,7 @@ def run(task: StageTask) -> dict:
     return summary
 
 
-def evaluate(task: StageTask, io: LowerRecord, tosa: bytes, float_model: onnx.ModelProto, flt_runner: OnnxRunner) -> dict:
+def evaluate(task: StageTask, io: LowerRecord, tosa: bytes, float_model: onnx.ModelProto, flt_runner: OnnxSession) -> dict:
     """Top-1 accuracy on the evaluation set: the float model, and the TOSA graph the NPU will run."""
     cfg = task.config["evaluation"]
     inputs = load_arrays(task.inputs["eval_inputs"], float_model)
