@@ -4,7 +4,7 @@ A benchmark script, not part of npubuild (never imported by its tests).
 Run it with the Python of a scratch venv that has onnx2tf and its needs:
 
     python3.11 -m venv /tmp/tflite-venv
-    /tmp/tflite-venv/bin/pip install onnx2tf tensorflow tf_keras onnx_graphsurgeon sng4onnx onnxsim \
+    /tmp/tflite-venv/bin/pip install onnx2tf==1.29.24 tensorflow tf_keras onnx_graphsurgeon sng4onnx onnxsim \
         psutil ai_edge_litert onnx onnxruntime
     npubuild build configs --build-dir /tmp/npb --keep-going   # npubuild's figures (and its Vela .ini files)
     PATH=/tmp/tflite-venv/bin:$PATH python bench/tflite_route.py --report /tmp/npb/report.json \
