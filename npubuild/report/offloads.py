@@ -1,4 +1,4 @@
-"""report.md sections for issue 4: where nodes run (offloads, partitions) and the most expensive layers."""
+"""report.md sections on placement: where nodes run (offloads, partitions) and the most expensive layers."""
 
 from __future__ import annotations
 
