@@ -1,165 +1,414 @@
-"""report.html: one self-contained page (inline CSS, plots as base64 PNG; no network, opens from disk)."""
+"""report.html: one self-contained page (inline CSS and script, plots as base64 PNG; no network, opens from disk).
+
+It answers an embedded engineer's first questions at a glance, in this order: which builds failed and why
+(failed builds first, their cause in the main table), does each fit (every pool's use against its size,
+headroom), how fast (ms, inferences/s, clock), how accurate (SNR, float vs int8 top-1, debug-numerics' first
+bad layer), what runs on the CPU and why (the per-node placement with its rule and partition), what changed
+against the baseline and across the stored runs. The main table sorts by any column and filters by text.
+"""
 
 from __future__ import annotations
 
 import base64
+import os
 from html import escape
 from pathlib import Path
 
 from npubuild.fileio import write_text
+from npubuild.report.brief import failure_cause, num
+from npubuild.report.history import TREND_METRICS, run_labels, series
 from npubuild.report.plots import cached_png
 from npubuild.report.regress import Comparison, build_id
 
 CSS = """
-body{font-family:system-ui,sans-serif;margin:1.5em;color:#222}
+body{font-family:system-ui,sans-serif;margin:1.5em;color:#222;font-size:14px}
+h2{margin-top:1.6em;border-bottom:1px solid #ddd}
 table{border-collapse:collapse;margin:.5em 0}
-td,th{border:1px solid #ccc;padding:2px 6px;font-size:13px}
-th{background:#f3f3f3}
-td.n{text-align:right;font-variant-numeric:tabular-nums}
+td,th{border:1px solid #ccc;padding:3px 7px;font-size:13px;vertical-align:top}
+th{background:#f3f3f3;position:sticky;top:0}
+th.sort{cursor:pointer;user-select:none}th.sort:after{content:" \\2195";color:#999}
+td.n{text-align:right;font-variant-numeric:tabular-nums;white-space:nowrap}
 .passed{background:#dff0d8}.failed{background:#f2dede}.skipped{background:#fcf8e3}
-.bad{color:#a00;font-weight:bold}
+tr.regressed td{background:#fff1cc}tr.regressed td:first-child{border-left:4px solid #e69500}
+.bad{color:#a00;font-weight:bold}.muted{color:#777}
+.meter{display:inline-block;width:60px;height:9px;background:#eee;margin-right:4px;vertical-align:middle}
+.meter span{display:block;height:9px;background:#4878d0}.meter span.full{background:#d62728}
 details{margin:.3em 0}summary{cursor:pointer}
 img{max-width:100%}
+#filter{padding:3px 6px;width:22em}
+code{background:#f6f6f6;padding:0 3px}
 """
-MAX_LAYER_CHARTS = 6
-TREND_METRICS = ("inference_ms", "npu_cycles", "sram_kib", "offchip_kib")
-COLUMNS = (("npu_ops", "NPU ops"), ("cpu_ops", "CPU ops"), ("npu_offload", "offload"), ("sram_kib", "SRAM KiB"),
-           ("offchip_kib", "off-chip KiB"), ("inference_ms", "inference ms"), ("npu_cycles", "NPU cycles"),
-           ("macs", "MACs"), ("tosa_max_error_lsb", "TOSA max LSB"), ("tosa_snr_db", "TOSA SNR dB"),
-           ("quant_snr_db", "quant SNR dB"))
+SCRIPT = """
+function sortBy(th){var t=th.closest('table'),i=[...th.parentNode.children].indexOf(th),
+asc=th.dataset.asc!=='1';th.dataset.asc=asc?'1':'0';var rows=[...t.tBodies[0].rows];
+rows.sort(function(a,b){var x=a.cells[i].dataset.v,y=b.cells[i].dataset.v;
+if(x!==undefined&&y!==undefined&&x!==''&&y!==''){x=parseFloat(x);y=parseFloat(y)}
+else{x=a.cells[i].textContent;y=b.cells[i].textContent}
+return (x<y?-1:x>y?1:0)*(asc?1:-1)});rows.forEach(function(r){t.tBodies[0].appendChild(r)})}
+function filterRows(){var q=document.getElementById('filter').value.toLowerCase(),
+p=document.getElementById('problems').checked;
+document.querySelectorAll('#builds tbody tr').forEach(function(r){
+var show=r.textContent.toLowerCase().indexOf(q)>=0&&(!p||r.dataset.problem==='1');
+r.style.display=show?'':'none'})}
+"""
+LAYER_BARS = 30  # a per-layer chart's costliest ONNX nodes; the rest are summed into one bar
+ARTIFACT_NAMES = (("tosa", "TOSA"), ("vela", "Vela model"), ("vela_log", "vela.log"), ("per_layer_csv", "per-layer CSV"),
+                  ("firmware_c", "firmware .c"), ("firmware_h", "firmware .h"), ("deployment", "deployment.json"))
+STATUS_ORDER = {"failed": 0, "skipped": 1, "passed": 2}
 
 
-def _v(v) -> str:
-    if v is None:
-        return "-"
-    if isinstance(v, float):
-        return f"{v:.6g}"
-    return escape(str(v))
+def _v(v, digits: int = 4) -> str:
+    return escape(num(v, digits))
 
 
 def _img(png: bytes, alt: str) -> str:
     return f'<img alt="{escape(alt)}" src="data:image/png;base64,{base64.b64encode(png).decode()}">'
 
 
-def _table(head: list[str], rows: list[list[str]], numeric_from: int = 1) -> str:
-    out = ["<table><tr>" + "".join(f"<th>{escape(h)}</th>" for h in head) + "</tr>"]
+def _cell(value, text: str | None = None, numeric: bool = True, cls: str = "") -> str:
+    """A table cell; numeric cells carry their raw value for sorting."""
+    shown = _v(value) if text is None else text
+    sort = f' data-v="{value}"' if numeric and isinstance(value, (int, float)) and not isinstance(value, bool) else (
+        ' data-v=""' if numeric else "")
+    classes = " ".join(c for c in ("n" if numeric else "", cls) if c)
+    attr = f' class="{classes}"' if classes else ""
+    return f"<td{attr}{sort}>{shown}</td>"
+
+
+def _table(head: list[str], rows: list[list[str]], table_id: str = "", sortable: bool = False) -> str:
+    """`rows` are lists of ready <td> cells (use _cell) or HTML strings (already escaped, left-aligned)."""
+    ths = "".join(f'<th class="sort" onclick="sortBy(this)">{escape(h)}</th>' if sortable else f"<th>{escape(h)}</th>"
+                  for h in head)
+    body = []
     for r in rows:
-        cells = [f'<td class="n">{c}</td>' if i >= numeric_from else f"<td>{c}</td>" for i, c in enumerate(r)]
-        out.append("<tr>" + "".join(cells) + "</tr>")
-    return "\n".join(out) + "</table>"
+        cells = [c if c.startswith("<td") else f"<td>{c}</td>" for c in r]
+        body.append("<tr>" + "".join(cells) + "</tr>")
+    tid = f' id="{table_id}"' if table_id else ""
+    return f"<table{tid}><thead><tr>{ths}</tr></thead><tbody>\n" + "\n".join(body) + "\n</tbody></table>"
 
 
-def _layer_chart_builds(builds: list[dict], comparison: Comparison | None) -> set[str]:
-    """Builds that get a per-layer cycles chart: failed, regressed, then the slowest, MAX_LAYER_CHARTS in all.
+def _meter(frac: float | None, full: bool) -> str:
+    if frac is None:
+        return ""
+    width = max(0, min(100, round(frac * 100)))
+    return f'<span class="meter"><span class="{"full" if full else ""}" style="width:{width}%"></span></span>'
 
-    Drawing is ~0.1-0.5 s a chart: one for each of a nightly's hundreds of builds would dominate the report
-    step; the others get a table of their costliest layers (all layers are in report.json).
-    """
+
+def ordered(builds: list[dict]) -> list[dict]:
+    """Failed builds first, then skipped, then passed; by id within each."""
+    return sorted(builds, key=lambda b: (STATUS_ORDER.get(b["status"], 0), build_id(b)))
+
+
+def _link(path: str | None, label: str, base_dir: Path | None) -> str:
+    if not path:
+        return ""
+    href = path
+    if base_dir is not None:
+        try:
+            href = os.path.relpath(path, base_dir)
+        except ValueError:
+            pass
+    return f'<a href="{escape(Path(href).as_posix())}">{escape(label)}</a>'
+
+
+def _artifacts(b: dict, base_dir: Path | None) -> str:
+    arts = b.get("artifacts") or {}
+    return " &middot; ".join(x for x in (_link(arts.get(k), label, base_dir) for k, label in ARTIFACT_NAMES) if x) or "-"
+
+
+# --------------------------------------------------------------------------- per-layer data
+
+
+def node_layers(m: dict) -> list[dict]:
+    """Vela's per-layer rows summed per ONNX node, in execution order: cycles, compute cycles, the slowest
+    memory's access cycles, the op type, and whether the node is memory- or compute-bound."""
+    op_of = {p["node"]: p["op_type"] for p in m.get("offloads") or []}
+    nodes: dict[str, dict] = {}
+    for i, lay in enumerate(m.get("layers") or []):
+        name = str(lay.get("onnx_node") or lay.get("tensor") or f"layer {i}")
+        n = nodes.setdefault(name, {"node": name, "op_type": op_of.get(name) or str(lay.get("npu_op") or "?"),
+                                    "npu_ops": [], "cycles": 0.0, "compute": 0.0, "memory": 0.0, "macs": 0})
+        n["npu_ops"].append(str(lay.get("npu_op") or "?"))
+        n["cycles"] += float(lay.get("cycles") or 0)
+        n["compute"] += float(lay.get("npu_cycles") or 0)
+        n["memory"] += max(float(lay.get(k) or 0) for k in ("sram_access_cycles", "dram_access_cycles",
+                                                            "on_flash_access_cycles", "off_flash_access_cycles"))
+        n["macs"] += int(lay.get("macs") or 0)
+    for n in nodes.values():
+        n["bound"] = "memory" if n["memory"] > n["compute"] else "compute"
+    return list(nodes.values())
+
+
+def _layer_chart(b: dict, nodes: list[dict], cache_dir: Path | None) -> str:
+    keep = {id(n) for n in sorted(nodes, key=lambda n: -n["cycles"])[:LAYER_BARS]}
+    bars = [(n["node"][:32], n["cycles"], n["op_type"], n["bound"] == "memory") for n in nodes if id(n) in keep]
+    rest = [n for n in nodes if id(n) not in keep]
+    if rest:
+        bars.append((f"({len(rest)} other nodes)", sum(n["cycles"] for n in rest), "other", False))
+    title = f"Cycles per ONNX node: {build_id(b)}"
+    return _img(cached_png(cache_dir, "layers", (title, bars)), "cycles per ONNX node")
+
+
+def _layer_table(nodes: list[dict], total: float) -> str:
+    top = sorted(nodes, key=lambda n: -n["cycles"])[:8]
+    rows = [[escape(n["node"]), escape(n["op_type"]), escape(", ".join(dict.fromkeys(n["npu_ops"]))),
+             _cell(n["cycles"], _v(int(n["cycles"]))), _cell(n["cycles"] / total * 100 if total else None,
+                                                              _v(n["cycles"] / total * 100 if total else None, 3)),
+             _cell(n["macs"]), f'<td class="{"bad" if n["bound"] == "memory" else ""}">{n["bound"]}</td>']
+            for n in top]
+    return "<h4>Costliest nodes</h4>" + _table(["ONNX node", "op", "Vela ops", "cycles", "% of cycles", "MACs",
+                                                 "bound"], rows)
+
+
+# --------------------------------------------------------------------------- sections
+
+
+def _accuracy(m: dict) -> tuple[float | None, str]:
+    acc, flt = m.get("accuracy"), m.get("float_accuracy")
+    if acc is None:
+        return None, "-"
+    drop = m.get("accuracy_drop")
+    text = (f"{flt:.1%} &rarr; " if flt is not None else "") + f"{acc:.1%}"
+    if drop is not None:
+        text += f" ({-drop * 100:+.1f} pt)"
+    return acc, text
+
+
+def _first_bad_layer(b: dict) -> str:
+    ln = b.get("layer_numerics")
+    if not ln:
+        return "-"
+    node = ln.get("first_lowering_error") or ln.get("first_jump")
+    return escape(f"{node} ({ln.get('jump_reason') or 'integer graph leaves the QDQ model'})") if node else "no jump"
+
+
+def _worst_pool(m: dict) -> dict | None:
+    pools = [p for p in m.get("pools") or [] if p.get("size_kib")]
+    return max(pools, key=lambda p: p["used_kib"] / p["size_kib"]) if pools else None
+
+
+def _problem(b: dict, comparison: Comparison | None) -> str:
+    cause = failure_cause(b)
+    parts = [f'<span class="bad">{escape(cause)}</span>'] if cause else []
+    if comparison is not None:
+        bid = build_id(b)
+        regs = [r for r in comparison.regressions if r.build == bid and r.metric != "status"]
+        if regs:
+            parts.append("regressed: " + escape("; ".join(f"{r.metric} {r.change}" for r in regs)))
+            changed = comparison.what_changed(bid)
+            parts.append('<span class="muted">changed: ' + escape(", ".join(changed) or "nothing recorded")
+                         + "</span>")
+    return "<br>".join(parts) or "-"
+
+
+def _main_table(builds: list[dict], comparison: Comparison | None, base_dir: Path | None) -> str:
     regressed = {r.build for r in comparison.regressions} if comparison else set()
-    with_layers = [b for b in builds if b.get("metrics", {}).get("layers")]
-    ranked = sorted(with_layers, key=lambda b: (b["status"] == "passed", build_id(b) not in regressed,
-                                                -(b["metrics"].get("inference_ms") or 0.0)))
-    return {build_id(b) for b in ranked[:MAX_LAYER_CHARTS]}
+    rows = []
+    for b in builds:
+        m = b.get("metrics") or {}
+        bid = build_id(b)
+        worst = _worst_pool(m)
+        frac = worst["used_kib"] / worst["size_kib"] if worst else None
+        fit = (_meter(frac, not worst["fits"]) + escape(f"{worst['pool']} {frac:.0%}")) if worst else "-"
+        headroom = min((p["size_kib"] - p["used_kib"] for p in m.get("pools") or []), default=None)
+        ms = m.get("inference_ms")
+        rate = 1000 / ms if isinstance(ms, (int, float)) and ms > 0 else None
+        acc, acc_text = _accuracy(m)
+        cells = [f"<td>{escape(bid)}</td>", f'<td class="{b["status"]}">{b["status"]}</td>',
+                 f"<td>{_problem(b, comparison)}</td>",
+                 _cell(frac, fit), _cell(headroom, _v(headroom, 4) if headroom is not None else "-"),
+                 _cell(ms), _cell(rate, _v(round(rate)) if rate else "-"), _cell(b.get("clock_mhz")),
+                 _cell(m.get("npu_cycles")), _cell(m.get("macs")),
+                 _cell(m.get("npu_offload"), f"{m['npu_offload']:.0%}" if isinstance(m.get("npu_offload"), (int, float))
+                       else "-"),
+                 _cell(m.get("cpu_ops")), _cell(m.get("sram_kib")), _cell(m.get("offchip_kib")),
+                 _cell(m.get("tosa_snr_db"), _v(m.get("tosa_snr_db"), 3)), _cell(m.get("tosa_max_error_lsb")),
+                 _cell(acc, acc_text), f"<td>{_first_bad_layer(b)}</td>", f"<td>{_artifacts(b, base_dir)}</td>"]
+        problem = b["status"] != "passed" or bid in regressed
+        cls = ' class="regressed"' if bid in regressed else ""
+        rows.append(f'<tr{cls} data-problem="{int(problem)}">' + "".join(cells) + "</tr>")
+    head = ["build", "status", "problem", "fit (fullest pool)", "headroom KiB", "inference ms", "inferences/s",
+            "clock MHz", "NPU cycles", "MACs", "on NPU", "CPU nodes", "SRAM KiB", "off-chip KiB", "TOSA SNR dB",
+            "max LSB", "top-1 float &rarr; int8", "first bad layer", "artifacts"]
+    ths = "".join(f'<th class="sort" onclick="sortBy(this)">{h}</th>' for h in head)
+    return ('<p><input id="filter" placeholder="filter builds (spec, model, target, cause)" oninput="filterRows()"> '
+            '<label><input type="checkbox" id="problems" onchange="filterRows()"> problems only</label> '
+            '<span class="muted">click a column to sort</span></p>'
+            f'<table id="builds"><thead><tr>{ths}</tr></thead><tbody>\n' + "\n".join(rows) + "\n</tbody></table>")
 
 
-def _layer_table(layers: list[dict]) -> str:
-    top = sorted(layers, key=lambda lay: lay.get("cycles") or 0, reverse=True)[:5]
-    return "<h4>Costliest layers</h4>" + _table(["layer", "op", "cycles", "MACs"], [
-        [escape(str(lay.get("onnx_node") or lay.get("tensor") or "-")), escape(str(lay.get("npu_op") or "-")),
-         _v(lay.get("cycles")), _v(lay.get("macs"))] for lay in top], numeric_from=2)
+def _fit_section(builds: list[dict], cache_dir: Path | None) -> list[str]:
+    rows = []
+    for b in builds:
+        for p in (b.get("metrics") or {}).get("pools") or []:
+            size = p.get("size_kib") or 0
+            frac = p["used_kib"] / size if size else None
+            roles = ", ".join(f"{r} {kib:.1f}" for r, kib in (p.get("roles") or {}).items())
+            rows.append([escape(build_id(b)), escape(p["pool"]), escape(p.get("kind", "")), escape(roles or "-"),
+                         _cell(p["used_kib"]), _cell(size), _cell(size - p["used_kib"]),
+                         _cell(frac, _meter(frac, not p["fits"]) + (f"{frac:.0%}" if frac is not None else "-")),
+                         '<td>yes</td>' if p["fits"] else '<td class="bad">NO</td>'])
+    if not rows:
+        return []
+    pools = [(build_id(b), b["metrics"]["pools"]) for b in builds if (b.get("metrics") or {}).get("pools")]
+    return ["<h2>Does it fit? Memory per pool</h2>",
+            _table(["build", "pool", "kind", "holds (KiB)", "used KiB", "size KiB", "headroom KiB", "used", "fits"],
+                   rows, sortable=True),
+            "<details><summary>chart</summary>" + _img(cached_png(cache_dir, "pools", (pools,)), "memory per pool")
+            + "</details>"]
 
 
-def _build_details(b: dict, cache_dir: Path | None, chart: bool = True) -> str:
-    m = b.get("metrics", {})
-    parts = [f'<details><summary class="{b["status"]}">{escape(build_id(b))}: {b["status"]}</summary>']
+def _placement_rows(offloads: list[dict]) -> list[list[str]]:
+    rows = []
+    for p in offloads:
+        where = (f"NPU partition {p['partition']}" if p["kind"] == "npu"
+                 else f'<span class="bad">CPU</span> (host partition {p["partition"]})')
+        rows.append([escape(p["node"]), escape(p["op_type"]), f"<td>{where}</td>",
+                     escape(", ".join(p.get("tosa_ops") or []) or "-"), escape(p.get("rule") or "-"),
+                     escape(p.get("reason") or "-")])
+    return rows
+
+
+def _placement_section(builds: list[dict]) -> list[str]:
+    with_nodes = [b for b in builds if (b.get("metrics") or {}).get("offloads")]
+    if not with_nodes:
+        return []
+    out = ["<h2>What runs where: NPU and CPU placement per node</h2>"]
+    host = [b for b in with_nodes if any(p["kind"] != "npu" for p in b["metrics"]["offloads"])]
+    all_npu = [b for b in with_nodes if b not in host]
+    if all_npu:
+        out.append(f"<p>{len(all_npu)} build(s) run every node on the NPU in one partition each"
+                   + (": " + escape(", ".join(build_id(b) for b in all_npu if b["metrics"].get("npu_partitions") == 1))
+                      if len(all_npu) <= 12 else "") + ".</p>")
+    for b in sorted(host, key=build_id) + sorted(all_npu, key=build_id):
+        m = b["metrics"]
+        cpu = [p for p in m["offloads"] if p["kind"] != "npu"]
+        parts = m.get("partition_graph") or []
+        chain = " &rarr; ".join(f"{'NPU' if p['kind'] == 'npu' else 'CPU'} {p['index']} ({len(p.get('nodes', []))})"
+                                for p in parts)
+        head = (f"{escape(build_id(b))}: {len(cpu)} of {len(m['offloads'])} nodes on the CPU, "
+                f"{m.get('npu_partitions')} NPU partition(s)" + (f"; order {chain}" if chain else ""))
+        out.append(f"<details{' open' if cpu else ''}><summary>{head}</summary>"
+                   + _table(["node", "op", "runs on", "TOSA ops", "rule", "reason"], _placement_rows(m["offloads"]),
+                            sortable=True) + "</details>")
+    return out
+
+
+def _build_details(b: dict, cache_dir: Path | None, base_dir: Path | None) -> str:
+    m = b.get("metrics") or {}
+    parts = [f'<details><summary class="{b["status"]}">{escape(build_id(b))}: {b["status"]}'
+             + (f" &mdash; {escape(failure_cause(b) or '')}" if b["status"] != "passed" else "") + "</summary>"]
     for e in b.get("errors", []):
         parts.append(f'<p class="bad">{escape(e)}</p>')
+    parts.append(f"<p>Artifacts: {_artifacts(b, base_dir)}</p>")
     parts.append("<h4>Stages</h4>" + _table(
-        ["stage", "status", "seconds", "cached"],
-        [[escape(k), escape(s["status"]), _v(s.get("seconds")), "yes" if s.get("cached") else "no"]
-         for k, s in b.get("stages", {}).items()], numeric_from=2))
-    if b.get("gates"):
-        parts.append("<h4>Gates</h4>" + _table(
-            ["gate", "metric", "limit", "value", "ok"],
-            [[escape(g["name"]), escape(g["metric"]), _v(g["limit"]), _v(g["value"]),
-              "yes" if g["ok"] else '<span class="bad">NO</span>'] for g in b["gates"]], numeric_from=2))
-    if m.get("pools"):
-        parts.append("<h4>Memory pools</h4>" + _table(
-            ["pool", "kind", "used KiB", "size KiB", "fits"],
-            [[escape(p["pool"]), escape(p["kind"]), _v(p["used_kib"]), _v(p["size_kib"]),
-              "yes" if p["fits"] else '<span class="bad">NO</span>'] for p in m["pools"]], numeric_from=2))
-    layers = m.get("layers") or m.get("per_layer")  # Vela's per-layer performance, when the build recorded it
-    if layers and not chart:
-        parts.append(_layer_table(layers))
-    elif layers:
-        data = [(str(lay.get("onnx_node") or lay.get("name") or lay.get("tensor") or i), float(lay.get("cycles") or 0))
-                for i, lay in enumerate(layers)]
-        parts.append(_img(cached_png(cache_dir, "layers", (f"Cycles per layer: {build_id(b)}", data)),
-                     "per-layer cycles"))
+        ["stage", "status", "seconds", "from"],
+        [[escape(k), escape(s["status"]), _cell(s.get("seconds"), _v(s.get("seconds"), 3)),
+          escape("shared cache" if s.get("from_cache") else "earlier run" if s.get("cached") else
+                 s.get("reason") or s.get("error") or "this run")] for k, s in b.get("stages", {}).items()]))
+    gates = [[escape(g["name"]), escape(g["metric"]), _cell(g["limit"]), _cell(g["value"]),
+              "<td>yes</td>" if g["ok"] else '<td class="bad">NO</td>'] for g in b.get("gates", [])]
+    gates += [[escape(g["name"]), escape(g["metric"]), _cell(g["limit"]), _cell(None),
+               '<td class="muted">not evaluated</td>'] for g in b.get("unchecked_gates", [])]
+    if gates:
+        parts.append("<h4>Gates</h4>" + _table(["gate", "metric", "limit", "value", "ok"], gates))
+    nodes = node_layers(m)
+    if nodes:
+        total = sum(n["cycles"] for n in nodes)
+        parts.append(_layer_chart(b, nodes, cache_dir))
+        parts.append(_layer_table(nodes, total))
+    ln = b.get("layer_numerics")
+    if ln:
+        rows = [[escape(r["node"]), escape(r["op_type"]), _cell(r.get("tosa_snr_db"), _v(r.get("tosa_snr_db"), 3)),
+                 _cell(r.get("max_error_lsb")), _cell(r.get("quant_snr_db"), _v(r.get("quant_snr_db"), 3)),
+                 '<td class="bad">first jump</td>' if r["node"] == ln.get("first_jump") else
+                 '<td class="bad">leaves QDQ</td>' if r["node"] == ln.get("first_lowering_error") else "<td></td>"]
+                for r in ln.get("layers", [])]
+        parts.append(f"<h4>debug-numerics ({ln.get('samples')} samples): first bad layer {_first_bad_layer(b)}</h4>"
+                     + _table(["node", "op", "SNR vs QDQ dB", "max LSB", "SNR vs float dB", ""], rows))
     parts.append("</details>")
     return "\n".join(parts)
 
 
+def _baseline_section(report: dict, comparison: Comparison, baseline: str | None, cache_dir: Path | None) -> list[str]:
+    c = comparison
+    h = [f"<h2>Against the baseline</h2><p>Baseline: <code>{escape(baseline or '')}</code></p>"]
+    if c.version_changes:
+        h.append("<p><b>Tool versions changed:</b> " + ", ".join(
+            f"{escape(k)} {escape(a)} &rarr; {escape(b)}" for k, (a, b) in c.version_changes.items()) + "</p>")
+    if c.commit_change:
+        h.append(f"<p><b>Commit:</b> {escape(c.commit_change[0] or '?')} &rarr; {escape(c.commit_change[1] or '?')}</p>")
+    if c.regressions:
+        items = []
+        for r in c.regressions:
+            changed = c.changes.get(r.build)
+            items.append(f'<li class="bad">{escape(r.line())}</li>' if not changed else
+                         f'<li class="bad">{escape(r.line())} <span class="muted">({escape(", ".join(changed))})</span></li>')
+        h.append(f'<p class="bad">{len(c.regressions)} regression(s)</p><ul>' + "".join(items) + "</ul>")
+    else:
+        h.append("<p>No regression.</p>")
+    h.append(f"<p>{c.unchanged} build(s) with unchanged metrics; {len(c.failed)} did not pass"
+             + (f"; {len(c.new_builds)} new" if c.new_builds else "")
+             + (f"; {len(c.not_asked)} not asked for in this run" if c.not_asked else "") + ".</p>")
+    if c.deltas:
+        h.append(_table(["build", "metric", "old", "new", "change", "allowed", "regression"], [
+            [escape(d.build), escape(d.metric), _cell(d.old), _cell(d.new), escape(d.change), escape(d.limit or "-"),
+             '<td class="bad">yes</td>' if d.regression else "<td>no</td>"] for d in c.deltas], sortable=True))
+    trend = _trend_rows(c)
+    if trend:
+        h.append(_img(cached_png(cache_dir, "trend", (list(TREND_METRICS[:4]), trend)), "metric trend"))
+    return h
+
+
+def _history_section(runs: list[dict], cache_dir: Path | None) -> list[str]:
+    if len(runs) < 2:
+        return []
+    labels = run_labels(runs)
+    h = [f"<h2>History: {len(runs)} stored runs</h2>"]
+    for metric in TREND_METRICS:
+        rows = series(runs, metric)
+        if rows:
+            h.append(_img(cached_png(cache_dir, "history", (metric, labels, rows)), f"{metric} per run"))
+    return h
+
+
 def render_html(report: dict, comparison: Comparison | None = None, baseline: str | None = None,
-                cache_dir: Path | None = None) -> str:
-    builds = report.get("builds", [])
+                cache_dir: Path | None = None, history: list[dict] | None = None, base_dir: Path | None = None) -> str:
+    """`history`: stored runs, oldest first (report.history); `base_dir`: where the page is written, for
+    relative links to the artifacts."""
+    builds = ordered(report.get("builds", []))
     counts = {s: sum(1 for b in builds if b["status"] == s) for s in ("passed", "failed", "skipped")}
+    meta = " &middot; ".join(escape(str(x)) for x in (report.get("created"), report.get("run_id"),
+                                                       report.get("commit") and f"commit {report['commit']}") if x)
     h = ["<!DOCTYPE html><html><head><meta charset=\"utf-8\"><title>npubuild report</title>",
-         f"<style>{CSS}</style></head><body><h1>npubuild report</h1>",
-         f"<p>{len(builds)} builds: {counts['passed']} passed, {counts['failed']} failed, "
-         f"{counts['skipped']} skipped.</p>"]
+         f"<style>{CSS}</style><script>{SCRIPT}</script></head><body><h1>npubuild report</h1>",
+         f'<p>{len(builds)} builds: {counts["passed"]} passed, <span class="{"bad" if counts["failed"] else ""}">'
+         f'{counts["failed"]} failed</span>, {counts["skipped"]} skipped.'
+         + (f' <span class="muted">{meta}</span>' if meta else "") + "</p>"]
     if comparison is not None:
-        h.append(f"<h2>Against the baseline</h2><p>Baseline: <code>{escape(baseline or '')}</code></p>")
-        if comparison.version_changes:
-            h.append("<p><b>Tool versions changed:</b> " + ", ".join(
-                f"{escape(k)} {escape(a)} &rarr; {escape(b)}" for k, (a, b) in comparison.version_changes.items())
-                + "</p>")
-        if comparison.regressions:
-            h.append(f'<p class="bad">{len(comparison.regressions)} regression(s)</p><ul>' + "".join(
-                f'<li class="bad">{escape(r.line())}</li>' for r in comparison.regressions) + "</ul>")
-        else:
-            h.append("<p>No regression.</p>")
-        if comparison.deltas:
-            h.append(_table(["build", "metric", "old", "new", "change", "allowed", "regression"], [
-                [escape(d.build), escape(d.metric), _v(d.old), _v(d.new), escape(d.change), escape(d.limit or "-"),
-                 '<span class="bad">yes</span>' if d.regression else "no"] for d in comparison.deltas],
-                numeric_from=2))
-        trend = _trend_rows(report, comparison)
-        if trend:
-            h.append(_img(cached_png(cache_dir, "trend", (list(TREND_METRICS), trend)), "metric trend"))
+        h += _baseline_section(report, comparison, baseline, cache_dir)
+    h += _history_section(history or [], cache_dir)
     h.append("<h2>Builds</h2>")
-    rows = []
-    for b in builds:
-        m = b.get("metrics", {})
-        bad = [g["name"] for g in b.get("gates", []) if not g["ok"]]
-        rows.append([escape(build_id(b)), f'<span class="{b["status"]}">{b["status"]}</span>',
-                     *(_v(m.get(k)) for k, _ in COLUMNS), escape(", ".join(bad)) or "-"])
-    h.append(_table(["build", "status", *(c for _, c in COLUMNS), "failed gates"], rows, numeric_from=2))
-    h.append("<h2>Offload</h2>" + _table(
-        ["build", "NPU ops", "CPU ops", "offload", "Vela NPU ops", "Vela CPU ops"],
-        [[escape(build_id(b)), *(_v(b.get("metrics", {}).get(k)) for k in
-                                 ("npu_ops", "cpu_ops", "npu_offload", "vela_npu_ops", "vela_cpu_ops"))]
-         for b in builds]))
-    pools = [(build_id(b), b["metrics"]["pools"]) for b in builds if b.get("metrics", {}).get("pools")]
-    if pools:
-        h.append("<h2>Memory use per pool</h2>" + _img(cached_png(cache_dir, "pools", (pools,)), "memory per pool"))
-    h.append("<h2>Details</h2>")
-    charted = _layer_chart_builds(builds, comparison)
-    h += [_build_details(b, cache_dir, build_id(b) in charted) for b in builds]
+    h.append(_main_table(builds, comparison, base_dir))
+    h += _fit_section(builds, cache_dir)
+    h += _placement_section(builds)
+    h.append("<h2>Details per build</h2>")
+    h += [_build_details(b, cache_dir, base_dir) for b in builds]
     h.append("<h2>Tool versions</h2>" + _table(["tool", "version"], [
-        [escape(k), escape(str(v))] for k, v in report.get("versions", {}).items()], numeric_from=9))
+        [escape(k), escape(str(v))] for k, v in report.get("versions", {}).items()]))
     h.append("</body></html>")
     return "\n".join(h) + "\n"
 
 
-def _trend_rows(report: dict, c: Comparison) -> list[tuple[str, list[float | None]]]:
+def _trend_rows(c: Comparison) -> list[tuple[str, list[float | None]]]:
+    metrics = TREND_METRICS[:4]
     pct: dict[str, dict[str, float]] = {}
     for d in c.deltas:
-        if d.metric in TREND_METRICS and isinstance(d.old, (int, float)) and d.old:
+        if d.metric in metrics and isinstance(d.old, (int, float)) and d.old:
             pct.setdefault(d.build, {})[d.metric] = round((d.new - d.old) / d.old * 100, 4)
-    return [(bid, [vals.get(m) for m in TREND_METRICS]) for bid, vals in pct.items()]
+    return [(bid, [vals.get(m) for m in metrics]) for bid, vals in pct.items()]
 
 
 def write_html(path: Path, report: dict, comparison: Comparison | None = None, baseline: str | None = None,
-               cache_dir: Path | None = None) -> None:
-    write_text(path, render_html(report, comparison, baseline, cache_dir))
+               cache_dir: Path | None = None, history: list[dict] | None = None) -> None:
+    write_text(path, render_html(report, comparison, baseline, cache_dir, history, path.parent.resolve()))
