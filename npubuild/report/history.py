@@ -79,9 +79,9 @@ def series(runs: list[dict], metric: str) -> list[tuple[str, list[float | None]]
 
 
 def run_labels(runs: list[dict]) -> list[str]:
-    """Short x-axis labels: the run's date and time (`11-03 02:00`), else its id."""
-    out = []
-    for r in runs:
-        c = str(r.get("created") or "")
-        out.append(f"{c[5:10]} {c[11:16]}" if len(c) >= 16 else str(r.get("run_id") or "?")[:15])
-    return out
+    """Short x-axis labels: the run's date and time (`11-03 02:00`, with seconds if two runs share a
+    minute), else its id."""
+    created = [str(r.get("created") or "") for r in runs]
+    width = 19 if len({c[:16] for c in created}) < len(created) else 16
+    return [f"{c[5:10]} {c[11:width]}" if len(c) >= 16 else str(r.get("run_id") or "?")[:15]
+            for c, r in zip(created, runs, strict=True)]

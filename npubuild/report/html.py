@@ -17,7 +17,7 @@ from pathlib import Path
 from npubuild.fileio import write_text
 from npubuild.report.brief import failure_cause, num
 from npubuild.report.history import TREND_METRICS, run_labels, series
-from npubuild.report.plots import cached_png
+from npubuild.report.plots import cached_png, layers_svg
 from npubuild.report.regress import Comparison, build_id
 
 CSS = """
@@ -28,6 +28,7 @@ td,th{border:1px solid #ccc;padding:3px 7px;font-size:13px;vertical-align:top}
 th{background:#f3f3f3;position:sticky;top:0}
 th.sort{cursor:pointer;user-select:none}th.sort:after{content:" \\2195";color:#999}
 td.n{text-align:right;font-variant-numeric:tabular-nums;white-space:nowrap}
+td.id{white-space:nowrap}#builds td,#builds th{font-size:12px}
 .passed{background:#dff0d8}.failed{background:#f2dede}.skipped{background:#fcf8e3}
 tr.regressed td{background:#fff1cc}tr.regressed td:first-child{border-left:4px solid #e69500}
 .bad{color:#a00;font-weight:bold}.muted{color:#777}
@@ -54,6 +55,8 @@ r.style.display=show?'':'none'})}
 LAYER_BARS = 30  # a per-layer chart's costliest ONNX nodes; the rest are summed into one bar
 ARTIFACT_NAMES = (("tosa", "TOSA"), ("vela", "Vela model"), ("vela_log", "vela.log"), ("per_layer_csv", "per-layer CSV"),
                   ("firmware_c", "firmware .c"), ("firmware_h", "firmware .h"), ("deployment", "deployment.json"))
+SHORT_NAMES = {"Vela model": "Vela", "per-layer CSV": "CSV", "firmware .c": ".c", "firmware .h": ".h",
+               "deployment.json": "deploy", "vela.log": "log"}  # in the main table, where width is short
 STATUS_ORDER = {"failed": 0, "skipped": 1, "passed": 2}
 
 
@@ -111,9 +114,10 @@ def _link(path: str | None, label: str, base_dir: Path | None) -> str:
     return f'<a href="{escape(Path(href).as_posix())}">{escape(label)}</a>'
 
 
-def _artifacts(b: dict, base_dir: Path | None) -> str:
+def _artifacts(b: dict, base_dir: Path | None, short: bool = False) -> str:
     arts = b.get("artifacts") or {}
-    return " &middot; ".join(x for x in (_link(arts.get(k), label, base_dir) for k, label in ARTIFACT_NAMES) if x) or "-"
+    links = (_link(arts.get(k), SHORT_NAMES.get(label, label) if short else label, base_dir) for k, label in ARTIFACT_NAMES)
+    return " &middot; ".join(x for x in links if x) or "-"
 
 
 # --------------------------------------------------------------------------- per-layer data
@@ -139,14 +143,13 @@ def node_layers(m: dict) -> list[dict]:
     return list(nodes.values())
 
 
-def _layer_chart(b: dict, nodes: list[dict], cache_dir: Path | None) -> str:
+def _layer_chart(b: dict, nodes: list[dict], uid: str) -> str:
     keep = {id(n) for n in sorted(nodes, key=lambda n: -n["cycles"])[:LAYER_BARS]}
-    bars = [(n["node"][:32], n["cycles"], n["op_type"], n["bound"] == "memory") for n in nodes if id(n) in keep]
+    bars = [(n["node"][:34], n["cycles"], n["op_type"], n["bound"] == "memory") for n in nodes if id(n) in keep]
     rest = [n for n in nodes if id(n) not in keep]
     if rest:
         bars.append((f"({len(rest)} other nodes)", sum(n["cycles"] for n in rest), "other", False))
-    title = f"Cycles per ONNX node: {build_id(b)}"
-    return _img(cached_png(cache_dir, "layers", (title, bars)), "cycles per ONNX node")
+    return layers_svg(f"Cycles per ONNX node: {build_id(b)}", bars, uid)
 
 
 def _layer_table(nodes: list[dict], total: float) -> str:
@@ -210,24 +213,24 @@ def _main_table(builds: list[dict], comparison: Comparison | None, base_dir: Pat
         worst = _worst_pool(m)
         frac = worst["used_kib"] / worst["size_kib"] if worst else None
         fit = (_meter(frac, not worst["fits"]) + escape(f"{worst['pool']} {frac:.0%}")) if worst else "-"
-        headroom = min((p["size_kib"] - p["used_kib"] for p in m.get("pools") or []), default=None)
+        headroom = worst["size_kib"] - worst["used_kib"] if worst else None  # of that fullest pool
         ms = m.get("inference_ms")
         rate = 1000 / ms if isinstance(ms, (int, float)) and ms > 0 else None
         acc, acc_text = _accuracy(m)
-        cells = [f"<td>{escape(bid)}</td>", f'<td class="{b["status"]}">{b["status"]}</td>',
+        cells = [f'<td class="id">{escape(bid)}</td>', f'<td class="{b["status"]}">{b["status"]}</td>',
                  f"<td>{_problem(b, comparison)}</td>",
                  _cell(frac, fit), _cell(headroom, _v(headroom, 4) if headroom is not None else "-"),
-                 _cell(ms), _cell(rate, _v(round(rate)) if rate else "-"), _cell(b.get("clock_mhz")),
+                 _cell(ms), _cell(rate, f"{rate:,.0f}" if rate else "-"), _cell(b.get("clock_mhz")),
                  _cell(m.get("npu_cycles")), _cell(m.get("macs")),
                  _cell(m.get("npu_offload"), f"{m['npu_offload']:.0%}" if isinstance(m.get("npu_offload"), (int, float))
                        else "-"),
                  _cell(m.get("cpu_ops")), _cell(m.get("sram_kib")), _cell(m.get("offchip_kib")),
                  _cell(m.get("tosa_snr_db"), _v(m.get("tosa_snr_db"), 3)), _cell(m.get("tosa_max_error_lsb")),
-                 _cell(acc, acc_text), f"<td>{_first_bad_layer(b)}</td>", f"<td>{_artifacts(b, base_dir)}</td>"]
+                 _cell(acc, acc_text), f"<td>{_first_bad_layer(b)}</td>", f'<td class="id">{_artifacts(b, base_dir, short=True)}</td>']
         problem = b["status"] != "passed" or bid in regressed
         cls = ' class="regressed"' if bid in regressed else ""
         rows.append(f'<tr{cls} data-problem="{int(problem)}">' + "".join(cells) + "</tr>")
-    head = ["build", "status", "problem", "fit (fullest pool)", "headroom KiB", "inference ms", "inferences/s",
+    head = ["build", "status", "problem", "fit (fullest pool)", "its headroom KiB", "inference ms", "inferences/s",
             "clock MHz", "NPU cycles", "MACs", "on NPU", "CPU nodes", "SRAM KiB", "off-chip KiB", "TOSA SNR dB",
             "max LSB", "top-1 float &rarr; int8", "first bad layer", "artifacts"]
     ths = "".join(f'<th class="sort" onclick="sortBy(this)">{h}</th>' for h in head)
@@ -294,9 +297,11 @@ def _placement_section(builds: list[dict]) -> list[str]:
     return out
 
 
-def _build_details(b: dict, cache_dir: Path | None, base_dir: Path | None) -> str:
+def _build_details(b: dict, cache_dir: Path | None, base_dir: Path | None, uid: str = "h0",
+                   regressed: bool = False) -> str:
     m = b.get("metrics") or {}
-    parts = [f'<details><summary class="{b["status"]}">{escape(build_id(b))}: {b["status"]}'
+    opened = " open" if b["status"] == "failed" or regressed else ""  # the ones to look at
+    parts = [f'<details{opened}><summary class="{b["status"]}">{escape(build_id(b))}: {b["status"]}'
              + (f" &mdash; {escape(failure_cause(b) or '')}" if b["status"] != "passed" else "") + "</summary>"]
     for e in b.get("errors", []):
         parts.append(f'<p class="bad">{escape(e)}</p>')
@@ -315,7 +320,7 @@ def _build_details(b: dict, cache_dir: Path | None, base_dir: Path | None) -> st
     nodes = node_layers(m)
     if nodes:
         total = sum(n["cycles"] for n in nodes)
-        parts.append(_layer_chart(b, nodes, cache_dir))
+        parts.append(_layer_chart(b, nodes, uid))
         parts.append(_layer_table(nodes, total))
     ln = b.get("layer_numerics")
     if ln:
@@ -393,7 +398,8 @@ def render_html(report: dict, comparison: Comparison | None = None, baseline: st
     h += _fit_section(builds, cache_dir)
     h += _placement_section(builds)
     h.append("<h2>Details per build</h2>")
-    h += [_build_details(b, cache_dir, base_dir) for b in builds]
+    regressed = {r.build for r in comparison.regressions} if comparison else set()
+    h += [_build_details(b, cache_dir, base_dir, f"stripes{i}", build_id(b) in regressed) for i, b in enumerate(builds)]
     h.append("<h2>Tool versions</h2>" + _table(["tool", "version"], [
         [escape(k), escape(str(v))] for k, v in report.get("versions", {}).items()]))
     h.append("</body></html>")

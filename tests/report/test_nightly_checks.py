@@ -118,12 +118,13 @@ def test_report_html_answers_fit_cause_placement_time_and_history(project: Path,
     for _, row in rows[1:]:
         assert re.search(r"sram \d+%", row)
         assert re.search(r'data-v="(\d+\.\d+)">\d[\d.]*</td>', row)  # figures with few digits, raw value to sort
-    assert "<th class=\"sort\" onclick=\"sortBy(this)\">headroom KiB</th>" in page and 'id="filter"' in page
+    assert "<th class=\"sort\" onclick=\"sortBy(this)\">its headroom KiB</th>" in page and 'id="filter"' in page
     assert "Does it fit? Memory per pool" in page and "What runs where" in page
     assert "clock MHz" in page and "inferences/s" in page and ">compute</td>" in page
     assert "History: 2 stored runs" in page and 'alt="inference_ms per run"' in page
     # every build that reached Vela has its per-node chart; artifact links resolve from the page
-    assert page.count('alt="cycles per ONNX node"') == 2
+    assert page.count('aria-label="cycles per ONNX node"') == 2
+    assert f'<details open><summary class="failed">{U55}: failed' in page  # the failure is open to read
     links = set(re.findall(r'<a href="([^"]+)">firmware \.c</a>', page))  # in the main table and the details
     assert len(links) == 2 and all((project / "build" / href).is_file() for href in links)
     assert "target profile changed" in page  # what changed, beside the regression
@@ -141,3 +142,24 @@ def test_failure_causes_and_numbers_read_the_same_everywhere():
              "gates": [{"name": "max_sram_kib", "metric": "sram_kib", "limit": 128, "value": 176.0, "ok": False}]}
     assert failure_cause(gated) == "gate max_sram_kib failed: sram_kib = 176, limit 128"
     assert failure_cause({"status": "passed"}) is None
+
+
+def test_history_keeps_the_newest_runs_once_each_and_draws_a_series_per_build(tmp_path: Path):
+    from npubuild.report import history
+    from npubuild.report.plots import history_chart
+
+    def run(i: int, ms: float) -> dict:
+        build = {"spec": "kws", "model": "ds_cnn", "target": "ethos-u55-128", "status": "passed",
+                 "metrics": {"inference_ms": ms, "layers": [{"cycles": 1}], "npu_offload": 1.0}}
+        return {"run_id": f"r{i}", "created": f"2026-11-0{i}T02:00:00+0000", "versions": {}, "builds": [build]}
+
+    store = tmp_path / "hist"
+    for i, ms in enumerate((0.27, 0.27, 0.54, 0.54), start=1):
+        runs = history.record(store, run(i, ms), keep=3)
+    assert [r["run_id"] for r in runs] == ["r2", "r3", "r4"]  # the newest three, oldest first
+    assert history.record(store, run(4, 0.54), keep=3) == runs  # the same run is stored once
+    assert "layers" not in runs[0]["builds"][0]["metrics"]  # slimmed to scalars
+    assert history.series(runs, "inference_ms") == [("kws/ds_cnn/ethos-u55-128", [0.27, 0.54, 0.54])]
+    assert history.run_labels(runs) == ["11-02 02:00", "11-03 02:00", "11-04 02:00"]
+    png = history_chart("inference_ms", history.run_labels(runs), history.series(runs, "inference_ms"))
+    assert png.startswith(b"\x89PNG")
