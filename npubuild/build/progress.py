@@ -15,7 +15,7 @@ from typing import IO
 from npubuild.build.plan import BuildPlan
 from npubuild.stages import STAGE_NAMES
 
-STATES = ("running", "ran", "restored", "cached", "failed")
+STATES = ("running", "ran", "restored", "cached", "failed", "blocked")  # blocked: not run, an upstream task failed
 BAR_WIDTH = 28
 RUNNING_WIDTH = 44  # the running column's fixed width; longer lists are cut with "+N"
 SHOWN_FAILURES = 5
@@ -70,9 +70,13 @@ class StageProgress:
             self.builds_failed += 1
             self.failures.append((build_id, cause))
 
+    @staticmethod
+    def _done(c: dict[str, int]) -> int:
+        return c["ran"] + c["restored"] + c["cached"] + c["failed"] + c["blocked"]
+
     @property
     def tasks_done(self) -> int:
-        return sum(c["ran"] + c["restored"] + c["cached"] + c["failed"] for c in self.counts.values())
+        return sum(self._done(c) for c in self.counts.values())
 
     def eta(self) -> float | None:
         """Seconds left: each stage's tasks still to do at the mean time of that stage's tasks so far (the mean
@@ -85,7 +89,7 @@ class StageProgress:
         left = 0.0
         for stage, total in self.total.items():
             c = self.counts[stage]
-            todo = total - (c["ran"] + c["restored"] + c["cached"] + c["failed"] + c["running"])
+            todo = total - (self._done(c) + c["running"])
             left += todo * means.get(stage, overall)
         for name, began in self.running.items():
             left += max(0.0, means.get(self.stage_of(name), overall) - (now - began))
@@ -122,7 +126,7 @@ class StageProgress:
             if not total:
                 continue
             c = self.counts[stage]
-            done = c["ran"] + c["restored"] + c["cached"] + c["failed"]
+            done = self._done(c)
             names = [f"{n.split(':', 1)[1]} ({now - s:.0f}s)" for n, s in self.running.items()
                      if self.stage_of(n) == stage]
             t.add_row(stage, f"{done}/{total}", str(c["ran"]), str(c["cached"]), str(c["restored"]),

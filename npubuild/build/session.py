@@ -2,10 +2,11 @@
 
 An executor (doit's local processes, a Dask cluster) only runs stage tasks and
 tells the session what became of each (`started`, `finished`); the session
-shows progress, and when the executor is done writes report.json/md/html and
-run.json, names each gate that fell short and prints the closing summary. So
-`npubuild build`, `npubuild compile`, plain `doit` and `--executor dask` report
-a run the same way.
+shows progress (a result line per build as soon as its last task is done),
+and when the executor is done writes report.json/md/html and run.json, names
+each gate that fell short and prints the closing summary. So `npubuild build`,
+plain `doit` and `--executor dask` report a run the same way; `compile` writes
+its reports elsewhere and the side commands none (Session's `reports`).
 """
 
 from __future__ import annotations
@@ -74,8 +75,9 @@ class Session:
     `debug-numerics`: they read what they need from the result and leave the project's reports alone).
     `quiet`: no per-task lines or live table, the closing summary still; `summary=False`: no closing summary
     either, nothing on stdout (the command prints its own output). Errors go to stderr whatever these say:
-    one line per failed task naming its builds, one per gate that fell short. `selection`: what was asked for (the spec arguments and
-    --only), kept in report.json so a baseline comparison can tell a build not asked for from one lost.
+    one line per failed task naming its builds, one per gate that fell short. `selection`: what was asked
+    for (the spec arguments and --only), kept in report.json so that a baseline comparison can tell a build
+    not asked for from one lost.
     """
 
     def __init__(self, plan: BuildPlan, run_id: str | None = None, quiet: bool = False, live: bool | None = None,
@@ -112,8 +114,7 @@ class Session:
         self.outcomes[outcome].append(task_name)
         task = self.plan.tasks.get(task_name)
         builds = task.builds if task is not None else []
-        if outcome != "blocked":
-            self._event(task_name, {"from-cache": "restored"}.get(outcome, outcome))
+        self._event(task_name, {"from-cache": "restored"}.get(outcome, outcome))
         if outcome == "cached" and self.verbose:
             self._line(f"[{self._done():>3}/{len(self.plan.tasks)}] cached  {task_name}")
         elif outcome == "failed":

@@ -15,7 +15,7 @@ from html import escape
 from pathlib import Path
 
 from npubuild.fileio import write_text
-from npubuild.report.brief import failure_cause, num
+from npubuild.report.brief import failure_cause, num, plain_message
 from npubuild.report.history import TREND_METRICS, run_labels, series
 from npubuild.report.plots import cached_png, layers_svg
 from npubuild.report.regress import Comparison, build_id
@@ -28,7 +28,7 @@ td,th{border:1px solid #ccc;padding:3px 7px;font-size:13px;vertical-align:top}
 th{background:#f3f3f3;position:sticky;top:0}
 th.sort{cursor:pointer;user-select:none}th.sort:after{content:" \\2195";color:#999}
 td.n{text-align:right;font-variant-numeric:tabular-nums;white-space:nowrap}
-td.id{white-space:nowrap}#builds td,#builds th{font-size:12px}
+td.id{white-space:nowrap}#builds td,#builds th{font-size:12px}td.problem{min-width:22em;max-width:34em}
 .passed{background:#dff0d8}.failed{background:#f2dede}.skipped{background:#fcf8e3}
 tr.regressed td{background:#fff1cc}tr.regressed td:first-child{border-left:4px solid #e69500}
 .bad{color:#a00;font-weight:bold}.muted{color:#777}
@@ -97,9 +97,9 @@ def _meter(frac: float | None, full: bool) -> str:
     return f'<span class="meter"><span class="{"full" if full else ""}" style="width:{width}%"></span></span>'
 
 
-def ordered(builds: list[dict]) -> list[dict]:
-    """Failed builds first, then skipped, then passed; by id within each."""
-    return sorted(builds, key=lambda b: (STATUS_ORDER.get(b["status"], 0), build_id(b)))
+def ordered(builds: list[dict], regressed: set[str] | frozenset[str] = frozenset()) -> list[dict]:
+    """Failed builds first, then skipped, then the regressed ones, then the rest; by id within each."""
+    return sorted(builds, key=lambda b: (STATUS_ORDER.get(b["status"], 0), build_id(b) not in regressed, build_id(b)))
 
 
 def _link(path: str | None, label: str, base_dir: Path | None) -> str:
@@ -197,11 +197,18 @@ def _problem(b: dict, comparison: Comparison | None) -> str:
         bid = build_id(b)
         regs = [r for r in comparison.regressions if r.build == bid and r.metric != "status"]
         if regs:
-            parts.append("regressed: " + escape("; ".join(f"{r.metric} {r.change}" for r in regs)))
+            parts.append("regressed: " + escape("; ".join(_delta_text(r) for r in regs)))
             changed = comparison.what_changed(bid)
             parts.append('<span class="muted">changed: ' + escape(", ".join(changed) or "nothing recorded")
                          + "</span>")
     return "<br>".join(parts) or "-"
+
+
+def _delta_text(d) -> str:
+    """`inference_ms 0.5437 -> 1.087 (+100%)`"""
+    pct = f" ({(d.new - d.old) / d.old * 100:+.0f}%)" if isinstance(d.old, (int, float)) and d.old and isinstance(
+        d.new, (int, float)) else ""
+    return f"{d.metric} {num(d.old)} \u2192 {num(d.new)}{pct}"
 
 
 def _main_table(builds: list[dict], comparison: Comparison | None, base_dir: Path | None) -> str:
@@ -218,7 +225,7 @@ def _main_table(builds: list[dict], comparison: Comparison | None, base_dir: Pat
         rate = 1000 / ms if isinstance(ms, (int, float)) and ms > 0 else None
         acc, acc_text = _accuracy(m)
         cells = [f'<td class="id">{escape(bid)}</td>', f'<td class="{b["status"]}">{b["status"]}</td>',
-                 f"<td>{_problem(b, comparison)}</td>",
+                 f'<td class="problem">{_problem(b, comparison)}</td>',
                  _cell(frac, fit), _cell(headroom, _v(headroom, 4) if headroom is not None else "-"),
                  _cell(ms), _cell(rate, f"{rate:,.0f}" if rate else "-"), _cell(b.get("clock_mhz")),
                  _cell(m.get("npu_cycles")), _cell(m.get("macs")),
@@ -254,7 +261,7 @@ def _fit_section(builds: list[dict], cache_dir: Path | None) -> list[str]:
     if not rows:
         return []
     pools = [(build_id(b), b["metrics"]["pools"]) for b in builds if (b.get("metrics") or {}).get("pools")]
-    return ["<h2>Does it fit? Memory per pool</h2>",
+    return ['<h2 id="fit">Does it fit? Memory per pool</h2>',
             _table(["build", "pool", "kind", "holds (KiB)", "used KiB", "size KiB", "headroom KiB", "used", "fits"],
                    rows, sortable=True),
             "<details><summary>chart</summary>" + _img(cached_png(cache_dir, "pools", (pools,)), "memory per pool")
@@ -276,7 +283,7 @@ def _placement_section(builds: list[dict]) -> list[str]:
     with_nodes = [b for b in builds if (b.get("metrics") or {}).get("offloads")]
     if not with_nodes:
         return []
-    out = ["<h2>What runs where: NPU and CPU placement per node</h2>"]
+    out = ['<h2 id="placement">What runs where: NPU and CPU placement per node</h2>']
     host = [b for b in with_nodes if any(p["kind"] != "npu" for p in b["metrics"]["offloads"])]
     all_npu = [b for b in with_nodes if b not in host]
     if all_npu:
@@ -297,6 +304,15 @@ def _placement_section(builds: list[dict]) -> list[str]:
     return out
 
 
+def _stage_note(s: dict) -> str:
+    """Where a stage's result came from, or why it has none."""
+    if s["status"] == "failed":
+        return plain_message(s.get("error") or "failed")
+    if s["status"] == "skipped":
+        return s.get("reason") or "not run: an earlier stage failed or the run stopped"
+    return "shared cache" if s.get("from_cache") else "earlier run" if s.get("cached") else "this run"
+
+
 def _build_details(b: dict, cache_dir: Path | None, base_dir: Path | None, uid: str = "h0",
                    regressed: bool = False) -> str:
     m = b.get("metrics") or {}
@@ -304,13 +320,12 @@ def _build_details(b: dict, cache_dir: Path | None, base_dir: Path | None, uid: 
     parts = [f'<details{opened}><summary class="{b["status"]}">{escape(build_id(b))}: {b["status"]}'
              + (f" &mdash; {escape(failure_cause(b) or '')}" if b["status"] != "passed" else "") + "</summary>"]
     for e in b.get("errors", []):
-        parts.append(f'<p class="bad">{escape(e)}</p>')
+        parts.append(f'<p class="bad">{escape(plain_message(e))}</p>')
     parts.append(f"<p>Artifacts: {_artifacts(b, base_dir)}</p>")
     parts.append("<h4>Stages</h4>" + _table(
-        ["stage", "status", "seconds", "from"],
-        [[escape(k), escape(s["status"]), _cell(s.get("seconds"), _v(s.get("seconds"), 3)),
-          escape("shared cache" if s.get("from_cache") else "earlier run" if s.get("cached") else
-                 s.get("reason") or s.get("error") or "this run")] for k, s in b.get("stages", {}).items()]))
+        ["stage", "status", "seconds", "from / why"],
+        [[escape(k), escape(s["status"]), _cell(s.get("seconds"), _v(s.get("seconds"), 3)), escape(_stage_note(s))]
+         for k, s in b.get("stages", {}).items()]))
     gates = [[escape(g["name"]), escape(g["metric"]), _cell(g["limit"]), _cell(g["value"]),
               "<td>yes</td>" if g["ok"] else '<td class="bad">NO</td>'] for g in b.get("gates", [])]
     gates += [[escape(g["name"]), escape(g["metric"]), _cell(g["limit"]), _cell(None),
@@ -337,7 +352,7 @@ def _build_details(b: dict, cache_dir: Path | None, base_dir: Path | None, uid: 
 
 def _baseline_section(report: dict, comparison: Comparison, baseline: str | None, cache_dir: Path | None) -> list[str]:
     c = comparison
-    h = [f"<h2>Against the baseline</h2><p>Baseline: <code>{escape(baseline or '')}</code></p>"]
+    h = [f'<h2 id="baseline">Against the baseline</h2><p>Baseline: <code>{escape(baseline or "")}</code></p>']
     if c.version_changes:
         h.append("<p><b>Tool versions changed:</b> " + ", ".join(
             f"{escape(k)} {escape(a)} &rarr; {escape(b)}" for k, (a, b) in c.version_changes.items()) + "</p>")
@@ -359,9 +374,9 @@ def _baseline_section(report: dict, comparison: Comparison, baseline: str | None
         h.append(_table(["build", "metric", "old", "new", "change", "allowed", "regression"], [
             [escape(d.build), escape(d.metric), _cell(d.old), _cell(d.new), escape(d.change), escape(d.limit or "-"),
              '<td class="bad">yes</td>' if d.regression else "<td>no</td>"] for d in c.deltas], sortable=True))
-    trend = _trend_rows(c)
+    metrics, trend = _trend_rows(c)
     if trend:
-        h.append(_img(cached_png(cache_dir, "trend", (list(TREND_METRICS[:4]), trend)), "metric trend"))
+        h.append(_img(cached_png(cache_dir, "trend", (metrics, trend)), "metric trend"))
     return h
 
 
@@ -369,11 +384,18 @@ def _history_section(runs: list[dict], cache_dir: Path | None) -> list[str]:
     if len(runs) < 2:
         return []
     labels = run_labels(runs)
-    h = [f"<h2>History: {len(runs)} stored runs</h2>"]
+    h = [f'<h2 id="history">History: {len(runs)} stored runs</h2>']
+    steady = []
     for metric in TREND_METRICS:
         rows = series(runs, metric)
-        if rows:
-            h.append(_img(cached_png(cache_dir, "history", (metric, labels, rows)), f"{metric} per run"))
+        if not rows:
+            continue
+        if all(len({v for v in vals if v is not None}) <= 1 for _, vals in rows):
+            steady.append(metric)  # a flat chart says nothing a sentence cannot
+            continue
+        h.append(_img(cached_png(cache_dir, "history", (metric, labels, rows)), f"{metric} per run"))
+    if steady:
+        h.append(f"<p>Unchanged over these runs for every build: {escape(', '.join(steady))}.</p>")
     return h
 
 
@@ -381,7 +403,7 @@ def render_html(report: dict, comparison: Comparison | None = None, baseline: st
                 cache_dir: Path | None = None, history: list[dict] | None = None, base_dir: Path | None = None) -> str:
     """`history`: stored runs, oldest first (report.history); `base_dir`: where the page is written, for
     relative links to the artifacts."""
-    builds = ordered(report.get("builds", []))
+    builds = ordered(report.get("builds", []), {r.build for r in comparison.regressions} if comparison else set())
     counts = {s: sum(1 for b in builds if b["status"] == s) for s in ("passed", "failed", "skipped")}
     meta = " &middot; ".join(escape(str(x)) for x in (report.get("created"), report.get("run_id"),
                                                        report.get("commit") and f"commit {report['commit']}") if x)
@@ -390,14 +412,19 @@ def render_html(report: dict, comparison: Comparison | None = None, baseline: st
          f'<p>{len(builds)} builds: {counts["passed"]} passed, <span class="{"bad" if counts["failed"] else ""}">'
          f'{counts["failed"]} failed</span>, {counts["skipped"]} skipped.'
          + (f' <span class="muted">{meta}</span>' if meta else "") + "</p>"]
+    sections = [("baseline", "baseline") if comparison is not None else None,
+                ("history", "history") if history and len(history) > 1 else None, ("builds", "builds"),
+                ("fit", "memory fit"), ("placement", "placement"), ("details", "details per build")]
+    h.append('<p class="muted">' + " &middot; ".join(f'<a href="#{a}">{t}</a>' for a, t in filter(None, sections))
+             + "</p>")
     if comparison is not None:
         h += _baseline_section(report, comparison, baseline, cache_dir)
     h += _history_section(history or [], cache_dir)
-    h.append("<h2>Builds</h2>")
+    h.append('<h2 id="builds">Builds</h2>')
     h.append(_main_table(builds, comparison, base_dir))
     h += _fit_section(builds, cache_dir)
     h += _placement_section(builds)
-    h.append("<h2>Details per build</h2>")
+    h.append('<h2 id="details">Details per build</h2>')
     regressed = {r.build for r in comparison.regressions} if comparison else set()
     h += [_build_details(b, cache_dir, base_dir, f"stripes{i}", build_id(b) in regressed) for i, b in enumerate(builds)]
     h.append("<h2>Tool versions</h2>" + _table(["tool", "version"], [
@@ -406,13 +433,15 @@ def render_html(report: dict, comparison: Comparison | None = None, baseline: st
     return "\n".join(h) + "\n"
 
 
-def _trend_rows(c: Comparison) -> list[tuple[str, list[float | None]]]:
-    metrics = TREND_METRICS[:4]
+def _trend_rows(c: Comparison) -> tuple[list[str], list[tuple[str, list[float | None]]]]:
+    """The metrics that changed for some build (one chart panel each) and, per changed build, the percent
+    change of each."""
     pct: dict[str, dict[str, float]] = {}
     for d in c.deltas:
-        if d.metric in metrics and isinstance(d.old, (int, float)) and d.old:
+        if d.metric in TREND_METRICS and isinstance(d.old, (int, float)) and d.old:
             pct.setdefault(d.build, {})[d.metric] = round((d.new - d.old) / d.old * 100, 4)
-    return [(bid, [vals.get(m) for m in metrics]) for bid, vals in pct.items()]
+    metrics = [m for m in TREND_METRICS if any(m in vals for vals in pct.values())]
+    return metrics, [(bid, [vals.get(m) for m in metrics]) for bid, vals in pct.items()]
 
 
 def write_html(path: Path, report: dict, comparison: Comparison | None = None, baseline: str | None = None,

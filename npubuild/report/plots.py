@@ -19,6 +19,7 @@ from npubuild.fileio import stable_hash, write_bytes
 
 FONT = 9
 DPI = 96
+STYLE = 2  # part of each cached plot's key: bump it when a chart's drawing changes
 PALETTE = ("#4878d0", "#ee854a", "#6acc64", "#d65f5f", "#956cb4", "#8c613c", "#dc7ec0", "#797979", "#d5bb67",
            "#82c6e2")
 POOL_COLOURS = {"sram": "#4878d0", "dram": "#ee854a", "on_chip_flash": "#6acc64", "off_chip_flash": "#956cb4"}
@@ -146,8 +147,11 @@ def history_chart(metric: str, runs: list[str], series: list[tuple[str, list[flo
     steady = [(bid, vals) for bid, vals in series if (bid, vals) not in moved]
     for _, vals in steady:
         ax.plot(xs, vals, color="#c8c8c8", linewidth=1, marker=".")
-    for i, (bid, vals) in enumerate(moved[:len(PALETTE)]):
-        ax.plot(xs, vals, color=PALETTE[i], linewidth=1.8, marker="o", label=bid)
+    cmap = plt.get_cmap("tab20")
+    for i, (bid, vals) in enumerate(moved[:20]):
+        ax.plot(xs, vals, color=cmap(i % 20), linewidth=1.8, marker="o", label=bid)
+    if len(moved) > 20:
+        ax.plot([], [], color="white", label=f"+{len(moved) - 20} more (see the table)")
     ax.set_xticks(xs, runs, rotation=30, ha="right")
     ax.set_title(f"{metric} per run ({len(moved)} build(s) changed, {len(steady)} steady in grey)")
     ax.grid(axis="y", color="#eeeeee")
@@ -164,7 +168,7 @@ def cached_png(cache_dir: Path | None, kind: str, args: tuple) -> bytes:
     draw = DRAW[kind]
     if cache_dir is None:
         return draw(*args)
-    path = cache_dir / f"{kind}-{stable_hash([kind, args, FONT, DPI], 16)}.png"
+    path = cache_dir / f"{kind}-{stable_hash([kind, args, FONT, DPI, STYLE], 16)}.png"
     if path.is_file():
         os.utime(path)  # in use: `npubuild clean --stale` keeps plots no older than the last report
         return path.read_bytes()
