@@ -78,6 +78,13 @@ def series(runs: list[dict], metric: str) -> list[tuple[str, list[float | None]]
     return table
 
 
+def moved(values: list[float | None]) -> bool:
+    """Whether a build's metric changed over the runs: another value, or one that came or went (a build
+    that failed, or was added, in some of them)."""
+    present = [v for v in values if v is not None]
+    return len(set(present)) > 1 or (bool(present) and len(present) < len(values))
+
+
 def run_labels(runs: list[dict]) -> list[str]:
     """Short x-axis labels: the run's date and time (`11-03 02:00`, with seconds if two runs share a
     minute), else its id."""

@@ -9,49 +9,16 @@ against the baseline and across the stored runs. The main table sorts by any col
 
 from __future__ import annotations
 
-import base64
-import os
 from html import escape
 from pathlib import Path
 
 from npubuild.fileio import write_text
 from npubuild.report.brief import failure_cause, num, plain_message
-from npubuild.report.history import TREND_METRICS, run_labels, series
+from npubuild.report.history import TREND_METRICS, moved, run_labels, series
+from npubuild.report.markup import CSS, SCRIPT, cell, fmt, img, link, meter, table
 from npubuild.report.plots import cached_png, layers_svg
 from npubuild.report.regress import Comparison, build_id
 
-CSS = """
-body{font-family:system-ui,sans-serif;margin:1.5em;color:#222;font-size:14px}
-h2{margin-top:1.6em;border-bottom:1px solid #ddd}
-table{border-collapse:collapse;margin:.5em 0}
-td,th{border:1px solid #ccc;padding:3px 7px;font-size:13px;vertical-align:top}
-th{background:#f3f3f3;position:sticky;top:0}
-th.sort{cursor:pointer;user-select:none}th.sort:after{content:" \\2195";color:#999}
-td.n{text-align:right;font-variant-numeric:tabular-nums;white-space:nowrap}
-td.id{white-space:nowrap}#builds td,#builds th{font-size:12px}td.problem{min-width:22em;max-width:34em}
-.passed{background:#dff0d8}.failed{background:#f2dede}.skipped{background:#fcf8e3}
-tr.regressed td{background:#fff1cc}tr.regressed td:first-child{border-left:4px solid #e69500}
-.bad{color:#a00;font-weight:bold}.muted{color:#777}
-.meter{display:inline-block;width:60px;height:9px;background:#eee;margin-right:4px;vertical-align:middle}
-.meter span{display:block;height:9px;background:#4878d0}.meter span.full{background:#d62728}
-details{margin:.3em 0}summary{cursor:pointer}
-img{max-width:100%}
-#filter{padding:3px 6px;width:22em}
-code{background:#f6f6f6;padding:0 3px}
-"""
-SCRIPT = """
-function sortBy(th){var t=th.closest('table'),i=[...th.parentNode.children].indexOf(th),
-asc=th.dataset.asc!=='1';th.dataset.asc=asc?'1':'0';var rows=[...t.tBodies[0].rows];
-rows.sort(function(a,b){var x=a.cells[i].dataset.v,y=b.cells[i].dataset.v;
-if(x!==undefined&&y!==undefined&&x!==''&&y!==''){x=parseFloat(x);y=parseFloat(y)}
-else{x=a.cells[i].textContent;y=b.cells[i].textContent}
-return (x<y?-1:x>y?1:0)*(asc?1:-1)});rows.forEach(function(r){t.tBodies[0].appendChild(r)})}
-function filterRows(){var q=document.getElementById('filter').value.toLowerCase(),
-p=document.getElementById('problems').checked;
-document.querySelectorAll('#builds tbody tr').forEach(function(r){
-var show=r.textContent.toLowerCase().indexOf(q)>=0&&(!p||r.dataset.problem==='1');
-r.style.display=show?'':'none'})}
-"""
 LAYER_BARS = 30  # a per-layer chart's costliest ONNX nodes; the rest are summed into one bar
 ARTIFACT_NAMES = (("tosa", "TOSA"), ("vela", "Vela model"), ("vela_log", "vela.log"), ("per_layer_csv", "per-layer CSV"),
                   ("firmware_c", "firmware .c"), ("firmware_h", "firmware .h"), ("deployment", "deployment.json"))
@@ -60,63 +27,14 @@ SHORT_NAMES = {"Vela model": "Vela", "per-layer CSV": "CSV", "firmware .c": ".c"
 STATUS_ORDER = {"failed": 0, "skipped": 1, "passed": 2}
 
 
-def _v(v, digits: int = 4) -> str:
-    return escape(num(v, digits))
-
-
-def _img(png: bytes, alt: str) -> str:
-    return f'<img alt="{escape(alt)}" src="data:image/png;base64,{base64.b64encode(png).decode()}">'
-
-
-def _cell(value, text: str | None = None, numeric: bool = True, cls: str = "") -> str:
-    """A table cell; numeric cells carry their raw value for sorting."""
-    shown = _v(value) if text is None else text
-    sort = f' data-v="{value}"' if numeric and isinstance(value, (int, float)) and not isinstance(value, bool) else (
-        ' data-v=""' if numeric else "")
-    classes = " ".join(c for c in ("n" if numeric else "", cls) if c)
-    attr = f' class="{classes}"' if classes else ""
-    return f"<td{attr}{sort}>{shown}</td>"
-
-
-def _table(head: list[str], rows: list[list[str]], table_id: str = "", sortable: bool = False) -> str:
-    """`rows` are lists of ready <td> cells (use _cell) or HTML strings (already escaped, left-aligned)."""
-    ths = "".join(f'<th class="sort" onclick="sortBy(this)">{escape(h)}</th>' if sortable else f"<th>{escape(h)}</th>"
-                  for h in head)
-    body = []
-    for r in rows:
-        cells = [c if c.startswith("<td") else f"<td>{c}</td>" for c in r]
-        body.append("<tr>" + "".join(cells) + "</tr>")
-    tid = f' id="{table_id}"' if table_id else ""
-    return f"<table{tid}><thead><tr>{ths}</tr></thead><tbody>\n" + "\n".join(body) + "\n</tbody></table>"
-
-
-def _meter(frac: float | None, full: bool) -> str:
-    if frac is None:
-        return ""
-    width = max(0, min(100, round(frac * 100)))
-    return f'<span class="meter"><span class="{"full" if full else ""}" style="width:{width}%"></span></span>'
-
-
 def ordered(builds: list[dict], regressed: set[str] | frozenset[str] = frozenset()) -> list[dict]:
     """Failed builds first, then skipped, then the regressed ones, then the rest; by id within each."""
     return sorted(builds, key=lambda b: (STATUS_ORDER.get(b["status"], 0), build_id(b) not in regressed, build_id(b)))
 
 
-def _link(path: str | None, label: str, base_dir: Path | None) -> str:
-    if not path:
-        return ""
-    href = path
-    if base_dir is not None:
-        try:
-            href = os.path.relpath(path, base_dir)
-        except ValueError:
-            pass
-    return f'<a href="{escape(Path(href).as_posix())}">{escape(label)}</a>'
-
-
 def _artifacts(b: dict, base_dir: Path | None, short: bool = False) -> str:
     arts = b.get("artifacts") or {}
-    links = (_link(arts.get(k), SHORT_NAMES.get(label, label) if short else label, base_dir) for k, label in ARTIFACT_NAMES)
+    links = (link(arts.get(k), SHORT_NAMES.get(label, label) if short else label, base_dir) for k, label in ARTIFACT_NAMES)
     return " &middot; ".join(x for x in links if x) or "-"
 
 
@@ -155,11 +73,11 @@ def _layer_chart(b: dict, nodes: list[dict], uid: str) -> str:
 def _layer_table(nodes: list[dict], total: float) -> str:
     top = sorted(nodes, key=lambda n: -n["cycles"])[:8]
     rows = [[escape(n["node"]), escape(n["op_type"]), escape(", ".join(dict.fromkeys(n["npu_ops"]))),
-             _cell(n["cycles"], _v(int(n["cycles"]))), _cell(n["cycles"] / total * 100 if total else None,
-                                                              _v(n["cycles"] / total * 100 if total else None, 3)),
-             _cell(n["macs"]), f'<td class="{"bad" if n["bound"] == "memory" else ""}">{n["bound"]}</td>']
+             cell(n["cycles"], fmt(int(n["cycles"]))), cell(n["cycles"] / total * 100 if total else None,
+                                                              fmt(n["cycles"] / total * 100 if total else None, 3)),
+             cell(n["macs"]), f'<td class="{"bad" if n["bound"] == "memory" else ""}">{n["bound"]}</td>']
             for n in top]
-    return "<h4>Costliest nodes</h4>" + _table(["ONNX node", "op", "Vela ops", "cycles", "% of cycles", "MACs",
+    return "<h4>Costliest nodes</h4>" + table(["ONNX node", "op", "Vela ops", "cycles", "% of cycles", "MACs",
                                                  "bound"], rows)
 
 
@@ -219,21 +137,21 @@ def _main_table(builds: list[dict], comparison: Comparison | None, base_dir: Pat
         bid = build_id(b)
         worst = _worst_pool(m)
         frac = worst["used_kib"] / worst["size_kib"] if worst else None
-        fit = (_meter(frac, not worst["fits"]) + escape(f"{worst['pool']} {frac:.0%}")) if worst else "-"
+        fit = (meter(frac, not worst["fits"]) + escape(f"{worst['pool']} {frac:.0%}")) if worst else "-"
         headroom = worst["size_kib"] - worst["used_kib"] if worst else None  # of that fullest pool
         ms = m.get("inference_ms")
         rate = 1000 / ms if isinstance(ms, (int, float)) and ms > 0 else None
         acc, acc_text = _accuracy(m)
         cells = [f'<td class="id">{escape(bid)}</td>', f'<td class="{b["status"]}">{b["status"]}</td>',
                  f'<td class="problem">{_problem(b, comparison)}</td>',
-                 _cell(frac, fit), _cell(headroom, _v(headroom, 4) if headroom is not None else "-"),
-                 _cell(ms), _cell(rate, f"{rate:,.0f}" if rate else "-"), _cell(b.get("clock_mhz")),
-                 _cell(m.get("npu_cycles")), _cell(m.get("macs")),
-                 _cell(m.get("npu_offload"), f"{m['npu_offload']:.0%}" if isinstance(m.get("npu_offload"), (int, float))
+                 cell(frac, fit), cell(headroom, fmt(headroom, 4) if headroom is not None else "-"),
+                 cell(ms), cell(rate, f"{rate:,.0f}" if rate else "-"), cell(b.get("clock_mhz")),
+                 cell(m.get("npu_cycles")), cell(m.get("macs")),
+                 cell(m.get("npu_offload"), f"{m['npu_offload']:.0%}" if isinstance(m.get("npu_offload"), (int, float))
                        else "-"),
-                 _cell(m.get("cpu_ops")), _cell(m.get("sram_kib")), _cell(m.get("offchip_kib")),
-                 _cell(m.get("tosa_snr_db"), _v(m.get("tosa_snr_db"), 3)), _cell(m.get("tosa_max_error_lsb")),
-                 _cell(acc, acc_text), f"<td>{_first_bad_layer(b)}</td>", f'<td class="id">{_artifacts(b, base_dir, short=True)}</td>']
+                 cell(m.get("cpu_ops")), cell(m.get("sram_kib")), cell(m.get("offchip_kib")),
+                 cell(m.get("tosa_snr_db"), fmt(m.get("tosa_snr_db"), 3)), cell(m.get("tosa_max_error_lsb")),
+                 cell(acc, acc_text), f"<td>{_first_bad_layer(b)}</td>", f'<td class="id">{_artifacts(b, base_dir, short=True)}</td>']
         problem = b["status"] != "passed" or bid in regressed
         cls = ' class="regressed"' if bid in regressed else ""
         rows.append(f'<tr{cls} data-problem="{int(problem)}">' + "".join(cells) + "</tr>")
@@ -250,21 +168,24 @@ def _main_table(builds: list[dict], comparison: Comparison | None, base_dir: Pat
 def _fit_section(builds: list[dict], cache_dir: Path | None) -> list[str]:
     rows = []
     for b in builds:
-        for p in (b.get("metrics") or {}).get("pools") or []:
+        pools = (b.get("metrics") or {}).get("pools") or []
+        split = len({p.get("partition", 0) for p in pools}) > 1  # one set of pools per NPU partition
+        for p in pools:
             size = p.get("size_kib") or 0
             frac = p["used_kib"] / size if size else None
             roles = ", ".join(f"{r} {kib:.1f}" for r, kib in (p.get("roles") or {}).items())
-            rows.append([escape(build_id(b)), escape(p["pool"]), escape(p.get("kind", "")), escape(roles or "-"),
-                         _cell(p["used_kib"]), _cell(size), _cell(size - p["used_kib"]),
-                         _cell(frac, _meter(frac, not p["fits"]) + (f"{frac:.0%}" if frac is not None else "-")),
+            pool = f"{p['pool']} (NPU partition {p.get('partition', 0)})" if split else p["pool"]
+            rows.append([escape(build_id(b)), escape(pool), escape(p.get("kind", "")), escape(roles or "-"),
+                         cell(p["used_kib"]), cell(size), cell(size - p["used_kib"]),
+                         cell(frac, meter(frac, not p["fits"]) + (f"{frac:.0%}" if frac is not None else "-")),
                          '<td>yes</td>' if p["fits"] else '<td class="bad">NO</td>'])
     if not rows:
         return []
     pools = [(build_id(b), b["metrics"]["pools"]) for b in builds if (b.get("metrics") or {}).get("pools")]
     return ['<h2 id="fit">Does it fit? Memory per pool</h2>',
-            _table(["build", "pool", "kind", "holds (KiB)", "used KiB", "size KiB", "headroom KiB", "used", "fits"],
+            table(["build", "pool", "kind", "holds (KiB)", "used KiB", "size KiB", "headroom KiB", "used", "fits"],
                    rows, sortable=True),
-            "<details><summary>chart</summary>" + _img(cached_png(cache_dir, "pools", (pools,)), "memory per pool")
+            "<details><summary>chart</summary>" + img(cached_png(cache_dir, "pools", (pools,)), "memory per pool")
             + "</details>"]
 
 
@@ -299,7 +220,7 @@ def _placement_section(builds: list[dict]) -> list[str]:
         head = (f"{escape(build_id(b))}: {len(cpu)} of {len(m['offloads'])} nodes on the CPU, "
                 f"{m.get('npu_partitions')} NPU partition(s)" + (f"; order {chain}" if chain else ""))
         out.append(f"<details{' open' if cpu else ''}><summary>{head}</summary>"
-                   + _table(["node", "op", "runs on", "TOSA ops", "rule", "reason"], _placement_rows(m["offloads"]),
+                   + table(["node", "op", "runs on", "TOSA ops", "rule", "reason"], _placement_rows(m["offloads"]),
                             sortable=True) + "</details>")
     return out
 
@@ -322,16 +243,16 @@ def _build_details(b: dict, cache_dir: Path | None, base_dir: Path | None, uid: 
     for e in b.get("errors", []):
         parts.append(f'<p class="bad">{escape(plain_message(e))}</p>')
     parts.append(f"<p>Artifacts: {_artifacts(b, base_dir)}</p>")
-    parts.append("<h4>Stages</h4>" + _table(
+    parts.append("<h4>Stages</h4>" + table(
         ["stage", "status", "seconds", "from / why"],
-        [[escape(k), escape(s["status"]), _cell(s.get("seconds"), _v(s.get("seconds"), 3)), escape(_stage_note(s))]
+        [[escape(k), escape(s["status"]), cell(s.get("seconds"), fmt(s.get("seconds"), 3)), escape(_stage_note(s))]
          for k, s in b.get("stages", {}).items()]))
-    gates = [[escape(g["name"]), escape(g["metric"]), _cell(g["limit"]), _cell(g["value"]),
+    gates = [[escape(g["name"]), escape(g["metric"]), cell(g["limit"]), cell(g["value"]),
               "<td>yes</td>" if g["ok"] else '<td class="bad">NO</td>'] for g in b.get("gates", [])]
-    gates += [[escape(g["name"]), escape(g["metric"]), _cell(g["limit"]), _cell(None),
+    gates += [[escape(g["name"]), escape(g["metric"]), cell(g["limit"]), cell(None),
                '<td class="muted">not evaluated</td>'] for g in b.get("unchecked_gates", [])]
     if gates:
-        parts.append("<h4>Gates</h4>" + _table(["gate", "metric", "limit", "value", "ok"], gates))
+        parts.append("<h4>Gates</h4>" + table(["gate", "metric", "limit", "value", "ok"], gates))
     nodes = node_layers(m)
     if nodes:
         total = sum(n["cycles"] for n in nodes)
@@ -339,13 +260,13 @@ def _build_details(b: dict, cache_dir: Path | None, base_dir: Path | None, uid: 
         parts.append(_layer_table(nodes, total))
     ln = b.get("layer_numerics")
     if ln:
-        rows = [[escape(r["node"]), escape(r["op_type"]), _cell(r.get("tosa_snr_db"), _v(r.get("tosa_snr_db"), 3)),
-                 _cell(r.get("max_error_lsb")), _cell(r.get("quant_snr_db"), _v(r.get("quant_snr_db"), 3)),
+        rows = [[escape(r["node"]), escape(r["op_type"]), cell(r.get("tosa_snr_db"), fmt(r.get("tosa_snr_db"), 3)),
+                 cell(r.get("max_error_lsb")), cell(r.get("quant_snr_db"), fmt(r.get("quant_snr_db"), 3)),
                  '<td class="bad">first jump</td>' if r["node"] == ln.get("first_jump") else
                  '<td class="bad">leaves QDQ</td>' if r["node"] == ln.get("first_lowering_error") else "<td></td>"]
                 for r in ln.get("layers", [])]
         parts.append(f"<h4>debug-numerics ({ln.get('samples')} samples): first bad layer {_first_bad_layer(b)}</h4>"
-                     + _table(["node", "op", "SNR vs QDQ dB", "max LSB", "SNR vs float dB", ""], rows))
+                     + table(["node", "op", "SNR vs QDQ dB", "max LSB", "SNR vs float dB", ""], rows))
     parts.append("</details>")
     return "\n".join(parts)
 
@@ -371,12 +292,12 @@ def _baseline_section(report: dict, comparison: Comparison, baseline: str | None
              + (f"; {len(c.new_builds)} new" if c.new_builds else "")
              + (f"; {len(c.not_asked)} not asked for in this run" if c.not_asked else "") + ".</p>")
     if c.deltas:
-        h.append(_table(["build", "metric", "old", "new", "change", "allowed", "regression"], [
-            [escape(d.build), escape(d.metric), _cell(d.old), _cell(d.new), escape(d.change), escape(d.limit or "-"),
+        h.append(table(["build", "metric", "old", "new", "change", "allowed", "regression"], [
+            [escape(d.build), escape(d.metric), cell(d.old), cell(d.new), escape(d.change), escape(d.limit or "-"),
              '<td class="bad">yes</td>' if d.regression else "<td>no</td>"] for d in c.deltas], sortable=True))
     metrics, trend = _trend_rows(c)
     if trend:
-        h.append(_img(cached_png(cache_dir, "trend", (metrics, trend)), "metric trend"))
+        h.append(img(cached_png(cache_dir, "trend", (metrics, trend)), "metric trend"))
     return h
 
 
@@ -390,10 +311,10 @@ def _history_section(runs: list[dict], cache_dir: Path | None) -> list[str]:
         rows = series(runs, metric)
         if not rows:
             continue
-        if all(len({v for v in vals if v is not None}) <= 1 for _, vals in rows):
+        if not any(moved(vals) for _, vals in rows):
             steady.append(metric)  # a flat chart says nothing a sentence cannot
             continue
-        h.append(_img(cached_png(cache_dir, "history", (metric, labels, rows)), f"{metric} per run"))
+        h.append(img(cached_png(cache_dir, "history", (metric, labels, rows)), f"{metric} per run"))
     if steady:
         h.append(f"<p>Unchanged over these runs for every build: {escape(', '.join(steady))}.</p>")
     return h
@@ -427,7 +348,7 @@ def render_html(report: dict, comparison: Comparison | None = None, baseline: st
     h.append('<h2 id="details">Details per build</h2>')
     regressed = {r.build for r in comparison.regressions} if comparison else set()
     h += [_build_details(b, cache_dir, base_dir, f"stripes{i}", build_id(b) in regressed) for i, b in enumerate(builds)]
-    h.append("<h2>Tool versions</h2>" + _table(["tool", "version"], [
+    h.append("<h2>Tool versions</h2>" + table(["tool", "version"], [
         [escape(k), escape(str(v))] for k, v in report.get("versions", {}).items()]))
     h.append("</body></html>")
     return "\n".join(h) + "\n"

@@ -143,7 +143,9 @@ def history_chart(metric: str, runs: list[str], series: list[tuple[str, list[flo
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(9, 3.2))
     xs = list(range(len(runs)))
-    moved = [(bid, vals) for bid, vals in series if len({v for v in vals if v is not None}) > 1]
+    from npubuild.report.history import moved as changed
+
+    moved = [(bid, vals) for bid, vals in series if changed(vals)]
     steady = [(bid, vals) for bid, vals in series if (bid, vals) not in moved]
     for _, vals in steady:
         ax.plot(xs, vals, color="#c8c8c8", linewidth=1, marker=".")
