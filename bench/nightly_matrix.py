@@ -96,7 +96,7 @@ def noop_breakdown(root: Path, build_dir: Path) -> dict[str, float]:
     from npubuild.build.session import run_build
     from npubuild.build.uptodate import is_done
     from npubuild.config.load import load_specs
-    from npubuild.report.summary import write_reports
+    from npubuild.report.summary import make_report, write_reports
 
     npubuild.frontend.passes.load_all()  # imports are paid once per process: timed apart (the start-up row)
     import npubuild.build.uptodate
@@ -112,7 +112,7 @@ def noop_breakdown(root: Path, build_dir: Path) -> dict[str, float]:
     t3 = time.perf_counter()
     result = run_build(plan, DoitExecutor(resolve_cache(None, build_dir)), quiet=True)
     t4 = time.perf_counter()
-    write_reports(plan, result.run_id, build_dir)
+    write_reports(make_report(plan, result.run_id), build_dir, build_dir / ".cache" / "plots")
     t5 = time.perf_counter()
     if not all(checks) or result.executed:  # the code changed under us since the CLI run (a shared tree)
         print(f"warning: {len(result.executed)} tasks were not up to date in process", file=sys.stderr)

@@ -145,13 +145,28 @@ def stage_files(build_dir: Path, report: dict) -> dict[str, bytes]:
     return out
 
 
+def shared(x, y, path: str, one_sided: set[str]):
+    """Both sides restricted to the mapping keys they both have (a newer tree may add report fields);
+    the keys only one side has go into `one_sided`, listed but not compared."""
+    if isinstance(x, dict) and isinstance(y, dict):
+        one_sided.update(f"{path}{k}" for k in set(x) ^ set(y))
+        both = [k for k in x if k in y]
+        pairs = {k: shared(x[k], y[k], f"{path}{k}.", one_sided) for k in both}
+        return {k: v[0] for k, v in pairs.items()}, {k: v[1] for k, v in pairs.items()}
+    return x, y
+
+
 def compare(a: Path, b: Path) -> list[str]:
     ra, rb = (json.loads((d / "report.json").read_text()) for d in (a, b))
     diffs = []
     for r in (ra, rb):
         r["versions"].pop("npubuild", None)
     na, nb = normalised(ra, str(a)), normalised(rb, str(b))
-    for x, y in zip(na["builds"], nb["builds"], strict=False):
+    one_sided: set[str] = set()
+    pairs = [shared(x, y, "", one_sided) for x, y in zip(na["builds"], nb["builds"], strict=False)]
+    if one_sided:
+        print(f"report fields on one side only (not compared): {', '.join(sorted(one_sided))}")
+    for x, y in pairs:
         if x != y:
             keys = sorted(k for k in set(x) | set(y) if x.get(k) != y.get(k))
             mkeys = sorted(k for k in set(x.get("metrics", {})) | set(y.get("metrics", {}))

@@ -3,24 +3,85 @@
 from __future__ import annotations
 
 import argparse
+import difflib
+import re
 import sys
 
 from npubuild.commands import register_all
 from npubuild.errors import InputError, NpubuildError
 
+EPILOG = """\
+exit codes:
+  0  built, and every gate holds (report: the baseline comparison found no regression)
+  1  a stage failed, a gate fell short, or a regression against the baseline
+  2  bad input: a config, a model or an argument to fix (one line, file:line:col for YAML)
+  130 interrupted (Ctrl-C); everything finished so far is kept
+
+environment:
+  NPUBUILD_CACHE       shared stage cache, a directory or fsspec URL, or 'off'
+                       (default: .npubuild/cache in the project holding the build dir)
+  NPUBUILD_WAIT=1      plain doit: wait for a build dir another build holds (npubuild build: --wait)
+  NPUBUILD_SPECS       plain doit: spec files or directories, separated by ':' (default: configs/)
+  NPUBUILD_BUILD_DIR   plain doit: the build directory (default: build/ next to dodo.py)
+  NPUBUILD_HISTORY     npubuild report: the history directory when --history is not given
+  DOIT_SEEK_FILE=1     plain doit from a subdirectory finds the project's dodo.py (or: doit -k)
+
+The project is the nearest directory up from the current one with a dodo.py, pyproject.toml or .git:
+commands find its configs/ and build/ from any subdirectory.
+"""
+
+
+class UsageError(InputError):
+    """A bad command line: one line and exit 2, also under --debug (argparse's own error, no traceback)."""
+
+
+class HelpFormatter(argparse.RawDescriptionHelpFormatter):
+    """argparse's help with each option's default appended where it has one (and the help does not say it)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        default = action.default
+        if "%(default)" in text or "default" in text or default in (None, False, argparse.SUPPRESS) or (
+                not action.option_strings):
+            return text
+        return f"{text} (default: %(default)s)"
+
 
 class Parser(argparse.ArgumentParser):
-    """argparse, but a usage error is one line and exit 2 like every other bad input."""
+    """argparse, but a usage error is one line and exit 2 like every other bad input, with a suggestion for a
+    mistyped subcommand."""
+
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("formatter_class", HelpFormatter)
+        super().__init__(*args, **kwargs)
 
     def error(self, message: str):  # type: ignore[override]
-        raise InputError(f"{self.prog}: {message}")
+        m = re.search(r"invalid choice: '([^']*)' \(choose from (.*)\)", message)
+        if m:
+            choices = re.findall(r"'([^']*)'", m.group(2))
+            close = difflib.get_close_matches(m.group(1), choices, n=1, cutoff=0.5)
+            hint = f"; did you mean '{close[0]}'?" if close else f" (choose from {', '.join(choices)})"
+            message = f"{message[:m.start()]}invalid choice: '{m.group(1)}'{hint}"
+        raise UsageError(f"{self.prog}: {message}")
+
+
+def _version() -> str:
+    import npubuild
+
+    return f"npubuild {npubuild.__version__}"
 
 
 def make_parser() -> Parser:
-    p = Parser(prog="npubuild", description="Build ONNX models for Arm Ethos-U NPUs from YAML compile specs.")
-    p.add_argument("--debug", action="store_true", help="show Python tracebacks")
-    sub = p.add_subparsers(dest="command", required=True, parser_class=Parser)
+    p = Parser(prog="npubuild", description="Build ONNX models for Arm Ethos-U NPUs from YAML compile specs.",
+               epilog=EPILOG)
+    p.add_argument("--version", action="version", version=_version())
+    p.add_argument("--debug", action="store_true", help="show Python tracebacks (also accepted after the subcommand)")
+    sub = p.add_subparsers(dest="command", required=True, parser_class=Parser, metavar="COMMAND")
     register_all(sub)
+    for sp in sub.choices.values():  # `npubuild build --debug` as well as `npubuild --debug build`
+        if "--debug" not in sp._option_string_actions:
+            sp.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
+                            help="show Python tracebacks")
     return p
 
 
@@ -30,6 +91,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         args = make_parser().parse_args(argv)
         return args.func(args)
+    except UsageError as exc:
+        print(exc, file=sys.stderr)
+        return exc.exit_code
     except NpubuildError as exc:
         if debug:
             raise

@@ -36,10 +36,26 @@ def cache_key(config: dict, inputs: dict[str, Path], hashes: dict[str, str] | No
     return stable_hash({"config": config, "inputs": {k: hashes[k] for k in sorted(inputs)}}, 40)
 
 
+DEFAULT_CACHE = Path(".npubuild") / "cache"
+
+
+def default_cache_dir(build_dir: Path) -> Path:
+    """`.npubuild/cache` in the project holding the build dir (the nearest directory up from the build dir's
+    parent with a dodo.py, pyproject.toml or .git; the parent itself outside any project).
+
+    Not in the build dir: `npubuild clean` (or `rm -rf build`) empties a build dir, and the cache is what
+    lets the next build refill it without recomputing; one per project rather than per user: every build dir
+    of the project (build/, a nightly's, a scratch one) shares it, its size is visible and removable with
+    the project, and tests and scratch builds in a temporary directory stay apart."""
+    from npubuild.config.load import find_project_root
+
+    return find_project_root(Path(build_dir).resolve().parent) / DEFAULT_CACHE
+
+
 def resolve_cache(url: str | None, build_dir: Path) -> str | None:
     """The shared stage cache of a build, the same for every entry point (build, compile, offloads,
-    debug-numerics, plain doit): `url` (--cache), else $NPUBUILD_CACHE, else <build-dir>/cache; 'off': none."""
-    url = url or os.environ.get("NPUBUILD_CACHE") or str(Path(build_dir).resolve() / "cache")
+    debug-numerics, plain doit): `url` (--cache), else $NPUBUILD_CACHE, else default_cache_dir; 'off': none."""
+    url = url or os.environ.get("NPUBUILD_CACHE") or str(default_cache_dir(build_dir))
     return None if url == "off" else url
 
 

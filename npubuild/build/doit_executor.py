@@ -40,13 +40,32 @@ def stage_done(stage_task: StageTask) -> bool:
     return is_done(stage_task)
 
 
-def doit_config(build_dir: Path, reporter: type) -> dict:
+def depth_first(plan: BuildPlan) -> list[str]:
+    """doit's default tasks: each build's last task, build by build. doit runs a selected task's
+    dependencies before the next selected task, so builds finish one after another (results early, a failure
+    seen at once) instead of every import, then every quantize, ...; the tasks and their outputs are the same.
+    Any task no build ends with (none today) is appended."""
+    order: dict[str, None] = {}
+    for chain in plan.build_tasks.values():
+        if chain:
+            order[list(chain.values())[-1]] = None
+    reached: set[str] = set()
+    stack = list(order)
+    while stack:
+        name = stack.pop()
+        if name not in reached:
+            reached.add(name)
+            stack.extend(plan.tasks[name].deps)
+    return [*order, *(n for n in plan.tasks if n not in reached)]
+
+
+def doit_config(build_dir: Path, reporter: type, default_tasks: list[str] | None = None) -> dict:
     return {
         "backend": "sqlite3",
         "dep_file": str(build_dir / ".doit.db"),
         "reporter": reporter,
         "verbosity": 0,
-        "default_tasks": list(STAGE_NAMES),
+        "default_tasks": default_tasks or list(STAGE_NAMES),
     }
 
 
@@ -140,7 +159,7 @@ def make_reporter(session: Session) -> type:
 def namespace(plan: BuildPlan, session: Session, debug: bool, cache_url: str | None) -> dict:
     """What a doit loader reads: the task generators and DOIT_CONFIG with the session's reporter."""
     ns: dict = dict(task_dicts(plan, session.run_id, debug, cache_url))
-    ns["DOIT_CONFIG"] = doit_config(plan.build_dir, make_reporter(session))
+    ns["DOIT_CONFIG"] = doit_config(plan.build_dir, make_reporter(session), depth_first(plan))
     return ns
 
 
@@ -193,12 +212,15 @@ def dodo_namespace(dodo_file: str) -> dict:
     here = Path(dodo_file).resolve().parent
     specs = [Path(p) for p in os.environ.get("NPUBUILD_SPECS", str(here / "configs")).split(":")]
     try:
-        plan = make_plan(load_specs(specs), Path(os.environ.get("NPUBUILD_BUILD_DIR", here / "build")))
+        builds = load_specs(specs)
+        plan = make_plan(builds, Path(os.environ.get("NPUBUILD_BUILD_DIR", here / "build")))
         lock_fd = acquire(plan.build_dir, wait=os.environ.get("NPUBUILD_WAIT") == "1")
     except NpubuildError as exc:
         print(exc, file=sys.stderr)
         sys.exit(exc.exit_code)
-    session = Session(plan)
+    selection = {"specs": [str(p) for p in specs], "default": "NPUBUILD_SPECS" not in os.environ,
+                 "spec_names": sorted({b.spec.name for b in builds}), "only": []}
+    session = Session(plan, selection=selection)
     ns = namespace(plan, session, False, resolve_cache(None, plan.build_dir))
     ns["_npubuild_lock"] = lock_fd  # held until doit exits: no other build may write this build dir meanwhile
     return ns

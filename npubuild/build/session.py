@@ -2,10 +2,11 @@
 
 An executor (doit's local processes, a Dask cluster) only runs stage tasks and
 tells the session what became of each (`started`, `finished`); the session
-shows progress, and when the executor is done writes report.json/md/html and
-run.json, names each gate that fell short and prints the closing summary. So
-`npubuild build`, `npubuild compile`, plain `doit` and `--executor dask` report
-a run the same way.
+shows progress (a result line per build as soon as its last task is done),
+and when the executor is done writes report.json/md/html and run.json, names
+each gate that fell short and prints the closing summary. So `npubuild build`,
+plain `doit` and `--executor dask` report a run the same way; `compile` writes
+its reports elsewhere and the side commands none (Session's `reports`).
 """
 
 from __future__ import annotations
@@ -19,11 +20,13 @@ from typing import Protocol
 
 from npubuild.build.lock import locked
 from npubuild.build.plan import BuildPlan, make_plan
-from npubuild.build.progress import LiveDisplay, StageProgress
+from npubuild.build.progress import LiveDisplay, StageProgress, format_seconds
 from npubuild.config.load import Build
 from npubuild.fileio import write_json
+from npubuild.report.brief import plain_message
 
 OUTCOMES = ("ran", "from-cache", "cached", "failed", "blocked")
+BUILD_DIR = "build-dir"  # `reports=`: the project's reports in the build dir (every other value is a path or None)
 
 
 def new_run_id() -> str:
@@ -41,6 +44,7 @@ class RunResult:
     from_cache: list[str] = field(default_factory=list)
     blocked: list[str] = field(default_factory=list)  # not run: an upstream task failed
     executor_code: int = 0
+    report_dir: Path | None = None  # where report.json/md/html and run.json went (None: not written)
 
     @property
     def exit_code(self) -> int:
@@ -64,21 +68,40 @@ class Executor(Protocol):
 
 
 class Session:
-    """Progress while the executor runs; reports, run.json and the summary when it is done."""
+    """Progress while the executor runs; reports, run.json and the summary when it is done.
+
+    `reports`: where report.json/md/html and run.json go: BUILD_DIR (the project's, for `build` and plain
+    doit), another directory (`compile`'s own), or None (side commands such as `offloads` and
+    `debug-numerics`: they read what they need from the result and leave the project's reports alone).
+    `quiet`: no per-task lines or live table, the closing summary still; `summary=False`: no closing summary
+    either, nothing on stdout (the command prints its own output). Errors go to stderr whatever these say:
+    one line per failed task naming its builds, one per gate that fell short. `selection`: what was asked
+    for (the spec arguments and --only), kept in report.json so that a baseline comparison can tell a build
+    not asked for from one lost.
+    """
 
     def __init__(self, plan: BuildPlan, run_id: str | None = None, quiet: bool = False, live: bool | None = None,
-                 executor: str = "doit"):
+                 executor: str = "doit", reports: Path | str | None = BUILD_DIR, selection: dict | None = None,
+                 summary: bool = True, verbose: bool = False):
         self.plan = plan
         self.run_id = run_id or new_run_id()
         self.quiet = quiet
+        self.summary = summary
+        self.verbose = verbose
         self.executor = executor
+        self.report_dir: Path | None = plan.build_dir if reports == BUILD_DIR else (
+            None if reports is None else Path(reports))
+        self.selection = selection
         self.out = sys.stdout  # the stream of now, not of import time (long-lived processes swap it)
         self.outcomes: dict[str, list[str]] = {o: [] for o in OUTCOMES}
         self.messages: dict[str, str] = {}
         self.progress = StageProgress(plan)
-        use_live = (not quiet and self.out.isatty()) if live is None else live
+        use_live = (not self.quiet and self.out.isatty()) if live is None else (live and not self.quiet)
         self.live = LiveDisplay(self.progress, self.out) if use_live else None
         self.result: RunResult | None = None
+        self._left: dict[str, set[str]] = {bid: set(chain.values()) for bid, chain in plan.build_tasks.items()}
+        self._worked: set[str] = set()  # builds with a task that ran, was restored or failed in this run
+        self._cause: dict[str, str] = {}  # build id -> why it failed (its first failed task)
 
     # ------------------------------------------------------------------ events from the executor
 
@@ -89,47 +112,108 @@ class Session:
     def finished(self, task_name: str, outcome: str, message: str | None = None) -> None:
         """`outcome`: ran, from-cache, cached, failed or blocked (an upstream task failed: not a new error)."""
         self.outcomes[outcome].append(task_name)
-        if outcome == "blocked":
-            return
-        self._event(task_name, {"from-cache": "ran"}.get(outcome, outcome))
-        if outcome == "cached":
+        task = self.plan.tasks.get(task_name)
+        builds = task.builds if task is not None else []
+        self._event(task_name, {"from-cache": "restored"}.get(outcome, outcome))
+        if outcome == "cached" and self.verbose:
             self._line(f"[{self._done():>3}/{len(self.plan.tasks)}] cached  {task_name}")
         elif outcome == "failed":
-            self.messages[task_name] = message or "failed"
-            sys.stderr.write(f"{self.messages[task_name]}\n")
+            text = (message or "failed").strip()
+            self.messages[task_name] = text
+            stage = task.stage if task is not None else task_name.split(":", 1)[0]
+            for bid in builds:
+                self._cause.setdefault(bid, f"{stage}: {plain_message(text)}")
+            self._line(f"[{self._done():>3}/{len(self.plan.tasks)}] failed  {task_name}")
+            sys.stderr.write(error_line(text, _ids(builds) or task_name, stage) + "\n")
             sys.stderr.flush()
+        if outcome != "cached":
+            self._worked.update(builds)
+        for bid in builds:
+            left = self._left.get(bid)
+            if left is not None and task_name in left:
+                left.discard(task_name)
+                if not left:
+                    self._build_finished(bid)
+
+    def _build_finished(self, build_id: str) -> None:
+        """Every task of the build has an outcome: say whether it passed and why not, as soon as it is known."""
+        from npubuild.report.brief import gate_text, headline
+
+        cause = self._cause.get(build_id)
+        figures = ""
+        if cause is None:
+            entry = self._entry(build_id)
+            bad = [g for g in entry.get("gates", []) if not g.get("ok")]
+            cause = "; ".join(gate_text(g) for g in bad) if bad else None
+            figures = headline(entry.get("metrics", {}))
+        self.progress.build_finished(build_id, cause)
+        if build_id not in self._worked and not self.verbose:
+            return  # up to date: the closing summary counts it, no line each
+        text = f"FAILED {build_id}: {cause}" if cause else f"ok     {build_id}" + (f"  {figures}" if figures else "")
+        if self.live is not None:
+            self.live.print(text, "red" if cause else "green")
+        else:
+            self._line(text)
+
+    def _entry(self, build_id: str) -> dict:
+        """The build's report-stage entry (metrics and gates), {} if it is not there."""
+        from npubuild.fileio import read_json
+
+        name = self.plan.build_tasks[build_id].get("report")
+        path = self.plan.tasks[name].outputs.get("entry") if name else None
+        try:
+            return read_json(path) if path is not None else {}
+        except (OSError, ValueError):
+            return {}
 
     # ------------------------------------------------------------------ the end of the run
 
     def close(self, executor_code: int = 0) -> RunResult:
-        """Write the reports and run.json once; print failed gates and the closing line.
+        """Write the reports and run.json once; name each build that failed and why, print the closing line.
 
         doit's reporter closes the session when doit ends its run (plain `doit` has no other hook); the
         executor's own exit code arrives with the second call (`npubuild build`), and a failure there wins."""
         if self.result is not None:
             self.result.executor_code = self.result.executor_code or executor_code
             return self.result
-        from npubuild.report.summary import write_reports
+        from npubuild.report.brief import failure_cause
+        from npubuild.report.summary import make_report, write_reports
 
         self._stop_live()
-        build_dir = self.plan.build_dir
-        report = write_reports(self.plan, self.run_id, build_dir)
+        report = make_report(self.plan, self.run_id, self.selection)
         o = self.outcomes
         executed = sorted(o["ran"] + o["from-cache"])
-        write_json(build_dir / "run.json", {"run_id": self.run_id, "executor": self.executor, "executed": executed,
-                                            "from_cache": sorted(o["from-cache"]), "cached": sorted(o["cached"]),
-                                            "failed": o["failed"], "blocked": sorted(o["blocked"])})
+        if self.report_dir is not None:
+            write_reports(report, self.report_dir, plot_cache=self.plan.build_dir / ".cache" / "plots")
+            write_json(self.report_dir / "run.json", {
+                "run_id": self.run_id, "executor": self.executor, "executed": executed,
+                "from_cache": sorted(o["from-cache"]), "cached": sorted(o["cached"]), "failed": o["failed"],
+                "blocked": sorted(o["blocked"])})
+            if self.report_dir == self.plan.build_dir:
+                from npubuild.config.schema import write_schemas
+
+                write_schemas(self.plan.build_dir)
         for b in report["builds"]:  # a gate that fell short is a failure: say which, its limit and value
             for g in b["gates"]:
                 if not g["ok"]:
                     sys.stderr.write(f"{b['spec']}/{b['model']}/{b['target']}: gate {g['name']} failed: "
                                      f"limit {g['limit']}, value {g['value']}\n")
-        counts = {s: sum(1 for b in report["builds"] if b["status"] == s) for s in ("passed", "failed", "skipped")}
-        self._line(f"{len(executed)} ran, {len(o['cached'])} cached, {len(o['failed'])} failed; "
-                   f"builds: {counts['passed']} passed, {counts['failed']} failed, {counts['skipped']} skipped; "
-                   f"report: {build_dir / 'report.json'}")
+        sys.stderr.flush()
+        failed_builds = [(f"{b['spec']}/{b['model']}/{b['target']}", failure_cause(b)) for b in report["builds"]
+                         if b["status"] == "failed"]
+        if self.summary:
+            if failed_builds:
+                self.out.write(f"failed builds ({len(failed_builds)}):\n"
+                               + "".join(f"  {bid}: {cause}\n" for bid, cause in failed_builds))
+            counts = {s: sum(1 for b in report["builds"] if b["status"] == s) for s in ("passed", "failed", "skipped")}
+            where = f"report: {self.report_dir / 'report.json'}" if self.report_dir is not None else "no report written"
+            self.out.write(f"{len(o['ran'])} ran, {len(o['cached'])} cached, {len(o['failed'])} failed, "
+                           f"{len(o['from-cache'])} restored from the shared cache; builds: {counts['passed']} "
+                           f"passed, {counts['failed']} failed, {counts['skipped']} skipped "
+                           f"({format_seconds(time.perf_counter() - self.progress.start)}); {where}\n")
+            self.out.flush()
         self.result = RunResult(self.plan, self.run_id, report, executed, sorted(o["cached"]), o["failed"],
-                                sorted(o["from-cache"]), sorted(o["blocked"]), executor_code)
+                                sorted(o["from-cache"]), sorted(o["blocked"]), executor_code, self.report_dir)
         return self.result
 
     # ------------------------------------------------------------------ display
@@ -159,11 +243,27 @@ class Session:
         sys.stderr.write(f"error: {text}\n")
 
 
+def error_line(text: str, builds: str, stage: str) -> str:
+    """A failed task's one stderr line, naming its builds and stage: `error: kws/ds_cnn/ethos-u55-128: vela:
+    pool 'sram' ...` (a message with a position keeps it first: `spec.yaml:3:5: error: ...`)."""
+    first = text.strip().splitlines()[0] if text.strip() else "failed"
+    where, sep, rest = first.partition("error: ")
+    if not sep:
+        where, rest = "", first
+    return f"{where}error: {builds}: {stage}: {rest}"
+
+
+def _ids(builds: list[str], shown: int = 3) -> str:
+    return ", ".join(builds[:shown]) + (f" (+{len(builds) - shown} more)" if len(builds) > shown else "")
+
+
 def run_build(plan: BuildPlan, executor: Executor, wait: bool = False, quiet: bool = False,
-              live: bool | None = None) -> RunResult:
+              live: bool | None = None, reports: Path | str | None = BUILD_DIR, selection: dict | None = None,
+              summary: bool = True, verbose: bool = False) -> RunResult:
     """Run the plan with `executor`, holding the build dir's lock (`wait` for it, else fail at once if busy)."""
     with locked(plan.build_dir, wait):
-        session = Session(plan, quiet=quiet, live=live, executor=executor.name)
+        session = Session(plan, quiet=quiet, live=live, executor=executor.name, reports=reports,
+                          selection=selection, summary=summary, verbose=verbose)
         code = executor.run(plan, session)
         sys.stdout.flush()
         return session.close(code)
@@ -171,9 +271,12 @@ def run_build(plan: BuildPlan, executor: Executor, wait: bool = False, quiet: bo
 
 def build(builds: list[Build], build_dir: Path, jobs: int = 1, keep_going: bool = False, quiet: bool = False,
           debug: bool = False, wait: bool = False, live: bool | None = None, cache: str | None = None,
-          executor: str = "doit", scheduler: str | None = None, client=None) -> RunResult:
+          executor: str = "doit", scheduler: str | None = None, client=None,
+          reports: Path | str | None = BUILD_DIR, selection: dict | None = None, summary: bool = True,
+          verbose: bool = False) -> RunResult:
     """Plan and run builds. `live`: the per-stage progress table (None: when stdout is a terminal);
-    `cache`: --cache (a URL, 'off', or None for $NPUBUILD_CACHE / <build-dir>/cache)."""
+    `cache`: --cache (a URL, 'off', or None for $NPUBUILD_CACHE / the project's .npubuild/cache);
+    `reports`, `selection`, `summary`: see Session."""
     from npubuild.build.cache import resolve_cache
 
     plan = make_plan(builds, build_dir)
@@ -186,4 +289,4 @@ def build(builds: list[Build], build_dir: Path, jobs: int = 1, keep_going: bool 
         from npubuild.build.doit_executor import DoitExecutor
 
         ex = DoitExecutor(cache_url, debug, jobs, keep_going)
-    return run_build(plan, ex, wait, quiet, live)
+    return run_build(plan, ex, wait, quiet, live, reports, selection, summary, verbose)

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import fnmatch
-from pathlib import Path
 
+from npubuild.commands import SPECS_HELP, add_build_dir, build_dir_of
 from npubuild.errors import InputError
 
 
@@ -14,12 +14,16 @@ def cmd_build(args) -> int:
 
     if args.jobs < 1:
         raise InputError(f"-n/--jobs must be at least 1, got {args.jobs}")
-    builds = load_specs(spec_paths(args.specs))
+    paths = spec_paths(args.specs)
+    builds = load_specs(paths)
+    selection = {"specs": [str(p) for p in paths], "default": not args.specs,
+                 "spec_names": sorted({b.spec.name for b in builds}), "only": list(args.only or [])}
     if args.only:
         builds = select(builds, args.only)
     live = {"auto": None, "live": True, "plain": False}[args.progress]
-    result = build(builds, Path(args.build_dir), args.jobs, args.keep_going, args.quiet, args.debug, args.wait, live,
-                   cache=args.cache, executor=args.executor, scheduler=args.scheduler)
+    result = build(builds, build_dir_of(args), args.jobs, args.keep_going, args.quiet, args.debug, args.wait, live,
+                   cache=args.cache, executor=args.executor, scheduler=args.scheduler, selection=selection,
+                   verbose=args.verbose)
     return result.exit_code
 
 
@@ -43,20 +47,29 @@ def select(builds: list, patterns: list[str]) -> list:
 
 
 def register(sub) -> None:
-    b = sub.add_parser("build", help="build compile specs (default: configs/)")
-    b.add_argument("specs", nargs="*", help="spec files or directories")
-    b.add_argument("--build-dir", default="build")
-    b.add_argument("-n", "--jobs", type=int, default=1)
+    b = sub.add_parser("build", help="build compile specs (default: the project's configs/)",
+                       description="Build every spec x model x target through the cached task graph; writes "
+                                   "report.json/md/html and run.json in the build directory.")
+    b.add_argument("specs", nargs="*", metavar="SPEC_OR_DIR", help=SPECS_HELP)
+    add_build_dir(b)
+    b.add_argument("-n", "--jobs", type=int, default=1, help="tasks run in parallel processes")
     b.add_argument("--only", action="append", metavar="GLOB",
-                   help="build only these (repeatable): a glob over spec/model/target ids, or over any one part")
+                   help="build only these (repeatable): a glob over spec/model/target ids, or over any one part "
+                        "(default: every build)")
     b.add_argument("--keep-going", action="store_true", help="go on with other builds after a failure")
     b.add_argument("--wait", action="store_true", help="wait for a build dir another build holds (default: stop)")
-    b.add_argument("-q", "--quiet", action="store_true")
+    b.add_argument("-q", "--quiet", action="store_true",
+                   help="no per-task lines or live table; the closing summary and report path still")
+    b.add_argument("-v", "--verbose", action="store_true",
+                   help="also a line for each task found up to date and each build with nothing to do")
     b.add_argument("--progress", choices=["auto", "live", "plain"], default="auto",
-                   help="live per-stage table, or one line per task (default: live on a terminal)")
+                   help="live: bar, per-stage table and results on a terminal; plain: one line per event "
+                        "(default: auto, live when stdout is a terminal)")
     b.add_argument("--executor", choices=["doit", "dask"], default="doit",
-                   help="doit (default, local processes) or dask (a Dask cluster; LocalCluster without --scheduler)")
-    b.add_argument("--scheduler", help="Dask scheduler address, e.g. tcp://10.0.0.5:8786")
-    b.add_argument("--cache", help="shared stage cache: a directory or fsspec URL, or 'off' "
-                                   "(default: $NPUBUILD_CACHE, else <build-dir>/cache)")
+                   help="doit (local processes) or dask (a Dask cluster; LocalCluster without --scheduler)")
+    b.add_argument("--scheduler", metavar="ADDRESS",
+                   help="Dask scheduler address, e.g. tcp://10.0.0.5:8786 (default: a local 2-worker cluster)")
+    b.add_argument("--cache", metavar="DIR_OR_URL",
+                   help="shared stage cache: a directory or fsspec URL, or 'off' (default: $NPUBUILD_CACHE, "
+                        "else .npubuild/cache in the project holding the build dir)")
     b.set_defaults(func=cmd_build)

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from npubuild.commands import add_build_dir, build_dir_of
 from npubuild.errors import InputError
 
 
 def _cache(args):
     from npubuild.build.cache import StageCache, resolve_cache
 
-    url = resolve_cache(args.cache, Path(args.build_dir))
+    url = resolve_cache(args.cache, build_dir_of(args))
     if url is None:
         raise InputError("--cache off: there is no cache to look after")
     if "://" not in url and not Path(url).is_dir():
@@ -41,8 +42,10 @@ def cmd_cache(args) -> int:
 
 def register(sub) -> None:
     c = sub.add_parser("cache", help="shared stage cache: stats, prune --older-than 30d, verify")
-    c.add_argument("action", choices=["stats", "prune", "verify"])
-    c.add_argument("--cache", help="cache directory or fsspec URL (default: $NPUBUILD_CACHE, else <build-dir>/cache)")
-    c.add_argument("--build-dir", default="build")
-    c.add_argument("--older-than", help="with prune: age such as 30d, 12h")
+    c.add_argument("action", choices=["stats", "prune", "verify"],
+                   help="stats: entries and size; prune: drop old entries; verify: check every file, discard bad")
+    c.add_argument("--cache", metavar="DIR_OR_URL", help="cache directory or fsspec URL (default: $NPUBUILD_CACHE, "
+                   "else .npubuild/cache in the project holding the build dir)")
+    add_build_dir(c)
+    c.add_argument("--older-than", metavar="AGE", help="with prune: age such as 30d, 12h (required for prune)")
     c.set_defaults(func=cmd_cache)

@@ -4,6 +4,9 @@ Stale = stage dirs under <build-dir>/stages and build dirs under
 <build-dir>/builds that no task of the current plan (the specs given, default
 configs/) refers to: results of old configs, old tool versions, removed
 targets. Runs under the build-dir lock, so it never races a build.
+
+The shared stage cache is not in the build dir (by default it is .npubuild/cache in the project), so a
+clean build dir refills from it instead of rebuilding cold; `npubuild cache prune` looks after the cache.
 """
 
 from __future__ import annotations
@@ -11,6 +14,7 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
+from npubuild.commands import add_build_dir, build_dir_of
 from npubuild.errors import InputError
 
 
@@ -56,7 +60,7 @@ def _prune_empty(root: Path) -> None:
 def cmd_clean(args) -> int:
     from npubuild.build.lock import LOCK_NAME, locked
 
-    build_dir = Path(args.build_dir).resolve()
+    build_dir = build_dir_of(args).resolve()
     if not build_dir.is_dir():
         raise InputError("no such build dir", str(build_dir))
     if args.stale:
@@ -94,8 +98,9 @@ def cmd_clean(args) -> int:
 
 def register(sub) -> None:
     c = sub.add_parser("clean", help="remove build outputs (--stale: only those the current plan does not use)")
-    c.add_argument("specs", nargs="*", help="with --stale: the specs whose plan is current (default: configs/)")
-    c.add_argument("--build-dir", default="build")
+    c.add_argument("specs", nargs="*", metavar="SPEC_OR_DIR", help="with --stale: the specs whose plan is current "
+                   "(default: the project's configs/)")
+    add_build_dir(c)
     c.add_argument("--stale", action="store_true", help="remove only task dirs the current plan does not refer to")
     c.add_argument("--dry-run", action="store_true", help="say what would go, remove nothing")
     c.add_argument("--wait", action="store_true", help="wait for a build holding the build dir")

@@ -1,9 +1,17 @@
-"""`npubuild compile`: one ONNX model for one or more targets, without YAML."""
+"""`npubuild compile`: one ONNX model for one or more targets, without YAML.
+
+It shares the build dir's stage dirs and cache with `npubuild build`, but writes its own reports
+(`<build-dir>/compile/report.json`, .md, .html, run.json), never the project's.
+"""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
+
+from npubuild.commands import add_build_dir, build_dir_of
+
+REPORT_SUBDIR = "compile"
 
 
 def cmd_compile(args) -> int:
@@ -11,7 +19,9 @@ def cmd_compile(args) -> int:
     from npubuild.config.load import adhoc_builds
 
     builds = adhoc_builds(Path(args.model), args.target, args.pipeline)
-    result = build(builds, Path(args.build_dir), quiet=args.json, debug=args.debug)
+    build_dir = build_dir_of(args)
+    result = build(builds, build_dir, quiet=True, debug=args.debug, reports=build_dir / REPORT_SUBDIR,
+                   summary=not args.json)
     if args.json:
         entries = result.report["builds"]
         print(json.dumps(entries[0] if len(entries) == 1 else {"builds": entries}, indent=2))
@@ -19,10 +29,13 @@ def cmd_compile(args) -> int:
 
 
 def register(sub) -> None:
-    c = sub.add_parser("compile", help="build one ONNX model for a target, without YAML")
-    c.add_argument("model")
-    c.add_argument("--target", action="append", required=True, help="target profile name (repeatable)")
-    c.add_argument("--pipeline", default="default")
-    c.add_argument("--build-dir", default="build")
-    c.add_argument("--json", action="store_true", help="print the build's report entry as JSON")
+    c = sub.add_parser("compile", help="build one ONNX model for a target, without YAML",
+                       description="Build one ONNX model for named targets with default settings. Its report "
+                                   "goes to <build-dir>/compile/, not the project's report.")
+    c.add_argument("model", metavar="MODEL.onnx", help="the ONNX model")
+    c.add_argument("--target", action="append", required=True, metavar="NAME",
+                   help="target profile name (repeatable; `npubuild targets` lists them)")
+    c.add_argument("--pipeline", default="default", metavar="NAME", help="pipeline name (`npubuild pipelines`)")
+    add_build_dir(c)
+    c.add_argument("--json", action="store_true", help="print the build's report entry as JSON (nothing else)")
     c.set_defaults(func=cmd_compile)

@@ -1,10 +1,16 @@
-"""`npubuild debug-numerics SPEC --model M --target T`: per-node error of the TOSA graph, first jump marked."""
+"""`npubuild debug-numerics SPEC --model M --target T`: per-node error of the TOSA graph, first jump marked.
+
+The result goes to builds/<spec>/<model>/<target>/layers.json; the next report of the build (any
+`npubuild build`, even one with nothing to do) shows it while the lowering is unchanged. The project's
+report.json, report.md/html and run.json are not touched.
+"""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
+from npubuild.commands import add_build_dir, build_dir_of
 from npubuild.errors import InputError, StageError
 
 
@@ -15,7 +21,7 @@ def cmd_debug_numerics(args) -> int:
     from npubuild.build.session import build
     from npubuild.build.uptodate import read_record
     from npubuild.config.load import load_spec
-    from npubuild.fileio import read_json, write_json
+    from npubuild.fileio import write_json
     from npubuild.frontend.data import load_arrays, sample_arrays, subset
     from npubuild.verify.debug_numerics import layer_numerics, render_table
 
@@ -27,8 +33,8 @@ def cmd_debug_numerics(args) -> int:
         what = "matches no build" if not chosen else "matches several builds"
         raise InputError(f"--model/--target {what} of this spec (builds: {known})", args.spec)
     b = chosen[0]
-    build_dir = Path(args.build_dir)
-    result = build([b], build_dir, quiet=True, debug=args.debug)
+    build_dir = build_dir_of(args)
+    result = build([b], build_dir, quiet=True, debug=args.debug, reports=None, summary=False)
     chain = result.plan.build_tasks[b.id]
     stage_in = "quantize" if b.pipeline.profile == "int" else "import"
     for stage in ("import", stage_in):
@@ -51,12 +57,6 @@ def cmd_debug_numerics(args) -> int:
     res["lower_key"] = lower_rec.get("cache_key")  # the report keeps this while the lowering's inputs are the same
     out = build_dir / "builds" / b.id / "layers.json"
     write_json(out, res)
-    report_path = build_dir / "report.json"
-    report = read_json(report_path)
-    for entry in report["builds"]:
-        if f"{entry['spec']}/{entry['model']}/{entry['target']}" == b.id:
-            entry["layer_numerics"] = res
-    write_json(report_path, report)
     if args.json:
         print(json.dumps(res, indent=2))
     else:
@@ -74,10 +74,10 @@ def _positive(text: str) -> int:
 
 def register(sub) -> None:
     d = sub.add_parser("debug-numerics", help="per-node error of the TOSA graph vs onnxruntime; marks the first jump")
-    d.add_argument("spec")
+    d.add_argument("spec", metavar="SPEC", help="the compile spec")
     d.add_argument("--model", help="model name in the spec (needed if it has several)")
     d.add_argument("--target", help="target name in the spec (needed if it has several)")
-    d.add_argument("--build-dir", default="build")
+    add_build_dir(d)
     d.add_argument("--samples", type=_positive, help="number of inputs (default: the spec's verify.samples)")
     d.add_argument("--json", action="store_true", help="print the result as JSON")
     d.set_defaults(func=cmd_debug_numerics)

@@ -12,7 +12,8 @@ from pathlib import Path
 
 from npubuild.errors import InputError
 
-TARGET = """# {name}: our board. Extends the shipped {parent} profile (see `npubuild targets`);
+TARGET = """# yaml-language-server: $schema=../build/target.schema.json
+# {name}: our board. Extends the shipped {parent} profile (see `npubuild targets`);
 # only what differs is written here, the rest deep-merges from the parent.
 extends: {parent}
 description: {product} board, Ethos-U55-128 at 400 MHz with 512 KiB of SRAM for the NPU
@@ -21,8 +22,9 @@ pools:
   sram: {{size_kib: 512}}
 """
 
-SPEC = """# {product}: keyword spotting on our board and on an Ethos-U85 for comparison.
-# `npubuild validate` checks this file; `npubuild schema` prints the JSON Schema for editors.
+SPEC = """# yaml-language-server: $schema=../build/schema.json
+# {product}: keyword spotting on our board and on an Ethos-U85 for comparison.
+# `npubuild validate` checks this file; `npubuild build` writes the JSON Schema named above for editors.
 version: 1
 name: {product}
 models:
@@ -62,7 +64,7 @@ def scaffold(root: Path, product: str) -> list[Path]:
         root / "configs" / f"{product}.yaml": SPEC.format(product=product, name=target),
         root / "configs" / "models" / "ds_cnn.onnx": ds_cnn(seed=0).SerializeToString(),
         root / "regressions.yaml": REGRESSIONS,
-        root / ".gitignore": "build/\n",
+        root / ".gitignore": "build/\n.npubuild/\n",  # build outputs; the shared stage cache and run history
     }
     existing = [p for p in files if p.exists()]
     if existing:
@@ -84,12 +86,12 @@ def cmd_init(args) -> int:
         raise InputError(f"--name '{product}': use letters, digits, '_', '.', '-'")
     for p in scaffold(root, product):
         print(p)
-    print(f"next: cd {root} && npubuild build    (or: doit)")
+    print(f"next: cd {root} && npubuild build    (or: doit; from a subdirectory: doit -k)")
     return 0
 
 
 def register(sub) -> None:
     i = sub.add_parser("init", help="scaffold a product config repo (dodo.py, targets/, configs/) in DIR")
-    i.add_argument("dir")
+    i.add_argument("dir", metavar="DIR", help="where to write the product repo (created if missing)")
     i.add_argument("--name", help="product name (default: the directory's name)")
     i.set_defaults(func=cmd_init)

@@ -1,4 +1,4 @@
-"""`npubuild targets | pipelines | schema`: what is available, and the spec schema for editors."""
+"""`npubuild targets | pipelines | schema`: what is available, and the JSON Schemas for editors."""
 
 from __future__ import annotations
 
@@ -7,11 +7,11 @@ from pathlib import Path
 
 
 def cmd_targets(args) -> int:
-    from npubuild.config.load import default_search_path, find_project_root, load_target
+    from npubuild.config.load import default_search_path, load_target, project_dir
     from npubuild.errors import Location
     from npubuild.ethosu.vela_ini import memory_mode_name
 
-    search = default_search_path(find_project_root(Path.cwd()))
+    search = default_search_path(project_dir())
     for name in search.names("targets"):
         t, path = load_target(name, search, Location(name))
         pools = ", ".join(f"{n}={p.kind}/{p.size_kib:g}KiB@{p.port}" for n, p in t.pools.items())
@@ -22,10 +22,10 @@ def cmd_targets(args) -> int:
     return 0
 
 def cmd_pipelines(args) -> int:
-    from npubuild.config.load import default_search_path, find_project_root, load_pipeline
+    from npubuild.config.load import default_search_path, load_pipeline, project_dir
     from npubuild.errors import Location
 
-    search = default_search_path(find_project_root(Path.cwd()))
+    search = default_search_path(project_dir())
     for name in search.names("pipelines"):
         p, _ = load_pipeline(name, search, Location(name))
         print(f"{p.name:<16} profile={p.profile:<4} passes: {', '.join(p.passes) or '-'}  {p.description}")
@@ -33,12 +33,28 @@ def cmd_pipelines(args) -> int:
 
 def cmd_schema(args) -> int:
     from npubuild.config.schema import json_schema
+    from npubuild.fileio import write_text
 
-    print(json.dumps(json_schema(), indent=2))
+    text = json.dumps(json_schema(args.kind), indent=2) + "\n"
+    if args.output:
+        write_text(Path(args.output), text)
+    else:
+        print(text, end="")
     return 0
 
 
 def register(sub) -> None:
-    sub.add_parser("targets", help="list target profiles").set_defaults(func=cmd_targets)
-    sub.add_parser("pipelines", help="list pipelines").set_defaults(func=cmd_pipelines)
-    sub.add_parser("schema", help="print the compile spec JSON Schema").set_defaults(func=cmd_schema)
+    sub.add_parser("targets", help="list target profiles (the project's, then those shipped)",
+                   description="List the target profiles found from here: the project's targets/, then the "
+                               "ones shipped with npubuild.").set_defaults(func=cmd_targets)
+    sub.add_parser("pipelines", help="list pipelines (the project's, then those shipped)",
+                   description="List the pipelines found from here: the project's pipelines/, then the ones "
+                               "shipped with npubuild.").set_defaults(func=cmd_pipelines)
+    s = sub.add_parser("schema", help="print the JSON Schema of compile specs, target or pipeline files",
+                       description="JSON Schema for editors (yaml-language-server). `npubuild build` also writes "
+                                   "all three into the build dir: schema.json, target.schema.json, "
+                                   "pipeline.schema.json.")
+    s.add_argument("kind", nargs="?", choices=["spec", "target", "pipeline"], default="spec",
+                   help="which file's schema (default: spec)")
+    s.add_argument("-o", "--output", metavar="FILE", help="write it to FILE instead of stdout")
+    s.set_defaults(func=cmd_schema)

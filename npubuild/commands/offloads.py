@@ -3,15 +3,16 @@
 Builds (cached) what is needed and prints, for each node of the input model,
 its placement (NPU partition n, or CPU in host partition n), the TOSA ops it
 was lowered to, and for a CPU node the support rule that sent it there, like
-TVMC's `--dump-offloads`.
+TVMC's `--dump-offloads`. It shares the build dir's stage dirs and cache, and writes no report:
+the project's report.json, report.md/html and run.json stay those of the last `npubuild build`.
 """
 
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
+from npubuild.commands import add_build_dir, build_dir_of
 from npubuild.errors import InputError
 
 
@@ -39,18 +40,14 @@ def cmd_offloads(args) -> int:
     from npubuild.fileio import read_json
 
     builds = _builds(Path(args.source), args.target, args.pipeline)
-    result = build(builds, Path(args.build_dir), quiet=True, debug=args.debug)
+    result = build(builds, build_dir_of(args), quiet=True, debug=args.debug, reports=None, summary=False)
     plan = result.plan
     entries = []
     for b in builds:
         chain = plan.build_tasks[b.id]
         vela = plan.tasks[chain["vela"]] if "vela" in chain else None
         summary = vela.outputs["summary"] if vela is not None else None
-        if summary is None or not summary.is_file():
-            entry = next((e for e in result.report["builds"] if e["target"] == b.target.name
-                          and e["model"] == b.model_name), {})
-            first = (entry.get("errors") or [f"build {b.id} produced no placement"])[0]
-            print(first.splitlines()[0], file=sys.stderr)
+        if summary is None or not summary.is_file():  # the failed task's error line is on stderr already
             return result.exit_code or 1
         data = read_json(summary)
         entries.append({"build": b.id, "npu_partitions": data.get("npu_partitions"),
@@ -70,8 +67,9 @@ def cmd_offloads(args) -> int:
 def register(sub) -> None:
     c = sub.add_parser("offloads", help="print where each ONNX node runs on a target (NPU partition or CPU)")
     c.add_argument("source", metavar="SPEC_OR_MODEL", help="a compile spec (.yaml) or an ONNX model")
-    c.add_argument("--target", required=True, help="target profile name")
-    c.add_argument("--pipeline", default="default", help="pipeline for an ONNX model (specs name their own)")
-    c.add_argument("--build-dir", default="build")
+    c.add_argument("--target", required=True, metavar="NAME", help="target profile name")
+    c.add_argument("--pipeline", default="default", metavar="NAME",
+                   help="pipeline for an ONNX model (specs name their own)")
+    add_build_dir(c)
     c.add_argument("--json", action="store_true", help="print the placements as JSON")
     c.set_defaults(func=cmd_offloads)

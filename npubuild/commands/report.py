@@ -1,14 +1,18 @@
 """`npubuild report`: print a build directory's report; with --baseline, deltas and regressions.
 
-Exit 1 if a build failed or, with a baseline, any metric regressed past its
-threshold (each regression named on stderr); 2 for a missing or bad file.
+Exit 1 if a build failed or, with a baseline, any metric regressed past its threshold, a build that
+passed there fails now, or a build of the baseline is missing from this run while its selection asked
+for it (each regression named on stderr); 2 for a missing or bad file. `--history DIR` keeps a small
+store of past runs and draws a trend chart per metric in report.html.
 """
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
+from npubuild.commands import add_build_dir, build_dir_of
 from npubuild.errors import InputError
 
 
@@ -28,26 +32,32 @@ def load_report(path: Path) -> dict:
 
 
 def cmd_report(args) -> int:
-    from npubuild.config.load import find_project_root
+    from npubuild.config.load import project_dir
+    from npubuild.report import history
     from npubuild.report.junit import write_junit
     from npubuild.report.regress import compare, load_thresholds, render_comparison
     from npubuild.report.summary import render_markdown, write_html
 
-    build_dir = Path(args.build_dir)
+    if args.keep < 1:
+        raise InputError(f"--keep must be at least 1, got {args.keep}")
+    build_dir = build_dir_of(args)
     report = load_report(build_dir / "report.json")
-    comparison = None
+    comparison, baseline = None, None
     text = render_markdown(report)
     if args.baseline:
         baseline = load_report(Path(args.baseline))
-        thresholds = load_thresholds(Path(args.thresholds) if args.thresholds else None,
-                                     find_project_root(Path.cwd()))
+        thresholds = load_thresholds(Path(args.thresholds) if args.thresholds else None, project_dir())
         comparison = compare(report, baseline, thresholds)
         text += "\n" + render_comparison(comparison, args.baseline)
+    history_dir = args.history or os.environ.get("NPUBUILD_HISTORY")
+    runs = history.record(Path(history_dir), report, args.keep) if history_dir else None
+    if runs is not None:
+        text += f"\nHistory: {len(runs)} run(s) in {history_dir}\n"
     print(text, end="")
     write_html(build_dir / "report.html", report, comparison, baseline=args.baseline,
-               cache_dir=build_dir / ".cache" / "plots")
+               cache_dir=build_dir / ".cache" / "plots", history=runs)
     if args.junit:
-        write_junit(Path(args.junit), report, comparison)
+        write_junit(Path(args.junit), report, comparison, baseline)
     failed = [b for b in report["builds"] if b["status"] != "passed"]
     for r in comparison.regressions if comparison else []:
         print(f"regression: {r.line()}", file=sys.stderr)
@@ -55,9 +65,16 @@ def cmd_report(args) -> int:
 
 
 def register(sub) -> None:
-    r = sub.add_parser("report", help="print the report of a build directory, compare with a baseline")
-    r.add_argument("--build-dir", default="build")
-    r.add_argument("--baseline", help="an earlier run's report.json: show deltas, exit 1 on regressions")
-    r.add_argument("--thresholds", help="regression thresholds YAML (default: <project>/regressions.yaml)")
-    r.add_argument("--junit", help="write JUnit XML here (one testcase per build and per gate)")
+    r = sub.add_parser("report", help="print the report of a build directory, compare with a baseline",
+                       description="Print report.md of a build directory and rewrite its report.html; with "
+                                   "--baseline, per-metric deltas and regressions (exit 1 on any).")
+    add_build_dir(r)
+    r.add_argument("--baseline", metavar="REPORT_JSON",
+                   help="an earlier run's report.json: show deltas, exit 1 on regressions (missing builds too)")
+    r.add_argument("--thresholds", metavar="YAML",
+                   help="regression thresholds (default: regressions.yaml at the project root, else built in)")
+    r.add_argument("--junit", metavar="FILE", help="write JUnit XML here (one testcase per build and per gate)")
+    r.add_argument("--history", metavar="DIR", help="add this run to a store of past reports in DIR and draw a "
+                   "trend chart per metric (default: $NPUBUILD_HISTORY, else none)")
+    r.add_argument("--keep", type=int, default=30, metavar="N", help="with --history: runs kept")
     r.set_defaults(func=cmd_report)

@@ -93,9 +93,10 @@ def cmd_simulate(args) -> int:
 def register(sub) -> None:
     s = sub.add_parser("simulate", help="run a compiled raw Vela artifact (.npz) on npu-sim, the NPU functional model")
     s.add_argument("artifact", metavar="BUILD_OR_NPZ", help="a *_vela.npz, its stage directory, or a build directory")
-    s.add_argument("--input", action="append", help="input .npy (repeat per input): integers in the artifact's "
+    s.add_argument("--input", action="append", metavar="NPY", help="input .npy (repeat per input): integers in the artifact's "
                    "NHWC shape, or floats in ONNX layout when a build directory gives the quantisation")
-    s.add_argument("--build", help="spec/model/target (or target) when the build directory has several raw builds")
+    s.add_argument("--build", metavar="ID", help="spec/model/target (or target) when the build directory has several "
+                   "raw builds (default: its only one)")
     s.add_argument("--seed", type=int, default=0, help="seed of the random input used without --input")
-    s.add_argument("--save", help="directory to write output<i>.npy")
+    s.add_argument("--save", metavar="DIR", help="directory to write output<i>.npy (default: not saved)")
     s.set_defaults(func=cmd_simulate)

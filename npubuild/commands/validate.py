@@ -1,12 +1,51 @@
-"""`npubuild validate`: load and check specs without building."""
+"""`npubuild validate`: load and check specs without building.
+
+Beyond what loading checks (keys, types, names, files), each model's graph inputs are read so that
+`input_shapes` naming an input the model does not have, giving the wrong rank, or a dynamic dim left
+open fail here, with the spec's position, instead of in the build.
+"""
 
 from __future__ import annotations
+
+from npubuild.commands import SPECS_HELP
+
+
+def check_model_inputs(builds: list) -> None:
+    """The import stage's input checks (frontend.normalise.set_static_shapes) for each spec's models."""
+    from npubuild.config.yamlfile import KEY, load_yaml, locate
+    from npubuild.errors import Location
+    from npubuild.frontend.normalise import load_onnx, set_static_shapes
+
+    seen: set[tuple[str, str]] = set()
+    marks_of: dict = {}
+    for b in builds:
+        if (str(b.spec_path), b.model_name) in seen:
+            continue
+        seen.add((str(b.spec_path), b.model_name))
+        if b.spec_path not in marks_of:
+            marks_of[b.spec_path] = load_yaml(b.spec_path)[1]
+        marks = marks_of[b.spec_path]
+        fallback = locate(marks, ("models", b.model_name), Location(str(b.spec_path)))
+        shapes = b.model.input_shapes
+        where = fallback
+        model = load_onnx(b.model_path)
+        inits = {i.name for i in model.graph.initializer}
+        names = {i.name for i in model.graph.input if i.name not in inits}
+        for name in shapes:  # point at the key naming a missing input
+            if name not in names:
+                where = marks.get(("models", b.model_name, "input_shapes", name, KEY), fallback)
+                break
+        else:
+            if shapes:
+                where = locate(marks, ("models", b.model_name, "input_shapes"), fallback)
+        set_static_shapes(model, dict(shapes), str(where))
 
 
 def cmd_validate(args) -> int:
     from npubuild.config.load import load_specs, spec_paths
 
     builds = load_specs(spec_paths(args.specs))
+    check_model_inputs(builds)
     specs = sorted({str(b.spec_path) for b in builds})
     print(f"ok: {len(specs)} spec(s), {len(builds)} build(s)")
     for b in builds:
@@ -15,6 +54,8 @@ def cmd_validate(args) -> int:
 
 
 def register(sub) -> None:
-    v = sub.add_parser("validate", help="check specs without building")
-    v.add_argument("specs", nargs="*")
+    v = sub.add_parser("validate", help="check specs without building",
+                       description="Load and check compile specs (keys, types, names, files, model inputs); "
+                                   "build nothing. Exit 2 with one file:line:col line on the first problem.")
+    v.add_argument("specs", nargs="*", metavar="SPEC_OR_DIR", help=SPECS_HELP)
     v.set_defaults(func=cmd_validate)

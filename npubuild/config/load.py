@@ -12,6 +12,7 @@ Resolution rules, in one place:
 
 from __future__ import annotations
 
+import importlib.resources
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,7 +24,22 @@ from npubuild.config.schema import CompileSpec, Pipeline, TargetProfile, VelaOpt
 from npubuild.config.yamlfile import KEY, KeyPath, Marks, deep_merge, load_yaml, locate
 from npubuild.errors import InputError, Location
 
-SHIPPED_ROOT = Path(__file__).resolve().parents[2]
+SHIPPED_DATA = "_shipped"  # npubuild/_shipped/{targets,pipelines} in a wheel (setup.py's build_py copies them)
+
+
+def shipped_root() -> Path:
+    """The directory holding the shipped targets/ and pipelines/.
+
+    The design keeps them at the repository's top level; a wheel carries them as package data under
+    npubuild/_shipped (found with importlib.resources), a checkout or editable install reads the repository.
+    """
+    packaged = Path(str(importlib.resources.files("npubuild"))) / SHIPPED_DATA
+    if (packaged / "targets").is_dir():
+        return packaged
+    return Path(__file__).resolve().parents[2]
+
+
+SHIPPED_ROOT = shipped_root()
 ROOT_MARKERS = ("dodo.py", "pyproject.toml", ".git", "npubuild.yaml")
 M = TypeVar("M", bound=BaseModel)
 
@@ -35,6 +51,17 @@ def find_project_root(start: Path) -> Path:
         if any((d / m).exists() for m in ROOT_MARKERS):
             return d
     return start
+
+
+def project_dir() -> Path:
+    """The project the command runs in: found by walking up from the current directory (as git, cargo and
+    doit do), so `cd configs && npubuild build` builds the whole project; the cwd itself outside any project."""
+    return find_project_root(Path.cwd())
+
+
+def default_build_dir(value: str | None) -> Path:
+    """--build-dir as given (relative to the cwd), else the project's build/."""
+    return Path(value) if value else project_dir() / "build"
 
 
 def inside(path: Path, root: Path, what: str, where: Location) -> Path:
@@ -349,7 +376,7 @@ def load_specs(paths: Iterable[Path]) -> list[Build]:
 def adhoc_builds(model_path: Path, target_names: list[str], pipeline_name: str = "default",
                  project_root: Path | None = None) -> list[Build]:
     """Builds for `npubuild compile`: one model, named targets, default settings, no YAML."""
-    root = (project_root or Path.cwd()).resolve()
+    root = (project_root or project_dir()).resolve()
     search = default_search_path(root)
     where = Location("<command line>")
     if not model_path.is_file():
@@ -374,5 +401,11 @@ def _safe_name(stem: str) -> str:
 
 
 def spec_paths(values: list[str]) -> list[Path]:
-    """Command-line spec arguments; none means the project's configs/ directory."""
-    return [Path(v) for v in values] if values else [Path("configs")]
+    """Command-line spec arguments (relative to the cwd); none means the project's configs/ directory."""
+    if values:
+        return [Path(v) for v in values]
+    configs = project_dir() / "configs"
+    if not configs.is_dir():
+        raise InputError(f"no compile specs: {configs} does not exist (name spec files or directories, or run "
+                         "inside a project: the nearest directory up with a dodo.py, pyproject.toml or .git)")
+    return [configs]

@@ -242,14 +242,110 @@ class CompileSpec(Strict):
         return targets
 
 
-def json_schema() -> dict:
-    """JSON Schema for compile specs, for editors (yaml-language-server) to autocomplete."""
-    schema = CompileSpec.model_json_schema()
-    schema["$schema"] = "https://json-schema.org/draft/2020-12/schema"
-    schema["title"] = "npubuild compile spec"
-    props = schema.setdefault("properties", {})
-    props["extends"] = {
-        "description": "Spec file(s) to deep-merge under this one (later wins)",
-        "anyOf": [{"type": "string"}, {"type": "array", "items": {"type": "string"}}],
-    }
+EXTENDS_SCHEMA = {
+    "description": "Parent file(s) (a .yaml path relative to this file) or, for targets and pipelines, profile "
+                   "name(s), deep-merged under this one (later wins)",
+    "anyOf": [{"type": "string"}, {"type": "array", "items": {"type": "string"}}],
+}
+SCHEMA_FILES = {"spec": "schema.json", "target": "target.schema.json", "pipeline": "pipeline.schema.json"}
+
+
+def _partial(node, defs: dict):
+    """A copy of a JSON Schema node with nothing required and every $ref to a `<Name>Partial` copy: the shape
+    of a file that extends another, whose missing keys come from its parent (nested mappings merge deeply)."""
+    if isinstance(node, list):
+        return [_partial(n, defs) for n in node]
+    if not isinstance(node, dict):
+        return node
+    out = {}
+    for k, v in node.items():
+        if k == "required":
+            continue
+        if k == "$ref" and isinstance(v, str) and v.startswith("#/$defs/"):
+            name = v.rsplit("/", 1)[1]
+            out[k] = f"#/$defs/{name}Partial"
+            continue
+        out[k] = _partial(v, defs)
+    return out
+
+
+def _with_partials(schema: dict) -> dict:
+    """Add `<Name>Partial` for every $def (and for the top level, as `<title>Partial`)."""
+    defs = schema.setdefault("$defs", {})
+    for name, d in list(defs.items()):
+        defs[f"{name}Partial"] = _partial(d, defs)
     return schema
+
+
+def _top(model: type[BaseModel], title: str) -> dict:
+    """`model`'s schema with its own definition moved under $defs, so the top level can combine branches."""
+    schema = model.model_json_schema(ref_template="#/$defs/{model}")
+    defs = schema.pop("$defs", {})
+    defs[model.__name__] = schema
+    return _with_partials({"$schema": "https://json-schema.org/draft/2020-12/schema", "title": title, "$defs": defs})
+
+
+def _allow_extends(d: dict) -> dict:
+    d = dict(d)
+    d["properties"] = {**d.get("properties", {}), "extends": EXTENDS_SCHEMA}
+    return d
+
+
+def json_schema(kind: str = "spec") -> dict:
+    """JSON Schema for editors (yaml-language-server): `spec` (compile specs), `target` or `pipeline` files.
+
+    It accepts what the loader accepts: a spec or an inline target with `extends:` may leave out what its
+    parent gives (each key still checked: types, names, no unknown keys); a target or pipeline file may be a
+    partial parent (targets/base/*.yaml) and its name defaults to the file's."""
+    if kind == "target":
+        schema = _top(TargetProfile, "npubuild target profile")
+        schema.update(_allow_extends(schema["$defs"]["TargetProfilePartial"]))
+        return schema
+    if kind == "pipeline":
+        schema = _top(Pipeline, "npubuild pipeline")
+        schema.update(_allow_extends(schema["$defs"]["PipelinePartial"]))
+        return schema
+    if kind != "spec":
+        raise ValueError(f"no schema for '{kind}' (known: {', '.join(SCHEMA_FILES)})")
+    schema = _top(CompileSpec, "npubuild compile spec")
+    defs = schema["$defs"]
+    inline_override = {**_allow_extends(defs["TargetProfilePartial"]), "required": ["extends"],
+                       "description": "An inline target extending a named profile: only what differs"}
+    defs["TargetOverride"] = inline_override
+    for name in ("CompileSpec", "CompileSpecPartial"):
+        items = defs[name]["properties"]["targets"]["items"]
+        items["anyOf"] = [*items["anyOf"], {"$ref": "#/$defs/TargetOverride"}]
+    defs["CompileSpecExtending"] = {**_allow_extends(defs["CompileSpecPartial"]), "required": ["extends"]}
+    schema["anyOf"] = [{"$ref": "#/$defs/CompileSpec"}, {"$ref": "#/$defs/CompileSpecExtending"}]
+    return schema
+
+
+def write_schemas(directory) -> None:
+    """schema.json, target.schema.json and pipeline.schema.json into `directory` (the build dir, where the
+    example specs' `yaml-language-server: $schema=../build/schema.json` comments point), rewritten only
+    when they change; not even computed (90 ms, on every no-op build) while they are newer than the modules
+    they are made from."""
+    import json
+    import os
+    from pathlib import Path
+
+    from npubuild.config import accelerator, metrics
+    from npubuild.fileio import write_text
+
+    sources = max(Path(m.__file__).stat().st_mtime for m in (accelerator, metrics))
+    sources = max(sources, Path(__file__).stat().st_mtime)
+    for kind, name in SCHEMA_FILES.items():
+        path = Path(directory) / name
+        try:
+            if path.stat().st_mtime >= sources:
+                continue
+        except OSError:
+            pass
+        text = json.dumps(json_schema(kind), indent=2) + "\n"
+        try:
+            if path.read_text() == text:
+                os.utime(path)  # up to date with its sources: not computed again
+                continue
+        except OSError:
+            pass
+        write_text(path, text)

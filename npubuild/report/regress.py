@@ -9,7 +9,7 @@ given with `--thresholds`); anything not set there keeps the defaults below.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -70,21 +70,24 @@ def load_thresholds(path: Path | None, project_root: Path) -> dict[str, Threshol
 @dataclass(frozen=True)
 class Delta:
     build: str  # spec/model/target
-    metric: str
+    metric: str  # a metric, or `status` (a build that passed and now does not, or vanished)
     old: float | str | None
     new: float | str | None
     limit: str = ""
     regression: bool = False
+    cause: str = ""  # for `status`: why the build failed now, or that it is not in this run
 
     @property
     def change(self) -> str:
         if not (_is_number(self.old) and _is_number(self.new)):
-            return "n/a"
+            return self.cause or "n/a"
         d = self.new - self.old
         pct = f" ({d / self.old * 100:+.2f}%)" if self.old else ""
         return f"{d:+.6g}{pct}"
 
     def line(self) -> str:
+        if self.metric == "status":
+            return f"{self.build}: status {_num(self.old)} -> {_num(self.new)}: {self.cause or 'no cause recorded'}"
         return f"{self.build}: {self.metric} {_num(self.old)} -> {_num(self.new)} {self.change}" + (
             f", allowed {self.limit}" if self.limit else "")
 
@@ -124,26 +127,68 @@ class Comparison:
     regressions: list[Delta]
     version_changes: dict[str, tuple[str, str]]
     new_builds: list[str]
-    missing_builds: list[str]
-    unchanged: int  # builds whose shown metrics are all identical
+    missing_builds: list[str]  # in the baseline, not in this run, and asked for: regressions
+    unchanged: int  # builds that passed in both runs with every shown metric identical
+    not_asked: list[str] = field(default_factory=list)  # in the baseline, left out by this run's selection
+    failed: list[str] = field(default_factory=list)  # builds of this run that did not pass
+    changes: dict[str, list[str]] = field(default_factory=dict)  # build -> what it is made from that changed
+    commit_change: tuple[str | None, str | None] | None = None  # the project's commit, if it differs
+
+    def what_changed(self, build: str) -> list[str]:
+        """Why a build may have changed: its inputs, the tools, the project's commit."""
+        out = list(self.changes.get(build, []))
+        out += [f"{k} {a} -> {b}" for k, (a, b) in self.version_changes.items()]
+        if self.commit_change:
+            out.append(f"commit {self.commit_change[0] or '?'} -> {self.commit_change[1] or '?'}")
+        return out
 
 
 def _is_number(v) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool)
 
 
+INPUT_NAMES = {"model_sha256": "model file", "spec": "compile spec", "target": "target profile",
+               "pipeline": "pipeline"}
+
+
+def asked_for(build: str, selection: dict | None) -> bool:
+    """Whether a run asked for `build` (spec/model/target): its spec was among those the run loaded (all of
+    configs/ by default, else the spec files named) and its --only patterns, if any, match it. A report
+    without a selection (an older one) asked for everything."""
+    if not selection:
+        return True
+    from npubuild.commands.build import matches
+
+    if build.split("/", 1)[0] not in selection.get("spec_names", []):
+        return bool(selection.get("default"))  # the whole project was asked for: a spec that went is lost
+    only = selection.get("only") or []
+    return not only or any(matches(build, p) for p in only)
+
+
+def _input_changes(old: dict, new: dict) -> list[str]:
+    oi, ni = old.get("inputs") or {}, new.get("inputs") or {}
+    return [f"{label} changed" for k, label in INPUT_NAMES.items() if k in oi and k in ni and oi[k] != ni[k]]
+
+
 def compare(new: dict, old: dict, thresholds: dict[str, Threshold]) -> Comparison:
+    from npubuild.report.brief import failure_cause
+
     old_by = {build_id(b): b for b in old.get("builds", [])}
     new_by = {build_id(b): b for b in new.get("builds", [])}
     deltas: list[Delta] = []
     regressions: list[Delta] = []
+    changes: dict[str, list[str]] = {}
     unchanged = 0
+    failed = [bid for bid, b in new_by.items() if b.get("status") != "passed"]
     for bid, b in new_by.items():
         ob = old_by.get(bid)
         if ob is None:
             continue
+        inputs = _input_changes(ob, b)
+        if inputs:
+            changes[bid] = inputs
         if ob.get("status") == "passed" and b.get("status") != "passed":
-            regressions.append(Delta(bid, "status", ob["status"], b.get("status"), "", True))
+            regressions.append(Delta(bid, "status", ob["status"], b.get("status"), "", True, failure_cause(b) or ""))
         changed = False
         for metric in dict.fromkeys((*SHOWN, *thresholds)):
             ov, nv = ob.get("metrics", {}).get(metric), b.get("metrics", {}).get(metric)
@@ -156,11 +201,19 @@ def compare(new: dict, old: dict, thresholds: dict[str, Threshold]) -> Compariso
             deltas.append(d)
             if bad:
                 regressions.append(d)
-        unchanged += not changed
+        unchanged += not changed and b.get("status") == "passed" and ob.get("status") == "passed"
+    gone = sorted(set(old_by) - set(new_by))
+    missing = [bid for bid in gone if asked_for(bid, new.get("selection"))]
+    for bid in missing:
+        regressions.append(Delta(bid, "status", old_by[bid].get("status"), "missing", "", True,
+                                 "not in this run (it was not built: a spec, model or target removed, or the "
+                                 "run stopped before it)"))
     ov, nv = old.get("versions", {}), new.get("versions", {})
     versions = {k: (ov.get(k, "-"), nv.get(k, "-")) for k in sorted(set(ov) | set(nv)) if ov.get(k) != nv.get(k)}
-    return Comparison(deltas, regressions, versions, sorted(set(new_by) - set(old_by)),
-                      sorted(set(old_by) - set(new_by)), unchanged)
+    commits = (old.get("commit"), new.get("commit"))
+    return Comparison(deltas, regressions, versions, sorted(set(new_by) - set(old_by)), missing, unchanged,
+                      [bid for bid in gone if bid not in missing], failed, changes,
+                      commits if commits[0] != commits[1] and any(commits) else None)
 
 
 def render_comparison(c: Comparison, baseline: str) -> str:
@@ -170,10 +223,13 @@ def render_comparison(c: Comparison, baseline: str) -> str:
         lines.append("Tool versions changed: " + ", ".join(
             f"{k} {a} -> {b}" for k, (a, b) in c.version_changes.items()))
         lines.append("")
+    if c.commit_change:
+        lines += [f"Commit: {c.commit_change[0] or '?'} -> {c.commit_change[1] or '?'}", ""]
     if c.regressions:
         lines += [f"**{len(c.regressions)} regression(s):**", ""]
         for r in c.regressions:
-            lines.append(f"- {r.line()}")
+            changed = c.changes.get(r.build)
+            lines.append(f"- {r.line()}" + (f" ({', '.join(changed)})" if changed else ""))
         lines.append("")
     else:
         lines += ["No regression.", ""]
@@ -184,8 +240,12 @@ def render_comparison(c: Comparison, baseline: str) -> str:
                          f"{'**yes**' if d.regression else 'no'} |")
         lines.append("")
     lines.append(f"{c.unchanged} build(s) with unchanged metrics.")
+    if c.failed:
+        lines.append(f"{len(c.failed)} build(s) did not pass: {', '.join(c.failed)}")
     if c.new_builds:
         lines.append(f"New builds (no baseline): {', '.join(c.new_builds)}")
     if c.missing_builds:
-        lines.append(f"Builds in the baseline but not in this run: {', '.join(c.missing_builds)}")
+        lines.append(f"Builds in the baseline but not in this run (regressions): {', '.join(c.missing_builds)}")
+    if c.not_asked:
+        lines.append(f"Baseline builds this run did not ask for (--only or spec selection): {len(c.not_asked)}")
     return "\n".join(lines) + "\n"

@@ -8,13 +8,18 @@ record comes from an earlier run.
 from __future__ import annotations
 
 import json
+import subprocess
+import time
 from pathlib import Path
 
 from npubuild.build.execute import read_error
 from npubuild.build.plan import BuildPlan
-from npubuild.build.uptodate import read_record
+from npubuild.build.uptodate import INPUTS_NAME, read_json_cached, read_record
 from npubuild.build.versions import all_versions
-from npubuild.fileio import _json_default, write_text
+from npubuild.config.load import Build
+from npubuild.config.metrics import GATE_BY_KEY
+from npubuild.fileio import _json_default, stable_hash, write_text
+from npubuild.report.brief import failure_cause, num, pools_text
 from npubuild.report.html import write_html
 from npubuild.report.numerics import numerics_markdown, stored_layers
 from npubuild.report.offloads import placement_markdown
@@ -71,13 +76,52 @@ def build_entries(plan: BuildPlan, run_id: str) -> list[dict]:
             "errors": errors,
             "error_kinds": sorted(error_kinds),
             "artifacts": artifacts(plan, b.id, records),
+            "clock_mhz": b.target.clock_mhz,
+            "inputs": build_inputs(plan, b),
+            **({} if "report" in records else {"unchecked_gates": unchecked_gates(b)}),
             **stored_layers(plan.build_dir, b.id, records.get("lower", {}).get("cache_key")),
         })
     return entries
 
 
+def unchecked_gates(b: Build) -> list[dict]:
+    """The gates of a build whose report stage did not run (it failed earlier or was not built): kept so
+    that JUnit and the HTML still list them, as not evaluated, and a failing night has as many testcases."""
+    return [{"name": k, "metric": GATE_BY_KEY[k].metric, "limit": v}
+            for k, v in b.spec.expect.model_dump().items() if v is not None and k in GATE_BY_KEY]
+
+
+def build_inputs(plan: BuildPlan, b: Build) -> dict[str, str | None]:
+    """Fingerprints of what a build is made from, so a comparison can say what changed: the model file's
+    sha256 (from the import stage's inputs.json), the resolved spec, target profile and pipeline."""
+    model = None
+    task = plan.tasks[plan.build_tasks[b.id]["import"]]
+    try:
+        model = read_json_cached(task.dir / INPUTS_NAME)["inputs"]["model"][2]
+    except (OSError, ValueError, KeyError, IndexError, TypeError):
+        pass
+    spec = b.spec.model_dump(exclude={"targets", "description"})
+    return {"model_sha256": model, "spec": stable_hash(spec), "target": stable_hash(b.target.model_dump()),
+            "pipeline": stable_hash(b.pipeline.model_dump())}
+
+
+def project_commit(root: Path) -> str | None:
+    """The project's git commit (with `-dirty` if it has uncommitted changes to tracked files), or None."""
+    try:
+        head = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True,
+                              timeout=10)
+        if head.returncode != 0:
+            return None
+        dirty = subprocess.run(["git", "-C", str(root), "diff", "--quiet", "HEAD", "--"], capture_output=True,
+                               timeout=30).returncode == 1
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return head.stdout.strip()[:12] + ("-dirty" if dirty else "")
+
+
 def artifacts(plan: BuildPlan, build_id: str, records: dict[str, dict] | None = None) -> dict[str, str]:
-    """Paths of the build's main outputs; the Vela files from its stage record (no directory scan per build)."""
+    """Paths of the build's main outputs; the Vela files from its stage record (no directory scan per build):
+    the TOSA graph, the Vela model, vela.log, Vela's per-layer CSV and the firmware C files."""
     chain = plan.build_tasks[build_id]
     out = {}
     lower = plan.tasks[chain["lower"]]
@@ -85,59 +129,81 @@ def artifacts(plan: BuildPlan, build_id: str, records: dict[str, dict] | None = 
     vela = plan.tasks[chain["vela"]] if "vela" in chain else None
     if vela is None:
         return out
-    names = ((records or {}).get("vela") or {}).get("metrics", {}).get("artifacts")
+    vela_rec = (records or {}).get("vela") or {}
+    names = vela_rec.get("metrics", {}).get("artifacts")
     if isinstance(names, list):
         found = [vela.dir / n for n in sorted(n for n in names if n.endswith("_vela.tflite"))]
         found += [vela.dir / n for n in sorted(n for n in names if n.endswith("_vela.npz"))]
+        csv = [vela.dir / n for n in sorted(names) if n.endswith("_per-layer.csv")]
     else:
         found = sorted(vela.dir.glob("*_vela.tflite")) + sorted(vela.dir.glob("*_vela.npz"))
+        csv = sorted(vela.dir.glob("*_per-layer.csv"))
     for p in found:
         out["vela"] = str(p)
+    if not vela_rec:
+        return out
+    if (vela.dir / "vela.log").is_file():  # a partitioned graph has one <part>.vela.log per NPU partition
+        out["vela_log"] = str(vela.dir / "vela.log")
+    if csv:
+        out["per_layer_csv"] = str(csv[0])
+    firmware = vela_rec.get("metrics", {}).get("firmware") or []
+    if firmware and isinstance(firmware[0], dict):
+        out["firmware_c"] = str(vela.dir / firmware[0]["source"])
+        out["firmware_h"] = str(vela.dir / firmware[0]["header"])
+    deployment = vela_rec.get("metrics", {}).get("deployment")
+    if isinstance(deployment, str):
+        out["deployment"] = str(vela.dir / deployment)
     return out
 
 
-def write_reports(plan: BuildPlan, run_id: str, build_dir: Path) -> dict:
-    report = {"versions": all_versions(), "builds": build_entries(plan, run_id)}
+def make_report(plan: BuildPlan, run_id: str, selection: dict | None = None) -> dict:
+    """report.json's content: the run (id, time, what was asked for, the project's commit), tool versions and
+    one entry per build."""
+    roots = sorted({b.project_root for b in plan.builds})
+    return {"run_id": run_id, "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            "selection": selection, "commit": project_commit(roots[0]) if roots else None,
+            "versions": all_versions(), "builds": build_entries(plan, run_id)}
+
+
+def write_reports(report: dict, out_dir: Path, plot_cache: Path | None = None) -> None:
+    """report.json, report.md and report.html into `out_dir`."""
     # compact: json's C encoder only runs without indent, and report.json of a nightly matrix is megabytes
-    write_text(build_dir / "report.json", json.dumps(report, default=_json_default) + "\n")
-    write_text(build_dir / "report.md", render_markdown(report))
-    write_html(build_dir / "report.html", report, cache_dir=build_dir / ".cache" / "plots")
-    return report
-
-
-def _fmt(v, digits: int = 2) -> str:
-    if v is None:
-        return "-"
-    if isinstance(v, float):
-        return f"{v:.{digits}f}"
-    return str(v)
+    write_text(out_dir / "report.json", json.dumps(report, default=_json_default) + "\n")
+    write_text(out_dir / "report.md", render_markdown(report))
+    write_html(out_dir / "report.html", report, cache_dir=plot_cache)
 
 
 def render_markdown(report: dict) -> str:
+    from npubuild.report.html import ordered
+
+    builds = ordered(report["builds"])
     lines = ["# npubuild report", "",
              "| spec | model | target | status | NPU ops | CPU ops | SRAM KiB | off-chip KiB | inference ms | "
-             "NPU cycles | TOSA max LSB | TOSA SNR dB | quant SNR dB | cached stages |",
-             "|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
-    for b in report["builds"]:
+             "inferences/s | NPU cycles | TOSA max LSB | TOSA SNR dB | quant SNR dB | cached stages | problem |",
+             "|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---|"]
+    for b in builds:
         m = b["metrics"]
         cached = sum(1 for s in b["stages"].values() if s.get("cached"))
         ran = sum(1 for s in b["stages"].values() if s["status"] == "passed")
+        ms = m.get("inference_ms")
+        rate = f"{1000 / ms:.0f}" if isinstance(ms, (int, float)) and ms > 0 else "-"
+        cause = (failure_cause(b) or "-").replace("|", "/")
         lines.append(
-            f"| {b['spec']} | {b['model']} | {b['target']} | {b['status']} | {_fmt(m.get('npu_ops'))} | "
-            f"{_fmt(m.get('cpu_ops'))} | {_fmt(m.get('sram_kib'))} | {_fmt(m.get('offchip_kib'))} | "
-            f"{_fmt(m.get('inference_ms'), 4)} | {_fmt(m.get('npu_cycles'))} | {_fmt(m.get('tosa_max_error_lsb'), 0)} | "
-            f"{_fmt(m.get('tosa_snr_db'), 1)} | {_fmt(m.get('quant_snr_db'), 1)} | {cached}/{ran} |")
-    lines += _gates_and_memory(report)
-    lines += numerics_markdown(report["builds"])
-    failures = [(b, g) for b in report["builds"] for g in b["gates"] if not g["ok"]]
-    errors = [(b, e) for b in report["builds"] for e in b["errors"]]
+            f"| {b['spec']} | {b['model']} | {b['target']} | {b['status']} | {num(m.get('npu_ops'))} | "
+            f"{num(m.get('cpu_ops'))} | {num(m.get('sram_kib'))} | {num(m.get('offchip_kib'))} | "
+            f"{num(ms)} | {rate} | {num(m.get('npu_cycles'))} | {num(m.get('tosa_max_error_lsb'))} | "
+            f"{num(m.get('tosa_snr_db'), 3)} | {num(m.get('quant_snr_db'), 3)} | {cached}/{ran} | {cause} |")
+    lines += _gates_and_memory({**report, "builds": builds})
+    lines += numerics_markdown(builds)
+    failures = [(b, g) for b in builds for g in b["gates"] if not g["ok"]]
+    errors = [(b, e) for b in builds for e in b["errors"]]
     if failures or errors:
         lines += ["", "## Problems", ""]
         for b, g in failures:
             lines.append(f"- {b['spec']}/{b['model']}/{b['target']}: gate `{g['name']}` limit {g['limit']}, value {g['value']}")
         for b, e in errors:
             lines.append(f"- {b['spec']}/{b['model']}/{b['target']}: {e}")
-    lines += placement_markdown(report["builds"])
+    lines += placement_markdown(builds)
     lines += ["", "## Tool versions", ""]
     lines += [f"- {k} {v}" for k, v in report["versions"].items()]
     return "\n".join(lines) + "\n"
@@ -147,10 +213,12 @@ def _gates_and_memory(report: dict) -> list[str]:
     """Per build: each gate with its limit and value, and each memory pool's use against its size."""
     lines = ["", "## Gates and memory", ""]
     for b in report["builds"]:
-        gates = ", ".join(f"{g['name']} {_fmt(g['value'], 4)} (limit {g['limit']}{'' if g['ok'] else ', FAILED'})"
+        gates = ", ".join(f"{g['name']} {num(g['value'])} (limit {g['limit']}{'' if g['ok'] else ', FAILED'})"
                           for g in b["gates"]) or "no gates"
-        pools = ", ".join(f"{p['pool']} {p['used_kib']:.1f}/{p['size_kib']:.0f} KiB"
-                          for p in b["metrics"].get("pools") or [])
+        unchecked = [g["name"] for g in b.get("unchecked_gates", [])]
+        if unchecked:
+            gates = f"not evaluated: {', '.join(unchecked)}"
+        pools = pools_text(b["metrics"])
         offload = b["metrics"].get("npu_offload")
         lines.append(f"- {b['spec']}/{b['model']}/{b['target']}: {gates}"
                      + (f"; offload {offload:.0%}" if isinstance(offload, (int, float)) else "")

@@ -81,7 +81,8 @@ def test_doit_runs_the_same_graph_and_shares_the_cache(project: Path, capsys):
     build_dir = project / "build"
     assert run_cli(["build", "--build-dir", str(build_dir), "-q"], capsys, cwd=project)[0] == 0
     shutil.copy(REPO / "dodo.py", project / "dodo.py")
-    env = {"NPUBUILD_BUILD_DIR": str(build_dir), "PATH": str(Path(sys.executable).parent)}
+    env = {"NPUBUILD_BUILD_DIR": str(build_dir), "PATH": str(Path(sys.executable).parent),
+           "PYTHONPATH": str(REPO)}  # this checkout's npubuild (a worktree's, not the venv's editable install)
     proc = subprocess.run([sys.executable, "-m", "doit", "-n", "2"], cwd=project, capture_output=True, text=True,
                           env=env, timeout=600)
     assert proc.returncode == 0, proc.stderr

@@ -57,8 +57,10 @@ def test_schema_command_prints_json_schema(capsys):
     code, out, _ = run_cli(["schema"], capsys)
     schema = json.loads(out)
     assert code == 0
-    assert {"models", "targets", "pipeline", "expect", "extends"} <= set(schema["properties"])
-    assert schema["additionalProperties"] is False
+    spec, extending = schema["$defs"]["CompileSpec"], schema["$defs"]["CompileSpecExtending"]
+    assert {"models", "targets", "pipeline", "expect"} <= set(spec["properties"])
+    assert spec["additionalProperties"] is False and "extends" in extending["properties"]
+    assert [b["$ref"] for b in schema["anyOf"]] == ["#/$defs/CompileSpec", "#/$defs/CompileSpecExtending"]
 
 
 def test_spec_can_override_a_profiles_pool_inline(project: Path, capsys):

@@ -94,8 +94,8 @@ def test_required_without_fvp_fails_with_one_clear_line(project: Path, capsys):
     assert code == 1
     assert b["status"] == "failed" and b["stages"]["fvp"]["status"] == "failed"
     lines = [ln for ln in err.splitlines() if "FVP" in ln]
-    assert lines == ["error: verify.fvp is required but no FVP found (FVP_Corstone_SSE-300_Ethos-U55 is not on "
-                     "PATH and fvp.executable is not set)"]
+    assert lines == ["error: kws/ds_cnn/ethos-u55-128: fvp: verify.fvp is required but no FVP found "
+                     "(FVP_Corstone_SSE-300_Ethos-U55 is not on PATH and fvp.executable is not set)"]
 
 
 def test_auto_with_fvp_but_no_runner_skips(project: Path, stand_in: Path, capsys):

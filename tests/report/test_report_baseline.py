@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import json
+import re
 import shutil
 import xml.etree.ElementTree as ET
 from pathlib import Path
@@ -109,8 +110,8 @@ def test_missing_or_bad_baseline_is_one_line_exit_2(project: Path, capsys):
     assert code == 2 and err.count("\n") == 1 and "not a valid report" in err
 
 
-def test_report_html_draws_per_layer_cycles_for_failed_and_slowest_builds_only(project: Path, capsys):
-    from npubuild.report.html import MAX_LAYER_CHARTS, render_html
+def test_report_html_draws_one_bar_per_onnx_node_for_every_build(project: Path, capsys):
+    from npubuild.report.html import node_layers, render_html
 
     _nightly(project, capsys, "night1")
     report = read_report(project / "build")
@@ -119,10 +120,13 @@ def test_report_html_draws_per_layer_cycles_for_failed_and_slowest_builds_only(p
     many = [dict(b, target=f"{b['target']}-{i}") for i in range(4) for b in report["builds"]]
     many[-1] = dict(many[-1], status="failed")
     html = render_html({**report, "builds": many}, cache_dir=project / "plots")
-    sections = html.split("<details>")[1:]
-    charted = [s.split("</summary>")[0] for s in sections if "data:image/png" in s]
-    assert len(charted) == MAX_LAYER_CHARTS < len(many)
-    assert any(many[-1]["target"] in c for c in charted)  # the failed build is charted
-    slowest = max(many[:-1], key=lambda b: b["metrics"]["inference_ms"])
-    assert any(slowest["target"] in c for c in charted)
-    assert all("Costliest layers" in s for s in sections if "data:image/png" not in s)
+    sections = re.split(r"<details(?: open)?><summary class=", html)[1:]
+    assert len(sections) == len(many) and all("cycles per ONNX node" in s for s in sections)
+    assert sections[0].split("</summary>")[0].count(many[-1]["target"]) == 1  # the failed build comes first
+    # Vela layers of one ONNX node are summed into one bar (a softmax is many NPU ops, one node)
+    m = report["builds"][0]["metrics"]
+    nodes = node_layers({**m, "layers": m["layers"] + [dict(m["layers"][0], cycles=5, npu_cycles=5)]})
+    assert len(nodes) == len({lay["onnx_node"] for lay in m["layers"]})
+    first = nodes[0]
+    same = sum(lay["cycles"] for lay in m["layers"] if lay["onnx_node"] == m["layers"][0]["onnx_node"])
+    assert first["cycles"] == same + 5 and first["bound"] in ("compute", "memory")

@@ -47,9 +47,11 @@ def test_well_calibrated_model_has_no_jump(tmp_path: Path, capsys):
     assert res["first_jump"] is None and res["first_lowering_error"] is None
     for r in res["layers"]:
         assert r["max_error_lsb"] <= 1 and r["quant_snr_db"] > 25, r
+    assert not (root / "b" / "report.json").exists()  # a side command: the project's report is the build's
+    # the next build (nothing to do) shows it in the report, and keeps it while the lowering is the same ...
+    assert run_cli(["build", "configs/d.yaml", "--build-dir", "b", "-q"], capsys, cwd=root)[0] == 0
     (entry,) = read_report(root / "b")["builds"]
     assert entry["layer_numerics"]["layers"] == res["layers"]
-    # a later build keeps it in the report while the lowering is the same ...
     assert run_cli(["build", "configs/d.yaml", "--build-dir", "b", "-q"], capsys, cwd=root)[0] == 0
     (entry,) = read_report(root / "b")["builds"]
     assert entry["layer_numerics"]["layers"] == res["layers"]

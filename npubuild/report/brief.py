@@ -1,0 +1,83 @@
+"""One-line descriptions of a build that every output shares: why it failed, and its headline figures.
+
+The progress lines, the closing summary, report.md/html, the baseline comparison and JUnit all say the
+same thing about a build, in the same words.
+"""
+
+from __future__ import annotations
+
+
+def num(v, digits: int = 4) -> str:
+    """A figure as people read it: `0.2719`, `271856`, `37.1`; `-` when absent."""
+    if v is None:
+        return "-"
+    if isinstance(v, bool):
+        return "yes" if v else "no"
+    if isinstance(v, int):
+        return str(v)
+    if isinstance(v, float):
+        if abs(v) >= 10 ** digits:
+            return f"{v:.0f}"
+        if v != 0 and abs(v) < 1e-3:
+            return f"{v:.2e}"
+        return f"{v:.{digits}g}"
+    return str(v)
+
+
+def plain_message(text: str) -> str:
+    """An error's first line without its `error: ` tag (a position in front of it is kept):
+    `error: target 'x': pool ...` -> `target 'x': pool ...`; `a.yaml:3:5: error: m` -> `a.yaml:3:5: m`."""
+    first = str(text).strip().splitlines()[0] if str(text).strip() else "failed"
+    where, sep, rest = first.partition("error: ")
+    return f"{where}{rest}" if sep else first
+
+
+def gate_text(g: dict) -> str:
+    return f"gate {g['name']} failed: {g['metric']} = {num(g['value'])}, limit {num(g['limit'])}"
+
+
+def failure_cause(entry: dict) -> str | None:
+    """Why a report entry did not pass: the failed stage and its first error line, else the gates that fell
+    short, else what kept it from being built; None for a passed build."""
+    if entry.get("status") == "passed":
+        return None
+    for stage, s in entry.get("stages", {}).items():
+        if s.get("status") == "failed" and s.get("error"):
+            return f"{stage}: {plain_message(s['error'])}"
+    if entry.get("errors"):
+        return plain_message(entry["errors"][0])
+    bad = [g for g in entry.get("gates", []) if not g.get("ok")]
+    if bad:
+        return "; ".join(gate_text(g) for g in bad)
+    missing = [k for k, s in entry.get("stages", {}).items() if s.get("status") == "skipped" and "reason" not in s]
+    if missing:
+        return f"not built: stage {missing[0]} did not run (an earlier task failed or the run stopped)"
+    return str(entry.get("status", "failed"))
+
+
+def pools_text(metrics: dict) -> str:
+    """`sram 72.0/128 KiB (56%)`, per pool."""
+    out = []
+    for p in metrics.get("pools") or []:
+        size = p.get("size_kib") or 0
+        pct = f" ({p['used_kib'] / size:.0%})" if size else ""
+        out.append(f"{p['pool']} {p['used_kib']:.1f}/{size:g} KiB{pct}")
+    return ", ".join(out)
+
+
+def headline(metrics: dict) -> str:
+    """A passed build's figures for its result line: time, rate, memory, offload."""
+    parts = []
+    ms = metrics.get("inference_ms")
+    if isinstance(ms, (int, float)) and ms > 0:
+        parts.append(f"{num(ms)} ms ({1000 / ms:,.0f} inf/s)")
+    pools = pools_text(metrics)
+    if pools:
+        parts.append(pools)
+    off = metrics.get("npu_offload")
+    if isinstance(off, (int, float)):
+        parts.append(f"NPU {off:.0%}")
+    snr = metrics.get("tosa_snr_db")
+    if isinstance(snr, (int, float)):
+        parts.append(f"SNR {snr:.1f} dB")
+    return ", ".join(parts)
