@@ -1,8 +1,10 @@
 """Run one stage task for any executor: the completion record, the shared cache, the error record.
 
 `execute` wraps a stage for any executor: it clears the old completion record,
-runs the stage, and writes `stage.json` (config, metrics, seconds, run id)
-last, so a task killed mid-stage has no record and is never taken as done.
+runs the stage, and writes `stage.json` (config, metrics, seconds, run id, the
+size and sha256 of every file the stage wrote) last, so a task killed
+mid-stage has no record and is never taken as done, and a later change to an
+output is seen (npubuild.build.uptodate).
 """
 
 from __future__ import annotations
@@ -14,7 +16,8 @@ from pathlib import Path
 
 from npubuild.build.cache import StageCache, cache_key
 from npubuild.build.plan import StageTask
-from npubuild.build.uptodate import clear_debris, fingerprint, read_record, write_inputs
+from npubuild.build.uptodate import (ERROR_NAME, INPUTS_NAME, check_producers, clear_debris, fingerprint, hash_outputs,
+                                     read_record, write_inputs)
 from npubuild.errors import NpubuildError, StageError
 from npubuild.fileio import read_json, write_json
 
@@ -28,7 +31,7 @@ def stage_function(stage: str) -> StageFn:
 
 
 def error_path(task: StageTask) -> Path:
-    return task.dir / "error.json"
+    return task.dir / ERROR_NAME
 
 
 def run_stage(task: StageTask, run_id: str, debug: bool = False, cache_url: str | None = None) -> dict:
@@ -37,11 +40,15 @@ def run_stage(task: StageTask, run_id: str, debug: bool = False, cache_url: str 
     clear_debris(task)
     try:
         fp = fingerprint(task.inputs)
+        hashes = {name: v[2] for name, v in fp.items()}
+        corrupted = check_producers(task, hashes)
+        if corrupted is not None:
+            raise StageError(f"stage {task.stage}: {corrupted}")
         cache = StageCache(cache_url) if cache_url and task.stage != "report" else None
-        record = execute(task, run_id, debug, cache, {name: v[2] for name, v in fp.items()})
+        record = execute(task, run_id, debug, cache, hashes)
     except OSError as exc:  # an input vanished under us (another process, a clean)
         raise StageError(f"stage {task.stage}: cannot read an input: {exc}") from None
-    write_inputs(task, fp)
+    write_inputs(task, fp, record.get("outputs"))
     return record
 
 
@@ -78,7 +85,7 @@ def execute(task: StageTask, run_id: str, debug: bool = False, cache: StageCache
         raise NpubuildError(f"internal error in stage {task.stage}: {type(exc).__name__}: {exc} "
                             f"(traceback in {err_path})") from exc
     if cache is not None:
-        cache.put(key, task.dir, metrics, exclude={record_path.name, err_path.name})
+        cache.put(key, task.dir, metrics, exclude={record_path.name, err_path.name, INPUTS_NAME})
     return _write_record(task, run_id, start, metrics, key, from_cache=False)
 
 
@@ -95,6 +102,7 @@ def _write_record(task: StageTask, run_id: str, start: float, metrics: dict, cac
         "seconds": round(time.perf_counter() - start, 4),
         "metrics": metrics,
         "config": task.config,
+        "outputs": hash_outputs(task),
     }
     write_json(task.outputs["record"], record)
     return record
