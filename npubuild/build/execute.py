@@ -27,7 +27,17 @@ StageFn = Callable[[StageTask], dict]
 def stage_function(stage: str) -> StageFn:
     from npubuild.stages import BY_NAME
 
+    if "onnxruntime" in BY_NAME[stage].tools:
+        quiet_onnxruntime()
     return BY_NAME[stage].run
+
+
+def quiet_onnxruntime() -> None:
+    """onnxruntime logs each error in colour on stderr before raising it; the stage reports it as one line,
+    so only its fatal messages are logged."""
+    import onnxruntime
+
+    onnxruntime.set_default_logger_severity(4)
 
 
 def error_path(task: StageTask) -> Path:
@@ -77,7 +87,7 @@ def execute(task: StageTask, run_id: str, debug: bool = False, cache: StageCache
                               "run_id": run_id})
         raise
     except Exception as exc:  # a bug or a tool crash: keep the traceback on disk, one line on screen
-        detail = traceback.format_exc()
+        detail = getattr(exc, "child_traceback", None) or traceback.format_exc()  # run_isolated's child
         write_json(err_path, {"kind": "internal", "message": f"error: {type(exc).__name__}: {exc}",
                               "traceback": detail, "run_id": run_id})
         if debug:
