@@ -23,9 +23,9 @@ from __future__ import annotations
 
 import os
 import shutil
-import sys
 from pathlib import Path
 
+from npubuild.build.notice import warn
 from npubuild.build.plan import StageTask
 from npubuild.fileio import file_hash, read_json, write_json
 
@@ -145,8 +145,7 @@ def changed_output(task: StageTask, outputs: dict, sigs: dict) -> tuple[str | No
 def invalidate(task: StageTask, why: str) -> None:
     """Drop the task's record (it reruns) and say so in one line."""
     task.outputs["record"].unlink(missing_ok=True)
-    sys.stderr.write(f"warning: {task.name}: {why}; rerunning it\n")
-    sys.stderr.flush()
+    warn(f"{task.name}: {why}; rerunning it")
 
 
 def is_done(task: StageTask) -> bool:
