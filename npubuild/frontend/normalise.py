@@ -15,7 +15,8 @@ import onnx_ir as ir
 from google.protobuf.message import DecodeError
 
 from npubuild.build.isolate import run_isolated
-from npubuild.errors import InputError, NpubuildError, UnsupportedOpError
+from npubuild.errors import InputError, NpubuildError, StageError, UnsupportedOpError
+from npubuild.ethosu.early_fit import MemoryBounds, early_failure, lower_bounds
 from npubuild.fileio import write_bytes
 from npubuild.frontend.external_data import fold_external_data
 from npubuild.frontend.model_checks import check_model, check_scales
@@ -162,8 +163,9 @@ def _step(what: str, fn, *args, where: str):
         raise InputError(f"{_node_in_traceback(root)}{what} failed: {_first_line(root)}", where) from None
 
 
-def import_model(src: Path, input_shapes: dict[str, list[int]], out: Path) -> dict:
-    """The import stage's work: the model file, checked and normalised, written to `out`; its metrics."""
+def import_model(src: Path, input_shapes: dict[str, list[int]], out: Path) -> tuple[dict, MemoryBounds]:
+    """The import stage's work: the model file, checked and normalised, written to `out`; its metrics and
+    the lower bounds of its arena and constants (for the early pool check)."""
     model = load_onnx(src)
     before = len(model.graph.node)
     model = normalise(model, input_shapes, str(src))
@@ -171,11 +173,19 @@ def import_model(src: Path, input_shapes: dict[str, list[int]], out: Path) -> di
     ops: dict[str, int] = {}
     for n in model.graph.node:
         ops[n.op_type] = ops.get(n.op_type, 0) + 1
-    return {"nodes_in": before, "nodes_out": len(model.graph.node), "op_types": ops}
+    return {"nodes_in": before, "nodes_out": len(model.graph.node), "op_types": ops}, lower_bounds(model)
 
 
 def run(task: StageTask) -> dict:
-    """The import stage, in a forked child: a crash in onnx's C++ on this model is one line for this build."""
+    """The import stage, in a forked child: a crash in onnx's C++ on this model is one line for this build.
+    Then, if no target this model is compiled for can hold even its lower bounds, the pool check's line now
+    (ethosu/early_fit.py) rather than after quantisation, tosa-check and Vela."""
     src = task.inputs["model"]
-    return run_isolated(import_model, src, task.config["input_shapes"], task.outputs["onnx"],
-                        what="ONNX import (checker, shape inference)", where=str(src))
+    metrics, bounds = run_isolated(import_model, src, task.config["input_shapes"], task.outputs["onnx"],
+                                   what="ONNX import (checker, shape inference)", where=str(src))
+    failures = [early_failure(t, bounds) for t in task.fit_targets]
+    if failures and all(failures):
+        task.outputs["onnx"].unlink(missing_ok=True)
+        others = f" (and {len(failures) - 1} other targets)" if len(failures) > 1 else ""
+        raise StageError(f"{failures[0]}{others}: a lower bound from the model's shapes, before compiling it")
+    return metrics
