@@ -86,6 +86,10 @@ def execute(task: StageTask, run_id: str, debug: bool = False, cache: StageCache
         write_json(err_path, {"kind": "input" if exc.exit_code == 2 else "stage", "message": str(exc),
                               "run_id": run_id})
         raise
+    except MemoryError:  # a model whose tensors do not fit this machine: one line, the traceback is no help
+        exc = StageError(f"stage {task.stage} ran out of host memory")
+        write_json(err_path, {"kind": "stage", "message": str(exc), "run_id": run_id})
+        raise exc from None
     except Exception as exc:  # a bug or a tool crash: keep the traceback on disk, one line on screen
         detail = getattr(exc, "child_traceback", None) or traceback.format_exc()  # run_isolated's child
         write_json(err_path, {"kind": "internal", "message": f"error: {type(exc).__name__}: {exc}",

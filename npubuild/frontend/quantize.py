@@ -21,12 +21,13 @@ from npubuild.build.plan import StageTask
 from npubuild.errors import InputError, NpubuildError, StageError
 from npubuild.fileio import write_bytes
 from npubuild.frontend.calibration import entropy_options
-from npubuild.frontend.data import calibration_arrays
+from npubuild.frontend.data import calibration_arrays, graph_inputs
 from npubuild.frontend.qdq_concat import share_concat_scales
 from npubuild.frontend.qdq_linear import fold_linear_bias
 from npubuild.frontend.qoperator import is_quantized
 from npubuild.frontend.quantized_ops import quantized_op_types
 
+MAX_CALIBRATION_BYTES = 1 << 30  # random calibration arrays held in memory at once
 MAX_QUANTIZE_NODES = 2500  # onnxruntime's quantiser is quadratic in the node count (bench/hardening.md)
 ORT_NODE_FAILURE = re.compile(r"running (\w+) node\. Name:'([^']*)' Status Message: (.*)", re.S)
 ORT_NOISE = [re.compile(r"\[ONNXRuntimeError\] : \d+ : \w+ : "),
@@ -152,6 +153,20 @@ def overflowing_node(float_model: Path, arrays: dict[str, np.ndarray]) -> str | 
     return None
 
 
+def check_calibration_size(model: onnx.ModelProto, calibration: dict) -> None:
+    """Random calibration data is held whole: refuse (one line) a model whose inputs would need more than
+    MAX_CALIBRATION_BYTES for the spec's samples, before allocating any of it."""
+    random = calibration.get("random")
+    if not random:
+        return
+    for name, shape, dtype in graph_inputs(model):
+        nbytes = random["samples"] * int(np.prod(shape, dtype=np.float64)) * np.dtype(dtype).itemsize
+        if nbytes > MAX_CALIBRATION_BYTES:
+            raise InputError(f"input '{name}' of shape {list(shape)}: {random['samples']} random calibration samples "
+                             f"would take {nbytes / 2**20:.0f} MiB (at most {MAX_CALIBRATION_BYTES >> 20} MiB); "
+                             "lower calibration.random.samples or the input's shape")
+
+
 def run(task: StageTask) -> dict:
     float_model = task.inputs["float"]
     model = onnx.load(str(float_model))
@@ -163,6 +178,7 @@ def run(task: StageTask) -> dict:
         write_bytes(task.outputs["onnx"], model.SerializeToString())
         return {"prequantized": True, "calibration_samples": 0,
                 **{op: sum(n.op_type == op for n in model.graph.node) for op in ("QuantizeLinear", "DequantizeLinear")}}
+    check_calibration_size(model, task.config["calibration"])
     arrays = calibration_arrays(model, task.config["calibration"], task.inputs.get("calibration"))
     qdq = quantize(float_model, arrays, task.config["quantization"])
     share_concat_scales(qdq, task.config["quantization"]["symmetric_activations"])  # TFLite-style concat scales
