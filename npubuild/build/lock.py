@@ -13,8 +13,6 @@ for the lock or stops at once with one line naming the holder.
 from __future__ import annotations
 
 import contextlib
-import ctypes
-import ctypes.util
 import fcntl
 import os
 import signal
@@ -35,6 +33,9 @@ _hook_installed = False
 def _die_with_parent(parent: int) -> None:
     """In a forked child of a lock holder: end when the parent ends, so no orphan keeps the lock."""
     if sys.platform.startswith("linux"):
+        import ctypes
+        import ctypes.util
+
         try:
             libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
             if libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) == 0:
