@@ -9,6 +9,8 @@ output is seen (npubuild.build.uptodate).
 
 from __future__ import annotations
 
+import os
+import threading
 import time
 import traceback
 from collections.abc import Callable
@@ -18,7 +20,8 @@ from npubuild.build.cache import StageCache, cache_key
 from npubuild.build.plan import StageTask
 from npubuild.build.uptodate import (ERROR_NAME, INPUTS_NAME, check_producers, clear_debris, fingerprint, hash_outputs,
                                      read_record, write_inputs)
-from npubuild.errors import NpubuildError, StageError
+from npubuild.build.isolate import run_isolated
+from npubuild.errors import InputError, NpubuildError, StageError
 from npubuild.fileio import read_json, write_json
 
 StageFn = Callable[[StageTask], dict]
@@ -30,6 +33,19 @@ def stage_function(stage: str) -> StageFn:
     if "onnxruntime" in BY_NAME[stage].tools:
         quiet_onnxruntime()
     return BY_NAME[stage].run
+
+
+def run_stage_function(task: StageTask) -> dict:
+    """The stage's own work, in a forked child (build/isolate.py): a native crash, the memory limit or a hang
+    in onnx, onnxruntime, the TOSA reference model or Vela is one error for this task, not the end of the
+    build. The report stage (records only) and a task run off the main thread (a Dask worker's pool, where
+    forking a threaded process is unsafe) run in process."""
+    fn = stage_function(task.stage)
+    if task.per_build or threading.current_thread() is not threading.main_thread() or not hasattr(os, "fork"):
+        return fn(task)
+    model = task.inputs.get("model") if task.stage == "import" else None
+    return run_isolated(fn, task, what=f"the {task.stage} stage", where=str(model) if model else None,
+                        failure=InputError if task.stage == "import" else StageError)
 
 
 def quiet_onnxruntime() -> None:
@@ -81,7 +97,7 @@ def execute(task: StageTask, run_id: str, debug: bool = False, cache: StageCache
     if entry is not None:
         return _write_record(task, run_id, start, entry.metrics, key, from_cache=True)
     try:
-        metrics = stage_function(task.stage)(task)
+        metrics = run_stage_function(task)
     except NpubuildError as exc:
         write_json(err_path, {"kind": "input" if exc.exit_code == 2 else "stage", "message": str(exc),
                               "run_id": run_id})

@@ -2,8 +2,8 @@
 
 The import stage's work, also used by tests and tools that start from a model file. External data is read
 only from beside the model and folded in (frontend/external_data.py); what would crash or mislead native
-code is refused first (frontend/model_checks.py); and the stage runs the rest in a forked child
-(build/isolate.py), so a crash inside onnx's C++ is one error for this model, not the end of the build."""
+code is refused first (frontend/model_checks.py); and the stage runs in a forked child (build/isolate.py,
+as every stage does), so a crash inside onnx's C++ is one error for this model, not the end of the build."""
 
 from __future__ import annotations
 
@@ -14,7 +14,6 @@ import onnx
 import onnx_ir as ir
 from google.protobuf.message import DecodeError
 
-from npubuild.build.isolate import run_isolated
 from npubuild.errors import InputError, NpubuildError, StageError, UnsupportedOpError
 from npubuild.ethosu.early_fit import MemoryBounds, early_failure, lower_bounds
 from npubuild.fileio import write_bytes
@@ -177,12 +176,11 @@ def import_model(src: Path, input_shapes: dict[str, list[int]], out: Path) -> tu
 
 
 def run(task: StageTask) -> dict:
-    """The import stage, in a forked child: a crash in onnx's C++ on this model is one line for this build.
-    Then, if no target this model is compiled for can hold even its lower bounds, the pool check's line now
-    (ethosu/early_fit.py) rather than after quantisation, tosa-check and Vela."""
+    """The import stage (run in a forked child, like every stage: build/execute.py). Then, if no target this
+    model is compiled for can hold even its lower bounds, the pool check's line now (ethosu/early_fit.py)
+    rather than after quantisation, tosa-check and Vela."""
     src = task.inputs["model"]
-    metrics, bounds = run_isolated(import_model, src, task.config["input_shapes"], task.outputs["onnx"],
-                                   what="ONNX import (checker, shape inference)", where=str(src))
+    metrics, bounds = import_model(src, task.config["input_shapes"], task.outputs["onnx"])
     failures = [early_failure(t, bounds) for t in task.fit_targets]
     if failures and all(failures):
         task.outputs["onnx"].unlink(missing_ok=True)
