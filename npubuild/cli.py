@@ -6,6 +6,7 @@ import argparse
 import difflib
 import re
 import sys
+import traceback
 
 from npubuild.commands import register_all
 from npubuild.errors import InputError, NpubuildError
@@ -86,17 +87,20 @@ def make_parser() -> Parser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run one command. Bad input is one line and exit 2, also with --debug (which adds the traceback
+    above it); a usage error never shows one (`validate --debug` is a usage error: --debug comes first)."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    debug = "--debug" in argv
+    debug = False
     try:
         args = make_parser().parse_args(argv)
+        debug = args.debug
         return args.func(args)
     except UsageError as exc:
         print(exc, file=sys.stderr)
         return exc.exit_code
     except NpubuildError as exc:
         if debug:
-            raise
+            traceback.print_exc()
         print(exc, file=sys.stderr)
         return exc.exit_code
     except BrokenPipeError:  # output piped into `head` and closed: not an error
@@ -105,6 +109,18 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("error: interrupted", file=sys.stderr)
         return 130
+    except OSError as exc:  # a path from the command line or the environment: one line, exit 2
+        if debug:
+            traceback.print_exc()
+        where = f"{exc.filename}: " if exc.filename else ""
+        print(f"{where}error: {exc.strerror or exc}", file=sys.stderr)
+        return 2
+    except Exception as exc:  # a bug: one line (the traceback with --debug), exit 1
+        if debug:
+            raise
+        first = (str(exc).strip().splitlines() or [""])[0]
+        print(f"error: internal error: {type(exc).__name__}: {first} (--debug shows the traceback)", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

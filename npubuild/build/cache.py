@@ -11,11 +11,24 @@ The manifest names the writer directory and the sha256 and size of each file,
 so a reader never uses a half-written entry; it verifies every file on read,
 and an entry that fails (truncated, corrupted, missing files) is discarded and
 recomputed. Concurrent writers of one key each write their own writer
-directory; whichever manifest lands last wins, and both are complete.
+directory; whichever manifest lands last wins, and both are complete. A writer
+killed mid-put leaves its directory and temp manifest behind: `verify` and
+`prune` remove such debris once it is older than DEBRIS_GRACE_S (a writer
+still at work is younger).
+
+Trust: the sha256s catch accidents, not an adversary, since whoever can write
+to the cache can replace a file and its manifest together. With a team key
+(`$NPUBUILD_CACHE_KEY`, or a file named by `$NPUBUILD_CACHE_KEY_FILE`) every
+manifest carries an HMAC-SHA256 over all of it (the cache key, every file's
+sha256 and size, the metrics), and a build restores only entries whose MAC
+verifies under its key: write access to the storage alone can no longer plant
+an entry. The key is never written to the cache, a build dir or a report.
 """
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import json
 import os
 import time
@@ -25,9 +38,34 @@ from pathlib import Path
 
 import fsspec
 
+from npubuild.build.notice import warn
+from npubuild.errors import InputError
 from npubuild.fileio import atomic_path, file_hash, stable_hash
 
 MANIFEST = "manifest.json"
+DEBRIS_GRACE_S = 3600.0  # a writer directory without a manifest this old is a killed writer's, not a live one
+KEY_ENV, KEY_FILE_ENV = "NPUBUILD_CACHE_KEY", "NPUBUILD_CACHE_KEY_FILE"
+
+
+def team_key() -> bytes | None:
+    """The cache's HMAC key from the environment (the key itself, or a file holding it), or None."""
+    text = os.environ.get(KEY_ENV)
+    if not text and os.environ.get(KEY_FILE_ENV):
+        path = Path(os.environ[KEY_FILE_ENV])
+        try:
+            text = path.read_text().strip()
+        except OSError as exc:
+            raise InputError(f"cannot read the cache key file: {exc.strerror}", str(path)) from None
+        if not text:
+            raise InputError("the cache key file is empty", str(path))
+    return text.encode() if text else None
+
+
+def manifest_mac(manifest: dict, key: bytes) -> str:
+    """HMAC-SHA256 over the whole manifest but its `mac`, in a canonical JSON form."""
+    body = {k: v for k, v in manifest.items() if k != "mac"}
+    text = json.dumps(body, sort_keys=True, separators=(",", ":"), default=str)
+    return hmac.new(key, text.encode(), hashlib.sha256).hexdigest()
 
 
 def cache_key(config: dict, inputs: dict[str, Path], hashes: dict[str, str] | None = None) -> str:
@@ -70,10 +108,20 @@ class CacheEntry:
 class StageCache:
     """Get and put stage outputs by key; `url` is a directory path or an fsspec URL."""
 
-    def __init__(self, url: str | os.PathLike):
+    def __init__(self, url: str | os.PathLike, key: bytes | None = None, use_env_key: bool = True):
         self.url = str(url)
+        self.key = key if key is not None or not use_env_key else team_key()
         self.fs, self.root = fsspec.core.url_to_fs(self.url)
         self.fs.makedirs(self.root, exist_ok=True)
+
+    def trusted(self, key: str, manifest: dict) -> bool:
+        """Without a team key every well-formed manifest; with one, only a manifest for `key` whose MAC holds."""
+        if manifest.get("key") != key:
+            return False
+        if self.key is None:
+            return True
+        mac = manifest.get("mac")
+        return isinstance(mac, str) and hmac.compare_digest(mac, manifest_mac(manifest, self.key))
 
     def _dir(self, key: str) -> str:
         return f"{self.root}/{key[:2]}/{key}"
@@ -96,8 +144,12 @@ class StageCache:
         manifest = self._read_manifest(key)
         if manifest is None:
             return None
-        if not manifest or not required <= set(manifest.get("files", {})):
+        if not isinstance(manifest, dict) or not isinstance(manifest.get("files"), dict) \
+                or not required <= set(manifest["files"]):
             self.discard(key)
+            return None
+        if not self.trusted(key, manifest):  # not ours: do not use it (a put will replace it)
+            warn(f"cache entry {key} is not signed with this build's cache key: not restored")
             return None
         staged: list[tuple[Path, bytes]] = []
         for name, info in manifest["files"].items():
@@ -134,11 +186,12 @@ class StageCache:
             with self.fs.open(f"{base}/{rel}", "wb") as f:
                 f.write(data)
             files[name] = {"path": rel, "sha256": _sha256(data), "size": len(data)}
-        manifest = json.dumps({"key": key, "files": files, "metrics": metrics, "created": time.time(),
-                               "writer": writer}).encode()
+        body = {"key": key, "files": files, "metrics": metrics, "created": time.time(), "writer": writer}
+        if self.key is not None:
+            body["mac"] = manifest_mac(body, self.key)
         tmp = f"{base}/.{MANIFEST}.{writer}"
         with self.fs.open(tmp, "wb") as f:
-            f.write(manifest)
+            f.write(json.dumps(body).encode())
         self.fs.mv(tmp, f"{base}/{MANIFEST}")
 
     def discard(self, key: str) -> None:
@@ -161,20 +214,73 @@ class StageCache:
         total = 0
         for k in keys:
             m = self._read_manifest(k) or {}
-            total += sum(f["size"] for f in m.get("files", {}).values())
-        return {"url": self.url, "entries": len(keys), "bytes": total}
+            total += sum(f.get("size", 0) for f in m.get("files", {}).values() if isinstance(f, dict))
+        return {"url": self.url, "entries": len(keys), "bytes": total,
+                "debris_bytes": sum(size for _, size in self.debris(grace_s=0.0))}
 
     def verify(self) -> tuple[int, list[str]]:
-        """Check every entry's files against its manifest; discard and return the bad ones."""
+        """Check every entry's files against its manifest (and its MAC, with a team key); discard and return
+        the bad ones; remove killed writers' debris."""
         bad = []
         keys = self.keys()
         for k in keys:
             m = self._read_manifest(k)
-            ok = bool(m) and all(self._file_ok(k, info) for info in m.get("files", {}).values())
-            if not ok:
+            ok = isinstance(m, dict) and bool(m) and isinstance(m.get("files"), dict) and self.trusted(k, m) \
+                and all(self._file_ok(k, info) for info in m["files"].values())
+            if not ok and m is not None:
                 bad.append(k)
                 self.discard(k)
+        self.remove_debris()
         return len(keys), bad
+
+    def debris(self, grace_s: float = DEBRIS_GRACE_S) -> list[tuple[str, int]]:
+        """(path, bytes) of what killed writers left, older than `grace_s`: writer dirs no manifest names, temp
+        manifests, key dirs without a manifest."""
+        out: list[tuple[str, int]] = []
+        now = time.time()
+        for k in self._key_dirs():
+            base = self._dir(k)
+            m = self._read_manifest(k)
+            live = m.get("writer") if isinstance(m, dict) else None
+            for child in self.fs.ls(base, detail=True):
+                name = child["name"].rstrip("/").rsplit("/", 1)[-1]
+                if name == MANIFEST or name == live:
+                    continue
+                if now - _mtime(self.fs, child) >= grace_s:
+                    out.append((child["name"], self._size(child)))
+        return out
+
+    def remove_debris(self, grace_s: float = DEBRIS_GRACE_S) -> int:
+        removed = 0
+        for path, _ in self.debris(grace_s):
+            try:
+                self.fs.rm(path, recursive=True)
+                removed += 1
+            except FileNotFoundError:
+                pass
+        for k in self._key_dirs():  # a key dir left empty
+            try:
+                if not self.fs.ls(self._dir(k), detail=False):
+                    self.fs.rmdir(self._dir(k))
+            except (FileNotFoundError, OSError):
+                pass
+        return removed
+
+    def _key_dirs(self) -> list[str]:
+        out = []
+        for prefix in self.fs.ls(self.root, detail=False):
+            if not self.fs.isdir(prefix):
+                continue
+            for entry in self.fs.ls(prefix, detail=False):
+                name = entry.rstrip("/").rsplit("/", 1)[-1]
+                if len(name) == 40 and self.fs.isdir(entry):
+                    out.append(name)
+        return sorted(out)
+
+    def _size(self, info: dict) -> int:
+        if info.get("type") == "directory":
+            return sum(self.fs.du(info["name"], total=False).values()) if self.fs.exists(info["name"]) else 0
+        return int(info.get("size") or 0)
 
     def _file_ok(self, key: str, info: dict) -> bool:
         try:
@@ -185,27 +291,46 @@ class StageCache:
         return len(data) == info["size"] and _sha256(data) == info["sha256"]
 
     def prune(self, older_than_s: float) -> int:
+        """Remove entries created before `older_than_s` ago, and killed writers' debris."""
         cutoff = time.time() - older_than_s
         removed = 0
         for k in self.keys():
-            m = self._read_manifest(k) or {}
-            if m.get("created", 0.0) < cutoff:
+            m = self._read_manifest(k)
+            if m is None:
+                continue  # no manifest: a writer's (debris below, once old)
+            created = m.get("created", 0.0) if isinstance(m, dict) else 0.0
+            if not isinstance(created, (int, float)) or created < cutoff:
                 self.discard(k)
                 removed += 1
+        self.remove_debris(min(DEBRIS_GRACE_S, older_than_s))
         return removed
 
 
 def _sha256(data: bytes) -> str:
-    import hashlib
-
     return hashlib.sha256(data).hexdigest()
+
+
+def _mtime(fs, info: dict) -> float:
+    """A listing entry's modification time in seconds (local files say mtime, object stores LastModified);
+    now if the file system says nothing, so that unknown debris is never taken as old."""
+    for field in ("mtime", "LastModified", "last_modified", "created"):
+        v = info.get(field)
+        if isinstance(v, (int, float)):
+            return float(v)
+        if hasattr(v, "timestamp"):
+            return float(v.timestamp())
+    if info.get("type") == "directory":  # a local directory's listing may lack mtime: ask its entries
+        try:
+            times = [_mtime(fs, c) for c in fs.ls(info["name"], detail=True)]
+            return max(times) if times else 0.0
+        except (FileNotFoundError, OSError):
+            return time.time()
+    return time.time()
 
 
 def parse_age(text: str) -> float:
     """'30d', '12h', '45m', '90s' -> seconds."""
     units = {"d": 86400, "h": 3600, "m": 60, "s": 1}
     if not text or text[-1] not in units or not text[:-1].isdigit():
-        from npubuild.errors import InputError
-
         raise InputError(f"age '{text}' must be a number followed by d, h, m or s (e.g. 30d)")
     return int(text[:-1]) * units[text[-1]]

@@ -1,12 +1,16 @@
 """Run one stage task for any executor: the completion record, the shared cache, the error record.
 
 `execute` wraps a stage for any executor: it clears the old completion record,
-runs the stage, and writes `stage.json` (config, metrics, seconds, run id)
-last, so a task killed mid-stage has no record and is never taken as done.
+runs the stage, and writes `stage.json` (config, metrics, seconds, run id, the
+size and sha256 of every file the stage wrote) last, so a task killed
+mid-stage has no record and is never taken as done, and a later change to an
+output is seen (npubuild.build.uptodate).
 """
 
 from __future__ import annotations
 
+import os
+import threading
 import time
 import traceback
 from collections.abc import Callable
@@ -14,8 +18,10 @@ from pathlib import Path
 
 from npubuild.build.cache import StageCache, cache_key
 from npubuild.build.plan import StageTask
-from npubuild.build.uptodate import clear_debris, fingerprint, read_record, write_inputs
-from npubuild.errors import NpubuildError, StageError
+from npubuild.build.uptodate import (ERROR_NAME, INPUTS_NAME, check_producers, clear_debris, fingerprint, hash_outputs,
+                                     read_record, write_inputs)
+from npubuild.build.isolate import run_isolated
+from npubuild.errors import InputError, NpubuildError, StageError
 from npubuild.fileio import read_json, write_json
 
 StageFn = Callable[[StageTask], dict]
@@ -24,11 +30,34 @@ StageFn = Callable[[StageTask], dict]
 def stage_function(stage: str) -> StageFn:
     from npubuild.stages import BY_NAME
 
+    if "onnxruntime" in BY_NAME[stage].tools:
+        quiet_onnxruntime()
     return BY_NAME[stage].run
 
 
+def run_stage_function(task: StageTask) -> dict:
+    """The stage's own work, in a forked child (build/isolate.py): a native crash, the memory limit or a hang
+    in onnx, onnxruntime, the TOSA reference model or Vela is one error for this task, not the end of the
+    build. The report stage (records only) and a task run off the main thread (a Dask worker's pool, where
+    forking a threaded process is unsafe) run in process."""
+    fn = stage_function(task.stage)
+    if task.per_build or threading.current_thread() is not threading.main_thread() or not hasattr(os, "fork"):
+        return fn(task)
+    model = task.inputs.get("model") if task.stage == "import" else None
+    return run_isolated(fn, task, what=f"the {task.stage} stage", where=str(model) if model else None,
+                        failure=InputError if task.stage == "import" else StageError)
+
+
+def quiet_onnxruntime() -> None:
+    """onnxruntime logs each error in colour on stderr before raising it; the stage reports it as one line,
+    so only its fatal messages are logged."""
+    import onnxruntime
+
+    onnxruntime.set_default_logger_severity(4)
+
+
 def error_path(task: StageTask) -> Path:
-    return task.dir / "error.json"
+    return task.dir / ERROR_NAME
 
 
 def run_stage(task: StageTask, run_id: str, debug: bool = False, cache_url: str | None = None) -> dict:
@@ -37,11 +66,15 @@ def run_stage(task: StageTask, run_id: str, debug: bool = False, cache_url: str 
     clear_debris(task)
     try:
         fp = fingerprint(task.inputs)
+        hashes = {name: v[2] for name, v in fp.items()}
+        corrupted = check_producers(task, hashes)
+        if corrupted is not None:
+            raise StageError(f"stage {task.stage}: {corrupted}")
         cache = StageCache(cache_url) if cache_url and task.stage != "report" else None
-        record = execute(task, run_id, debug, cache, {name: v[2] for name, v in fp.items()})
+        record = execute(task, run_id, debug, cache, hashes)
     except OSError as exc:  # an input vanished under us (another process, a clean)
         raise StageError(f"stage {task.stage}: cannot read an input: {exc}") from None
-    write_inputs(task, fp)
+    write_inputs(task, fp, record.get("outputs"))
     return record
 
 
@@ -64,13 +97,17 @@ def execute(task: StageTask, run_id: str, debug: bool = False, cache: StageCache
     if entry is not None:
         return _write_record(task, run_id, start, entry.metrics, key, from_cache=True)
     try:
-        metrics = stage_function(task.stage)(task)
+        metrics = run_stage_function(task)
     except NpubuildError as exc:
         write_json(err_path, {"kind": "input" if exc.exit_code == 2 else "stage", "message": str(exc),
                               "run_id": run_id})
         raise
+    except MemoryError:  # a model whose tensors do not fit this machine: one line, the traceback is no help
+        exc = StageError(f"stage {task.stage} ran out of host memory")
+        write_json(err_path, {"kind": "stage", "message": str(exc), "run_id": run_id})
+        raise exc from None
     except Exception as exc:  # a bug or a tool crash: keep the traceback on disk, one line on screen
-        detail = traceback.format_exc()
+        detail = getattr(exc, "child_traceback", None) or traceback.format_exc()  # run_isolated's child
         write_json(err_path, {"kind": "internal", "message": f"error: {type(exc).__name__}: {exc}",
                               "traceback": detail, "run_id": run_id})
         if debug:
@@ -78,7 +115,7 @@ def execute(task: StageTask, run_id: str, debug: bool = False, cache: StageCache
         raise NpubuildError(f"internal error in stage {task.stage}: {type(exc).__name__}: {exc} "
                             f"(traceback in {err_path})") from exc
     if cache is not None:
-        cache.put(key, task.dir, metrics, exclude={record_path.name, err_path.name})
+        cache.put(key, task.dir, metrics, exclude={record_path.name, err_path.name, INPUTS_NAME})
     return _write_record(task, run_id, start, metrics, key, from_cache=False)
 
 
@@ -95,6 +132,7 @@ def _write_record(task: StageTask, run_id: str, start: float, metrics: dict, cac
         "seconds": round(time.perf_counter() - start, 4),
         "metrics": metrics,
         "config": task.config,
+        "outputs": hash_outputs(task),
     }
     write_json(task.outputs["record"], record)
     return record

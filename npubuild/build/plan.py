@@ -13,12 +13,17 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from npubuild.build.stage import Skip, Stage, TaskSpec
 from npubuild.build.versions import versions
 from npubuild.config.load import Build
 from npubuild.fileio import stable_hash
 from npubuild.stages import STAGES
+
+if TYPE_CHECKING:
+    from npubuild.config.schema import TargetProfile
+
 
 @dataclass
 class StageTask:
@@ -30,6 +35,8 @@ class StageTask:
     deps: list[str] = field(default_factory=list)  # names of upstream tasks
     builds: list[str] = field(default_factory=list)
     per_build: bool = False  # lives in builds/<label>/, not in a keyed stage dir
+    # not part of the key: the targets Vela compiles this model for (the import stage's early pool check)
+    fit_targets: list[TargetProfile] = field(default_factory=list)
 
     @cached_property
     def key(self) -> str:  # cached: hashing the config is most of planning time on a big matrix
@@ -72,6 +79,10 @@ def make_plan(builds: list[Build], build_dir: Path) -> BuildPlan:
             elif spec is not None:
                 chain[stage.name] = _task(tasks, stage, spec, chain, build_dir, b.id)
         build_tasks[b.id] = {name: t.name for name, t in chain.items()}
+        if "vela" in chain and "import" in chain:
+            targets = chain["import"].fit_targets
+            if all(t.name != b.target.name for t in targets):
+                targets.append(b.target)
     return BuildPlan(build_dir, builds, tasks, build_tasks, skipped)
 
 

@@ -25,7 +25,9 @@ def cmd_cache(args) -> int:
     cache = _cache(args)
     if args.action == "stats":
         s = cache.stats()
-        print(f"{s['url']}: {s['entries']} entries, {s['bytes'] / 1024:.1f} KiB")
+        debris = f", {s['debris_bytes'] / 1024:.1f} KiB left by killed writers (verify/prune remove it)" \
+            if s["debris_bytes"] else ""
+        print(f"{s['url']}: {s['entries']} entries, {s['bytes'] / 1024:.1f} KiB{debris}")
     elif args.action == "verify":
         total, bad = cache.verify()
         print(f"{total} entries checked, {len(bad)} bad (discarded)")

@@ -7,7 +7,10 @@ Resolution rules, in one place:
 - A name in `targets:` / `pipeline:` is looked up as `<dir>/targets/<name>.yaml`
   (or pipelines/) over the search path: the spec's own `search_paths`, then the
   project root, then the profiles shipped with npubuild.
-- Every path a config names must stay inside the project root.
+- Every path a config names must stay inside the project root, after symlinks
+  are resolved: model, calibration and evaluation files, search paths, the FVP
+  runner, and every file `extends:` pulls in (a spec's, a profile's, an inline
+  target's). A profile shipped with npubuild stays inside npubuild's own tree.
 """
 
 from __future__ import annotations
@@ -116,14 +119,23 @@ def _data_path(data: Any, loc: KeyPath) -> KeyPath:
 
 @dataclass(frozen=True)
 class SearchPath:
-    """Directories holding `targets/` and `pipelines/`, first match wins."""
+    """Directories holding `targets/` and `pipelines/`, first match wins; `roots` are the trees config files
+    may come from (the project, npubuild's shipped profiles)."""
 
     dirs: tuple[Path, ...]
+    roots: tuple[Path, ...] = ()
 
-    def find(self, kind: str, name: str, exclude: Path | None = None) -> Path | None:
+    def root_of(self, path: Path) -> Path:
+        """The innermost root holding `path` (a file's own tree bounds what it may name)."""
+        path = path.resolve()
+        holding = [r for r in self.roots if r == path or r in path.parents]
+        return max(holding, key=lambda r: len(r.parts)) if holding else path.parent
+
+    def find(self, kind: str, name: str, exclude: Path | None = None, where: Location | None = None) -> Path | None:
         for d in self.dirs:
             candidate = (d / kind / f"{name}.yaml").resolve()
             if candidate.is_file() and candidate != exclude:
+                inside(candidate, self.root_of(d), f"{kind[:-1]} '{name}'", where or Location(str(d / kind)))
                 return candidate
         return None
 
@@ -142,7 +154,7 @@ def default_search_path(project_root: Path, extra: Iterable[Path] = ()) -> Searc
         d = d.resolve()
         if d not in unique:
             unique.append(d)
-    return SearchPath(tuple(unique))
+    return SearchPath(tuple(unique), (project_root.resolve(), SHIPPED_ROOT))
 
 
 def load_with_extends(path: Path, kind: str | None, search: SearchPath, _seen: tuple[Path, ...] = ()) -> tuple[dict, Marks]:
@@ -181,13 +193,13 @@ def merge_extends(
 def resolve_ref(ref: str, from_file: Path, kind: str | None, search: SearchPath, where: Location) -> Path:
     """`extends` value: a .yaml path relative to the file, or a profile name on the search path."""
     if ref.endswith((".yaml", ".yml")):
-        candidate = (from_file.parent / ref).resolve()
+        candidate = inside(from_file.parent / ref, search.root_of(from_file), "extends", where)
         if not candidate.is_file():
             raise InputError(f"extends: file '{ref}' not found", where)
         return candidate
     if kind is None:
         raise InputError(f"extends: '{ref}' must be a path ending in .yaml", where)
-    found = search.find(kind, ref, exclude=from_file.resolve())
+    found = search.find(kind, ref, exclude=from_file.resolve(), where=where)
     if found is None:
         raise InputError(f"extends: no {kind[:-1]} named '{ref}' on the search path", where)
     return found
@@ -195,7 +207,7 @@ def resolve_ref(ref: str, from_file: Path, kind: str | None, search: SearchPath,
 
 def _load_named(model: type[M], kind: str, name: str, search: SearchPath, where: Location) -> tuple[M, Path]:
     """A target profile or pipeline by name: `<dir>/<kind>/<name>.yaml` on the search path, extends merged."""
-    path = search.find(kind, name)
+    path = search.find(kind, name, where=where)
     if path is None:
         known = ", ".join(search.names(kind)) or "none"
         raise InputError(f"unknown {kind[:-1]} '{name}' (known: {known})", where)

@@ -1,4 +1,8 @@
-"""Input data for calibration and verification: seeded random samples or user arrays."""
+"""Input data for calibration and verification: seeded random samples or user arrays.
+
+User arrays are checked before any tool sees them, each problem one line naming the file and the input:
+no samples, a complex, string or object dtype (a complex array would lose its imaginary part), NaN or Inf
+values, integers outside the input's type, or a shape that is not N samples of the input's shape."""
 
 from __future__ import annotations
 
@@ -24,9 +28,44 @@ def graph_inputs(model: onnx.ModelProto) -> list[tuple[str, tuple[int, ...], np.
     return out
 
 
+def _shape_text(shape: tuple[int, ...]) -> str:
+    return f"[{', '.join(map(str, shape))}]"
+
+
+def _expected(shape: tuple[int, ...]) -> str:
+    """The shapes load_arrays accepts for an input of `shape`, for the error message."""
+    forms = [f"[N, {', '.join(map(str, shape))}]" if shape else "[N]"]
+    if len(shape) > 0 and shape[0] == 1:
+        forms.append(f"[N, {', '.join(map(str, shape[1:]))}]" if len(shape) > 1 else "[N]")
+    return f"{' or '.join(forms)} (N samples of the input's shape {_shape_text(shape)})"
+
+
+def check_values(name: str, a: np.ndarray, dtype: np.dtype, where: str) -> None:
+    """The array can feed an input of `dtype`: real numbers, finite, in the type's range, at least one sample."""
+    if a.dtype.kind not in "biuf":
+        kind = {"c": "complex", "U": "string", "S": "bytes", "O": "object", "V": "structured", "M": "datetime",
+                "m": "timedelta"}.get(a.dtype.kind, a.dtype.kind)
+        raise InputError(f"array for '{name}' has {kind} dtype {a.dtype}: inputs take real numbers", where)
+    if a.ndim == 0 or a.shape[0] == 0:
+        raise InputError(f"array for '{name}' has no samples (shape {_shape_text(a.shape)})", where)
+    if a.dtype.kind == "f":
+        finite = np.isfinite(a)
+        if not finite.all():
+            sample = int(np.argwhere(~finite)[0][0])
+            raise InputError(f"array for '{name}' has NaN or Inf values (sample {sample})", where)
+    if dtype.kind in "iu":
+        info = np.iinfo(dtype)
+        lo, hi = a.min(), a.max()
+        if lo < info.min or hi > info.max or (a.dtype.kind == "f" and not np.array_equal(a, np.round(a))):
+            raise InputError(f"array for '{name}' has values in [{lo}, {hi}], not {dtype} integers "
+                             f"(the input's type)", where)
+
+
 def load_arrays(path: Path, model: onnx.ModelProto) -> dict[str, np.ndarray]:
     """An .npy (single-input models: shape (N, *input_shape)) or .npz (one array per input name)."""
     inputs = graph_inputs(model)
+    if not inputs:
+        raise InputError("the model has no graph inputs to feed", str(path))
     try:
         if path.suffix == ".npz":
             with np.load(path, allow_pickle=False) as z:
@@ -37,28 +76,59 @@ def load_arrays(path: Path, model: onnx.ModelProto) -> dict[str, np.ndarray]:
                 raise InputError(f"an .npy file feeds single-input models only; use .npz with keys "
                                  f"{[i[0] for i in inputs]}", str(path))
             arrays = {inputs[0][0]: arr}
-    except (OSError, ValueError) as exc:
-        raise InputError(f"cannot load array file: {exc}", str(path)) from None
+    except (OSError, ValueError, EOFError) as exc:
+        raise InputError(f"cannot load array file: {str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__}",
+                         str(path)) from None
+    except Exception as exc:  # a damaged zip (.npz) raises zipfile.BadZipFile and others
+        raise InputError(f"cannot load array file: {type(exc).__name__}", str(path)) from None
     for name, shape, dtype in inputs:
         if name not in arrays:
-            raise InputError(f"no array for input '{name}'", str(path))
+            raise InputError(f"no array for input '{name}' (the file has {sorted(arrays)})", str(path))
         a = arrays[name]
+        check_values(name, a, dtype, str(path))
         if tuple(a.shape[1:]) != shape:
             if len(shape) > 0 and shape[0] == 1 and tuple(a.shape[1:]) == shape[1:]:
                 a = a[:, None]  # (N, C, H, W) for a batch-1 input: one sample per row
             elif tuple(a.shape) == shape:
                 a = a[None]
             else:
-                raise InputError(f"array for '{name}' has shape {list(a.shape)}, expected (N, {', '.join(map(str, shape))})",
+                raise InputError(f"array for '{name}' has shape {_shape_text(a.shape)}; expected {_expected(shape)}",
                                  str(path))
         arrays[name] = a.astype(dtype)
     return arrays
 
 
+def model_inputs(model_path: Path, input_shapes: dict[str, list[int]]) -> onnx.ModelProto:
+    """Just the model's graph (no external data), with the spec's input_shapes applied: what `validate` needs
+    to check a calibration file against the model without importing it."""
+    try:
+        model = onnx.load_model(str(model_path), load_external_data=False)
+    except Exception:
+        raise InputError("not an ONNX model", str(model_path)) from None
+    for vi in model.graph.input:
+        dims = vi.type.tensor_type.shape.dim
+        given = input_shapes.get(vi.name)
+        for i, d in enumerate(dims):
+            if given is not None and i < len(given):
+                d.Clear()
+                d.dim_value = given[i]
+            elif i == 0 and (not d.HasField("dim_value") or d.dim_value <= 0):
+                d.Clear()
+                d.dim_value = 1
+    return model
+
+
 def random_arrays(model: onnx.ModelProto, samples: int, seed: int, low: float, high: float) -> dict[str, np.ndarray]:
+    """Seeded uniform samples. Drawn one sample at a time into the final dtype: the same numbers as one
+    float64 draw of all of them (the generator's stream is the same), at a quarter of the peak memory."""
     rng = np.random.default_rng(seed)
-    return {name: rng.uniform(low, high, size=(samples, *shape)).astype(dtype)
-            for name, shape, dtype in graph_inputs(model)}
+    out = {}
+    for name, shape, dtype in graph_inputs(model):
+        a = np.empty((samples, *shape), dtype)
+        for i in range(samples):
+            a[i] = rng.uniform(low, high, size=shape)
+        out[name] = a
+    return out
 
 
 def calibration_arrays(model: onnx.ModelProto, calibration: dict, npy: Path | None) -> dict[str, np.ndarray]:

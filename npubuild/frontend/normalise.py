@@ -1,6 +1,9 @@
 """Load and normalise an ONNX model: checked, QOperator -> QDQ, static shapes, constants and BatchNorm folded.
 
-The import stage's work, also used by tests and tools that start from a model file."""
+The import stage's work, also used by tests and tools that start from a model file. External data is read
+only from beside the model and folded in (frontend/external_data.py); what would crash or mislead native
+code is refused first (frontend/model_checks.py); and the stage runs in a forked child (build/isolate.py,
+as every stage does), so a crash inside onnx's C++ is one error for this model, not the end of the build."""
 
 from __future__ import annotations
 
@@ -11,8 +14,11 @@ import onnx
 import onnx_ir as ir
 from google.protobuf.message import DecodeError
 
-from npubuild.errors import InputError
+from npubuild.errors import InputError, NpubuildError, StageError, UnsupportedOpError
+from npubuild.ethosu.early_fit import MemoryBounds, early_failure, lower_bounds
 from npubuild.fileio import write_bytes
+from npubuild.frontend.external_data import fold_external_data
+from npubuild.frontend.model_checks import check_model, check_scales
 from npubuild.frontend.passes import run_passes
 from npubuild.frontend.qoperator import to_qdq
 
@@ -26,17 +32,20 @@ MAX_FOLD_ROUNDS = 8
 
 
 def load_onnx(path: Path) -> onnx.ModelProto:
-    """Load a model file with one clear error when it is not ONNX."""
+    """Load a model file with one clear error when it is not ONNX; external data folded in from beside it,
+    and the checks native code needs (model_checks) passed."""
     try:
         data = path.read_bytes()
     except OSError as exc:
         raise InputError(f"cannot read model: {exc.strerror}", str(path)) from None
     try:
         model = onnx.load_from_string(data)
-    except (DecodeError, ValueError, RuntimeError) as exc:
+    except (DecodeError, ValueError, RuntimeError, RecursionError) as exc:
         raise InputError(f"not an ONNX model ({type(exc).__name__})", str(path)) from None
     if not model.graph.node and not model.graph.output:
         raise InputError("not an ONNX model (empty graph)", str(path))
+    fold_external_data(model, path.parent, str(path))
+    check_model(model, str(path))
     return model
 
 
@@ -72,7 +81,12 @@ def set_static_shapes(model: onnx.ModelProto, shapes: dict[str, list[int]], wher
 
 
 def normalise(model: onnx.ModelProto, shapes: dict[str, list[int]], where: str) -> onnx.ModelProto:
-    model = to_qdq(model)  # QOperator models from other tools: the same QDQ form as onnxruntime's
+    model = _step("QOperator -> QDQ rewrite", to_qdq, model, where=where)  # the same QDQ form as onnxruntime's
+    check_scales(model.graph, where)
+    for node in model.graph.node:  # what is left of another domain no stage can run (onnxruntime cannot load it)
+        if node.domain not in ("", "ai.onnx"):
+            raise UnsupportedOpError(node.name, node.op_type, f"operator domain '{node.domain}' is not supported",
+                                     where)
     try:
         onnx.checker.check_model(model)
     except onnx.checker.ValidationError as exc:
@@ -88,8 +102,8 @@ def normalise(model: onnx.ModelProto, shapes: dict[str, list[int]], where: str) 
     model = _infer(model, where)
     for _ in range(MAX_FOLD_ROUNDS):  # folding makes more shapes static, which lets more Shape chains fold
         before = len(model.graph.node)
-        ir_model = ir.serde.deserialize_model(model)
-        ir_model = run_passes(ir_model, NORMALISE)
+        ir_model = _step("reading the model into onnx-ir", ir.serde.deserialize_model, model, where=where)
+        ir_model = _step("import passes", run_passes, ir_model, NORMALISE, where=where)
         model = ir.serde.serialize_model(ir_model)
         # clear stale value_info so inference recomputes it from the folded graph
         del model.graph.value_info[:]
@@ -105,16 +119,71 @@ def _infer(model: onnx.ModelProto, where: str) -> onnx.ModelProto:
     except (onnx.shape_inference.InferenceError, onnx.checker.ValidationError) as exc:
         first = str(exc).strip().splitlines()[0]
         raise InputError(f"shape inference failed: {first}", where) from None
+    except (RuntimeError, ValueError, TypeError, OverflowError) as exc:  # other errors onnx's C++ raises
+        raise InputError(f"shape inference failed: {_first_line(exc)}", where) from None
 
 
-def run(task: StageTask) -> dict:
-    """The import stage: the model file, checked and normalised, as model.onnx."""
-    src = task.inputs["model"]
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0] if text else ''}".rstrip(": ")
+
+
+def _root_cause(exc: BaseException) -> BaseException:
+    seen = set()
+    while exc.__cause__ is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        exc = exc.__cause__
+    return exc
+
+
+def _node_in_traceback(exc: BaseException) -> str:
+    """'node 'x' (Op): ' for the innermost frame working on an ONNX or onnx-ir node, else ''."""
+    found = ""
+    tb = exc.__traceback__
+    while tb is not None:
+        node = tb.tb_frame.f_locals.get("node")
+        if isinstance(node, (onnx.NodeProto, ir.Node)) and node.op_type:
+            found = f"node '{node.name}' ({node.op_type}): "
+        tb = tb.tb_next
+    return found
+
+
+def _step(what: str, fn, *args, where: str):
+    """One import step on the user's model: an exception from it is a problem of the model (exit 2), one
+    line naming the node it was working on where that is known."""
+    try:
+        return fn(*args)
+    except NpubuildError:
+        raise
+    except (MemoryError, RecursionError):
+        raise InputError(f"{what}: the model is too large or too deeply nested to import", where) from None
+    except Exception as exc:
+        root = _root_cause(exc)
+        raise InputError(f"{_node_in_traceback(root)}{what} failed: {_first_line(root)}", where) from None
+
+
+def import_model(src: Path, input_shapes: dict[str, list[int]], out: Path) -> tuple[dict, MemoryBounds]:
+    """The import stage's work: the model file, checked and normalised, written to `out`; its metrics and
+    the lower bounds of its arena and constants (for the early pool check)."""
     model = load_onnx(src)
     before = len(model.graph.node)
-    model = normalise(model, task.config["input_shapes"], str(src))
-    write_bytes(task.outputs["onnx"], model.SerializeToString())
+    model = normalise(model, input_shapes, str(src))
+    write_bytes(out, model.SerializeToString())
     ops: dict[str, int] = {}
     for n in model.graph.node:
         ops[n.op_type] = ops.get(n.op_type, 0) + 1
-    return {"nodes_in": before, "nodes_out": len(model.graph.node), "op_types": ops}
+    return {"nodes_in": before, "nodes_out": len(model.graph.node), "op_types": ops}, lower_bounds(model)
+
+
+def run(task: StageTask) -> dict:
+    """The import stage (run in a forked child, like every stage: build/execute.py). Then, if no target this
+    model is compiled for can hold even its lower bounds, the pool check's line now (ethosu/early_fit.py)
+    rather than after quantisation, tosa-check and Vela."""
+    src = task.inputs["model"]
+    metrics, bounds = import_model(src, task.config["input_shapes"], task.outputs["onnx"])
+    failures = [early_failure(t, bounds) for t in task.fit_targets]
+    if failures and all(failures):
+        task.outputs["onnx"].unlink(missing_ok=True)
+        others = f" (and {len(failures) - 1} other targets)" if len(failures) > 1 else ""
+        raise StageError(f"{failures[0]}{others}: a lower bound from the model's shapes, before compiling it")
+    return metrics

@@ -1,8 +1,15 @@
-"""quantize stage: onnxruntime static quantisation to a QDQ int8 model."""
+"""quantize stage: onnxruntime static quantisation to a QDQ int8 model.
+
+A model onnxruntime cannot quantise is bad input (exit 2) wherever the cause can be named: a node
+onnxruntime cannot run on the calibration data (its message names it), a node whose output overflows
+float32 on that data (found by running the model with every output exposed, on the failure path only),
+or a model onnxruntime cannot load; anything else is a stage failure (exit 1). Each is one line.
+"""
 
 from __future__ import annotations
 
 import logging
+import re
 import tempfile
 from pathlib import Path
 
@@ -11,14 +18,21 @@ import onnx
 from onnxruntime import quantization as ortq
 
 from npubuild.build.plan import StageTask
-from npubuild.errors import StageError
+from npubuild.errors import InputError, NpubuildError, StageError
 from npubuild.fileio import write_bytes
 from npubuild.frontend.calibration import entropy_options
-from npubuild.frontend.data import calibration_arrays
+from npubuild.frontend.data import calibration_arrays, graph_inputs
 from npubuild.frontend.qdq_concat import share_concat_scales
 from npubuild.frontend.qdq_linear import fold_linear_bias
 from npubuild.frontend.qoperator import is_quantized
 from npubuild.frontend.quantized_ops import quantized_op_types
+
+MAX_CALIBRATION_BYTES = 1 << 30  # random calibration arrays held in memory at once
+MAX_QUANTIZE_NODES = 2500  # onnxruntime's quantiser is quadratic in the node count (bench/hardening.md)
+ORT_NODE_FAILURE = re.compile(r"running (\w+) node\. Name:'([^']*)' Status Message: (.*)", re.S)
+ORT_NOISE = [re.compile(r"\[ONNXRuntimeError\] : \d+ : \w+ : "),
+             re.compile(r"/onnxruntime_src/\S+:\d+ (?:[^()]*\([^()]*\)(?: const)? )?")]
+OVERFLOW = 1e30
 
 METHODS = {
     "minmax": ortq.CalibrationMethod.MinMax,
@@ -72,19 +86,99 @@ def quantize(float_model: Path, arrays: dict[str, np.ndarray], q: dict) -> onnx.
                 },
             )
         except Exception as exc:
-            raise StageError(f"onnxruntime quantisation failed: {type(exc).__name__}: {exc}") from None
+            raise quantisation_error(exc, float_model, arrays) from None
         qdq = onnx.load(str(out))
     fold_linear_bias(qdq, onnx.load(str(float_model)))  # MatMul + bias Add as one layer, as TFLite's FullyConnected
     return qdq
 
 
+def _clean(text: str) -> str:
+    """onnxruntime's message without its error-code prefix, C++ source paths and signatures: one line."""
+    for pattern in ORT_NOISE:
+        text = pattern.sub("", text)
+    lines = [ln.strip() for ln in text.strip().splitlines() if ln.strip()]
+    line = lines[0] if lines else ""
+    return line if len(line) <= 300 else line[:297] + "..."
+
+
+def quantisation_error(exc: Exception, float_model: Path, arrays: dict[str, np.ndarray]) -> NpubuildError:
+    """The one-line error for a failed quantize_static, naming the node where that can be found."""
+    text = str(exc)
+    m = ORT_NODE_FAILURE.search(text)
+    if m:
+        return InputError(f"node '{m.group(2)}' ({m.group(1)}): onnxruntime cannot run it on the calibration "
+                          f"data: {_clean(m.group(3))}")
+    culprit = overflowing_node(float_model, arrays)
+    if culprit is not None:
+        return InputError(culprit)
+    if "Load model from" in text or "InvalidGraph" in type(exc).__name__ or "INVALID_GRAPH" in text:
+        return InputError(f"onnxruntime cannot load the model: {_clean(text.split('failed:', 1)[-1])}")
+    return StageError(f"onnxruntime quantisation failed: {type(exc).__name__}: {_clean(text)}")
+
+
+def overflowing_node(float_model: Path, arrays: dict[str, np.ndarray]) -> str | None:
+    """The first node (in graph order) whose output is NaN, Inf or beyond +-1e30 on a few calibration
+    samples, as an error message; None if there is none or the model cannot be run to find out."""
+    import onnxruntime as ort
+
+    try:
+        model = onnx.load(str(float_model))
+        known = {o.name for o in model.graph.output}
+        typed = {vi.name: vi for vi in model.graph.value_info}
+        for node in model.graph.node:
+            for name in node.output:
+                if name and name not in known and name in typed:
+                    model.graph.output.append(typed[name])
+                    known.add(name)
+        session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+        names = [o.name for o in session.get_outputs()]
+        feeds_all = {k: v[:4] for k, v in arrays.items()}
+        n = next(iter(feeds_all.values())).shape[0]
+        worst: dict[str, float] = {}
+        for i in range(n):
+            outs = session.run(names, {k: v[i] for k, v in feeds_all.items()})
+            for name, value in zip(names, outs, strict=True):
+                v = np.asarray(value)
+                if v.dtype.kind == "f" and v.size:
+                    with np.errstate(all="ignore"):
+                        peak = float(np.max(np.abs(v))) if np.isfinite(v).all() else float("inf")
+                    worst[name] = max(worst.get(name, 0.0), peak)
+        for node in model.graph.node:
+            for name in node.output:
+                if worst.get(name, 0.0) > OVERFLOW:
+                    return (f"node '{node.name}' ({node.op_type}): its output reaches {worst[name]:.3g} on the "
+                            "calibration data, beyond what a float32 int8 scale can hold")
+    except Exception:
+        return None
+    return None
+
+
+def check_calibration_size(model: onnx.ModelProto, calibration: dict) -> None:
+    """Random calibration data is held whole: refuse (one line) a model whose inputs would need more than
+    MAX_CALIBRATION_BYTES for the spec's samples, before allocating any of it."""
+    random = calibration.get("random")
+    if not random:
+        return
+    for name, shape, dtype in graph_inputs(model):
+        nbytes = random["samples"] * int(np.prod(shape, dtype=np.float64)) * np.dtype(dtype).itemsize
+        if nbytes > MAX_CALIBRATION_BYTES:
+            raise InputError(f"input '{name}' of shape {list(shape)}: {random['samples']} random calibration samples "
+                             f"would take {nbytes / 2**20:.0f} MiB (at most {MAX_CALIBRATION_BYTES >> 20} MiB); "
+                             "lower calibration.random.samples or the input's shape")
+
+
 def run(task: StageTask) -> dict:
     float_model = task.inputs["float"]
     model = onnx.load(str(float_model))
+    if len(model.graph.node) > MAX_QUANTIZE_NODES and not is_quantized(model):
+        raise InputError(f"the model has {len(model.graph.node)} nodes; onnxruntime's quantiser takes time "
+                         f"quadratic in the node count (minutes past {MAX_QUANTIZE_NODES}): quantise it with "
+                         "another tool (a QDQ model is kept as it is) or split it")
     if is_quantized(model):  # quantised by another tool (QDQ, or QOperator normalised at import): keep it
         write_bytes(task.outputs["onnx"], model.SerializeToString())
         return {"prequantized": True, "calibration_samples": 0,
                 **{op: sum(n.op_type == op for n in model.graph.node) for op in ("QuantizeLinear", "DequantizeLinear")}}
+    check_calibration_size(model, task.config["calibration"])
     arrays = calibration_arrays(model, task.config["calibration"], task.inputs.get("calibration"))
     qdq = quantize(float_model, arrays, task.config["quantization"])
     share_concat_scales(qdq, task.config["quantization"]["symmetric_activations"])  # TFLite-style concat scales

@@ -1,0 +1,172 @@
+"""Run native code that may crash on hostile input in a forked child, so a crash is one error for one task.
+
+onnx's checker and shape inference, onnxruntime, the TOSA reference model and
+Vela are C++ reading whatever a model says: a Conv with `strides: [0, 0]` dies
+with SIGFPE inside `infer_shapes`, which in-process would end the whole build
+(every other build of a `--keep-going` night and its report.json).
+`run_isolated` forks, runs the function in the child under a memory limit and
+returns its result; a child killed by a signal, out of memory or over time
+becomes one error line naming what it was doing. execute.py runs every stage
+task this way (one fork per task, ~20 ms; never one per node).
+
+The child is a fork, not a fresh interpreter: the modules are already imported,
+and it inherits the build-dir lock's fd like a doit worker (npubuild.build.lock
+binds both to the parent's life).
+"""
+
+from __future__ import annotations
+
+import faulthandler
+import os
+import pickle
+import resource
+import selectors
+import signal
+import sys
+import time
+import traceback
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from npubuild.errors import InputError, Location, NpubuildError
+
+T = TypeVar("T")
+MEMORY_ENV = "NPUBUILD_STAGE_MEMORY_MIB"
+DEFAULT_MEMORY_MIB = 4096  # address space a child may add to what it inherits
+DEFAULT_TIMEOUT_S = 3600.0
+
+
+class ChildFailure(Exception):
+    """A Python exception that is not an NpubuildError, raised in the child (a bug): its traceback kept."""
+
+    def __init__(self, summary: str, child_traceback: str):
+        super().__init__(summary)
+        self.child_traceback = child_traceback
+
+
+def memory_limit_bytes() -> int:
+    """The child's added address space: $NPUBUILD_STAGE_MEMORY_MIB, else DEFAULT_MEMORY_MIB."""
+    text = os.environ.get(MEMORY_ENV, "")
+    if text.isdigit() and int(text) > 0:
+        return int(text) << 20
+    return DEFAULT_MEMORY_MIB << 20
+
+
+def _rebuild(kind: str, payload: dict, failure: type[NpubuildError], where: str | None) -> BaseException:
+    if kind == "npubuild":
+        loc = payload["location"]
+        exc = (InputError if payload["exit_code"] == 2 else NpubuildError)(
+            payload["message"], Location(*loc) if loc is not None else None)
+        exc.exit_code = payload["exit_code"]
+        return exc
+    if kind == "memory":
+        return failure(f"{payload['what']} needs more than {payload['limit_mib']} MiB of memory "
+                       f"(${MEMORY_ENV} raises the limit)", where)
+    return ChildFailure(payload["summary"], payload["traceback"])
+
+
+def _address_space() -> int | None:
+    """This process's virtual size in bytes (Linux), the base the child's memory limit is added to."""
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _child(fn: Callable[..., Any], args: tuple, write_fd: int, memory_bytes: int, what: str) -> None:
+    """Runs in the child: never returns (os._exit), never runs the parent's atexit handlers or finalisers."""
+    code = 0
+    try:
+        if faulthandler.is_enabled():  # its dump of a crash is many lines; the parent reports one
+            faulthandler.disable()
+        _, hard = resource.getrlimit(resource.RLIMIT_AS)
+        current = _address_space()
+        if current is not None:
+            limit = current + memory_bytes
+            resource.setrlimit(resource.RLIMIT_AS, (limit if hard == resource.RLIM_INFINITY else min(limit, hard), hard))
+        try:
+            result: tuple[str, Any] = ("ok", fn(*args))
+        except NpubuildError as exc:
+            loc = exc.location
+            result = ("npubuild", {"message": exc.message, "exit_code": exc.exit_code,
+                                   "location": (loc.file, loc.line, loc.col) if loc is not None else None})
+        except MemoryError:
+            result = ("memory", {"what": what, "limit_mib": memory_bytes >> 20})
+        except Exception as exc:  # a bug: the parent records it as an internal error with this traceback
+            result = ("bug", {"summary": f"{type(exc).__name__}: {exc}", "traceback": traceback.format_exc()})
+        view = memoryview(pickle.dumps(result))
+        while view:
+            view = view[os.write(write_fd, view):]
+    except BaseException:  # noqa: BLE001 - interrupted, or the result would not pickle: no result
+        code = 70
+    finally:
+        os._exit(code)
+
+
+def run_isolated(fn: Callable[..., T], *args: Any, what: str, where: str | None = None,
+                 failure: type[NpubuildError] = InputError, memory_bytes: int | None = None,
+                 timeout_s: float = DEFAULT_TIMEOUT_S) -> T:
+    """`fn(*args)` in a forked child; its result, or its NpubuildError re-raised here. `what` says what the
+    child does and `where` the file it is about, for the one line a crash, the memory limit or the timeout
+    become, as a `failure` (InputError: the model is at fault; StageError: a tool is)."""
+    memory_bytes = memory_limit_bytes() if memory_bytes is None else memory_bytes
+    read_fd, write_fd = os.pipe()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    pid = os.fork()
+    if pid == 0:
+        os.close(read_fd)
+        _child(fn, args, write_fd, memory_bytes, what)
+    os.close(write_fd)
+    try:
+        data, status = _wait(pid, read_fd, timeout_s)
+    finally:
+        os.close(read_fd)
+    if status is None:
+        raise failure(f"{what} did not finish in {timeout_s:.0f} s", where)
+    if os.WIFSIGNALED(status):
+        sig = os.WTERMSIG(status)
+        try:
+            name = signal.Signals(sig).name
+        except ValueError:
+            name = f"signal {sig}"
+        raise failure(f"{what} crashed on this model ({name}: {signal.strsignal(sig) or 'killed'})", where)
+    if not data:
+        raise failure(f"{what} ended without a result (exit status {os.WEXITSTATUS(status)})", where)
+    kind, payload = pickle.loads(data)
+    if kind == "ok":
+        return payload
+    raise _rebuild(kind, payload, failure, where)
+
+
+def _wait(pid: int, read_fd: int, timeout_s: float) -> tuple[bytes, int | None]:
+    """The child's result and exit status (None: killed past the timeout). The child is killed if we are
+    interrupted (Ctrl-C) while waiting."""
+    deadline = time.monotonic() + timeout_s
+    chunks: list[bytes] = []
+    sel = selectors.DefaultSelector()
+    sel.register(read_fd, selectors.EVENT_READ)
+    try:
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                os.kill(pid, signal.SIGKILL)
+                os.waitpid(pid, 0)
+                return b"", None
+            if sel.select(min(left, 1.0)):
+                chunk = os.read(read_fd, 1 << 20)
+                if not chunk:
+                    break
+                chunks.append(chunk)
+        _, status = os.waitpid(pid, 0)
+        return b"".join(chunks), status
+    except BaseException:
+        try:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+        except (ProcessLookupError, ChildProcessError):
+            pass
+        raise
+    finally:
+        sel.close()

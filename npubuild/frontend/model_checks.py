@@ -1,0 +1,143 @@
+"""What a model file must get right before native code (onnx's checker, shape inference) or the quantiser
+reads it: each failure one line naming the node and op type, or the initializer and the node it feeds.
+
+These are the cases measured to crash or mislead later stages: a zero stride or dilation is a division by
+zero (SIGFPE) in shape inference; an initializer of an unknown data type, or whose bytes do not match its
+shape, fails deep inside onnx-ir; NaN, Inf or huge weights make onnxruntime's quantiser assert ("scale
+issue"); a model without graph inputs has nothing to calibrate or feed; an input of a type npubuild cannot
+feed (complex, bool, strings) would be fed float32.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import onnx
+from onnx import TensorProto, numpy_helper
+
+from npubuild.errors import InputError, UnsupportedOpError
+from npubuild.frontend.external_data import model_tensors, tensor_nbytes
+
+WINDOW_OPS = {"Conv", "ConvTranspose", "ConvInteger", "QLinearConv", "MaxPool", "AveragePool", "LpPool",
+              "MaxUnpool", "DeformConv", "Col2Im", "MaxRoiPool"}
+POSITIVE = ("strides", "dilations", "kernel_shape")
+NON_NEGATIVE = ("pads", "output_padding")
+POSITIVE_SCALAR = {"group": 1, "blocksize": 1}  # Conv group, DepthToSpace/SpaceToDepth blocksize
+FLOAT_TYPES = {TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.DOUBLE, TensorProto.BFLOAT16}
+MAX_ABS_WEIGHT = 1e30  # beyond this a float32 quantisation scale overflows on the way (range / 255)
+MIN_SCALE = 1e-30
+FEEDABLE = {TensorProto.FLOAT, TensorProto.INT8, TensorProto.UINT8, TensorProto.INT32, TensorProto.INT64}
+
+
+def check_model(model: onnx.ModelProto, where: str) -> None:
+    """Raise InputError (one line) for the first problem found; cheap: one pass over nodes and tensors."""
+    _check_inputs(model.graph, where)
+    for node in model.graph.node:
+        _check_node(node, where)
+    readers = _first_readers(model.graph)
+    for t, what in model_tensors(model):
+        _check_tensor(t, what + readers.get(t.name, "") if what.startswith("initializer") else what, where)
+
+
+def _check_inputs(graph: onnx.GraphProto, where: str) -> None:
+    inits = {i.name for i in graph.initializer}
+    inputs = [vi for vi in graph.input if vi.name not in inits]
+    if not inputs:
+        raise InputError("the model has no graph inputs: there is nothing to feed or calibrate", where)
+    for vi in inputs:
+        if not vi.type.HasField("tensor_type"):
+            raise InputError(f"input '{vi.name}' is not a tensor", where)
+        elem = vi.type.tensor_type.elem_type
+        if elem not in FEEDABLE:
+            name = TensorProto.DataType.Name(elem) if elem in TensorProto.DataType.values() else str(elem)
+            raise InputError(f"input '{vi.name}' has type {name}; npubuild feeds float, int8, uint8, int32 and "
+                             "int64 inputs", where)
+
+
+def _ints(node: onnx.NodeProto, name: str) -> list[int] | None:
+    for a in node.attribute:
+        if a.name == name:
+            if a.type == onnx.AttributeProto.INTS:
+                return list(a.ints)
+            return [a.i] if a.type == onnx.AttributeProto.INT else None  # a wrong type: the checker names it
+    return None
+
+
+def _check_node(node: onnx.NodeProto, where: str) -> None:
+    label = node.name or (node.output[0] if node.output else "")
+    if node.op_type in WINDOW_OPS:
+        for attr in POSITIVE:
+            values = _ints(node, attr)
+            if values is not None and any(v < 1 for v in values):
+                raise UnsupportedOpError(label, node.op_type, f"{attr} {values} must all be at least 1", where)
+        for attr in NON_NEGATIVE:
+            values = _ints(node, attr)
+            if values is not None and any(v < 0 for v in values):
+                raise UnsupportedOpError(label, node.op_type, f"{attr} {values} must not be negative", where)
+    for attr, least in POSITIVE_SCALAR.items():
+        values = _ints(node, attr)
+        if values is not None and any(v < least for v in values):
+            raise UnsupportedOpError(label, node.op_type, f"{attr} {values[0]} must be at least {least}", where)
+
+
+def _first_readers(graph: onnx.GraphProto) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for node in graph.node:
+        for name in node.input:
+            out.setdefault(name, f" (input of node '{node.name}' ({node.op_type}))")
+    return out
+
+
+def _check_tensor(t: TensorProto, what: str, where: str) -> None:
+    if t.data_type == TensorProto.UNDEFINED or t.data_type not in TensorProto.DataType.values():
+        raise InputError(f"{what} has an invalid data type {t.data_type}", where)
+    if any(d < 0 for d in t.dims):
+        raise InputError(f"{what} has a negative dim in {list(t.dims)}", where)
+    if t.data_location == TensorProto.EXTERNAL:
+        return  # folded (and checked) by external_data before this runs; left only by callers that do not fold
+    expected = tensor_nbytes(t)
+    n = math.prod(t.dims)
+    if t.HasField("raw_data"):
+        if expected is not None and len(t.raw_data) != expected:
+            raise InputError(f"{what} has {len(t.raw_data)} bytes of data, its shape {list(t.dims)} needs "
+                             f"{expected}", where)
+    elif n > 0 and not (t.float_data or t.int32_data or t.int64_data or t.double_data or t.uint64_data
+                        or t.string_data):
+        raise InputError(f"{what} has shape {list(t.dims)} but no data", where)
+    if t.data_type in FLOAT_TYPES and n > 0:
+        try:
+            values = numpy_helper.to_array(t)
+        except (ValueError, TypeError) as exc:
+            raise InputError(f"{what}: cannot read its data ({exc})", where) from None
+        with np.errstate(all="ignore"):
+            finite = np.isfinite(values)
+            if not finite.all():
+                bad = values[~finite].ravel()[0]
+                raise InputError(f"{what} holds {'NaN' if np.isnan(bad) else bad} values", where)
+            peak = float(np.max(np.abs(values.astype(np.float64))))
+        if peak > MAX_ABS_WEIGHT:
+            raise InputError(f"{what} holds values up to {peak:.3g}, beyond +-{MAX_ABS_WEIGHT:g} (float32 "
+                             "arithmetic and int8 scales overflow on them)", where)
+
+
+def check_scales(graph: onnx.GraphProto, where: str) -> None:
+    """Quantisation scales of Q/DQ nodes (a model quantised by another tool): positive, finite, and within
+    [MIN_SCALE, MAX_ABS_WEIGHT], or no integer RESCALE can represent the ratios the lowering needs."""
+    inits = {t.name: t for t in graph.initializer}
+    for node in graph.node:
+        if node.op_type not in ("QuantizeLinear", "DequantizeLinear") or len(node.input) < 2:
+            continue
+        t = inits.get(node.input[1])
+        if t is None or t.data_type not in FLOAT_TYPES:
+            continue
+        try:
+            scale = numpy_helper.to_array(t).astype(np.float64)
+        except (ValueError, TypeError):
+            continue
+        with np.errstate(all="ignore"):
+            ok = np.isfinite(scale) & (scale >= MIN_SCALE) & (scale <= MAX_ABS_WEIGHT)
+        if not ok.all():
+            bad = scale[~ok].ravel()[0]
+            raise UnsupportedOpError(node.name, node.op_type, f"scale {bad:.3g} is not a positive number in "
+                                     f"[{MIN_SCALE:g}, {MAX_ABS_WEIGHT:g}]", where)
