@@ -14,6 +14,7 @@ produced values on that quantisation grid.
 
 from __future__ import annotations
 
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
@@ -25,6 +26,7 @@ from npubuild.errors import StageError
 from npubuild.ethosu.support import check_node
 from npubuild.frontend.graph_index import GraphIndex
 from npubuild.lowering.driver import LoweredGraph, lower_model
+from npubuild.lowering.fallback import HostNode
 from npubuild.stages.records import PartitionRecord, Placement
 from npubuild.tosa.graph import TosaGraphInfo, TosaOpInfo, ops_by_node, read_tosa, tensor_nodes
 from npubuild.tosa.iospec import IOSpec
@@ -41,22 +43,29 @@ class Partition:
     outputs: list[str] = field(default_factory=list)
 
 
-def place_nodes(model: onnx.ModelProto, by_node: dict[str, list[TosaOpInfo]], graph: TosaGraphInfo,
-                fam: str) -> dict[str, Placement]:
-    """Where each compute node runs on this family, and the rule that decided a CPU placement."""
+def place_nodes(model: onnx.ModelProto, by_node: dict[str, list[TosaOpInfo]], graph: TosaGraphInfo | None,
+                fam: str | None, host: Mapping[str, HostNode] | None = None) -> dict[str, Placement]:
+    """Where each compute node runs on this family, and the rule that decided a CPU placement: a node with no
+    lowering (`host`) first, then the family's support rules (none for fam None: the portable split)."""
     out = {}
+    host = host or {}
     for n in model.graph.node:
         if n.op_type in QDQ:
             continue
+        if n.name in host:
+            h = host[n.name]
+            out[n.name] = Placement(n.name, n.op_type, "cpu", [], h.rule, h.reason)
+            continue
         ops = by_node.get(n.name, [])
-        verdict = check_node(ops, graph, fam)
+        verdict = check_node(ops, graph, fam) if fam is not None and graph is not None else None
         out[n.name] = Placement(n.name, n.op_type, "cpu" if verdict else "npu", [o.op for o in ops],
                                 *(verdict or (None, None)))
     return out
 
 
-def _label_nodes(model: onnx.ModelProto, placed: dict[str, Placement]) -> dict[str, str]:
-    """npu/host for every node, Q/DQ included (they follow their input's producer, else their consumers)."""
+def _label_nodes(model: onnx.ModelProto, placed: dict[str, Placement], host: Collection[str] = ()) -> dict[str, str]:
+    """npu/host for every node, Q/DQ included (they follow their input's producer, else their consumers;
+    a Q/DQ node the lowering itself refused, in `host`, runs on the host)."""
     index = GraphIndex(model)
     labels: dict[str, str] = {}
 
@@ -73,7 +82,9 @@ def _label_nodes(model: onnx.ModelProto, placed: dict[str, Placement]) -> dict[s
     def label(n: onnx.NodeProto) -> str:
         if n.name in labels:
             return labels[n.name]
-        if n.op_type not in QDQ:
+        if n.name in host:
+            result = "host"
+        elif n.op_type not in QDQ:
             result = "npu" if placed[n.name].kind == "npu" else "host"
         else:
             src = index.producer.get(n.input[0])
@@ -200,20 +211,27 @@ class PartitionPlan:
     partitions: list[Partition]
 
 
-def plan_partitions(model: onnx.ModelProto, lowered: LoweredGraph, fam: str) -> PartitionPlan:
-    graph = read_tosa(lowered.tosa)
-    try:
-        by_node = ops_by_node(graph, lowered.node_ops)
-    except ValueError as exc:  # ops cannot be charged to nodes: all on the NPU, or say why not
-        everything = [o for o in graph.ops if o.op not in ("CONST", "CONST_SHAPE")]
-        verdict = check_node(everything, graph, fam)
-        if verdict:
-            raise StageError(f"cannot partition for {fam}: {exc}; and {verdict[1]}") from None
-        by_node = {n: [] for n in lowered.node_ops}
-    placed = place_nodes(model, by_node, graph, fam)
-    if all(p.kind == "npu" for p in placed.values()):
+def plan_partitions(model: onnx.ModelProto, lowered: LoweredGraph | None, fam: str | None,
+                    host: Mapping[str, HostNode] | None = None) -> PartitionPlan:
+    """Place every node on this family (fam None: only the `host` nodes, which have no lowering, leave the
+    NPU) and group them into partitions. `lowered` is the whole model, or the model without the host nodes
+    (None if nothing is left to lower)."""
+    host = host or {}
+    graph = read_tosa(lowered.tosa) if lowered is not None else None
+    by_node: dict[str, list[TosaOpInfo]] = {}
+    if lowered is not None and graph is not None:
+        try:
+            by_node = ops_by_node(graph, lowered.node_ops)
+        except ValueError as exc:  # ops cannot be charged to nodes: all on the NPU, or say why not
+            everything = [o for o in graph.ops if o.op not in ("CONST", "CONST_SHAPE")]
+            verdict = check_node(everything, graph, fam) if fam is not None else None
+            if verdict:
+                raise StageError(f"cannot partition for {fam}: {exc}; and {verdict[1]}") from None
+            by_node = {n: [] for n in lowered.node_ops}
+    placed = place_nodes(model, by_node, graph, fam, host)
+    if not host and all(p.kind == "npu" for p in placed.values()):
         return PartitionPlan(placed, [Partition(0, "npu", list(model.graph.node), [], [])])
-    labels = _label_nodes(model, placed)
+    labels = _label_nodes(model, placed, set(host))
     parts = group(model, labels)
     for p in parts:
         for n in p.nodes:
@@ -255,3 +273,32 @@ def write_partitions(model: onnx.ModelProto, plan: PartitionPlan, profile: Liter
 def _rename(spec: IOSpec) -> IOSpec:
     """An NPU partition's input is the copy sub_model made of the boundary tensor: give it the tensor's name."""
     return spec.renamed(spec.onnx_name.removesuffix("__npu"))
+
+
+def split_io(model: onnx.ModelProto, parts: Sequence[PartitionRecord]) -> tuple[tuple[IOSpec, ...], tuple[IOSpec, ...]]:
+    """The graph inputs and outputs of a model that exists only as partitions, in ONNX order: as the NPU
+    partition that reads or writes each sees it (its quantisation), else as the host does (ONNX layout; a
+    host output is quantized when the graph's last node is a DequantizeLinear, with its parameters)."""
+    index = GraphIndex(model)
+    npu_in = {s.onnx_name: s for p in parts if p.kind == "npu" for s in p.inputs_io or ()}
+    npu_out = {s.onnx_name: s for p in parts if p.kind == "npu" for s in p.outputs_io or ()}
+    infos = {vi.name: vi for vi in [*model.graph.input, *model.graph.output]}
+    inputs = tuple(npu_in.get(name) or _host_spec(infos[name], None, index) for name in sorted(
+        index.inputs, key=[i.name for i in model.graph.input].index))
+    outputs = tuple(npu_out.get(name) or _host_spec(infos[name], index.producer.get(name), index)
+                    for name in index.output_names)
+    return inputs, outputs
+
+
+def _host_spec(vi: onnx.ValueInfoProto, producer: onnx.NodeProto | None, index: GraphIndex) -> IOSpec:
+    """An ONNX tensor as the host reads or writes it."""
+    tt = vi.type.tensor_type
+    shape = tuple(d.dim_value for d in tt.shape.dim)
+    dtype = onnx.helper.tensor_dtype_to_np_dtype(tt.elem_type).name
+    scale = zero_point = None
+    if producer is not None and producer.op_type == "DequantizeLinear":
+        s = index.array(producer.input[1])
+        z = index.array(producer.input[2]) if len(producer.input) > 2 and producer.input[2] else None
+        if s is not None and s.size == 1 and z is not None and z.size == 1:
+            scale, zero_point, dtype = float(s.reshape(())), int(z.reshape(())), z.dtype.name
+    return IOSpec(vi.name, "", shape, tuple(range(len(shape))), dtype, scale, zero_point)

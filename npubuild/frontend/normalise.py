@@ -13,6 +13,7 @@ from google.protobuf.message import DecodeError
 
 from npubuild.errors import InputError
 from npubuild.fileio import write_bytes
+from npubuild.frontend.custom_ops import check_runnable, infer_custom_shapes
 from npubuild.frontend.passes import run_passes
 from npubuild.frontend.qoperator import to_qdq
 
@@ -78,6 +79,7 @@ def normalise(model: onnx.ModelProto, shapes: dict[str, list[int]], where: str) 
     except onnx.checker.ValidationError as exc:
         first = str(exc).strip().splitlines()[0]
         raise InputError(f"ONNX checker: {first}", where) from None
+    check_runnable(model, where)  # a custom-domain node runs on the host: onnxruntime must have it
     opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), None)
     if opset is not None and opset < MIN_OPSET:
         try:
@@ -96,7 +98,7 @@ def normalise(model: onnx.ModelProto, shapes: dict[str, list[int]], where: str) 
         model = _infer(model, where)
         if len(model.graph.node) == before:
             break
-    return model
+    return infer_custom_shapes(model)
 
 
 def _infer(model: onnx.ModelProto, where: str) -> onnx.ModelProto:
