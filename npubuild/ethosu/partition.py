@@ -22,14 +22,16 @@ from typing import Literal
 import onnx
 from onnx import helper
 
-from npubuild.errors import StageError
+from npubuild.errors import InputError, StageError
 from npubuild.ethosu.support import check_node
-from npubuild.frontend.graph_index import GraphIndex
+from npubuild.frontend.graph_index import GraphIndex, node_inputs
+from npubuild.frontend.host_runnable import onnxruntime_reason
 from npubuild.lowering.driver import LoweredGraph, lower_model
 from npubuild.lowering.fallback import HostNode
 from npubuild.stages.records import PartitionRecord, Placement
 from npubuild.tosa.graph import TosaGraphInfo, TosaOpInfo, ops_by_node, read_tosa, tensor_nodes
 from npubuild.tosa.iospec import IOSpec
+from npubuild.tosa.run import OnnxSession
 
 QDQ = ("QuantizeLinear", "DequantizeLinear")
 
@@ -64,8 +66,8 @@ def place_nodes(model: onnx.ModelProto, by_node: dict[str, list[TosaOpInfo]], gr
 
 
 def _label_nodes(model: onnx.ModelProto, placed: dict[str, Placement], host: Collection[str] = ()) -> dict[str, str]:
-    """npu/host for every node, Q/DQ included (they follow their input's producer, else their consumers;
-    a Q/DQ node the lowering itself refused, in `host`, runs on the host)."""
+    """npu/host for every node, Q/DQ included (they follow their input's producer, else their consumers: the
+    host if any of them is there; a Q/DQ node the lowering itself refused, in `host`, runs on the host)."""
     index = GraphIndex(model)
     labels: dict[str, str] = {}
 
@@ -90,6 +92,8 @@ def _label_nodes(model: onnx.ModelProto, placed: dict[str, Placement], host: Col
             src = index.producer.get(n.input[0])
             if src is not None:
                 result = label(src)
+            elif any(label(u) == "host" for u in index.uses(n.output[0], [])):
+                result = "host"  # a graph input a host node reads too: the NPU partition gets it from the host
             else:  # a graph input or an initializer: go with whoever reads it
                 user = first_compute_user(n)
                 result = label(user) if user is not None else "host"
@@ -105,7 +109,7 @@ def constant_nodes(model: onnx.ModelProto) -> dict[str, onnx.NodeProto]:
     """Nodes that read only initializers (weight DequantizeLinears), by output: copied into each user partition."""
     inits = {i.name for i in model.graph.initializer}
     return {n.output[0]: n for n in model.graph.node
-            if n.input and all((not i) or i in inits for i in n.input) and len(n.output) == 1}
+            if n.input and all(i in inits for i in node_inputs(n)) and len(n.output) == 1}
 
 
 def group(model: onnx.ModelProto, labels: dict[str, str]) -> list[Partition]:
@@ -113,13 +117,14 @@ def group(model: onnx.ModelProto, labels: dict[str, str]) -> list[Partition]:
     consts = constant_nodes(model)
     const_names = {n.name for n in consts.values()}
     producer = {o: n.name for n in model.graph.node for o in n.output if n.name not in const_names}
-    deps = {n.name: {producer[i] for i in n.input if i in producer} for n in model.graph.node}
+    deps = {n.name: {producer[i] for i in node_inputs(n) if i in producer} for n in model.graph.node}
     remaining = [n for n in model.graph.node if n.name not in const_names]
     done: set[str] = set()
     parts: list[Partition] = []
     while remaining:
         ready = [n for n in remaining if deps[n.name] <= done]
-        kind = labels[ready[0].name]
+        # the kind of the first ready compute node: a graph input's Q/DQ waits for the partition of its reader
+        kind = labels[next((n for n in ready if n.op_type not in QDQ), ready[0]).name]
         taken: list[onnx.NodeProto] = []
         progress = True
         while progress:
@@ -140,7 +145,7 @@ def _boundaries(model: onnx.ModelProto, parts: list[Partition]) -> None:
     graph_outputs = [o.name for o in model.graph.output]
     for p in parts:
         produced = {o for n in p.nodes for o in n.output}
-        needed = [i for n in p.nodes for i in n.input if i and i not in produced and i not in inits]
+        needed = [i for n in p.nodes for i in node_inputs(n) if i not in produced and i not in inits]
         p.inputs = list(dict.fromkeys(needed))
     for p in parts:
         outs = []
@@ -169,7 +174,7 @@ def sub_model(model: onnx.ModelProto, part: Partition, infos: dict[str, onnx.Val
               requantize_inputs: bool) -> onnx.ModelProto:
     """A standalone ONNX model of one partition (initializers it reads, typed inputs and outputs)."""
     consts = constant_nodes(model)
-    needed = {i for n in part.nodes for i in n.input}
+    needed = {i for n in part.nodes for i in node_inputs(n)}
     nodes = []
     for n in [consts[o] for o in consts if o in needed] + list(part.nodes):
         c = onnx.NodeProto()
@@ -196,7 +201,7 @@ def sub_model(model: onnx.ModelProto, part: Partition, infos: dict[str, onnx.Val
         vi.CopyFrom(infos[name])
         vi.name = fresh
         inputs[-1] = vi
-    used = {i for n in nodes for i in n.input}
+    used = {i for n in nodes for i in node_inputs(n)}
     inits = [i for i in model.graph.initializer if i.name in used]
     outputs = [infos[o] for o in part.outputs]
     g = helper.make_graph(nodes, f"partition{part.index}", inputs, outputs, inits)
@@ -251,6 +256,7 @@ def write_partitions(model: onnx.ModelProto, plan: PartitionPlan, profile: Liter
         if part.kind == "host":
             file = f"{prefix}host{part.index}.onnx"
             onnx.save(sub, out_dir / file)
+            check_host_partition(out_dir / file, part)
             records.append(PartitionRecord(part.index, part.kind, file, tuple(part.inputs), tuple(part.outputs),
                                            nodes))
             continue
@@ -268,6 +274,17 @@ def write_partitions(model: onnx.ModelProto, plan: PartitionPlan, profile: Liter
                                        tuple(_rename(i) for i in low.inputs), tuple(low.outputs), low.profile,
                                        tensors))
     return records
+
+
+def check_host_partition(path: Path, part: Partition) -> None:
+    """onnxruntime must load a host partition as it will run it (its graph optimisation on): else one line,
+    exit 2, naming the partition's first compute node."""
+    try:
+        OnnxSession(path, qdq_semantics=False)
+    except Exception as exc:  # noqa: BLE001 - onnxruntime's error types differ by cause: any refusal counts
+        node = next((n for n in part.nodes if n.op_type not in QDQ), part.nodes[0])
+        raise InputError(f"node '{node.name}' ({node.op_type}) runs on the host, but onnxruntime cannot run its "
+                         f"host partition: {onnxruntime_reason(exc)}") from None
 
 
 def _rename(spec: IOSpec) -> IOSpec:

@@ -13,7 +13,7 @@ from google.protobuf.message import DecodeError
 
 from npubuild.errors import InputError
 from npubuild.fileio import write_bytes
-from npubuild.frontend.custom_ops import check_runnable, infer_custom_shapes
+from npubuild.frontend.host_runnable import check_onnxruntime_runs, check_runnable, infer_custom_shapes
 from npubuild.frontend.passes import run_passes
 from npubuild.frontend.qoperator import to_qdq
 
@@ -98,7 +98,9 @@ def normalise(model: onnx.ModelProto, shapes: dict[str, list[int]], where: str) 
         model = _infer(model, where)
         if len(model.graph.node) == before:
             break
-    return infer_custom_shapes(model)
+    model = infer_custom_shapes(model)
+    check_onnxruntime_runs(model, where)
+    return model
 
 
 def _infer(model: onnx.ModelProto, where: str) -> onnx.ModelProto:

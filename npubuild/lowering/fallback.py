@@ -18,7 +18,7 @@ import onnx
 from onnx import helper
 
 from npubuild.errors import InputError, UnsupportedOpError
-from npubuild.frontend.graph_index import GraphIndex
+from npubuild.frontend.graph_index import QDQ, GraphIndex, node_inputs
 from npubuild.lowering.driver import LoweredGraph, lower_model
 from npubuild.lowering.options import LoweringOptions
 
@@ -84,14 +84,15 @@ def lower_lowerable(model: onnx.ModelProto, profile: Literal["int", "fp"], famil
 def constant_outputs(model: onnx.ModelProto) -> set[str]:
     """Outputs of nodes that read only initializers (weight DequantizeLinears): constants, not boundaries."""
     inits = {i.name for i in model.graph.initializer}
-    return {o for n in model.graph.node if n.input and all((not i) or i in inits for i in n.input) for o in n.output}
+    return {o for n in model.graph.node if n.input and all(i in inits for i in node_inputs(n)) for o in n.output}
 
 
 def cut_model(model: onnx.ModelProto, host: set[str]) -> onnx.ModelProto:
     """The model without the `host` nodes: what they read becomes graph outputs, what they write graph inputs.
 
     A graph output that is a host node's result (directly or through Q/DQ) is left out, with the Q/DQ
-    nodes that only lead to it: the host computes it.
+    nodes that only lead to it: the host computes it. So is a host node's input that no kept compute node
+    makes (a graph input through Q/DQ): the host reads it as it is.
     """
     g = model.graph
     index = GraphIndex(model)
@@ -101,16 +102,19 @@ def cut_model(model: onnx.ModelProto, host: set[str]) -> onnx.ModelProto:
     host_out = {o for n in cut for o in n.output if o}
     outputs = [o for o in g.output if o.name not in host_out and index.source(o.name) not in host_out]
     kept = [n for n in g.node if n.name not in host]
-    wanted = {o.name for o in outputs} | {i for n in cut for i in n.input if i and i not in consts}
+    computed = {o for n in g.node if n.name not in host and n.op_type not in QDQ for o in n.output}  # TOSA ops
+    wanted = {o.name for o in outputs} | {i for n in cut for i in node_inputs(n)
+                                          if i and i not in consts and index.source(i) in computed}
     while True:  # drop what now feeds nothing (the Q/DQ chains to outputs the host computes)
-        read = {i for n in kept for i in n.input} | wanted
+        read = {i for n in kept for i in node_inputs(n)} | wanted
         alive = [n for n in kept if any(o in read for o in n.output)]
         if len(alive) == len(kept):
             break
         kept = alive
     produced = {o for n in kept for o in n.output}
-    read = {i for n in kept for i in n.input}
-    extra_out = [i for n in cut for i in n.input if i in produced and i not in consts and i not in index.outputs]
+    read = {i for n in kept for i in node_inputs(n)}
+    extra_out = [i for n in cut for i in node_inputs(n) if i in produced and i not in consts and i not in index.outputs
+                 and index.source(i) in computed]
     new_in = [o for o in host_out if o in read]
     graph_inputs = [vi for vi in g.input if vi.name not in index.inits]
     nodes = []

@@ -38,7 +38,10 @@ def run_tosa(tosa: bytes, io: GraphIO, feeds: dict[str, np.ndarray]) -> dict[str
 
     arrays = [spec.to_tosa(feeds[spec.onnx_name]) for spec in io.inputs]
     with _quiet_stdio():
-        outputs, status = trm.run(tosa, arrays)
+        try:
+            outputs, status = trm.run(tosa, arrays)
+        except ValueError as exc:  # the reference model's verdict on a graph it will not run at all
+            raise StageError(f"TOSA reference model rejected the graph: {exc}") from None
     if "VALID" not in str(status):
         raise StageError(f"TOSA reference model rejected the graph: {status}")
     return {spec.onnx_name: spec.from_tosa(y) for spec, y in zip(io.outputs, outputs, strict=True)}

@@ -39,13 +39,17 @@ class PartitionedModel:
         for part in self.partitions:
             graph = self._graph(part)
             if isinstance(graph, OnnxSession):
-                env.update(graph({i: env[i] for i in part.inputs}))
+                try:
+                    env.update(graph({i: env[i] for i in part.inputs}))
+                except Exception as exc:  # noqa: BLE001 - onnxruntime's run-time refusal, as one line
+                    raise StageError(f"host partition {part.index} ({part.file}) failed on onnxruntime: "
+                                     f"{' '.join(str(exc).split())[:200]}") from None
                 continue
             io = part.io
             got = run_tosa(graph, io, {s.onnx_name: env[s.onnx_name] for s in io.inputs})
             for spec in io.outputs:  # float32, as the host partition's DequantizeLinear would give them
                 y = got[spec.onnx_name]
-                env[spec.onnx_name] = spec.dequantize(y, np.float32) if spec.quantized else y
+                env[spec.onnx_name] = np.asarray(spec.dequantize(y, np.float32) if spec.quantized else y)
         return {s.onnx_name: s.quantize(env[s.onnx_name].astype(np.float64)) if s.quantized else env[s.onnx_name]
                 for s in self.outputs}
 
