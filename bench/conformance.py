@@ -45,7 +45,8 @@ def main() -> int:
         if vela is not None:
             vela.close()
     single = sum(1 for c in cases if "_expanded" not in c.name)
-    print(f"{len(cases)} node tests ({single} single-op, {len(cases) - single} _expanded)\n")
+    print(f"{len(cases)} node tests ({single} single-op, {len(cases) - single} _expanded)"
+          + ("" if vela is None else f"; {vela.compiles} Vela compiles") + "\n")
     print("| profile | pass | wrong | clean unsupported | host | crash | seconds |")
     print("|---|---:|---:|---:|---:|---:|---:|")
     for profile, label in (("fp", "FP (vs the test's expected outputs)"),

@@ -336,6 +336,7 @@ class VelaRunner:
         self._pool: ProcessPoolExecutor | None = None
         self._dir = tempfile.TemporaryDirectory(prefix="npubuild-conformance-vela-")
         self._profiles: dict[str, tuple] = {}
+        self.compiles = 0  # graphs compiled (bench/conformance.py reports it)
 
     def _profile(self, accelerator: str) -> tuple:
         if accelerator not in self._profiles:
@@ -352,6 +353,7 @@ class VelaRunner:
         argv = vela_command(tosa, ini, out, profile, profile.vela)[3:]  # after `python -m ethosu.vela`
         if self._pool is None:
             self._pool = ProcessPoolExecutor(max_workers=1)
+        self.compiles += 1
         try:
             code, text = self._pool.submit(_vela_main, argv).result(timeout=300)
         except BrokenProcessPool:
