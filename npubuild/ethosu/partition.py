@@ -1,8 +1,10 @@
 """Target-aware partitioning: NPU partitions (TOSA, compiled by Vela) and host partitions (ONNX, onnxruntime).
 
 Vela has no CPU fallback for TOSA input, so a node whose TOSA ops a family's
-support rules reject (support.py) must run on the host. The whole model is
-lowered once; each compute node is placed by the rules; Q/DQ nodes follow the
+support rules reject (support.py) must run on the host, and so must a node no
+lowering takes (lowering/fallback.py: placed first, on every family). The whole
+model (or, with such nodes, the model without them) is lowered once; each
+compute node is placed by the rules; Q/DQ nodes follow the
 node that produces their input (so every NPU partition output is a
 dequantized, float ONNX tensor) and weight DequantizeLinears go with their
 consumers. Nodes are then grouped greedily, in dependency order, into
