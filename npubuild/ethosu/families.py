@@ -10,13 +10,18 @@ some node gets its own partition files (`<family>_partN.tosa`,
 `<family>_hostN.onnx`), and a partitioned or own-lowered model is run here
 (NPU parts on the TOSA reference model, host parts on onnxruntime) against
 the whole QDQ model on onnxruntime.
+
+A node no lowering takes (lowering/fallback.py) runs on the host on every family: there is then no
+model.tosa, and the portable split (`partN.tosa`, `hostN.onnx`: only those nodes on the host) stands for
+it in io.json (`portable`) and in the TOSA check; each family splits further by its support rules.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import replace
+from dataclasses import asdict, replace
 from pathlib import Path
+from typing import Literal
 
 import numpy as np
 import onnx
@@ -25,15 +30,16 @@ import onnx_ir as ir
 from npubuild.build.plan import StageTask
 from npubuild.config.accelerator import LOWERING_FAMILIES
 from npubuild.errors import StageError
-from npubuild.ethosu.partition import PartitionPlan, plan_partitions, write_partitions
+from npubuild.ethosu.partition import PartitionPlan, plan_partitions, split_io, write_partitions
 from npubuild.fileio import write_bytes
 from npubuild.frontend.passes import run_passes
-from npubuild.lowering.driver import LoweredGraph, lower_model
+from npubuild.lowering.driver import LoweredGraph
+from npubuild.lowering.fallback import PartialLowering, lower_lowerable
 from npubuild.stages.records import FamilyRecord, LowerRecord, NodeRecord, PartitionRecord
 from npubuild.tosa.graph import ops_by_node, read_tosa, tensor_nodes
 from npubuild.tosa.iospec import IOSpec
 from npubuild.tosa.run import OnnxSession
-from npubuild.verify.partitioned import worst_error
+from npubuild.verify.partitioned import PartitionedModel, worst_error
 
 QDQ_OPS = {"QuantizeLinear", "DequantizeLinear"}
 CHECK_SAMPLES = 4
@@ -77,9 +83,10 @@ def check_partitioned(qdq_path: Path, out_dir: Path, partitions: Sequence[Partit
     rng = np.random.default_rng(seed)
     reference = OnnxSession(qdq_path)  # the QDQ model's own semantics, as the TOSA check compares against
     worst = 0.0
+    model = PartitionedModel(out_dir, partitions, io.outputs)
     for _ in range(CHECK_SAMPLES):
         feeds = {s.onnx_name: rng.uniform(*_input_range(s), s.onnx_shape).astype(np.float32) for s in io.inputs}
-        worst = worst_error(out_dir, partitions, io.outputs, feeds, reference(feeds), worst)
+        worst = worst_error(model, feeds, reference(feeds), worst)
     return worst
 
 
@@ -89,39 +96,91 @@ def run(task: StageTask) -> dict:
     model = onnx.load(str(src))
     ir_model = run_passes(ir.serde.deserialize_model(model), pipeline["passes"])
     model = ir.serde.serialize_model(ir_model)
-    lowered = lower_model(model, pipeline["profile"])
-    out_dir = task.outputs["tosa"].parent
-    write_bytes(task.outputs["tosa"], lowered.tosa)
+    io_path = task.outputs["io"]
+    io, tosa_ops = lower_families(model, pipeline["profile"], io_path.parent)
+    io.write(io_path)
+    families = io.families
     compute_nodes = [n for n in model.graph.node if n.op_type not in QDQ_OPS]
+    metrics = {"onnx_nodes": len(compute_nodes), "tosa_ops": tosa_ops, "tosa_op_count": sum(tosa_ops.values()),
+               "transposes": tosa_ops.get("TRANSPOSE", 0),
+               "partitioning": {f: {"npu_partitions": r.npu_partitions, "host_partitions": r.host_partitions,
+                                    "host_ops": r.host_ops} for f, r in families.items()}}
+    if io.portable is not None:
+        metrics["host_nodes"] = [asdict(p) for p in io.portable.placements if p.kind == "cpu"]
+    return metrics
+
+
+def lower_families(model: onnx.ModelProto, profile: Literal["int", "fp"], out_dir: Path,
+                   families: Sequence[str] = LOWERING_FAMILIES) -> tuple[LowerRecord, dict[str, int]]:
+    """The lower stage's work on a model already through the pipeline's passes: model.tosa (when one TOSA
+    graph runs the whole model) or the portable split, and for an INT model each family's split, all
+    written to `out_dir`. Returns io.json's record (with the families) and the count of each TOSA op."""
+    partial = lower_lowerable(model, profile)
+    lowered = partial.lowered
+    node_ops = lowered.node_ops if lowered is not None else {}
     tosa_ops: dict[str, int] = {}
-    for ops in lowered.node_ops.values():
+    for ops in node_ops.values():
         for op in ops:
             tosa_ops[op] = tosa_ops.get(op, 0) + 1
-    nodes = tuple(NodeRecord(n.name, n.op_type, tuple(lowered.node_ops.get(n.name, []))) for n in compute_nodes)
-    io = LowerRecord(lowered.profile, tuple(lowered.inputs), tuple(lowered.outputs), nodes, node_tensors(lowered))
-    families: dict[str, FamilyRecord] = {}
-    if lowered.profile == "int":
+    nodes = tuple(NodeRecord(n.name, n.op_type, tuple(node_ops.get(n.name, []))) for n in model.graph.node
+                  if n.op_type not in QDQ_OPS)
+    tosa_path = out_dir / "model.tosa"
+    if partial.whole:
+        assert lowered is not None
+        write_bytes(tosa_path, lowered.tosa)
+        io = LowerRecord(lowered.profile, tuple(lowered.inputs), tuple(lowered.outputs), nodes, node_tensors(lowered))
+    else:  # no single TOSA graph: the portable split (only the nodes with no lowering on the host) stands for it
+        tosa_path.unlink(missing_ok=True)
+        io = portable_record(model, partial, profile, out_dir, nodes)
+    records: dict[str, FamilyRecord] = {}
+    if profile == "int":
         qdq_path = out_dir / "model_partitioning.onnx"
-        for fam in LOWERING_FAMILIES:
-            fam_lowered = lower_model(model, pipeline["profile"], family=fam)  # forms only this family runs
-            own = fam_lowered.tosa != lowered.tosa
-            plan = plan_partitions(model, fam_lowered if own else lowered, fam)
-            rec = family_record(model, fam_lowered if own else lowered, io, plan, fam, out_dir)
-            if own and len(rec.partitions) == 1 and rec.partitions[0].file == "model.tosa":
-                rec = replace(rec, partitions=(own_whole_graph(fam, fam_lowered, rec.partitions[0], out_dir),))
-            if len(rec.partitions) > 1 or own:
-                if not qdq_path.exists():
-                    onnx.save(model, qdq_path)
-                err = check_partitioned(qdq_path, out_dir, rec.partitions, io)
-                rec = replace(rec, max_error_lsb=err)
-                # a family's own lowering rounds differently: hold it to the portable graph's own error
-                base = check_partitioned(qdq_path, out_dir, [io.whole_partition([])], io) if own else 0.0
-                if err > base + MAX_PARTITION_LSB:
-                    raise StageError(f"the {fam} partitioned model differs from the whole model by {err:g} LSB")
-            families[fam] = rec
-    io = replace(io, families=families)
-    io.write(task.outputs["io"])
-    return {"onnx_nodes": len(compute_nodes), "tosa_ops": tosa_ops, "tosa_op_count": lowered.tosa_op_count,
-            "transposes": tosa_ops.get("TRANSPOSE", 0),
-            "partitioning": {f: {"npu_partitions": r.npu_partitions, "host_partitions": r.host_partitions,
-                                 "host_ops": r.host_ops} for f, r in families.items()}}
+        for fam in families:
+            records[fam] = family_split(model, partial, io, fam, out_dir, qdq_path)
+    return replace(io, families=records), tosa_ops
+
+
+def family_split(model: onnx.ModelProto, partial: PartialLowering, io: LowerRecord, fam: str, out_dir: Path,
+                 qdq_path: Path) -> FamilyRecord:
+    """One family's own lowering, placement and partitions, checked against the whole QDQ model when it does
+    not run model.tosa as it is."""
+    profile = io.profile
+    fam_partial = lower_lowerable(model, profile, family=fam, host=partial.host)  # forms only this family runs
+    lowered, fam_lowered = partial.lowered, fam_partial.lowered
+    if partial.whole and fam_partial.whole:
+        assert lowered is not None and fam_lowered is not None
+        own = fam_lowered.tosa != lowered.tosa
+        plan = plan_partitions(model, fam_lowered if own else lowered, fam)
+        rec = family_record(model, fam_lowered if own else lowered, io, plan, fam, out_dir)
+        if own and len(rec.partitions) == 1 and rec.partitions[0].file == "model.tosa":
+            rec = replace(rec, partitions=(own_whole_graph(fam, fam_lowered, rec.partitions[0], out_dir),))
+        if len(rec.partitions) < 2 and not own:
+            return rec
+        # a family's own lowering rounds differently: hold it to the portable graph's own error
+        baseline = [io.whole_partition([])] if own else None
+    else:
+        plan = plan_partitions(model, fam_lowered, fam, fam_partial.host)
+        parts = write_partitions(model, plan, profile, out_dir, f"{fam}_", family=fam)
+        rec = FamilyRecord(tuple(parts), tuple(plan.placements.values()))
+        baseline = list(io.portable.partitions) if io.portable is not None else None
+    if not qdq_path.exists():
+        onnx.save(model, qdq_path)
+    err = check_partitioned(qdq_path, out_dir, rec.partitions, io)
+    rec = replace(rec, max_error_lsb=err)
+    if err > MAX_PARTITION_LSB:
+        base = check_partitioned(qdq_path, out_dir, baseline, io) if baseline else 0.0
+        if err > base + MAX_PARTITION_LSB:
+            raise StageError(f"the {fam} partitioned model differs from the whole model by {err:g} LSB")
+    return rec
+
+
+def portable_record(model: onnx.ModelProto, partial: PartialLowering, profile: Literal["int", "fp"], out_dir: Path,
+                    nodes: tuple[NodeRecord, ...]) -> LowerRecord:
+    """io.json's record when no single TOSA graph exists: the portable split (partN.tosa, hostN.onnx: the nodes
+    with no lowering on the host, everything else on the NPU, no family's support rules) and the io of the
+    model it makes up, each graph input and output as the partition that reads or writes it sees it."""
+    plan = plan_partitions(model, partial.lowered, None, partial.host)
+    parts = tuple(write_partitions(model, plan, profile, out_dir, "", family=None))
+    portable = FamilyRecord(parts, tuple(plan.placements.values()))
+    inputs, outputs = split_io(model, parts)
+    return LowerRecord(profile, inputs, outputs, nodes, {}, portable=portable)

@@ -1,8 +1,10 @@
 """Target-aware partitioning: NPU partitions (TOSA, compiled by Vela) and host partitions (ONNX, onnxruntime).
 
 Vela has no CPU fallback for TOSA input, so a node whose TOSA ops a family's
-support rules reject (support.py) must run on the host. The whole model is
-lowered once; each compute node is placed by the rules; Q/DQ nodes follow the
+support rules reject (support.py) must run on the host, and so must a node no
+lowering takes (lowering/fallback.py: placed first, on every family). The whole
+model (or, with such nodes, the model without them) is lowered once; each
+compute node is placed by the rules; Q/DQ nodes follow the
 node that produces their input (so every NPU partition output is a
 dequantized, float ONNX tensor) and weight DequantizeLinears go with their
 consumers. Nodes are then grouped greedily, in dependency order, into
@@ -14,6 +16,7 @@ produced values on that quantisation grid.
 
 from __future__ import annotations
 
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
@@ -21,13 +24,16 @@ from typing import Literal
 import onnx
 from onnx import helper
 
-from npubuild.errors import StageError
+from npubuild.errors import InputError, StageError
 from npubuild.ethosu.support import check_node
-from npubuild.frontend.graph_index import GraphIndex
+from npubuild.frontend.graph_index import GraphIndex, node_inputs
+from npubuild.frontend.host_runnable import onnxruntime_reason
 from npubuild.lowering.driver import LoweredGraph, lower_model
+from npubuild.lowering.fallback import HostNode
 from npubuild.stages.records import PartitionRecord, Placement
 from npubuild.tosa.graph import TosaGraphInfo, TosaOpInfo, ops_by_node, read_tosa, tensor_nodes
 from npubuild.tosa.iospec import IOSpec
+from npubuild.tosa.run import OnnxSession
 
 QDQ = ("QuantizeLinear", "DequantizeLinear")
 
@@ -41,22 +47,29 @@ class Partition:
     outputs: list[str] = field(default_factory=list)
 
 
-def place_nodes(model: onnx.ModelProto, by_node: dict[str, list[TosaOpInfo]], graph: TosaGraphInfo,
-                fam: str) -> dict[str, Placement]:
-    """Where each compute node runs on this family, and the rule that decided a CPU placement."""
+def place_nodes(model: onnx.ModelProto, by_node: dict[str, list[TosaOpInfo]], graph: TosaGraphInfo | None,
+                fam: str | None, host: Mapping[str, HostNode] | None = None) -> dict[str, Placement]:
+    """Where each compute node runs on this family, and the rule that decided a CPU placement: a node with no
+    lowering (`host`) first, then the family's support rules (none for fam None: the portable split)."""
     out = {}
+    host = host or {}
     for n in model.graph.node:
         if n.op_type in QDQ:
             continue
+        if n.name in host:
+            h = host[n.name]
+            out[n.name] = Placement(n.name, n.op_type, "cpu", [], h.rule, h.reason)
+            continue
         ops = by_node.get(n.name, [])
-        verdict = check_node(ops, graph, fam)
+        verdict = check_node(ops, graph, fam) if fam is not None and graph is not None else None
         out[n.name] = Placement(n.name, n.op_type, "cpu" if verdict else "npu", [o.op for o in ops],
                                 *(verdict or (None, None)))
     return out
 
 
-def _label_nodes(model: onnx.ModelProto, placed: dict[str, Placement]) -> dict[str, str]:
-    """npu/host for every node, Q/DQ included (they follow their input's producer, else their consumers)."""
+def _label_nodes(model: onnx.ModelProto, placed: dict[str, Placement], host: Collection[str] = ()) -> dict[str, str]:
+    """npu/host for every node, Q/DQ included (they follow their input's producer, else their consumers: the
+    host if any of them is there; a Q/DQ node the lowering itself refused, in `host`, runs on the host)."""
     index = GraphIndex(model)
     labels: dict[str, str] = {}
 
@@ -73,12 +86,16 @@ def _label_nodes(model: onnx.ModelProto, placed: dict[str, Placement]) -> dict[s
     def label(n: onnx.NodeProto) -> str:
         if n.name in labels:
             return labels[n.name]
-        if n.op_type not in QDQ:
+        if n.name in host:
+            result = "host"
+        elif n.op_type not in QDQ:
             result = "npu" if placed[n.name].kind == "npu" else "host"
         else:
             src = index.producer.get(n.input[0])
             if src is not None:
                 result = label(src)
+            elif any(label(u) == "host" for u in index.uses(n.output[0], [])):
+                result = "host"  # a graph input a host node reads too: the NPU partition gets it from the host
             else:  # a graph input or an initializer: go with whoever reads it
                 user = first_compute_user(n)
                 result = label(user) if user is not None else "host"
@@ -94,7 +111,7 @@ def constant_nodes(model: onnx.ModelProto) -> dict[str, onnx.NodeProto]:
     """Nodes that read only initializers (weight DequantizeLinears), by output: copied into each user partition."""
     inits = {i.name for i in model.graph.initializer}
     return {n.output[0]: n for n in model.graph.node
-            if n.input and all((not i) or i in inits for i in n.input) and len(n.output) == 1}
+            if n.input and all(i in inits for i in node_inputs(n)) and len(n.output) == 1}
 
 
 def group(model: onnx.ModelProto, labels: dict[str, str]) -> list[Partition]:
@@ -102,13 +119,14 @@ def group(model: onnx.ModelProto, labels: dict[str, str]) -> list[Partition]:
     consts = constant_nodes(model)
     const_names = {n.name for n in consts.values()}
     producer = {o: n.name for n in model.graph.node for o in n.output if n.name not in const_names}
-    deps = {n.name: {producer[i] for i in n.input if i in producer} for n in model.graph.node}
+    deps = {n.name: {producer[i] for i in node_inputs(n) if i in producer} for n in model.graph.node}
     remaining = [n for n in model.graph.node if n.name not in const_names]
     done: set[str] = set()
     parts: list[Partition] = []
     while remaining:
         ready = [n for n in remaining if deps[n.name] <= done]
-        kind = labels[ready[0].name]
+        # the kind of the first ready compute node: a graph input's Q/DQ waits for the partition of its reader
+        kind = labels[next((n for n in ready if n.op_type not in QDQ), ready[0]).name]
         taken: list[onnx.NodeProto] = []
         progress = True
         while progress:
@@ -129,7 +147,7 @@ def _boundaries(model: onnx.ModelProto, parts: list[Partition]) -> None:
     graph_outputs = [o.name for o in model.graph.output]
     for p in parts:
         produced = {o for n in p.nodes for o in n.output}
-        needed = [i for n in p.nodes for i in n.input if i and i not in produced and i not in inits]
+        needed = [i for n in p.nodes for i in node_inputs(n) if i not in produced and i not in inits]
         p.inputs = list(dict.fromkeys(needed))
     for p in parts:
         outs = []
@@ -158,7 +176,7 @@ def sub_model(model: onnx.ModelProto, part: Partition, infos: dict[str, onnx.Val
               requantize_inputs: bool) -> onnx.ModelProto:
     """A standalone ONNX model of one partition (initializers it reads, typed inputs and outputs)."""
     consts = constant_nodes(model)
-    needed = {i for n in part.nodes for i in n.input}
+    needed = {i for n in part.nodes for i in node_inputs(n)}
     nodes = []
     for n in [consts[o] for o in consts if o in needed] + list(part.nodes):
         c = onnx.NodeProto()
@@ -185,7 +203,7 @@ def sub_model(model: onnx.ModelProto, part: Partition, infos: dict[str, onnx.Val
         vi.CopyFrom(infos[name])
         vi.name = fresh
         inputs[-1] = vi
-    used = {i for n in nodes for i in n.input}
+    used = {i for n in nodes for i in node_inputs(n)}
     inits = [i for i in model.graph.initializer if i.name in used]
     outputs = [infos[o] for o in part.outputs]
     g = helper.make_graph(nodes, f"partition{part.index}", inputs, outputs, inits)
@@ -200,20 +218,27 @@ class PartitionPlan:
     partitions: list[Partition]
 
 
-def plan_partitions(model: onnx.ModelProto, lowered: LoweredGraph, fam: str) -> PartitionPlan:
-    graph = read_tosa(lowered.tosa)
-    try:
-        by_node = ops_by_node(graph, lowered.node_ops)
-    except ValueError as exc:  # ops cannot be charged to nodes: all on the NPU, or say why not
-        everything = [o for o in graph.ops if o.op not in ("CONST", "CONST_SHAPE")]
-        verdict = check_node(everything, graph, fam)
-        if verdict:
-            raise StageError(f"cannot partition for {fam}: {exc}; and {verdict[1]}") from None
-        by_node = {n: [] for n in lowered.node_ops}
-    placed = place_nodes(model, by_node, graph, fam)
-    if all(p.kind == "npu" for p in placed.values()):
+def plan_partitions(model: onnx.ModelProto, lowered: LoweredGraph | None, fam: str | None,
+                    host: Mapping[str, HostNode] | None = None) -> PartitionPlan:
+    """Place every node on this family (fam None: only the `host` nodes, which have no lowering, leave the
+    NPU) and group them into partitions. `lowered` is the whole model, or the model without the host nodes
+    (None if nothing is left to lower)."""
+    host = host or {}
+    graph = read_tosa(lowered.tosa) if lowered is not None else None
+    by_node: dict[str, list[TosaOpInfo]] = {}
+    if lowered is not None and graph is not None:
+        try:
+            by_node = ops_by_node(graph, lowered.node_ops)
+        except ValueError as exc:  # ops cannot be charged to nodes: all on the NPU, or say why not
+            everything = [o for o in graph.ops if o.op not in ("CONST", "CONST_SHAPE")]
+            verdict = check_node(everything, graph, fam) if fam is not None else None
+            if verdict:
+                raise StageError(f"cannot partition for {fam}: {exc}; and {verdict[1]}") from None
+            by_node = {n: [] for n in lowered.node_ops}
+    placed = place_nodes(model, by_node, graph, fam, host)
+    if not host and all(p.kind == "npu" for p in placed.values()):
         return PartitionPlan(placed, [Partition(0, "npu", list(model.graph.node), [], [])])
-    labels = _label_nodes(model, placed)
+    labels = _label_nodes(model, placed, set(host))
     parts = group(model, labels)
     for p in parts:
         for n in p.nodes:
@@ -233,6 +258,7 @@ def write_partitions(model: onnx.ModelProto, plan: PartitionPlan, profile: Liter
         if part.kind == "host":
             file = f"{prefix}host{part.index}.onnx"
             onnx.save(sub, out_dir / file)
+            check_host_partition(out_dir / file, part)
             records.append(PartitionRecord(part.index, part.kind, file, tuple(part.inputs), tuple(part.outputs),
                                            nodes))
             continue
@@ -252,6 +278,46 @@ def write_partitions(model: onnx.ModelProto, plan: PartitionPlan, profile: Liter
     return records
 
 
+def check_host_partition(path: Path, part: Partition) -> None:
+    """onnxruntime must load a host partition as it will run it (its graph optimisation on): else one line,
+    exit 2, naming the partition's first compute node."""
+    try:
+        OnnxSession(path, qdq_semantics=False)
+    except Exception as exc:  # noqa: BLE001 - onnxruntime's error types differ by cause: any refusal counts
+        node = next((n for n in part.nodes if n.op_type not in QDQ), part.nodes[0])
+        raise InputError(f"node '{node.name}' ({node.op_type}) runs on the host, but onnxruntime cannot run its "
+                         f"host partition: {onnxruntime_reason(exc)}") from None
+
+
 def _rename(spec: IOSpec) -> IOSpec:
     """An NPU partition's input is the copy sub_model made of the boundary tensor: give it the tensor's name."""
     return spec.renamed(spec.onnx_name.removesuffix("__npu"))
+
+
+def split_io(model: onnx.ModelProto, parts: Sequence[PartitionRecord]) -> tuple[tuple[IOSpec, ...], tuple[IOSpec, ...]]:
+    """The graph inputs and outputs of a model that exists only as partitions, in ONNX order: as the NPU
+    partition that reads or writes each sees it (its quantisation), else as the host does (ONNX layout; a
+    host output is quantized when the graph's last node is a DequantizeLinear, with its parameters)."""
+    index = GraphIndex(model)
+    npu_in = {s.onnx_name: s for p in parts if p.kind == "npu" for s in p.inputs_io or ()}
+    npu_out = {s.onnx_name: s for p in parts if p.kind == "npu" for s in p.outputs_io or ()}
+    infos = {vi.name: vi for vi in [*model.graph.input, *model.graph.output]}
+    inputs = tuple(npu_in.get(name) or _host_spec(infos[name], None, index) for name in sorted(
+        index.inputs, key=[i.name for i in model.graph.input].index))
+    outputs = tuple(npu_out.get(name) or _host_spec(infos[name], index.producer.get(name), index)
+                    for name in index.output_names)
+    return inputs, outputs
+
+
+def _host_spec(vi: onnx.ValueInfoProto, producer: onnx.NodeProto | None, index: GraphIndex) -> IOSpec:
+    """An ONNX tensor as the host reads or writes it."""
+    tt = vi.type.tensor_type
+    shape = tuple(d.dim_value for d in tt.shape.dim)
+    dtype = onnx.helper.tensor_dtype_to_np_dtype(tt.elem_type).name
+    scale = zero_point = None
+    if producer is not None and producer.op_type == "DequantizeLinear":
+        s = index.array(producer.input[1])
+        z = index.array(producer.input[2]) if len(producer.input) > 2 and producer.input[2] else None
+        if s is not None and s.size == 1 and z is not None and z.size == 1:
+            scale, zero_point, dtype = float(s.reshape(())), int(z.reshape(())), z.dtype.name
+    return IOSpec(vi.name, "", shape, tuple(range(len(shape))), dtype, scale, zero_point)

@@ -93,12 +93,30 @@ def _resize_u55(op: TosaOpInfo, graph: TosaGraphInfo) -> str | None:
     return None
 
 
+def _transpose_conv_stride_u55(op: TosaOpInfo, graph: TosaGraphInfo) -> str | None:
+    """Vela 5.2 on U55/U65: TRANSPOSE_CONV2D strides (1,1), (2,2), (1,2) on a unit-height IFM and kernel, (2,1)
+    on a unit-width one; a stride along an axis where IFM and kernel are both 1 moves nothing (Vela agrees)."""
+    if op.op != "TRANSPOSE_CONV2D" or len(op.inputs) < 2:
+        return None
+    src, w = graph.tensors.get(op.inputs[0]), graph.tensors.get(op.inputs[1])
+    stride = tuple(op.attr.get("stride", ()))
+    if src is None or w is None or len(src.shape) != 4 or len(w.shape) != 4 or len(stride) != 2:
+        return None
+    unit_h, unit_w = src.shape[1] == 1 and w.shape[1] == 1, src.shape[2] == 1 and w.shape[2] == 1
+    eff = (1 if unit_h else stride[0], 1 if unit_w else stride[1])
+    if eff in ((1, 1), (2, 2)) or (eff == (1, 2) and unit_h) or (eff == (2, 1) and unit_w):
+        return None
+    return (f"TOSA TRANSPOSE_CONV2D stride {list(stride)}: Ethos-U55/U65 take (1,1) and (2,2) "
+            "((1,2)/(2,1) on a unit-height/width input and kernel)")
+
+
 RULES = (
     Rule("pro-int-only", frozenset({"u55", "u85"}), _pro_int),
     Rule("u55-resize", frozenset({"u55"}), _resize_u55),
     Rule("u55-op-type", frozenset({"u55"}), _op_type),
     Rule("comparison-int32", frozenset({"u55", "u85"}), _comparison_int32),
     Rule("u55-argmax-channels", frozenset({"u55"}), _argmax_channels),
+    Rule("u55-transpose-conv-stride", frozenset({"u55"}), _transpose_conv_stride_u55),
 )
 
 

@@ -31,7 +31,6 @@ from npubuild.fileio import write_json, write_text
 from npubuild.stages.records import LowerRecord, PartitionRecord
 
 VELA_TIMEOUT_S = 1800
-NO_IO = LowerRecord("", (), ())  # a .tosa without io.json beside it: no names, quantisation or partitions
 
 
 def vela_command(tosa: Path, ini: Path, out_dir: Path, profile: TargetProfile, opts: VelaOptions,
@@ -133,9 +132,9 @@ def run(task: StageTask) -> dict:
     ini = task.outputs["ini"]
     write_text(ini, render_ini(profile))
     stage_dir = task.dir
-    lower_dir = task.inputs["tosa"].parent
-    io_path = lower_dir / "io.json"
-    io = LowerRecord.read(io_path) if io_path.is_file() else NO_IO
+    io_path = task.inputs["io"]
+    lower_dir = io_path.parent
+    io = LowerRecord.read(io_path)
     fam = Accelerator.parse(profile.accelerator).lowering_family
     results, layers, pools, failure = [], [], [], None
     for index, tosa, part in npu_partitions(io, lower_dir, fam):

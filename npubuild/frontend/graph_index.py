@@ -94,3 +94,19 @@ class GraphIndex:
         if self.graph_output_for(name) is not None or name in self.outputs:
             return True
         return any(self.reaches_output(n.output[0]) for n in self.consumers.get(name, []) if n.op_type in QDQ)
+
+
+def node_inputs(node: onnx.NodeProto) -> list[str]:
+    """The tensors a node reads: its inputs, and the outer-scope names its subgraphs (Loop, If, Scan bodies)
+    use, which a partition or a cut must carry in as well."""
+    names = [i for i in node.input if i]
+    for a in node.attribute:
+        for sub in ([a.g] if a.type == onnx.AttributeProto.GRAPH else list(a.graphs)):
+            names += [n for n in _outer_names(sub) if n not in names]
+    return names
+
+
+def _outer_names(graph: onnx.GraphProto) -> list[str]:
+    defined = {i.name for i in graph.input} | {t.name for t in graph.initializer}
+    defined |= {o for n in graph.node for o in n.output}
+    return list(dict.fromkeys(i for n in graph.node for i in node_inputs(n) if i not in defined))

@@ -14,10 +14,11 @@ import onnx
 import onnx_ir as ir
 from google.protobuf.message import DecodeError
 
-from npubuild.errors import InputError, NpubuildError, StageError, UnsupportedOpError
+from npubuild.errors import InputError, NpubuildError, StageError
 from npubuild.ethosu.early_fit import MemoryBounds, early_failure, lower_bounds
 from npubuild.fileio import write_bytes
 from npubuild.frontend.external_data import fold_external_data
+from npubuild.frontend.host_runnable import check_onnxruntime_runs, check_runnable, infer_custom_shapes
 from npubuild.frontend.model_checks import check_model, check_scales
 from npubuild.frontend.passes import run_passes
 from npubuild.frontend.qoperator import to_qdq
@@ -83,15 +84,12 @@ def set_static_shapes(model: onnx.ModelProto, shapes: dict[str, list[int]], wher
 def normalise(model: onnx.ModelProto, shapes: dict[str, list[int]], where: str) -> onnx.ModelProto:
     model = _step("QOperator -> QDQ rewrite", to_qdq, model, where=where)  # the same QDQ form as onnxruntime's
     check_scales(model.graph, where)
-    for node in model.graph.node:  # what is left of another domain no stage can run (onnxruntime cannot load it)
-        if node.domain not in ("", "ai.onnx"):
-            raise UnsupportedOpError(node.name, node.op_type, f"operator domain '{node.domain}' is not supported",
-                                     where)
     try:
         onnx.checker.check_model(model)
     except onnx.checker.ValidationError as exc:
         first = str(exc).strip().splitlines()[0]
         raise InputError(f"ONNX checker: {first}", where) from None
+    check_runnable(model, where)  # a custom-domain node runs on the host: onnxruntime must have it
     opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), None)
     if opset is not None and opset < MIN_OPSET:
         try:
@@ -110,6 +108,8 @@ def normalise(model: onnx.ModelProto, shapes: dict[str, list[int]], where: str) 
         model = _infer(model, where)
         if len(model.graph.node) == before:
             break
+    model = infer_custom_shapes(model)
+    check_onnxruntime_runs(model, where)
     return model
 
 

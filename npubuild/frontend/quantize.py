@@ -15,6 +15,7 @@ from pathlib import Path
 
 import numpy as np
 import onnx
+from onnx import numpy_helper
 from onnxruntime import quantization as ortq
 
 from npubuild.build.plan import StageTask
@@ -52,7 +53,7 @@ class ArrayReader(ortq.CalibrationDataReader):
     def get_next(self) -> dict[str, np.ndarray] | None:
         if self.i >= self.n:
             return None
-        sample = {k: v[self.i] for k, v in self.arrays.items()}
+        sample = {k: np.asarray(v[self.i]) for k, v in self.arrays.items()}  # a rank-0 input: an array too
         self.i += 1
         return sample
 
@@ -61,34 +62,27 @@ class ArrayReader(ortq.CalibrationDataReader):
 
 
 def quantize(float_model: Path, arrays: dict[str, np.ndarray], q: dict) -> onnx.ModelProto:
+    """The float model quantised to QDQ int8 by onnxruntime. Where onnxruntime's quantiser fails on one op type
+    (a Gemm with a matrix bias, a LayerNormalization over several axes), that op type is left in float and
+    everything around it quantised: those nodes then run on the host."""
+    source = onnx.load(str(float_model))
+    model = vector_gemm_biases(source)
     with tempfile.TemporaryDirectory(prefix="npubuild-quant-") as tmp:
+        path = float_model
+        if model is not source:
+            path = Path(tmp) / "float.onnx"
+            onnx.save(model, path)
         out = Path(tmp) / "qdq.onnx"
         logging.getLogger().setLevel(logging.ERROR)
+        op_types = quantized_op_types()
         try:
-            ortq.quantize_static(
-                str(float_model),
-                str(out),
-                ArrayReader(arrays),
-                quant_format=ortq.QuantFormat.QDQ,
-                per_channel=q["per_channel"],
-                activation_type=ortq.QuantType.QInt8,
-                weight_type=ortq.QuantType.QInt8,
-                calibrate_method=METHODS[q["method"]],
-                op_types_to_quantize=quantized_op_types(),
-                extra_options={
-                    "ActivationSymmetric": q["symmetric_activations"],
-                    "WeightSymmetric": True,
-                    "DedicatedQDQPair": False,
-                    # quantize data-movement ops (MaxPool, Transpose...) even where their input is float:
-                    # everything the NPU runs is int8.
-                    "ForceQuantizeNoInputCheck": True,
-                    **entropy_options(float_model, arrays, q),
-                },
-            )
+            _quantize_static(path, out, arrays, q, op_types)
         except Exception as exc:
-            raise quantisation_error(exc, float_model, arrays) from None
+            if not _without_one_op_type(model, path, out, arrays, q, op_types):
+                raise quantisation_error(exc, float_model, arrays) from None
         qdq = onnx.load(str(out))
-    fold_linear_bias(qdq, onnx.load(str(float_model)))  # MatMul + bias Add as one layer, as TFLite's FullyConnected
+    _check_scales(qdq)
+    fold_linear_bias(qdq, model)  # MatMul + bias Add as one layer, as TFLite's FullyConnected
     return qdq
 
 
@@ -165,6 +159,84 @@ def check_calibration_size(model: onnx.ModelProto, calibration: dict) -> None:
             raise InputError(f"input '{name}' of shape {list(shape)}: {random['samples']} random calibration samples "
                              f"would take {nbytes / 2**20:.0f} MiB (at most {MAX_CALIBRATION_BYTES >> 20} MiB); "
                              "lower calibration.random.samples or the input's shape")
+
+
+def _quantize_static(path: Path, out: Path, arrays: dict[str, np.ndarray], q: dict, op_types: list[str]) -> None:
+    ortq.quantize_static(
+        str(path),
+        str(out),
+        ArrayReader(arrays),
+        quant_format=ortq.QuantFormat.QDQ,
+        per_channel=q["per_channel"],
+        activation_type=ortq.QuantType.QInt8,
+        weight_type=ortq.QuantType.QInt8,
+        calibrate_method=METHODS[q["method"]],
+        op_types_to_quantize=op_types,
+        extra_options={
+            "ActivationSymmetric": q["symmetric_activations"],
+            "WeightSymmetric": True,
+            "DedicatedQDQPair": False,
+            # quantize data-movement ops (MaxPool, Transpose...) even where their input is float:
+            # everything the NPU runs is int8.
+            "ForceQuantizeNoInputCheck": True,
+            **entropy_options(path, arrays, q),
+        },
+    )
+
+
+def _without_one_op_type(model: onnx.ModelProto, path: Path, out: Path, arrays: dict[str, np.ndarray], q: dict,
+                         op_types: list[str]) -> bool:
+    """Quantise again with one of the model's op types left in float, in graph order; True once one works."""
+    present = list(dict.fromkeys(n.op_type for n in model.graph.node if n.op_type in op_types))
+    for skip in present:
+        try:
+            _quantize_static(path, out, arrays, q, [t for t in op_types if t != skip])
+        except Exception:  # noqa: BLE001 - the quantiser fails on another op type too: try the next
+            continue
+        return True
+    return False
+
+
+def vector_gemm_biases(model: onnx.ModelProto) -> onnx.ModelProto:
+    """The model with each constant Gemm bias of shape [1, N], [1] or [] as a [N] vector (same values by
+    broadcasting): onnxruntime's quantiser takes only a 1-D bias. The model itself if there is none."""
+    inits = {t.name: t for t in model.graph.initializer}
+    readers: dict[str, int] = {}
+    for n in model.graph.node:
+        for i in n.input:
+            readers[i] = readers.get(i, 0) + 1
+    changes: dict[int, np.ndarray] = {}
+    for k, n in enumerate(model.graph.node):
+        if n.op_type != "Gemm" or len(n.input) < 3 or n.input[2] not in inits or n.input[1] not in inits:
+            continue
+        b_shape = list(inits[n.input[1]].dims)
+        trans_b = next((a.i for a in n.attribute if a.name == "transB"), 0)
+        cols = b_shape[0] if trans_b else b_shape[-1]
+        c = numpy_helper.to_array(inits[n.input[2]])
+        if c.ndim == 1 and c.shape[0] == cols or c.size not in (1, cols) or (c.ndim == 2 and c.shape[0] != 1):
+            continue
+        changes[k] = np.ascontiguousarray(np.broadcast_to(c.reshape(-1), (cols,)))
+    if not changes:
+        return model
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    for k, vector in changes.items():
+        node = out.graph.node[k]
+        name = f"{node.input[2]}_vector"
+        out.graph.initializer.append(numpy_helper.from_array(vector, name))
+        node.input[2] = name
+    return out
+
+
+def _check_scales(qdq: onnx.ModelProto) -> None:
+    """Every scale onnxruntime calibrated must be finite: a tensor with inf or NaN values has no int8 grid."""
+    inits = {t.name: t for t in qdq.graph.initializer}
+    for n in qdq.graph.node:
+        if n.op_type == "QuantizeLinear" and n.input[1] in inits:
+            scale = numpy_helper.to_array(inits[n.input[1]])
+            if not np.all(np.isfinite(scale)):
+                raise InputError(f"tensor '{n.input[0]}' calibrates to a non-finite range (inf or NaN in its "
+                                 f"values): int8 cannot represent it")
 
 
 def run(task: StageTask) -> dict:

@@ -42,7 +42,7 @@ def operand(ctx: LoweringContext, i: int, rank: int) -> TTensor:
     v = ctx.values.get(ctx.current.input[i])
     if isinstance(v, QConst) and ctx.profile == "int" and v.q.axis is None:
         return ctx.materialize_const(v.data.reshape((1,) * (rank - v.data.ndim) + v.data.shape), v.q, "qconst")
-    if isinstance(v, np.ndarray) and ctx.profile == "fp" and v.dtype.kind == "f":
+    if isinstance(v, np.ndarray) and ctx.profile == "fp" and v.dtype.kind in "fiu":  # Pow(float, int64 y): float y
         return ctx.materialize_const(v.astype(np.float32).reshape((1,) * (rank - v.ndim) + v.shape), None)
     return ctx.tensor(i)
 

@@ -135,7 +135,12 @@ class LoweringContext:
         return f"{hint}_{self._counter}"
 
     def const(self, data: np.ndarray, hint: str = "const") -> str:
-        data = np.ascontiguousarray(data)
+        shape = np.shape(data)
+        data = np.ascontiguousarray(data).reshape(shape)  # a rank-0 constant stays rank 0 (TOSA ranks must match)
+        if data.dtype not in NP_TO_TOSA:
+            if self.current is None:
+                raise UnsupportedOpError("<graph>", "", f"a {data.dtype} constant has no TOSA type")
+            raise self.unsupported(f"a {data.dtype} constant has no TOSA type (TOSA has no 64-bit integers)")
         name = self.fresh(hint)
         self.ser.addConst(list(data.shape), NP_TO_TOSA[data.dtype], data, name=name)
         return name
@@ -158,6 +163,8 @@ class LoweringContext:
     ) -> TTensor:
         """A new tensor; if `output_of` is a graph output (possibly through Q/DQ) it becomes a TOSA output."""
         dtype = np.dtype(dtype)
+        if 0 in shape and self.current is not None:
+            raise self.unsupported("zero-size tensors have no TOSA form")
         perm = perm if perm is not None else identity(len(shape))
         graph_out = self.index.graph_output_for(output_of) if output_of else None
         if graph_out is not None and graph_out not in {o.onnx_name for o in self.outputs}:
@@ -196,6 +203,8 @@ class LoweringContext:
         )
 
     def placeholder(self, gi: GraphInput, dtype: np.dtype, q: QParams | None) -> TTensor:
+        if 0 in gi.shape and self.current is not None:
+            raise self.unsupported(f"input '{gi.name}' is a zero-size tensor: no TOSA form")
         perm = NHWC if len(gi.shape) == 4 else identity(len(gi.shape))
         shape = tuple(gi.shape[i] for i in perm)
         t = self.ser.addPlaceholder(list(shape), NP_TO_TOSA[np.dtype(dtype)])

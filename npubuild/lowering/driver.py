@@ -12,6 +12,7 @@ from npubuild.frontend.concat_order import copied_inputs_first
 from npubuild.lowering import load_all
 from npubuild.lowering.context import LoweringContext, TTensor
 from npubuild.lowering.options import LoweringOptions
+from npubuild.lowering.quant import UnrepresentableScale
 from npubuild.lowering.registry import LOWERINGS
 from npubuild.tosa.iospec import IOSpec
 
@@ -55,7 +56,10 @@ def lower_model(model: onnx.ModelProto, profile: Literal["int", "fp"], family: s
         if fn is None:
             raise UnsupportedOpError(node.name, node.op_type, "no lowering to TOSA for this op type")
         ctx.current = node
-        fn(ctx)
+        try:
+            fn(ctx)
+        except UnrepresentableScale as exc:
+            raise ctx.unsupported(str(exc)) from None
         ctx.current = None
     for name in ctx.graph_outputs:
         v = ctx.values.get(name)

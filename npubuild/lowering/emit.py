@@ -113,6 +113,8 @@ def to_layout(ctx: LoweringContext, x: TTensor, layout: tuple[int, ...]) -> TTen
     """Bring x to the given layout; a TRANSPOSE only if the physical element order really changes."""
     if x.perm == layout:
         return x
+    if len(layout) != len(x.shape):  # e.g. a 2-D (NHWC) op on a rank-3 or rank-5 tensor
+        raise ctx.unsupported(f"a rank-{len(x.shape)} tensor where this lowering needs rank {len(layout)}")
     # physical_new = logical.transpose(layout) = physical_old.transpose(inverse(x.perm)).transpose(layout)
     inv = inverse(x.perm)
     move = tuple(inv[i] for i in layout)

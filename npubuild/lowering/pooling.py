@@ -16,10 +16,13 @@ def pool_geometry(ctx: LoweringContext, x: TTensor, kernel) -> tuple[list[int], 
     if dilation != (1, 1):
         raise ctx.unsupported("dilated pooling is not supported")
     pads = conv_pads(ctx, (x.shape[1], x.shape[2]), kernel, stride, (1, 1))
-    if int(ctx.attr("ceil_mode", 0)):
+    if int(ctx.attr("ceil_mode", 0)):  # ONNX: ceil, but the last window must start inside the input or left pad
         for i in range(2):
-            span = x.shape[1 + i] + pads[2 * i] + pads[2 * i + 1] - kernel[i]
-            pads[2 * i + 1] += (-span) % stride[i]
+            n, lo, k, s = x.shape[1 + i], pads[2 * i], kernel[i], stride[i]
+            out = -(-(n + lo + pads[2 * i + 1] - k) // s) + 1
+            if (out - 1) * s >= n + lo:
+                out -= 1
+            pads[2 * i + 1] = (out - 1) * s + k - n - lo  # < k: TOSA's limit on a pad
     pads, keep = exact_pads((x.shape[1], x.shape[2]), kernel, stride, (1, 1), pads)
     return pads, stride, slice_hw(ctx, x, keep)
 

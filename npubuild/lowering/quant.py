@@ -60,6 +60,11 @@ class QParams:
         return (np.asarray(q, np.float64) - self.zero_point) * self.scale
 
 
+class UnrepresentableScale(ValueError):
+    """A scale no TOSA RESCALE can apply (zero, negative, not finite, too large): e.g. a tensor calibrated to a
+    constant, or to inf. The driver reports it as the node's own limit, which puts the node on the host."""
+
+
 def multiplier_shift(scale: float | np.ndarray, bits: int = 32) -> tuple[np.ndarray, np.ndarray]:
     """Represent `scale` as multiplier * 2**-shift with a `bits`-bit multiplier, TOSA's RESCALE form.
 
@@ -72,7 +77,7 @@ def multiplier_shift(scale: float | np.ndarray, bits: int = 32) -> tuple[np.ndar
     shift = np.zeros(scale.shape, np.int64)
     for i, s in enumerate(scale):
         if s <= 0 or not np.isfinite(s):
-            raise ValueError(f"rescale factor must be positive and finite, got {s}")
+            raise UnrepresentableScale(f"rescale factor must be positive and finite, got {s}")
         m, e = np.frexp(s)  # s = m * 2**e, 0.5 <= m < 1
         q = int(np.round(m * (1 << mantissa_bits)))
         if q == (1 << mantissa_bits):
@@ -83,7 +88,7 @@ def multiplier_shift(scale: float | np.ndarray, bits: int = 32) -> tuple[np.ndar
             q >>= min(sh - 62, 63)
             sh = 62
         if sh < 2:
-            raise ValueError(f"rescale factor {s} is too large for a {bits}-bit RESCALE")
+            raise UnrepresentableScale(f"rescale factor {s} is too large for a {bits}-bit RESCALE")
         mult[i], shift[i] = q, sh
     return mult, shift
 

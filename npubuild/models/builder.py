@@ -98,10 +98,12 @@ class GraphBuilder:
     def shape(self, dims: list[int]) -> str:
         return self.const(np.asarray(dims, np.int64), "shape")
 
-    def model(self) -> onnx.ModelProto:
+    def model(self, extra_opsets: dict[str, int] | None = None) -> onnx.ModelProto:
+        """The model; `extra_opsets` imports the operator domains of custom nodes (domain -> version)."""
         graph = helper.make_graph(self.nodes, self.name, self.inputs, self.outputs, self.inits)
-        m = helper.make_model(graph, opset_imports=[helper.make_opsetid("", self.opset)],
-                              producer_name="npubuild.models")
+        opsets = [helper.make_opsetid("", self.opset)]
+        opsets += [helper.make_opsetid(d, v) for d, v in (extra_opsets or {}).items()]
+        m = helper.make_model(graph, opset_imports=opsets, producer_name="npubuild.models")
         m.ir_version = 8
         onnx.checker.check_model(m)
         return m

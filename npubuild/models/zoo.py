@@ -181,6 +181,26 @@ def transformer(seed: int = 0, seq: int = 16, d: int = 64, heads: int = 4, ffn: 
     return g.model()
 
 
+def kws_fused_gelu(seed: int = 0, classes: int = 12) -> onnx.ModelProto:
+    """A keyword spotter as onnxruntime's transformer optimiser leaves it: a custom-domain op in the middle.
+
+    49x10 MFCC in; Conv 10x4/2 + BN, the fused `com.microsoft:Gelu` (a contrib op onnxruntime runs and no
+    lowering takes), two depthwise-separable blocks with ReLU, global average pool, fully connected. It is
+    the host-fallback example: the Gelu runs on the host between two NPU partitions.
+    """
+    g = GraphBuilder("kws_fused_gelu", seed)
+    x = g.input("input", ["N", 1, 49, 10])
+    c = 32
+    x = g.batchnorm(g.conv(x, 1, c, (10, 4), stride=(2, 2), pads=[4, 1, 5, 2]), c)
+    x = g.node("Gelu", [x], domain="com.microsoft")
+    for _ in range(2):
+        x = g.relu(g.batchnorm(g.conv(x, c, c, (3, 3), group=c), c))
+        x = g.relu(g.batchnorm(g.conv(x, c, c, (1, 1)), c))
+    x = g.node("Flatten", [g.node("GlobalAveragePool", [x])], axis=1)
+    g.output(g.gemm(x, c, classes), ["N", classes])
+    return g.model(extra_opsets={"com.microsoft": 1})
+
+
 MODELS: dict[str, Callable[[], onnx.ModelProto]] = {
     "ds_cnn": ds_cnn,
     "mobilenet_v1": mobilenet_v1,
@@ -189,4 +209,5 @@ MODELS: dict[str, Callable[[], onnx.ModelProto]] = {
     "mobilenet_v3_block": mobilenet_v3_block,
     "unet": unet,
     "transformer": transformer,
+    "kws_fused_gelu": kws_fused_gelu,
 }

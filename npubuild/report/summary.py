@@ -16,13 +16,17 @@ from npubuild.build.execute import read_error
 from npubuild.build.plan import BuildPlan
 from npubuild.build.uptodate import INPUTS_NAME, read_json_cached, read_record
 from npubuild.build.versions import all_versions
+from npubuild.config.accelerator import Accelerator
 from npubuild.config.load import Build
 from npubuild.config.metrics import GATE_BY_KEY
+from npubuild.ethosu.vela import placement_metrics
 from npubuild.fileio import _json_default, stable_hash, write_text
 from npubuild.report.brief import failure_cause, num, pools_text
 from npubuild.report.html import write_html
+from npubuild.report.metrics import build_metrics
 from npubuild.report.numerics import numerics_markdown, stored_layers
 from npubuild.report.offloads import placement_markdown
+from npubuild.stages.records import LowerRecord
 
 
 def build_entries(plan: BuildPlan, run_id: str) -> list[dict]:
@@ -54,6 +58,8 @@ def build_entries(plan: BuildPlan, run_id: str) -> list[dict]:
                 error_kinds.add(err.get("kind", "stage"))
             else:
                 stages[stage] = {"status": "skipped", "seconds": None, "cached": False}
+        if "report" not in records and any(s != "report" for s in records):
+            entry_metrics = known_metrics(plan, b, records)  # a stage failed: what the finished ones measured
         for stage, reason in plan.skipped.get(b.id, {}).items():  # decided when the plan was made
             stages[stage] = {"status": "skipped", "seconds": None, "cached": False, "reason": reason}
         if errors:
@@ -119,13 +125,32 @@ def project_commit(root: Path) -> str | None:
     return head.stdout.strip()[:12] + ("-dirty" if dirty else "")
 
 
+def known_metrics(plan: BuildPlan, b: Build, records: dict[str, dict]) -> dict:
+    """The report's metrics of a build whose report stage did not run (a stage failed), from the records of
+    the stages that finished (None for the rest); when Vela did not finish, the placement (offloads,
+    partitions, host nodes) from the lower stage's io.json, so a nightly's failed build still shows it."""
+    records = {s: r for s, r in records.items() if s != "report"}
+    if "vela" not in records and "lower" in records and "vela" in plan.build_tasks[b.id]:
+        io_path = plan.tasks[plan.build_tasks[b.id]["lower"]].outputs["io"]
+        try:
+            io = LowerRecord.read(io_path)
+        except (OSError, ValueError, KeyError):
+            io = None
+        if io is not None:
+            fam = Accelerator.parse(b.target.accelerator).lowering_family
+            records["vela"] = {"metrics": {"accelerator": b.target.accelerator, **placement_metrics(io, fam)}}
+    return build_metrics(records)
+
+
 def artifacts(plan: BuildPlan, build_id: str, records: dict[str, dict] | None = None) -> dict[str, str]:
     """Paths of the build's main outputs; the Vela files from its stage record (no directory scan per build):
     the TOSA graph, the Vela model, vela.log, Vela's per-layer CSV and the firmware C files."""
     chain = plan.build_tasks[build_id]
     out = {}
-    lower = plan.tasks[chain["lower"]]
-    out["tosa"] = str(lower.outputs["tosa"])
+    lower_dir = plan.tasks[chain["lower"]].dir
+    # a model with nodes no lowering takes has no model.tosa: it runs as partitions (io.json's `portable`)
+    if (lower_dir / "model.tosa").is_file() or not (lower_dir / "io.json").is_file():
+        out["tosa"] = str(lower_dir / "model.tosa")
     vela = plan.tasks[chain["vela"]] if "vela" in chain else None
     if vela is None:
         return out

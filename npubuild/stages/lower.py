@@ -1,5 +1,6 @@
 """lower stage: the pipeline's passes, the model lowered to TOSA, and per Ethos-U family its own lowering and
-partitions (ethosu/families.py): model.tosa, io.json and the family files."""
+partitions (ethosu/families.py): io.json, model.tosa (when one TOSA graph runs the whole model, which is why
+it is not a declared output: io.json says which files exist) and the partition files."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from npubuild.config.load import Build
 def plan(b: Build, chain: Chain) -> TaskSpec:
     prev = chain.get("quantize") or chain["import"]
     return TaskSpec(b.model_name, {"input": prev.key, "pipeline": b.pipeline.model_dump()},
-                    {"onnx": prev.outputs["onnx"]}, {"tosa": "model.tosa", "io": "io.json"}, (prev.stage,))
+                    {"onnx": prev.outputs["onnx"]}, {"io": "io.json"}, (prev.stage,))
 
 
 STAGE = Stage("lower", "npubuild.ethosu.families", ("onnx", "onnx-ir", "tosa-tools"), plan,

@@ -25,7 +25,7 @@ def plan(b: Build, chain: Chain) -> TaskSpec | Skip | None:
     if reason is not None:
         return Skip(reason)
     vela, lower, model = chain["vela"], chain["lower"], b.model
-    inputs = {"vela": vela.outputs["summary"], "tosa": lower.outputs["tosa"], "io": lower.outputs["io"],
+    inputs = {"vela": vela.outputs["summary"], "io": lower.outputs["io"],
               "float": chain["import"].outputs["onnx"]}
     if b.calibration_npy is not None:
         inputs["calibration"] = b.calibration_npy

@@ -154,6 +154,9 @@ class NodeRecord:
 class LowerRecord:
     """io.json: the whole-model graph's io (model.tosa), its nodes and tensor map, and each family's split.
 
+    A model with nodes no lowering takes has no model.tosa: `portable` is then the split that runs it (those
+    nodes on the host, the rest in NPU partitions) and the io is that of the graph inputs and outputs.
+
     It is a GraphIO (inputs/outputs), so it feeds tosa.run.run_tosa as it is."""
 
     profile: str
@@ -162,6 +165,12 @@ class LowerRecord:
     nodes: tuple[NodeRecord, ...] = ()
     tensor_nodes: Mapping[str, str] = field(default_factory=dict)
     families: Mapping[str, FamilyRecord] = field(default_factory=dict)
+    portable: FamilyRecord | None = None  # no single TOSA graph (no model.tosa): the split that stands for it
+
+    @property
+    def whole_graph(self) -> bool:
+        """model.tosa runs the whole model (every node lowered); else `portable` does, partition by partition."""
+        return self.portable is None
 
     def whole_partition(self, nodes: Sequence[str]) -> PartitionRecord:
         """model.tosa as a family's one NPU partition running `nodes`."""
@@ -172,21 +181,25 @@ class LowerRecord:
     def npu_partitions(self, fam: str) -> list[PartitionRecord]:
         """What Vela compiles for this family, each with the tensor map of its own graph (model.tosa's when
         a family has no record, e.g. an FP build)."""
-        rec = self.families.get(fam)
+        rec = self.families.get(fam) or self.portable
         parts = rec.partitions if rec is not None else (self.whole_partition([n.name for n in self.nodes]),)
         return [p if p.tensor_nodes is not None else replace(p, tensor_nodes=self.tensor_nodes)
                 for p in parts if p.kind == "npu"]
 
     def to_json(self) -> dict[str, Any]:
-        return {"profile": self.profile, "inputs": specs_to_json(self.inputs), "outputs": specs_to_json(self.outputs),
-                "nodes": [n.to_json() for n in self.nodes], "tensor_nodes": dict(self.tensor_nodes),
-                "families": {f: r.to_json() for f, r in self.families.items()}}
+        d = {"profile": self.profile, "inputs": specs_to_json(self.inputs), "outputs": specs_to_json(self.outputs),
+             "nodes": [n.to_json() for n in self.nodes], "tensor_nodes": dict(self.tensor_nodes),
+             "families": {f: r.to_json() for f, r in self.families.items()}}
+        if self.portable is not None:
+            d["portable"] = self.portable.to_json()
+        return d
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> LowerRecord:
         return cls(d["profile"], specs_from_json(d["inputs"]), specs_from_json(d["outputs"]),
                    tuple(NodeRecord.from_json(n) for n in d.get("nodes", [])), d.get("tensor_nodes", {}),
-                   {f: FamilyRecord.from_json(r) for f, r in (d.get("families") or {}).items()})
+                   {f: FamilyRecord.from_json(r) for f, r in (d.get("families") or {}).items()},
+                   FamilyRecord.from_json(d["portable"]) if d.get("portable") else None)
 
     def write(self, path: Path) -> None:
         write_json(path, self.to_json())

@@ -11,7 +11,7 @@ def plan(b: Build, chain: Chain) -> TaskSpec | None:
         return None
     lower, model = chain["lower"], b.model
     reference = chain["quantize"].outputs["onnx"] if "quantize" in chain else chain["import"].outputs["onnx"]
-    inputs = {"tosa": lower.outputs["tosa"], "io": lower.outputs["io"], "reference": reference,
+    inputs = {"io": lower.outputs["io"], "reference": reference,
               "float": chain["import"].outputs["onnx"]}
     if b.calibration_npy is not None:
         inputs["calibration"] = b.calibration_npy

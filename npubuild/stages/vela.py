@@ -13,7 +13,7 @@ def plan(b: Build, chain: Chain) -> TaskSpec | None:
     lower = chain["lower"]
     return TaskSpec(f"{b.model_name}-{b.target.name}",
                     {"lower": lower.key, "target": b.target.model_dump(), "vela": b.vela.model_dump()},
-                    {"tosa": lower.outputs["tosa"], "io": lower.outputs["io"]},
+                    {"io": lower.outputs["io"]},
                     {"ini": "system.ini", "summary": "summary.json"}, ("lower",))
 
 

@@ -95,7 +95,7 @@ class IOSpec:
         x = np.transpose(np.asarray(x), self.perm)
         if self.dtype != "float32":
             x = self._codes(x)
-        return np.ascontiguousarray(x.astype(self.dtype))
+        return np.ascontiguousarray(x.astype(self.dtype)).reshape(np.shape(x))  # rank 0 stays rank 0
 
     def from_tosa(self, y: np.ndarray) -> np.ndarray:
         """A physical-layout array from the graph -> ONNX layout (values untouched)."""

@@ -5,8 +5,9 @@ parameters, go through the TOSA reference model and through npu-sim on
 Vela's command stream and weights. Any differing element fails the build,
 naming the output, the count and the first NPU op whose OFM matches no TOSA
 intermediate. A graph split around host operators has each NPU partition's
-artifact checked against its TOSA partition. U85 builds, tflite-format builds
-and features npu-sim does not model yet are reported as skipped with the reason.
+artifact checked against its TOSA partition. U85 builds, tflite-format builds, a
+model with no NPU partition at all (every node on the host) and features npu-sim
+does not model yet are reported as skipped with the reason.
 """
 
 from __future__ import annotations
@@ -33,6 +34,9 @@ def run(task: StageTask) -> dict:
     io = LowerRecord.read(task.inputs["io"])
     if io.profile != "int":
         raise StageError("npu-sim needs an integer (int profile) TOSA graph")
+    graph = vela.get("partition_graph") or []
+    if graph and not any(p["kind"] == "npu" for p in graph):
+        return _skip(task, "every node runs on the host (no NPU partition): there is no NPU artifact to simulate")
     if vela.get("vela_cpu_ops"):
         return _skip(task, f"Vela left {vela['vela_cpu_ops']} operators on the CPU inside an NPU partition; "
                      "npu-sim verifies what runs on the NPU only")
@@ -77,7 +81,7 @@ def _jobs(task: StageTask, vela: dict, io: LowerRecord) -> list[tuple[str, objec
     A whole graph runs tosa-check's samples; the NPU partitions of a split graph run seeded random
     integers over their inputs' full range (bit-exactness must hold for any input).
     """
-    vela_dir, lower_dir = task.inputs["vela"].parent, task.inputs["tosa"].parent
+    vela_dir, lower_dir = task.inputs["vela"].parent, task.inputs["io"].parent
     verify = task.config["verify"]
     parts = [p for p in vela.get("partition_graph") or [] if p["kind"] == "npu"]
     if len(vela.get("partition_graph") or []) <= 1:
@@ -89,7 +93,7 @@ def _jobs(task: StageTask, vela: dict, io: LowerRecord) -> list[tuple[str, objec
                                verify["samples"], verify["seed"])
         n = next(iter(arrays.values())).shape[0]
         samples = [[spec.to_tosa(arrays[spec.onnx_name][i]) for spec in io.inputs] for i in range(n)]
-        tosa = (lower_dir / parts[0]["file"]) if parts else task.inputs["tosa"]
+        tosa = lower_dir / (parts[0]["file"] if parts else "model.tosa")
         return [("", load_raw(vela_dir / npzs[0]), tosa.read_bytes(), samples, [o.onnx_name for o in io.outputs])]
     jobs = []
     rng = np.random.default_rng(verify["seed"])

@@ -36,16 +36,37 @@ def top1_agreement(a: np.ndarray, b: np.ndarray) -> float | None:
     return float(np.mean(np.argmax(a, axis=1) == np.argmax(b, axis=1)))
 
 
+def nonfinite_mismatches(ref: np.ndarray, got: np.ndarray) -> int:
+    """Elements where NaN, +inf or -inf in one is not the same in the other (they must match position for
+    position: no distance measures them)."""
+    r, g = np.asarray(ref, np.float64), np.asarray(got, np.float64)
+    return int(np.count_nonzero((np.isnan(r) != np.isnan(g)) | (np.isposinf(r) != np.isposinf(g))
+                                | (np.isneginf(r) != np.isneginf(g))))
+
+
 def compare_output(ref: np.ndarray, got: np.ndarray, flt: np.ndarray | None = None,
                    lsb: np.ndarray | None = None) -> dict:
-    """Every measure of one output over N samples (arrays stacked on axis 0)."""
+    """Every measure of one output over N samples (arrays stacked on axis 0).
+
+    Non-finite elements (NaN, inf) are compared by position (`nonfinite`, `nonfinite_mismatches`) and left
+    out of the measures by value, so every measure is a finite number (report.json has no NaN)."""
+    finite = np.isfinite(np.asarray(ref, np.float64)) & np.isfinite(np.asarray(got, np.float64))
+    entry: dict = {}
+    if not finite.all():
+        entry = {"nonfinite": int(finite.size - np.count_nonzero(finite)),
+                 "nonfinite_mismatches": nonfinite_mismatches(ref, got)}
+        ref, got = np.asarray(ref)[finite], np.asarray(got)[finite]
+        flt = np.asarray(flt)[finite] if flt is not None else None
     err = np.abs(np.asarray(ref, np.float64) - np.asarray(got, np.float64))
-    entry: dict = {
+    entry = {
         "snr_db": snr_db(ref, got),
         "cosine": cosine(ref, got),
         "max_abs_error": float(err.max()) if err.size else 0.0,
         "mean_abs_error": float(err.mean()) if err.size else 0.0,
+        **entry,
     }
+    if np.asarray(ref).dtype.kind in "biu":  # bool, indices: exact or not
+        entry["mismatched_elements"] = int(np.count_nonzero(err))
     if lsb is not None:
         entry["max_error_lsb"] = float(lsb.max()) if lsb.size else 0.0
         entry["mean_error_lsb"] = float(lsb.mean()) if lsb.size else 0.0
@@ -54,8 +75,9 @@ def compare_output(ref: np.ndarray, got: np.ndarray, flt: np.ndarray | None = No
     if t1 is not None:
         entry["top1_agreement"] = t1
     if flt is not None:
-        entry["quant_snr_db"] = snr_db(flt, got)
-        entry["quant_cosine"] = cosine(flt, got)
+        kept = np.isfinite(np.asarray(flt, np.float64))  # the float model's own inf/NaN: nothing to measure
+        entry["quant_snr_db"] = snr_db(np.asarray(flt)[kept], np.asarray(got)[kept])
+        entry["quant_cosine"] = cosine(np.asarray(flt)[kept], np.asarray(got)[kept])
         flat_flt = _classes(flt)
         t1f = top1_agreement(flat_flt, flat_got) if flat_flt is not None else None
         if t1f is not None:

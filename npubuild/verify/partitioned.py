@@ -12,27 +12,63 @@ from pathlib import Path
 
 import numpy as np
 
+from npubuild.errors import StageError
 from npubuild.stages.records import LowerRecord, PartitionedCheck, PartitionRecord
 from npubuild.tosa.iospec import IOSpec
-from npubuild.tosa.run import run_onnx, run_tosa
+from npubuild.tosa.run import OnnxSession, run_tosa
+
+
+class PartitionedModel:
+    """A split model run partition by partition: NPU partitions on the TOSA reference model, host ones on
+    onnxruntime (one session per host partition, kept across samples), float tensors passed between them."""
+
+    def __init__(self, lower_dir: Path, partitions: Sequence[PartitionRecord], outputs: Sequence[IOSpec]):
+        self.lower_dir, self.partitions, self.outputs = lower_dir, list(partitions), list(outputs)
+        self._graphs: dict[str, bytes | OnnxSession] = {}
+
+    def _graph(self, part: PartitionRecord) -> bytes | OnnxSession:
+        if part.file not in self._graphs:
+            path = self.lower_dir / part.file
+            # a host partition runs as deployed: onnxruntime's own graph optimisation
+            self._graphs[part.file] = OnnxSession(path, qdq_semantics=False) if part.kind == "host" else path.read_bytes()
+        return self._graphs[part.file]
+
+    def __call__(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """Outputs as the one-graph TOSA gives them (raw integers for quantized outputs, ONNX layout)."""
+        env: dict[str, np.ndarray] = {k: np.asarray(v) for k, v in feeds.items()}
+        for part in self.partitions:
+            graph = self._graph(part)
+            if isinstance(graph, OnnxSession):
+                try:
+                    env.update(graph({i: env[i] for i in part.inputs}))
+                except Exception as exc:  # noqa: BLE001 - onnxruntime's run-time refusal, as one line
+                    raise StageError(f"host partition {part.index} ({part.file}) failed on onnxruntime: "
+                                     f"{' '.join(str(exc).split())[:200]}") from None
+                continue
+            io = part.io
+            got = run_tosa(graph, io, {s.onnx_name: env[s.onnx_name] for s in io.inputs})
+            for spec in io.outputs:  # float32, as the host partition's DequantizeLinear would give them
+                y = got[spec.onnx_name]
+                env[spec.onnx_name] = np.asarray(spec.dequantize(y, np.float32) if spec.quantized else y)
+        return {s.onnx_name: s.quantize(env[s.onnx_name].astype(np.float64)) if s.quantized else env[s.onnx_name]
+                for s in self.outputs}
 
 
 def run_partitions(lower_dir: Path, partitions: Sequence[PartitionRecord], outputs: Sequence[IOSpec],
                    feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """Every partition in order, passing float tensors between them; outputs as the one-graph TOSA gives them."""
-    env: dict[str, np.ndarray] = {k: np.asarray(v) for k, v in feeds.items()}
-    for part in partitions:
-        path = lower_dir / part.file
-        if part.kind == "host":
-            env.update(run_onnx(str(path), {i: env[i] for i in part.inputs}))
-            continue
-        io = part.io
-        got = run_tosa(path.read_bytes(), io, {s.onnx_name: env[s.onnx_name] for s in io.inputs})
-        for spec in io.outputs:  # float32, as the host partition's DequantizeLinear would give them
-            y = got[spec.onnx_name]
-            env[spec.onnx_name] = spec.dequantize(y, np.float32) if spec.quantized else y
-    return {s.onnx_name: s.quantize(env[s.onnx_name].astype(np.float64)) if s.quantized else env[s.onnx_name]
-            for s in outputs}
+    """Every partition in order, once (PartitionedModel keeps its sessions across samples)."""
+    return PartitionedModel(lower_dir, partitions, outputs)(feeds)
+
+
+def shape_mismatch(outputs: Sequence[IOSpec], got: dict[str, np.ndarray], ref: dict[str, np.ndarray],
+                   what: str) -> str | None:
+    """One line naming the first output whose shape differs from onnxruntime's, with both shapes, or None."""
+    for spec in outputs:
+        name = spec.onnx_name
+        g, r = np.shape(got[name]), np.shape(ref[name])
+        if g != r:
+            return f"output '{name}': {what} gives shape {list(g)} where onnxruntime gives {list(r)}"
+    return None
 
 
 def max_error(spec: IOSpec, ref: np.ndarray, got: np.ndarray) -> float:
@@ -45,10 +81,15 @@ def max_error(spec: IOSpec, ref: np.ndarray, got: np.ndarray) -> float:
     return float(err.max()) if err.size else 0.0
 
 
-def worst_error(lower_dir: Path, partitions: Sequence[PartitionRecord], outputs: Sequence[IOSpec],
-                feeds: dict[str, np.ndarray], ref: dict[str, np.ndarray], worst: float = 0.0) -> float:
-    """`worst` raised to the partitioned model's largest error on any output of this sample."""
-    got = run_partitions(lower_dir, partitions, outputs, feeds)
+def worst_error(model: PartitionedModel, feeds: dict[str, np.ndarray], ref: dict[str, np.ndarray],
+                worst: float = 0.0) -> float:
+    """`worst` raised to the partitioned model's largest error on any output of this sample. A shape that
+    differs from onnxruntime's fails the check."""
+    got = model(feeds)
+    outputs = model.outputs
+    bad = shape_mismatch(outputs, got, ref, "the partitioned model")
+    if bad:
+        raise StageError(bad)
     for spec in outputs:
         worst = max(worst, max_error(spec, ref[spec.onnx_name], got[spec.onnx_name]))
     return worst
@@ -67,8 +108,9 @@ def partitioned_numerics(lower_dir: Path, io: LowerRecord, samples: dict[str, np
         if rec.runs_model_tosa:
             continue  # the family runs model.tosa itself, which the check above measured
         worst = 0.0
+        model = PartitionedModel(lower_dir, rec.partitions, io.outputs)
         for i in range(n):
             feeds = {k: v[i] for k, v in samples.items()}
-            worst = worst_error(lower_dir, rec.partitions, io.outputs, feeds, reference(feeds), worst)
+            worst = worst_error(model, feeds, reference(feeds), worst)
         out[fam] = PartitionedCheck(worst, n, rec.npu_partitions, rec.host_partitions)
     return out

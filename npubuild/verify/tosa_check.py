@@ -3,6 +3,9 @@
 INT profile: the integer TOSA graph against the QDQ model (error in LSB of the
 output's quantisation) and against the float model (quantisation SNR).
 FP profile: float TOSA against the float model (proves the lowering alone).
+An output whose shape differs from onnxruntime's fails the check with one line; NaN and inf must sit where
+onnxruntime has them (the rest is measured by value); bool and index outputs are measured in their own
+units. A model with nodes no lowering takes has no model.tosa: its portable split is run instead.
 With an evaluation set, top-1 accuracy of the float model and of the TOSA
 graph (what the NPU runs) on its labels. The TOSA outputs of the first sample
 are kept (reference.npz) so that later stages (the FVP) compare against them.
@@ -10,18 +13,21 @@ are kept (reference.npz) so that later stages (the FVP) compare against them.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from pathlib import Path
+
 import numpy as np
 import onnx
 
 from npubuild.build.plan import StageTask
-from npubuild.errors import InputError
+from npubuild.errors import InputError, StageError
 from npubuild.fileio import atomic_path, write_json
 from npubuild.frontend.data import load_arrays, sample_arrays
 from npubuild.stages.records import LowerRecord
 from npubuild.tosa.iospec import IOSpec
 from npubuild.tosa.run import OnnxSession, run_tosa
 from npubuild.verify.numerics import accuracy, compare_output
-from npubuild.verify.partitioned import partitioned_numerics
+from npubuild.verify.partitioned import PartitionedModel, partitioned_numerics, shape_mismatch
 
 
 def io_summary(io: LowerRecord) -> dict:
@@ -33,9 +39,24 @@ def io_summary(io: LowerRecord) -> dict:
     return {"inputs": [one(s) for s in io.inputs], "outputs": [one(s) for s in io.outputs]}
 
 
+GraphRunner = Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]]
+
+
+def graph_runner(io: LowerRecord, lower_dir: Path) -> GraphRunner:
+    """What the check runs: model.tosa on the TOSA reference model, or, for a model with nodes no lowering
+    takes (no model.tosa), its portable split (NPU partitions on the reference model, host ones on
+    onnxruntime). Either gives ONNX-layout outputs, raw integers for quantized ones."""
+    if io.portable is not None:
+        return PartitionedModel(lower_dir, io.portable.partitions, io.outputs)
+    tosa = (lower_dir / "model.tosa").read_bytes()
+    return lambda feeds: run_tosa(tosa, io, feeds)
+
+
 def run(task: StageTask) -> dict:
     io = LowerRecord.read(task.inputs["io"])
-    tosa = task.inputs["tosa"].read_bytes()
+    lower_dir = task.inputs["io"].parent
+    runner = graph_runner(io, lower_dir)
+    what = "the TOSA graph" if io.whole_graph else "the partitioned model"
     verify = task.config["verify"]
     is_int = io.profile == "int"
     float_model = onnx.load(str(task.inputs["float"]))
@@ -51,22 +72,29 @@ def run(task: StageTask) -> dict:
     first_raw: dict[str, np.ndarray] = {}
     for i in range(n):
         feeds = {k: v[i] for k, v in samples.items()}
-        r, f, t = reference(feeds), flt_runner(feeds), run_tosa(tosa, io, feeds)
+        r, f, t = reference(feeds), flt_runner(feeds), runner(feeds)
+        bad = shape_mismatch(io.outputs, t, r, what)
+        if bad:
+            raise StageError(bad)
         for spec in io.outputs:
             name = spec.onnx_name
             if i == 0:
                 first_raw[name] = t[name]
-            got[name].append(spec.dequantize(t[name]))
-            ref[name].append(r[name])
-            flt[name].append(f[name])
+            got[name].append(np.atleast_1d(spec.dequantize(t[name])))
+            ref[name].append(np.atleast_1d(r[name]))
+            flt[name].append(np.atleast_1d(f[name]))
             if is_int:
-                lsb[name].append(spec.lsb_error(r[name], t[name]).ravel())
+                lsb[name].append(output_lsb_error(spec, r[name], t[name]).ravel())
     per_output = {
         name: compare_output(np.concatenate(ref[name]), np.concatenate(got[name]),
                              np.concatenate(flt[name]) if is_int else None,
                              np.concatenate(lsb[name]) if is_int else None)
         for name in names
     }
+    unmatched = [f"'{k}' {e['nonfinite_mismatches']}" for k, e in per_output.items() if e.get("nonfinite_mismatches")]
+    if unmatched:
+        raise StageError(f"NaN/inf where onnxruntime has none, or the other way round ({what}): "
+                         f"{', '.join(unmatched)} elements of {n} samples")
     summary: dict = {
         "samples": n,
         "profile": io.profile,
@@ -78,11 +106,13 @@ def run(task: StageTask) -> dict:
         "outputs": per_output,
         "io": io_summary(io),
     }
+    if not io.whole_graph:
+        summary["checked"] = "partitioned"  # no single TOSA graph: the portable split was run
     if is_int:  # split builds (a family that cannot run some node): the partitioned model, same samples
-        checks = partitioned_numerics(task.inputs["tosa"].parent, io, samples, reference)
+        checks = partitioned_numerics(lower_dir, io, samples, reference)
         summary["partitioned"] = {fam: c.to_json() for fam, c in checks.items()}
     if task.inputs.get("eval_inputs") is not None:
-        summary.update(evaluate(task, io, tosa, float_model, flt_runner))
+        summary.update(evaluate(task, io, runner, float_model, flt_runner))
     write_json(task.outputs["numerics"], summary)
     if "reference" in task.outputs:
         with atomic_path(task.outputs["reference"]) as tmp, open(tmp, "wb") as fh:
@@ -91,7 +121,18 @@ def run(task: StageTask) -> dict:
     return summary
 
 
-def evaluate(task: StageTask, io: LowerRecord, tosa: bytes, float_model: onnx.ModelProto, flt_runner: OnnxSession) -> dict:
+def output_lsb_error(spec: IOSpec, ref: np.ndarray, got: np.ndarray) -> np.ndarray:
+    """|error| in LSB of one output: of its quantisation, or, for an output on no scale (bool, indices, a
+    float the host computes), in units of its own values (a flipped bool, an index one off: 1)."""
+    if spec.quantized:
+        return spec.lsb_error(ref, got)
+    r, g = np.asarray(ref, np.float64), np.asarray(got, np.float64)
+    both = np.isfinite(r) & np.isfinite(g)
+    return np.where(both, np.abs(r - g), 0.0)
+
+
+def evaluate(task: StageTask, io: LowerRecord, runner: GraphRunner, float_model: onnx.ModelProto,
+             flt_runner: OnnxSession) -> dict:
     """Top-1 accuracy on the evaluation set: the float model, and the TOSA graph the NPU will run."""
     cfg = task.config["evaluation"]
     inputs = load_arrays(task.inputs["eval_inputs"], float_model)
@@ -114,7 +155,7 @@ def evaluate(task: StageTask, io: LowerRecord, tosa: bytes, float_model: onnx.Mo
     for i in range(n):
         feeds = {k: v[i] for k, v in inputs.items()}
         f_scores.append(flt_runner(feeds)[out].reshape(-1))
-        t_scores.append(spec.dequantize(run_tosa(tosa, io, feeds)[out]).reshape(-1))
+        t_scores.append(spec.dequantize(runner(feeds)[out]).reshape(-1))
     fa = accuracy(np.stack(f_scores), labels[:n])
     ta = accuracy(np.stack(t_scores), labels[:n])
     return {"eval_samples": n, "float_accuracy": fa, "accuracy": ta, "accuracy_drop": fa - ta}

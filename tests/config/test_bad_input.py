@@ -90,17 +90,20 @@ def test_file_that_is_not_onnx(project, capsys):
     assert "not an ONNX model" in line and "ds_cnn.onnx" in line
 
 
-def test_unsupported_op_names_node_and_op_type(project, capsys):
+def test_an_op_nothing_can_run_names_node_and_op_type(project, capsys):
+    """No lowering and no onnxruntime kernel: neither the NPU nor the host can run it (a node with no lowering
+    alone runs on the host: tests/ethosu/test_host_fallback.py)."""
     x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])
     y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])
-    node = helper.make_node("Cos", ["x"], ["y"], name="my_cosine")
-    model = helper.make_model(helper.make_graph([node], "g", [x], [y]), opset_imports=[helper.make_opsetid("", 17)])
+    node = helper.make_node("Cosine", ["x"], ["y"], name="my_cosine", domain="com.example")
+    model = helper.make_model(helper.make_graph([node], "g", [x], [y]),
+                              opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.example", 1)])
     onnx.save(model, project / "configs" / "models" / "ds_cnn.onnx")
     spec = _write(project, BASE.replace("{input: [1, 1, 49, 10]}", "{}"))
     code, _, err = run_cli(["build", str(spec), "--build-dir", str(project / "build"), "-q"], capsys)
     line = _one_error_line(err)
     assert code == 2
-    assert "node 'my_cosine' (Cos)" in line
+    assert "node 'my_cosine' (com.example:Cosine)" in line
 
 
 def test_extends_deep_merges_and_later_wins(project, capsys):

@@ -48,7 +48,7 @@ def test_offloads_unknown_target_in_spec_is_one_line_exit_2(project: Path, capsy
     assert code == 2 and len(err.strip().splitlines()) == 1 and "ethos-u55-32" in err
 
 
-def test_offloads_of_a_model_that_cannot_be_lowered_is_one_line(project: Path, capsys):
+def test_offloads_of_a_node_with_no_lowering_names_it_on_the_host(project: Path, capsys):
     from onnx import TensorProto, helper
 
     x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])
@@ -57,8 +57,26 @@ def test_offloads_of_a_model_that_cannot_be_lowered_is_one_line(project: Path, c
                               opset_imports=[helper.make_opsetid("", 17)])
     path = project / "cos.onnx"
     onnx.save(model, path)
+    code, out, err = run_cli(["offloads", str(path), "--target", "ethos-u55-128", "--build-dir",
+                              str(project / "build")], capsys, cwd=project)
+    assert code == 0, err
+    assert out.splitlines()[0] == ("my_cos  Cos  -> CPU (host partition 0)  [-]  rule no-lowering: "
+                                   "no lowering to TOSA for this op type")
+    assert out.strip().splitlines()[-1] == "# 0 NPU partition(s), 1 node(s) on the CPU"
+
+
+def test_offloads_of_a_model_onnxruntime_cannot_run_is_one_line(project: Path, capsys):
+    from onnx import TensorProto, helper
+
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])
+    node = helper.make_node("Foo", ["x"], ["y"], name="my_foo", domain="com.example")
+    model = helper.make_model(helper.make_graph([node], "g", [x], [y]),
+                              opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.example", 1)])
+    path = project / "foo.onnx"
+    onnx.save(model, path)
     code, _, err = run_cli(["offloads", str(path), "--target", "ethos-u55-128", "--build-dir",
                             str(project / "build")], capsys, cwd=project)
     assert code == 2
     lines = [ln for ln in err.splitlines() if ln.strip()]
-    assert "node 'my_cos' (Cos)" in lines[-1] and "Traceback" not in err
+    assert "node 'my_foo' (com.example:Foo)" in lines[-1] and "Traceback" not in err

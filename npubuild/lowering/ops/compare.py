@@ -30,14 +30,22 @@ def _same_rank(ctx: LoweringContext, x: TTensor, rank: int) -> TTensor:
     return reshape(ctx, x, logical, tuple(range(rank)))
 
 
+def _rank(ctx: LoweringContext, i: int) -> int:
+    c = ctx.constant(i)
+    return np.ndim(c) if c is not None else len(ctx.tensor(i).shape)
+
+
 def _compare(ctx: LoweringContext, greater: bool) -> None:
-    x = ctx.tensor(0)
-    c = ctx.constant(1)
+    first, second = 0, 1
+    if ctx.constant(1) is None and (ctx.constant(0) is not None or _rank(ctx, 0) < _rank(ctx, 1)):
+        first, second, greater = 1, 0, not greater  # Less(c, x) is Greater(x, c): the (larger) tensor first
+    x = ctx.tensor(first)
+    c = ctx.constant(second)
     out_name = ctx.current.output[0]
     rank = len(x.shape)
     if ctx.profile == "fp":
         other = _scalar_const(ctx, float(np.asarray(c).ravel()[0]), np.float32, rank) if c is not None and \
-            np.asarray(c).size == 1 else to_layout(ctx, _same_rank(ctx, ctx.tensor(1), rank), x.perm).name
+            np.asarray(c).size == 1 else to_layout(ctx, _same_rank(ctx, ctx.tensor(second), rank), x.perm).name
         out = ctx.new_tensor(x.shape, np.bool_, x.perm, output_of=out_name)
         ins = [x.name, other] if greater else [other, x.name]
         ctx.op(Op.GREATER, ins, [out.name], attr("Greater"))
@@ -50,7 +58,7 @@ def _compare(ctx: LoweringContext, greater: bool) -> None:
         t = float(np.asarray(c).ravel()[0]) / x.q.s
         other = _scalar_const(ctx, math.floor(t) if greater else math.ceil(t), np.int32, rank)
     else:
-        y = to_layout(ctx, _same_rank(ctx, ctx.tensor(1), rank), x.perm)
+        y = to_layout(ctx, _same_rank(ctx, ctx.tensor(second), rank), x.perm)
         if y.q is None or not y.q.same_as(x.q):
             raise ctx.unsupported("comparing two tensors needs them on the same quantisation")
         other = rescale(ctx, y, 1.0, np.int32, y.q.zp, 0, None).name

@@ -273,6 +273,8 @@ def lower_pad(ctx: LoweringContext) -> None:
             before[a], after[a] = max(before[a], 0), max(after[a], 0)
     if mode == "constant":
         value = ctx.constant(2)
+        if value is None and ctx.has_input(2):
+            raise ctx.unsupported("the pad value must be a constant")
         value = float(np.asarray(value).reshape(-1)[0]) if value is not None and np.asarray(value).size else 0.0
         if not any(before) and not any(after):
             finish(ctx, x)

@@ -166,6 +166,8 @@ def _int_affine_channels_last(ctx: LoweringContext, x: TTensor, count: int, eps:
 def _affine_values(ctx: LoweringContext, n: int) -> tuple[np.ndarray, np.ndarray]:
     g = ctx.constant(1)
     b = ctx.constant(2)
+    if (g is None and ctx.has_input(1)) or (b is None and ctx.has_input(2)):
+        raise ctx.unsupported("scale and bias must be constants")
     gamma = np.ones(n) if g is None else np.broadcast_to(g.astype(np.float64).reshape(-1), (n,))
     beta = np.zeros(n) if b is None else np.broadcast_to(b.astype(np.float64).reshape(-1), (n,))
     return gamma, beta

@@ -151,8 +151,9 @@ def _sizes_and_scales(ctx: LoweringContext, x: TTensor) -> tuple[tuple[int, int]
     if axes is not None and sorted(int(a) % 4 for a in axes) != [2, 3]:
         raise ctx.unsupported("only resizing the two spatial axes is supported")
     scales, sizes = ctx.constant(2), ctx.constant(3)
+    swap = axes is not None and [int(a) % 4 for a in axes] == [3, 2]  # sizes/scales come in `axes` order
     if sizes is not None and np.asarray(sizes).size:
-        sizes = [int(v) for v in np.asarray(sizes).reshape(-1)]
+        sizes = [int(v) for v in np.asarray(sizes).reshape(-1)][::-1 if swap else 1]
         full = sizes if len(sizes) == 4 else [shape[0], shape[1], *sizes]
         if full[0] != shape[0] or full[1] != shape[1]:
             raise ctx.unsupported("only the spatial axes can be resized")
@@ -161,7 +162,7 @@ def _sizes_and_scales(ctx: LoweringContext, x: TTensor) -> tuple[tuple[int, int]
         return (full[2], full[3]), (None, None)
     if scales is None or not np.asarray(scales).size:
         raise ctx.unsupported("scales or sizes must be a constant")
-    sc = [float(v) for v in np.asarray(scales).reshape(-1)]
+    sc = [float(v) for v in np.asarray(scales).reshape(-1)][::-1 if swap else 1]
     full_sc = sc if len(sc) == 4 else [1.0, 1.0, *sc]
     if full_sc[0] != 1.0 or full_sc[1] != 1.0:
         raise ctx.unsupported("only the spatial axes can be resized")

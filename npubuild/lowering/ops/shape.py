@@ -252,6 +252,7 @@ def lower_constant(ctx: LoweringContext) -> None:
 
 
 FLOATS = {TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.DOUBLE, TensorProto.BFLOAT16}
+NARROWER_FLOATS = {TensorProto.FLOAT16, TensorProto.BFLOAT16}
 
 
 @lowers("Cast")
@@ -264,6 +265,8 @@ def lower_cast(ctx: LoweringContext) -> None:
         ctx.set_output(0, np.asarray(real).astype(helper.tensor_dtype_to_np_dtype(to)))
         return
     x = ctx.tensor(0)
+    if to in NARROWER_FLOATS and x.q is None:  # rounds fp32 values: not a no-op on a float activation
+        raise ctx.unsupported(f"casting a float32 activation to {TensorProto.DataType.Name(to)} is not supported")
     if to in FLOATS and (x.dtype == np.float32 or x.q is not None):
         finish(ctx, x)
         return

@@ -111,6 +111,8 @@ def lower_pow(ctx: LoweringContext) -> None:
     if e is None or np.asarray(e).size != 1:
         if ctx.profile == "int":
             raise ctx.unsupported("int8 Pow needs a scalar constant exponent")
+        if e is None:  # ONNX defines (-2) ** 3; TOSA POW is unpredictable for any negative base
+            raise ctx.unsupported("Pow of a computed exponent: TOSA POW is undefined for a negative base")
         a, b = broadcast_operands(ctx)
         ctx.set_output(0, fp.binary(ctx, Op.POW, "Pow", a, b, output_of=_out(ctx)))
         return
