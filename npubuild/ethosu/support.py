@@ -93,12 +93,27 @@ def _resize_u55(op: TosaOpInfo, graph: TosaGraphInfo) -> str | None:
     return None
 
 
+U55_TRANSPOSE_CONV_STRIDES = ((1, 1), (2, 2))
+
+
+def _transpose_conv_u55(op: TosaOpInfo, graph: TosaGraphInfo) -> str | None:
+    """Vela 5.2 runs TRANSPOSE_CONV2D on U55/U65 only at stride 1x1 or 2x2 ("Non-passthrough operation
+    (TransposeConv2D) could not run on NPU" for 1x2, 2x1, 3x2, 3x3, 4x4...); U85 runs every stride."""
+    if op.op != "TRANSPOSE_CONV2D":
+        return None
+    stride = tuple(op.attr.get("stride", ()))
+    if stride not in U55_TRANSPOSE_CONV_STRIDES:
+        return f"TOSA TRANSPOSE_CONV2D stride {'x'.join(map(str, stride))}: Ethos-U55/U65 run strides 1x1 and 2x2 only"
+    return None
+
+
 RULES = (
     Rule("pro-int-only", frozenset({"u55", "u85"}), _pro_int),
     Rule("u55-resize", frozenset({"u55"}), _resize_u55),
     Rule("u55-op-type", frozenset({"u55"}), _op_type),
     Rule("comparison-int32", frozenset({"u55", "u85"}), _comparison_int32),
     Rule("u55-argmax-channels", frozenset({"u55"}), _argmax_channels),
+    Rule("u55-transpose-conv-stride", frozenset({"u55"}), _transpose_conv_u55),
 )
 
 

@@ -11,9 +11,10 @@ with `registry.quantize_also`.
 from __future__ import annotations
 
 QUANTIZE_ALSO = frozenset({
-    "Abs", "Div", "Erf", "Exp", "Gelu", "GlobalMaxPool", "HardSigmoid", "HardSwish", "Log", "LogSoftmax", "Max",
-    "Min", "Neg", "PRelu", "Pow", "Reciprocal", "ReduceMax", "ReduceMean", "ReduceMin", "ReduceSum", "Sqrt", "Sub",
-    "Tanh",
+    "Abs", "Ceil", "Celu", "Div", "Elu", "Erf", "Exp", "Floor", "Gelu", "GlobalMaxPool", "HardSigmoid", "HardSwish",
+    "Log", "LogSoftmax", "Max", "Min", "Mish", "Neg", "PRelu", "Pow", "Reciprocal", "ReduceMax", "ReduceMean",
+    "ReduceMin", "ReduceSum", "Round", "Selu", "Shrink", "Sign", "Softplus", "Softsign", "Sqrt", "Sub", "Swish",
+    "Tanh", "ThresholdedRelu",
 })
 
 

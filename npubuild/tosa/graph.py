@@ -16,13 +16,15 @@ from tosa.Conv2dAttribute import Conv2dAttribute
 from tosa.DepthwiseConv2dAttribute import DepthwiseConv2dAttribute
 from tosa.MaxPool2dAttribute import MaxPool2dAttribute
 from tosa.TosaGraph import TosaGraph
+from tosa.TransposeConv2dAttribute import TransposeConv2dAttribute
 
 OP_NAMES = {v: k for k, v in vars(Op.Op).items() if not k.startswith("_")}
 DTYPE_NAMES = {v: k for k, v in vars(DType.DType).items() if not k.startswith("_")}
 ATTR_NAMES = {v: k for k, v in vars(Attribute.Attribute).items() if not k.startswith("_")}
 CONST_OPS = ("CONST", "CONST_SHAPE")  # constants are operators in a TOSA 1.0 flatbuffer; lowerings never list them
 WINDOW_ATTRS = {"Conv2dAttribute": Conv2dAttribute, "DepthwiseConv2dAttribute": DepthwiseConv2dAttribute,
-                "MaxPool2dAttribute": MaxPool2dAttribute, "AvgPool2dAttribute": AvgPool2dAttribute}
+                "MaxPool2dAttribute": MaxPool2dAttribute, "AvgPool2dAttribute": AvgPool2dAttribute,
+                "TransposeConv2dAttribute": TransposeConv2dAttribute}
 
 
 @dataclass

@@ -90,6 +90,19 @@ def conv(kh: int, kw: int, stride: int) -> bytes:
     return s.serialize()
 
 
+def transpose_conv(sy: int, sx: int) -> bytes:
+    s = _ser()
+    x = s.addPlaceholder([1, 4, 4, 4], D.INT8)
+    s.addConst([4, 3, 3, 4], D.INT8, np.ones((4, 3, 3, 4), np.int8), name="w")
+    s.addConst([4], D.INT32, np.zeros(4, np.int32), name="b")
+    s.addConst([1], D.INT8, np.zeros(1, np.int8), name="zi")
+    s.addConst([1], D.INT8, np.zeros(1, np.int8), name="zw")
+    o = s.addOutput([1, 3 * sy + 3, 3 * sx + 3, 4], D.INT32)
+    s.addOperator(ts.Op.TRANSPOSE_CONV2D, [x.name, "w", "b", "zi", "zw"], [o.name],
+                  _attr("TransposeConv2d", [0, 0, 0, 0], [sy, sx], False, D.INT32))
+    return s.serialize()
+
+
 def vela_compiles(tosa: bytes, accelerator: str) -> bool:
     with tempfile.TemporaryDirectory() as tmp:
         p = Path(tmp) / "g.tosa"
@@ -123,6 +136,11 @@ CASES = [
     pytest.param(add(D.INT32), U55, None, id="add-int32-u55"),
     pytest.param(add(D.FP32), U55, "pro-int-only", id="add-fp32-u55"),
     pytest.param(add(D.FP32), U85, "pro-int-only", id="add-fp32-u85"),
+    pytest.param(transpose_conv(2, 2), U55, None, id="transpose-conv-2x2-u55"),
+    pytest.param(transpose_conv(1, 1), U55, None, id="transpose-conv-1x1-u55"),
+    pytest.param(transpose_conv(1, 2), U55, "u55-transpose-conv-stride", id="transpose-conv-1x2-u55"),
+    pytest.param(transpose_conv(3, 2), U55, "u55-transpose-conv-stride", id="transpose-conv-3x2-u55"),
+    pytest.param(transpose_conv(3, 2), U85, None, id="transpose-conv-3x2-u85"),
 ]
 
 

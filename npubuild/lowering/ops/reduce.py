@@ -97,7 +97,8 @@ def _spatial_mean(ctx: LoweringContext, x: TTensor, phys: list[int], keepdims: b
         return False
     if x.shape[1] > MAX_POOL_KERNEL_H or x.shape[1] * x.shape[2] > MAX_POOL_KERNEL_AREA:
         return False
-    avg_pool(ctx, x, (x.shape[1], x.shape[2]), (1, 1), [0, 0, 0, 0])
+    ctx.set_output(0, avg_pool(ctx, x, (x.shape[1], x.shape[2]), (1, 1), [0, 0, 0, 0],
+                               output_of=ctx.current.output[0]))
     return True
 
 
