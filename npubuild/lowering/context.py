@@ -299,6 +299,9 @@ class LoweringContext:
         for a in qnode.attribute:
             if a.name == "axis":
                 axis = a.i
+        if not np.all(np.isfinite(scale)) or np.any(scale <= 0):
+            raise UnsupportedOpError(qnode.name, qnode.op_type, f"quantisation scale {scale.reshape(-1)[:4].tolist()} is "
+                                     "not positive and finite (calibration data with inf or NaN?)")
         dtype = zp.dtype if zp is not None else np.dtype(np.uint8)
         zero = zp.astype(np.int64) if zp is not None else np.zeros(scale.shape, np.int64)
         if scale.size == 1:

@@ -22,7 +22,7 @@ from npubuild.models.__main__ import main as models_main
 from npubuild.models.zoo import MODELS
 
 MODELS_DIR = REPO / "configs" / "models"
-CNNS = ("ds_cnn", "mobilenet_v1", "resnet8", "autoencoder", "mobilenet_v3_block", "unet")
+CNNS = ("ds_cnn", "mobilenet_v1", "resnet8", "autoencoder", "mobilenet_v3_block", "unet", "tcn_imu")
 
 
 def canonical(m: onnx.ModelProto) -> tuple:

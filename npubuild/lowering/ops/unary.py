@@ -107,11 +107,23 @@ def lower_sqrt(ctx: LoweringContext) -> None:
 @lowers("Pow")
 @fusable
 def lower_pow(ctx: LoweringContext) -> None:
+    """A constant exponent (of any numeric type) that is one value everywhere: a TABLE in int8, products
+    or POW in fp32; per-element or run-time exponents: POW in fp32 only."""
     e = ctx.constant(1)
+    if e is not None and np.asarray(e).size > 1 and np.all(np.asarray(e) == np.asarray(e).reshape(-1)[0]) \
+            and np.asarray(e).ndim <= len(ctx.tensor(0).shape) and \
+            np.broadcast_shapes(np.asarray(e).shape, ctx.tensor(0).logical_shape) == ctx.tensor(0).logical_shape:
+        e = np.asarray(e).reshape(-1)[:1]
     if e is None or np.asarray(e).size != 1:
         if ctx.profile == "int":
-            raise ctx.unsupported("int8 Pow needs a scalar constant exponent")
-        a, b = broadcast_operands(ctx)
+            raise ctx.unsupported("int8 Pow needs one constant exponent")
+        if e is not None:  # an integer exponent tensor: the fp32 POW takes it as fp32
+            x = ctx.tensor(0)
+            rank = max(len(x.shape), np.asarray(e).ndim)
+            ev = np.asarray(e, np.float32)
+            a, b = broadcast_pair(ctx, x, ctx.materialize_const(ev.reshape((1,) * (rank - ev.ndim) + ev.shape), None))
+        else:
+            a, b = broadcast_operands(ctx)
         ctx.set_output(0, fp.binary(ctx, Op.POW, "Pow", a, b, output_of=_out(ctx)))
         return
     p = float(np.asarray(e).reshape(-1)[0])
