@@ -13,7 +13,8 @@ from __future__ import annotations
 QUANTIZE_ALSO = frozenset({
     "Abs", "Ceil", "Celu", "Div", "Elu", "Erf", "Exp", "Floor", "Gelu", "GlobalMaxPool", "HardSigmoid", "HardSwish",
     "Log", "LogSoftmax", "Max", "Min", "Mish", "Neg", "PRelu", "Pow", "Reciprocal", "ReduceMax", "ReduceMean",
-    "ReduceMin", "ReduceSum", "Round", "Selu", "Shrink", "Sign", "Softplus", "Softsign", "Sqrt", "Sub", "Swish",
+    "ReduceMin", "ReduceSum", "ReduceSumSquare", "ReduceL1", "ReduceL2", "ReduceLogSum", "ReduceLogSumExp",
+    "ReduceProd", "Round", "Selu", "Shrink", "Sign", "Softplus", "Softsign", "Sqrt", "Sub", "Swish",
     "Tanh", "ThresholdedRelu",
 })
 

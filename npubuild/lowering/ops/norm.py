@@ -243,7 +243,7 @@ def lower_instance_norm(ctx: LoweringContext) -> None:
     """Per image and channel over the spatial axes.
 
     FP reduces H and W of the NHWC view. INT reduces along the last physical
-    axis only (see ops_softmax.axis_last): NCHW order viewed as [N, C, H*W],
+    axis only (see reduction.axis_last): NCHW order viewed as [N, C, H*W],
     one int8 TRANSPOSE in (and the result stays NCHW until an op needs NHWC).
     """
     x = ctx.tensor(0)
