@@ -1,4 +1,4 @@
-"""Binary elementwise arithmetic: Add, Sub, Mul, Div, Min, Max.
+"""Elementwise arithmetic: Add, Sub, Mul, Div, Min, Max, and the variadic Sum and Mean.
 
 Integer Add/Sub follow the scheme every int8 runtime uses: both operands are
 rescaled to int32 on a common scale with 20 bits of headroom, added or
@@ -15,6 +15,8 @@ general Div reads a ~15-bit reciprocal of the divisor from two int8 TABLEs
 Min/Max rescale each operand to int32 on the output's scale (monotonic, so the
 order is kept), take MINIMUM/MAXIMUM and rescale to int8; against a scalar
 constant they are a CLAMP.
+Sum and Mean of n inputs follow Add: every operand rescaled to int32 on one common scale with headroom,
+n - 1 ADDs, one RESCALE to the output (Mean's 1/n folded into it), so the result rounds once.
 """
 
 from __future__ import annotations
@@ -38,7 +40,7 @@ from npubuild.lowering.table import build_table, emit_table
 
 HEADROOM_BITS = 20
 
-quantize_also("Sub", "Div", "Min", "Max")
+quantize_also("Sub", "Div", "Min", "Max", "Sum", "Mean")
 
 
 
@@ -90,6 +92,44 @@ def lower_add(ctx: LoweringContext) -> None:
 @fusable
 def lower_sub(ctx: LoweringContext) -> None:
     _add_sub(ctx, Op.SUB, "Sub")
+
+
+def _sum_mean(ctx: LoweringContext, mean: bool) -> None:
+    idx = [i for i in range(len(ctx.current.input)) if ctx.has_input(i)]
+    rank = max(operand_rank(ctx, i) for i in idx)
+    xs = [operand(ctx, i, rank) for i in idx]
+    out_name = ctx.current.output[0]
+    n = len(xs)
+    if ctx.profile == "fp":
+        acc = xs[0] if n > 1 else fp.add_scalar(ctx, xs[0], 0.0, output_of=None if mean else out_name)
+        for j, x in enumerate(xs[1:], start=2):
+            a, b = broadcast_pair(ctx, acc, x)
+            acc = fp.add(ctx, a, b, output_of=out_name if j == n and not mean else None)
+        ctx.set_output(0, fp.mul_scalar(ctx, acc, 1.0 / n, output_of=out_name) if mean else acc)
+        return
+    out_q = ctx.require_output_q()
+    _quantized(ctx, *xs)
+    top = max(x.q.s for x in xs)
+    headroom = HEADROOM_BITS - int(np.ceil(np.log2(n)))  # n operands of up to 255 LSB of `top` each
+    wide = [rescale(ctx, x, x.q.s / top * (1 << headroom), np.int32, x.q.zp, 0, None) for x in xs]
+    acc = wide[0]
+    for x in wide[1:]:
+        a, b = broadcast_pair(ctx, acc, x)
+        out = ctx.new_tensor(_out_shape(a, b), np.int32, a.perm if a.shape == _out_shape(a, b) else b.perm)
+        ctx.op(Op.ADD, [a.name, b.name], [out.name], attr("Add"))
+        acc = out
+    scale = top / ((1 << headroom) * out_q.s) / (n if mean else 1)
+    ctx.set_output(0, rescale(ctx, acc, scale, out_q.dtype, 0, out_q.zp, out_q, output_of=out_name))
+
+
+@lowers("Sum")
+def lower_sum(ctx: LoweringContext) -> None:
+    _sum_mean(ctx, mean=False)
+
+
+@lowers("Mean")
+def lower_mean(ctx: LoweringContext) -> None:
+    _sum_mean(ctx, mean=True)
 
 
 # ---------------------------------------------------------------------------------------------- Mul, Div
