@@ -13,7 +13,10 @@ import pytest
 from lowering.test_ops_compute import wrapped
 from npusim_helpers import assert_bitexact, vela_raw
 from onnx import TensorProto, helper
-from ophelpers import calib, check_fp, check_int, io_dict, rand, vela_op_counts
+from ophelpers import calib, check_fp, check_int, io_dict, quantize_model, rand, vela_op_counts
+
+from npubuild.errors import UnsupportedOpError
+from npubuild.lowering.driver import lower_model
 
 ACCELS = ("ethos-u55-128", "ethos-u85-256")
 
@@ -34,8 +37,8 @@ REDUCTIONS = [
     ("ReduceLogSum", [2, 8], [1], 1, (0.05, 1), [2, 1], 0),
     ("ReduceLogSumExp", [2, 8], [1], 1, (-2, 2), [2, 1], 1),
     ("ReduceLogSumExp", [1, 4, 6, 6], [1], 1, (-2, 2), [1, 1, 6, 6], 1),
-    ("ReduceProd", [2, 4], [1], 1, (0.5, 1.5), [2, 1], 0),
-    ("ReduceProd", [3, 2, 5], [0], 0, (-1.5, 1.5), [2, 5], 0),
+    ("ReduceProd", [4, 2], [1], 1, (0.5, 1.5), [4, 1], 0),
+    ("ReduceProd", [2, 3, 5], [0], 0, (-1.5, 1.5), [3, 5], 0),
 ]
 
 
@@ -50,6 +53,15 @@ def test_reduction(op, shape, axes, keep, rng, out, lsb):
     lowered, _ = check_int(model, calib("x", shape, low=lo, high=hi), {"x": rand(shape, 2, lo, hi)}, max_lsb=lsb,
                            qdq_semantics=True)
     on_npu_and_bitexact(lowered)
+
+
+def test_int8_product_of_more_than_two_factors_is_refused():
+    """Three int32 MULs matched the TOSA reference but not U55's command stream (npu-sim): left to the host."""
+    model = wrapped("ReduceProd", [2, 4], [2, 1], inits={"ax": np.array([1], np.int64)}, extra_inputs=["ax"], keepdims=1)
+    model.opset_import[0].version = 18
+    check_fp(model, {"x": rand([2, 4], 1)})
+    with pytest.raises(UnsupportedOpError, match="factors"):
+        lower_model(quantize_model(model, calib("x", [2, 4])), "int")
 
 
 def index_model(op: str, shape, out_shape, **attrs) -> onnx.ModelProto:
@@ -70,11 +82,17 @@ def index_model(op: str, shape, out_shape, **attrs) -> onnx.ModelProto:
     ("ArgMin", [1, 3, 12], [1, 3, 1], dict(axis=2, select_last_index=1)),
 ], ids=lambda v: v if isinstance(v, str) else None)
 def test_argmax_argmin_exact_on_the_npu(op, shape, out, attrs):
-    """Indices equal onnxruntime's (ties: the first, or the last with select_last_index)."""
+    """Indices equal onnxruntime's (ties: the first, or the last with select_last_index). npu-sim does not model
+    REVERSE (select_last_index), so those run through Vela for placement only."""
     model = index_model(op, shape, out, **attrs)
     check_fp(model, {"x": rand(shape, 1)})
     lowered, _ = check_int(model, calib("x", shape), {"x": rand(shape, 2)}, max_lsb=0, qdq_semantics=True)
-    on_npu_and_bitexact(lowered)
+    if attrs.get("select_last_index"):
+        for accel in ACCELS:
+            npu, cpu = vela_op_counts(lowered.tosa, accel)
+            assert cpu == 0 and npu >= 1, accel
+    else:
+        on_npu_and_bitexact(lowered)
 
 
 @pytest.mark.parametrize("shape,axis", [([2, 10], 1), ([1, 4, 6, 6], 1), ([3, 5], 0)])

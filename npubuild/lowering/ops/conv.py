@@ -410,6 +410,19 @@ def _per_column_weights(ctx: LoweringContext) -> tuple[TTensor, np.ndarray] | No
     return TTensor(t.name, t.shape, t.dtype, identity(q.ndim), t.q), cols
 
 
+def _tiled(ctx: LoweringContext, x: TTensor, batch: tuple[int, ...]) -> TTensor:
+    """A [..., r, c] operand TILEd along its (left-padded) batch dims to `batch`."""
+    ls = x.logical_shape
+    full = (1,) * (len(batch) + 2 - len(ls)) + tuple(ls)
+    x = reshape(ctx, to_layout(ctx, x, identity(len(ls))), full, identity(len(full)))
+    repeats = [b // d for b, d in zip(batch, full[:-2], strict=True)] + [1, 1]
+    if all(r == 1 for r in repeats):
+        return x
+    out = ctx.new_tensor(tuple(d * r for d, r in zip(full, repeats, strict=True)), x.dtype, x.perm, x.q)
+    ctx.op(Op.TILE, [x.name, ctx.shape_const(repeats)], [out.name], attr("Tile"))
+    return out
+
+
 def _as_matrix(ctx: LoweringContext, x: TTensor, shape: tuple[int, ...]) -> TTensor:
     """A 1-D operand as the 2-D matrix ONNX MatMul treats it as."""
     return reshape(ctx, to_layout(ctx, x, (0,)), shape, (0, 1))
@@ -441,8 +454,9 @@ def matmul(ctx: LoweringContext, a: TTensor, b: TTensor, b_cols: np.ndarray | No
         a3 = ctx.new_tensor((nb, m, la[-1]), a1.dtype, (0, 1, 2), a1.q)
         ctx.op(Op.TILE, [a1.name, ctx.shape_const([nb, 1, 1])], [a3.name], attr("Tile"))
         b3, batch, rows = _as_rank3(ctx, b, nb), nb, m
-    else:
-        raise ctx.unsupported(f"MatMul batch dims {list(ba)} and {list(bb)} only partly broadcast")
+    else:  # each broadcasts only partly (e.g. [2, 1] and [1, 5]): TILE both to the full batch
+        a3, b3 = _as_rank3(ctx, _tiled(ctx, a, out_batch), total), _as_rank3(ctx, _tiled(ctx, b, out_batch), total)
+        batch, rows = total, m
     out_shape = [*out_batch, m, n]
     if drop[1]:
         out_shape.pop(-1)

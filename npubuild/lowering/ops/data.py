@@ -1,4 +1,4 @@
-"""Data-movement ops: Concat, Split, Slice, Gather (constant indices), Pad, Tile, Expand.
+"""Data-movement ops: Concat, Split, Slice, Gather and GatherElements (constant indices), Pad, Tile, Expand.
 
 All work in the tensor's current layout: a logical axis is mapped to its
 physical position through `perm`, so a channel Concat of NHWC tensors is a
@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from npubuild.lowering.context import GraphInput, LoweringContext, TTensor
-from npubuild.lowering.emit import Op, attr, requantize, requantize_dw
+from npubuild.lowering.context import GraphInput, LoweringContext, TTensor, identity
+from npubuild.lowering.emit import Op, attr, requantize, requantize_dw, to_layout
 from npubuild.lowering.fusion.channel_parts import concat_inputs
 from npubuild.lowering.fusion.concat_copy import fits_max_copy, max_copy
 from npubuild.lowering.movement import (
@@ -188,6 +188,31 @@ def lower_gather(ctx: LoweringContext) -> None:
     t = concat_phys(ctx, parts, phys_axis(x, axis))
     out_shape = (*shape[:axis], *idx.shape, *shape[axis + 1:])
     finish(ctx, reshape_to(ctx, t, out_shape, output_of=direct(ctx, x.q)))
+
+
+@lowers("GatherElements")
+def lower_gather_elements(ctx: LoweringContext) -> None:
+    """Constant indices pick a fixed set of elements: their flat positions in the row-major input, as the
+    contiguous runs of a [1, N] view (SLICEs and one CONCAT), reshaped to the indices' shape."""
+    idx = ctx.constant(1)
+    if idx is None:
+        raise ctx.unsupported("only constant indices are supported (U55/U65 have no GATHER)")
+    x = ctx.tensor(0)
+    shape = x.logical_shape
+    axis = norm_axis(ctx, int(ctx.attr("axis", 0)), len(shape))
+    idx = np.asarray(idx, np.int64)
+    if idx.ndim != len(shape) or any(idx.shape[a] > shape[a] for a in range(len(shape)) if a != axis):
+        raise ctx.unsupported(f"indices of shape {list(idx.shape)} do not fit data of shape {list(shape)}")
+    idx = np.where(idx < 0, idx + shape[axis], idx)
+    if np.any(idx < 0) or np.any(idx >= shape[axis]):
+        raise ctx.unsupported(f"indices out of range for a dimension of {shape[axis]}")
+    grid = list(np.indices(idx.shape))
+    grid[axis] = idx
+    flat = np.ravel_multi_index(tuple(grid), shape).reshape(-1)
+    row = reshape_to(ctx, to_layout(ctx, x, identity(len(shape))), (1, int(np.prod(shape))))
+    parts = [slice_axis(ctx, row, 1, int(s), n) for s, n in _runs([int(i) for i in flat])]
+    t = concat_phys(ctx, parts, phys_axis(row, 1)) if len(parts) > 1 else parts[0]
+    finish(ctx, reshape_to(ctx, t, tuple(int(d) for d in idx.shape), output_of=direct(ctx, x.q)))
 
 
 def _full_pads(ctx: LoweringContext, rank: int) -> tuple[list[int], list[int]]:

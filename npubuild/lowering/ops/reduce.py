@@ -12,8 +12,9 @@ The other reductions in int8 keep the same shape: an exact int32 transform of x 
 MUL, |v| by ABS), an exact REDUCE_SUM, then one per-row step and one RESCALE. ReduceL2's square root is
 sum * rsqrt(sum) with the layer norm's Newton-Raphson rsqrt (relative error < 1e-4); ReduceLogSum's
 logarithm is CLZ plus a mantissa TABLE, and ReduceLogSumExp is the log softmax's exp-sum-log
-(fusion/softmax_int.py). ReduceProd multiplies slices in int32, shifting right as the bound on the
-product grows (up to 8 factors in int8; REDUCE_PRODUCT in fp32).
+(fusion/softmax_int.py). ReduceProd multiplies int32 slices (two factors in int8: a longer chain of int32
+MULs, shifting right as the bound grows, matched the reference model but not U55's command stream on
+npu-sim, so it is refused and runs on the host; REDUCE_PRODUCT in fp32).
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ from npubuild.lowering.registry import lowers, quantize_also
 
 quantize_also("ReduceSum", "ReduceMean", "ReduceMax", "ReduceMin")  # onnxruntime leaves them in float on their own
 quantize_also("ReduceSumSquare", "ReduceL1", "ReduceL2", "ReduceLogSum", "ReduceLogSumExp", "ReduceProd")
-MAX_INT_PRODUCT_FACTORS = 8
+MAX_INT_PRODUCT_FACTORS = 2  # a chain of int32 MULs (3+ factors) was not bit-exact on U55 (npu-sim): refused
 
 MAX_POOL_KERNEL_H, MAX_POOL_KERNEL_AREA = 64, 4096  # what both AVG_POOL2D and DEPTHWISE_CONV2D accept on Vela
 
@@ -191,7 +192,8 @@ def _sum_square_like(ctx: LoweringContext, kind: str) -> None:
         return
     out_q = ctx.require_output_q()
     _int_reduction_input(ctx, x, count, 255 if kind == "abs" else 65025)
-    total = _int_transformed_sum(ctx, x, phys, square=kind != "abs")
+    rows = _rows(ctx, x, axes)  # computed int32 tensors are summed along the last axis only (see axis_last)
+    total = _int_transformed_sum(ctx, rows, [len(rows.shape) - 1], square=kind != "abs")
     s = x.q.s
     if kind == "abs":
         y = rescale(ctx, total, s / out_q.s, out_q.dtype, 0, out_q.zp, out_q)
@@ -199,7 +201,7 @@ def _sum_square_like(ctx: LoweringContext, kind: str) -> None:
         y = rescale(ctx, total, s * s / out_q.s, out_q.dtype, 0, out_q.zp, out_q)
     else:
         y = _int_sqrt(ctx, total, math.sqrt(count * 65025.0), s, out_q)
-    _finish(ctx, y, axes, keepdims)
+    _finish(ctx, _unrows(ctx, y, x, axes), axes, keepdims)
 
 
 def _int_sqrt(ctx: LoweringContext, total: TTensor, bound: float, unit: float, out_q) -> TTensor:
@@ -246,12 +248,14 @@ def lower_reduce_log_sum(ctx: LoweringContext) -> None:
         return
     out_q = ctx.require_output_q()
     _int_reduction_input(ctx, x, count, 255)
-    total = emit_reduce(ctx, Op.REDUCE_SUM, im.widen(ctx, x), phys)
+    rows = _rows(ctx, x, axes)
+    total = emit_reduce(ctx, Op.REDUCE_SUM, im.widen(ctx, rows), [len(rows.shape) - 1])
     positive = ctx.new_tensor(total.shape, np.int32, total.perm)
     ctx.op(Op.MAXIMUM, [total.name, im.const_i32(ctx, 1, total).name], [positive.name], attr("Maximum", fp.NAN_MODE))
     unit = out_q.s * 2.0**-LOG_FRAC_BITS
     y = im.add(ctx, ln_int32(ctx, positive, unit), im.const_i32(ctx, round(math.log(x.q.s) / unit), positive))
-    _finish(ctx, rescale(ctx, y, 2.0**-LOG_FRAC_BITS, out_q.dtype, 0, out_q.zp, out_q), axes, keepdims)
+    y = rescale(ctx, y, 2.0**-LOG_FRAC_BITS, out_q.dtype, 0, out_q.zp, out_q)
+    _finish(ctx, _unrows(ctx, y, x, axes), axes, keepdims)
 
 
 @lowers("ReduceLogSumExp")
@@ -313,13 +317,17 @@ def lower_reduce_prod(ctx: LoweringContext) -> None:
     inner = int(np.prod(shape[axes[-1] + 1:]))
     if k > MAX_INT_PRODUCT_FACTORS:
         raise ctx.unsupported(f"an integer product of {k} factors (at most {MAX_INT_PRODUCT_FACTORS})")
-    v = reshape(ctx, im.widen(ctx, to_layout(ctx, x, identity(len(shape)))), (outer, k, inner), (0, 1, 2))
-    acc = slice_phys(ctx, v, [0, 0, 0], [outer, 1, inner])
+    v = reshape(ctx, to_layout(ctx, x, identity(len(shape))), (outer, k, inner), (0, 1, 2))
+
+    def factor(i: int) -> TTensor:  # one int8 slice, widened on its own (a computed int32 tensor is not sliced)
+        return im.widen(ctx, slice_phys(ctx, v, [0, i, 0], [outer, 1, inner]))
+
+    acc = factor(0)
     bound, shift = 255.0, 0
     for i in range(1, k):
         bound *= 255.0
         sh = max(0, math.ceil(math.log2(bound)) - 30)  # keep the running product within int32
-        acc = im.mul(ctx, acc, slice_phys(ctx, v, [0, i, 0], [outer, 1, inner]), sh)
+        acc = im.mul(ctx, acc, factor(i), sh)
         bound /= 2.0**sh
         shift += sh
     y = rescale(ctx, acc, x.q.s**k * 2.0**shift / out_q.s, out_q.dtype, 0, out_q.zp, out_q)
