@@ -9,6 +9,7 @@ import tempfile
 from pathlib import Path
 
 import numpy as np
+import onnx
 import pytest
 from npusim_helpers import assert_bitexact, vela_raw
 from ophelpers import calib, check_fp, check_int, io_dict, prepare, rand, single_op_model, vela_op_counts
@@ -76,3 +77,33 @@ def test_gemm_bias_shapes_the_quantiser_fails_on(bias):
     assert [i.dims for i in prepare(model).graph.initializer if i.name.endswith("bias_vector")] == [[5]]
     check_fp(model, {"x": rand([3, 8], 1)})
     check_int(model, calib("x", [3, 8]), {"x": rand([3, 8], 2)}, max_lsb=1)
+
+
+def test_layer_norm_with_mean_and_inv_std_dev_outputs():
+    """Written out as the ONNX function body at import, so all three outputs are ordinary int8 tensors."""
+    from onnx import TensorProto, helper
+
+    shape = [2, 3, 4]
+    node = helper.make_node("LayerNormalization", ["x", "g", "b"], ["y", "mean", "inv"], axis=1, epsilon=1e-3)
+    graph = helper.make_graph([node], "ln", [helper.make_tensor_value_info("x", TensorProto.FLOAT, shape)],
+                              [helper.make_tensor_value_info(n, TensorProto.FLOAT, s)
+                               for n, s in (("y", shape), ("mean", [2, 1, 1]), ("inv", [2, 1, 1]))],
+                              [onnx.numpy_helper.from_array(gamma(3, 4), "g"), onnx.numpy_helper.from_array(beta(3, 4), "b")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    check_fp(model, {"x": rand(shape, 1)})
+    check_int(model, calib("x", shape), {"x": rand(shape, 2)}, max_lsb=1, qdq_semantics=True)
+
+
+def test_same_type_cast_is_dropped_at_import():
+    """A float32 -> float32 Cast (stash_type in exported norms) is not quantised by onnxruntime; dropped."""
+    from onnx import TensorProto, helper
+
+    nodes = [helper.make_node("Sigmoid", ["x"], ["s"]), helper.make_node("Cast", ["s"], ["c"], to=TensorProto.FLOAT),
+             helper.make_node("Tanh", ["c"], ["y"])]
+    graph = helper.make_graph(nodes, "cast", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 4])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 4])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    assert [n.op_type for n in prepare(model).graph.node] == ["Sigmoid", "Tanh"]
+    check_int(model, calib("x", [2, 4]), {"x": rand([2, 4], 2)}, max_lsb=0)

@@ -6,7 +6,12 @@
   normalised shape (broadcast): the quantiser's LayerNormalization handler fails on a scale of rank > 1
   ("The truth value of an array with more than one element is ambiguous"). Reshaped to [..., K] (the
   trailing axes merged), normalised along the last axis with scale and bias broadcast to [K], and reshaped
-  back, it is the same function, and the lowering's one-axis layer norm applies.
+  back, it is the same function, and the lowering's one-axis layer norm applies. When its Mean or
+  InvStdDev output is read, it is written out as the ONNX function body instead (ReduceMean, Sub, Mul,
+  ReduceMean, Add, Sqrt, Reciprocal, Mul, Mul, Add), which onnxruntime quantises node by node.
+- Cast to the type its input already has (exporters write float32 -> float32 Casts for stash_type):
+  onnxruntime leaves a Cast unquantised, so its input would reach the int8 graph as a float; it is the
+  identity and is dropped.
 """
 
 from __future__ import annotations
@@ -43,12 +48,65 @@ def _gemm_bias(graph: ir.Graph, node: ir.Node) -> bool:
     return True
 
 
-def _layer_norm(graph: ir.Graph, node: ir.Node) -> bool:
+def _replace(old: ir.Value, new: ir.Value) -> None:
+    was_output, name = old.is_graph_output(), old.name
+    ir.convenience.replace_all_uses_with(old, new, replace_graph_outputs=True)
+    if was_output:
+        old.name = f"{name}__replaced"
+        new.name = name
+
+
+def _expand_layer_norm(graph: ir.Graph, node: ir.Node, opset: int) -> bool:
+    """The LayerNormalization function body, so that its Mean and InvStdDev outputs are ordinary tensors."""
+    x = node.inputs[0]
+    rank = len(x.shape)
+    axis = node.attributes.get_int("axis", -1)
+    axes = list(range(axis + rank if axis < 0 else axis, rank))
+    name = node.name or "layer_norm"
+    made: list[ir.Node] = []
+
+    def op(op_type: str, inputs: list[ir.Value | None], **attrs) -> ir.Value:
+        out = ir.Value(name=f"{name}_{op_type.lower()}_{len(made)}")
+        made.append(ir.node(op_type, inputs, attrs, outputs=[out], name=f"{name}_{op_type}_{len(made)}"))
+        return out
+
+    def mean(t: ir.Value) -> ir.Value:
+        if opset >= 18:
+            return op("ReduceMean", [t, _initializer(graph, f"{name}_axes_{len(made)}", np.array(axes, np.int64))],
+                      keepdims=1)
+        return op("ReduceMean", [t], axes=axes, keepdims=1)
+
+    eps = np.array(node.attributes.get_float("epsilon", 1e-5), np.float32)
+    mu = mean(x)
+    d = op("Sub", [x, mu])
+    var = mean(op("Mul", [d, d]))
+    inv = op("Reciprocal", [op("Sqrt", [op("Add", [var, _initializer(graph, f"{name}_eps", eps)])])])
+    y = op("Mul", [op("Mul", [d, inv]), node.inputs[1]])
+    if len(node.inputs) > 2 and node.inputs[2] is not None:
+        y = op("Add", [y, node.inputs[2]])
+    graph.insert_before(node, made)
+    for out, new in zip(node.outputs, (y, mu, inv), strict=False):
+        _replace(out, new)
+    graph.remove(node, safe=True)
+    return True
+
+
+def _same_type_cast(graph: ir.Graph, node: ir.Node) -> bool:
+    x, out = node.inputs[0], node.outputs[0]
+    if x is None or x.type is None or out.type is None or x.dtype != out.dtype or x.is_graph_input() and \
+            out.is_graph_output():
+        return False
+    _replace(out, x)
+    graph.remove(node, safe=True)
+    return True
+
+
+def _layer_norm(graph: ir.Graph, node: ir.Node, opset: int) -> bool:
     x = node.inputs[0]
     if x is None or x.shape is None or not all(isinstance(d, int) for d in x.shape):
         return False
     if any(o.uses() or o.is_graph_output() for o in node.outputs[1:]):
-        return False  # Mean / InvStdDev are read: keep the node as it is
+        return _expand_layer_norm(graph, node, opset)
     shape = list(x.shape)
     axis = node.attributes.get_int("axis", -1)
     axis = axis + len(shape) if axis < 0 else axis
@@ -78,10 +136,8 @@ def _layer_norm(graph: ir.Graph, node: ir.Node) -> bool:
     back = ir.node("Reshape", [normed, _initializer(graph, f"{name}_back_shape", np.array(shape, np.int64))],
                    name=f"{name}_from_rows")
     graph.insert_before(node, [reshape_in, norm, back])
-    was_output, out_name = out.is_graph_output(), out.name
-    ir.convenience.replace_all_uses_with(out, back.outputs[0], replace_graph_outputs=True)
-    if was_output:
-        out.name = f"{out_name}__replaced"
+    out_name = out.name
+    _replace(out, back.outputs[0])
     back.outputs[0].name = out_name
     graph.remove(node, safe=True)
     return True
@@ -97,5 +153,7 @@ class QuantiserForms(ir.passes.InPlacePass):
             if node.op_type == "Gemm" and len(node.inputs) > 2:
                 modified |= _gemm_bias(model.graph, node)
             elif node.op_type == "LayerNormalization":
-                modified |= _layer_norm(model.graph, node)
+                modified |= _layer_norm(model.graph, node, model.opset_imports.get("", 17))
+            elif node.op_type == "Cast":
+                modified |= _same_type_cast(model.graph, node)
         return ir.passes.PassResult(model, modified)
