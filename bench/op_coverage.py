@@ -53,7 +53,12 @@ def graph(nodes, inputs: dict[str, list[int]], outputs: dict[str, tuple[int, lis
                           [numpy_helper.from_array(np.asarray(v), k) for k, v in (inits or {}).items()])
     m = helper.make_model(g, opset_imports=[helper.make_opsetid("", opset)])
     m.ir_version = 8
-    return onnx.shape_inference.infer_shapes(m)
+    inferred = onnx.shape_inference.infer_shapes(m)
+    known = {vi.name: vi for vi in [*inferred.graph.value_info, *inferred.graph.output]}
+    for out in m.graph.output:  # outputs given without a shape take the inferred one
+        if not out.type.tensor_type.HasField("shape") and known[out.name].type.tensor_type.HasField("shape"):
+            out.CopyFrom(known[out.name])
+    return m
 
 
 def single(op: str, shape, out_shape=None, inits=None, opset: int = 17, extra: list[str] | None = None,
@@ -138,7 +143,7 @@ CASES = [
     *[Case("ReduceL1/L2/Prod/SumSquare/LogSum/LogSumExp", single(op, [2, 2], [2, 1], {"ax": np.array([1], np.int64)},
                                                                  opset=18, keepdims=1))
       for op in ("ReduceL1", "ReduceL2", "ReduceProd", "ReduceSumSquare", "ReduceLogSum", "ReduceLogSumExp")],
-    Case("GroupNormalization", single("GroupNormalization", [1, 8, 4, 4], None, {"g": w(8) + 1, "b": w(8)}, opset=21,
+    Case("GroupNormalization", single("GroupNormalization", [1, 8, 4, 4], [1, 8, 4, 4], {"g": w(8) + 1, "b": w(8)}, opset=21,
                                       num_groups=2)),
     Case("RMSNormalization", single("RMSNormalization", [2, 6, 16], [2, 6, 16], {"g": w(16) + 1}, opset=23)),
     Case("LRN", single("LRN", [1, 6, 4, 4], size=3)),
@@ -194,8 +199,11 @@ def _placed(lowered, model: onnx.ModelProto, fam: str) -> bool:
 
 
 def run_case(case: Case) -> dict[str, str]:
-    model = normalise(case.build(), {}, "<bench>")
     out = {"fp": "-", "int": "-", "u55": "-", "u85": "-"}
+    try:
+        model = normalise(case.build(), {}, "<bench>")
+    except NpubuildError:
+        return {k: "u" for k in out}
 
     def fp() -> str:
         lowered = lower_model(model, "fp")
