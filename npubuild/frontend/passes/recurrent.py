@@ -14,6 +14,9 @@ tensor with its own per-tensor scale and zero point, calibrated by onnxruntime o
 (minmax over the calibration set). When the full sequence output Y is read, its Concat gives every H_t
 the Concat's one scale (frontend/qdq_concat.py), the union of the steps' ranges. Each gate's
 pre-activations (x W^T + h R^T + b, the gates of a step together) share one scale per step.
+Measured on the KWS examples (configs/kws_recurrent.yaml, 25 steps, 48 units, 8 samples): the int8 TOSA
+graph equals onnxruntime's QDQ model exactly (0 LSB) for both GRU and LSTM on U55 and U85; the QDQ model
+against the float one is 33.3 dB (GRU) and 29.5 dB (LSTM: the int8 cell state is the coarsest step).
 
 Per direction the unrolled form is: one MatMul of the whole sequence by W^T plus the biases that add
 to it (hoisted out of the loop: one fully connected layer over all steps on the NPU), a Split into
