@@ -76,6 +76,6 @@ def from_nhwc(ctx: LoweringContext, y: TTensor, spatial: int, output_of: str | N
     return reshape(ctx, y, (n, length, c), CHANNELS_LAST_1D, output_of=output_of)
 
 
-def direct_output(ctx: LoweringContext, spatial: int, name: str | None) -> str | None:
+def direct_output(spatial: int, name: str | None) -> str | None:
     """The output name the NHWC emitter writes: the node's own for 2-D, None for 1-D (from_nhwc names it)."""
     return name if spatial == 2 else None

@@ -135,7 +135,7 @@ def lower_conv(ctx: LoweringContext) -> None:
     bias = read_bias(ctx, 2, o)
     w_scale = channel_scales(w_q, o) if w_q is not None else None
     name = ctx.current.output[0]
-    out_name = direct_output(ctx, spatial, name)
+    out_name = direct_output(spatial, name)
     if group == 1 or (group == c and w.shape[1] == 1):
         out = emit_conv(ctx, x, w, w_scale, bias, pads, stride, dilation, group != 1, out_name)
         ctx.set_output(0, from_nhwc(ctx, out, spatial, name))
@@ -152,7 +152,7 @@ def lower_conv(ctx: LoweringContext) -> None:
     ctx.set_output(0, from_nhwc(ctx, concat(ctx, parts, 3, out_name), spatial, name))
 
 
-def _transpose_conv_pads(ctx: LoweringContext, in_hw, kernel, stride, dilation, spatial: int) -> list[int]:
+def _transpose_conv_pads(ctx: LoweringContext, in_hw, kernel, stride, spatial: int) -> list[int]:
     """ONNX ConvTranspose pads/output_padding/output_shape/auto_pad -> TOSA out_pad [top, bottom, left, right].
 
     A 1-D op is laid out along H (W = 1), see lower_conv_transpose; `kernel` is the dilated kernel.
@@ -251,7 +251,7 @@ def lower_conv_transpose(ctx: LoweringContext) -> None:
     o = cout_g * group
     if c % group or w.shape[0] != c:
         raise ctx.unsupported(f"group={group} does not divide {c} input channels")
-    out_pad = _transpose_conv_pads(ctx, (x.shape[1], x.shape[2]), (kh, kw), stride, dilation, spatial)
+    out_pad = _transpose_conv_pads(ctx, (x.shape[1], x.shape[2]), (kh, kw), stride, spatial)
     if out_pad[0] <= -kh or out_pad[1] <= -kh or out_pad[2] <= -kw or out_pad[3] <= -kw:
         raise ctx.unsupported("padding of a whole kernel or more is not supported")
     bias = read_bias(ctx, 2, o)

@@ -48,7 +48,7 @@ def lower_maxpool(ctx: LoweringContext) -> None:
     out_q = ctx.output_q() if ctx.profile == "int" else None
     direct = out_q is None or (x.q is not None and x.q.same_as(out_q))
     name = ctx.current.output[0]
-    out_of = direct_output(ctx, spatial, name) if direct else None
+    out_of = direct_output(spatial, name) if direct else None
     if win.dilation != (1, 1):
         taps, shape = dilated_taps(ctx, x, win, pads, -np.inf)
         out = reshape(ctx, _max_pool2d(ctx, taps, (taps.shape[1], 1), (1, 1), [0, 0, 0, 0], None), shape, NHWC,
@@ -56,7 +56,7 @@ def lower_maxpool(ctx: LoweringContext) -> None:
     else:
         out = _max_pool2d(ctx, x, win.kernel, stride, pads, out_of)
     if not direct:
-        out = requantize(ctx, out, out_q, output_of=direct_output(ctx, spatial, name))
+        out = requantize(ctx, out, out_q, output_of=direct_output(spatial, name))
     ctx.set_output(0, from_nhwc(ctx, out, spatial, name))
 
 
@@ -66,7 +66,7 @@ def lower_avgpool(ctx: LoweringContext) -> None:
     pads, stride, x, ceil_padded = pool_geometry(ctx, x, win)
     include_pad = bool(int(ctx.attr("count_include_pad", 0)))
     name = ctx.current.output[0]
-    out_of = direct_output(ctx, spatial, name)
+    out_of = direct_output(spatial, name)
     if include_pad and ceil_padded:
         raise ctx.unsupported("ceil_mode padding with count_include_pad=1 is not supported (the last windows "
                               "count fewer elements)")
@@ -88,7 +88,7 @@ def lower_global_avgpool(ctx: LoweringContext) -> None:
     x = ctx.tensor(0)
     spatial = spatial_rank(ctx, x, "pools")
     name = ctx.current.output[0]
-    ctx.set_output(0, from_nhwc(ctx, _global_avg(ctx, as_nhwc(ctx, x), direct_output(ctx, spatial, name)),
+    ctx.set_output(0, from_nhwc(ctx, _global_avg(ctx, as_nhwc(ctx, x), direct_output(spatial, name)),
                                 spatial, name))
 
 
@@ -126,11 +126,11 @@ def lower_global_maxpool(ctx: LoweringContext) -> None:
     out_q = ctx.output_q() if ctx.profile == "int" else None
     direct = out_q is None or (x.q is not None and x.q.same_as(out_q))
     name = ctx.current.output[0]
-    out_name = direct_output(ctx, spatial, name) if direct else None
+    out_name = direct_output(spatial, name) if direct else None
     if h <= 256 and h * w <= 65536:
         out = _max_pool2d(ctx, x, (h, w), (1, 1), [0, 0, 0, 0], out_name)
     else:
         out = emit_reduce(ctx, Op.REDUCE_MAX, x, [1, 2])
     if not direct:
-        out = requantize(ctx, out, out_q, output_of=direct_output(ctx, spatial, name))
+        out = requantize(ctx, out, out_q, output_of=direct_output(spatial, name))
     ctx.set_output(0, from_nhwc(ctx, out, spatial, name))
