@@ -141,3 +141,37 @@ def test_int8_gru_is_bit_exact_on_npu_sim():
                            {k: rand(s, 2) for k, s in shapes.items()}, max_lsb=1)
     with tempfile.TemporaryDirectory() as tmp:
         assert_bitexact(lowered.tosa, io_dict(lowered), vela_raw(lowered.tosa, Path(tmp)))
+
+
+@pytest.mark.parametrize("cell", ["GRU", "LSTM"])
+def test_torch_exported_recurrent_layer(cell):
+    """nn.GRU / nn.LSTM (batch_first) as torch.onnx writes them (Transposes, linear_before_reset for GRU)."""
+    import io
+    import warnings
+
+    torch = pytest.importorskip("torch")
+    torch.manual_seed(0)
+
+    class Net(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.rnn = getattr(torch.nn, cell)(6, 8, batch_first=True)
+            self.fc = torch.nn.Linear(8, 4)
+
+        def forward(self, x):
+            y, _ = self.rnn(x)
+            return self.fc(y[:, -1])
+
+    buf = io.BytesIO()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(Net().eval(), (torch.randn(1, 7, 6),), buf, dynamo=False, opset_version=17,
+                          input_names=["x"], output_names=["y"])
+    model = onnx.load_from_string(buf.getvalue())
+    assert cell in {n.op_type for n in model.graph.node}
+    check_fp(model, {"x": rand([1, 7, 6], 1)}, rtol=1e-4, atol=1e-5)
+    lowered, _ = check_int(model, {"x": rand((16, 1, 7, 6), 3)}, {"x": rand([1, 7, 6], 2)}, max_lsb=1,
+                           qdq_semantics=True)
+    for accel in ("ethos-u55-128", "ethos-u85-256"):
+        npu, cpu = vela_op_counts(lowered.tosa, accel)
+        assert cpu == 0 and npu > 0, accel
