@@ -33,6 +33,21 @@ def _timed(fn):
     return out, time.perf_counter() - t
 
 
+def _count_reference_runs() -> list[int]:
+    """Count the stage's TOSA reference-model runs (the partition check's) by wrapping the function it calls."""
+    from npubuild.verify import partitioned
+
+    count = [0]
+    inner = partitioned.run_tosa
+
+    def counted(*args, **kwargs):
+        count[0] += 1
+        return inner(*args, **kwargs)
+
+    partitioned.run_tosa = counted  # this process only: a benchmark, never a test
+    return count
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("model", type=Path)
@@ -53,12 +68,14 @@ def main() -> None:
     _, t = _timed(lambda: run_tosa(lowered.tosa, lowered, feeds))
     rows.append(("one TOSA reference-model run", t))
     rows.append((f"families with their own lowering: {own}", 0.0))
+    runs = _count_reference_runs()
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp)
         task = StageTask("lower", "bench", {"pipeline": {"profile": "int", "passes": DEFAULT_PASSES}}, {"onnx": args.model},
                          {"tosa": out / "model.tosa", "io": out / "io.json", "record": out / "stage.json"})
         _, t = _timed(lambda: families.run(task))
         rows.append(("whole lower stage (families.run)", t))
+    rows.append((f"TOSA reference-model runs in the stage: {runs[0]}", 0.0))
     width = max(len(r[0]) for r in rows)
     print(f"{'step':<{width}}  seconds")
     for name, secs in rows:
