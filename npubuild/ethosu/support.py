@@ -62,6 +62,21 @@ def _comparison_int32(op: TosaOpInfo, graph: TosaGraphInfo) -> str | None:
     return None
 
 
+def _argmax_form(op: TosaOpInfo, graph: TosaGraphInfo) -> str | None:
+    """Vela 5.2 runs ARGMAX on U55/U65 only over the last axis of an INT8 tensor (axis 1 of [1, 4, 4, 8], axis 0
+    of [2, 10] and INT16 input: "Non-passthrough operation (ArgMax) could not run on NPU"); U85 runs all three."""
+    if op.op != "ARGMAX" or not op.inputs:
+        return None
+    t = graph.tensors.get(op.inputs[0])
+    if t is None:
+        return None
+    if t.dtype != "INT8":
+        return f"TOSA ARGMAX on {t.dtype}: Ethos-U55/U65 run it on INT8 only"
+    if op.attr.get("axis", len(t.shape) - 1) != len(t.shape) - 1:
+        return "TOSA ARGMAX over an axis other than the last: Ethos-U55/U65 reduce the last axis only"
+    return None
+
+
 def _argmax_channels(op: TosaOpInfo, graph: TosaGraphInfo) -> str | None:
     if op.op == "ARGMAX" and op.inputs:
         t = graph.tensors.get(op.inputs[0])
@@ -115,6 +130,7 @@ RULES = (
     Rule("u55-resize", frozenset({"u55"}), _resize_u55),
     Rule("u55-op-type", frozenset({"u55"}), _op_type),
     Rule("comparison-int32", frozenset({"u55", "u85"}), _comparison_int32),
+    Rule("u55-argmax-axis", frozenset({"u55"}), _argmax_form),
     Rule("u55-argmax-channels", frozenset({"u55"}), _argmax_channels),
     Rule("u55-transpose-conv-stride", frozenset({"u55"}), _transpose_conv_stride_u55),
 )

@@ -25,6 +25,8 @@ from npubuild.tosa.iospec import IOSpec
 
 NHWC = (0, 2, 3, 1)  # physical NHWC of a logical NCHW tensor
 
+WINDOW_OPS = frozenset({"Conv", "ConvTranspose", "MaxPool", "AveragePool", "GlobalAveragePool", "GlobalMaxPool"})
+
 NP_TO_TOSA = {
     np.dtype(np.int8): ts.DType.INT8,
     np.dtype(np.int16): ts.DType.INT16,
@@ -190,6 +192,11 @@ class LoweringContext:
     def is_graph_output(self, value: str | None) -> bool:
         return value is not None and self.index.graph_output_for(value) is not None
 
+    def _feeds_windows_only(self, name: str) -> bool:
+        """Whether every reader of graph input `name` (through Q/DQ) is a 1-D window op reading it as input 0."""
+        users = self.index.uses(name, [])
+        return bool(users) and all(u.op_type in WINDOW_OPS and self.index.source(u.input[0]) == name for u in users)
+
     @staticmethod
     def _io(onnx_name: str, t: TTensor) -> IOSpec:
         return IOSpec(
@@ -206,6 +213,8 @@ class LoweringContext:
         if 0 in gi.shape and self.current is not None:
             raise self.unsupported(f"input '{gi.name}' is a zero-size tensor: no TOSA form")
         perm = NHWC if len(gi.shape) == 4 else identity(len(gi.shape))
+        if len(gi.shape) == 3 and self._feeds_windows_only(gi.name):
+            perm = (0, 2, 1)  # [N, L, C]: what 1-D convolutions and pools read (lowering/spatial.py)
         shape = tuple(gi.shape[i] for i in perm)
         t = self.ser.addPlaceholder(list(shape), NP_TO_TOSA[np.dtype(dtype)])
         tt = TTensor(t.name, shape, np.dtype(dtype), perm, q)
@@ -299,6 +308,9 @@ class LoweringContext:
         for a in qnode.attribute:
             if a.name == "axis":
                 axis = a.i
+        if not np.all(np.isfinite(scale)) or np.any(scale <= 0):
+            raise UnsupportedOpError(qnode.name, qnode.op_type, f"quantisation scale {scale.reshape(-1)[:4].tolist()} is "
+                                     "not positive and finite (calibration data with inf or NaN?)")
         dtype = zp.dtype if zp is not None else np.dtype(np.uint8)
         zero = zp.astype(np.int64) if zp is not None else np.zeros(scale.shape, np.int64)
         if scale.size == 1:

@@ -10,23 +10,22 @@ import tosa_serializer as ts
 from npubuild.lowering.context import NHWC, LoweringContext, TTensor
 from npubuild.lowering.emit import Op, attr, rescale
 from npubuild.lowering.quant import QParams
+from npubuild.lowering.spatial import Window
 
 
-def conv_pads(ctx: LoweringContext, in_hw: tuple[int, int], kernel: tuple[int, int], stride, dilation) -> list[int]:
+def conv_pads(in_hw: tuple[int, int], win: Window) -> list[int]:
     """ONNX pads/auto_pad -> TOSA [top, bottom, left, right]."""
-    auto_pad = ctx.attr("auto_pad", b"NOTSET")
-    auto_pad = auto_pad.decode() if isinstance(auto_pad, bytes) else auto_pad
-    if auto_pad in ("SAME_UPPER", "SAME_LOWER"):
+    if win.auto_pad in ("SAME_UPPER", "SAME_LOWER"):
         pads = []
         for i in range(2):
-            out = -(-in_hw[i] // stride[i])
-            total = max(0, (out - 1) * stride[i] + (kernel[i] - 1) * dilation[i] + 1 - in_hw[i])
+            out = -(-in_hw[i] // win.stride[i])
+            total = max(0, (out - 1) * win.stride[i] + (win.kernel[i] - 1) * win.dilation[i] + 1 - in_hw[i])
             small, big = total // 2, total - total // 2
-            pads.append((small, big) if auto_pad == "SAME_UPPER" else (big, small))
+            pads.append((small, big) if win.auto_pad == "SAME_UPPER" else (big, small))
         return [pads[0][0], pads[0][1], pads[1][0], pads[1][1]]
-    if auto_pad == "VALID":
+    if win.auto_pad == "VALID":
         return [0, 0, 0, 0]
-    p = list(ctx.attr("pads", [0, 0, 0, 0]))
+    p = win.onnx_pads
     return [p[0], p[2], p[1], p[3]]
 
 

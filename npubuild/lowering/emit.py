@@ -36,7 +36,12 @@ def rescale(
     """RESCALE x to out_dtype: out = round((x - in_zp) * scale) + out_zp, per channel if scale is a vector."""
     out_dtype = np.dtype(out_dtype)
     scale = np.atleast_1d(np.asarray(scale, np.float64))
-    mult, shift = multiplier_shift(scale, 32)
+    try:
+        mult, shift = multiplier_shift(scale, 32)
+    except ValueError as exc:  # a non-finite or out-of-range scale: the node cannot be lowered, say which
+        if ctx.current is None:
+            raise
+        raise ctx.unsupported(str(exc)) from None
     per_channel = scale.size > 1
     out = ctx.new_tensor(x.shape, out_dtype, x.perm, out_q, output_of=output_of)
     inputs = [

@@ -84,3 +84,36 @@ def mul_scalar(ctx: LoweringContext, x: TTensor, value: float, output_of: str | 
 
 def add_scalar(ctx: LoweringContext, x: TTensor, value: float, output_of: str | None = None) -> TTensor:
     return add(ctx, x, scalar(ctx, value, x), output_of)
+
+
+def greater(ctx: LoweringContext, a: TTensor, b: TTensor) -> TTensor:
+    """a > b as a BOOL tensor (operands of equal rank)."""
+    shape = tuple(max(p, q) for p, q in zip(a.shape, b.shape, strict=True))
+    out = ctx.new_tensor(shape, np.bool_, a.perm if a.shape == shape else b.perm)
+    ctx.op(Op.GREATER, [a.name, b.name], [out.name], attr("Greater"))
+    return out
+
+
+def equal(ctx: LoweringContext, a: TTensor, b: TTensor) -> TTensor:
+    shape = tuple(max(p, q) for p, q in zip(a.shape, b.shape, strict=True))
+    out = ctx.new_tensor(shape, np.bool_, a.perm if a.shape == shape else b.perm)
+    ctx.op(Op.EQUAL, [a.name, b.name], [out.name], attr("Equal"))
+    return out
+
+
+def logical(ctx: LoweringContext, op, kind: str, a: TTensor, b: TTensor) -> TTensor:
+    """LOGICAL_AND / LOGICAL_OR of two BOOL tensors."""
+    out = ctx.new_tensor(a.shape, np.bool_, a.perm)
+    ctx.op(op, [a.name, b.name], [out.name], attr(kind))
+    return out
+
+
+def select(ctx: LoweringContext, cond: TTensor, a: TTensor, b: TTensor, output_of: str | None = None) -> TTensor:
+    """cond ? a : b (a and b broadcast to cond's shape)."""
+    out = ctx.new_tensor(cond.shape, np.float32, cond.perm, output_of=output_of)
+    ctx.op(Op.SELECT, [cond.name, a.name, b.name], [out.name], attr("Select"))
+    return out
+
+
+def floor(ctx: LoweringContext, x: TTensor, output_of: str | None = None) -> TTensor:
+    return unary(ctx, Op.FLOOR, "Floor", x, output_of)

@@ -226,3 +226,40 @@ def constant_ints(ctx: LoweringContext, i: int, what: str) -> list[int] | None:
     if c is None:
         raise ctx.unsupported(f"{what} must be a constant")
     return [int(v) for v in np.asarray(c).reshape(-1)]
+
+
+def _pad_const(ctx: LoweringContext, x: TTensor, value: float) -> str:
+    if x.q is not None:
+        return ctx.const(x.q.quantize(np.array([value])).astype(x.dtype), "pad_const")
+    return ctx.const(np.array([value], x.dtype), "pad_const")
+
+
+def pad_phys(ctx: LoweringContext, x: TTensor, before: list[int], after: list[int], value: float = 0.0,
+             output_of: str | None = None) -> TTensor:
+    """PAD by physical amounts with the (quantized) constant `value`."""
+    shape = tuple(d + b + a for d, b, a in zip(x.shape, before, after, strict=True))
+    out = ctx.new_tensor(shape, x.dtype, x.perm, x.q, output_of=output_of)
+    padding = [v for b, a in zip(before, after, strict=True) for v in (b, a)]
+    ctx.op(Op.PAD, [x.name, ctx.shape_const(padding), _pad_const(ctx, x, value)], [out.name], attr("Pad"))
+    return out
+
+
+def decimate(ctx: LoweringContext, x: TTensor, axis: int, lo: int, step: int, count: int) -> TTensor:
+    """Elements lo, lo + step, ... (count of them) of a logical axis: SLICE, RESHAPE to expose the step, SLICE."""
+    if step == 1 or count == 1:
+        return slice_axis(ctx, x, axis, lo, count)
+    p = phys_axis(x, axis)
+    dim = x.shape[p]
+    if lo + count * step <= dim:
+        x = slice_axis(ctx, x, axis, lo, count * step)
+    else:  # the last stride runs past the end: pad it (the padded values are never read)
+        x = slice_axis(ctx, x, axis, lo, (count - 1) * step + 1)
+        after = [0] * len(x.shape)
+        after[p] = step - 1
+        x = pad_phys(ctx, x, [0] * len(x.shape), after)
+    outer, inner = int(np.prod(x.shape[:p])), int(np.prod(x.shape[p + 1:]))
+    view = phys_reshape(ctx, x, (outer, count, step, inner))
+    picked = slice_phys(ctx, view, [0, 0, 0, 0], [outer, count, 1, inner])
+    shape = list(x.shape)
+    shape[p] = count
+    return phys_reshape(ctx, picked, tuple(shape), x.perm)

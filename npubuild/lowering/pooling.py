@@ -1,4 +1,5 @@
-"""Pooling building blocks shared by the op lowerings: AVG_POOL2D with exact padding."""
+"""Pooling building blocks shared by the op lowerings: window geometry, AVG_POOL2D with exact padding, and
+dilated windows (which TOSA pools do not have) as a stack of their taps."""
 
 from __future__ import annotations
 
@@ -7,33 +8,65 @@ import tosa_serializer as ts
 
 from npubuild.lowering.context import NHWC, LoweringContext, TTensor
 from npubuild.lowering.convolution import conv_pads, exact_pads, slice_hw
-from npubuild.lowering.emit import Op, attr, requantize, rescale
+from npubuild.lowering.emit import Op, attr, requantize, rescale, reshape
+from npubuild.lowering.movement import concat_phys, decimate, pad_phys
+from npubuild.lowering.spatial import Window
 
 
-def pool_geometry(ctx: LoweringContext, x: TTensor, kernel) -> tuple[list[int], tuple, TTensor]:
-    stride = tuple(ctx.attr("strides", [1, 1]))
-    dilation = tuple(ctx.attr("dilations", [1, 1]))
-    if dilation != (1, 1):
-        raise ctx.unsupported("dilated pooling is not supported")
-    pads = conv_pads(ctx, (x.shape[1], x.shape[2]), kernel, stride, (1, 1))
-    if int(ctx.attr("ceil_mode", 0)):  # ONNX: ceil, but the last window must start inside the input or left pad
+def pool_geometry(ctx: LoweringContext, x: TTensor, win: Window) -> tuple[list[int], tuple[int, int], TTensor, bool]:
+    """(TOSA pads, stride, the input sliced to the rows the windows read, whether ceil_mode added padding).
+
+    ceil_mode follows ONNX (and torch): the output size rounds up, but a last window that would start
+    in the end padding is dropped; the end padding is then whatever makes that many windows exact,
+    which is always less than the kernel (TOSA's limit). Padding ceil_mode adds is never counted by an
+    average, whatever count_include_pad says.
+    """
+    hw = (x.shape[1], x.shape[2])
+    pads = conv_pads(hw, win)
+    extra = False
+    if int(ctx.attr("ceil_mode", 0)):
         for i in range(2):
-            n, lo, k, s = x.shape[1 + i], pads[2 * i], kernel[i], stride[i]
-            out = -(-(n + lo + pads[2 * i + 1] - k) // s) + 1
-            if (out - 1) * s >= n + lo:
+            span = (win.kernel[i] - 1) * win.dilation[i] + 1
+            size = hw[i] + pads[2 * i] + pads[2 * i + 1]
+            out = -(-(size - span) // win.stride[i]) + 1
+            if (out - 1) * win.stride[i] >= hw[i] + pads[2 * i]:
                 out -= 1
-            pads[2 * i + 1] = (out - 1) * s + k - n - lo  # < k: TOSA's limit on a pad
-    pads, keep = exact_pads((x.shape[1], x.shape[2]), kernel, stride, (1, 1), pads)
-    return pads, stride, slice_hw(ctx, x, keep)
+            need = (out - 1) * win.stride[i] + span - hw[i] - pads[2 * i]
+            if need > pads[2 * i + 1]:
+                pads[2 * i + 1] = need
+                extra = True
+    pads, keep = exact_pads(hw, win.kernel, win.stride, win.dilation, pads)
+    return pads, win.stride, slice_hw(ctx, x, keep), extra
 
 
-def pool_out_hw(x: TTensor, kernel, stride, pads) -> tuple[int, int]:
-    oh = (x.shape[1] + pads[0] + pads[1] - kernel[0]) // stride[0] + 1
-    ow = (x.shape[2] + pads[2] + pads[3] - kernel[1]) // stride[1] + 1
+def pool_out_hw(x: TTensor, kernel, stride, pads, dilation=(1, 1)) -> tuple[int, int]:
+    oh = (x.shape[1] + pads[0] + pads[1] - (kernel[0] - 1) * dilation[0] - 1) // stride[0] + 1
+    ow = (x.shape[2] + pads[2] + pads[3] - (kernel[1] - 1) * dilation[1] - 1) // stride[1] + 1
     return oh, ow
 
 
-def avg_pool(ctx: LoweringContext, x: TTensor, kernel, stride, pads, count_include_pad: bool = False) -> None:
+def dilated_taps(ctx: LoweringContext, x: TTensor, win: Window, pads: list[int], pad_value: float
+                 ) -> tuple[TTensor, tuple[int, int, int, int]]:
+    """The K = kh * kw taps of a dilated window, stacked as [1, K, N*oh*ow, C] (one (K, 1) pool reduces them).
+
+    Each tap is the input (padded with `pad_value`) read at a fixed kernel offset with the window's
+    stride: one strided slice per tap. Returns the stack and the NHWC output shape.
+    """
+    n, _, _, c = x.shape
+    oh, ow = pool_out_hw(x, win.kernel, win.stride, pads, win.dilation)
+    if any(pads):
+        x = pad_phys(ctx, x, [0, pads[0], pads[2], 0], [0, pads[1], pads[3], 0], pad_value)
+    taps = []
+    for jh in range(win.kernel[0]):
+        rows = decimate(ctx, x, 2, jh * win.dilation[0], win.stride[0], oh)  # logical axis 2 is H (NHWC perm)
+        for jw in range(win.kernel[1]):
+            tap = decimate(ctx, rows, 3, jw * win.dilation[1], win.stride[1], ow)
+            taps.append(reshape(ctx, tap, (1, 1, n * oh * ow, c), NHWC))
+    return concat_phys(ctx, taps, 1), (n, oh, ow, c)
+
+
+def avg_pool(ctx: LoweringContext, x: TTensor, kernel, stride, pads, count_include_pad: bool = False,
+             output_of: str | None = None) -> TTensor:
     """Average pooling; in int8 picks the form with a single rounding.
 
     TOSA AVG_POOL2D divides by the count of non-padded elements (ONNX
@@ -45,30 +78,27 @@ def avg_pool(ctx: LoweringContext, x: TTensor, kernel, stride, pads, count_inclu
     """
     oh, ow = pool_out_hw(x, kernel, stride, pads)
     shape = (x.shape[0], oh, ow, x.shape[3])
-    out_name = ctx.current.output[0]
     if ctx.profile == "fp":
-        if count_include_pad and any(pads):
-            raise ctx.unsupported("count_include_pad=1 with padding is not supported in the FP profile yet")
-        out = ctx.new_tensor(shape, np.float32, NHWC, output_of=out_name)
+        if count_include_pad and any(pads):  # the padding counts: pad with zeros, then a pool with none
+            x = pad_phys(ctx, x, [0, pads[0], pads[2], 0], [0, pads[1], pads[3], 0], 0.0)
+            pads = [0, 0, 0, 0]
+        out = ctx.new_tensor(shape, np.float32, NHWC, output_of=output_of)
         ins = [x.name, ctx.zp(0, np.float32), ctx.zp(0, np.float32)]
         ctx.op(Op.AVG_POOL2D, ins, [out.name], attr("AvgPool2d", list(kernel), list(stride), pads, ts.DType.FP32))
-        ctx.set_output(0, out)
-        return
+        return out
     out_q = ctx.require_output_q()
     assert x.q is not None
     same_scale = np.isclose(x.q.s, out_q.s, rtol=1e-6)
     if same_scale and not (count_include_pad and any(pads)):
-        out = ctx.new_tensor(shape, x.dtype, NHWC, out_q, output_of=out_name)
+        out = ctx.new_tensor(shape, x.dtype, NHWC, out_q, output_of=output_of)
         ins = [x.name, ctx.zp(x.q.zp, np.int8), ctx.zp(out_q.zp, np.int8)]
         ctx.op(Op.AVG_POOL2D, ins, [out.name], attr("AvgPool2d", list(kernel), list(stride), pads, ts.DType.INT32))
-        ctx.set_output(0, out)
-        return
+        return out
     if any(pads) and not count_include_pad:
         out = ctx.new_tensor(shape, x.dtype, NHWC, x.q)
         ins = [x.name, ctx.zp(x.q.zp, np.int8), ctx.zp(x.q.zp, np.int8)]
         ctx.op(Op.AVG_POOL2D, ins, [out.name], attr("AvgPool2d", list(kernel), list(stride), pads, ts.DType.INT32))
-        ctx.set_output(0, requantize(ctx, out, out_q, output_of=out_name))
-        return
+        return requantize(ctx, out, out_q, output_of=output_of)
     c = x.shape[3]
     ones = np.ones((kernel[0], kernel[1], c, 1), np.int8)  # HWCM
     acc = ctx.new_tensor(shape, np.int32, NHWC)
@@ -77,4 +107,4 @@ def avg_pool(ctx: LoweringContext, x: TTensor, kernel, stride, pads, count_inclu
     ctx.op(Op.DEPTHWISE_CONV2D, ins, [acc.name],
            attr("DepthwiseConv2d", pads, list(stride), [1, 1], False, ts.DType.INT32))
     scale = x.q.s / (kernel[0] * kernel[1] * out_q.s)
-    ctx.set_output(0, rescale(ctx, acc, scale, out_q.dtype, 0, out_q.zp, out_q, output_of=out_name))
+    return rescale(ctx, acc, scale, out_q.dtype, 0, out_q.zp, out_q, output_of=output_of)

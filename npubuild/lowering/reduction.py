@@ -6,7 +6,7 @@ import numpy as np
 import tosa_serializer as ts
 
 from npubuild.lowering.context import LoweringContext, TTensor
-from npubuild.lowering.emit import Op, attr, rescale, reshape
+from npubuild.lowering.emit import Op, attr, rescale, reshape, to_layout
 
 
 def physical_axes(x: TTensor, axes: list[int]) -> list[int]:
@@ -39,6 +39,8 @@ def emit_reduce(ctx: LoweringContext, op, x: TTensor, phys_axes: list[int], q=No
         out = ctx.new_tensor(shape, x.dtype, src.perm, q if q is not None else x.q)
         if op in (Op.REDUCE_MAX, Op.REDUCE_MIN):
             a = attr("ReduceMax" if op == Op.REDUCE_MAX else "ReduceMin", first, ts.NanPropagationMode.PROPAGATE)
+        elif op == Op.REDUCE_PRODUCT:
+            a = attr("ReduceProduct", first)
         else:
             a = attr("ReduceSum", first)
         ctx.op(op, [src.name], [out.name], a)
@@ -58,3 +60,16 @@ def int_sum(ctx: LoweringContext, x: TTensor, phys: list[int], divisor: int, out
     wide = rescale(ctx, x, 1.0, np.int32, x.q.zp, 0, None)
     total = emit_reduce(ctx, Op.REDUCE_SUM, wide, phys)
     return rescale(ctx, total, x.q.s / out_q.s / divisor, out_q.dtype, 0, out_q.zp, out_q, output_of=output_of)
+
+
+def axis_last(ctx: LoweringContext, x: TTensor, logical_axes: list[int]) -> TTensor:
+    """x in a layout with the given logical axes physically last (a TRANSPOSE only if the order changes).
+
+    The integer lowerings reduce int32 tensors; Vela runs REDUCE_SUM natively
+    over the channel (last) axis only and otherwise moves the data itself,
+    which npu-sim showed to give wrong sums for computed int32 tensors. An
+    int8 layout change up front is cheap and exact; the result keeps the new
+    layout (the next op converts only if it needs to).
+    """
+    layout = tuple(p for p in x.perm if p not in logical_axes) + tuple(logical_axes)
+    return to_layout(ctx, x, layout)

@@ -68,6 +68,36 @@ def emit_table(ctx: LoweringContext, x: TTensor, table: np.ndarray, out_q: QPara
     return out
 
 
+def node_function(ctx: LoweringContext) -> RealFn:
+    """The current node as a function of its input 0, evaluated by onnxruntime in float32 (its other inputs
+    constants): the very kernel the QDQ reference runs between its DequantizeLinear and QuantizeLinear, so
+    a table built from it equals the reference exactly, with no numpy twin of the op to keep in step."""
+    import onnx
+    import onnxruntime as ort
+    from onnx import TensorProto, helper
+
+    node = ctx.current
+    assert node is not None
+    inits, names = [], ["x"]
+    for k, name in enumerate(node.input[1:], start=1):
+        c = ctx.constant(k) if name else None
+        if name and c is None:
+            raise ctx.unsupported(f"input {k} must be a constant for a TABLE lowering")
+        if c is not None:
+            inits.append(onnx.numpy_helper.from_array(np.asarray(c).astype(np.asarray(c).dtype), f"c{k}"))
+        names.append(f"c{k}" if name else "")
+    made = helper.make_node(node.op_type, names, ["y"])
+    made.attribute.extend(node.attribute)
+    graph = helper.make_graph([made], "f", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [256])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], inits)
+    model = helper.make_model(graph, opset_imports=[o for o in ctx.model.opset_import if o.domain in ("", "ai.onnx")])
+    model.ir_version = min(ctx.model.ir_version, 10) or 8
+    opts = ort.SessionOptions()
+    opts.log_severity_level = 3
+    sess = ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
+    return lambda v: np.asarray(sess.run(None, {"x": np.asarray(v, np.float32)})[0], np.float64).reshape(-1)
+
+
 def lower_via_table(ctx: LoweringContext, fn: RealFn, x: TTensor | None = None) -> None:
     """Lower the current single-output node as out = fn(in) through one int8 TABLE."""
     x = x if x is not None else ctx.tensor(0)

@@ -60,6 +60,33 @@ class GraphBuilder:
         return self.node("Conv", ins, kernel_shape=list(k), strides=list(stride), pads=list(pads), group=group,
                          dilations=list(dilation))
 
+    def conv1d(self, x: str, cin: int, cout: int, k: int, stride: int = 1, dilation: int = 1, causal: bool = False,
+               bias: bool = True) -> str:
+        """Conv1d on [N, C, L]; `causal` pads (k - 1) * dilation on the left with an explicit Pad node, as torch
+        writes a causal TCN layer (F.pad then an unpadded conv)."""
+        if causal:
+            x = self.node("Pad", [x, self.shape([0, 0, (k - 1) * dilation, 0, 0, 0])])
+            pads = [0, 0]
+        else:
+            pads = [(k - 1) * dilation // 2, (k - 1) * dilation - (k - 1) * dilation // 2]
+        w = self.rng.normal(0, np.sqrt(2.0 / (cin * k)), size=(cout, cin, k)).astype(np.float32)
+        ins = [x, self.const(w, "w")]
+        if bias:
+            ins.append(self.const(self.rng.normal(0, 0.05, size=cout).astype(np.float32), "b"))
+        return self.node("Conv", ins, kernel_shape=[k], strides=[stride], pads=pads, dilations=[dilation])
+
+    def recurrent(self, op: str, x: str, cin: int, hidden: int, **attrs) -> tuple[str, str]:
+        """One-direction GRU or LSTM on [T, N, C] (ONNX layout 0), torch-style uniform(+-1/sqrt(H)) weights;
+        returns (Y, Y_h)."""
+        gates = {"GRU": 3, "LSTM": 4}[op]
+        bound = 1.0 / np.sqrt(hidden)
+        w = self.rng.uniform(-bound, bound, (1, gates * hidden, cin)).astype(np.float32)
+        r = self.rng.uniform(-bound, bound, (1, gates * hidden, hidden)).astype(np.float32)
+        b = self.rng.uniform(-bound, bound, (1, 2 * gates * hidden)).astype(np.float32)
+        ins = [x, self.const(w, f"{op.lower()}_W"), self.const(r, f"{op.lower()}_R"), self.const(b, f"{op.lower()}_B")]
+        outs = self.node(op, ins, n_out=2, hidden_size=hidden, **attrs)
+        return outs[0], outs[1]
+
     def batchnorm(self, x: str, c: int) -> str:
         gamma = self.rng.uniform(0.7, 1.3, c).astype(np.float32)
         beta = self.rng.normal(0, 0.1, c).astype(np.float32)

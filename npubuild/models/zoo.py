@@ -201,6 +201,105 @@ def kws_fused_gelu(seed: int = 0, classes: int = 12) -> onnx.ModelProto:
     return g.model(extra_opsets={"com.microsoft": 1})
 
 
+def tcn_imu(seed: int = 0, channels: int = 6, length: int = 128, width: int = 16, classes: int = 6) -> onnx.ModelProto:
+    """A temporal convolutional network for IMU activity recognition: 6-axis samples in, 6 classes out.
+
+    A Conv1d stem, four residual blocks of two causal dilated Conv1d (kernel 3, dilations 1, 2, 4, 8;
+    each padded on the left by an explicit Pad, as torch writes a causal layer) with ReLU, global average
+    pool over time, fully connected.
+    """
+    g = GraphBuilder("tcn_imu", seed)
+    x = g.input("input", ["N", channels, length])
+    x = g.relu(g.conv1d(x, channels, width, 3, causal=True))
+    for d in (1, 2, 4, 8):
+        y = g.relu(g.conv1d(x, width, width, 3, dilation=d, causal=True))
+        y = g.conv1d(y, width, width, 3, dilation=d, causal=True)
+        x = g.relu(g.node("Add", [x, y]))
+    x = g.node("GlobalAveragePool", [x])
+    x = g.node("Flatten", [x], axis=1)
+    x = g.gemm(x, width, classes)
+    g.output(x, ["N", classes])
+    return g.model()
+
+
+def _recurrent_kws(op: str, seed: int, hidden: int = 48, frames: int = 49, mfcc: int = 10, width: int = 32,
+                   classes: int = 12) -> onnx.ModelProto:
+    """Keyword spotting with a recurrent layer: 49x10 MFCC frames in, 12 classes out.
+
+    A Conv1d over time (stride 2: 25 steps) + ReLU, the GRU or LSTM over the steps, its last hidden
+    state through a fully connected layer.
+    """
+    g = GraphBuilder(f"{op.lower()}_kws", seed)
+    x = g.input("input", ["N", frames, mfcc])
+    x = g.node("Transpose", [x], perm=[0, 2, 1])  # [N, MFCC, T]: the features are the conv's channels
+    x = g.relu(g.conv1d(x, mfcc, width, 3, stride=2))
+    x = g.node("Transpose", [x], perm=[2, 0, 1])  # [T, N, C], ONNX's sequence-first layout
+    _, h = g.recurrent(op, x, width, hidden)
+    x = g.node("Reshape", [h, g.shape([-1, hidden])])
+    x = g.gemm(x, hidden, classes)
+    g.output(x, ["N", classes])
+    return g.model()
+
+
+def gru_kws(seed: int = 0) -> onnx.ModelProto:
+    """Keyword spotting, Conv1d + GRU (48 units) over 25 steps (see _recurrent_kws)."""
+    return _recurrent_kws("GRU", seed)
+
+
+def lstm_kws(seed: int = 0) -> onnx.ModelProto:
+    """Keyword spotting, Conv1d + LSTM (48 units) over 25 steps (see _recurrent_kws)."""
+    return _recurrent_kws("LSTM", seed)
+
+
+def mobilevit_block(seed: int = 0, size: int = 32, d: int = 32, heads: int = 2, classes: int = 10) -> onnx.ModelProto:
+    """A MobileViT-style network: a SiLU conv stem, one MobileViT block, classifier.
+
+    Block (Mehta & Rastegari, 2022): a 3x3 conv + SiLU and a 1x1 conv to d channels (local
+    representation); unfold into 2x2 patches ([N, 4, P, d]: the pixels at one offset of every patch are a
+    sequence); one pre-norm transformer layer (LayerNormalization, 2-head attention with a scaled MatMul
+    and Softmax, residual; LayerNormalization, SiLU feed-forward, residual); fold back; a 1x1 conv to the
+    block's width, Concat with the block input, a 3x3 conv + SiLU. SiLU is x * Sigmoid(x) as torch writes it.
+    """
+    g = GraphBuilder("mobilevit_block", seed)
+    x = g.input("input", ["N", 3, size, size])
+
+    def silu(t: str) -> str:
+        return g.node("Mul", [t, g.node("Sigmoid", [t])])
+
+    c = 16
+    x = silu(g.conv_bn(x, 3, c, (3, 3), act=None, stride=(2, 2), pads=[1, 1, 1, 1]))
+    h = size // 2
+    y = silu(g.conv_bn(x, c, c, (3, 3), act=None))
+    y = g.conv(y, c, d, (1, 1), bias=False)
+    p = h // 2  # patches per side
+    y = g.node("Reshape", [y, g.shape([-1, d, p, 2, p, 2])])
+    y = g.node("Transpose", [y], perm=[0, 3, 5, 2, 4, 1])  # [N, 2, 2, p, p, d]
+    seq = g.node("Reshape", [y, g.shape([-1, 4, p * p, d])])  # [N, 4 offsets, P patches, d]
+    hd = d // heads
+    split = g.shape([-1, 4, p * p, heads, hd])
+    scale = g.const(np.float32(1.0 / np.sqrt(hd)), "scale")
+    t = g.layernorm(seq, d)
+    q = g.node("Transpose", [g.node("Reshape", [g.linear(t, d, d), split])], perm=[0, 1, 3, 2, 4])
+    k = g.node("Transpose", [g.node("Reshape", [g.linear(t, d, d), split])], perm=[0, 1, 3, 4, 2])
+    v = g.node("Transpose", [g.node("Reshape", [g.linear(t, d, d), split])], perm=[0, 1, 3, 2, 4])
+    att = g.node("Softmax", [g.node("Mul", [g.node("MatMul", [q, k]), scale])], axis=-1)
+    o = g.node("Transpose", [g.node("MatMul", [att, v])], perm=[0, 1, 3, 2, 4])
+    o = g.linear(g.node("Reshape", [o, g.shape([-1, 4, p * p, d])]), d, d)
+    seq = g.node("Add", [seq, o])
+    f = g.linear(silu(g.linear(g.layernorm(seq, d), d, 2 * d)), 2 * d, d)
+    seq = g.node("Add", [seq, f])
+    y = g.node("Reshape", [seq, g.shape([-1, 2, 2, p, p, d])])
+    y = g.node("Transpose", [y], perm=[0, 5, 3, 1, 4, 2])  # [N, d, p, 2, p, 2]
+    y = g.node("Reshape", [y, g.shape([-1, d, h, h])])
+    y = g.conv_bn(y, d, c, (1, 1), act=None)
+    x = silu(g.conv_bn(g.node("Concat", [x, y], axis=1), 2 * c, c, (3, 3), act=None))
+    x = g.node("GlobalAveragePool", [x])
+    x = g.node("Flatten", [x], axis=1)
+    x = g.gemm(x, c, classes)
+    g.output(x, ["N", classes])
+    return g.model()
+
+
 MODELS: dict[str, Callable[[], onnx.ModelProto]] = {
     "ds_cnn": ds_cnn,
     "mobilenet_v1": mobilenet_v1,
@@ -210,4 +309,8 @@ MODELS: dict[str, Callable[[], onnx.ModelProto]] = {
     "unet": unet,
     "transformer": transformer,
     "kws_fused_gelu": kws_fused_gelu,
+    "tcn_imu": tcn_imu,
+    "gru_kws": gru_kws,
+    "lstm_kws": lstm_kws,
+    "mobilevit_block": mobilevit_block,
 }

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 from tosa import Attribute, DType, Op
+from tosa.ArgMaxAttribute import ArgMaxAttribute
 from tosa.AvgPool2dAttribute import AvgPool2dAttribute
 from tosa.Conv2dAttribute import Conv2dAttribute
 from tosa.DepthwiseConv2dAttribute import DepthwiseConv2dAttribute
@@ -24,7 +25,7 @@ ATTR_NAMES = {v: k for k, v in vars(Attribute.Attribute).items() if not k.starts
 CONST_OPS = ("CONST", "CONST_SHAPE")  # constants are operators in a TOSA 1.0 flatbuffer; lowerings never list them
 WINDOW_ATTRS = {"Conv2dAttribute": Conv2dAttribute, "DepthwiseConv2dAttribute": DepthwiseConv2dAttribute,
                 "MaxPool2dAttribute": MaxPool2dAttribute, "AvgPool2dAttribute": AvgPool2dAttribute,
-                "TransposeConv2dAttribute": TransposeConv2dAttribute}
+                "TransposeConv2dAttribute": TransposeConv2dAttribute, "ArgMaxAttribute": ArgMaxAttribute}
 
 
 @dataclass
@@ -64,6 +65,8 @@ def _window_attr(op) -> dict:
     for key in ("Kernel", "Stride", "Pad", "Dilation"):
         if hasattr(a, f"{key}Length"):
             out[key.lower()] = [int(getattr(a, key)(j)) for j in range(getattr(a, f"{key}Length")())]
+    if hasattr(a, "Axis"):
+        out["axis"] = int(a.Axis())
     return out
 
 

@@ -60,11 +60,12 @@ def gather() -> bytes:
     return s.serialize()
 
 
-def argmax(channels: int) -> bytes:
+def argmax(channels: int, axis: int = 3, dtype=D.INT8) -> bytes:
     s = _ser()
-    v = s.addPlaceholder([1, 4, 4, channels], D.INT8)
-    o = s.addOutput([1, 4, 4], D.INT32)
-    s.addOperator(ts.Op.ARGMAX, [v.name], [o.name], _attr("ArgMax", 3, ts.NanPropagationMode.PROPAGATE))
+    shape = [1, 4, 4, channels]
+    v = s.addPlaceholder(shape, dtype)
+    o = s.addOutput([d for i, d in enumerate(shape) if i != axis], D.INT32)
+    s.addOperator(ts.Op.ARGMAX, [v.name], [o.name], _attr("ArgMax", axis, ts.NanPropagationMode.PROPAGATE))
     return s.serialize()
 
 
@@ -133,6 +134,10 @@ CASES = [
     pytest.param(argmax(127), U55, None, id="argmax-127-u55"),
     pytest.param(argmax(128), U55, "u55-argmax-channels", id="argmax-128-u55"),
     pytest.param(argmax(128), U85, None, id="argmax-128-u85"),
+    pytest.param(argmax(8, axis=1), U55, "u55-argmax-axis", id="argmax-axis1-u55"),
+    pytest.param(argmax(8, axis=1), U85, None, id="argmax-axis1-u85"),
+    pytest.param(argmax(8, dtype=D.INT16), U55, "u55-argmax-axis", id="argmax-int16-u55"),
+    pytest.param(argmax(8, dtype=D.INT16), U85, None, id="argmax-int16-u85"),
     pytest.param(add(D.INT32), U55, None, id="add-int32-u55"),
     pytest.param(add(D.FP32), U55, "pro-int-only", id="add-fp32-u55"),
     pytest.param(add(D.FP32), U85, "pro-int-only", id="add-fp32-u85"),

@@ -34,3 +34,31 @@ def test_compare_and_select(cmp: str, threshold: float):
     assert {"GREATER", "SELECT"} <= {op for ops in lowered.node_ops.values() for op in ops}
     npu, cpu = vela_op_counts(lowered.tosa, "ethos-u85-256")
     assert npu > 0 and cpu == 0
+
+
+@pytest.mark.parametrize("cmp", ["Greater", "Less"])
+def test_constant_first_operand(cmp: str):
+    """Less(0.2, c) is Greater(c, 0.2): a constant first operand was reshaped to rank 0 before (invalid TOSA)."""
+    model = select_model(cmp, 0.2)
+    model.graph.node[1].input[:] = ["t", "c"]
+    check_fp(model, {"x": rand((1, 4, 6, 6), 11)})
+    lowered, _ = check_int(model, calib("x", [1, 4, 6, 6]), {"x": rand((1, 4, 6, 6), 12)}, max_lsb=1)
+    npu, cpu = vela_op_counts(lowered.tosa, "ethos-u85-256")
+    assert npu > 0 and cpu == 0
+
+
+def test_two_tensors_on_different_scales():
+    """Greater(c, 0.5 * relu(c)): operands with unequal int8 scales meet on one int32 grid."""
+    w = np.random.default_rng(3).uniform(-1, 1, (4, 4, 1, 1)).astype(np.float32)
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], name="conv"),
+             helper.make_node("Relu", ["c"], ["r"], name="relu"),
+             helper.make_node("Mul", ["r", "half"], ["rh"], name="half"),
+             helper.make_node("Greater", ["c", "rh"], ["g"], name="cmp"),
+             helper.make_node("Where", ["g", "c", "rh"], ["y"], name="where")]
+    graph = helper.make_graph(nodes, "cmp2", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, 6, 6])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4, 6, 6])],
+                              [numpy_helper.from_array(w, "w"), numpy_helper.from_array(np.array(0.5, np.float32), "half")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    check_fp(model, {"x": rand((1, 4, 6, 6), 11)})
+    check_int(model, calib("x", [1, 4, 6, 6]), {"x": rand((1, 4, 6, 6), 12)}, max_lsb=1)

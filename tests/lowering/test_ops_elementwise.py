@@ -3,10 +3,14 @@ onnxruntime on the QDQ op (in LSB), INT compiled by Vela for U55 and U85 with ev
 
 from __future__ import annotations
 
+import tempfile
+from pathlib import Path
+
 import numpy as np
 import pytest
+from npusim_helpers import assert_bitexact, vela_raw
 from onnx import TensorProto, helper
-from ophelpers import calib, check_fp, check_int, rand, single_op_model, vela_op_counts
+from ophelpers import calib, check_fp, check_int, io_dict, rand, single_op_model, vela_op_counts
 
 ACCELS = ("ethos-u55-128", "ethos-u85-256")
 BINARY = ["Add", "Sub", "Mul", "Div", "Min", "Max"]
@@ -106,8 +110,11 @@ def test_div_general(b_range):
     feeds = {"a": rand(X, 1, -3, 3), "b": rand(X, 2, *b_range)}
     cal = {**calib("a", X, low=-3, high=3), **calib("b", X, seed=5, low=b_range[0], high=b_range[1])}
     lowered, _ = check_int(model, cal, feeds, max_lsb=1)
-    assert _ops(lowered).count("TABLE") == 2 and "MUL" in _ops(lowered)
+    # the reciprocal's mantissa bytes and exponent: three TABLEs, a product and a per-element shift
+    assert _ops(lowered).count("TABLE") == 3 and "MUL" in _ops(lowered) and "ARITHMETIC_RIGHT_SHIFT" in _ops(lowered)
     _assert_on_npu(lowered)
+    with tempfile.TemporaryDirectory() as tmp:
+        assert_bitexact(lowered.tosa, io_dict(lowered), vela_raw(lowered.tosa, Path(tmp)))
 
 
 def test_squeeze_excite_mul():

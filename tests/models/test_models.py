@@ -22,7 +22,7 @@ from npubuild.models.__main__ import main as models_main
 from npubuild.models.zoo import MODELS
 
 MODELS_DIR = REPO / "configs" / "models"
-CNNS = ("ds_cnn", "mobilenet_v1", "resnet8", "autoencoder", "mobilenet_v3_block", "unet")
+CNNS = ("ds_cnn", "mobilenet_v1", "resnet8", "autoencoder", "mobilenet_v3_block", "unet", "tcn_imu")
 
 
 def canonical(m: onnx.ModelProto) -> tuple:
@@ -155,3 +155,19 @@ def test_cnn_examples_build_fully_on_the_npu_without_transposes(tmp_path: Path, 
         assert b["status"] == "passed", (b["model"], b["target"], b["errors"])
         assert m["transposes"] == 0 and m["npu_offload"] == 1.0 and m["vela_cpu_ops"] == 0
         assert m["tosa_snr_db"] >= 30 and m["quant_snr_db"] >= 30
+
+
+def test_tcn_recurrent_and_mobilevit_examples_build_fully_on_the_npu(tmp_path: Path, capsys):
+    """Issue 14's acceptance: the 1-D TCN, the GRU and LSTM keyword spotters and the MobileViT block build fully
+    on the NPU for U55-128 and U85-256, within 1 LSB of the QDQ model and at >= 30 dB, every gate held."""
+    specs = [str(REPO / "configs" / f) for f in ("imu_activity.yaml", "kws_recurrent.yaml", "mobilevit.yaml")]
+    code, _, err = run_cli(["build", *specs, "--build-dir", str(tmp_path / "b"), "-q", "-n", "2"], capsys,
+                           cwd=tmp_path)
+    builds = json.loads((tmp_path / "b" / "report.json").read_text())["builds"]
+    assert code == 0, err
+    assert len(builds) == 8
+    for b in builds:
+        m = b["metrics"]
+        assert b["status"] == "passed", (b["model"], b["target"], b["errors"])
+        assert m["npu_offload"] == 1.0 and m["vela_cpu_ops"] == 0
+        assert m["tosa_max_error_lsb"] <= 1 and m["tosa_snr_db"] >= 30

@@ -195,3 +195,26 @@ def lower_log_softmax_int(ctx: LoweringContext, x: TTensor, axis: int, out_q: QP
     a = rescale(ctx, im.sub(ctx, im.widen(ctx, x), im.widen(ctx, mx)), x.q.s / unit, np.int32, 0, 0, None)
     y = im.sub(ctx, a, _ln_sum(ctx, total, unit))
     return rescale(ctx, y, 2.0**-LOG_FRAC_BITS, out_q.dtype, 0, out_q.zp, out_q, output_of=ctx.current.output[0])
+
+
+def log_sum_exp_int(ctx: LoweringContext, x: TTensor, out_q: QParams, output_of: str | None) -> TTensor:
+    """int8 log(sum(exp(x))) over the last physical axis (kept as size 1): s_x (max - zp) + ln(sum exp(x - max)),
+    the log softmax's pieces (tree max, SUB+LUT exp, REDUCE_SUM, CLZ + TABLE ln) and one rounding at the end."""
+    assert x.q is not None
+    count = x.shape[-1]
+    unit = out_q.s * 2.0**-LOG_FRAC_BITS
+    if count * EXP_ONE >= 2**31 or 256 * x.q.s / unit >= 2**30 or 40 * np.log(2) / unit >= 2**30:
+        raise ctx.unsupported(f"log-sum-exp over {count} elements with these scales overflows int32")
+    mx = row_max(ctx, x)
+    e = _exp(ctx, x, mx, np.int16)
+    total = emit_reduce(ctx, Op.REDUCE_SUM, rescale(ctx, e, 1.0, np.int32, 0, 0, None), [len(x.shape) - 1])
+    top = rescale(ctx, mx, x.q.s / unit, np.int32, x.q.zp, 0, None)
+    y = im.add(ctx, top, _ln_sum(ctx, total, unit))
+    return rescale(ctx, y, 2.0**-LOG_FRAC_BITS, out_q.dtype, 0, out_q.zp, out_q, output_of=output_of)
+
+
+def ln_int32(ctx: LoweringContext, total: TTensor, unit: float) -> TTensor:
+    """ln(total) of a positive int32 tensor, in int32 units of `unit` (CLZ, and a TABLE on the mantissa)."""
+    if 40 * np.log(2) / unit >= 2**30:
+        raise ctx.unsupported("the logarithm's output scale is too fine for int32")
+    return im.add(ctx, _ln_sum(ctx, total, unit), im.const_i32(ctx, round(np.log(EXP_ONE) / unit), total))

@@ -13,6 +13,7 @@ import math
 
 import numpy as np
 
+from npubuild.lowering.broadcast import broadcast_pair, operand, operand_rank
 from npubuild.lowering.context import LoweringContext, TTensor
 from npubuild.lowering.emit import Op, attr, requantize, rescale, reshape, to_layout
 from npubuild.lowering.registry import lowers
@@ -30,39 +31,53 @@ def _same_rank(ctx: LoweringContext, x: TTensor, rank: int) -> TTensor:
     return reshape(ctx, x, logical, tuple(range(rank)))
 
 
-def _rank(ctx: LoweringContext, i: int) -> int:
-    c = ctx.constant(i)
-    return np.ndim(c) if c is not None else len(ctx.tensor(i).shape)
-
-
 def _compare(ctx: LoweringContext, greater: bool) -> None:
-    first, second = 0, 1
-    if ctx.constant(1) is None and (ctx.constant(0) is not None or _rank(ctx, 0) < _rank(ctx, 1)):
-        first, second, greater = 1, 0, not greater  # Less(c, x) is Greater(x, c): the (larger) tensor first
-    x = ctx.tensor(first)
-    c = ctx.constant(second)
+    """x > c (or <) with x an activation; a constant first operand is swapped into second place with the
+    comparison flipped (Less(c, x) is Greater(x, c)). Two int8 tensors on different scales are compared on a
+    common int32 grid 2**20 finer than the coarser one, as Add aligns its operands (exact but for values
+    closer than that)."""
+    if ctx.constant(0) is not None and ctx.constant(1) is None:
+        x, c, greater = ctx.tensor(1), ctx.constant(0), not greater
+        other_index = 0
+    else:
+        x, c, other_index = ctx.tensor(0), ctx.constant(1), 1
     out_name = ctx.current.output[0]
-    rank = len(x.shape)
     if ctx.profile == "fp":
-        other = _scalar_const(ctx, float(np.asarray(c).ravel()[0]), np.float32, rank) if c is not None and \
-            np.asarray(c).size == 1 else to_layout(ctx, _same_rank(ctx, ctx.tensor(second), rank), x.perm).name
-        out = ctx.new_tensor(x.shape, np.bool_, x.perm, output_of=out_name)
+        if c is not None and np.asarray(c).size == 1:
+            rank = len(x.shape)
+            other = _scalar_const(ctx, float(np.asarray(c).ravel()[0]), np.float32, rank)
+            shape, perm = x.shape, x.perm
+        else:
+            x, y = broadcast_pair(ctx, x, operand(ctx, other_index, max(len(x.shape), operand_rank(ctx, other_index))))
+            other = y.name
+            shape = tuple(max(p, q) for p, q in zip(x.shape, y.shape, strict=True))
+            perm = x.perm
+        out = ctx.new_tensor(shape, np.bool_, perm, output_of=out_name)
         ins = [x.name, other] if greater else [other, x.name]
         ctx.op(Op.GREATER, ins, [out.name], attr("Greater"))
         ctx.set_output(0, out)
         return
     if x.q is None or x.q.axis is not None:
         raise ctx.unsupported("the compared tensor must be per-tensor quantized")
-    x32 = rescale(ctx, x, 1.0, np.int32, x.q.zp, 0, None)
     if c is not None and np.asarray(c).size == 1:
+        rank = len(x.shape)
+        x32 = rescale(ctx, x, 1.0, np.int32, x.q.zp, 0, None)
         t = float(np.asarray(c).ravel()[0]) / x.q.s
         other = _scalar_const(ctx, math.floor(t) if greater else math.ceil(t), np.int32, rank)
+        shape = x.shape
     else:
-        y = to_layout(ctx, _same_rank(ctx, ctx.tensor(second), rank), x.perm)
-        if y.q is None or not y.q.same_as(x.q):
-            raise ctx.unsupported("comparing two tensors needs them on the same quantisation")
-        other = rescale(ctx, y, 1.0, np.int32, y.q.zp, 0, None).name
-    out = ctx.new_tensor(x.shape, np.bool_, x.perm, output_of=out_name)
+        x, y = broadcast_pair(ctx, x, operand(ctx, other_index, max(len(x.shape), operand_rank(ctx, other_index))))
+        if y.q is None or y.q.axis is not None:
+            raise ctx.unsupported("both compared tensors must be per-tensor quantized")
+        if y.q.same_as(x.q):
+            x32 = rescale(ctx, x, 1.0, np.int32, x.q.zp, 0, None)
+            other = rescale(ctx, y, 1.0, np.int32, y.q.zp, 0, None).name
+        else:
+            top = max(x.q.s, y.q.s)
+            x32 = rescale(ctx, x, x.q.s / top * (1 << 20), np.int32, x.q.zp, 0, None)
+            other = rescale(ctx, y, y.q.s / top * (1 << 20), np.int32, y.q.zp, 0, None).name
+        shape = tuple(max(p, q) for p, q in zip(x.shape, y.shape, strict=True))
+    out = ctx.new_tensor(shape, np.bool_, x.perm, output_of=out_name)
     ctx.op(Op.GREATER, [x32.name, other] if greater else [other, x32.name], [out.name], attr("Greater"))
     ctx.set_output(0, out)
 

@@ -8,6 +8,8 @@ fully connected kernel and which needs no weight transpose at run time.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import tosa_serializer as ts
 
@@ -26,6 +28,14 @@ from npubuild.lowering.emit import Op, attr, reshape, to_layout
 from npubuild.lowering.fusion import epilogue
 from npubuild.lowering.quant import QParams
 from npubuild.lowering.registry import lowers
+from npubuild.lowering.spatial import (
+    CHANNELS_LAST_1D,
+    as_nhwc,
+    direct_output,
+    from_nhwc,
+    spatial_rank,
+    window,
+)
 
 
 def widen_instead_of_slice(w: np.ndarray, in_hw: tuple[int, int], keep: tuple[int, int]) -> np.ndarray:
@@ -102,18 +112,21 @@ def concat(ctx: LoweringContext, parts: list[TTensor], axis: int, output_name: s
 
 @lowers("Conv")
 def lower_conv(ctx: LoweringContext) -> None:
+    """2-D convolutions, and 1-D ones as 2-D with H = 1 (spatial.py): a Conv1d stack stays channels-last."""
     x = ctx.tensor(0)
-    if len(x.shape) != 4:
-        raise ctx.unsupported(f"only 2-D convolutions are supported (input rank {len(x.shape)})")
-    x = to_layout(ctx, x, NHWC)
+    spatial = spatial_rank(ctx, x, "convolutions")
+    x = as_nhwc(ctx, x)
     w, w_q = _weights(ctx, 1)
+    if w.ndim != spatial + 2:
+        raise ctx.unsupported(f"weights of rank {w.ndim} for a {spatial}-D convolution")
+    if spatial == 1:
+        w = w[:, :, None, :]
     group = int(ctx.attr("group", 1))
     c = x.shape[3]
     o = w.shape[0]
-    kernel = (w.shape[2], w.shape[3])
-    stride = tuple(ctx.attr("strides", [1, 1]))
-    dilation = tuple(ctx.attr("dilations", [1, 1]))
-    pads = conv_pads(ctx, (x.shape[1], x.shape[2]), kernel, stride, dilation)
+    win = window(ctx, spatial, w.shape[2 + 2 - spatial:])
+    kernel, stride, dilation = (w.shape[2], w.shape[3]), win.stride, win.dilation
+    pads = conv_pads((x.shape[1], x.shape[2]), replace(win, kernel=kernel))
     pads, keep = exact_pads((x.shape[1], x.shape[2]), kernel, stride, dilation, pads)
     if ctx.options.conv_stride_taps and dilation == (1, 1) and keep != (x.shape[1], x.shape[2]):
         w = widen_instead_of_slice(w, (x.shape[1], x.shape[2]), keep)
@@ -121,10 +134,11 @@ def lower_conv(ctx: LoweringContext) -> None:
     x = slice_hw(ctx, x, keep)
     bias = read_bias(ctx, 2, o)
     w_scale = channel_scales(w_q, o) if w_q is not None else None
-    out_name = ctx.current.output[0]
+    name = ctx.current.output[0]
+    out_name = direct_output(spatial, name)
     if group == 1 or (group == c and w.shape[1] == 1):
         out = emit_conv(ctx, x, w, w_scale, bias, pads, stride, dilation, group != 1, out_name)
-        ctx.set_output(0, out)
+        ctx.set_output(0, from_nhwc(ctx, out, spatial, name))
         return
     if c % group or o % group:
         raise ctx.unsupported(f"group={group} does not divide {c} input and {o} output channels")
@@ -135,17 +149,24 @@ def lower_conv(ctx: LoweringContext) -> None:
         xg = slice_channels(ctx, x, g * cin, cin)
         parts.append(emit_conv(ctx, xg, w[sel], None if w_scale is None else w_scale[sel], bias.select(sel), pads,
                                stride, dilation, False, None))
-    ctx.set_output(0, concat(ctx, parts, 3, out_name))
+    ctx.set_output(0, from_nhwc(ctx, concat(ctx, parts, 3, out_name), spatial, name))
 
 
-def _transpose_conv_pads(ctx: LoweringContext, in_hw, kernel, stride) -> list[int]:
-    """ONNX ConvTranspose pads/output_padding/output_shape/auto_pad -> TOSA out_pad [top, bottom, left, right]."""
-    out_padding = list(ctx.attr("output_padding", [0, 0]))
+def _transpose_conv_pads(ctx: LoweringContext, in_hw, kernel, stride, spatial: int) -> list[int]:
+    """ONNX ConvTranspose pads/output_padding/output_shape/auto_pad -> TOSA out_pad [top, bottom, left, right].
+
+    A 1-D op is laid out along H (W = 1), see lower_conv_transpose; `kernel` is the dilated kernel.
+    """
+    def lift(values: list[int], fill: int) -> list[int]:
+        return [*values, fill] if spatial == 1 else list(values)
+
+    out_padding = lift(list(ctx.attr("output_padding", [0] * spatial)), 0)
     auto_pad = ctx.attr("auto_pad", b"NOTSET")
     auto_pad = auto_pad.decode() if isinstance(auto_pad, bytes) else auto_pad
     out_shape = ctx.attr("output_shape")
     if out_shape is not None or auto_pad in ("SAME_UPPER", "SAME_LOWER"):
-        target = list(out_shape)[-2:] if out_shape is not None else [in_hw[i] * stride[i] for i in range(2)]
+        target = lift(list(out_shape)[-spatial:], 1) if out_shape is not None else \
+            [in_hw[i] * stride[i] for i in range(2)]
         pads = []
         for i in range(2):
             total = (in_hw[i] - 1) * stride[i] + out_padding[i] + kernel[i] - target[i]
@@ -155,7 +176,9 @@ def _transpose_conv_pads(ctx: LoweringContext, in_hw, kernel, stride) -> list[in
     elif auto_pad == "VALID":
         p = [0, 0, 0, 0]
     else:
-        p = list(ctx.attr("pads", [0, 0, 0, 0]))
+        p = list(ctx.attr("pads", [0] * 2 * spatial))
+        if spatial == 1:
+            p = [p[0], 0, p[1], 0]
     return [-p[0], -p[2] + out_padding[0], -p[1], -p[3] + out_padding[1]]
 
 
@@ -180,40 +203,71 @@ def emit_transpose_conv(ctx: LoweringContext, x: TTensor, w_iohw: np.ndarray, w_
     return out
 
 
+def dilate_kernel(w: np.ndarray, dilation: tuple[int, int]) -> np.ndarray:
+    """A [.., .., kh, kw] kernel with dilation - 1 zeros between its taps: the same transposed convolution
+    (TOSA's has no dilation; the zeros add nothing)."""
+    if dilation == (1, 1):
+        return w
+    kh, kw = w.shape[2], w.shape[3]
+    out = np.zeros((*w.shape[:2], (kh - 1) * dilation[0] + 1, (kw - 1) * dilation[1] + 1), w.dtype)
+    out[:, :, ::dilation[0], ::dilation[1]] = w
+    return out
+
+
+def _as_column(ctx: LoweringContext, x: TTensor) -> TTensor:
+    """A rank-3 [N, C, L] tensor as the NHWC view [N, L, 1, C] (free from its channels-last layout)."""
+    x = to_layout(ctx, x, CHANNELS_LAST_1D)
+    n, length, c = x.shape
+    return reshape(ctx, x, (n, length, 1, c), NHWC)
+
+
 @lowers("ConvTranspose")
 def lower_conv_transpose(ctx: LoweringContext) -> None:
     """TRANSPOSE_CONV2D: TOSA scatters like ONNX (no kernel flip); ONNX pads crop, so out_pad is negative.
 
     Groups become one TRANSPOSE_CONV2D with block-diagonal weights (group times
-    the MACs of the grouped op; transposed convolutions with groups are rare).
+    the MACs of the grouped op; transposed convolutions with groups are rare). Dilation spreads the
+    kernel's taps with zeros (dilate_kernel). A 1-D op runs along H of an [N, L, 1, C] view with the
+    stride on both axes (W = 1, so the W stride reads nothing): Ethos-U55/U65 run TRANSPOSE_CONV2D only
+    at stride 1x1 or 2x2 (support rule u55-transpose-conv-stride), so an H = 1 view with stride 1x2 would
+    not run there.
     """
     x = ctx.tensor(0)
-    if len(x.shape) != 4:
-        raise ctx.unsupported(f"only 2-D transposed convolutions are supported (input rank {len(x.shape)})")
-    if tuple(ctx.attr("dilations", [1, 1])) != (1, 1):
-        raise ctx.unsupported("dilated ConvTranspose is not supported")
-    x = to_layout(ctx, x, NHWC)
+    spatial = spatial_rank(ctx, x, "transposed convolutions")
+    x = to_layout(ctx, x, NHWC) if spatial == 2 else _as_column(ctx, x)
     w, w_q = _weights(ctx, 1)  # [C_in, C_out / group, kh, kw]
+    if w.ndim != spatial + 2:
+        raise ctx.unsupported(f"weights of rank {w.ndim} for a {spatial}-D transposed convolution")
+    if spatial == 1:
+        w = w[:, :, :, None]
+    dilations = [int(d) for d in ctx.attr("dilations", [1] * spatial)]
+    strides = [int(s) for s in ctx.attr("strides", [1] * spatial)]
+    dilation = (dilations[0], 1) if spatial == 1 else tuple(dilations)
+    stride = (strides[0], strides[0]) if spatial == 1 else tuple(strides)
+    w = dilate_kernel(w, dilation)
     group = int(ctx.attr("group", 1))
     c = x.shape[3]
     cout_g, kh, kw = w.shape[1], w.shape[2], w.shape[3]
     o = cout_g * group
     if c % group or w.shape[0] != c:
         raise ctx.unsupported(f"group={group} does not divide {c} input channels")
-    stride = tuple(ctx.attr("strides", [1, 1]))
-    out_pad = _transpose_conv_pads(ctx, (x.shape[1], x.shape[2]), (kh, kw), stride)
+    out_pad = _transpose_conv_pads(ctx, (x.shape[1], x.shape[2]), (kh, kw), stride, spatial)
     if out_pad[0] <= -kh or out_pad[1] <= -kh or out_pad[2] <= -kw or out_pad[3] <= -kw:
         raise ctx.unsupported("padding of a whole kernel or more is not supported")
     bias = read_bias(ctx, 2, o)
     w_scale = channel_scales(w_q, o) if w_q is not None else None
-    out_name = ctx.current.output[0]
+    name = ctx.current.output[0]
     if group > 1:  # block-diagonal weights: exact, one op (per-group SLICEs were not bit-exact on npu-sim)
         full = np.zeros((c, o, kh, kw), w.dtype)
         cin = c // group
         for g in range(group):
             full[g * cin:(g + 1) * cin, g * cout_g:(g + 1) * cout_g] = w[g * cin:(g + 1) * cin]
         w = full
-    ctx.set_output(0, emit_transpose_conv(ctx, x, w, w_scale, bias, out_pad, stride, out_name))
+    y = emit_transpose_conv(ctx, x, w, w_scale, bias, out_pad, stride, name if spatial == 2 else None)
+    if spatial == 1:
+        n, length, _, oc = y.shape
+        y = reshape(ctx, y, (n, length, oc), CHANNELS_LAST_1D, output_of=name)
+    ctx.set_output(0, y)
 
 
 def fc_view(lshape: tuple[int, ...]) -> tuple[int, ...]:
@@ -356,6 +410,19 @@ def _per_column_weights(ctx: LoweringContext) -> tuple[TTensor, np.ndarray] | No
     return TTensor(t.name, t.shape, t.dtype, identity(q.ndim), t.q), cols
 
 
+def _tiled(ctx: LoweringContext, x: TTensor, batch: tuple[int, ...]) -> TTensor:
+    """A [..., r, c] operand TILEd along its (left-padded) batch dims to `batch`."""
+    ls = x.logical_shape
+    full = (1,) * (len(batch) + 2 - len(ls)) + tuple(ls)
+    x = reshape(ctx, to_layout(ctx, x, identity(len(ls))), full, identity(len(full)))
+    repeats = [b // d for b, d in zip(batch, full[:-2], strict=True)] + [1, 1]
+    if all(r == 1 for r in repeats):
+        return x
+    out = ctx.new_tensor(tuple(d * r for d, r in zip(full, repeats, strict=True)), x.dtype, x.perm, x.q)
+    ctx.op(Op.TILE, [x.name, ctx.shape_const(repeats)], [out.name], attr("Tile"))
+    return out
+
+
 def _as_matrix(ctx: LoweringContext, x: TTensor, shape: tuple[int, ...]) -> TTensor:
     """A 1-D operand as the 2-D matrix ONNX MatMul treats it as."""
     return reshape(ctx, to_layout(ctx, x, (0,)), shape, (0, 1))
@@ -387,8 +454,9 @@ def matmul(ctx: LoweringContext, a: TTensor, b: TTensor, b_cols: np.ndarray | No
         a3 = ctx.new_tensor((nb, m, la[-1]), a1.dtype, (0, 1, 2), a1.q)
         ctx.op(Op.TILE, [a1.name, ctx.shape_const([nb, 1, 1])], [a3.name], attr("Tile"))
         b3, batch, rows = _as_rank3(ctx, b, nb), nb, m
-    else:
-        raise ctx.unsupported(f"MatMul batch dims {list(ba)} and {list(bb)} only partly broadcast")
+    else:  # each broadcasts only partly (e.g. [2, 1] and [1, 5]): TILE both to the full batch
+        a3, b3 = _as_rank3(ctx, _tiled(ctx, a, out_batch), total), _as_rank3(ctx, _tiled(ctx, b, out_batch), total)
+        batch, rows = total, m
     out_shape = [*out_batch, m, n]
     if drop[1]:
         out_shape.pop(-1)

@@ -1,4 +1,4 @@
-"""Data-movement ops: Concat, Split, Slice, Gather (constant indices), Pad, Tile, Expand.
+"""Data-movement ops: Concat, Split, Slice, Gather and GatherElements (constant indices), Pad, Tile, Expand.
 
 All work in the tensor's current layout: a logical axis is mapped to its
 physical position through `perm`, so a channel Concat of NHWC tensors is a
@@ -11,22 +11,23 @@ from __future__ import annotations
 
 import numpy as np
 
-from npubuild.lowering.context import GraphInput, LoweringContext, TTensor
-from npubuild.lowering.emit import Op, attr, requantize, requantize_dw
+from npubuild.lowering.context import GraphInput, LoweringContext, TTensor, identity
+from npubuild.lowering.emit import Op, attr, requantize, requantize_dw, to_layout
 from npubuild.lowering.fusion.channel_parts import concat_inputs
 from npubuild.lowering.fusion.concat_copy import fits_max_copy, max_copy
 from npubuild.lowering.movement import (
     concat_phys,
     constant_ints,
+    decimate,
     direct,
     finish,
     norm_axis,
+    pad_phys,
     phys_axis,
     phys_reshape,
     reshape_to,
     result_q,
     slice_axis,
-    slice_phys,
 )
 from npubuild.lowering.quant import QParams
 from npubuild.lowering.registry import lowers
@@ -111,43 +112,6 @@ def lower_split(ctx: LoweringContext) -> None:
         start += size
 
 
-def _pad_const(ctx: LoweringContext, x: TTensor, value: float) -> str:
-    if x.q is not None:
-        return ctx.const(x.q.quantize(np.array([value])).astype(x.dtype), "pad_const")
-    return ctx.const(np.array([value], x.dtype), "pad_const")
-
-
-def pad_phys(ctx: LoweringContext, x: TTensor, before: list[int], after: list[int], value: float = 0.0,
-             output_of: str | None = None) -> TTensor:
-    """PAD by physical amounts with the (quantized) constant `value`."""
-    shape = tuple(d + b + a for d, b, a in zip(x.shape, before, after, strict=True))
-    out = ctx.new_tensor(shape, x.dtype, x.perm, x.q, output_of=output_of)
-    padding = [v for b, a in zip(before, after, strict=True) for v in (b, a)]
-    ctx.op(Op.PAD, [x.name, ctx.shape_const(padding), _pad_const(ctx, x, value)], [out.name], attr("Pad"))
-    return out
-
-
-def _decimate(ctx: LoweringContext, x: TTensor, axis: int, lo: int, step: int, count: int) -> TTensor:
-    """Elements lo, lo + step, ... (count of them) of a logical axis: SLICE, RESHAPE to expose the step, SLICE."""
-    if step == 1 or count == 1:
-        return slice_axis(ctx, x, axis, lo, count)
-    p = phys_axis(x, axis)
-    dim = x.shape[p]
-    if lo + count * step <= dim:
-        x = slice_axis(ctx, x, axis, lo, count * step)
-    else:  # the last stride runs past the end: pad it (the padded values are never read)
-        x = slice_axis(ctx, x, axis, lo, (count - 1) * step + 1)
-        after = [0] * len(x.shape)
-        after[p] = step - 1
-        x = pad_phys(ctx, x, [0] * len(x.shape), after)
-    outer, inner = int(np.prod(x.shape[:p])), int(np.prod(x.shape[p + 1:]))
-    view = phys_reshape(ctx, x, (outer, count, step, inner))
-    picked = slice_phys(ctx, view, [0, 0, 0, 0], [outer, count, 1, inner])
-    shape = list(x.shape)
-    shape[p] = count
-    return phys_reshape(ctx, picked, tuple(shape), x.perm)
-
-
 def _reverse(ctx: LoweringContext, x: TTensor, axis: int) -> TTensor:
     """REVERSE a logical axis, always as the W axis of an [1, outer, L, inner] view (U55/U65 reverse only H or W)."""
     p = phys_axis(x, axis)
@@ -166,8 +130,8 @@ def take(ctx: LoweringContext, x: TTensor, axis: int, start: int, stop: int, ste
     if not idx:
         raise ctx.unsupported("a Slice producing an empty tensor is not supported")
     if step > 0:
-        return _decimate(ctx, x, axis, idx[0], step, len(idx))
-    return _reverse(ctx, _decimate(ctx, x, axis, idx[-1], -step, len(idx)), axis)
+        return decimate(ctx, x, axis, idx[0], step, len(idx))
+    return _reverse(ctx, decimate(ctx, x, axis, idx[-1], -step, len(idx)), axis)
 
 
 @lowers("Slice")
@@ -224,6 +188,31 @@ def lower_gather(ctx: LoweringContext) -> None:
     t = concat_phys(ctx, parts, phys_axis(x, axis))
     out_shape = (*shape[:axis], *idx.shape, *shape[axis + 1:])
     finish(ctx, reshape_to(ctx, t, out_shape, output_of=direct(ctx, x.q)))
+
+
+@lowers("GatherElements")
+def lower_gather_elements(ctx: LoweringContext) -> None:
+    """Constant indices pick a fixed set of elements: their flat positions in the row-major input, as the
+    contiguous runs of a [1, N] view (SLICEs and one CONCAT), reshaped to the indices' shape."""
+    idx = ctx.constant(1)
+    if idx is None:
+        raise ctx.unsupported("only constant indices are supported (U55/U65 have no GATHER)")
+    x = ctx.tensor(0)
+    shape = x.logical_shape
+    axis = norm_axis(ctx, int(ctx.attr("axis", 0)), len(shape))
+    idx = np.asarray(idx, np.int64)
+    if idx.ndim != len(shape) or any(idx.shape[a] > shape[a] for a in range(len(shape)) if a != axis):
+        raise ctx.unsupported(f"indices of shape {list(idx.shape)} do not fit data of shape {list(shape)}")
+    idx = np.where(idx < 0, idx + shape[axis], idx)
+    if np.any(idx < 0) or np.any(idx >= shape[axis]):
+        raise ctx.unsupported(f"indices out of range for a dimension of {shape[axis]}")
+    grid = list(np.indices(idx.shape))
+    grid[axis] = idx
+    flat = np.ravel_multi_index(tuple(grid), shape).reshape(-1)
+    row = reshape_to(ctx, to_layout(ctx, x, identity(len(shape))), (1, int(np.prod(shape))))
+    parts = [slice_axis(ctx, row, 1, int(s), n) for s, n in _runs([int(i) for i in flat])]
+    t = concat_phys(ctx, parts, phys_axis(row, 1)) if len(parts) > 1 else parts[0]
+    finish(ctx, reshape_to(ctx, t, tuple(int(d) for d in idx.shape), output_of=direct(ctx, x.q)))
 
 
 def _full_pads(ctx: LoweringContext, rank: int) -> tuple[list[int], list[int]]:

@@ -1,4 +1,4 @@
-"""Binary elementwise arithmetic: Add, Sub, Mul, Div, Min, Max.
+"""Elementwise arithmetic: Add, Sub, Mul, Div, Min, Max, and the variadic Sum and Mean.
 
 Integer Add/Sub follow the scheme every int8 runtime uses: both operands are
 rescaled to int32 on a common scale with 20 bits of headroom, added or
@@ -10,11 +10,13 @@ Integer Mul: a positive constant per tensor or per channel is folded into one
 operands are re-centred to int32 (x - zp), multiplied exactly (MUL, shift 0)
 and the product rescaled by sa*sb/so. Div by a constant is Mul by its
 reciprocal (kept at 23 bits as an int32 constant when it is not a RESCALE);
-general Div reads a ~15-bit reciprocal of the divisor from two int8 TABLEs
-(high and low byte) and multiplies in int32.
+general Div reads the divisor's reciprocal as a 15-bit mantissa (two int8 TABLEs, high and low byte)
+and an exponent (a third TABLE), multiplies in int32 and shifts per element.
 Min/Max rescale each operand to int32 on the output's scale (monotonic, so the
 order is kept), take MINIMUM/MAXIMUM and rescale to int8; against a scalar
 constant they are a CLAMP.
+Sum and Mean of n inputs follow Add: every operand rescaled to int32 on one common scale with headroom,
+n - 1 ADDs, one RESCALE to the output (Mean's 1/n folded into it), so the result rounds once.
 """
 
 from __future__ import annotations
@@ -38,7 +40,7 @@ from npubuild.lowering.table import build_table, emit_table
 
 HEADROOM_BITS = 20
 
-quantize_also("Sub", "Div", "Min", "Max")
+quantize_also("Sub", "Div", "Min", "Max", "Sum", "Mean")
 
 
 
@@ -90,6 +92,44 @@ def lower_add(ctx: LoweringContext) -> None:
 @fusable
 def lower_sub(ctx: LoweringContext) -> None:
     _add_sub(ctx, Op.SUB, "Sub")
+
+
+def _sum_mean(ctx: LoweringContext, mean: bool) -> None:
+    idx = [i for i in range(len(ctx.current.input)) if ctx.has_input(i)]
+    rank = max(operand_rank(ctx, i) for i in idx)
+    xs = [operand(ctx, i, rank) for i in idx]
+    out_name = ctx.current.output[0]
+    n = len(xs)
+    if ctx.profile == "fp":
+        acc = xs[0] if n > 1 else fp.add_scalar(ctx, xs[0], 0.0, output_of=None if mean else out_name)
+        for j, x in enumerate(xs[1:], start=2):
+            a, b = broadcast_pair(ctx, acc, x)
+            acc = fp.add(ctx, a, b, output_of=out_name if j == n and not mean else None)
+        ctx.set_output(0, fp.mul_scalar(ctx, acc, 1.0 / n, output_of=out_name) if mean else acc)
+        return
+    out_q = ctx.require_output_q()
+    _quantized(ctx, *xs)
+    top = max(x.q.s for x in xs)
+    headroom = HEADROOM_BITS - int(np.ceil(np.log2(n)))  # n operands of up to 255 LSB of `top` each
+    wide = [rescale(ctx, x, x.q.s / top * (1 << headroom), np.int32, x.q.zp, 0, None) for x in xs]
+    acc = wide[0]
+    for x in wide[1:]:
+        a, b = broadcast_pair(ctx, acc, x)
+        out = ctx.new_tensor(_out_shape(a, b), np.int32, a.perm if a.shape == _out_shape(a, b) else b.perm)
+        ctx.op(Op.ADD, [a.name, b.name], [out.name], attr("Add"))
+        acc = out
+    scale = top / ((1 << headroom) * out_q.s) / (n if mean else 1)
+    ctx.set_output(0, rescale(ctx, acc, scale, out_q.dtype, 0, out_q.zp, out_q, output_of=out_name))
+
+
+@lowers("Sum")
+def lower_sum(ctx: LoweringContext) -> None:
+    _sum_mean(ctx, mean=False)
+
+
+@lowers("Mean")
+def lower_mean(ctx: LoweringContext) -> None:
+    _sum_mean(ctx, mean=True)
 
 
 # ---------------------------------------------------------------------------------------------- Mul, Div
@@ -165,29 +205,41 @@ def lower_mul(ctx: LoweringContext) -> None:
 
 
 RECIP_MAX = 127 * 256 + 127  # largest |R| the two-byte reciprocal holds
+MANT_BITS = 15  # |mantissa| of each code's reciprocal in [2**14, 2**15)
 
 
-def reciprocal32(ctx: LoweringContext, b: TTensor) -> tuple[TTensor, float]:
-    """1/b as an int32 tensor R (real = R * scale) with ~15 bits, from two int8 TABLEs giving its high and low
-    bytes (R = 256*hi + lo): one int8 table alone is too coarse, as 1/b spans a wide range when b's int8 range
-    comes close to 0. The code b == 0 maps to the largest finite reciprocal."""
+def reciprocal32(ctx: LoweringContext, b: TTensor) -> tuple[TTensor, TTensor, float]:
+    """1/b per element in floating point: (M, t, scale) with 1/b = M * 2**-t * scale, M an int32 holding a
+    15-bit mantissa times 2**8 (so a product with an int8 operand fills int32 without overflow) and t >= 0
+    the per-element exponent.
+
+    Three int8 TABLEs of b's 256 codes give M's high and low bytes and t. Each code's reciprocal keeps
+    15 significant bits whatever its size: a fixed-point one (one scale for all codes) keeps only as many
+    as the ratio to the largest reciprocal allows, and when b's range comes close to 0 that was 9 bits
+    for b ~ 1, enough for a 2 LSB error in the decomposed group norm's Div. The code b == 0 maps to the
+    largest finite reciprocal."""
     with np.errstate(divide="ignore"):
         r = 1.0 / b.q.dequantize(np.arange(-128, 128))
     finite = np.isfinite(r)
     peak = float(np.max(np.abs(r[finite])))
     r = np.where(finite, r, peak)
-    scale = peak / RECIP_MAX
-    big = np.round(r / scale).astype(np.int64)
-    hi = np.floor((big + 128) / 256).astype(np.int64)
-    lo = big - 256 * hi
+    mag = np.maximum(np.abs(r), 1e-30)
+    e = (MANT_BITS - 1) - np.floor(np.log2(mag)).astype(np.int64)  # |r| 2**e in [2**14, 2**15)
+    e_min = int(e.min())
+    t = np.minimum(e - e_min, 31)
+    mant = np.round(r * 2.0 ** (e_min + t)).astype(np.int64)
+    mant = np.clip(mant, -RECIP_MAX, RECIP_MAX)
+    hi = np.floor((mant + 128) / 256).astype(np.int64)
+    lo = mant - 256 * hi
     raw = QParams(np.array(1.0), np.array(0, np.int64), np.dtype(np.int8))
     parts = []
-    for byte, weight in ((hi, 256.0), (lo, 1.0)):
-        t = emit_table(ctx, b, byte.astype(np.int8), raw)
-        parts.append(rescale(ctx, t, weight, np.int32, 0, 0, None))
-    out = ctx.new_tensor(b.shape, np.int32, b.perm)
-    ctx.op(Op.ADD, [parts[0].name, parts[1].name], [out.name], attr("Add"))
-    return out, scale
+    for byte, weight in ((hi, 2.0**16), (lo, 2.0**8)):
+        tab = emit_table(ctx, b, byte.astype(np.int8), raw)
+        parts.append(rescale(ctx, tab, weight, np.int32, 0, 0, None))
+    m = ctx.new_tensor(b.shape, np.int32, b.perm)
+    ctx.op(Op.ADD, [parts[0].name, parts[1].name], [m.name], attr("Add"))
+    shift = rescale(ctx, emit_table(ctx, b, t.astype(np.int8), raw), 1.0, np.int32, 0, 0, None)
+    return m, shift, 2.0 ** -(e_min + 8)
 
 
 @lowers("Div")
@@ -211,8 +263,14 @@ def lower_div(ctx: LoweringContext) -> None:
         return
     a, b = broadcast_operands(ctx)
     _quantized(ctx, a, b)
-    r32, r_scale = reciprocal32(ctx, b)
-    ctx.set_output(0, _int_mul32(ctx, _centred32(ctx, a), r32, a.q.s * r_scale / out_q.s, out_q))
+    m, t, r_scale = reciprocal32(ctx, b)
+    a32, m = broadcast_pair(ctx, _centred32(ctx, a), m)
+    p = ctx.new_tensor(_out_shape(a32, m), np.int32, a32.perm if a32.shape == _out_shape(a32, m) else m.perm)
+    ctx.op(Op.MUL, [a32.name, m.name, ctx.const(np.zeros([1], np.int8), "shift")], [p.name], attr("Mul"))
+    p, t = broadcast_pair(ctx, p, t)
+    q = ctx.new_tensor(_out_shape(p, t), np.int32, p.perm)
+    ctx.op(Op.ARITHMETIC_RIGHT_SHIFT, [p.name, t.name], [q.name], attr("ArithmeticRightShift", True))
+    ctx.set_output(0, rescale(ctx, q, a.q.s * r_scale / out_q.s, out_q.dtype, 0, out_q.zp, out_q, output_of=out_name))
 
 
 # ---------------------------------------------------------------------------------------------- Min, Max

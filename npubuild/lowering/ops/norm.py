@@ -1,4 +1,5 @@
-"""Normalisations: BatchNormalization (not folded), LayerNormalization, InstanceNormalization.
+"""Normalisations: BatchNormalization (not folded), LayerNormalization, InstanceNormalization,
+RMSNormalization, GroupNormalization, LpNormalization, LRN (FP only).
 
 BatchNormalization is a per-channel scale and shift: a 1x1 DEPTHWISE_CONV2D
 in int8 (each channel's scale is one int8 weight of +-127 with its own
@@ -28,8 +29,10 @@ from npubuild.lowering.convolution import Bias, emit_conv
 from npubuild.lowering.emit import Op, attr, rescale, reshape, to_layout
 from npubuild.lowering.fusion.norm_rows import fraction_bits, normalized_int16
 from npubuild.lowering.quant import multiplier_shift
-from npubuild.lowering.reduction import emit_reduce
-from npubuild.lowering.registry import lowers
+from npubuild.lowering.reduction import axis_last, emit_reduce
+from npubuild.lowering.registry import lowers, quantize_also
+
+quantize_also("RMSNormalization", "GroupNormalization", "LpNormalization")
 
 GAMMA_BITS = 12  # gamma quantized here (when onnxruntime did not) to this many bits
 
@@ -56,11 +59,15 @@ def _channel_shape(x: TTensor, axis: int, n: int) -> tuple[int, ...]:
 
 
 def _fp_normalize(ctx: LoweringContext, x: TTensor, axes: list[int], count: int, eps: float,
-                  gamma: np.ndarray, beta: np.ndarray, output_of: str | None) -> TTensor:
-    """(x - mean) / sqrt(var + eps) * gamma + beta; gamma and beta already shaped for broadcasting."""
+                  gamma: np.ndarray, beta: np.ndarray, output_of: str | None, center: bool = True) -> TTensor:
+    """(x - mean) / sqrt(var + eps) * gamma + beta; gamma and beta already shaped for broadcasting.
+    Without `center`, x / sqrt(mean(x^2) + eps) * gamma + beta (RMS normalisation)."""
     inv = _fconst(ctx, np.full((1,) * len(x.shape), 1.0 / count), x)
-    mean = _fp(ctx, Op.MUL, "Mul", [emit_reduce(ctx, Op.REDUCE_SUM, x, axes), inv])
-    d = _fp(ctx, Op.SUB, "Sub", [x, mean])
+    if center:
+        mean = _fp(ctx, Op.MUL, "Mul", [emit_reduce(ctx, Op.REDUCE_SUM, x, axes), inv])
+        d = _fp(ctx, Op.SUB, "Sub", [x, mean])
+    else:
+        d = x
     var = _fp(ctx, Op.MUL, "Mul", [emit_reduce(ctx, Op.REDUCE_SUM, _fp(ctx, Op.MUL, "Mul", [d, d]), axes), inv])
     var = _fp(ctx, Op.ADD, "Add", [var, _fconst(ctx, np.full((1,) * len(x.shape), eps), x)])
     r = ctx.new_tensor(var.shape, np.float32, var.perm)
@@ -72,12 +79,17 @@ def _fp_normalize(ctx: LoweringContext, x: TTensor, axes: list[int], count: int,
 # ---------------------------------------------------------------------------------------------- INT pieces
 
 
-def _int_normalized(ctx: LoweringContext, x: TTensor, axes: list[int], count: int, eps: float) -> tuple[TTensor, float]:
-    """(x - mean) / sqrt(var + eps) as int32 q with real value q * unit; returns (q, unit)."""
+def _int_normalized(ctx: LoweringContext, x: TTensor, axes: list[int], count: int, eps: float,
+                    center: bool = True) -> tuple[TTensor, float]:
+    """(x - mean) / sqrt(var + eps) as int32 q with real value q * unit; returns (q, unit). Without `center`,
+    x / sqrt(mean(x^2) + eps): c = K v instead of K v - sum(v), the rest the same."""
     assert x.q is not None
     s = x.q.s
-    v = im.widen(ctx, x)
-    c = im.sub(ctx, im.widen(ctx, x, count), emit_reduce(ctx, Op.REDUCE_SUM, v, axes))  # K (v - mean), |c| <= 255 K
+    if center:
+        v = im.widen(ctx, x)
+        c = im.sub(ctx, im.widen(ctx, x, count), emit_reduce(ctx, Op.REDUCE_SUM, v, axes))  # K (v - mean), |c| <= 255 K
+    else:
+        c = im.widen(ctx, x, count)
     sh1 = max(0, math.ceil(math.log2(65025.0 * count**3)) - 30)
     var_sum = emit_reduce(ctx, Op.REDUCE_SUM, im.mul(ctx, c, c, sh1), axes)  # var = s^2 var_sum 2^sh1 / K^3
     eps_units = int(min(max(1, round(eps * count**3 / (s * s * 2**sh1))), 1 << 30))
@@ -245,7 +257,7 @@ def lower_instance_norm(ctx: LoweringContext) -> None:
     """Per image and channel over the spatial axes.
 
     FP reduces H and W of the NHWC view. INT reduces along the last physical
-    axis only (see ops_softmax.axis_last): NCHW order viewed as [N, C, H*W],
+    axis only (see reduction.axis_last): NCHW order viewed as [N, C, H*W],
     one int8 TRANSPOSE in (and the result stays NCHW until an op needs NHWC).
     """
     x = ctx.tensor(0)
@@ -295,3 +307,163 @@ def lower_batch_norm(ctx: LoweringContext) -> None:
     y = emit_conv(ctx, view, w, w_scale, Bias(b), [0, 0, 0, 0], (1, 1), (1, 1), True,
                   out_name if layout == NHWC else None)
     ctx.set_output(0, _back(ctx, y, shape, layout, out_name))
+
+
+# ---------------------------------------------------------------------------------------------- RMS, group, Lp, LRN
+
+
+def _quantized_gamma(gamma: np.ndarray) -> tuple[np.ndarray, float]:
+    """Real gamma values (any shape) as GAMMA_BITS integers and one scale."""
+    gmax = float(np.max(np.abs(gamma))) or 1.0
+    scale = gmax / (2 ** (GAMMA_BITS - 1) - 1)
+    return np.round(gamma / scale).astype(np.int64), scale
+
+
+def _rows_normalize(ctx: LoweringContext, view: TTensor, count: int, eps: float, gamma: np.ndarray, beta: np.ndarray,
+                    center: bool, output_of: str | None) -> TTensor:
+    """Normalise an identity-layout view along its last axis, then * gamma + beta (arrays shaped like one row
+    or broadcastable to the view), FP or INT."""
+    last = len(view.shape) - 1
+    if ctx.profile == "fp":
+        return _fp_normalize(ctx, view, [last], count, eps, gamma, beta, output_of, center=center)
+    if view.q is None or view.dtype != np.int8:
+        raise ctx.unsupported("the integer normalisation needs an int8 input")
+    q, unit = _int_normalized(ctx, view, [last], count, eps, center=center)
+    gamma_q, g_scale = _quantized_gamma(gamma)
+    return _int_affine(ctx, q, unit, count, gamma_q.reshape(-1), g_scale, beta.reshape(-1), gamma.shape, output_of)
+
+
+def _trailing_rows(ctx: LoweringContext, axis_default: int) -> tuple[TTensor, tuple[int, ...], int, int]:
+    """Input 0 as an identity-layout [rows, K] view over the trailing axes from `axis`; (view, shape, rows, K)."""
+    x = ctx.tensor(0)
+    shape = x.logical_shape
+    axis = int(ctx.attr("axis", axis_default))
+    axis = axis + len(shape) if axis < 0 else axis
+    k, rows = int(np.prod(shape[axis:])), int(np.prod(shape[:axis]))
+    x = to_layout(ctx, x, identity(len(shape)))
+    return reshape(ctx, x, (rows, k), (0, 1)), tuple(shape), rows, k
+
+
+def _row_constant(ctx: LoweringContext, index: int, k: int, default: float) -> np.ndarray:
+    """Input `index` (broadcastable to the normalised trailing shape) as a [1, K] row, or `default`."""
+    v = ctx.constant(index)
+    if v is None:
+        return np.full((1, k), default)
+    v = np.asarray(v, np.float64)
+    x_shape = ctx.tensor(0).logical_shape
+    axis = int(ctx.attr("axis", -1))
+    axis = axis + len(x_shape) if axis < 0 else axis
+    return np.broadcast_to(v, x_shape[axis:]).reshape(1, k).copy()
+
+
+@lowers("RMSNormalization")
+def lower_rms_norm(ctx: LoweringContext) -> None:
+    """x / sqrt(mean(x^2) + eps) * scale over the trailing axes from `axis` (the layer norm's form, uncentred)."""
+    view, shape, _, k = _trailing_rows(ctx, -1)
+    eps = float(ctx.attr("epsilon", 1e-5))
+    y = _rows_normalize(ctx, view, k, eps, _row_constant(ctx, 1, k, 1.0), np.zeros((1, k)), False, None)
+    ctx.set_output(0, reshape(ctx, y, shape, identity(len(shape)), output_of=ctx.current.output[0]))
+
+
+@lowers("GroupNormalization")
+def lower_group_norm(ctx: LoweringContext) -> None:
+    """Per image and group of C / G channels over those channels and the spatial axes: a [N, G, K] view
+    normalised along K, then the per-channel (opset 21) or per-group (opset 18) scale and bias."""
+    x = ctx.tensor(0)
+    shape = x.logical_shape
+    groups = int(ctx.attr("num_groups"))
+    n, c = shape[0], shape[1]
+    if c % groups:
+        raise ctx.unsupported(f"{groups} groups do not divide {c} channels")
+    spatial = int(np.prod(shape[2:]))
+    k = c // groups * spatial
+    params = []
+    for index, default in ((1, 1.0), (2, 0.0)):
+        v = ctx.constant(index)
+        v = np.full(c, default) if v is None else np.asarray(v, np.float64).reshape(-1)
+        if v.size == groups:
+            v = np.repeat(v, c // groups)
+        if v.size != c:
+            raise ctx.unsupported(f"scale/bias of {v.size} values for {c} channels in {groups} groups")
+        params.append(np.repeat(v, spatial).reshape(1, groups, k))  # channel j * S + s of group g
+    view = reshape(ctx, to_layout(ctx, x, identity(len(shape))), (n, groups, k), (0, 1, 2))
+    y = _rows_normalize(ctx, view, k, float(ctx.attr("epsilon", 1e-5)), params[0], params[1], True, None)
+    ctx.set_output(0, reshape(ctx, y, tuple(shape), identity(len(shape)), output_of=ctx.current.output[0]))
+
+
+@lowers("LpNormalization")
+def lower_lp_norm(ctx: LoweringContext) -> None:
+    """x / ||x||_p along one axis. p = 2: the RMS normalisation (no epsilon) times 1 / sqrt(K); p = 1 in int8:
+    the exact int32 sum of |x - zp|, its Newton-Raphson reciprocal, one product and one RESCALE."""
+    p = int(ctx.attr("p", 2))
+    if p not in (1, 2):
+        raise ctx.unsupported(f"p = {p} (1 and 2 are defined)")
+    x = ctx.tensor(0)
+    shape = x.logical_shape
+    axis = int(ctx.attr("axis", -1))
+    axis = axis + len(shape) if axis < 0 else axis
+    x = axis_last(ctx, x, [axis])
+    k = shape[axis]
+    name = ctx.current.output[0]
+    last = len(x.shape) - 1
+    if p == 2:
+        gamma = np.full((1,) * last + (k,), 1.0 / math.sqrt(k))
+        y = _rows_normalize(ctx, x, k, 1e-30, gamma, np.zeros_like(gamma), False, None)
+    elif ctx.profile == "fp":
+        total = emit_reduce(ctx, Op.REDUCE_SUM, _fp_abs(ctx, x), [last])
+        r = ctx.new_tensor(total.shape, np.float32, total.perm)
+        ctx.op(Op.RECIPROCAL, [total.name], [r.name], attr("Reciprocal"))
+        y = _fp(ctx, Op.MUL, "Mul", [x, r])
+    else:
+        y = _int_l1_normalize(ctx, x)
+    ctx.set_output(0, reshape(ctx, y, y.shape, y.perm, output_of=name))
+
+
+def _fp_abs(ctx: LoweringContext, x: TTensor) -> TTensor:
+    out = ctx.new_tensor(x.shape, np.float32, x.perm)
+    ctx.op(Op.ABS, [x.name], [out.name], attr("Abs"))
+    return out
+
+
+L1_FRAC_BITS = 14  # x / sum|x| is within [-1, 1]: kept in 2^-14 before the output RESCALE
+
+
+def _int_l1_normalize(ctx: LoweringContext, x: TTensor) -> TTensor:
+    """(x - zp) / max(sum |x - zp|, 1) along the last axis: reciprocal r ~ 2^(61 - n) / a, so
+    v * r * 2^-16 * 2^(n - 31) = y 2^14 by one rounding shift per row."""
+    out_q = ctx.require_output_q()
+    if x.q is None or x.dtype != np.int8:
+        raise ctx.unsupported("the integer normalisation needs an int8 input")
+    last = len(x.shape) - 1
+    v = im.widen(ctx, x)
+    a_abs = ctx.new_tensor(v.shape, np.int32, v.perm)
+    ctx.op(Op.ABS, [v.name], [a_abs.name], attr("Abs"))
+    total = emit_reduce(ctx, Op.REDUCE_SUM, a_abs, [last])
+    positive = ctx.new_tensor(total.shape, np.int32, total.perm)
+    ctx.op(Op.MAXIMUM, [total.name, im.const_i32(ctx, 1, total).name], [positive.name],
+           attr("Maximum", ts.NanPropagationMode.PROPAGATE))
+    r, n = im.reciprocal(ctx, positive)
+    prod = im.mul(ctx, v, r, 16)
+    q = im.asr(ctx, prod, im.sub(ctx, im.const_i32(ctx, 31, n), n))
+    return rescale(ctx, q, 2.0**-L1_FRAC_BITS / out_q.s, out_q.dtype, 0, out_q.zp, out_q)
+
+
+@lowers("LRN")
+def lower_lrn(ctx: LoweringContext) -> None:
+    """x / (bias + alpha / size * sum of x^2 over a window of channels)^beta, FP only: the window sum is a 1x1
+    CONV2D with banded weights; the int8 form (a power of an int32 sum) is left to the host."""
+    if ctx.profile == "int":
+        raise ctx.unsupported("LRN is lowered in the FP profile only")
+    x = to_layout(ctx, ctx.tensor(0), NHWC) if len(ctx.tensor(0).shape) == 4 else None
+    if x is None:
+        raise ctx.unsupported("LRN needs a 4-D input")
+    size = int(ctx.attr("size"))
+    alpha, beta, bias = float(ctx.attr("alpha", 1e-4)), float(ctx.attr("beta", 0.75)), float(ctx.attr("bias", 1.0))
+    c = x.shape[3]
+    lo, hi = (size - 1) // 2, -(-(size - 1) // 2)
+    band = np.array([[1.0 if -lo <= i - o <= hi else 0.0 for i in range(c)] for o in range(c)], np.float32)
+    sq = _fp(ctx, Op.MUL, "Mul", [x, x])
+    window = emit_conv(ctx, sq, (band * (alpha / size)).reshape(c, c, 1, 1), None, Bias(np.full(c, bias)),
+                       [0, 0, 0, 0], (1, 1), (1, 1), False, None)
+    powered = _fp(ctx, Op.POW, "Pow", [window, _fconst(ctx, np.full((1, 1, 1, 1), -beta), window)])
+    ctx.set_output(0, _fp(ctx, Op.MUL, "Mul", [x, powered], output_of=ctx.current.output[0]))

@@ -69,9 +69,12 @@ def axis_params(ctx: LoweringContext, in_len: int, out_len: int, scale: float | 
     r = _ratio(ctx, in_len, out_len, scale)
     n, d, off = r.numerator, r.denominator, 0  # in = (out * d + off) / n
     if coord == "align_corners" or (coord == "pytorch_half_pixel" and out_len == 1):
-        if out_len == 1:
+        if out_len == 1 or in_len == 1:
             n, d = 1, 1
-        else:
+        else:  # x = out (in - 1) / (out - 1) with the floored output length, as onnxruntime and torch compute it
+            # (ONNX's reference implementation uses in * scale unrounded for a scale that is not integral: 3.14
+            # where onnxruntime gives 4.0 in test_resize_downsample_scales_linear_align_corners; the build checks
+            # against onnxruntime, so its answer is the one lowered)
             g = gcd(out_len - 1, in_len - 1)
             n, d = (out_len - 1) // g, (in_len - 1) // g
     elif coord in ("half_pixel", "pytorch_half_pixel"):
@@ -146,27 +149,28 @@ def _tosa_nearest(in_len: int, out_len: int, n: int, d: int, off: int) -> list[i
 
 
 def _sizes_and_scales(ctx: LoweringContext, x: TTensor) -> tuple[tuple[int, int], tuple[float | None, float | None]]:
+    """(out H, out W) and the scales given for them (None where sizes were given), read through `axes`:
+    with axes = [3, 2] the first scale or size is W's."""
     shape = x.logical_shape
     axes = ctx.attr("axes")
-    if axes is not None and sorted(int(a) % 4 for a in axes) != [2, 3]:
+    axes = [int(a) % 4 for a in axes] if axes is not None else [0, 1, 2, 3]
+    if sorted(axes) not in ([2, 3], [0, 1, 2, 3]):
         raise ctx.unsupported("only resizing the two spatial axes is supported")
     scales, sizes = ctx.constant(2), ctx.constant(3)
-    swap = axes is not None and [int(a) % 4 for a in axes] == [3, 2]  # sizes/scales come in `axes` order
     if sizes is not None and np.asarray(sizes).size:
-        sizes = [int(v) for v in np.asarray(sizes).reshape(-1)][::-1 if swap else 1]
-        full = sizes if len(sizes) == 4 else [shape[0], shape[1], *sizes]
-        if full[0] != shape[0] or full[1] != shape[1]:
+        given = dict(zip(axes, (int(v) for v in np.asarray(sizes).reshape(-1)), strict=True))
+        if given.get(0, shape[0]) != shape[0] or given.get(1, shape[1]) != shape[1]:
             raise ctx.unsupported("only the spatial axes can be resized")
         if ctx.attr("keep_aspect_ratio_policy", b"stretch") not in (b"stretch", "stretch"):
             raise ctx.unsupported("keep_aspect_ratio_policy other than stretch is not supported")
-        return (full[2], full[3]), (None, None)
+        return (given[2], given[3]), (None, None)
     if scales is None or not np.asarray(scales).size:
         raise ctx.unsupported("scales or sizes must be a constant")
-    sc = [float(v) for v in np.asarray(scales).reshape(-1)][::-1 if swap else 1]
-    full_sc = sc if len(sc) == 4 else [1.0, 1.0, *sc]
-    if full_sc[0] != 1.0 or full_sc[1] != 1.0:
+    given_sc = dict(zip(axes, (float(v) for v in np.asarray(scales).reshape(-1)), strict=True))
+    if given_sc.get(0, 1.0) != 1.0 or given_sc.get(1, 1.0) != 1.0:
         raise ctx.unsupported("only the spatial axes can be resized")
-    return (int(np.floor(shape[2] * full_sc[2])), int(np.floor(shape[3] * full_sc[3]))), (full_sc[2], full_sc[3])
+    sh, sw = given_sc[2], given_sc[3]
+    return (int(np.floor(shape[2] * sh)), int(np.floor(shape[3] * sw))), (sh, sw)
 
 
 @lowers("Resize")

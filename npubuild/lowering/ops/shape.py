@@ -17,7 +17,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from npubuild.lowering.context import LoweringContext, QConst, TTensor, inverse
+from npubuild.lowering.context import GraphInput, LoweringContext, QConst, TTensor, inverse
 from npubuild.lowering.movement import (
     constant_ints,
     direct,
@@ -258,7 +258,27 @@ NARROWER_FLOATS = {TensorProto.FLOAT16, TensorProto.BFLOAT16}
 @lowers("Cast")
 def lower_cast(ctx: LoweringContext) -> None:
     """Constants are cast at compile time; float -> float on activations is a no-op (fp32 or int8 inside)."""
-    to = int(ctx.attr("to"))
+    _cast(ctx, int(ctx.attr("to")))
+
+
+@lowers("CastLike")
+def lower_cast_like(ctx: LoweringContext) -> None:
+    """Cast to the element type of input 1 (only its type is read)."""
+    _cast(ctx, _elem_type(ctx, ctx.current.input[1]))
+
+
+def _elem_type(ctx: LoweringContext, name: str) -> int:
+    v = ctx.value(name)
+    if isinstance(v, GraphInput):
+        return v.elem_type
+    if isinstance(v, QConst):
+        return TensorProto.FLOAT
+    if isinstance(v, np.ndarray):
+        return helper.np_dtype_to_tensor_dtype(v.dtype)
+    return TensorProto.FLOAT if v.q is not None or v.dtype == np.float32 else helper.np_dtype_to_tensor_dtype(v.dtype)
+
+
+def _cast(ctx: LoweringContext, to: int) -> None:
     v = ctx.value(ctx.current.input[0])
     if isinstance(v, np.ndarray | QConst):
         real = v.real() if isinstance(v, QConst) else v

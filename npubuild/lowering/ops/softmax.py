@@ -17,9 +17,9 @@ from __future__ import annotations
 import numpy as np
 
 from npubuild.lowering.context import LoweringContext, TTensor
-from npubuild.lowering.emit import Op, attr, to_layout
+from npubuild.lowering.emit import Op, attr
 from npubuild.lowering.fusion.softmax_int import lower_log_softmax_int, lower_softmax_int
-from npubuild.lowering.reduction import emit_reduce
+from npubuild.lowering.reduction import axis_last, emit_reduce
 from npubuild.lowering.registry import lowers, quantize_also
 
 quantize_also("LogSoftmax")  # onnxruntime leaves it in float on its own
@@ -63,19 +63,6 @@ def _lower_int(ctx: LoweringContext, x: TTensor, axis: int, log: bool) -> TTenso
     if x.q is None or x.dtype != np.int8 or out_q.dtype != np.int8:
         raise ctx.unsupported("the integer softmax needs int8 input and output")
     return (lower_log_softmax_int if log else lower_softmax_int)(ctx, x, axis, out_q)
-
-
-def axis_last(ctx: LoweringContext, x: TTensor, logical_axes: list[int]) -> TTensor:
-    """x in a layout with the given logical axes physically last (a TRANSPOSE only if the order changes).
-
-    The integer lowerings reduce int32 tensors; Vela runs REDUCE_SUM natively
-    over the channel (last) axis only and otherwise moves the data itself,
-    which npu-sim showed to give wrong sums for computed int32 tensors. An
-    int8 layout change up front is cheap and exact; the result keeps the new
-    layout (the next op converts only if it needs to).
-    """
-    layout = tuple(p for p in x.perm if p not in logical_axes) + tuple(logical_axes)
-    return to_layout(ctx, x, layout)
 
 
 def _lower(ctx: LoweringContext, log: bool) -> None:

@@ -21,7 +21,7 @@ from collections.abc import Callable
 import numpy as np
 
 from npubuild.lowering import fp
-from npubuild.lowering.broadcast import CONST_BITS, broadcast_operands, broadcast_pair
+from npubuild.lowering.broadcast import CONST_BITS, broadcast_pair
 from npubuild.lowering.context import LoweringContext, TTensor
 from npubuild.lowering.emit import Op, attr, clamp, rescale
 from npubuild.lowering.fusion.patterns import fusable, gelu
@@ -107,13 +107,22 @@ def lower_sqrt(ctx: LoweringContext) -> None:
 @lowers("Pow")
 @fusable
 def lower_pow(ctx: LoweringContext) -> None:
+    """A constant exponent (of any numeric type) that is one value everywhere: a TABLE in int8, products
+    or POW in fp32; per-element or run-time exponents: POW in fp32 only."""
     e = ctx.constant(1)
+    if e is not None and np.asarray(e).size > 1 and np.all(np.asarray(e) == np.asarray(e).reshape(-1)[0]) \
+            and np.asarray(e).ndim <= len(ctx.tensor(0).shape) and \
+            np.broadcast_shapes(np.asarray(e).shape, ctx.tensor(0).logical_shape) == ctx.tensor(0).logical_shape:
+        e = np.asarray(e).reshape(-1)[:1]
     if e is None or np.asarray(e).size != 1:
         if ctx.profile == "int":
-            raise ctx.unsupported("int8 Pow needs a scalar constant exponent")
+            raise ctx.unsupported("int8 Pow needs one constant exponent")
         if e is None:  # ONNX defines (-2) ** 3; TOSA POW is unpredictable for any negative base
             raise ctx.unsupported("Pow of a computed exponent: TOSA POW is undefined for a negative base")
-        a, b = broadcast_operands(ctx)
+        x = ctx.tensor(0)  # an integer exponent tensor: the fp32 POW takes it as fp32
+        rank = max(len(x.shape), np.asarray(e).ndim)
+        ev = np.asarray(e, np.float32)
+        a, b = broadcast_pair(ctx, x, ctx.materialize_const(ev.reshape((1,) * (rank - ev.ndim) + ev.shape), None))
         ctx.set_output(0, fp.binary(ctx, Op.POW, "Pow", a, b, output_of=_out(ctx)))
         return
     p = float(np.asarray(e).reshape(-1)[0])

@@ -1,0 +1,79 @@
+"""Piecewise and rounding functions: ThresholdedRelu, Shrink, Sign, Floor, Ceil, Round.
+
+INT profile: one int8 TABLE each, of the node as onnxruntime evaluates it (table.node_function): exact
+against the QDQ reference. FP profile: TOSA fp32 compositions with GREATER / EQUAL / SELECT (which only
+the fp pipeline, never Vela, runs) and FLOOR / CEIL; Round is ONNX's round-half-to-even, built from
+FLOOR with the tie case set to the even neighbour.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from npubuild.lowering import fp
+from npubuild.lowering.context import LoweringContext, TTensor
+from npubuild.lowering.emit import Op
+from npubuild.lowering.fusion.patterns import fusable
+from npubuild.lowering.registry import lowers, quantize_also
+from npubuild.lowering.table import lower_via_table, node_function
+
+quantize_also("ThresholdedRelu", "Shrink", "Sign", "Floor", "Ceil", "Round")
+
+Build = Callable[[LoweringContext, TTensor, str | None], TTensor]
+
+
+def _lower(build: Build) -> Callable[[LoweringContext], None]:
+    def lower(ctx: LoweringContext) -> None:
+        if ctx.profile == "int":
+            lower_via_table(ctx, node_function(ctx))
+            return
+        ctx.set_output(0, build(ctx, ctx.tensor(0), ctx.current.output[0]))
+
+    return fusable(lower)
+
+
+def _thresholded_relu(ctx: LoweringContext, x: TTensor, out: str | None) -> TTensor:
+    alpha = float(ctx.attr("alpha", 1.0))
+    return fp.select(ctx, fp.greater(ctx, x, fp.scalar(ctx, alpha, x)), x, fp.scalar(ctx, 0.0, x), output_of=out)
+
+
+def _shrink(ctx: LoweringContext, x: TTensor, out: str | None) -> TTensor:
+    """x < -lambd: x + bias; x > lambd: x - bias; else 0."""
+    bias, lambd = float(ctx.attr("bias", 0.0)), float(ctx.attr("lambd", 0.5))
+    high = fp.select(ctx, fp.greater(ctx, x, fp.scalar(ctx, lambd, x)), fp.add_scalar(ctx, x, -bias),
+                     fp.scalar(ctx, 0.0, x))
+    return fp.select(ctx, fp.greater(ctx, fp.scalar(ctx, -lambd, x), x), fp.add_scalar(ctx, x, bias), high,
+                     output_of=out)
+
+
+def _sign(ctx: LoweringContext, x: TTensor, out: str | None) -> TTensor:
+    zero = fp.scalar(ctx, 0.0, x)
+    neg = fp.select(ctx, fp.greater(ctx, zero, x), fp.scalar(ctx, -1.0, x), zero)
+    return fp.select(ctx, fp.greater(ctx, x, zero), fp.scalar(ctx, 1.0, x), neg, output_of=out)
+
+
+def _floor(ctx: LoweringContext, x: TTensor, out: str | None) -> TTensor:
+    return fp.floor(ctx, x, output_of=out)
+
+
+def _ceil(ctx: LoweringContext, x: TTensor, out: str | None) -> TTensor:
+    return fp.unary(ctx, Op.CEIL, "Ceil", x, output_of=out)
+
+
+def _round(ctx: LoweringContext, x: TTensor, out: str | None) -> TTensor:
+    """floor(x) + 1 where the fraction is above one half, or exactly one half and floor(x) is odd."""
+    f = fp.floor(ctx, x)
+    frac = fp.sub(ctx, x, f)
+    half = fp.scalar(ctx, 0.5, x)
+    odd = fp.greater(ctx, fp.sub(ctx, f, fp.mul_scalar(ctx, fp.floor(ctx, fp.mul_scalar(ctx, f, 0.5)), 2.0)), half)
+    tie_up = fp.logical(ctx, Op.LOGICAL_AND, "LogicalAnd", fp.equal(ctx, frac, half), odd)
+    up = fp.logical(ctx, Op.LOGICAL_OR, "LogicalOr", fp.greater(ctx, frac, half), tie_up)
+    return fp.add(ctx, f, fp.select(ctx, up, fp.scalar(ctx, 1.0, x), fp.scalar(ctx, 0.0, x)), output_of=out)
+
+
+lowers("ThresholdedRelu")(_lower(_thresholded_relu))
+lowers("Shrink")(_lower(_shrink))
+lowers("Sign")(_lower(_sign))
+lowers("Floor")(_lower(_floor))
+lowers("Ceil")(_lower(_ceil))
+lowers("Round")(_lower(_round))

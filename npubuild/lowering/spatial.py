@@ -1,0 +1,81 @@
+"""Convolution and pooling windows in 2-D TOSA terms, for 1-D (rank-3) and 2-D (rank-4) ONNX ops.
+
+TOSA 1.0 has only 2-D convolutions and pools, so a 1-D op on [N, C, L] runs as a
+2-D op on the NHWC view [N, 1, L, C] (H = 1): kernel (1, k), stride (1, s),
+dilation (1, d), ONNX pads [b, e] as [0, b, 0, e]. The rank-3 tensor is kept
+channels-last ([N, L, C] physically, perm (0, 2, 1)), so the view is a free
+RESHAPE and a stack of Conv1d layers (a TCN, an audio front end) needs no
+TRANSPOSE. 3-D ops (rank 5) are refused here with a clear reason, so the
+host fallback can take them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from npubuild.lowering.context import NHWC, LoweringContext, TTensor
+from npubuild.lowering.emit import reshape, to_layout
+
+CHANNELS_LAST_1D = (0, 2, 1)  # physical [N, L, C] of a logical [N, C, L]
+
+
+@dataclass(frozen=True)
+class Window:
+    """An ONNX window's attributes lifted to two spatial axes (H first)."""
+
+    kernel: tuple[int, int]
+    stride: tuple[int, int]
+    dilation: tuple[int, int]
+    onnx_pads: tuple[int, int, int, int]  # ONNX order: h_begin, w_begin, h_end, w_end
+    auto_pad: str
+
+
+def spatial_rank(ctx: LoweringContext, x: TTensor, what: str) -> int:
+    """1 or 2 spatial axes; anything else is refused (UnsupportedOpError) so the node can go to the host."""
+    rank = len(x.shape)
+    if rank not in (3, 4):
+        raise ctx.unsupported(f"only 1-D and 2-D {what} are supported (input rank {rank})")
+    return rank - 2
+
+
+def _lift(values, spatial: int, fill: int) -> tuple[int, ...]:
+    values = tuple(int(v) for v in values)
+    return (fill, *values) if spatial == 1 else values
+
+
+def window(ctx: LoweringContext, spatial: int, kernel) -> Window:
+    """The current node's kernel, strides, dilations, pads and auto_pad, as a 2-D window."""
+    n = spatial
+    kernel = _lift(kernel, n, 1)
+    stride = _lift(ctx.attr("strides", [1] * n), n, 1)
+    dilation = _lift(ctx.attr("dilations", [1] * n), n, 1)
+    pads = [int(p) for p in ctx.attr("pads", [0] * 2 * n)]
+    onnx_pads = (0, pads[0], 0, pads[1]) if n == 1 else tuple(pads)
+    auto_pad = ctx.attr("auto_pad", b"NOTSET")
+    auto_pad = auto_pad.decode() if isinstance(auto_pad, bytes) else str(auto_pad)
+    if len(kernel) != 2 or len(stride) != 2 or len(dilation) != 2 or len(onnx_pads) != 4:
+        raise ctx.unsupported("kernel, strides, dilations and pads do not match the input's spatial rank")
+    return Window(kernel, stride, dilation, onnx_pads, auto_pad)  # type: ignore[arg-type]
+
+
+def as_nhwc(ctx: LoweringContext, x: TTensor) -> TTensor:
+    """A rank-4 tensor in NHWC; a rank-3 [N, C, L] one as the NHWC view [N, 1, L, C]."""
+    if len(x.shape) == 4:
+        return to_layout(ctx, x, NHWC)
+    x = to_layout(ctx, x, CHANNELS_LAST_1D)
+    n, length, c = x.shape
+    return reshape(ctx, x, (n, 1, length, c), NHWC)
+
+
+def from_nhwc(ctx: LoweringContext, y: TTensor, spatial: int, output_of: str | None) -> TTensor:
+    """The NHWC result of a window op back in the node's rank: as it is for 2-D, [N, L, C] for 1-D."""
+    if spatial == 2:
+        return y
+    n, h, length, c = y.shape
+    assert h == 1
+    return reshape(ctx, y, (n, length, c), CHANNELS_LAST_1D, output_of=output_of)
+
+
+def direct_output(spatial: int, name: str | None) -> str | None:
+    """The output name the NHWC emitter writes: the node's own for 2-D, None for 1-D (from_nhwc names it)."""
+    return name if spatial == 2 else None
