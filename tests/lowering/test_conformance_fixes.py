@@ -108,7 +108,10 @@ def test_gemm_row_and_scalar_biases_quantize():
     """onnxruntime's quantiser failed on a [1, N] or scalar Gemm bias; npubuild hands it a [N] vector"""
     for bias in (rand([1, 4]), np.array(0.5, np.float32)):
         m = single_op_model("Gemm", {"a": [2, 3]}, {"y": [2, 4]}, {"b": rand([3, 4]), "c": bias})
-        assert vector_gemm_biases(prepare(m)).graph.node[0].input[2] == "c_vector"
+        vectored = vector_gemm_biases(m)
+        name = vectored.graph.node[0].input[2]
+        assert name == f"{m.graph.node[0].input[2]}_vector"
+        assert list(next(t for t in vectored.graph.initializer if t.name == name).dims) == [4]
         check_int(m, calib("a", [2, 3]), {"a": rand([2, 3])})
 
 
