@@ -69,6 +69,19 @@ def _layer_table(layers: list[dict]) -> str:
          _v(lay.get("cycles")), _v(lay.get("macs"))] for lay in top], numeric_from=2)
 
 
+def _roofline_line(m: dict) -> str:
+    """One line: the build's roofline bound against Vela's estimate and the layer furthest from its bound."""
+    roof = m.get("roofline")
+    if not roof or m.get("bound_ms") is None:
+        return ""
+    worst = roof["worst_layers"][0] if roof.get("worst_layers") else None
+    tail = (f"; furthest from its bound: {escape(str(worst.get('onnx_node') or worst['tensor']))} "
+            f"({worst['estimated_ms']:.4f} vs {worst['bound_ms']:.4f} ms, {escape(worst['bound_by'])}-bound)"
+            if worst and worst["gap_ms"] > 0 else "")
+    return (f"<p><b>Roofline:</b> bound {m['bound_ms']:.4f} ms of {_v(m.get('inference_ms'))} ms estimated, "
+            f"efficiency {m['efficiency']:.2f}{tail}</p>")
+
+
 def _build_details(b: dict, cache_dir: Path | None, chart: bool = True) -> str:
     m = b.get("metrics", {})
     parts = [f'<details><summary class="{b["status"]}">{escape(build_id(b))}: {b["status"]}</summary>']
@@ -83,6 +96,7 @@ def _build_details(b: dict, cache_dir: Path | None, chart: bool = True) -> str:
             ["gate", "metric", "limit", "value", "ok"],
             [[escape(g["name"]), escape(g["metric"]), _v(g["limit"]), _v(g["value"]),
               "yes" if g["ok"] else '<span class="bad">NO</span>'] for g in b["gates"]], numeric_from=2))
+    parts.append(_roofline_line(m))
     if m.get("pools"):
         parts.append("<h4>Memory pools</h4>" + _table(
             ["pool", "kind", "used KiB", "size KiB", "fits"],

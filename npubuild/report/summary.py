@@ -128,6 +128,7 @@ def render_markdown(report: dict) -> str:
             f"{_fmt(m.get('inference_ms'), 4)} | {_fmt(m.get('npu_cycles'))} | {_fmt(m.get('tosa_max_error_lsb'), 0)} | "
             f"{_fmt(m.get('tosa_snr_db'), 1)} | {_fmt(m.get('quant_snr_db'), 1)} | {cached}/{ran} |")
     lines += _gates_and_memory(report)
+    lines += _roofline(report)
     lines += numerics_markdown(report["builds"])
     failures = [(b, g) for b in report["builds"] for g in b["gates"] if not g["ok"]]
     errors = [(b, e) for b in report["builds"] for e in b["errors"]]
@@ -141,6 +142,27 @@ def render_markdown(report: dict) -> str:
     lines += ["", "## Tool versions", ""]
     lines += [f"- {k} {v}" for k, v in report["versions"].items()]
     return "\n".join(lines) + "\n"
+
+
+def _roofline(report: dict, worst: int = 3) -> list[str]:
+    """Per build: the roofline bound against Vela's estimate, and the layers furthest from their own bound."""
+    lines = ["", "## Roofline", "",
+             "Bound: per Vela layer the larger of MACs at the MAC array's peak and the bytes it moves over each "
+             "memory at that memory's peak bandwidth, summed; efficiency = bound / Vela's estimate.", ""]
+    for b in report["builds"]:
+        m = b["metrics"]
+        roof = m.get("roofline")
+        if not roof or m.get("bound_ms") is None:
+            continue
+        bound_by = ", ".join(f"{k} {v}" for k, v in roof["layers_bound_by"].items())
+        gaps = "; ".join(f"{lay.get('onnx_node') or lay['tensor']} ({lay.get('npu_op')}) {lay['estimated_ms']:.4f} "
+                         f"vs {lay['bound_ms']:.4f} ms, {lay['bound_by']}-bound"
+                         for lay in roof["worst_layers"][:worst] if lay["gap_ms"] > 0)
+        lines.append(f"- {b['spec']}/{b['model']}/{b['target']}: bound {m['bound_ms']:.4f} ms of "
+                     f"{_fmt(m.get('inference_ms'), 4)} ms estimated, efficiency {m['efficiency']:.2f} "
+                     f"(MAC-bound {roof['mac_bound_ms']:.4f} ms, memory-bound {roof['memory_bound_ms']:.4f} ms; "
+                     f"layers bound by {bound_by})" + (f"; furthest from their bound: {gaps}" if gaps else ""))
+    return lines if len(lines) > 5 else []
 
 
 def _gates_and_memory(report: dict) -> list[str]:
