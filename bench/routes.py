@@ -73,7 +73,7 @@ def npubuild_rows(report: dict) -> list[dict]:
                      "inference_ms": m.get("inference_ms"), "sram_kib": m.get("sram_kib"),
                      "offchip_kib": m.get("offchip_kib"), "cpu_ops": m.get("cpu_ops"),
                      "npu_cycles": m.get("npu_cycles"), "quant_snr_db": m.get("quant_snr_db"),
-                     "bound_ms": m.get("bound_ms"), "efficiency": m.get("efficiency"),
+                     "bound_ms": m.get("bound_ms"), "efficiency": m.get("efficiency"), "roofline": m.get("roofline"),
                      "compile_s": round(sum(secs), 3) if all(s is not None for s in secs) else None})
     return rows
 
@@ -159,6 +159,26 @@ def table(rows: dict[tuple[str, str, str], dict], named: dict[tuple[str, str], f
     return "\n".join(lines) + "\n"
 
 
+def roofline_section(rows: dict[tuple[str, str, str], dict]) -> str:
+    """npubuild's roofline per build (metrics.bound_ms, efficiency, roofline): how far each is from the limit."""
+    lines = ["", "## npubuild's roofline per build", "",
+             "Bound = sum over Vela's layers of max(MACs / peak MACs, bytes moved per memory / its peak bandwidth); "
+             "efficiency = bound / Vela's estimate. Worst layer: the largest estimate - bound.", "",
+             "| model | target | estimated ms | bound ms | efficiency | MAC-bound ms | memory-bound ms | "
+             "layers bound by | worst layer (estimated vs bound ms) |", "|---|---|---:|---:|---:|---:|---:|---|---|"]
+    for (model, target, route), r in sorted(rows.items()):
+        roof = r.get("roofline")
+        if route != "npubuild" or not roof:
+            continue
+        w = roof["worst_layers"][0] if roof["worst_layers"] else None
+        worst = (f"{w.get('onnx_node') or w['tensor']} {w.get('npu_op')} ({w['estimated_ms']:.4f} vs "
+                 f"{w['bound_ms']:.4f}, {w['bound_by']})" if w else "-")
+        by = ", ".join(f"{k} {v}" for k, v in roof["layers_bound_by"].items())
+        lines.append(f"| {model} | {target} | {r['inference_ms']:.4f} | {r['bound_ms']:.4f} | {r['efficiency']:.2f} | "
+                     f"{roof['mac_bound_ms']:.4f} | {roof['memory_bound_ms']:.4f} | {by} | {worst} |")
+    return "\n".join(lines) + "\n"
+
+
 def main(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--work", type=Path, default=Path("/tmp/routes"))
@@ -199,7 +219,7 @@ def main(argv: list[str]) -> int:
             if "failed" in r.get("route", ""):
                 r["error"] = r["route"].split("(failed: ", 1)[-1].rstrip(")")
             rows[(r["model"], r["target"], route)] = {**r, "route": route}
-    md = table(rows, named_config_check(report, build_dir, args.work))
+    md = table(rows, named_config_check(report, build_dir, args.work)) + roofline_section(rows)
     print(md)
     if args.out:
         args.out.write_text(md)
