@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import re
 import sys
 import time
 import traceback
@@ -94,7 +95,8 @@ def cpu_ops(edge) -> tuple[list[str], int, int]:
                                               or all(u.op == "output" for u in n.users)):
             io_qdq += 1
         else:
-            outside.append(name.split(":")[0].replace("<EdgeOpOverload: ", ""))
+            m = re.search(r"EdgeOpOverload: ([^>]+)>", name)
+            outside.append(m.group(1) if m else name)
     return outside, io_qdq, delegates
 
 
@@ -182,6 +184,8 @@ def main(argv: list[str]) -> int:
             (args.work / f"{model}-{target}.error.txt").write_text(traceback.format_exc())
         rows.append(row)
         print(json.dumps({k: v for k, v in row.items() if k != "tosa"}), flush=True)
+    if args.only and args.json.exists():  # a partial rerun replaces those models' rows only
+        rows = [r for r in json.loads(args.json.read_text()) if r["model"] not in args.only] + rows
     args.json.write_text(json.dumps(rows, indent=1))
     return 0
 

@@ -29,14 +29,13 @@ class OnnxAsTorch(torch.nn.Module):
         # float initializers are parameters (as a torch user's weights are: the PT2E quantizer folds
         # BatchNorm into a conv's weight *parameter*); integer ones (shapes) stay numpy
         self.attr: dict[str, str] = {}
-        self.ints: dict[str, np.ndarray] = {}
+        self.arrays: dict[str, np.ndarray] = {}  # every initializer's value, for attributes read while tracing
         for i, init in enumerate(model.graph.initializer):
             arr = np.array(numpy_helper.to_array(init))
+            self.arrays[init.name] = arr
             if arr.dtype.kind == "f":
                 self.register_parameter(f"c{i}", torch.nn.Parameter(torch.from_numpy(arr), requires_grad=False))
                 self.attr[init.name] = f"c{i}"
-            else:
-                self.ints[init.name] = arr
         readers: dict[str, int] = {}
         for n in self.graph.node:
             for name in n.input:
@@ -47,10 +46,10 @@ class OnnxAsTorch(torch.nn.Module):
         return getattr(self, self.attr[name])
 
     def _is_const(self, name: str) -> bool:
-        return name in self.attr or name in self.ints
+        return name in self.arrays
 
     def _np(self, name: str) -> np.ndarray:
-        return self.ints[name] if name in self.ints else self._c(name).detach().numpy()
+        return self.arrays[name]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         env: dict[str, torch.Tensor] = {self.graph.input[0].name: x}
@@ -96,8 +95,9 @@ class OnnxAsTorch(torch.nn.Module):
         if op == "Relu":
             return F.relu(x)
         if op == "Clip":
-            lo, hi = float(self._np(n.input[1])), float(self._np(n.input[2]))
-            return F.relu6(x) if (lo, hi) == (0.0, 6.0) else torch.clamp(x, lo, hi)
+            # torch.clamp, not F.relu6: ExecuTorch 1.5.1 leaves relu6's aten.hardtanh after a conv + BatchNorm on
+            # the CPU (all 27 of MobileNetV1's, 28 NPU partitions), clamp it delegates (measured, bench/routes.md)
+            return torch.clamp(x, float(self._np(n.input[1])), float(self._np(n.input[2])))
         if op == "HardSwish":
             return F.hardswish(x)
         if op == "HardSigmoid":

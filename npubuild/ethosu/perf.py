@@ -6,8 +6,8 @@ records, per TOSA tensor, the ONNX node whose lowering produced it
 be charged to the node the user wrote.
 
 The roofline below sets each layer's Vela estimate against the two limits of
-the machine: its MACs at the MAC array's peak and the bytes Vela moves for it
-over each memory at that memory's peak bandwidth. Their sum over the network
+the machine: its MACs at the MAC array's peak and the data bytes Vela moves for
+it over each memory at that memory's peak bandwidth. Their sum over the network
 (`bound_ms`) over Vela's estimate (`efficiency`) says how far a build is from
 what the hardware could do; the layers with the largest gap say where.
 """
@@ -82,29 +82,42 @@ def top_layers(layers: list[dict], n: int = 5) -> list[dict]:
 #
 # Bytes per layer and memory come from Vela's debug database (`--enable-debug-db`, `<stem>_debug.xml`): its
 # `perf_debug` table has, per scheduled layer, `<Memory><Group>_read/_write` for each memory of the system config
-# (Sram, Dram, OnChipFlash, OffChipFlash; groups FeatureMap, Weights, Scales, Lut), the bytes Vela's performance
-# model moves (burst-rounded feature-map traffic, weight re-fetches, weight staging copies). `lutram` is the NPU's
-# internal LUT RAM, not a system memory, and is left out. The `perf` table beside it gives each row's layer name,
-# in the order of the per-layer CSV.
+# (Sram, Dram, OnChipFlash, OffChipFlash; groups FeatureMap, Weights, Scales, Lut): the bytes Vela's performance
+# model charges the bus, which include burst rounding (a 3-channel NHWC input read from DRAM in 3-byte pieces
+# of 64-byte bursts costs ~16x its size), and `<Memory>_read_efficiency/_write_efficiency`, the share of them that
+# is data (regor network_performance.cpp: (bytes - burst overhead) / bytes, over all groups). The roofline divides
+# the data bytes by the peak bandwidth, so burst waste shows as a gap, as a slow MAC array does. `lutram` is the
+# NPU's internal LUT RAM, not a system memory, and is left out. The `perf` table beside it gives each row's layer
+# name, in the order of the per-layer CSV.
 
 SYSTEM_MEMORIES = ("Sram", "Dram", "OnChipFlash", "OffChipFlash")
+GROUPS = ("FeatureMap", "Weights", "Scales", "Lut")
 _TABLE = re.compile(r'<table name="([^"]+)">\n<!\[CDATA\[\n(.*?)\]\]>', re.S)
 
 
+def _num(raw: str | None) -> float:
+    try:
+        return float(raw or 0)
+    except ValueError:
+        return 0.0
+
+
 def parse_layer_bytes(debug_xml: Path) -> list[dict]:
-    """Per Vela layer (CSV order): {"tensor": name, "bytes": {memory: bytes read + written}}."""
+    """Per Vela layer (CSV order): {"tensor", "bytes": {memory: bytes charged}, "useful_bytes": {memory: data}}."""
     tables = {name: list(csv.DictReader(io.StringIO(body))) for name, body in _TABLE.findall(debug_xml.read_text())}
     moved = {row["id"]: row for row in tables.get("perf_debug", [])}
     out = []
     for row in tables.get("perf", []):
         dbg = moved.get(row["id"], {})
-        per_mem = {}
+        charged, useful = {}, {}
         for mem in SYSTEM_MEMORIES:
-            total = sum(int(v) for k, v in dbg.items() if k.startswith(mem) and k.endswith(("_read", "_write"))
-                        and k[len(mem):].split("_")[0] in ("FeatureMap", "Weights", "Scales", "Lut") and v)
-            if total:
-                per_mem[mem] = total
-        out.append({"tensor": row.get("name", ""), "bytes": per_mem})
+            read = sum(_num(dbg.get(f"{mem}{g}_read")) for g in GROUPS)
+            write = sum(_num(dbg.get(f"{mem}{g}_write")) for g in GROUPS)
+            if read or write:
+                charged[mem] = int(read + write)
+                useful[mem] = round(read * _num(dbg.get(f"{mem}_read_efficiency") or 1)
+                                    + write * _num(dbg.get(f"{mem}_write_efficiency") or 1))
+        out.append({"tensor": row.get("name", ""), "bytes": charged, "useful_bytes": useful})
     return out
 
 
@@ -113,7 +126,7 @@ def attach_bytes(layers: list[dict], moved: list[dict]) -> None:
     if len(moved) != len(layers) or any(m["tensor"] != lay["tensor"] for m, lay in zip(moved, layers, strict=False)):
         return  # a Vela whose debug database does not line up with its CSV: no roofline rather than a wrong one
     for lay, m in zip(layers, moved, strict=True):
-        lay["bytes"] = m["bytes"]
+        lay["bytes"], lay["useful_bytes"] = m["bytes"], m["useful_bytes"]
 
 
 @dataclass(frozen=True)
@@ -140,10 +153,11 @@ class MachineModel:
 
 
 def layer_roofline(layer: dict, machine: MachineModel) -> dict:
-    """The layer's MAC-bound and memory-bound times (ms), their max, what binds it and its gap to Vela's estimate."""
+    """The layer's MAC-bound and memory-bound (data bytes at peak bandwidth) times in ms, their max, what binds
+    it and its gap to Vela's estimate."""
     ms = 1e3 / machine.clock_hz  # one NPU cycle in ms
     mac_ms = (layer.get("macs") or 0) / machine.macs_per_cycle * ms
-    mem_ms = {mem: b / machine.bytes_per_cycle[mem] * ms for mem, b in (layer.get("bytes") or {}).items()
+    mem_ms = {mem: b / machine.bytes_per_cycle[mem] * ms for mem, b in (layer.get("useful_bytes") or {}).items()
               if mem in machine.bytes_per_cycle}
     mem_bound = max(mem_ms.values(), default=0.0)  # the memories sit on their own AXI ports: they overlap
     bound = max(mac_ms, mem_bound)
@@ -158,7 +172,7 @@ def roofline(layers: list[dict], profile: TargetProfile, inference_ms: float, wo
     """Network figures: `bound_ms` (sum of the layers' bounds), `efficiency` (bound / Vela's estimate) and the
     `roofline` record (peaks, MAC- and memory-bound sums, the layers furthest from their bound). Adds each
     layer's own figures under layer["roofline"]. None throughout when Vela gave no bytes per layer."""
-    if not layers or any("bytes" not in lay for lay in layers):
+    if not layers or any("useful_bytes" not in lay for lay in layers):
         return {"bound_ms": None, "efficiency": None, "roofline": None}
     machine = MachineModel.of(profile)
     for lay in layers:

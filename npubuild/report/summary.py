@@ -147,8 +147,8 @@ def render_markdown(report: dict) -> str:
 def _roofline(report: dict, worst: int = 3) -> list[str]:
     """Per build: the roofline bound against Vela's estimate, and the layers furthest from their own bound."""
     lines = ["", "## Roofline", "",
-             "Bound: per Vela layer the larger of MACs at the MAC array's peak and the bytes it moves over each "
-             "memory at that memory's peak bandwidth, summed; efficiency = bound / Vela's estimate.", ""]
+             "Bound: per Vela layer the larger of MACs at the MAC array's peak and the data bytes it moves over "
+             "each memory (Vela's, less burst overhead) at that memory's peak bandwidth, summed; efficiency = bound / Vela's estimate.", ""]
     for b in report["builds"]:
         m = b["metrics"]
         roof = m.get("roofline")

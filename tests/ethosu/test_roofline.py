@@ -4,7 +4,7 @@ A 1024 -> 128 FC (int8) has 131072 MACs; it reads its 1024-byte input and writes
 and streams its weights (the constants blob Vela stores for it, read once) from the constants' memory. Vela
 charges a transfer by bus bursts: the U55-128 writes an NHWC output 16 bytes at a time (16 elements of 8 bits,
 one core) to an SRAM whose bursts are 32 bytes, so the 128 bytes written cost 256 (regor
-EstimateMemoryTransfer: bytes x burst length / burst used). On the
+EstimateMemoryTransfer: bytes x burst length / burst used); the roofline divides the data bytes, 1024 + 128. On the
 ethos-u55-128 profile (500 MHz, Vela's Ethos_U55_High_End_Embedded + Shared_Sram: 8-byte AXI, SRAM clock scale
 1, off-chip flash 0.125) that is 8 bytes per cycle of SRAM and 1 of flash, and 128 MACs per cycle.
 """
@@ -73,11 +73,12 @@ def test_fc_layer_roofline_on_u55_matches_the_hand_computed_figures(tmp_path: Pa
     m, vela_dir = _build(tmp_path, capsys, "ethos-u55-128")
     (layer,) = m["layers"]
     assert layer["macs"] == K * N
-    # bytes Vela moves for it: input read + output written (half-burst writes) in SRAM, the constants from flash
+    # bytes Vela charges the buses: input read + output written (half-burst writes) in SRAM, constants from flash
     assert layer["bytes"] == {"Sram": K + 2 * N, "OffChipFlash": m["memory"]["constants_bytes"]}
+    assert layer["useful_bytes"] == {"Sram": K + N, "OffChipFlash": m["memory"]["constants_bytes"]}
     r = layer["roofline"]
     assert r["mac_bound_ms"] == pytest.approx(131072 / 128 / 500e6 * 1e3, abs=1e-6)  # 2.048 us
-    assert r["memory_bound_ms"]["Sram"] == pytest.approx(1280 / 8 / 500e6 * 1e3, abs=1e-6)
+    assert r["memory_bound_ms"]["Sram"] == pytest.approx(1152 / 8 / 500e6 * 1e3, abs=1e-6)
     flash_ms = m["memory"]["constants_bytes"] / 1.0 / 500e6 * 1e3
     assert r["memory_bound_ms"]["OffChipFlash"] == pytest.approx(flash_ms, abs=1e-6)
     assert r["bound_by"] == "OffChipFlash" and r["bound_ms"] == pytest.approx(flash_ms, abs=1e-6)
