@@ -120,7 +120,9 @@ def table(rows: dict[tuple[str, str, str], dict], named: dict[tuple[str, str], f
     builds = sorted({(m, t) for m, t, _ in rows}, key=lambda k: (k[0], TARGETS.index(k[1]) if k[1] in TARGETS else 9))
     head = ("| model | target | inference ms | best route | npubuild / best | SRAM KiB | off-chip KiB | CPU ops | "
             "compile s | quant SNR dB | named-config ms |")
-    lines = ["Each cell: npubuild / onnx2tf -> TFLite int8 / ExecuTorch 1.5.1 Arm backend (Vela 5.2, same options; "
+    lines = ["Regenerate: `PYTHONPATH=. /work/main/.venv/bin/python bench/routes.py --work /tmp/routes --out "
+             "bench/routes.md` (bench/routes.py says what each route runs; scratch venvs in its docstring).", "",
+             "Each cell: npubuild / onnx2tf -> TFLite int8 / ExecuTorch 1.5.1 Arm backend (Vela 5.2, same options; "
              "`-` where the route failed, reason below).", "", head, "|---|---|---|---|---:|---|---|---|---|---|---:|"]
     ratios: dict[str, list[float]] = {}
     whole: dict[str, list[float]] = {}

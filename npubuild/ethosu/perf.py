@@ -115,8 +115,10 @@ def parse_layer_bytes(debug_xml: Path) -> list[dict]:
             write = sum(_num(dbg.get(f"{mem}{g}_write")) for g in GROUPS)
             if read or write:
                 charged[mem] = int(read + write)
-                useful[mem] = round(read * _num(dbg.get(f"{mem}_read_efficiency") or 1)
-                                    + write * _num(dbg.get(f"{mem}_write_efficiency") or 1))
+                # an efficiency above 1 (Vela 5.2 gives U55 MatMul's scratch traffic ~2.75) would claim more data
+                # than Vela moves: the data bytes are at most the charged ones
+                useful[mem] = round(read * min(_num(dbg.get(f"{mem}_read_efficiency") or 1), 1.0)
+                                    + write * min(_num(dbg.get(f"{mem}_write_efficiency") or 1), 1.0))
         out.append({"tensor": row.get("name", ""), "bytes": charged, "useful_bytes": useful})
     return out
 
