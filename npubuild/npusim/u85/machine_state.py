@@ -1,0 +1,56 @@
+"""The U85 machine's state between ops (memory regions, chaining buffers, LUT RAM, the accumulator) and the
+output step every op ends with (scale, activation, write, trace record)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from npubuild.errors import StageError
+from npubuild.npusim.ops import OpResult, ofm_shape
+from npubuild.npusim.u85 import activation
+from npubuild.npusim.u85.operands import NONE, TRANSPOSE_NAMES, Chains, Operand, ofm_layout, operand, write
+
+
+@dataclass
+class Machine:
+    mem: dict  # region index -> uint8 array
+    macs: int
+    ncores: int
+    lut_ram: np.ndarray = field(default_factory=lambda: np.zeros(activation.LUT_RAM_BYTES, np.uint8))
+    chains: Chains = field(default_factory=Chains)
+    accumulator: np.ndarray | None = None  # kept by an op whose output is disabled
+
+    def take_accumulator(self, shape: tuple[int, ...]) -> np.ndarray:
+        acc = self.accumulator
+        if acc is None or acc.shape != tuple(shape):
+            raise StageError(f"ACC_INPUT_KEEP of a {list(shape)} block, but no earlier op kept one")
+        return acc
+
+    @staticmethod
+    def global_scale(cmd) -> tuple[int, int]:
+        return activation.global_scale(cmd)
+
+    def output(self, cmd, kind: str, acc: np.ndarray, mult, shift, ishape, ifm: Operand, detail: str,
+               ifm2_shape=None) -> OpResult:
+        """Finish an op: keep the accumulator (output disabled) or scale, activate and write the OFM."""
+        ofm = operand(cmd, "OFM")
+        oshape = ofm_shape(cmd)
+        enabled = not (cmd.regs.get("ACC_FORMAT", 0) >> 6) & 1
+        layout = ofm_layout(cmd)
+        if not enabled or ofm.storage == NONE:
+            self.accumulator = acc
+            out = np.zeros(0, np.int64)
+            fmt = "ACC"
+        else:
+            self.accumulator = None
+            out = write(self.mem, self.chains, ofm, layout,
+                        activation.finish(cmd, acc, mult, shift, ofm, self.lut_ram))
+            oshape = out.shape
+            fmt = ofm.label
+        if layout.transpose:
+            detail = f"{detail} transpose {TRANSPOSE_NAMES[layout.transpose]}".strip()
+        if layout.reverse:
+            detail = f"{detail} reverse {'HWC'[layout.reverse - 1]}".strip()
+        return OpResult(cmd.index, kind, ishape, ifm.label, oshape, fmt, detail, out, ifm2_shape, ofm.fm.bits)
