@@ -8,7 +8,6 @@ from pathlib import Path
 
 import numpy as np
 
-from npubuild.config.accelerator import Accelerator
 from npubuild.errors import InputError
 from npubuild.stages.records import LowerRecord
 from npubuild.tosa.iospec import IOSpec
@@ -55,7 +54,7 @@ def _from_report(build_dir: Path, select: str | None) -> Artifact:
         vela = (b.get("artifacts") or {}).get("vela")
         if vela and str(vela).endswith(".tflite"):  # the vela stage also keeps the raw output of the same compile
             vela = next(iter(sorted((Path(vela).parent / "raw").glob("*_vela.npz"))), None)
-        if not vela or Accelerator.parse(str(b.get("accelerator"))).generation == "u85":
+        if not vela:
             continue
         label = f"{b['spec']}/{b['model']}/{b['target']}"
         if select and select not in (label, b["target"], f"{b['model']}/{b['target']}"):

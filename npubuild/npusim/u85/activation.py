@@ -1,7 +1,8 @@
 """The U85 output stage: OFM scale, zero point, clip (ACTIVATION_MIN/MAX), LUT, saturation to the OFM type.
 
 ACTIVATION: bits 0-4 the function, 5-7 the table, 12 the clip range (B16: clip to the 16-bit
-ACTIVATION_MIN/MAX, NONE: no clip). LUTs live in the 2 KiB LUT RAM, loaded by DMA: 8-bit in, 8/16/32-bit
+ACTIVATION_MIN/MAX, then saturate to the OFM type; NONE: no clip, the value wraps to the OFM's width,
+which is how Vela casts int16 to int8 the TOSA way). LUTs live in the 2 KiB LUT RAM, loaded by DMA: 8-bit in, 8/16/32-bit
 out (256 entries of 1, 2 or 4 bytes; `table` counts tables of that size), or 16-bit in with 512
 interpolated entries (int16 base, int16 slope): base * 128 + slope * (x & 127), for x + 32768 >> 7
 the entry; the S16_S16 form rounds that back by 7 bits.
@@ -65,4 +66,12 @@ def finish(cmd: Command, acc: np.ndarray, mult, shift, ofm: Operand, lut_ram: np
         if fn not in _TABLES:
             raise NotModelled(f"activation {FUNCTIONS.get(fn, fn)} is not modelled")
         v = _lookup(lut_ram, fn, table, v)
-    return saturate(v, ofm.fm.bits, ofm.fm.signed)
+    return saturate(v, ofm.fm.bits, ofm.fm.signed) if not no_clip else wrap(v, ofm.fm.bits, ofm.fm.signed)
+
+
+def wrap(v: np.ndarray, bits: int, signed: bool) -> np.ndarray:
+    """Two's complement truncation to `bits` (no saturation)."""
+    if bits >= 64:
+        return v
+    u = v & ((1 << bits) - 1)
+    return np.where(u >= 1 << (bits - 1), u - (1 << bits), u) if signed else u

@@ -68,12 +68,6 @@ def weights_of(m: Machine, cmd, k: Kernel, oc: int, ic: int, depthwise: bool, if
     return out
 
 
-def scales_of(m: Machine, cmd, oc: int, acc48: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    region = m.mem[cmd.regs.get("SCALE_REGION", 0) & 7]
-    base, length = cmd.addr("SCALE_BASE"), cmd.regs.get("SCALE_LENGTH", 0)
-    return wts.decode_scales(region[base:base + length].tobytes(), oc, acc48)
-
-
 def run_conv(m: Machine, cmd) -> OpResult:
     depthwise = cmd.kind == "DEPTHWISE"
     matmul = not depthwise and bool(cmd.param & 1)
@@ -83,10 +77,7 @@ def run_conv(m: Machine, cmd) -> OpResult:
     ifm = operand(cmd, "IFM")
     x, ishape = padded_ifm(m, cmd, ifm, k, oh, ow, ic, None)
     x = x - ifm.fm.zero_point
-    acc48, acc_in, _, _ = acc_format(cmd)
-    per_channel = not (cmd.regs.get("OFM_PRECISION", 0) >> 8) & 1
-    bias = np.zeros(oc, np.int64)
-    mult = shift = None
+    _, acc_in, _, _ = acc_format(cmd)
     if matmul:
         ifm2 = operand(cmd, "IFM2")
         rows = 1 if ifm2.fm.height0 == 1 else oh  # one weight matrix for all rows, or one per row
@@ -103,19 +94,14 @@ def run_conv(m: Machine, cmd) -> OpResult:
             cols = np.concatenate([win for _, _, win in taps(x, k, oh, ow)], axis=2)
             wmat = w.transpose(1, 2, 3, 0).reshape(-1, oc)
             acc = _exact_matmul(cols.reshape(-1, cols.shape[2]), wmat).reshape(oh, ow, oc)
-        if cmd.regs.get("SCALE_LENGTH", 0):
-            bias, cmult, cshift = scales_of(m, cmd, oc, acc48)
-            if per_channel:
-                mult, shift = cmult, cshift
         kind = cmd.kind
+    bias, mult, shift = m.scales(cmd, oc)
     acc = acc + bias
     if acc_in == 1:
         acc = acc + m.take_accumulator(acc.shape)
     elif acc_in == 2 and not matmul:
         ifm2 = operand(cmd, "IFM2")
         acc = acc + read(m.mem, m.chains, ifm2, oh, ow, oc)
-    if mult is None:
-        mult, shift = m.global_scale(cmd)
     detail = f"k{k.h}x{k.w} s{k.sy}x{k.sx} d{k.dy}x{k.dx} pad{(k.top, k.left, k.bottom, k.right)}"
     return m.output(cmd, kind, acc, mult, shift, ishape, ifm, detail)
 

@@ -4,7 +4,7 @@ Each operand is its IFM/IFM2 (or the 32-bit OP_SCALAR when its broadcast mode is
 point, broadcast over H, W and/or C (IFM/IFM2_BROADCAST bits 0-2), then scaled by IFM/IFM2_SCALE
 (multiplier, shift, rounding; a unit scale is the identity). LRELU scales its one input twice: by
 IFM_SCALE where it is non-negative, by IFM2_SCALE (alpha folded in) where it is negative. SHR is the
-arithmetic shift, rounding as the OFM round mode says; LSR the logical one; comparisons give 0 or -1
+arithmetic shift, rounding as the OFM round mode says; LSR the logical one on the IFM's width; comparisons give 0 or -1
 (all ones, as TOSA's bool); DIV truncates towards zero.
 """
 
@@ -62,7 +62,7 @@ def _clz(a: np.ndarray) -> np.ndarray:
     return n
 
 
-def _compute(mode: str, a: np.ndarray, b: np.ndarray, cmd) -> np.ndarray:
+def _compute(mode: str, a: np.ndarray, b: np.ndarray, cmd, bits: int) -> np.ndarray:
     if mode == "ADD":
         return a + b
     if mode == "SUB":
@@ -82,8 +82,8 @@ def _compute(mode: str, a: np.ndarray, b: np.ndarray, cmd) -> np.ndarray:
     if mode == "SHR":
         rounding, _ = ofm_rounding(cmd)
         return scale(a, 1, np.clip(b, 0, 31), rounding)
-    if mode == "LSR":
-        return _wrap32((a & 0xFFFFFFFF) >> np.clip(b, 0, 31))
+    if mode == "LSR":  # on the IFM's width
+        return (a & ((1 << bits) - 1)) >> np.clip(b, 0, bits - 1)
     if mode == "DIV":
         if np.any(b == 0):
             raise StageError("ELEMENTWISE DIV by zero")
@@ -116,14 +116,14 @@ def run_elementwise(m: Machine, cmd) -> OpResult:
         acc = np.where(a >= 0, _scaled(cmd, "IFM_SCALE", a), _scaled(cmd, "IFM2_SCALE", a))
         ifm2_shape = None
     elif mode in UNARY:
-        acc = _compute(mode, _scaled(cmd, "IFM_SCALE", a), a, cmd)
+        acc = _compute(mode, _scaled(cmd, "IFM_SCALE", a), a, cmd, ifm.fm.bits)
         ifm2_shape = None
     else:
         b, _, how2 = _input(m, cmd, "IFM2", oh, ow, oc)
         if how2:
             details.append(f"ifm2 {how2}")
         ifm2_shape = b.shape
-        acc = _compute(mode, _scaled(cmd, "IFM_SCALE", a), _scaled(cmd, "IFM2_SCALE", b), cmd)
+        acc = _compute(mode, _scaled(cmd, "IFM_SCALE", a), _scaled(cmd, "IFM2_SCALE", b), cmd, ifm.fm.bits)
     mult, shift = m.global_scale(cmd)
     return m.output(cmd, f"ELEMENTWISE {mode}", np.asarray(acc, np.int64), mult, shift, (oh, ow, oc), ifm,
                     ", ".join(details), ifm2_shape)

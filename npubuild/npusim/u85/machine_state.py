@@ -9,7 +9,7 @@ import numpy as np
 
 from npubuild.errors import StageError
 from npubuild.npusim.ops import OpResult, ofm_shape
-from npubuild.npusim.u85 import activation
+from npubuild.npusim.u85 import activation, weights
 from npubuild.npusim.u85.operands import NONE, TRANSPOSE_NAMES, Chains, Operand, ofm_layout, operand, write
 
 
@@ -31,6 +31,20 @@ class Machine:
     @staticmethod
     def global_scale(cmd) -> tuple[int, int]:
         return activation.global_scale(cmd)
+
+    def channel_scales(self, cmd, oc: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(bias, multiplier, shift) per OFM channel from the scale stream (10-byte entries, ACC_FORMAT's width)."""
+        region = self.mem[cmd.regs.get("SCALE_REGION", 0) & 7]
+        base = cmd.addr("SCALE_BASE")
+        return weights.decode_scales(region[base:base + 10 * oc].tobytes(), oc, bool(cmd.regs.get("ACC_FORMAT", 0) & 3))
+
+    def scales(self, cmd, oc: int) -> tuple[np.ndarray | int, np.ndarray | int, np.ndarray | int]:
+        """(bias, multiplier, shift): the scale stream's in per-channel mode (OFM_PRECISION bit 8 clear), else
+        no bias and the global OFM_SCALE."""
+        if not (cmd.regs.get("OFM_PRECISION", 0) >> 8) & 1:
+            return self.channel_scales(cmd, oc)
+        mult, shift = activation.global_scale(cmd)
+        return 0, mult, shift
 
     def output(self, cmd, kind: str, acc: np.ndarray, mult, shift, ishape, ifm: Operand, detail: str,
                ifm2_shape=None) -> OpResult:

@@ -50,8 +50,8 @@ def run_pool(m: Machine, cmd) -> OpResult:
     _, acc_in, _, _ = acc_format(cmd)
     if mode == "NONE" and acc_in == 2:
         ifm2 = operand(cmd, "IFM2")
-        acc = read(m.mem, m.chains, ifm2, oh, ow, oc) - ifm2.fm.zero_point
-        mult, shift = m.global_scale(cmd)
+        bias, mult, shift = m.scales(cmd, oc)
+        acc = read(m.mem, m.chains, ifm2, oh, ow, oc) - ifm2.fm.zero_point + bias
         return m.output(cmd, "POOL NONE", acc, mult, shift, (oh, ow, oc), ifm2, "from IFM2")
     depth = cmd.regs.get("IFM_DEPTH_M1", 0) + 1 if mode == "REDUCE_SUM" else oc
     pad = LOW if mode in ("MAX", "ARGMAX_X", "ARGMAX_Y") else HIGH if mode == "MIN" else None
@@ -84,5 +84,5 @@ def run_pool(m: Machine, cmd) -> OpResult:
     if mode == "AVERAGE":
         rm, rs = reciprocal(_valid_counts(x.shape[:2], ishape, k, oh, ow))
         acc = scale(acc, rm, rs, NATURAL)
-    mult, shift = m.global_scale(cmd)
-    return m.output(cmd, f"POOL {mode}", acc, mult, shift, ishape, ifm, f"k{k.h}x{k.w} s{k.sy}x{k.sx}")
+    bias, mult, shift = m.scales(cmd, acc.shape[2])
+    return m.output(cmd, f"POOL {mode}", acc + bias, mult, shift, ishape, ifm, f"k{k.h}x{k.w} s{k.sy}x{k.sx}")
