@@ -47,6 +47,14 @@ def _io_next_to(tosa: Path | None) -> LowerRecord | None:
     return LowerRecord.read(p) if p.is_file() else None
 
 
+def _compiled_tosa(npz: Path, tosa: str | None) -> Path | None:
+    """The graph Vela compiled: a lowering family's own (u85wide_model.tosa beside model.tosa) when it has one."""
+    if not tosa:
+        return None
+    own = Path(tosa).parent / f"{npz.name.removesuffix('_vela.npz')}.tosa"
+    return own if own.is_file() else Path(tosa)
+
+
 def _from_report(build_dir: Path, select: str | None) -> Artifact:
     report = json.loads((build_dir / "report.json").read_text())
     found = []
@@ -60,7 +68,7 @@ def _from_report(build_dir: Path, select: str | None) -> Artifact:
         if select and select not in (label, b["target"], f"{b['model']}/{b['target']}"):
             continue
         tosa = (b.get("artifacts") or {}).get("tosa")
-        found.append(Artifact(Path(vela), f"{label} ({Path(vela).name})", None, Path(tosa) if tosa else None))
+        found.append(Artifact(Path(vela), f"{label} ({Path(vela).name})", None, _compiled_tosa(Path(vela), tosa)))
     if not found:
         what = f" matching '{select}'" if select else ""
         raise InputError(f"no build with a raw Vela artifact (vela.output_format: raw){what}", str(build_dir))
