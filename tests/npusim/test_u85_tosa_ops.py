@@ -309,6 +309,10 @@ CASES = {
                                                                        "activation_transpose", 6)),
     "transpose_0213_32": (lambda: transpose([0, 2, 1, 3], I32), uses("POOL", None, "OFM_PRECISION",
                                                                        "activation_transpose", 1)),
+    # the other hardware transposes (OFM written HCW, WCH, CWH), int8
+    **{f"transpose_{''.join(map(str, perm))}": (lambda perm=perm: transpose(perm, I8), uses(
+        "POOL", None, "OFM_PRECISION", "activation_transpose", code)) for perm, code in
+       (([0, 1, 3, 2], 2), ([0, 2, 3, 1], 3), ([0, 3, 2, 1], 7))},
 }
 
 

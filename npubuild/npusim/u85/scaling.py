@@ -44,18 +44,22 @@ def scale(value, mult, shift, mode: int, dbl: int = 0) -> np.ndarray:
     rnd = _rounding(v, s, mode, dbl)
     vmax = int(np.abs(v).max()) if v.size else 0
     mmax = int(np.abs(m).max()) if m.size else 0
-    if vmax * mmax < (1 << 62):
+    rmax = int(np.abs(rnd).max()) if np.size(rnd) else 0
+    if vmax * mmax + rmax < (1 << 63):
         return (v * m + rnd) >> s
-    # v * m = hi * 2^24 + lo with hi = (v >> 24) * m and lo = (v & (2^24 - 1)) * m, both well inside 64 bits
-    hi = (v >> _LIMB) * m
-    low = (v & ((1 << _LIMB) - 1)) * m + rnd
+    # v * m + rnd = hi * 2^24 + low, each part computed well inside 64 bits
+    mask = (1 << _LIMB) - 1
+    hi = (v >> _LIMB) * m + (rnd >> _LIMB)
+    low = (v & mask) * m + (rnd & mask)
     hi = hi + (low >> _LIMB)
-    low = low & ((1 << _LIMB) - 1)
+    low = low & mask
     big = s >= _LIMB
     out_big = hi >> np.maximum(s - _LIMB, 0)
-    # shift < 24: the result exceeds any OFM type unless hi is small; clamp hi so the combination cannot wrap
-    hi_c = np.clip(hi, -(1 << 38), 1 << 38)
-    out_small = (hi_c << np.maximum(_LIMB - s, 0)) + (low >> np.minimum(s, _LIMB))
+    # shift < 24: hi * 2^(24 - s) may pass 64 bits; clamp hi to keep it within 2^62 (far past any OFM type)
+    small_s = np.minimum(s, _LIMB)
+    limit = np.int64(1) << (38 + small_s)
+    hi_c = np.clip(hi, -limit, limit)
+    out_small = (hi_c << (_LIMB - small_s)) + (low >> small_s)
     return np.where(big, out_big, out_small)
 
 
