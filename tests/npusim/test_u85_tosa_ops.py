@@ -238,6 +238,22 @@ def reduce(op, axis, dtype=I8):
     return g
 
 
+def conv2d(depthwise: bool, stride: int, dynamic: bool):
+    """int8 CONV2D / DEPTHWISE_CONV2D -> int32 -> RESCALE; weights a graph input when `dynamic`."""
+    g = Graph()
+    x = g.input([1, 15, 15, 8], I8)  # (15 - 3) divisible by the strides used
+    wshape = [3, 3, 8, 1] if depthwise else [12, 3, 3, 8]
+    w = g.input(wshape, I8) if dynamic else g.const(RNG.integers(-127, 128, wshape), I8)
+    cout = 8 if depthwise else 12
+    b = g.const(RNG.integers(-3000, 3000, cout), I32)
+    o = (15 - 3) // stride + 1
+    op, name = (Op.DEPTHWISE_CONV2D, "DepthwiseConv2d") if depthwise else (Op.CONV2D, "Conv2d")
+    acc = g.op(op, [x, w, b, g.zp(I8, 2), g.zp(I8, 0)], [1, o, o, cout], I32,
+               attr(name, [0, 0, 0, 0], [stride, stride], [1, 1], False, D.INT32))
+    g.rescale(acc, [1, o, o, cout], I32, I8, [1 << 30] * cout, [42] * cout, out_zp=-3, output=True)
+    return g
+
+
 def transpose(perm, dtype):
     g = Graph()
     g.op(Op.TRANSPOSE, [g.input(S, dtype)], [S[p] for p in perm], dtype, attr("Transpose", perm), output=True)
@@ -305,6 +321,9 @@ CASES = {
     "reduce_max_w": (lambda: reduce(Op.REDUCE_MAX, 2), uses("POOL", 0)),
     "reduce_min_c": (lambda: reduce(Op.REDUCE_MIN, 3), uses("POOL")),
     "reduce_min_h16": (lambda: reduce(Op.REDUCE_MIN, 1, I16), uses("POOL", 5)),
+    # kernels the hardware cannot stride over: one 1x1 op per tap summing in the kept accumulator
+    "depthwise_stride4": (lambda: conv2d(True, 4, False), uses("DEPTHWISE", None, "ACC_FORMAT", "acc_input", 1)),
+    "conv_dynamic_weights": (lambda: conv2d(False, 1, True), uses("CONV", 1)),
     "transpose_0312_16": (lambda: transpose([0, 3, 1, 2], I16), uses("POOL", None, "OFM_PRECISION",
                                                                        "activation_transpose", 6)),
     "transpose_0213_32": (lambda: transpose([0, 2, 1, 3], I32), uses("POOL", None, "OFM_PRECISION",

@@ -5,7 +5,7 @@ are U55's; the weights come from the U85 streams (u85/weights.py) of every core,
 per-channel scales from one scale stream. A matmul reads IFM2 as (h2, n, k) and computes
 OFM[y, x, n] = sum_k (IFM[y, x, k] - zp) * (IFM2[y2, n, k] - zp2), y2 = y (or 0 when IFM2 has one row),
 with the global OFM scale. ACC_FORMAT picks the accumulator (32/48 bits), its source (reset, kept
-from the previous op, or IFM2) and whether it is output at all.
+from the previous op, or IFM2) and whether it is output at all (machine_state.Machine.output).
 """
 
 from __future__ import annotations
@@ -95,15 +95,11 @@ def run_conv(m: Machine, cmd) -> OpResult:
             wmat = w.transpose(1, 2, 3, 0).reshape(-1, oc)
             acc = _exact_matmul(cols.reshape(-1, cols.shape[2]), wmat).reshape(oh, ow, oc)
         kind = cmd.kind
-    bias, mult, shift = m.scales(cmd, oc)
-    acc = acc + bias
-    if acc_in == 1:
-        acc = acc + m.take_accumulator(acc.shape)
-    elif acc_in == 2 and not matmul:
+    if acc_in == 2 and not matmul:
         ifm2 = operand(cmd, "IFM2")
         acc = acc + read(m.mem, m.chains, ifm2, oh, ow, oc)
     detail = f"k{k.h}x{k.w} s{k.sy}x{k.sx} d{k.dy}x{k.dx} pad{(k.top, k.left, k.bottom, k.right)}"
-    return m.output(cmd, kind, acc, mult, shift, ishape, ifm, detail)
+    return m.output(cmd, kind, acc, ishape, ifm, detail)
 
 
 def _exact_matmul_rows(a: np.ndarray, b: np.ndarray) -> np.ndarray:

@@ -124,6 +124,5 @@ def run_elementwise(m: Machine, cmd) -> OpResult:
             details.append(f"ifm2 {how2}")
         ifm2_shape = b.shape
         acc = _compute(mode, _scaled(cmd, "IFM_SCALE", a), _scaled(cmd, "IFM2_SCALE", b), cmd, ifm.fm.bits)
-    mult, shift = m.global_scale(cmd)
-    return m.output(cmd, f"ELEMENTWISE {mode}", np.asarray(acc, np.int64), mult, shift, (oh, ow, oc), ifm,
+    return m.output(cmd, f"ELEMENTWISE {mode}", np.asarray(acc, np.int64), (oh, ow, oc), ifm,
                     ", ".join(details), ifm2_shape)

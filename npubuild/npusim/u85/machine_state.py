@@ -12,6 +12,8 @@ from npubuild.npusim.ops import OpResult, ofm_shape
 from npubuild.npusim.u85 import activation, weights
 from npubuild.npusim.u85.operands import NONE, TRANSPOSE_NAMES, Chains, Operand, ofm_layout, operand, write
 
+ACC_KEEP = 1  # ACC_FORMAT acc_input: 0 reset, 1 keep, 2 from IFM2
+
 
 @dataclass
 class Machine:
@@ -28,10 +30,6 @@ class Machine:
             raise StageError(f"ACC_INPUT_KEEP of a {list(shape)} block, but no earlier op kept one")
         return acc
 
-    @staticmethod
-    def global_scale(cmd) -> tuple[int, int]:
-        return activation.global_scale(cmd)
-
     def channel_scales(self, cmd, oc: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(bias, multiplier, shift) per OFM channel from the scale stream (10-byte entries, ACC_FORMAT's width)."""
         region = self.mem[cmd.regs.get("SCALE_REGION", 0) & 7]
@@ -46,12 +44,18 @@ class Machine:
         mult, shift = activation.global_scale(cmd)
         return 0, mult, shift
 
-    def output(self, cmd, kind: str, acc: np.ndarray, mult, shift, ishape, ifm: Operand, detail: str,
+    def output(self, cmd, kind: str, acc: np.ndarray, ishape, ifm: Operand, detail: str,
                ifm2_shape=None) -> OpResult:
-        """Finish an op: keep the accumulator (output disabled) or scale, activate and write the OFM."""
+        """Finish an op: add the kept accumulator (ACC_INPUT_KEEP); then keep the sum (output disabled) or add
+        the bias and scale (the output stage: the scale stream's per channel, else OFM_SCALE), activate and
+        write the OFM. A kept accumulator has no bias in it: each op of a split sum brings its own scale
+        stream, and only the one that outputs applies it."""
         ofm = operand(cmd, "OFM")
         oshape = ofm_shape(cmd)
-        enabled = not (cmd.regs.get("ACC_FORMAT", 0) >> 6) & 1
+        fmt_reg = cmd.regs.get("ACC_FORMAT", 0)
+        if (fmt_reg >> 4) & 3 == ACC_KEEP:
+            acc = acc + self.take_accumulator(acc.shape)
+        enabled = not (fmt_reg >> 6) & 1
         layout = ofm_layout(cmd)
         if not enabled or ofm.storage == NONE:
             self.accumulator = acc
@@ -59,8 +63,9 @@ class Machine:
             fmt = "ACC"
         else:
             self.accumulator = None
+            bias, mult, shift = self.scales(cmd, acc.shape[2])
             out = write(self.mem, self.chains, ofm, layout,
-                        activation.finish(cmd, acc, mult, shift, ofm, self.lut_ram))
+                        activation.finish(cmd, acc + bias, mult, shift, ofm, self.lut_ram))
             oshape = out.shape
             fmt = ofm.label
         if layout.transpose:

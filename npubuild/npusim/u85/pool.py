@@ -50,9 +50,8 @@ def run_pool(m: Machine, cmd) -> OpResult:
     _, acc_in, _, _ = acc_format(cmd)
     if mode == "NONE" and acc_in == 2:
         ifm2 = operand(cmd, "IFM2")
-        bias, mult, shift = m.scales(cmd, oc)
-        acc = read(m.mem, m.chains, ifm2, oh, ow, oc) - ifm2.fm.zero_point + bias
-        return m.output(cmd, "POOL NONE", acc, mult, shift, (oh, ow, oc), ifm2, "from IFM2")
+        acc = read(m.mem, m.chains, ifm2, oh, ow, oc) - ifm2.fm.zero_point
+        return m.output(cmd, "POOL NONE", acc, (oh, ow, oc), ifm2, "from IFM2")
     depth = cmd.regs.get("IFM_DEPTH_M1", 0) + 1 if mode == "REDUCE_SUM" else oc
     pad = LOW if mode in ("MAX", "ARGMAX_X", "ARGMAX_Y") else HIGH if mode == "MIN" else None
     x, ishape = padded_ifm(m, cmd, ifm, k, oh, ow, depth, pad)
@@ -79,10 +78,7 @@ def run_pool(m: Machine, cmd) -> OpResult:
             acc += win
         if mode == "REDUCE_SUM":
             acc = acc.sum(axis=2, keepdims=True)
-    if acc_in == 1:
-        acc = acc + m.take_accumulator(acc.shape)
     if mode == "AVERAGE":
         rm, rs = reciprocal(_valid_counts(x.shape[:2], ishape, k, oh, ow))
         acc = scale(acc, rm, rs, NATURAL)
-    bias, mult, shift = m.scales(cmd, acc.shape[2])
-    return m.output(cmd, f"POOL {mode}", acc + bias, mult, shift, ishape, ifm, f"k{k.h}x{k.w} s{k.sy}x{k.sx}")
+    return m.output(cmd, f"POOL {mode}", acc, ishape, ifm, f"k{k.h}x{k.w} s{k.sy}x{k.sx}")

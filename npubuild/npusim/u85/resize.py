@@ -52,6 +52,5 @@ def run_resize(m: Machine, cmd) -> OpResult:
         else:
             ys, xs = y0, x0
         acc = x[ys][:, xs]
-    mult, shift = m.global_scale(cmd)
     detail = f"{mode.lower()} {ih}x{iw} -> {oh}x{ow}"
-    return m.output(cmd, f"RESIZE {mode}", acc << FRACTION_BITS, mult, shift, (ih, iw, oc), ifm, detail)
+    return m.output(cmd, f"RESIZE {mode}", acc << FRACTION_BITS, (ih, iw, oc), ifm, detail)
