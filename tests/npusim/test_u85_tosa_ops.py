@@ -254,6 +254,19 @@ def conv2d(depthwise: bool, stride: int, dynamic: bool):
     return g
 
 
+def transpose_conv(stride: int):
+    """TOSA TRANSPOSE_CONV2D int8, 3x3, out_pad 0."""
+    g = Graph()
+    x = g.input([1, 6, 6, 8], I8)
+    w = g.const(RNG.integers(-127, 128, [12, 3, 3, 8]), I8)
+    b = g.const(RNG.integers(-3000, 3000, 12), I32)
+    o = (6 - 1) * stride + 3
+    acc = g.op(Op.TRANSPOSE_CONV2D, [x, w, b, g.zp(I8, 1), g.zp(I8, 0)], [1, o, o, 12], I32,
+               attr("TransposeConv2d", [0, 0, 0, 0], [stride, stride], False, D.INT32))
+    g.rescale(acc, [1, o, o, 12], I32, I8, [1 << 30] * 12, [42] * 12, output=True)
+    return g
+
+
 def transpose(perm, dtype):
     g = Graph()
     g.op(Op.TRANSPOSE, [g.input(S, dtype)], [S[p] for p in perm], dtype, attr("Transpose", perm), output=True)
@@ -323,6 +336,7 @@ CASES = {
     "reduce_min_h16": (lambda: reduce(Op.REDUCE_MIN, 1, I16), uses("POOL", 5)),
     # kernels the hardware cannot stride over: one 1x1 op per tap summing in the kept accumulator
     "depthwise_stride4": (lambda: conv2d(True, 4, False), uses("DEPTHWISE", None, "ACC_FORMAT", "acc_input", 1)),
+    "transpose_conv_s2": (lambda: transpose_conv(2), uses("CONV")),
     "conv_dynamic_weights": (lambda: conv2d(False, 1, True), uses("CONV", 1)),
     "transpose_0312_16": (lambda: transpose([0, 3, 1, 2], I16), uses("POOL", None, "OFM_PRECISION",
                                                                        "activation_transpose", 6)),
