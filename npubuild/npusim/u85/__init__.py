@@ -1,16 +1,17 @@
 """npu-sim for the Ethos-U85 command stream: Vela's regor back end, a different register map from U55/U65.
 
-What changes from U55/U65, and where it is modelled:
-- registers (the register map, field layouts and enum names; decoding and a disassembler that
-  reproduces `vela --verbose-register-command-stream` field by field),
-- weights (the standard and the fast weight stream formats, the U85 weight traversal per core,
-  10-byte scale entries for 32- and 48-bit accumulators),
-- operands (IFM/IFM2/OFM from the registers: TILE2X2 tiles, CHAINED operands that stay in a chaining
-  buffer, NONE for scalars and disabled outputs; the OFM's transpose and reverse on write),
-- scaling (the six OFM rounding modes and the double-round position), activation (clip, LUTs),
-- conv (CONV, DEPTHWISE, matmul with IFM2 as weights, accumulator keep/IFM2 source),
-  pool (MAX, MIN, AVERAGE, SUM, REDUCE_SUM, NONE, ARGMAX_X/Y), elementwise (arithmetic, shifts,
-  comparisons, logic, DIV), resize (BILINEAR, NEAREST, REPLICATE), dma (1D/2D/3D strides, gather and
-  scatter through an index list),
-- machine (memory, chaining buffers, the LUT RAM, the accumulator, one op at a time).
+Modules, in the order an op meets them:
+- registers: the register map (codes, field layouts, enum names); decoding into register snapshots and a
+  disassembler that prints what `vela --verbose-register-command-stream` prints, field for field.
+- machine: the run loop; machine_state: memory, chaining buffers, LUT RAM, the kept accumulator and the
+  output stage every op ends with.
+- operands: IFM/IFM2/OFM from the registers (TILE2X2 tiles, CHAINED operands in a chaining buffer, NONE for
+  scalars and outputs left in the accumulator; the OFM's transpose and reverse on write); window: the
+  padded, upscaled IFM tap by tap.
+- weights: the standard (SWD) and fast (FWD) weight streams, the U85 traversal per weight decoder, the
+  10-byte scale entries of 32- and 48-bit accumulators.
+- conv (CONV, DEPTHWISE, matmul with IFM2 as weights), pool (MAX, MIN, AVERAGE, SUM, REDUCE_SUM, NONE,
+  ARGMAX_X/Y), elementwise (arithmetic, shifts, comparisons, logic, DIV), resize (BILINEAR, NEAREST,
+  REPLICATE), dma (1D/2D/3D strides, gather and scatter through an index list).
+- scaling (the six OFM rounding modes and the double-round position), activation (clip, LUTs, wrap).
 """

@@ -15,7 +15,7 @@ import numpy as np
 from npubuild.errors import StageError
 from npubuild.npusim.ops import Kernel, kernel_of, ofm_shape
 from npubuild.npusim.u85 import weights as wts
-from npubuild.npusim.u85.machine_state import Machine, OpResult
+from npubuild.npusim.u85.machine_state import ACC_IFM2, Machine, OpResult, acc_format
 from npubuild.npusim.u85.operands import operand, read
 from npubuild.npusim.u85.window import padded_ifm, taps
 from npubuild.npusim.weights import decode_cached as decode_swd
@@ -27,14 +27,8 @@ UBLOCK_DEPTH = {
 }
 
 
-def acc_format(cmd) -> tuple[bool, int, bool, int]:
-    """(48-bit accumulator, input 0 reset / 1 keep / 2 IFM2, output enabled, microblock)."""
-    p = cmd.regs.get("ACC_FORMAT", 0)
-    return bool(p & 3), (p >> 4) & 3, not (p >> 6) & 1, (p >> 8) & 7
-
-
 def _layout(m: Machine, cmd, k: Kernel, oc: int, ic: int, depthwise: bool, ifm_bits: int) -> wts.Layout:
-    _, _, _, micro = acc_format(cmd)
+    micro = acc_format(cmd).microblock
     key = (m.macs, micro)
     if key not in UBLOCK_DEPTH:
         raise StageError(f"microblock {micro} is not valid on an Ethos-U85-{m.macs}")
@@ -77,7 +71,6 @@ def run_conv(m: Machine, cmd) -> OpResult:
     ifm = operand(cmd, "IFM")
     x, ishape = padded_ifm(m, cmd, ifm, k, oh, ow, ic, None)
     x = x - ifm.fm.zero_point
-    _, acc_in, _, _ = acc_format(cmd)
     if matmul:
         ifm2 = operand(cmd, "IFM2")
         rows = 1 if ifm2.fm.height0 == 1 else oh  # one weight matrix for all rows, or one per row
@@ -95,7 +88,7 @@ def run_conv(m: Machine, cmd) -> OpResult:
             wmat = w.transpose(1, 2, 3, 0).reshape(-1, oc)
             acc = _exact_matmul(cols.reshape(-1, cols.shape[2]), wmat).reshape(oh, ow, oc)
         kind = cmd.kind
-    if acc_in == 2 and not matmul:
+    if acc_format(cmd).source == ACC_IFM2 and not matmul:
         ifm2 = operand(cmd, "IFM2")
         acc = acc + read(m.mem, m.chains, ifm2, oh, ow, oc)
     detail = f"k{k.h}x{k.w} s{k.sy}x{k.sx} d{k.dy}x{k.dx} pad{(k.top, k.left, k.bottom, k.right)}"

@@ -12,7 +12,22 @@ from npubuild.npusim.ops import OpResult, ofm_shape
 from npubuild.npusim.u85 import activation, weights
 from npubuild.npusim.u85.operands import NONE, TRANSPOSE_NAMES, Chains, Operand, ofm_layout, operand, write
 
-ACC_KEEP = 1  # ACC_FORMAT acc_input: 0 reset, 1 keep, 2 from IFM2
+ACC_RESET, ACC_KEEP, ACC_IFM2 = 0, 1, 2  # ACC_FORMAT acc_input: where the accumulator starts
+
+
+@dataclass(frozen=True)
+class AccFormat:
+    """ACC_FORMAT: bits 0-1 the accumulator (32/48 bits), 4-5 its source, 6 output disabled, 8-10 microblock."""
+
+    acc48: bool
+    source: int
+    output: bool
+    microblock: int
+
+
+def acc_format(cmd) -> AccFormat:
+    p = cmd.regs.get("ACC_FORMAT", 0)
+    return AccFormat(bool(p & 3), (p >> 4) & 3, not (p >> 6) & 1, (p >> 8) & 7)
 
 
 @dataclass
@@ -34,7 +49,7 @@ class Machine:
         """(bias, multiplier, shift) per OFM channel from the scale stream (10-byte entries, ACC_FORMAT's width)."""
         region = self.mem[cmd.regs.get("SCALE_REGION", 0) & 7]
         base = cmd.addr("SCALE_BASE")
-        return weights.decode_scales(region[base:base + 10 * oc].tobytes(), oc, bool(cmd.regs.get("ACC_FORMAT", 0) & 3))
+        return weights.decode_scales(region[base:base + 10 * oc].tobytes(), oc, acc_format(cmd).acc48)
 
     def scales(self, cmd, oc: int) -> tuple[np.ndarray | int, np.ndarray | int, np.ndarray | int]:
         """(bias, multiplier, shift): the scale stream's in per-channel mode (OFM_PRECISION bit 8 clear), else
@@ -52,12 +67,11 @@ class Machine:
         stream, and only the one that outputs applies it."""
         ofm = operand(cmd, "OFM")
         oshape = ofm_shape(cmd)
-        fmt_reg = cmd.regs.get("ACC_FORMAT", 0)
-        if (fmt_reg >> 4) & 3 == ACC_KEEP:
+        accf = acc_format(cmd)
+        if accf.source == ACC_KEEP:
             acc = acc + self.take_accumulator(acc.shape)
-        enabled = not (fmt_reg >> 6) & 1
         layout = ofm_layout(cmd)
-        if not enabled or ofm.storage == NONE:
+        if not accf.output or ofm.storage == NONE:
             self.accumulator = acc
             out = np.zeros(0, np.int64)
             fmt = "ACC"

@@ -14,8 +14,7 @@ import numpy as np
 
 from npubuild.errors import StageError
 from npubuild.npusim.ops import kernel_of, ofm_shape
-from npubuild.npusim.u85.conv import acc_format
-from npubuild.npusim.u85.machine_state import Machine, OpResult
+from npubuild.npusim.u85.machine_state import ACC_IFM2, Machine, OpResult, acc_format
 from npubuild.npusim.u85.operands import operand, read
 from npubuild.npusim.u85.scaling import NATURAL, scale
 from npubuild.npusim.u85.window import padded_ifm, taps
@@ -47,8 +46,7 @@ def run_pool(m: Machine, cmd) -> OpResult:
     k = kernel_of(cmd)
     oh, ow, oc = ofm_shape(cmd)
     ifm = operand(cmd, "IFM")
-    _, acc_in, _, _ = acc_format(cmd)
-    if mode == "NONE" and acc_in == 2:
+    if mode == "NONE" and acc_format(cmd).source == ACC_IFM2:
         ifm2 = operand(cmd, "IFM2")
         acc = read(m.mem, m.chains, ifm2, oh, ow, oc) - ifm2.fm.zero_point
         return m.output(cmd, "POOL NONE", acc, (oh, ow, oc), ifm2, "from IFM2")
