@@ -73,7 +73,7 @@ def _place(mem: dict, place: TensorPlace, which: str) -> np.ndarray:
 
 
 def _dtype(place: TensorPlace) -> np.dtype:
-    return np.dtype({1: np.int8, 2: np.int16, 4: np.int32}[place.elem_size]).newbyteorder("<")
+    return np.dtype({1: np.int8, 2: np.int16, 4: np.int32, 8: np.int64}[place.elem_size]).newbyteorder("<")
 
 
 def place_inputs(mem: Memory, model: RawModel, inputs: list[np.ndarray]) -> None:
