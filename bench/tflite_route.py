@@ -15,26 +15,28 @@ For every build in npubuild's report it converts the same float model
 TFLite converter to full int8 (int8 in and out, calibrated on the same kind
 of random data as the spec: uniform [-1, 1], 32 samples, seed 0), measures
 the TFLite model's SNR against onnxruntime on the float model, and compiles
-it with the same Vela, .ini, system config, memory mode and options npubuild
-used. Vela's per-layer output (--verbose-performance) is kept in --work.
+it with the same Vela and options npubuild used and Vela's named system config and
+memory mode for the target (the ones npubuild's profile mirrors; bench/peer_vela.py).
+Vela's per-layer output (--verbose-performance) is kept in --work. --json writes the
+route's rows (with compile_s: onnx2tf + converter + Vela) for bench/routes.py.
 """
 
 from __future__ import annotations
 
 import argparse
-import csv
 import json
-import os
-import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
 import onnx
 import onnxruntime as ort
 
-VELA = os.environ.get("VELA", "/work/main/.venv/bin/vela")
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import peer_vela  # noqa: E402
+
 ONNX2TF_IMAGE_SAMPLE = "calibration_image_sample_data_20x128x128x3_float32.npy"
 
 
@@ -145,45 +147,12 @@ def tflite_snr(tfl: Path, onnx_path: Path, n: int = 8, seed: int = 1) -> float:
     return 10 * np.log10(sig / max(noise, 1e-30))
 
 
-def vela_options(ini: Path) -> list[str]:
-    """The Vela options of the npubuild build whose .ini this is (its stage record), as flags."""
-    record = ini.parent / "stage.json"
-    opts = json.loads(record.read_text())["config"]["vela"] if record.exists() else {}
-    flags = ["--optimise", opts.get("optimise", "Performance"),
-             "--tensor-allocator", opts.get("tensor_allocator", "HillClimb")]
-    if not opts.get("cascading", True):
-        flags.append("--disable-cascading")
-    return flags + list(opts.get("extra_flags", []))
-
-
-def ini_section(ini: Path, kind: str) -> str:
-    """The name of the .ini's one `[kind.NAME]` section (npubuild names its system config per family)."""
-    return next(m.group(1) for m in re.finditer(rf"^\[{kind}\.([^\]]+)\]", ini.read_text(), re.MULTILINE))
-
-
-def vela(tfl: Path, ini: Path, accelerator: str, out: Path) -> dict:
-    """Compile with npubuild's .ini and options; returns the same figures npubuild reports."""
-    out.mkdir(parents=True, exist_ok=True)
-    cmd = [VELA, str(tfl), "--config", str(ini), "--system-config", ini_section(ini, "System_Config"),
-           "--memory-mode", ini_section(ini, "Memory_Mode"), "--accelerator-config", accelerator, *vela_options(ini),
-           "--output-dir", str(out), "--verbose-performance"]
-    proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
-    (out / "vela.log").write_text(proc.stdout + proc.stderr)
-    if proc.returncode != 0:
-        raise RuntimeError(f"Vela failed on {tfl}: {proc.stderr.strip().splitlines()[-1:]}")
-    summary = next(out.glob("*_summary_*.csv"))
-    with open(summary, newline="") as f:
-        row = next(csv.DictReader(f))
-    npu = re.search(r"NPU operators\s*=\s*(\d+)", proc.stdout)
-    cpu = re.search(r"CPU operators\s*=\s*(\d+)", proc.stdout)
-    return {
-        "npu_ops": int(npu.group(1)) if npu else 0,
-        "cpu_ops": int(cpu.group(1)) if cpu else 0,
-        "sram_kib": round(float(row["sram_memory_used"]), 2),
-        "offchip_kib": round(float(row["off_chip_flash_memory_used"]) + float(row["dram_memory_used"]), 2),
-        "inference_ms": round(float(row["inference_time"]) * 1000.0, 4),
-        "npu_cycles": int(float(row["cycles_total"])),
-    }
+def vela(tfl: Path, entry: dict, build_dir: Path, out: Path) -> dict:
+    """Vela with npubuild's options and Vela's named system config for the build's target (bench/peer_vela.py)."""
+    acc = entry.get("accelerator") or entry["target"]
+    got = peer_vela.vela(tfl, acc, peer_vela.vela_options(peer_vela.vela_stage_dir(entry, build_dir) / "stage.json"), out)
+    return {**got, "sram_kib": round(got["sram_kib"], 2), "offchip_kib": round(got["offchip_kib"], 2),
+            "inference_ms": round(got["inference_ms"], 4)}
 
 
 def tflite_op_cycles(vela_log: Path) -> dict[str, int]:
@@ -221,22 +190,6 @@ def cycles_section(items: list[tuple[str, str, dict[str, int], dict[str, int]]])
         lines.append(f"- {model} / {target}: npubuild {sum(npb.values())} ({fmt_ops(npb)}); "
                      f"TFLite {sum(tfl.values())} ({fmt_ops(tfl)})")
     return "\n".join(lines) + "\n"
-
-
-def ini_for(entry: dict, build_dir: Path) -> Path:
-    """The .ini npubuild wrote for this build's Vela stage."""
-    label = f"{entry['model']}-{entry['target']}-"
-    if "vela" in entry.get("artifacts", {}):
-        ini = Path(entry["artifacts"]["vela"]).parent / "system.ini"
-        if ini.exists():
-            return ini
-    found = sorted((build_dir / "stages" / "vela").glob(f"{label}*/system.ini"), key=lambda p: p.stat().st_mtime)
-    # the .ini depends only on the target profile: any model's will do when this one's Vela did not run
-    found = found or sorted((build_dir / "stages" / "vela").glob(f"*-{entry['target']}-*/system.ini"),
-                            key=lambda p: p.stat().st_mtime)
-    if not found:
-        raise RuntimeError(f"no system.ini for {label} under {build_dir}")
-    return found[-1]
 
 
 def fmt(v, digits: int = 2) -> str:
@@ -285,11 +238,13 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--work", type=Path, default=Path("/tmp/tflite-route"))
     ap.add_argument("--out", type=Path, help="write the markdown table here too")
     ap.add_argument("--only", nargs="*", help="model names")
+    ap.add_argument("--json", type=Path, help="write the TFLite route's rows here (for bench/routes.py)")
     args = ap.parse_args(argv)
     report = json.loads(args.report.read_text())
     build_dir = args.report.parent
     rows: list[dict] = []
     converted: dict[str, tuple[Path, float] | str] = {}
+    convert_s: dict[str, float] = {}
     cycles: list[tuple[str, str, dict[str, int], dict[str, int]]] = []
     for e in report["builds"]:
         model = e["model"]
@@ -309,7 +264,9 @@ def main(argv: list[str]) -> int:
                 fixed = work / f"{model}.onnx"
                 work.mkdir(parents=True, exist_ok=True)
                 static_model(src, fixed)
+                start = time.perf_counter()
                 tfl = convert(fixed, work)
+                convert_s[model] = time.perf_counter() - start
                 converted[model] = (tfl, tflite_snr(tfl, fixed))
             except Exception as exc:  # report the route's failure in the table, keep going
                 converted[model] = f"{type(exc).__name__}: {exc}"
@@ -319,8 +276,8 @@ def main(argv: list[str]) -> int:
             row["route"] += f" (failed: {got[:80]})"
         else:
             try:
-                acc = e.get("accelerator") or e["target"]
-                row.update(vela(got[0], ini_for(e, build_dir), acc, work / f"vela-{e['target']}"))
+                row.update(vela(got[0], e, build_dir, work / f"vela-{e['target']}"))
+                row["compile_s"] = round(convert_s[model] + row["vela_s"], 3)  # onnx2tf + converter + Vela
                 cycles.append((model, e["target"], npubuild_op_cycles(e),
                                tflite_op_cycles(work / f"vela-{e['target']}" / "vela.log")))
                 row["quant_snr_db"] = got[1]
@@ -332,6 +289,8 @@ def main(argv: list[str]) -> int:
         rows.append(row)
         print(table(rows[-2:]).splitlines()[-2], flush=True)
         print(table(rows[-1:]).splitlines()[-1], flush=True)
+    if args.json:
+        args.json.write_text(json.dumps([r for r in rows if not r["route"].startswith("npubuild")], indent=1))
     md = side_by_side(rows) + cycles_section(cycles)
     print(md)
     if args.out:

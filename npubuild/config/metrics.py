@@ -40,6 +40,9 @@ METRICS: tuple[Metric, ...] = (
     Metric("transposes", "lower"),
     *_m("vela", "vela_npu_ops", "vela_cpu_ops", "memory_mode", "pools", "npu_partitions", "host_ops", "offloads",
         "partition_graph", "memory", "layers", "top_layers", "firmware", "deployment"),
+    # roofline (ethosu/perf.roofline): sum over Vela's layers of max(MAC-bound, memory-bound) time, and that
+    # bound over Vela's estimated inference time
+    *_m("vela", "bound_ms", "efficiency", "roofline"),
     Metric("deployed_max_error_lsb", None),
 )
 

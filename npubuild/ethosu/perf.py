@@ -4,12 +4,25 @@ Vela names each scheduled layer after its output tensor; the lower stage
 records, per TOSA tensor, the ONNX node whose lowering produced it
 (io.json `tensor_nodes`), so every layer's cycles, MACs and memory traffic can
 be charged to the node the user wrote.
+
+The roofline below sets each layer's Vela estimate against the two limits of
+the machine: its MACs at the MAC array's peak and the data bytes Vela moves for
+it over each memory at that memory's peak bandwidth. Their sum over the network
+(`bound_ms`) over Vela's estimate (`efficiency`) says how far a build is from
+what the hardware could do; the layers with the largest gap say where.
 """
 
 from __future__ import annotations
 
 import csv
+import io
+import re
+from dataclasses import dataclass
 from pathlib import Path
+
+from npubuild.config.accelerator import Accelerator
+from npubuild.config.schema import TargetProfile
+from npubuild.ethosu.vela_ini import VELA_MEMORY
 
 COLUMNS = {
     "Original Operator": ("tosa_op", str),
@@ -63,3 +76,124 @@ def parse_per_layer(path: Path, tensor_nodes: dict[str, str], partition: int = 0
 def top_layers(layers: list[dict], n: int = 5) -> list[dict]:
     """The n most expensive layers by cycles."""
     return sorted(layers, key=lambda lay: lay.get("cycles") or 0, reverse=True)[:n]
+
+
+# ----------------------------------------------------------------------------------------------- roofline
+#
+# Bytes per layer and memory come from Vela's debug database (`--enable-debug-db`, `<stem>_debug.xml`): its
+# `perf_debug` table has, per scheduled layer, `<Memory><Group>_read/_write` for each memory of the system config
+# (Sram, Dram, OnChipFlash, OffChipFlash; groups FeatureMap, Weights, Scales, Lut): the bytes Vela's performance
+# model charges the bus, which include burst rounding (a 3-channel NHWC input read from DRAM in 3-byte pieces
+# of 64-byte bursts costs ~16x its size), and `<Memory>_read_efficiency/_write_efficiency`, the share of them that
+# is data (regor network_performance.cpp: (bytes - burst overhead) / bytes, over all groups). The roofline divides
+# the data bytes by the peak bandwidth, so burst waste shows as a gap, as a slow MAC array does. `lutram` is the
+# NPU's internal LUT RAM, not a system memory, and is left out. The `perf` table beside it gives each row's layer
+# name, in the order of the per-layer CSV.
+
+SYSTEM_MEMORIES = ("Sram", "Dram", "OnChipFlash", "OffChipFlash")
+GROUPS = ("FeatureMap", "Weights", "Scales", "Lut")
+_TABLE = re.compile(r'<table name="([^"]+)">\n<!\[CDATA\[\n(.*?)\]\]>', re.S)
+
+
+def _num(raw: str | None) -> float:
+    try:
+        return float(raw or 0)
+    except ValueError:
+        return 0.0
+
+
+def parse_layer_bytes(debug_xml: Path) -> list[dict]:
+    """Per Vela layer (CSV order): {"tensor", "bytes": {memory: bytes charged}, "useful_bytes": {memory: data}}."""
+    tables = {name: list(csv.DictReader(io.StringIO(body))) for name, body in _TABLE.findall(debug_xml.read_text())}
+    moved = {row["id"]: row for row in tables.get("perf_debug", [])}
+    out = []
+    for row in tables.get("perf", []):
+        dbg = moved.get(row["id"], {})
+        charged, useful = {}, {}
+        for mem in SYSTEM_MEMORIES:
+            read = sum(_num(dbg.get(f"{mem}{g}_read")) for g in GROUPS)
+            write = sum(_num(dbg.get(f"{mem}{g}_write")) for g in GROUPS)
+            if read or write:
+                charged[mem] = int(read + write)
+                # an efficiency above 1 (Vela 5.2 gives U55 MatMul's scratch traffic ~2.75) would claim more data
+                # than Vela moves: the data bytes are at most the charged ones
+                useful[mem] = round(read * min(_num(dbg.get(f"{mem}_read_efficiency") or 1), 1.0)
+                                    + write * min(_num(dbg.get(f"{mem}_write_efficiency") or 1), 1.0))
+        out.append({"tensor": row.get("name", ""), "bytes": charged, "useful_bytes": useful})
+    return out
+
+
+def attach_bytes(layers: list[dict], moved: list[dict]) -> None:
+    """Give each parsed CSV layer its bytes per memory (both lists come from Vela's one `perf` table, in order)."""
+    if len(moved) != len(layers) or any(m["tensor"] != lay["tensor"] for m, lay in zip(moved, layers, strict=False)):
+        return  # a Vela whose debug database does not line up with its CSV: no roofline rather than a wrong one
+    for lay, m in zip(layers, moved, strict=True):
+        lay["bytes"], lay["useful_bytes"] = m["bytes"], m["useful_bytes"]
+
+
+@dataclass(frozen=True)
+class MachineModel:
+    """The peaks a roofline divides by: int8 MACs per NPU cycle, the NPU clock, bytes per NPU cycle per memory.
+
+    Bandwidth as Vela 5.2 models it (regor.cpp, which turns vela.ini's system config into its memory model):
+    `clock_scale x AXI width x ports_used` bytes per NPU cycle, the AXI width being 8 bytes for a system config
+    whose name starts with `Ethos_U55` and 16 bytes otherwise (Vela's Python architecture_features.py has the same
+    8/16 bytes per cycle for U55 vs U65/U85); npubuild names the section after the generation (vela_ini), so a
+    U55 gets 8. Vela prints the result as `Design peak <memory> bandwidth` (x clock, in GiB/s).
+    """
+
+    macs_per_cycle: int
+    clock_hz: float
+    bytes_per_cycle: dict[str, float]
+
+    @staticmethod
+    def of(profile: TargetProfile) -> MachineModel:
+        acc = Accelerator.parse(profile.accelerator)
+        axi_bytes = 8 if acc.generation == "u55" else 16
+        bw = {VELA_MEMORY[p.kind]: p.clock_scale * axi_bytes * (p.ports_used or 1) for p in profile.pools.values()}
+        return MachineModel(acc.macs, profile.clock_mhz * 1e6, bw)
+
+
+def layer_roofline(layer: dict, machine: MachineModel) -> dict:
+    """The layer's MAC-bound and memory-bound (data bytes at peak bandwidth) times in ms, their max, what binds
+    it and its gap to Vela's estimate."""
+    ms = 1e3 / machine.clock_hz  # one NPU cycle in ms
+    mac_ms = (layer.get("macs") or 0) / machine.macs_per_cycle * ms
+    mem_ms = {mem: b / machine.bytes_per_cycle[mem] * ms for mem, b in (layer.get("useful_bytes") or {}).items()
+              if mem in machine.bytes_per_cycle}
+    mem_bound = max(mem_ms.values(), default=0.0)  # the memories sit on their own AXI ports: they overlap
+    bound = max(mac_ms, mem_bound)
+    by = "MAC" if mac_ms >= mem_bound else max(mem_ms, key=mem_ms.get)
+    estimated = (layer.get("cycles") or 0) * ms
+    return {"mac_bound_ms": round(mac_ms, 6), "memory_bound_ms": {k: round(v, 6) for k, v in mem_ms.items()},
+            "bound_ms": round(bound, 6), "bound_by": by, "estimated_ms": round(estimated, 6),
+            "gap_ms": round(estimated - bound, 6)}
+
+
+def roofline(layers: list[dict], profile: TargetProfile, inference_ms: float, worst: int = 5) -> dict:
+    """Network figures: `bound_ms` (sum of the layers' bounds), `efficiency` (bound / Vela's estimate) and the
+    `roofline` record (peaks, MAC- and memory-bound sums, the layers furthest from their bound). Adds each
+    layer's own figures under layer["roofline"]. None throughout when Vela gave no bytes per layer."""
+    if not layers or any("useful_bytes" not in lay for lay in layers):
+        return {"bound_ms": None, "efficiency": None, "roofline": None}
+    machine = MachineModel.of(profile)
+    for lay in layers:
+        lay["roofline"] = layer_roofline(lay, machine)
+    figures = [lay["roofline"] for lay in layers]
+    bound = sum(f["bound_ms"] for f in figures)
+    gaps = sorted(layers, key=lambda lay: lay["roofline"]["gap_ms"], reverse=True)[:worst]
+    return {
+        "bound_ms": round(bound, 6),
+        "efficiency": round(bound / inference_ms, 4) if inference_ms else None,
+        "roofline": {
+            "macs_per_cycle": machine.macs_per_cycle, "clock_mhz": machine.clock_hz / 1e6,
+            "bytes_per_cycle": machine.bytes_per_cycle,
+            "peak_gib_s": {k: round(v * machine.clock_hz / 2**30, 3) for k, v in machine.bytes_per_cycle.items()},
+            "mac_bound_ms": round(sum(f["mac_bound_ms"] for f in figures), 6),
+            "memory_bound_ms": round(sum(max(f["memory_bound_ms"].values(), default=0.0) for f in figures), 6),
+            "layers_bound_by": {k: sum(1 for f in figures if f["bound_by"] == k) for k in
+                                sorted({f["bound_by"] for f in figures})},
+            "worst_layers": [{"tensor": lay["tensor"], "onnx_node": lay.get("onnx_node"), "npu_op": lay.get("npu_op"),
+                              "partition": lay.get("partition"), **lay["roofline"]} for lay in gaps],
+        },
+    }

@@ -24,7 +24,7 @@ from npubuild.config.accelerator import Accelerator
 from npubuild.config.schema import TargetProfile, VelaOptions
 from npubuild.errors import StageError
 from npubuild.ethosu.firmware import write_deployment, write_firmware
-from npubuild.ethosu.perf import parse_per_layer, top_layers
+from npubuild.ethosu.perf import attach_bytes, parse_layer_bytes, parse_per_layer, roofline, top_layers
 from npubuild.ethosu.pools import npz_sizes, pool_failure, pool_usage
 from npubuild.ethosu.vela_ini import MEMORY_MODE, memory_mode_name, render_ini, system_config_name
 from npubuild.fileio import write_json, write_text
@@ -84,7 +84,9 @@ def compile_partition(tosa_src: Path, stem: str, ini: Path, stage_dir: Path, pro
         out_dir = Path(tmp)
         tosa = out_dir / f"{stem}.tosa"  # Vela names its outputs after the input file
         shutil.copyfile(tosa_src, tosa)
-        cmd = vela_command(tosa, ini, out_dir / "out", profile, opts) + ["--verbose-performance"]
+        # the debug database has the bytes per layer and memory the roofline needs (perf.parse_layer_bytes);
+        # it changes nothing Vela compiles
+        cmd = vela_command(tosa, ini, out_dir / "out", profile, opts) + ["--verbose-performance", "--enable-debug-db"]
         proc = _run_vela(cmd, profile.accelerator)
         write_text(stage_dir / ("vela.log" if stem == "model" else f"{stem}.vela.log"), proc.stdout + proc.stderr)
         produced = sorted((out_dir / "out").iterdir())
@@ -92,6 +94,8 @@ def compile_partition(tosa_src: Path, stem: str, ini: Path, stage_dir: Path, pro
         if not csvs:
             raise StageError("Vela wrote no summary CSV")
         summary = parse_summary_csv(csvs[0])
+        debug_db = out_dir / "out" / f"{stem}_debug.xml"
+        moved = parse_layer_bytes(debug_db) if debug_db.is_file() else []
         artifacts = []
         for p in produced:
             if p.suffix in (".tflite", ".npz") or p.name.endswith("_per-layer.csv"):
@@ -106,7 +110,7 @@ def compile_partition(tosa_src: Path, stem: str, ini: Path, stage_dir: Path, pro
             os.replace(out_dir / "raw" / f"{stem}_vela.npz", npz)
     npu_ops, cpu_ops = parse_operator_counts(proc.stdout)
     return {"summary": summary, "npu_ops": npu_ops, "cpu_ops": cpu_ops, "artifacts": artifacts, "npz": npz,
-            "per_layer": stage_dir / f"{stem}_per-layer.csv"}
+            "per_layer": stage_dir / f"{stem}_per-layer.csv", "moved": moved}
 
 
 def npu_partitions(io: LowerRecord, lower_dir: Path, fam: str) -> list[tuple[int, Path, PartitionRecord]]:
@@ -146,11 +150,14 @@ def run(task: StageTask) -> dict:
         pools += [{**p, "partition": index} for p in part_pools]
         failure = failure or pool_failure(profile.name, part_pools)
         if res["per_layer"].is_file():
-            layers += parse_per_layer(res["per_layer"], part.tensor_nodes or {}, index)
+            part_layers = parse_per_layer(res["per_layer"], part.tensor_nodes or {}, index)
+            attach_bytes(part_layers, res["moved"])
+            layers += part_layers
         res["firmware"] = write_firmware(stage_dir / "firmware", stem, res["npz"], part.io, profile, opts)
         results.append(res)
     metrics = combine(profile, results)
     metrics.update(placement_metrics(io, fam))
+    metrics.update(roofline(layers, profile, metrics["inference_ms"]))
     rec = io.families.get(fam)
     graph = rec.partitions if rec is not None else [io.whole_partition([n.name for n in io.nodes])]
     metrics["deployment"] = write_deployment(stage_dir / "firmware", profile, graph,

@@ -1,4 +1,4 @@
-"""npu-sim: a bit-exact functional model of the Ethos-U55/U65 command stream.
+"""npu-sim: a bit-exact functional model of the Ethos-U55/U65 and Ethos-U85 command streams.
 
 It executes Vela's raw output (`--output-format raw` .npz: driver header +
 register command stream, compressed weights, scratch sizes, I/O placement) one
@@ -7,7 +7,8 @@ the TOSA reference model on any machine, without Arm's FVP.
 
 Modules: npz (loading), cmdstream (decoding, register snapshots), weights (our
 own weight-stream decoder and hardware ordering), fmap (NHWC / NHCWB16
-addressing), ops (execution), sim (the machine).
+addressing), ops (execution), sim (the machine; `run` takes either
+generation); u85/ the Ethos-U85 register map, weight formats and machine.
 """
 
 from npubuild.errors import StageError

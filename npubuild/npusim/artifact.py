@@ -8,7 +8,6 @@ from pathlib import Path
 
 import numpy as np
 
-from npubuild.config.accelerator import Accelerator
 from npubuild.errors import InputError
 from npubuild.stages.records import LowerRecord
 from npubuild.tosa.iospec import IOSpec
@@ -48,27 +47,28 @@ def _io_next_to(tosa: Path | None) -> LowerRecord | None:
     return LowerRecord.read(p) if p.is_file() else None
 
 
+def _compiled_tosa(npz: Path, tosa: str | None) -> Path | None:
+    """The graph Vela compiled: a lowering family's own (u85wide_model.tosa beside model.tosa) when it has one."""
+    if not tosa:
+        return None
+    own = Path(tosa).parent / f"{npz.name.removesuffix('_vela.npz')}.tosa"
+    return own if own.is_file() else Path(tosa)
+
+
 def _from_report(build_dir: Path, select: str | None) -> Artifact:
     report = json.loads((build_dir / "report.json").read_text())
     found = []
-    u85 = []
     for b in report.get("builds", []):
         vela = (b.get("artifacts") or {}).get("vela")
         if vela and str(vela).endswith(".tflite"):  # the vela stage also keeps the raw output of the same compile
             vela = next(iter(sorted((Path(vela).parent / "raw").glob("*_vela.npz"))), None)
+        if not vela:
+            continue
         label = f"{b['spec']}/{b['model']}/{b['target']}"
         if select and select not in (label, b["target"], f"{b['model']}/{b['target']}"):
             continue
-        if vela and Accelerator.parse(str(b.get("accelerator"))).generation == "u85":
-            u85.append(label)
-            continue
-        if not vela:
-            continue
         tosa = (b.get("artifacts") or {}).get("tosa")
-        found.append(Artifact(Path(vela), f"{label} ({Path(vela).name})", None, Path(tosa) if tosa else None))
-    if not found and u85 and select:
-        raise InputError(f"{u85[0]} is an Ethos-U85 build: npu-sim models the Ethos-U55/U65 command stream only "
-                         "(U85 is not supported yet)", str(build_dir))
+        found.append(Artifact(Path(vela), f"{label} ({Path(vela).name})", None, _compiled_tosa(Path(vela), tosa)))
     if not found:
         what = f" matching '{select}'" if select else ""
         raise InputError(f"no build with a raw Vela artifact (vela.output_format: raw){what}", str(build_dir))

@@ -1,14 +1,16 @@
-"""Decode Ethos-U55/U65 register command words; snapshot the register state at each NPU_OP.
+"""Decode register command words; snapshot the register state at each NPU_OP.
 
-Word layout (Ethos-U55 TRM): bits 0-9 the command code, bits 14-15 the payload
-size (0 for cmd0, 1 for cmd1 which carries one more 32-bit word), bits 16-31 a
-16-bit parameter. Only the registers the simulator reads are named here;
-anything else is kept under its hex code so nothing is silently lost.
+Word layout (Ethos-U55 TRM; the same on U85): bits 0-9 the command code, bits
+14-15 the payload size (0 for cmd0, 1 for cmd1 which carries one more 32-bit
+word), bits 16-31 a 16-bit parameter. The names come from a `CommandSet` (this
+module's U55/U65 one names only the registers the simulator reads; U85's is in
+u85/registers.py); anything else is kept under its hex code so nothing is
+silently lost.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -47,6 +49,20 @@ CMD1 = {
 }
 
 
+@dataclass(frozen=True)
+class CommandSet:
+    """One generation's command codes: operations (cmd0 and cmd1), register names, and the ops to snapshot."""
+
+    ops: dict[int, str]
+    cmd0: dict[int, str]
+    cmd1: dict[int, str]
+    kinds: tuple[str, ...]  # operations that get a Command (others, e.g. waits, only order the stream)
+    long_ops: dict[int, str] = field(default_factory=dict)  # cmd1 operations (U85 BRANCH)
+
+
+U55 = CommandSet(OPS, CMD0, CMD1, ("CONV", "DEPTHWISE", "POOL", "ELEMENTWISE", "DMA_START"))
+
+
 @dataclass
 class Command:
     """One NPU_OP (or DMA_START) with the full register state at the time it was issued."""
@@ -68,7 +84,7 @@ class Command:
         return self.regs.get(name, 0) | (self.hi.get(name, 0) & 0xFF) << 32
 
 
-def decode(words: np.ndarray, where: str = "command stream") -> list[Command]:
+def decode(words: np.ndarray, where: str = "command stream", commands: CommandSet = U55) -> list[Command]:
     """All operations in stream order, each with a snapshot of the registers."""
     regs: dict[str, int] = {}
     hi: dict[str, int] = {}
@@ -80,18 +96,23 @@ def decode(words: np.ndarray, where: str = "command stream") -> list[Command]:
         if payload:
             if i + 1 >= n:
                 raise InputError(f"truncated command at word {i}", where)
-            name = CMD1.get(code, f"CMD1_{code:#05x}")
-            regs[name] = int(words[i + 1])
-            hi[name] = param
+            data = int(words[i + 1])
+            if code in commands.long_ops:
+                kind = commands.long_ops[code]
+                out.append(Command(len(out), 4 * i, kind, param, {**regs, kind: data}, dict(hi)))
+            else:
+                name = commands.cmd1.get(code, f"CMD1_{code:#05x}")
+                regs[name] = data
+                hi[name] = param
             i += 2
             continue
-        if code in OPS:
-            kind = OPS[code]
+        if code in commands.ops:
+            kind = commands.ops[code]
             if kind == "STOP":
                 break
-            if kind in ("CONV", "DEPTHWISE", "POOL", "ELEMENTWISE", "DMA_START"):
+            if kind in commands.kinds:
                 out.append(Command(len(out), 4 * i, kind, param, dict(regs), dict(hi)))
         else:
-            regs[CMD0.get(code, f"CMD0_{code:#05x}")] = param
+            regs[commands.cmd0.get(code, f"CMD0_{code:#05x}")] = param
         i += 1
     return out

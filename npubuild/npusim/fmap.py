@@ -18,7 +18,7 @@ from npubuild.npusim.cmdstream import Command
 
 NHWC, NHCWB16 = 0, 1
 DTYPES = {(8, True): np.int8, (8, False): np.uint8, (16, True): np.int16, (16, False): np.uint16,
-          (32, True): np.int32, (32, False): np.uint32}
+          (32, True): np.int32, (32, False): np.uint32, (64, True): np.int64, (64, False): np.uint64}
 
 
 @dataclass

@@ -11,10 +11,13 @@ import numpy as np
 
 from npubuild.errors import InputError
 
-# (product, log2 MACs per cycle) from the driver header's CONFIG word -> accelerator and core count.
+# (product, log2 MACs per cycle) from the driver header's CONFIG word -> accelerator and core count
+# (U65-512: two cores; U85: weight decoders, one weight stream each in the standard format).
 ACCELERATORS = {
     (0, 5): ("ethos-u55-32", 1), (0, 6): ("ethos-u55-64", 1), (0, 7): ("ethos-u55-128", 1),
     (0, 8): ("ethos-u55-256", 1), (1, 8): ("ethos-u65-256", 1), (1, 9): ("ethos-u65-512", 2),
+    (2, 7): ("ethos-u85-128", 1), (2, 8): ("ethos-u85-256", 1), (2, 9): ("ethos-u85-512", 2),
+    (2, 10): ("ethos-u85-1024", 4), (2, 11): ("ethos-u85-2048", 4),
 }
 DA_CONFIG, DA_CMD_STREAM, DA_READ_APB, DA_DUMP_SHRAM, DA_NOP = 1, 2, 3, 4, 5
 
@@ -48,6 +51,11 @@ class RawModel:
     shram_kib: int = 48  # per core
     inputs: list[TensorPlace] = field(default_factory=list)
     outputs: list[TensorPlace] = field(default_factory=list)
+
+    @property
+    def generation(self) -> str:
+        """u55 (U55 and U65 share a command stream) or u85."""
+        return "u85" if self.accelerator.startswith("ethos-u85") else "u55"
 
 
 def parse_driver_payload(data: bytes, where: str) -> tuple[np.ndarray, int, int, int]:

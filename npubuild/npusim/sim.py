@@ -1,4 +1,8 @@
-"""The machine: memory regions, DMA, and one NPU op at a time in command-stream order."""
+"""The machine: memory regions, DMA, and one NPU op at a time in command-stream order.
+
+`run` is the entry point for every generation: a U85 artifact goes to npusim.u85.machine, which
+shares the memory set-up and the I/O helpers here.
+"""
 
 from __future__ import annotations
 
@@ -27,7 +31,8 @@ class SimResult:
     ops: list[ops.OpResult] = field(default_factory=list)
 
 
-def _memory(model: RawModel) -> Memory:
+def region_memory(model: RawModel) -> Memory:
+    """Every region the artifact defines (weights, scratch, fast scratch, separate I/O), zeroed."""
     mem = Memory()
     weights = np.frombuffer(model.weights, np.uint8).copy()
     mem[model.weight_region] = weights
@@ -68,20 +73,36 @@ def _place(mem: dict, place: TensorPlace, which: str) -> np.ndarray:
 
 
 def _dtype(place: TensorPlace) -> np.dtype:
-    return np.dtype({1: np.int8, 2: np.int16, 4: np.int32}[place.elem_size]).newbyteorder("<")
+    return np.dtype({1: np.int8, 2: np.int16, 4: np.int32, 8: np.int64}[place.elem_size]).newbyteorder("<")
 
 
-def run(model: RawModel, inputs: list[np.ndarray], keep_ofms: bool = True) -> SimResult:
-    """Run the command stream on integer inputs (in the artifact's NHWC shapes); returns outputs and op trace."""
-    if len(inputs) != len(model.inputs):
-        raise InputError(f"the model has {len(model.inputs)} inputs, got {len(inputs)}")
-    mem = _memory(model)
+def place_inputs(mem: Memory, model: RawModel, inputs: list[np.ndarray]) -> None:
     for i, (place, x) in enumerate(zip(model.inputs, inputs, strict=True)):
         x = np.asarray(x)
         if x.size != int(np.prod(place.shape)):
             raise InputError(f"input {i}: {x.size} elements, the model needs shape {list(place.shape)}")
         buf = _place(mem, place, f"input {i}")
         buf[:] = np.ascontiguousarray(x.astype(_dtype(place))).view(np.uint8).reshape(-1)
+
+
+def read_outputs(mem: Memory, model: RawModel) -> list[np.ndarray]:
+    outs = []
+    for i, place in enumerate(model.outputs):
+        buf = _place(mem, place, f"output {i}")
+        outs.append(buf.copy().view(_dtype(place)).reshape(place.shape))
+    return outs
+
+
+def run(model: RawModel, inputs: list[np.ndarray], keep_ofms: bool = True) -> SimResult:
+    """Run the command stream on integer inputs (in the artifact's NHWC shapes); returns outputs and op trace."""
+    if model.generation == "u85":
+        from npubuild.npusim.u85.machine import run as run_u85
+
+        return run_u85(model, inputs, keep_ofms)
+    if len(inputs) != len(model.inputs):
+        raise InputError(f"the model has {len(model.inputs)} inputs, got {len(inputs)}")
+    mem = region_memory(model)
+    place_inputs(mem, model, inputs)
     trace: list[ops.OpResult] = []
     for cmd in decode(model.commands, model.path):
         if cmd.kind == "DMA_START":
@@ -99,8 +120,4 @@ def run(model: RawModel, inputs: list[np.ndarray], keep_ofms: bool = True) -> Si
         if not keep_ofms:
             res.ofm = np.zeros(0)
         trace.append(res)
-    outs = []
-    for i, place in enumerate(model.outputs):
-        buf = _place(mem, place, f"output {i}")
-        outs.append(buf.copy().view(_dtype(place)).reshape(place.shape))
-    return SimResult(outs, trace)
+    return SimResult(read_outputs(mem, model), trace)

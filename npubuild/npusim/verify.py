@@ -44,7 +44,11 @@ class Verdict:
 
 
 def _maps_to(ofm: np.ndarray, tensor: np.ndarray) -> bool | None:
-    """None if the TOSA tensor cannot hold this OFM (shape); else whether some channel window equals it."""
+    """None if the TOSA tensor cannot hold this OFM (shape); else whether some channel window equals it.
+
+    An op that kept its result in the accumulator (U85, output disabled) has no OFM to compare."""
+    if ofm.ndim != 3:
+        return None
     oh, ow, oc = ofm.shape
     if tensor.ndim < 1 or tensor.size % max(tensor.shape[-1], 1):
         return None

@@ -234,6 +234,19 @@ def _stage_note(s: dict) -> str:
     return "shared cache" if s.get("from_cache") else "earlier run" if s.get("cached") else "this run"
 
 
+def _roofline_line(m: dict) -> str:
+    """One line: the build's roofline bound against Vela's estimate and the layer furthest from its bound."""
+    roof = m.get("roofline")
+    if not roof or m.get("bound_ms") is None:
+        return ""
+    worst = roof["worst_layers"][0] if roof.get("worst_layers") else None
+    tail = (f"; furthest from its bound: {escape(str(worst.get('onnx_node') or worst['tensor']))} "
+            f"({worst['estimated_ms']:.4f} vs {worst['bound_ms']:.4f} ms, {escape(worst['bound_by'])}-bound)"
+            if worst and worst["gap_ms"] > 0 else "")
+    return (f"<p><b>Roofline:</b> bound {m['bound_ms']:.4f} ms of {fmt(m.get('inference_ms'))} ms estimated, "
+            f"efficiency {m['efficiency']:.2f}{tail}</p>")
+
+
 def _build_details(b: dict, cache_dir: Path | None, base_dir: Path | None, uid: str = "h0",
                    regressed: bool = False) -> str:
     m = b.get("metrics") or {}
@@ -253,6 +266,7 @@ def _build_details(b: dict, cache_dir: Path | None, base_dir: Path | None, uid: 
                '<td class="muted">not evaluated</td>'] for g in b.get("unchecked_gates", [])]
     if gates:
         parts.append("<h4>Gates</h4>" + table(["gate", "metric", "limit", "value", "ok"], gates))
+    parts.append(_roofline_line(m))
     nodes = node_layers(m)
     if nodes:
         total = sum(n["cycles"] for n in nodes)

@@ -219,6 +219,7 @@ def render_markdown(report: dict) -> str:
             f"{num(ms)} | {rate} | {num(m.get('npu_cycles'))} | {num(m.get('tosa_max_error_lsb'))} | "
             f"{num(m.get('tosa_snr_db'), 3)} | {num(m.get('quant_snr_db'), 3)} | {cached}/{ran} | {cause} |")
     lines += _gates_and_memory({**report, "builds": builds})
+    lines += _roofline(builds)
     lines += numerics_markdown(builds)
     failures = [(b, g) for b in builds for g in b["gates"] if not g["ok"]]
     errors = [(b, e) for b in builds for e in b["errors"]]
@@ -232,6 +233,28 @@ def render_markdown(report: dict) -> str:
     lines += ["", "## Tool versions", ""]
     lines += [f"- {k} {v}" for k, v in report["versions"].items()]
     return "\n".join(lines) + "\n"
+
+
+def _roofline(builds: list[dict], worst: int = 3) -> list[str]:
+    """Per build: the roofline bound against Vela's estimate, and the layers furthest from their own bound."""
+    lines = ["", "## Roofline", "",
+             "Bound: per Vela layer the larger of MACs at the MAC array's peak and the data bytes it moves over "
+             "each memory (Vela's, less burst overhead) at that memory's peak bandwidth, summed; efficiency = "
+             "bound / Vela's estimate.", ""]
+    for b in builds:
+        m = b["metrics"]
+        roof = m.get("roofline")
+        if not roof or m.get("bound_ms") is None:
+            continue
+        bound_by = ", ".join(f"{k} {v}" for k, v in roof["layers_bound_by"].items())
+        gaps = "; ".join(f"{lay.get('onnx_node') or lay['tensor']} ({lay.get('npu_op')}) {lay['estimated_ms']:.4f} "
+                         f"vs {lay['bound_ms']:.4f} ms, {lay['bound_by']}-bound"
+                         for lay in roof["worst_layers"][:worst] if lay["gap_ms"] > 0)
+        lines.append(f"- {b['spec']}/{b['model']}/{b['target']}: bound {m['bound_ms']:.4f} ms of "
+                     f"{num(m.get('inference_ms'))} ms estimated, efficiency {m['efficiency']:.2f} "
+                     f"(MAC-bound {roof['mac_bound_ms']:.4f} ms, memory-bound {roof['memory_bound_ms']:.4f} ms; "
+                     f"layers bound by {bound_by})" + (f"; furthest from their bound: {gaps}" if gaps else ""))
+    return lines if len(lines) > 5 else []
 
 
 def _gates_and_memory(report: dict) -> list[str]:

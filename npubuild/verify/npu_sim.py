@@ -5,9 +5,10 @@ parameters, go through the TOSA reference model and through npu-sim on
 Vela's command stream and weights. Any differing element fails the build,
 naming the output, the count and the first NPU op whose OFM matches no TOSA
 intermediate. A graph split around host operators has each NPU partition's
-artifact checked against its TOSA partition. U85 builds, tflite-format builds, a
-model with no NPU partition at all (every node on the host) and features npu-sim
-does not model yet are reported as skipped with the reason.
+artifact checked against its TOSA partition. U55, U65 and U85 artifacts run
+alike (npusim.sim.run picks the generation); tflite-format builds, a model
+with no NPU partition at all (every node on the host) and features npu-sim does not model (npusim.NotModelled) are reported as skipped
+with the reason.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from npubuild.stages.records import LowerRecord
 
 
 def run(task: StageTask) -> dict:
-    """The npu-sim stage (planned for U55/U65 raw builds only: stages/npu_sim.py says why not otherwise)."""
+    """The npu-sim stage (planned for raw builds: stages/npu_sim.py says why not otherwise)."""
     vela = read_json(task.inputs["vela"])
     io = LowerRecord.read(task.inputs["io"])
     if io.profile != "int":

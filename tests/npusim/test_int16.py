@@ -1,4 +1,5 @@
-"""npu-sim on 16-bit activations (16x8 CONV/DEPTHWISE, 48-bit bias, 16-bit scales), graphs built straight in TOSA."""
+"""npu-sim on 16-bit activations (16x8 CONV/DEPTHWISE, 48-bit bias, 16-bit scales) on U55/U65 and U85, graphs
+built straight in TOSA."""
 
 from __future__ import annotations
 
@@ -45,6 +46,9 @@ def conv16(k: int, cin: int, cout: int, depthwise: bool) -> bytes:
 @pytest.mark.parametrize("k,cin,cout,depthwise,accel", [
     (3, 8, 16, False, "ethos-u55-128"), (1, 24, 8, False, "ethos-u55-256"), (5, 8, 8, False, "ethos-u65-512"),
     (3, 16, 16, True, "ethos-u55-128"),
+    # U85: 48-bit accumulator and bias entries; 16-bit part-kernel (fast format), depthwise and depth-first orders
+    (3, 8, 16, False, "ethos-u85-256"), (3, 40, 70, False, "ethos-u85-128"), (3, 16, 16, True, "ethos-u85-512"),
+    (1, 80, 48, False, "ethos-u85-2048"),
 ])
 def test_int16_conv_bitexact(k, cin, cout, depthwise, accel):
     tosa = conv16(k, cin, cout, depthwise)

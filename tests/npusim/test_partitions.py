@@ -54,3 +54,19 @@ def test_each_npu_partition_is_bitexact(tmp_path: Path):
     assert result["partitions"] == 2 and result["bitexact"] is True
     assert sorted(k.split("/")[0] for k in result["mismatches"]) == ["u55_part0", "u55_part2"]
     assert all(m["elements"] == 0 and m["of"] == 2 * 8 * 8 * 8 for m in result["mismatches"].values())
+
+
+def test_u85_runs_the_same_graph_whole_and_bitexact(tmp_path: Path):
+    """U85 has SELECT and int32 comparisons: no host partition, and npu-sim checks the one artifact."""
+    root = tmp_path / "product"
+    (root / "configs" / "models").mkdir(parents=True)
+    (root / "dodo.py").write_text("# product repo marker\n")
+    onnx.save(_split_model(), root / "configs" / "models" / "m.onnx")
+    (root / "configs" / "p.yaml").write_text(SPEC.replace("{extends: ethos-u55-128, name: u55-raw",
+                                                          "{extends: ethos-u85-256, name: u85-raw"))
+    proc = run_subprocess(["build", "configs", "--build-dir", "build"], root)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    build = read_report(root / "build")["builds"][0]
+    assert build["target"] == "u85-raw" and build["metrics"]["npusim_bitexact"] is True
+    result = json.loads(next((root / "build" / "stages" / "npu-sim").glob("*/npusim.json")).read_text())
+    assert result["partitions"] == 1 and result["bitexact"] is True and result["npu_ops"] >= 4

@@ -1,4 +1,5 @@
-"""The npu-sim stage in real builds: DS-CNN bit-exact on U55/U65 (incl. --optimise Size), skips, and a corrupted weight."""
+"""The npu-sim stage in real builds: DS-CNN bit-exact on U55/U65/U85 (incl. --optimise Size), skips, and a corrupted
+weight byte named by its op on U55 and on U85."""
 
 from __future__ import annotations
 
@@ -10,8 +11,9 @@ import numpy as np
 import pytest
 from npbtest import read_report, run_cli
 
-from npubuild.npusim.cmdstream import decode
+from npubuild.npusim.cmdstream import U55, decode
 from npubuild.npusim.npz import load_raw
+from npubuild.npusim.u85.registers import COMMANDS
 from npubuild.npusim.verify import compare
 from npubuild.stages.records import LowerRecord
 
@@ -26,6 +28,8 @@ targets:
   - {extends: ethos-u55-128, name: u55-raw, vela: {output_format: raw}}
   - {extends: ethos-u55-128, name: u55-size, vela: {output_format: raw, optimise: Size}}
   - {extends: ethos-u65-512, name: u65-raw, vela: {output_format: raw}}
+  - {extends: ethos-u85-256, name: u85-raw, vela: {output_format: raw}}
+  - {extends: ethos-u85-2048, name: u85-2048-size, vela: {output_format: raw, optimise: Size}}
   - ethos-u55-64
   - ethos-u85-256
 pipeline: default
@@ -55,9 +59,9 @@ def _builds(build_dir: Path) -> dict[str, dict]:
     return {b["target"]: b for b in read_report(build_dir)["builds"]}
 
 
-def test_ds_cnn_bitexact_on_u55_u65_and_size_build(kws_build):
+def test_ds_cnn_bitexact_on_u55_u65_u85_and_size_builds(kws_build):
     builds = _builds(kws_build)
-    for target in ("u55-raw", "u55-size", "u65-raw"):
+    for target in ("u55-raw", "u55-size", "u65-raw", "u85-raw", "u85-2048-size"):
         assert builds[target]["status"] == "passed"
         assert builds[target]["stages"]["npu-sim"]["status"] == "passed"
         assert builds[target]["metrics"]["npusim_bitexact"] is True
@@ -67,11 +71,10 @@ def test_ds_cnn_bitexact_on_u55_u65_and_size_build(kws_build):
         assert all(m["elements"] == 0 and m["of"] == 48 for m in result["mismatches"].values())
 
 
-def test_u85_and_tflite_builds_skip_npu_sim_with_a_reason(kws_build):
+def test_tflite_builds_skip_npu_sim_with_a_reason(kws_build):
     builds = _builds(kws_build)
-    assert "U85" in builds["ethos-u85-256"]["stages"]["npu-sim"]["reason"]
-    assert "tflite" in builds["ethos-u55-64"]["stages"]["npu-sim"]["reason"]
     for target in ("ethos-u85-256", "ethos-u55-64"):
+        assert "tflite" in builds[target]["stages"]["npu-sim"]["reason"]
         assert builds[target]["stages"]["npu-sim"]["status"] == "skipped"
         assert builds[target]["status"] == "passed"
 
@@ -85,14 +88,16 @@ def _artifacts(build: dict):
     return load_raw(npz), tosa.read_bytes(), io, samples
 
 
-def test_corrupted_weight_byte_is_reported_with_its_op(kws_build):
-    model, tosa, io, samples = _artifacts(_builds(kws_build)["u55-raw"])
+@pytest.mark.parametrize("target", ["u55-raw", "u85-raw"])
+def test_corrupted_weight_byte_is_reported_with_its_op(kws_build, target):
+    model, tosa, io, samples = _artifacts(_builds(kws_build)[target])
     names = [o.onnx_name for o in io.outputs]
     assert compare(model, tosa, samples, names).bitexact
-    cmds = decode(model.commands)
+    cmds = decode(model.commands, commands=COMMANDS if model.generation == "u85" else U55)
     npu = [c for c in cmds if c.kind != "DMA_START"]
-    k = 3  # a 1x1 CONV whose weights are DMA'd from flash
+    k = 3  # a 1x1 CONV whose weights are DMA'd from flash (a standard-format stream on both)
     op = npu[k]
+    assert op.kind == "CONV" and op.regs["KERNEL_WIDTH_M1"] == 0
     base = op.addr("WEIGHT_BASE")
     dma = [c for c in cmds if c.kind == "DMA_START" and c.index < op.index
            and c.addr("DMA0_DST") <= base < c.addr("DMA0_DST") + c.addr("DMA0_LEN")][-1]
@@ -119,9 +124,14 @@ def test_simulate_command_lists_ops_and_prints_outputs(kws_build, capsys, tmp_pa
     # a tflite build: the vela stage keeps the raw output of the same compile, which simulate runs
     code, out, _ = run_cli(["simulate", str(kws_build), "--build", "ethos-u55-64", "--input", str(x)], capsys)
     assert code == 0 and "ethos-u55-64" in out and "gemm_86_out" in out
-    code, _, err = run_cli(["simulate", str(kws_build), "--build", "ethos-u85-256"], capsys)
-    assert code == 2 and "is an Ethos-U85 build: npu-sim models the Ethos-U55/U65 command stream" in err
-    assert "output_format" not in err  # the build is raw already: the limit is npu-sim's U85 coverage
+    # U85 artifacts (raw, and the raw copy of a tflite build): ops traced to the TOSA graph the same way
+    for target in ("u85-raw", "ethos-u85-256"):
+        code, out, _ = run_cli(["simulate", str(kws_build), "--build", target, "--input", str(x)], capsys)
+        assert code == 0 and "ethos-u85-256" in out and "gemm_86_out: shape [1, 12]" in out
+        traced = [ln for ln in out.splitlines() if re.search(r" (CONV|DEPTHWISE) .* layer-\d+ +\d+ ", ln)]
+        assert len(traced) >= 5, out
+    code, _, err = run_cli(["simulate", str(kws_build), "--build", "nosuch"], capsys)
+    assert code == 2 and "no build with a raw Vela artifact" in err and "matching 'nosuch'" in err
     code, _, err = run_cli(["simulate", str(kws_build)], capsys)
     assert code == 2 and "several raw builds" in err and err.count("\n") == 1
     code, _, err = run_cli(["simulate", str(x)], capsys)

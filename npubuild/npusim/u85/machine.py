@@ -1,0 +1,48 @@
+"""Run a U85 command stream: memory regions as for U55/U65, plus the LUT RAM, chaining buffers and the accumulator."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from npubuild.errors import InputError, StageError
+from npubuild.npusim import NotModelled
+from npubuild.npusim.cmdstream import decode
+from npubuild.npusim.npz import RawModel
+from npubuild.npusim.sim import SimResult, place_inputs, read_outputs, region_memory
+from npubuild.npusim.u85.conv import run_conv
+from npubuild.npusim.u85.dma import run_dma
+from npubuild.npusim.u85.elementwise import run_elementwise
+from npubuild.npusim.u85.machine_state import Machine
+from npubuild.npusim.u85.pool import run_pool
+from npubuild.npusim.u85.registers import COMMANDS
+from npubuild.npusim.u85.resize import run_resize
+
+RUNNERS = {"CONV": run_conv, "DEPTHWISE": run_conv, "POOL": run_pool, "ELEMENTWISE": run_elementwise,
+           "RESIZE": run_resize}
+
+
+def run(model: RawModel, inputs: list[np.ndarray], keep_ofms: bool = True) -> SimResult:
+    """Run the command stream on integer inputs (in the artifact's NHWC shapes); returns outputs and op trace."""
+    if len(inputs) != len(model.inputs):
+        raise InputError(f"the model has {len(model.inputs)} inputs, got {len(inputs)}")
+    mem = region_memory(model)
+    place_inputs(mem, model, inputs)
+    m = Machine(mem, int(model.accelerator.rsplit("-", 1)[1]), model.ncores)
+    trace = []
+    for cmd in decode(model.commands, model.path, COMMANDS):
+        if cmd.kind == "DMA_START":
+            try:
+                run_dma(m, cmd)
+            except StageError as exc:
+                raise type(exc)(f"DMA at command word {cmd.offset // 4}: {exc.message}") from None
+            continue
+        if cmd.kind == "BRANCH":
+            raise NotModelled(f"NPU op #{len(trace)} BRANCH: control flow (IF/WHILE) is not modelled")
+        try:
+            res = RUNNERS[cmd.kind](m, cmd)
+        except StageError as exc:
+            raise type(exc)(f"NPU op #{len(trace)} {cmd.kind}: {exc.message}") from None
+        if not keep_ofms:
+            res.ofm = np.zeros(0)
+        trace.append(res)
+    return SimResult(read_outputs(mem, model), trace)
