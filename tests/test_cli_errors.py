@@ -15,11 +15,6 @@ def _one_line(err: str) -> str:
     return lines[0]
 
 
-def test_debug_after_the_subcommand_is_a_usage_error_not_a_traceback(capsys):
-    code, _, err = run_cli(["validate", "--debug"], capsys)
-    assert code == 2 and "unrecognized arguments: --debug" in _one_line(err)
-
-
 def test_debug_shows_the_traceback_and_keeps_exit_2(tmp_path: Path, capsys):
     code, _, err = run_cli(["--debug", "validate", str(tmp_path / "missing.yaml")], capsys)
     assert code == 2 and "Traceback" in err
