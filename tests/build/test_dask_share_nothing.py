@@ -163,3 +163,43 @@ def test_which_caches_a_cluster_can_reach():
         require_shared_cache("memory://cache", None, own_cluster=True)
     with pytest.raises(InputError, match="cannot reach"):
         require_shared_cache("/home/me/cache", "tcp://10.0.0.5:8786", own_cluster=False)
+
+
+TINY = "{extends: ethos-u55-128, name: u55-tiny, pools: {sram: {size_kib: 1}}}"
+BROKEN = "version: 1\nname: broken\nmodels:\n  bad: {path: models/bad.onnx}\ntargets: [ethos-u55-128]\n"
+
+
+def _summary(out: str) -> str:
+    """The closing line up to its wall time (the report path after it names the build dir)."""
+    line = out.splitlines()[-1]
+    return line[:line.rindex(" (")]
+
+
+def test_failures_progress_summary_and_run_json_are_the_doits(project: Path, capsys):
+    """A Vela pool failure and a model that is not ONNX, with --keep-going: the same stderr lines (the
+    worker's temporary paths put back as the user's), result lines, summary, run.json and exit code."""
+    spec = project / "configs" / "kws.yaml"
+    spec.write_text(spec.read_text().replace("targets: [ethos-u55-128,", f"targets: [{TINY}, ethos-u55-128,"))
+    (project / "configs" / "broken.yaml").write_text(BROKEN)
+    (project / "configs" / "models" / "bad.onnx").write_bytes(b"not a model at all")
+    seen = {}
+    for executor in ("doit", "dask"):
+        build_dir = project / f"b-{executor}"
+        code, out, err = run_cli(["build", "--build-dir", str(build_dir), "--progress", "plain", "--keep-going",
+                                  "--executor", executor, "--cache", str(project / f"cache-{executor}"), "-n", "2"],
+                                 capsys, cwd=project)
+        run = read_run(build_dir)
+        report = read_report(build_dir)
+        seen[executor] = {
+            "code": code, "errors": sorted(ln for ln in err.splitlines() if ln.startswith(("error", str(project)))),
+            "results": sorted(ln.split("  ")[0] for ln in out.splitlines() if ln.startswith(("ok ", "FAILED "))),
+            "failed_builds": [ln for ln in out.splitlines() if ln.startswith("  ")], "summary": _summary(out),
+            "run": {k: v for k, v in run.items() if k not in ("run_id", "executor")},
+            "status": {b["model"] + "/" + b["target"]: (b["status"], b.get("error_kinds")) for b in report["builds"]}}
+        assert run["executor"] == executor
+    assert seen["dask"] == seen["doit"]
+    assert seen["doit"]["code"] == 2  # the model that is not ONNX is bad input
+    assert any("bad.onnx" in ln and str(project) in ln for ln in seen["dask"]["errors"]), seen["dask"]["errors"]
+    assert not any("npubuild-task-" in ln for ln in seen["dask"]["errors"])
+    assert seen["dask"]["summary"].startswith("10 ran, 0 cached, 2 failed, 0 restored from the shared cache; builds: "
+                                              "3 passed, 2 failed")
