@@ -8,7 +8,8 @@ the stage in a temporary dir of its own and publishes the outputs; the client re
 stage dir as each result arrives (npubuild.build.shipping). So a worker needs no path of the client's:
 autoscaled workers, containers, a Kubernetes or SLURM deployment with only an object store in common.
 
-Without a scheduler address a LocalCluster (loopback, no dashboard) is started. A worker that dies
+Without a scheduler address a LocalCluster (loopback, no dashboard) is started, once a task needs a
+worker (a build with nothing to run starts none). A worker that dies
 mid-stage is replaced and its task retried by Dask; a task publishes its entry only when complete
 (manifest last), so the retry starts clean. The team cache key ($NPUBUILD_CACHE_KEY) is each worker's
 own environment: it never travels with a task.
@@ -17,6 +18,8 @@ own environment: it never travels with a task.
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
+from typing import Any
 from urllib.parse import urlsplit
 
 from npubuild.build.cache import StageCache
@@ -29,6 +32,11 @@ from npubuild.build.worker import run_remote
 from npubuild.errors import InputError, NpubuildError
 
 TASK_RETRIES = 3
+CONNECT_TIMEOUT_S = 30
+
+
+class SchedulerUnreachable(NpubuildError):
+    """--scheduler names no scheduler this client can connect to."""
 
 
 def is_loopback(address: str) -> bool:
@@ -70,36 +78,56 @@ class DaskExecutor:
         assert cache_url is not None
         self.cache_url, self.debug, self.scheduler, self.workers, self.client = \
             cache_url, debug, scheduler, workers, client
+        self._own = self._cluster = None  # the client and LocalCluster this executor started
 
     def run(self, plan: BuildPlan, session: Session) -> int:
-        from dask.distributed import Client, LocalCluster
-
         plan.build_dir.mkdir(parents=True, exist_ok=True)
         shipping = Shipping(plan, StageCache(self.cache_url))
         shipping.publish_user_inputs()
-        client, cluster = self.client, None
-        if client is None:
-            if self.scheduler:
-                client = Client(self.scheduler)
-            else:
-                cluster = LocalCluster(n_workers=self.workers, threads_per_worker=1, processes=True,
-                                       host="127.0.0.1", dashboard_address="127.0.0.1:0")
-                client = Client(cluster)
+        walk = _Walk(plan, session, shipping, self._connect, self.cache_url, self.debug)
         try:
-            _Walk(plan, session, shipping, client, self.cache_url, self.debug).run()
+            walk.run()
+        except SchedulerUnreachable as exc:  # the executor failed, not a task: say why, report what was done
+            session.abort(exc.message)
+            return 1
         finally:
-            if self.client is None:
-                client.close()
-                if cluster is not None:
-                    cluster.close()
+            self._disconnect()
         return 0
+
+    def _connect(self):
+        """The Dask client, connected (and a LocalCluster started) on the first task a worker must run: a
+        build with everything up to date or in the cache starts no cluster."""
+        if self.client is None:
+            from dask.distributed import Client, LocalCluster
+
+            if self.scheduler:
+                try:
+                    self._own = Client(self.scheduler, timeout=CONNECT_TIMEOUT_S)
+                except (OSError, TimeoutError) as exc:
+                    raise SchedulerUnreachable(f"cannot reach the Dask scheduler at {self.scheduler}: "
+                                               f"{str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__}") from None
+            else:
+                self._cluster = LocalCluster(n_workers=self.workers, threads_per_worker=1, processes=True,
+                                             host="127.0.0.1", dashboard_address="127.0.0.1:0")
+                self._own = Client(self._cluster)
+            self.client = self._own
+        return self.client
+
+    def _disconnect(self) -> None:
+        if self._own is not None:
+            self._own.close()
+            self.client = self._own = None
+        if self._cluster is not None:
+            self._cluster.close()
+            self._cluster = None
 
 
 class _Walk:
     """One run's walk over the plan: each task settled once its upstream tasks are, in plan order."""
 
-    def __init__(self, plan: BuildPlan, session: Session, shipping: Shipping, client, cache_url: str, debug: bool):
-        self.plan, self.session, self.shipping, self.client = plan, session, shipping, client
+    def __init__(self, plan: BuildPlan, session: Session, shipping: Shipping, connect: Callable[[], Any],
+                 cache_url: str, debug: bool):
+        self.plan, self.session, self.shipping, self.connect = plan, session, shipping, connect
         self.cache_url, self.debug = cache_url, debug
         self.waiting = {name: len(t.deps) for name, t in plan.tasks.items()}
         self.dependents: dict[str, list[str]] = {name: [] for name in plan.tasks}
@@ -113,13 +141,15 @@ class _Walk:
     def run(self) -> None:
         from dask.distributed import as_completed
 
-        pending = as_completed()
+        pending = None  # as_completed needs a client: made with the first future
         while len(self.outcome) < len(self.plan.tasks):
             while self.ready:
                 future = self._start(self.ready.popleft())
-                if future is not None:
+                if future is not None and pending is None:
+                    pending = as_completed([future])
+                elif future is not None:
                     pending.add(future)
-            if not self.running:
+            if not self.running or pending is None:
                 break  # every task settled (or a cycle, which make_plan cannot produce)
             self._arrived(next(pending))
 
@@ -153,7 +183,7 @@ class _Walk:
         if prepared.remote is None:
             self._settle(name, "from-cache")
             return None
-        future = self.client.submit(run_remote, prepared.remote, self.cache_url, self.session.run_id, self.debug,
+        future = self.connect().submit(run_remote, prepared.remote, self.cache_url, self.session.run_id, self.debug,
                                     key=f"{name}@{self.session.run_id}", pure=False, retries=TASK_RETRIES)
         self.running[future.key] = (name, prepared)
         return future

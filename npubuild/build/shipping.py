@@ -16,7 +16,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from npubuild.build.cache import StageCache, cache_key
+from npubuild.build.cache import KEY_ENV, StageCache, cache_key
 from npubuild.build.execute import error_path, write_record
 from npubuild.build.plan import BuildPlan, StageTask
 from npubuild.build.uptodate import (BOOKKEEPING, check_producers, clear_debris, fingerprint, read_record,
@@ -160,8 +160,9 @@ class Shipping:
         start = time.perf_counter()
         entry = self.cache.get(result.cache_key or prepared.key, task.dir, self._required(task))
         if entry is None:
-            message = (f"error: stage {task.stage}: its outputs are not in the shared cache {self.cache.url} "
-                       f"(entry {result.cache_key}): lost or corrupted after the worker published them")
+            message = (f"error: stage {task.stage}: the worker published its outputs to the shared cache "
+                       f"{self.cache.url} (entry {result.cache_key}) but they cannot be restored from there: lost, "
+                       f"corrupted, or not signed with this build's cache key (${KEY_ENV} must be the workers' too)")
             write_json(error_path(task), {"kind": "stage", "message": message, "run_id": run_id})
             return message
         self.published.add(entry.key)

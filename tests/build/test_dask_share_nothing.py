@@ -139,6 +139,13 @@ def test_workers_that_see_only_the_cache_build_what_doit_builds_and_a_second_cli
         assert json.loads(p.read_text())["from_cache"] is True
     assert second_stream.data == []  # restored by the client itself: no worker ran a stage
 
+    # nothing to run: no cluster is needed, so a scheduler nobody listens on is never dialled
+    proc = subprocess.run([sys.executable, "-m", "npubuild", "build", "--build-dir", str(second_dir), "--executor",
+                           "dask", "--scheduler", "tcp://127.0.0.1:1", "--cache", str(cache)], cwd=project,
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith("0 ran, 18 cached, 0 failed, 0 restored")
+
 
 def test_no_reachable_cache_is_one_line_and_exit_2(tmp_path: Path, capsys, project: Path):
     code, out, err = run_cli(["build", "--build-dir", str(tmp_path / "b"), "--executor", "dask", "--cache", "off"],
@@ -203,3 +210,45 @@ def test_failures_progress_summary_and_run_json_are_the_doits(project: Path, cap
     assert not any("npubuild-task-" in ln for ln in seen["dask"]["errors"])
     assert seen["dask"]["summary"].startswith("10 ran, 0 cached, 2 failed, 0 restored from the shared cache; builds: "
                                               "3 passed, 2 failed")
+
+
+def test_a_worker_task_needs_no_client_path_even_for_a_model_with_external_data(tmp_path: Path):
+    """The worker's function on its own: planned and addressed by the client, then run with the project
+    moved away (no path of the client's exists), its outputs restored into the stage dir afterwards."""
+    import onnx
+
+    from npubuild.build.cache import StageCache
+    from npubuild.build.plan import make_plan
+    from npubuild.build.shipping import Shipping
+    from npubuild.build.uptodate import is_done
+    from npubuild.build.worker import run_remote
+
+    project = tmp_path / "product"
+    (project / "configs" / "models").mkdir(parents=True)
+    (project / "dodo.py").write_text("# marker\n")
+    model = onnx.load(str(REPO / "configs" / "models" / "ds_cnn.onnx"))
+    onnx.save_model(model, str(project / "configs" / "models" / "ext.onnx"), save_as_external_data=True,
+                    all_tensors_to_one_file=True, location="ext.weights", size_threshold=0)
+    (project / "configs" / "ext.yaml").write_text(
+        "version: 1\nname: ext\nmodels:\n  ext: {path: models/ext.onnx, input_shapes: {input: [1, 1, 49, 10]}}\n"
+        "targets: [ethos-u55-128]\n")
+    plan = make_plan(load_specs([project / "configs"]), project / "build")
+    cache = StageCache(str(tmp_path / "cache"))
+    shipping = Shipping(plan, cache)
+    assert shipping.publish_user_inputs() == 1
+    task = plan.tasks[plan.build_tasks["ext/ext/ethos-u55-128"]["import"]]
+    prepared = shipping.prepare(task, "run-1")
+    assert prepared.remote is not None
+    assert str(project) not in json.dumps(prepared.remote.inputs, default=str)  # addresses, no paths
+
+    moved = tmp_path / "moved-away"
+    project.rename(moved)
+    try:
+        result = run_remote(prepared.remote, cache.url, "run-1")
+    finally:
+        moved.rename(project)
+    assert result.status == "ran", result.error
+    assert shipping.finish(task, prepared, result, "run-1") is None and is_done(task)
+    imported = onnx.load(str(task.outputs["onnx"]))  # the weights came along in the model's entry, folded in
+    assert imported.graph.initializer and all(t.data_location == onnx.TensorProto.DEFAULT and t.raw_data
+                                              for t in imported.graph.initializer)
