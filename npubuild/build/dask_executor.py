@@ -72,19 +72,20 @@ class DaskExecutor:
     name = "dask"
 
     def __init__(self, cache_url: str | None, debug: bool = False, scheduler: str | None = None, workers: int = 2,
-                 client=None):
+                 client=None, keep_going: bool = False):
         address = scheduler or (client.scheduler.address if client is not None else None)
         require_shared_cache(cache_url, address, own_cluster=client is None and scheduler is None)
         assert cache_url is not None
         self.cache_url, self.debug, self.scheduler, self.workers, self.client = \
             cache_url, debug, scheduler, workers, client
+        self.keep_going = keep_going  # False: start no task after the first failure, as doit without --continue
         self._own = self._cluster = None  # the client and LocalCluster this executor started
 
     def run(self, plan: BuildPlan, session: Session) -> int:
         plan.build_dir.mkdir(parents=True, exist_ok=True)
         shipping = Shipping(plan, StageCache(self.cache_url))
         shipping.publish_user_inputs()
-        walk = _Walk(plan, session, shipping, self._connect, self.cache_url, self.debug)
+        walk = _Walk(plan, session, shipping, self._connect, self.cache_url, self.debug, self.keep_going)
         try:
             walk.run()
         except SchedulerUnreachable as exc:  # the executor failed, not a task: say why, report what was done
@@ -126,9 +127,10 @@ class _Walk:
     """One run's walk over the plan: each task settled once its upstream tasks are, in plan order."""
 
     def __init__(self, plan: BuildPlan, session: Session, shipping: Shipping, connect: Callable[[], Any],
-                 cache_url: str, debug: bool):
+                 cache_url: str, debug: bool, keep_going: bool):
         self.plan, self.session, self.shipping, self.connect = plan, session, shipping, connect
-        self.cache_url, self.debug = cache_url, debug
+        self.cache_url, self.debug, self.keep_going = cache_url, debug, keep_going
+        self.stopped = False  # a task failed without keep_going: the running tasks finish, no new one starts
         self.waiting = {name: len(t.deps) for name, t in plan.tasks.items()}
         self.dependents: dict[str, list[str]] = {name: [] for name in plan.tasks}
         for name, t in plan.tasks.items():
@@ -143,19 +145,21 @@ class _Walk:
 
         pending = None  # as_completed needs a client: made with the first future
         while len(self.outcome) < len(self.plan.tasks):
-            while self.ready:
+            while self.ready and not self.stopped:
                 future = self._start(self.ready.popleft())
                 if future is not None and pending is None:
                     pending = as_completed([future])
                 elif future is not None:
                     pending.add(future)
             if not self.running or pending is None:
-                break  # every task settled (or a cycle, which make_plan cannot produce)
+                break  # every task settled, or stopped after a failure (or a cycle, which make_plan cannot make)
             self._arrived(next(pending))
 
     def _settle(self, name: str, outcome: str, message: str | None = None) -> None:
         self.outcome[name] = outcome
         self.session.finished(name, outcome, message)
+        if outcome == "failed" and not self.keep_going:
+            self.stopped = True
         for d in self.dependents[name]:
             self.waiting[d] -= 1
             if self.waiting[d] == 0:

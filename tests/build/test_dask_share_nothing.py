@@ -211,6 +211,13 @@ def test_failures_progress_summary_and_run_json_are_the_doits(project: Path, cap
     assert seen["dask"]["summary"].startswith("10 ran, 0 cached, 2 failed, 0 restored from the shared cache; builds: "
                                               "3 passed, 2 failed")
 
+    # without --keep-going, as doit without it: the tasks already running finish, no other one starts
+    code, out, err = run_cli(["build", "--build-dir", str(project / "b-stop"), "-q", "--executor", "dask", "--cache",
+                              str(project / "cache-stop"), "-n", "2"], capsys, cwd=project)
+    run = read_run(project / "b-stop")
+    assert code == 2 and run["failed"] and run["blocked"] == []
+    assert len(run["executed"]) + len(run["failed"]) < len(seen["dask"]["run"]["executed"]) + 2
+
 
 def test_a_worker_task_needs_no_client_path_even_for_a_model_with_external_data(tmp_path: Path):
     """The worker's function on its own: planned and addressed by the client, then run with the project
