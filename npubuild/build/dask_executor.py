@@ -9,9 +9,8 @@ stage dir as each result arrives (npubuild.build.shipping). So a worker needs no
 autoscaled workers, containers, a Kubernetes or SLURM deployment with only an object store in common.
 
 Without a scheduler address a LocalCluster (loopback, no dashboard) is started, once a task needs a
-worker (a build with nothing to run starts none). A worker that dies
-mid-stage is replaced and its task retried by Dask; a task publishes its entry only when complete
-(manifest last), so the retry starts clean. The team cache key ($NPUBUILD_CACHE_KEY) is each worker's
+worker (a build with nothing to run starts none). A worker that dies mid-stage is replaced and its task
+retried by Dask; a task publishes its entry only when complete (manifest last), so the retry starts clean. The team cache key ($NPUBUILD_CACHE_KEY) is each worker's
 own environment: it never travels with a task.
 """
 
@@ -165,7 +164,7 @@ class _Walk:
             if self.waiting[d] == 0:
                 self.ready.append(d)
 
-    def _start(self, name: str):
+    def _start(self, name: str) -> Any:
         """Settle the task here if it can be (blocked, cached, restored, the report); else its future."""
         task = self.plan.tasks[name]
         if any(self.outcome[d] in ("failed", "blocked") for d in task.deps):
@@ -181,7 +180,7 @@ class _Walk:
                 self._settle(name, "ran")
                 return None
             prepared = self.shipping.prepare(task, self.session.run_id)
-        except NpubuildError as exc:
+        except (NpubuildError, OSError) as exc:  # OSError: the cache unreachable while restoring a hit
             self._settle(name, "failed", str(exc))
             return None
         if prepared.remote is None:
