@@ -1,5 +1,8 @@
-"""Benchmark: the nightly matrix on the local doit executor and on a 2-worker Dask LocalCluster,
-cold and with a warm shared stage cache. Prints a markdown table.
+"""Benchmark: the nightly matrix on the local doit executor, on a 2-worker Dask LocalCluster, and on
+share-nothing Dask workers (`dask worker` subprocesses in their own cwd; where `unshare -Urm` works, in a
+mount namespace in which the project and build dirs are an empty tmpfs, so the cache directory is all
+they share with the client), cold and with a warm shared stage cache. Prints a markdown table
+(bench/executors.md keeps the last one).
 
     python bench/executors.py [--models 20] [--targets 6] [--workers 2]
 
@@ -14,9 +17,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
+import subprocess
+import sys
 import tempfile
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 from npubuild.config.schema import ACCELERATORS
@@ -50,9 +57,42 @@ def stage_seconds(build_dir: Path) -> float:
     return total
 
 
-def run(executor: str, specs: Path, build_dir: Path, cache: Path, workers: int) -> dict:
-    import os
+HIDE_AND_RUN = 'mount -t tmpfs tmpfs "$1" && cd "$2" && shift 2 && exec "$@"'
 
+
+@contextmanager
+def blind_workers(hidden: Path, scratch: Path, n: int):
+    """A Dask client on a scheduler here with `n` worker subprocesses, each in its own cwd under `scratch`
+    and, where user namespaces work, with `hidden` (the project and build dirs) an empty tmpfs to them."""
+    from dask.distributed import Client, LocalCluster
+
+    hide = shutil.which("unshare") is not None and subprocess.run(
+        ["unshare", "-Urm", "true"], capture_output=True).returncode == 0
+    cluster = LocalCluster(n_workers=0, host="127.0.0.1", dashboard_address=None)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("NPUBUILD_")}
+    env["PYTHONPATH"] = str(Path(__file__).resolve().parents[1])
+    procs = []
+    try:
+        for i in range(n):
+            cwd = scratch / f"worker-{i}"
+            cwd.mkdir(parents=True)
+            worker = [sys.executable, "-m", "distributed.cli.dask_worker", cluster.scheduler_address, "--nthreads",
+                      "1", "--no-nanny", "--no-dashboard", "--local-directory", str(cwd)]
+            cmd = ["unshare", "-Urm", "sh", "-c", HIDE_AND_RUN, "sh", str(hidden), str(cwd), *worker] if hide else worker
+            procs.append(subprocess.Popen(cmd, cwd=cwd, env={**env, "TMPDIR": str(cwd)}, stdout=subprocess.DEVNULL,
+                                          stderr=subprocess.DEVNULL))
+        client = Client(cluster)
+        client.wait_for_workers(n, timeout=120)
+        yield client, hide
+        client.close()
+    finally:
+        for p in procs:
+            p.terminate()
+            p.wait(timeout=30)
+        cluster.close()
+
+
+def run(executor: str, specs: Path, build_dir: Path, cache: Path, workers: int, client=None) -> dict:
     from npubuild.build.session import build
     from npubuild.config.load import load_specs
 
@@ -62,7 +102,7 @@ def run(executor: str, specs: Path, build_dir: Path, cache: Path, workers: int) 
     if executor == "doit":
         result = build(builds, build_dir, jobs=workers, quiet=True)
     else:
-        result = build(builds, build_dir, jobs=workers, quiet=True, executor="dask")
+        result = build(builds, build_dir, jobs=workers, quiet=True, executor="dask", client=client)
     wall = time.perf_counter() - start
     assert result.exit_code == 0, f"{executor} build failed"
     tasks = len(result.plan.tasks)
@@ -81,12 +121,22 @@ def main() -> None:
     args = ap.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="npubuild-bench-"))
     try:
-        specs = make_project(tmp / "project", args.models, args.targets)
+        client_side = tmp / "client"  # the project, build dirs and the other rows' caches: hidden from blind workers
+        specs = make_project(client_side / "project", args.models, args.targets)
         rows = []
         for executor in ("doit", "dask"):
-            cache = tmp / f"cache-{executor}"
-            rows.append((executor, "cold", run(executor, specs, tmp / f"{executor}-cold", cache, args.workers)))
-            rows.append((executor, "warm cache", run(executor, specs, tmp / f"{executor}-warm", cache, args.workers)))
+            cache = client_side / f"cache-{executor}"
+            rows.append((executor, "cold", run(executor, specs, client_side / f"{executor}-cold", cache, args.workers)))
+            rows.append((executor, "warm cache", run(executor, specs, client_side / f"{executor}-warm", cache,
+                                                     args.workers)))
+        # share-nothing: the cache (outside the client's directory) is all the workers see; the wall time
+        # leaves out the workers' start, which a standing cluster does not pay per build
+        with blind_workers(client_side, tmp / "workers", args.workers) as (client, hidden):
+            name = "dask share-nothing" + ("" if hidden else " (project not hidden: no user namespaces)")
+            cache = tmp / "shared-cache"
+            rows.append((name, "cold", run("dask", specs, client_side / "blind-cold", cache, args.workers, client)))
+            rows.append((name, "warm cache", run("dask", specs, client_side / "blind-warm", cache, args.workers,
+                                                 client)))
         print(f"\n{args.models} models x {args.targets} targets, {args.workers} workers/processes\n")
         print("| executor | cache | builds | tasks | wall s | sum of stage s | stages from cache | overhead ms/task |")
         print("|---|---|---:|---:|---:|---:|---:|---:|")

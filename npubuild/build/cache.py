@@ -169,24 +169,37 @@ class StageCache:
                 tmp.write_bytes(data)
         return CacheEntry(key, manifest["files"], manifest.get("metrics", {}), manifest.get("created", 0.0))
 
+    def has(self, key: str, required: set[str] = frozenset()) -> bool:
+        """Whether a trusted entry for `key` holding `required` is there (its manifest only: files unread)."""
+        manifest = self._read_manifest(key)
+        return isinstance(manifest, dict) and isinstance(manifest.get("files"), dict) \
+            and required <= set(manifest["files"]) and self.trusted(key, manifest)
+
     def put(self, key: str, src: Path, metrics: dict, exclude: set[str]) -> None:
         """Upload every file of `src` (but `exclude`) under a writer-private directory, then the manifest."""
-        writer = uuid.uuid4().hex[:12]
-        base = self._dir(key)
-        self.fs.makedirs(f"{base}/{writer}", exist_ok=True)
         files = {}
         for path in sorted(src.rglob("*")):  # subdirectories too (the vela stage's raw/ and firmware/)
             name = path.relative_to(src).as_posix()
             if not path.is_file() or any(part.startswith(".") for part in name.split("/")) or name in exclude:
                 continue
+            files[name] = path
+        self.put_files(key, files, metrics)
+
+    def put_files(self, key: str, files: dict[str, Path], metrics: dict) -> None:
+        """Upload `files` (entry path -> local file) under a writer-private directory, then the manifest."""
+        writer = uuid.uuid4().hex[:12]
+        base = self._dir(key)
+        self.fs.makedirs(f"{base}/{writer}", exist_ok=True)
+        stored = {}
+        for name, path in files.items():
             data = path.read_bytes()
             rel = f"{writer}/{name}"
             if "/" in name:
                 self.fs.makedirs(f"{base}/{rel.rsplit('/', 1)[0]}", exist_ok=True)
             with self.fs.open(f"{base}/{rel}", "wb") as f:
                 f.write(data)
-            files[name] = {"path": rel, "sha256": _sha256(data), "size": len(data)}
-        body = {"key": key, "files": files, "metrics": metrics, "created": time.time(), "writer": writer}
+            stored[name] = {"path": rel, "sha256": _sha256(data), "size": len(data)}
+        body = {"key": key, "files": stored, "metrics": metrics, "created": time.time(), "writer": writer}
         if self.key is not None:
             body["mac"] = manifest_mac(body, self.key)
         tmp = f"{base}/.{MANIFEST}.{writer}"

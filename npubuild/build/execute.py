@@ -95,7 +95,7 @@ def execute(task: StageTask, run_id: str, debug: bool = False, cache: StageCache
     required = {p.name for n, p in task.outputs.items() if n != "record"}
     entry = cache.get(key, task.dir, required) if cache is not None else None
     if entry is not None:
-        return _write_record(task, run_id, start, entry.metrics, key, from_cache=True)
+        return write_record(task, run_id, start, entry.metrics, key, from_cache=True)
     try:
         metrics = run_stage_function(task)
     except NpubuildError as exc:
@@ -116,12 +116,13 @@ def execute(task: StageTask, run_id: str, debug: bool = False, cache: StageCache
                             f"(traceback in {err_path})") from exc
     if cache is not None:
         cache.put(key, task.dir, metrics, exclude={record_path.name, err_path.name, INPUTS_NAME})
-    return _write_record(task, run_id, start, metrics, key, from_cache=False)
+    return write_record(task, run_id, start, metrics, key, from_cache=False)
 
 
-def _write_record(task: StageTask, run_id: str, start: float, metrics: dict, cache_key: str | None,
-                  from_cache: bool) -> dict:
-    """stage.json, written last: its presence (with the task's key) is what marks the task complete."""
+def write_record(task: StageTask, run_id: str, start: float, metrics: dict, cache_key: str | None,
+                 from_cache: bool, seconds: float | None = None) -> dict:
+    """stage.json, written last: its presence (with the task's key) is what marks the task complete.
+    `seconds`: the stage's time where it ran elsewhere (a Dask worker), else the time since `start`."""
     record = {
         "stage": task.stage,
         "task": task.name,
@@ -129,7 +130,7 @@ def _write_record(task: StageTask, run_id: str, start: float, metrics: dict, cac
         "cache_key": cache_key,
         "from_cache": from_cache,
         "run_id": run_id,
-        "seconds": round(time.perf_counter() - start, 4),
+        "seconds": round(time.perf_counter() - start if seconds is None else seconds, 4),
         "metrics": metrics,
         "config": task.config,
         "outputs": hash_outputs(task),

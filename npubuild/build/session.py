@@ -284,7 +284,7 @@ def build(builds: list[Build], build_dir: Path, jobs: int = 1, keep_going: bool 
     if executor == "dask":
         from npubuild.build.dask_executor import DaskExecutor
 
-        ex: Executor = DaskExecutor(cache_url, debug, scheduler, jobs if jobs > 1 else 2, client)
+        ex: Executor = DaskExecutor(cache_url, debug, scheduler, jobs if jobs > 1 else 2, client, keep_going)
     else:
         from npubuild.build.doit_executor import DoitExecutor
 

@@ -66,10 +66,12 @@ def register(sub) -> None:
                    help="live: bar, per-stage table and results on a terminal; plain: one line per event "
                         "(default: auto, live when stdout is a terminal)")
     b.add_argument("--executor", choices=["doit", "dask"], default="doit",
-                   help="doit (local processes) or dask (a Dask cluster; LocalCluster without --scheduler)")
+                   help="doit (local processes) or dask (a Dask cluster whose workers need only the shared cache, "
+                        "not this machine's files; a local cluster without --scheduler)")
     b.add_argument("--scheduler", metavar="ADDRESS",
                    help="Dask scheduler address, e.g. tcp://10.0.0.5:8786 (default: a local 2-worker cluster)")
     b.add_argument("--cache", metavar="DIR_OR_URL",
                    help="shared stage cache: a directory or fsspec URL, or 'off' (default: $NPUBUILD_CACHE, "
-                        "else .npubuild/cache in the project holding the build dir)")
+                        "else .npubuild/cache in the project holding the build dir); --executor dask needs one its "
+                        "workers reach (an s3:// or other URL for workers on other machines)")
     b.set_defaults(func=cmd_build)
