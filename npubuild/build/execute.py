@@ -17,10 +17,18 @@ from collections.abc import Callable
 from pathlib import Path
 
 from npubuild.build.cache import StageCache, cache_key
-from npubuild.build.plan import StageTask
-from npubuild.build.uptodate import (ERROR_NAME, INPUTS_NAME, check_producers, clear_debris, fingerprint, hash_outputs,
-                                     read_record, write_inputs)
 from npubuild.build.isolate import run_isolated
+from npubuild.build.plan import StageTask
+from npubuild.build.uptodate import (
+    ERROR_NAME,
+    INPUTS_NAME,
+    check_producers,
+    clear_debris,
+    fingerprint,
+    hash_outputs,
+    read_record,
+    write_inputs,
+)
 from npubuild.errors import InputError, NpubuildError, StageError
 from npubuild.fileio import read_json, write_json
 

@@ -19,8 +19,14 @@ from pathlib import Path
 from npubuild.build.cache import KEY_ENV, StageCache, cache_key
 from npubuild.build.execute import error_path, write_record
 from npubuild.build.plan import BuildPlan, StageTask
-from npubuild.build.uptodate import (BOOKKEEPING, check_producers, clear_debris, fingerprint, read_record,
-                                     write_inputs)
+from npubuild.build.uptodate import (
+    BOOKKEEPING,
+    check_producers,
+    clear_debris,
+    fingerprint,
+    read_record,
+    write_inputs,
+)
 from npubuild.build.worker import Address, RemoteResult, RemoteTask
 from npubuild.errors import StageError
 from npubuild.fileio import file_hash, stable_hash, write_json

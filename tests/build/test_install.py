@@ -20,7 +20,6 @@ import sysconfig
 from pathlib import Path
 
 import pytest
-
 from npbtest import REPO
 
 pytestmark = pytest.mark.install
