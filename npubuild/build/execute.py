@@ -9,6 +9,7 @@ output is seen (npubuild.build.uptodate).
 
 from __future__ import annotations
 
+import importlib
 import os
 import threading
 import time
@@ -17,10 +18,10 @@ from collections.abc import Callable
 from pathlib import Path
 
 from npubuild.build.cache import StageCache, cache_key
+from npubuild.build.isolate import run_isolated
 from npubuild.build.plan import StageTask
 from npubuild.build.uptodate import (ERROR_NAME, INPUTS_NAME, check_producers, clear_debris, fingerprint, hash_outputs,
                                      read_record, write_inputs)
-from npubuild.build.isolate import run_isolated
 from npubuild.errors import InputError, NpubuildError, StageError
 from npubuild.fileio import read_json, write_json
 
@@ -35,6 +36,15 @@ def stage_function(stage: str) -> StageFn:
     return BY_NAME[stage].run
 
 
+def preload(stage: str) -> None:
+    """Import the stage's implementation here, before the fork, as isolate.py expects: every later task's
+    child inherits it (and onnx, onnx_ir, onnxruntime, ...) instead of importing it again, ~0.5-1 s a task
+    (onnx_ir pulls in sympy). Importing reads no model: nothing here can crash on one."""
+    from npubuild.stages import BY_NAME
+
+    importlib.import_module(BY_NAME[stage].module)
+
+
 def run_stage_function(task: StageTask) -> dict:
     """The stage's own work, in a forked child (build/isolate.py): a native crash, the memory limit or a hang
     in onnx, onnxruntime, the TOSA reference model or Vela is one error for this task, not the end of the
@@ -43,6 +53,7 @@ def run_stage_function(task: StageTask) -> dict:
     fn = stage_function(task.stage)
     if task.per_build or threading.current_thread() is not threading.main_thread() or not hasattr(os, "fork"):
         return fn(task)
+    preload(task.stage)
     model = task.inputs.get("model") if task.stage == "import" else None
     return run_isolated(fn, task, what=f"the {task.stage} stage", where=str(model) if model else None,
                         failure=InputError if task.stage == "import" else StageError)
