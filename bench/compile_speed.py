@@ -6,7 +6,8 @@ npubuild trees side by side (before/after a change) in one run.
 
 A benchmark script, not part of npubuild. Per repeat, model and tree (interleaved, so a load change on the
 shared machine hits every tree alike) it runs, in fresh child processes:
-- `npubuild compile MODEL --target T --json` in an empty build dir with an empty cache (cold): wall seconds,
+- `npubuild compile MODEL --target T --json` in an empty build dir with an empty shared cache of its own
+  (cold; a cache left from the previous run would restore every stage): wall seconds,
   CPU seconds (user + system of the whole process tree: what the load inflates least), and each stage's
   seconds from its stage record; what is left over is start-up, planning, doit and reports;
 - Vela alone (`python -m ethosu.vela`, npubuild's very command line and .ini) on the TOSA graph(s) that
@@ -34,13 +35,15 @@ ROOT = Path(__file__).resolve().parents[1]
 MODELS = ["ds_cnn", "transformer"]
 
 
-def timed(cmd: list[str], tree: Path, cwd: Path | None = None) -> tuple[float, float, subprocess.CompletedProcess]:
+def timed(cmd: list[str], tree: Path, cwd: Path | None = None, cache: Path | None = None
+          ) -> tuple[float, float, subprocess.CompletedProcess]:
     """Wall and CPU seconds (user + system of the child and everything it waited for) of `cmd`."""
+    env = {**{k: v for k, v in os.environ.items() if k != "NPUBUILD_CACHE"}, "PYTHONPATH": str(tree)}
+    if cache is not None:
+        env["NPUBUILD_CACHE"] = str(cache)
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.perf_counter()
-    proc = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, check=False,
-                          env={**{k: v for k, v in os.environ.items() if k != "NPUBUILD_CACHE"},  # cache in build dir
-                               "PYTHONPATH": str(tree)})
+    proc = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, check=False, env=env)
     wall = time.perf_counter() - start
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
@@ -74,10 +77,11 @@ def vela_alone(entry: dict, work: Path) -> tuple[float, float]:
 
 
 def compile_once(model: Path, target: str, tree: Path, work: Path) -> dict:
-    build_dir = work / "build"
-    shutil.rmtree(build_dir, ignore_errors=True)
+    build_dir, cache = work / "build", work / "cache"  # cold: an empty build dir and an empty shared cache, every run
+    for d in (build_dir, cache):
+        shutil.rmtree(d, ignore_errors=True)
     wall, cpu, proc = timed([sys.executable, "-m", "npubuild", "compile", str(model), "--target", target, "--json",
-                             "--build-dir", str(build_dir)], tree, cwd=work)
+                             "--build-dir", str(build_dir)], tree, cwd=work, cache=cache)
     if proc.returncode not in (0, 1):
         raise RuntimeError(proc.stderr[-800:])
     entry = json.loads(proc.stdout)

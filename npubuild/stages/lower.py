@@ -10,10 +10,11 @@ from npubuild.config.load import Build
 
 
 def plan(b: Build, chain: Chain) -> TaskSpec:
-    """One task per model and pipeline, lowering (for an INT build) the families of the targets of every build
-    that shares it (`families` in its config, sorted): a target of a family no other build has adds it."""
+    """One task per model and pipeline, lowering (for an INT build) the families of every target of the specs
+    of the builds that share it (`families` in its config, sorted): a target of a family no other has adds it."""
     prev = chain.get("quantize") or chain["import"]
-    families = (Accelerator.parse(b.target.accelerator).lowering_family,) if b.pipeline.profile == "int" else ()
+    own = (Accelerator.parse(b.target.accelerator).lowering_family,)
+    families = (b.spec_families or own) if b.pipeline.profile == "int" else ()
     return TaskSpec(b.model_name, {"input": prev.key, "pipeline": b.pipeline.model_dump()},
                     {"onnx": prev.outputs["onnx"]}, {"io": "io.json"}, (prev.stage,), union={"families": families})
 

@@ -8,7 +8,7 @@ from pathlib import Path
 from npbtest import REPO, run_subprocess
 
 from npubuild.build.plan import make_plan
-from npubuild.config.load import adhoc_builds
+from npubuild.config.load import adhoc_builds, load_spec
 
 MODEL = REPO / "configs" / "models" / "ds_cnn.onnx"
 
@@ -39,6 +39,15 @@ def test_the_key_follows_the_family_set_not_the_targets(tmp_path: Path):
     assert u55.config["families"] == ["u55"] and wide.config["families"] == ["u85wide"]
     assert u55.key == both_u55.key  # two U55 sizes lower the same family: the same task
     assert u55_u85.key == u85_u55.key != u55.key  # the order of the targets does not matter; a new family does
+
+
+def test_one_build_of_a_spec_plans_the_same_lower_task_as_the_whole_spec(tmp_path: Path):
+    """debug-numerics and offloads plan one build of a spec: its lower task must be the spec build's own."""
+    builds = load_spec(REPO / "configs" / "kws.yaml")
+    assert [b.target.name for b in builds] == ["ethos-u55-128", "ethos-u65-256", "ethos-u85-256"]
+    (whole,) = _lower(make_plan(builds, tmp_path))
+    (alone,) = _lower(make_plan(builds[2:], tmp_path))
+    assert alone.config["families"] == ["u55", "u65", "u85"] and alone.key == whole.key
 
 
 def test_tasks_stay_in_build_order(tmp_path: Path):
