@@ -1,17 +1,21 @@
-"""Cold `npubuild compile` of small models for one target, beside Vela alone on the TOSA it produced (one run).
+"""Cold `npubuild compile` of models for one target, beside Vela alone on the TOSA it produced, for one or more
+npubuild trees side by side (before/after a change) in one run.
 
     PYTHONPATH=. /work/main/.venv/bin/python bench/compile_speed.py [--target ethos-u55-128] [--repeats 3]
+        [--tree before=/path/to/old/tree --tree after=.] [--models ds_cnn transformer /path/to/model.onnx]
 
-A benchmark script, not part of npubuild. Per model (DS-CNN and the 2-layer transformer of configs/models by
-default) and repeat it runs, in fresh child processes:
-- `npubuild compile MODEL --target T --json` in an empty build dir with an empty cache (cold): wall seconds,
-  and each stage's seconds from its stage record; what is left over is start-up, planning, doit and reports;
-- Vela alone (`python -m ethosu.vela`, npubuild's very command line and .ini) on the TOSA graph that build's
-  vela stage compiled: wall seconds;
-- start-up: `python -c pass`, `import npubuild.cli`, and each stage's implementation module imported one after
-  another in one process (the increment each adds: the part of a stage's seconds that is imports).
-Prints one Markdown table per section, medians over the repeats (the machine is shared: see the load average
-printed with it).
+A benchmark script, not part of npubuild. Per repeat, model and tree (interleaved, so a load change on the
+shared machine hits every tree alike) it runs, in fresh child processes:
+- `npubuild compile MODEL --target T --json` in an empty build dir with an empty shared cache of its own
+  (cold; a cache left from the previous run would restore every stage): wall seconds,
+  CPU seconds (user + system of the whole process tree: what the load inflates least), and each stage's
+  seconds from its stage record; what is left over is start-up, planning, doit and reports;
+- Vela alone (`python -m ethosu.vela`, npubuild's very command line and .ini) on the TOSA graph(s) that
+  build's vela stage compiled: wall and CPU seconds;
+- start-up (per tree): `python -c pass`, `npubuild --help`, and each stage's implementation module imported
+  one after another in one process (the increment each adds).
+Prints one Markdown table per section: the best (least) of the repeats, the figure least disturbed by the
+other jobs on the machine; the load average is printed with it.
 """
 
 from __future__ import annotations
@@ -19,8 +23,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import shutil
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -31,48 +35,60 @@ ROOT = Path(__file__).resolve().parents[1]
 MODELS = ["ds_cnn", "transformer"]
 
 
-def timed(cmd: list[str], cwd: Path | None = None) -> tuple[float, subprocess.CompletedProcess]:
+def timed(cmd: list[str], tree: Path, cwd: Path | None = None, cache: Path | None = None
+          ) -> tuple[float, float, subprocess.CompletedProcess]:
+    """Wall and CPU seconds (user + system of the child and everything it waited for) of `cmd`."""
+    env = {**{k: v for k, v in os.environ.items() if k != "NPUBUILD_CACHE"}, "PYTHONPATH": str(tree)}
+    if cache is not None:
+        env["NPUBUILD_CACHE"] = str(cache)
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.perf_counter()
-    proc = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, check=False,
-                          env={**{k: v for k, v in os.environ.items() if k != "NPUBUILD_CACHE"},  # cache in build dir
-                               "PYTHONPATH": str(ROOT)})
-    return time.perf_counter() - start, proc
+    proc = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, check=False, env=env)
+    wall = time.perf_counter() - start
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    return wall, cpu, proc
 
 
-def vela_alone(entry: dict, work: Path) -> float:
-    """Vela on the TOSA graph(s) this build's vela stage compiled, with its command line: wall seconds."""
+def vela_alone(entry: dict, work: Path) -> tuple[float, float]:
+    """Vela on the TOSA graph(s) this build's vela stage compiled, with its command line: wall and CPU s."""
     from npubuild.config.accelerator import Accelerator
     from npubuild.config.schema import TargetProfile, VelaOptions
     from npubuild.ethosu.vela import npu_partitions, vela_command
     from npubuild.stages.records import LowerRecord
 
     vela_dir = Path(entry["artifacts"]["vela"]).parent
+    if vela_dir.name == "raw":
+        vela_dir = vela_dir.parent
     record = json.loads((vela_dir / "stage.json").read_text())
     profile = TargetProfile.model_validate(record["config"]["target"])
     opts = VelaOptions.model_validate(record["config"]["vela"])
     lower_dir = Path(entry["artifacts"]["tosa"]).parent
     fam = Accelerator.parse(profile.accelerator).lowering_family
-    total = 0.0
+    wall = cpu = 0.0
     for index, tosa, _ in npu_partitions(LowerRecord.read(lower_dir / "io.json"), lower_dir, fam):
         out = work / f"vela-{index}"
         shutil.rmtree(out, ignore_errors=True)
-        seconds, proc = timed(vela_command(tosa, vela_dir / "system.ini", out, profile, opts))
+        w, c, proc = timed(vela_command(tosa, vela_dir / "system.ini", out, profile, opts), ROOT)
         if proc.returncode != 0:
             raise RuntimeError(proc.stderr[-500:])
-        total += seconds
-    return total
+        wall, cpu = wall + w, cpu + c
+    return wall, cpu
 
 
-def compile_once(model: Path, target: str, work: Path) -> dict:
-    build_dir = work / "build"
-    shutil.rmtree(build_dir, ignore_errors=True)
-    seconds, proc = timed([sys.executable, "-m", "npubuild", "compile", str(model), "--target", target, "--json",
-                           "--build-dir", str(build_dir)], cwd=work)
+def compile_once(model: Path, target: str, tree: Path, work: Path) -> dict:
+    build_dir, cache = work / "build", work / "cache"  # cold: an empty build dir and an empty shared cache, every run
+    for d in (build_dir, cache):
+        shutil.rmtree(d, ignore_errors=True)
+    wall, cpu, proc = timed([sys.executable, "-m", "npubuild", "compile", str(model), "--target", target, "--json",
+                             "--build-dir", str(build_dir)], tree, cwd=work, cache=cache)
     if proc.returncode not in (0, 1):
         raise RuntimeError(proc.stderr[-800:])
     entry = json.loads(proc.stdout)
     stages = {k: v["seconds"] for k, v in entry["stages"].items() if v.get("seconds") is not None}
-    return {"wall_s": seconds, "stages": stages, "vela_alone_s": vela_alone(entry, work)}
+    vela_wall, vela_cpu = vela_alone(entry, work)
+    return {"wall_s": wall, "cpu_s": cpu, "stages": stages, "vela_wall_s": vela_wall, "vela_cpu_s": vela_cpu,
+            "status": entry["status"]}
 
 
 IMPORTS = """
@@ -89,50 +105,66 @@ import json; print(json.dumps(out))
 """
 
 
-def startup() -> dict[str, float]:
-    bare, _ = timed([sys.executable, "-c", "pass"])
-    cli, _ = timed([sys.executable, "-m", "npubuild", "--help"])
-    _, proc = timed([sys.executable, "-c", IMPORTS])
+def startup(tree: Path) -> dict[str, float]:
+    bare, _, _ = timed([sys.executable, "-c", "pass"], tree)
+    cli, _, _ = timed([sys.executable, "-m", "npubuild", "--help"], tree)
+    _, _, proc = timed([sys.executable, "-c", IMPORTS], tree)
     return {"python -c pass (wall)": bare, "npubuild --help (wall)": cli, **json.loads(proc.stdout)}
 
 
-def med(xs: list[float]) -> float:
-    return statistics.median(xs)
+def model_path(name: str) -> Path:
+    path = Path(name)
+    return path if path.suffix == ".onnx" else ROOT / "configs" / "models" / f"{name}.onnx"
 
 
 def main(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--target", default="ethos-u55-128")
-    ap.add_argument("--models", nargs="+", default=MODELS, help="names in configs/models")
+    ap.add_argument("--models", nargs="+", default=MODELS, help="names in configs/models, or .onnx paths")
+    ap.add_argument("--tree", action="append", metavar="NAME=PATH",
+                    help="an npubuild source tree to time (repeatable; default: this one)")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--out", type=Path, help="also write the Markdown here")
     args = ap.parse_args(argv)
-    runs: dict[str, list[dict]] = {m: [] for m in args.models}
-    ups: list[dict[str, float]] = []
+    trees = dict(t.split("=", 1) for t in args.tree) if args.tree else {"this": str(ROOT)}
+    trees = {k: Path(v).resolve() for k, v in trees.items()}
+    models = {model_path(m).stem: model_path(m) for m in args.models}
+    runs: dict[tuple[str, str], list[dict]] = {(m, t): [] for m in models for t in trees}
+    ups: dict[str, list[dict[str, float]]] = {t: [] for t in trees}
+    loads = []
     with tempfile.TemporaryDirectory(prefix="npb-compile-speed-") as tmp:
         for _ in range(args.repeats):
-            ups.append(startup())
-            for m in args.models:
-                runs[m].append(compile_once(ROOT / "configs" / "models" / f"{m}.onnx", args.target, Path(tmp)))
-    load = os.getloadavg()
-    lines = [f"Cold `npubuild compile --target {args.target}`, median of {args.repeats} (load average "
-             f"{load[0]:.1f} / {load[1]:.1f} on {os.cpu_count()} cores).", "",
-             "| model | npubuild compile s | Vela alone s | ratio | stages s (sum) | rest s (start-up, plan, doit, "
-             "reports) |", "|---|---:|---:|---:|---:|---:|"]
+            for t, tree in trees.items():
+                ups[t].append(startup(tree))
+            for m, path in models.items():
+                for t, tree in trees.items():
+                    runs[(m, t)].append(compile_once(path, args.target, tree, Path(tmp)))
+                    loads.append(os.getloadavg()[0])
+    lines = [f"Cold `npubuild compile --target {args.target}`, best of {args.repeats} per tree, the trees interleaved "
+             f"(load average {min(loads):.1f}-{max(loads):.1f} during the runs, {os.cpu_count()} cores).", "",
+             "| model | tree | status | compile wall s | Vela alone wall s | ratio (wall) | compile CPU s | "
+             "Vela alone CPU s | ratio (CPU) | stages s (sum) | rest s (start-up, plan, doit, reports) |",
+             "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     stage_names: list[str] = []
-    for m, rs in runs.items():
-        wall, vela = med([r["wall_s"] for r in rs]), med([r["vela_alone_s"] for r in rs])
-        stage_sum = med([sum(r["stages"].values()) for r in rs])
-        lines.append(f"| {m} | {wall:.2f} | {vela:.2f} | {wall / vela:.1f}x | {stage_sum:.2f} | {wall - stage_sum:.2f} |")
-        stage_names += [s for s in rs[0]["stages"] if s not in stage_names]
-    lines += ["", "Per stage (stage.json seconds; each includes importing its implementation the first time):", "",
-              "| model | " + " | ".join(stage_names) + " |", "|---|" + "---:|" * len(stage_names)]
-    for m, rs in runs.items():
-        lines.append(f"| {m} | " + " | ".join(f"{med([r['stages'].get(s, 0.0) for r in rs]):.2f}"
-                                               for s in stage_names) + " |")
-    lines += ["", "Start-up and imports (fresh process; stage modules imported in run order, increments):", "",
-              "| what | s |", "|---|---:|"]
-    lines += [f"| {k} | {med([u[k] for u in ups]):.3f} |" for k in ups[0]]
+    for (m, t), rs in runs.items():
+        wall, cpu = min(r["wall_s"] for r in rs), min(r["cpu_s"] for r in rs)
+        vela_wall, vela_cpu = min(r["vela_wall_s"] for r in rs), min(r["vela_cpu_s"] for r in rs)
+        best = min(rs, key=lambda r: r["wall_s"])
+        stage_sum = sum(best["stages"].values())
+        lines.append(f"| {m} | {t} | {best['status']} | {wall:.2f} | {vela_wall:.2f} | {wall / vela_wall:.1f}x | "
+                     f"{cpu:.2f} | {vela_cpu:.2f} | {cpu / vela_cpu:.1f}x | {stage_sum:.2f} | {wall - stage_sum:.2f} |")
+        stage_names += [s for s in best["stages"] if s not in stage_names]
+    lines += ["", "Per stage (stage.json seconds of the fastest run; each includes importing its implementation "
+              "where the process had not yet):", "",
+              "| model | tree | " + " | ".join(stage_names) + " |", "|---|---|" + "---:|" * len(stage_names)]
+    for (m, t), rs in runs.items():
+        best = min(rs, key=lambda r: r["wall_s"])
+        lines.append(f"| {m} | {t} | " + " | ".join(f"{best['stages'].get(s, 0.0):.2f}" for s in stage_names) + " |")
+    lines += ["", "Start-up and imports (fresh process; stage modules imported in run order, increments; best of "
+              "the repeats):", "", "| what | " + " | ".join(trees) + " |", "|---|" + "---:|" * len(trees)]
+    first = next(iter(trees))
+    lines += [f"| {k} | " + " | ".join(f"{min(u.get(k, float('nan')) for u in ups[t]):.3f}" for t in trees) + " |"
+              for k in ups[first][0]]
     md = "\n".join(lines) + "\n"
     print(md)
     if args.out:

@@ -71,7 +71,8 @@ def main() -> None:
     runs = _count_reference_runs()
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp)
-        task = StageTask("lower", "bench", {"pipeline": {"profile": "int", "passes": DEFAULT_PASSES}}, {"onnx": args.model},
+        task = StageTask("lower", "bench", {"pipeline": {"profile": "int", "passes": DEFAULT_PASSES},
+                                          "families": list(LOWERING_FAMILIES)}, {"onnx": args.model},
                          {"tosa": out / "model.tosa", "io": out / "io.json", "record": out / "stage.json"})
         _, t = _timed(lambda: families.run(task))
         rows.append(("whole lower stage (families.run)", t))

@@ -10,6 +10,8 @@ lowering, the FP pipeline) with each tree, then compares:
   source fingerprint in versions and in the stage-dir hashes of paths.
 
     python bench/same_outputs.py REV_A [REV_B]      # git revisions; REV_B defaults to the working tree
+    python bench/same_outputs.py REV_A REV_B --b-families   # B lowers only its targets' families: compare those
+    python bench/same_outputs.py X --keep DIR --compare-only [--b-families]   # again, on DIR's two builds
 
 Each revision is checked out into a temporary git worktree and run with the current interpreter and
 PYTHONPATH pointing at it. Exits 1 and lists the differences if there are any.
@@ -124,8 +126,33 @@ def normalised(obj, build_dir: str):
     return obj
 
 
-def stage_files(build_dir: Path, report: dict) -> dict[str, bytes]:
-    """Per build id: the lower stage's and the vela stage's files (not the records, which carry keys)."""
+FAMILY_KEYED = ("families", "partitioning", "partitioned")  # io.json, lower and tosa-check metrics
+
+
+def only_families(obj, families: set[str]):
+    """`obj` with the per-family entries (FAMILY_KEYED dicts) of the other families left out."""
+    if isinstance(obj, dict):
+        return {k: {f: only_families(r, families) for f, r in v.items() if f in families}
+                if k in FAMILY_KEYED and isinstance(v, dict) else only_families(v, families) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [only_families(v, families) for v in obj]
+    return obj
+
+
+def built_families(build_dir: Path, report: dict) -> dict[str, set[str]]:
+    """Per build id: the lowering families its lower stage built (io.json)."""
+    out = {}
+    for b in report["builds"]:
+        tosa = b.get("artifacts", {}).get("tosa")
+        io = Path(tosa).parent / "io.json" if tosa else None
+        if io is not None and io.is_file():
+            out[f"{b['spec']}/{b['model']}/{b['target']}"] = set(json.loads(io.read_text()).get("families", {}))
+    return out
+
+
+def stage_files(build_dir: Path, report: dict, families: dict[str, set[str]] | None = None) -> dict[str, bytes]:
+    """Per build id: the lower stage's and the vela stage's files (not the records, which carry keys); with
+    `families`, only the files and io.json entries of those families of each build (the others' are left out)."""
     out = {}
     for b in report["builds"]:
         bid = f"{b['spec']}/{b['model']}/{b['target']}"
@@ -134,13 +161,18 @@ def stage_files(build_dir: Path, report: dict) -> dict[str, bytes]:
         if "vela" in arts:
             vela = Path(arts["vela"]).parent
             dirs["vela"] = vela.parent if vela.name == "raw" else vela
+        keep = families.get(bid) if families is not None else None
+        others = {"u55", "u65", "u85", "u85wide"} - keep if keep is not None else set()
         for stage, d in dirs.items():
             for p in sorted(d.rglob("*")):
                 if p.is_file() and p.name not in ("stage.json", "inputs.json", "vela.log") \
                         and not p.name.endswith(".vela.log") and not p.name.startswith("."):
+                    if stage == "lower" and p.name.split("_")[0] in others:
+                        continue  # a family this build's lower stage need not build
                     data = p.read_bytes()
                     if p.name in ("summary.json", "npubuild_deployment.json") or p.suffix == ".json":
-                        data = json.dumps(normalised(json.loads(data), str(build_dir)), sort_keys=True).encode()
+                        obj = normalised(json.loads(data), str(build_dir))
+                        data = json.dumps(obj if keep is None else only_families(obj, keep), sort_keys=True).encode()
                     out[f"{bid} {stage}/{p.relative_to(d)}"] = data
     return out
 
@@ -156,12 +188,19 @@ def shared(x, y, path: str, one_sided: set[str]):
     return x, y
 
 
-def compare(a: Path, b: Path) -> list[str]:
+def compare(a: Path, b: Path, b_families: bool = False) -> list[str]:
+    """The differences between the builds in `a` and `b`; with `b_families`, A's builds restricted to the
+    lowering families B's built (B lowers only the families its targets need)."""
     ra, rb = (json.loads((d / "report.json").read_text()) for d in (a, b))
     diffs = []
     for r in (ra, rb):
         r["versions"].pop("npubuild", None)
+    families = built_families(b, rb) if b_families else None
     na, nb = normalised(ra, str(a)), normalised(rb, str(b))
+    if families is not None:
+        for x in (na, nb):
+            x["builds"] = [only_families(e, families.get(f"{e['spec']}/{e['model']}/{e['target']}", set()))
+                           for e in x["builds"]]
     one_sided: set[str] = set()
     pairs = [shared(x, y, "", one_sided) for x, y in zip(na["builds"], nb["builds"], strict=False)]
     if one_sided:
@@ -174,7 +213,7 @@ def compare(a: Path, b: Path) -> list[str]:
             diffs.append(f"report {x.get('spec')}/{x.get('model')}/{x.get('target')}: {keys} metrics {mkeys}")
     if len(na["builds"]) != len(nb["builds"]) or na["versions"] != nb["versions"]:
         diffs.append("report: different build lists or tool versions")
-    fa, fb = stage_files(a, ra), stage_files(b, rb)
+    fa, fb = stage_files(a, ra, families), stage_files(b, rb, families)
     for name in sorted(set(fa) | set(fb)):
         if fa.get(name) != fb.get(name):
             diffs.append(f"file {name}: {'missing in A' if name not in fa else 'missing in B' if name not in fb else 'differs'}")
@@ -186,7 +225,14 @@ def main() -> int:
     ap.add_argument("rev_a")
     ap.add_argument("rev_b", nargs="?", help="default: the working tree")
     ap.add_argument("--keep", type=Path, help="build into this directory and keep it")
+    ap.add_argument("--b-families", action="store_true",
+                    help="compare only the lowering families B built (B lowers only those its targets need)")
+    ap.add_argument("--compare-only", action="store_true", help="compare the builds already in --keep")
     args = ap.parse_args()
+    if args.compare_only:
+        diffs = compare(args.keep / "build-a", args.keep / "build-b", args.b_families)
+        print("\n".join(diffs) or "identical")
+        return 1 if diffs else 0
     scratch = Path(tempfile.mkdtemp(prefix="npb-same-")) if args.keep is None else args.keep
     trees = []
     try:
@@ -198,7 +244,7 @@ def main() -> int:
             out = scratch / f"build-{side}"
             build(tree, project, out)
             outs.append(out)
-        diffs = compare(*outs)
+        diffs = compare(*outs, args.b_families)
         n = len(json.loads((outs[0] / "report.json").read_text())["builds"])
         files = len(stage_files(outs[0], json.loads((outs[0] / "report.json").read_text())))
         if diffs:

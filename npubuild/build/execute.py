@@ -9,6 +9,7 @@ output is seen (npubuild.build.uptodate).
 
 from __future__ import annotations
 
+import importlib
 import os
 import threading
 import time
@@ -43,6 +44,15 @@ def stage_function(stage: str) -> StageFn:
     return BY_NAME[stage].run
 
 
+def preload(stage: str) -> None:
+    """Import the stage's implementation here, before the fork, as isolate.py expects: every later task's
+    child inherits it (and onnx, onnx_ir, onnxruntime, ...) instead of importing it again, ~0.5-1 s a task
+    (onnx_ir pulls in sympy). Importing reads no model: nothing here can crash on one."""
+    from npubuild.stages import BY_NAME
+
+    importlib.import_module(BY_NAME[stage].module)
+
+
 def run_stage_function(task: StageTask) -> dict:
     """The stage's own work, in a forked child (build/isolate.py): a native crash, the memory limit or a hang
     in onnx, onnxruntime, the TOSA reference model or Vela is one error for this task, not the end of the
@@ -51,6 +61,7 @@ def run_stage_function(task: StageTask) -> dict:
     fn = stage_function(task.stage)
     if task.per_build or threading.current_thread() is not threading.main_thread() or not hasattr(os, "fork"):
         return fn(task)
+    preload(task.stage)
     model = task.inputs.get("model") if task.stage == "import" else None
     return run_isolated(fn, task, what=f"the {task.stage} stage", where=str(model) if model else None,
                         failure=InputError if task.stage == "import" else StageError)

@@ -10,7 +10,7 @@ executors (doit, Dask) only run this plan.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -65,25 +65,53 @@ class BuildPlan:
 
 
 def make_plan(builds: list[Build], build_dir: Path) -> BuildPlan:
-    """Every stage plans its task for every build, in run order (npubuild.stages.STAGES)."""
+    """Every stage plans its task for every build, in run order (npubuild.stages.STAGES), a stage for all the
+    builds before the next: a task's `union` entries are merged over every build sharing it before its key is
+    taken, and the next stage's keys embed that key. `tasks` is in build order, each build's in stage order."""
     build_dir = build_dir.resolve()
     tasks: dict[str, StageTask] = {}
-    build_tasks: dict[str, dict[str, str]] = {}
+    chains: dict[str, dict[str, StageTask]] = {b.id: {} for b in builds}
     skipped: dict[str, dict[str, str]] = {}
-    for b in builds:
-        chain: dict[str, StageTask] = {}
-        for stage in STAGES:
-            spec = stage.plan(b, chain)
+    for stage in STAGES:
+        planned: list[tuple[Build, TaskSpec]] = []
+        for b in builds:
+            spec = stage.plan(b, chains[b.id])
             if isinstance(spec, Skip):
                 skipped.setdefault(b.id, {})[stage.name] = spec.reason
             elif spec is not None:
-                chain[stage.name] = _task(tasks, stage, spec, chain, build_dir, b.id)
+                planned.append((b, spec))
+        for b, spec in merge_unions(planned):
+            chains[b.id][stage.name] = _task(tasks, stage, spec, chains[b.id], build_dir, b.id)
+    build_tasks: dict[str, dict[str, str]] = {}
+    ordered: dict[str, StageTask] = {}
+    for b in builds:
+        chain = chains[b.id]
         build_tasks[b.id] = {name: t.name for name, t in chain.items()}
+        for t in chain.values():
+            ordered.setdefault(t.name, t)
         if "vela" in chain and "import" in chain:
             targets = chain["import"].fit_targets
             if all(t.name != b.target.name for t in targets):
                 targets.append(b.target)
-    return BuildPlan(build_dir, builds, tasks, build_tasks, skipped)
+    return BuildPlan(build_dir, builds, ordered, build_tasks, skipped)
+
+
+def merge_unions(planned: list[tuple[Build, TaskSpec]]) -> list[tuple[Build, TaskSpec]]:
+    """Each spec with its `union` entries, merged over the builds whose specs are otherwise the same task (same
+    label and config), written into its config as sorted lists."""
+    merged: dict[tuple[str, str], dict[str, set[str]]] = {}
+    for _, spec in planned:
+        if spec.union:
+            entries = merged.setdefault((spec.label, stable_hash(spec.config)), {})
+            for k, values in spec.union.items():
+                entries.setdefault(k, set()).update(values)
+    out = []
+    for b, spec in planned:
+        if spec.union:
+            entries = merged[(spec.label, stable_hash(spec.config))]
+            spec = replace(spec, config={**spec.config, **{k: sorted(v) for k, v in entries.items()}}, union={})
+        out.append((b, spec))
+    return out
 
 
 def _task(tasks: dict[str, StageTask], stage: Stage, spec: TaskSpec, chain: dict[str, StageTask], build_dir: Path,

@@ -9,8 +9,8 @@ build (an FP build has no quantize stage). `run(task)` turns input files into ou
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -28,6 +28,9 @@ class TaskSpec:
     inputs: dict[str, Path]
     outputs: dict[str, str]  # name -> file name in the stage dir
     deps: tuple[str, ...]  # stages of this build whose tasks must finish first
+    # config entries that are what every build sharing the task needs, merged: the plan writes the sorted union
+    # over those builds into the config before the key is taken (the lower stage's lowering families)
+    union: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

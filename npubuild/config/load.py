@@ -23,6 +23,7 @@ from typing import Any, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
+from npubuild.config.accelerator import Accelerator
 from npubuild.config.schema import CompileSpec, Pipeline, TargetProfile, VelaOptions
 from npubuild.config.yamlfile import KEY, KeyPath, Marks, deep_merge, load_yaml, locate
 from npubuild.errors import InputError, Location
@@ -238,6 +239,9 @@ class Build:
     pipeline: Pipeline
     vela: VelaOptions
     evaluation: tuple[Path, Path] | None = None  # (inputs, labels) of the model's evaluation set
+    # the lowering families of every target of its spec: what its lower stage lowers, so that a command
+    # planning this build alone (debug-numerics, offloads) shares the spec build's lower task
+    spec_families: tuple[str, ...] = ()
 
     @property
     def id(self) -> str:
@@ -291,6 +295,7 @@ def load_spec(path: Path) -> list[Build]:
         if not inside(path.parent / spec.fvp.runner, root, "fvp.runner", where).is_file():
             raise InputError(f"fvp.runner '{spec.fvp.runner}' not found", where)
 
+    families = lowering_families(profiles)
     builds = []
     for model_name, model in spec.models.items():
         where = locate(marks, ("models", model_name, "path"), Location(str(path)))
@@ -317,6 +322,7 @@ def load_spec(path: Path) -> list[Build]:
                     pipeline=pipeline,
                     vela=vela_options(profile.vela, spec.vela),
                     evaluation=evaluation,
+                    spec_families=families,
                 )
             )
     return builds
@@ -396,13 +402,16 @@ def adhoc_builds(model_path: Path, target_names: list[str], pipeline_name: str =
     spec = CompileSpec(name="adhoc", models={_safe_name(model_path.stem): {"path": str(model_path.resolve())}},
                        targets=target_names)
     pipeline, _ = load_pipeline(pipeline_name, search, where)
-    out = []
-    for name in target_names:
-        profile, _ = load_target(name, search, where)
-        out.append(Build(spec=spec, spec_path=root / "<command line>", project_root=root,
-                         model_name=next(iter(spec.models)), model_path=model_path.resolve(), calibration_npy=None,
-                         target=profile, pipeline=pipeline, vela=profile.vela))
-    return out
+    profiles = [load_target(name, search, where)[0] for name in target_names]
+    families = lowering_families(profiles)
+    return [Build(spec=spec, spec_path=root / "<command line>", project_root=root, model_name=next(iter(spec.models)),
+                  model_path=model_path.resolve(), calibration_npy=None, target=profile, pipeline=pipeline,
+                  vela=profile.vela, spec_families=families) for profile in profiles]
+
+
+def lowering_families(profiles: list[TargetProfile]) -> tuple[str, ...]:
+    """The sorted lowering families of these targets (each once)."""
+    return tuple(sorted({Accelerator.parse(p.accelerator).lowering_family for p in profiles}))
 
 
 def _safe_name(stem: str) -> str:

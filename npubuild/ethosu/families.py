@@ -2,7 +2,8 @@
 
 model.tosa / io.json are the whole model in one TOSA graph (what the TOSA
 check verifies and what a family that supports every node compiles). For an
-INT build each lowering family (U55, U65, U85, U85-1024/2048; accelerator.LOWERING_FAMILIES) is lowered
+INT build each lowering family the task's builds target (`families` in its config, some of U55, U65, U85,
+U85-1024/2048: accelerator.LOWERING_FAMILIES; the others are not lowered) is lowered
 with the forms it runs best (lowering/options.py) and written as
 `<family>_model.tosa` where that differs from model.tosa; the support rules
 of each family (U65 has U55's) place every node, a family that cannot run
@@ -97,7 +98,7 @@ def run(task: StageTask) -> dict:
     ir_model = run_passes(ir.serde.deserialize_model(model), pipeline["passes"])
     model = ir.serde.serialize_model(ir_model)
     io_path = task.outputs["io"]
-    io, tosa_ops = lower_families(model, pipeline["profile"], io_path.parent)
+    io, tosa_ops = lower_families(model, pipeline["profile"], io_path.parent, task.config["families"])
     io.write(io_path)
     families = io.families
     compute_nodes = [n for n in model.graph.node if n.op_type not in QDQ_OPS]

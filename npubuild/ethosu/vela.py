@@ -16,6 +16,8 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
+from contextlib import ExitStack
 from dataclasses import asdict
 from pathlib import Path
 
@@ -65,16 +67,38 @@ def parse_summary_csv(path: Path) -> dict[str, str]:
     return rows[0]
 
 
-def _run_vela(cmd: list[str], accelerator: str) -> subprocess.CompletedProcess:
+def _run_vela_all(cmds: list[list[str]], accelerator: str) -> list[subprocess.CompletedProcess]:
+    """Vela on each command line at once, each with its own output dir (the graph's .tflite and its raw
+    output are independent compiles of the same input): the stage waits for one Vela, not one after another.
+    Output goes to temp files, so no Vela blocks on a full pipe while another is read. A failure is the first
+    failing command's last line, as if they had run in turn."""
     env = {**os.environ, "PYTHONWARNINGS": "ignore"}
-    try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=VELA_TIMEOUT_S, env=env, check=False)
-    except subprocess.TimeoutExpired:
-        raise StageError(f"Vela timed out after {VELA_TIMEOUT_S} s") from None
-    if proc.returncode != 0:
-        lines = [ln for ln in (proc.stderr or proc.stdout).strip().splitlines() if ln.strip()]
-        raise StageError(f"Vela failed ({accelerator}): {lines[-1] if lines else 'exit ' + str(proc.returncode)}")
-    return proc
+    deadline = time.monotonic() + VELA_TIMEOUT_S
+    with ExitStack() as stack:
+        logs = [(stack.enter_context(tempfile.TemporaryFile("w+")), stack.enter_context(tempfile.TemporaryFile("w+")))
+                for _ in cmds]
+        procs = [subprocess.Popen(cmd, stdout=out, stderr=err, text=True, env=env)
+                 for cmd, (out, err) in zip(cmds, logs, strict=True)]
+        try:
+            for p in procs:
+                p.wait(timeout=max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            raise StageError(f"Vela timed out after {VELA_TIMEOUT_S} s") from None
+        finally:
+            for p in procs:
+                if p.poll() is None:
+                    p.kill()
+                    p.wait()
+        results = []
+        for cmd, p, (out, err) in zip(cmds, procs, logs, strict=True):
+            out.seek(0)
+            err.seek(0)
+            results.append(subprocess.CompletedProcess(cmd, p.returncode, out.read(), err.read()))
+    for proc in results:
+        if proc.returncode != 0:
+            lines = [ln for ln in (proc.stderr or proc.stdout).strip().splitlines() if ln.strip()]
+            raise StageError(f"Vela failed ({accelerator}): {lines[-1] if lines else 'exit ' + str(proc.returncode)}")
+    return results
 
 
 def compile_partition(tosa_src: Path, stem: str, ini: Path, stage_dir: Path, profile: TargetProfile,
@@ -87,7 +111,9 @@ def compile_partition(tosa_src: Path, stem: str, ini: Path, stage_dir: Path, pro
         # the debug database has the bytes per layer and memory the roofline needs (perf.parse_layer_bytes);
         # it changes nothing Vela compiles
         cmd = vela_command(tosa, ini, out_dir / "out", profile, opts) + ["--verbose-performance", "--enable-debug-db"]
-        proc = _run_vela(cmd, profile.accelerator)
+        raw = opts.output_format != "raw"  # the raw output too, for the exact pool sizes and the firmware
+        cmds = [cmd, vela_command(tosa, ini, out_dir / "raw", profile, opts, "raw")] if raw else [cmd]
+        proc = _run_vela_all(cmds, profile.accelerator)[0]
         write_text(stage_dir / ("vela.log" if stem == "model" else f"{stem}.vela.log"), proc.stdout + proc.stderr)
         produced = sorted((out_dir / "out").iterdir())
         csvs = [p for p in produced if p.name.endswith(".csv") and "_summary_" in p.name]
@@ -102,10 +128,9 @@ def compile_partition(tosa_src: Path, stem: str, ini: Path, stage_dir: Path, pro
                 os.replace(p, stage_dir / p.name)
                 artifacts.append(p.name)
         npz = stage_dir / f"{stem}_vela.npz"
-        if opts.output_format != "raw":
+        if raw:
             raw_dir = stage_dir / "raw"
             raw_dir.mkdir(exist_ok=True)
-            _run_vela(vela_command(tosa, ini, out_dir / "raw", profile, opts, "raw"), profile.accelerator)
             npz = raw_dir / f"{stem}_vela.npz"
             os.replace(out_dir / "raw" / f"{stem}_vela.npz", npz)
     npu_ops, cpu_ops = parse_operator_counts(proc.stdout)

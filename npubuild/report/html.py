@@ -16,7 +16,7 @@ from npubuild.fileio import write_text
 from npubuild.report.brief import failure_cause, num, plain_message
 from npubuild.report.history import TREND_METRICS, moved, run_labels, series
 from npubuild.report.markup import CSS, SCRIPT, cell, fmt, img, link, meter, table
-from npubuild.report.plots import cached_png, layers_svg
+from npubuild.report.plots import cached_png, layers_svg, pools_svg
 from npubuild.report.regress import Comparison, build_id
 
 LAYER_BARS = 30  # a per-layer chart's costliest ONNX nodes; the rest are summed into one bar
@@ -165,7 +165,7 @@ def _main_table(builds: list[dict], comparison: Comparison | None, base_dir: Pat
             f'<table id="builds"><thead><tr>{ths}</tr></thead><tbody>\n' + "\n".join(rows) + "\n</tbody></table>")
 
 
-def _fit_section(builds: list[dict], cache_dir: Path | None) -> list[str]:
+def _fit_section(builds: list[dict]) -> list[str]:
     rows = []
     for b in builds:
         pools = (b.get("metrics") or {}).get("pools") or []
@@ -185,8 +185,7 @@ def _fit_section(builds: list[dict], cache_dir: Path | None) -> list[str]:
     return ['<h2 id="fit">Does it fit? Memory per pool</h2>',
             table(["build", "pool", "kind", "holds (KiB)", "used KiB", "size KiB", "headroom KiB", "used", "fits"],
                    rows, sortable=True),
-            "<details><summary>chart</summary>" + img(cached_png(cache_dir, "pools", (pools,)), "memory per pool")
-            + "</details>"]
+            "<details><summary>chart</summary>" + pools_svg(pools) + "</details>"]
 
 
 def _placement_rows(offloads: list[dict]) -> list[list[str]]:
@@ -357,7 +356,7 @@ def render_html(report: dict, comparison: Comparison | None = None, baseline: st
     h += _history_section(history or [], cache_dir)
     h.append('<h2 id="builds">Builds</h2>')
     h.append(_main_table(builds, comparison, base_dir))
-    h += _fit_section(builds, cache_dir)
+    h += _fit_section(builds)
     h += _placement_section(builds)
     h.append('<h2 id="details">Details per build</h2>')
     regressed = {r.build for r in comparison.regressions} if comparison else set()

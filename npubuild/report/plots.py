@@ -1,5 +1,6 @@
-"""Report plots: the page-level charts drawn with matplotlib (Agg, no display) as PNG bytes cached by the
-data they show, and the per-build chart (cycles per ONNX node) written as inline SVG.
+"""Report plots: the page-level charts of baselines and history drawn with matplotlib (Agg, no display) as
+PNG bytes cached by the data they show, and the charts every report has (memory per pool, cycles per ONNX
+node per build) written as inline SVG.
 
 The cache matters for no-op rebuilds: the same data gives the same picture,
 so a rebuild that changed nothing neither imports matplotlib nor draws.
@@ -54,31 +55,42 @@ def colour_of(names: list[str]) -> dict[str, str]:
     return {n: PALETTE[int(stable_hash(n, 8), 16) % len(PALETTE)] for n in sorted(set(names))}
 
 
-def pools_chart(rows: list[tuple[str, list[dict]]]) -> bytes:
-    """One bar per build and pool: percent of the pool used (100% = full), labelled `used / size KiB`."""
-    plt = _pyplot()
-    labels, pcts, colours, texts = [], [], [], []
+def pools_svg(rows: list[tuple[str, list[dict]]]) -> str:
+    """One bar per build and pool as an inline SVG: percent of the pool used (100% = the line; red: does not
+    fit), labelled `used / size KiB`. SVG, not matplotlib: drawing it was 1.5-2.7 s of a cold one-build
+    compile (importing pyplot most of it), more than the lower stage of a small model."""
+    row, label_w, bar_w, top = 17, 300, 400, 44
+    bars = []
     for bid, pools in rows:
         for p in pools:
             size = p.get("size_kib") or 0
-            labels.append(f"{bid}  {p['pool']}")
-            pcts.append(100 * p["used_kib"] / size if size else 0.0)
-            colours.append("#d62728" if not p.get("fits", True) else POOL_COLOURS.get(p.get("kind"), "#797979"))
-            texts.append(f"{p['used_kib']:.1f} / {size:g} KiB")
-    fig, ax = plt.subplots(figsize=(9, _height(len(labels))))
-    ys = list(range(len(labels)))
-    ax.barh(ys, pcts, color=colours, height=0.7)
-    for y, pct, text in zip(ys, pcts, texts, strict=True):
-        ax.text(min(pct, 100) + 1, y, text, va="center", fontsize=FONT - 1)
-    ax.axvline(100, color="black", linewidth=0.8)
-    ax.set_yticks(ys, labels)
-    ax.set_ylim(len(labels) - 0.5, -0.5)
-    ax.set_xlim(0, max(130, max(pcts, default=0) + 30))
-    ax.set_xlabel("% of the pool used (red: does not fit)")
-    ax.set_title("Memory use per pool")
-    handles = [plt.Rectangle((0, 0), 1, 1, color=c) for c in POOL_COLOURS.values()]
-    ax.legend(handles, list(POOL_COLOURS), loc="lower right")
-    return _png(fig)
+            colour = "#d62728" if not p.get("fits", True) else POOL_COLOURS.get(p.get("kind"), "#797979")
+            bars.append((f"{bid}  {p['pool']}", 100 * p["used_kib"] / size if size else 0.0, colour,
+                         f"{p['used_kib']:.1f} / {size:g} KiB"))
+    scale = max(130.0, max((b[1] for b in bars), default=0.0) + 30)  # percent at the right edge
+    width = label_w + bar_w + 130
+    parts = [f'<svg role="img" aria-label="memory use per pool" width="{width}" '
+             f'height="{top + row * len(bars) + 26}" font-family="system-ui,sans-serif" font-size="12">',
+             '<text x="0" y="14" font-size="13" font-weight="bold">Memory use per pool</text>']
+    x = 0
+    for kind, colour in POOL_COLOURS.items():  # the legend: one swatch per pool kind
+        parts.append(f'<rect x="{x}" y="22" width="10" height="10" fill="{colour}"/>'
+                     f'<text x="{x + 14}" y="31">{escape(kind)}</text>')
+        x += 34 + 7 * len(kind)
+    for i, (label, pct, colour, text) in enumerate(bars):
+        y = top + i * row
+        w = bar_w * min(pct, scale) / scale
+        parts.append(f'<g><title>{escape(f"{label}: {pct:.1f}% ({text})")}</title>'
+                     f'<text x="{label_w - 6}" y="{y + 12}" text-anchor="end">{escape(label)}</text>'
+                     f'<rect x="{label_w}" y="{y + 2}" width="{w:.1f}" height="{row - 4}" fill="{colour}"/>'
+                     f'<text x="{label_w + w + 4:.1f}" y="{y + 12}" fill="#555">'
+                     f'{escape(text)}</text></g>')
+    full = label_w + bar_w * 100 / scale
+    axis_y = top + row * len(bars) + 16
+    parts.append(f'<line x1="{full:.1f}" y1="{top - 2}" x2="{full:.1f}" y2="{axis_y - 12}" stroke="black"/>'
+                 f'<text x="{label_w}" y="{axis_y}" fill="#555">% of the pool used (the line: 100%; red: does '
+                 f'not fit)</text></svg>')
+    return "".join(parts)
 
 
 def layers_svg(title: str, layers: list[tuple[str, float, str, bool]], uid: str) -> str:
@@ -162,7 +174,7 @@ def history_chart(metric: str, runs: list[str], series: list[tuple[str, list[flo
     return _png(fig)
 
 
-DRAW = {"pools": pools_chart, "trend": trend_chart, "history": history_chart}
+DRAW = {"trend": trend_chart, "history": history_chart}
 
 
 def cached_png(cache_dir: Path | None, kind: str, args: tuple) -> bytes:

@@ -1,17 +1,22 @@
-"""lower stage: the pipeline's passes, the model lowered to TOSA, and per Ethos-U family its own lowering and
-partitions (ethosu/families.py): io.json, model.tosa (when one TOSA graph runs the whole model, which is why
-it is not a declared output: io.json says which files exist) and the partition files."""
+"""lower stage: the pipeline's passes, the model lowered to TOSA, and per Ethos-U family its builds target its
+own lowering and partitions (ethosu/families.py): io.json, model.tosa (when one TOSA graph runs the whole
+model, which is why it is not a declared output: io.json says which files exist) and the partition files."""
 
 from __future__ import annotations
 
 from npubuild.build.stage import Chain, Stage, TaskSpec, run_of
+from npubuild.config.accelerator import Accelerator
 from npubuild.config.load import Build
 
 
 def plan(b: Build, chain: Chain) -> TaskSpec:
+    """One task per model and pipeline, lowering (for an INT build) the families of every target of the specs
+    of the builds that share it (`families` in its config, sorted): a target of a family no other has adds it."""
     prev = chain.get("quantize") or chain["import"]
+    own = (Accelerator.parse(b.target.accelerator).lowering_family,)
+    families = (b.spec_families or own) if b.pipeline.profile == "int" else ()
     return TaskSpec(b.model_name, {"input": prev.key, "pipeline": b.pipeline.model_dump()},
-                    {"onnx": prev.outputs["onnx"]}, {"io": "io.json"}, (prev.stage,))
+                    {"onnx": prev.outputs["onnx"]}, {"io": "io.json"}, (prev.stage,), union={"families": families})
 
 
 STAGE = Stage("lower", "npubuild.ethosu.families", ("onnx", "onnx-ir", "tosa-tools"), plan,

@@ -49,7 +49,7 @@ def test_the_example_builds_with_the_custom_op_on_the_host_and_checks_the_split(
         ("npu", "part0.tosa"), ("host", "host1.onnx"), ("npu", "part2.tosa")]
     numerics = json.loads(next((project / "build" / "stages" / "tosa-check").glob("*/numerics.json")).read_text())
     assert numerics["checked"] == "partitioned" and numerics["tosa_max_error_lsb"] <= 1
-    assert set(numerics["partitioned"]) == {"u55", "u65", "u85", "u85wide"}
+    assert set(numerics["partitioned"]) == {"u55", "u85"}  # the families of the spec's targets, no other
 
     code, out, err = run_cli(["offloads", str(spec), "--target", "ethos-u55-128", "--build-dir",
                               str(project / "build")], capsys)
