@@ -25,7 +25,6 @@ from npubuild.frontend.calibration import entropy_options
 from npubuild.frontend.data import calibration_arrays, graph_inputs
 from npubuild.frontend.qdq_concat import share_concat_scales
 from npubuild.frontend.qdq_linear import fold_linear_bias
-from npubuild.frontend.qdq_pool import share_pool_scales
 from npubuild.frontend.qoperator import is_quantized
 from npubuild.frontend.quantized_ops import quantized_op_types
 
@@ -254,7 +253,6 @@ def run(task: StageTask) -> dict:
     check_calibration_size(model, task.config["calibration"])
     arrays = calibration_arrays(model, task.config["calibration"], task.inputs.get("calibration"))
     qdq = quantize(float_model, arrays, task.config["quantization"])
-    share_pool_scales(qdq)  # TFLite-style average pool scales (before the Concat groups take their union)
     share_concat_scales(qdq, task.config["quantization"]["symmetric_activations"])  # TFLite-style concat scales
     write_bytes(task.outputs["onnx"], qdq.SerializeToString())
     counts = {"QuantizeLinear": 0, "DequantizeLinear": 0}

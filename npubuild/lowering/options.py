@@ -37,16 +37,6 @@ class PlaneSumLimits:
 
 
 @dataclass(frozen=True)
-class InputStageLimits:
-    """Where a conv's padding of a thin graph input pays as its own PAD staged through SRAM (ops_conv.stage_input):
-    channels at most, stride at least (both axes), H*W at least."""
-
-    max_channels: int = 4
-    min_stride: int = 2
-    min_plane: int = 64 * 64
-
-
-@dataclass(frozen=True)
 class LoweringOptions:
     # Concat inputs Vela must copy are written first (concat_order.py): the SRAM peak of its in-order copies
     concat_order: bool = False
@@ -74,9 +64,9 @@ class LoweringOptions:
     softmax_wide: bool = False
     softmax_wide_row: int = 32
     softmax_wide_max: int = 512
-    # a strided conv on a thin graph input pads it with its own PAD, read as wide rows, then a layout copy
-    # (ops_conv.stage_input), within these limits (None: the conv pads and reads the input itself)
-    input_stage: InputStageLimits | None = None
+    # a rank-4 graph input of 2..planar_input_channels channels stays NCHW (planes) and is transposed on the
+    # NPU (context.placeholder): Vela then reads it from DRAM in long bursts, not C bytes at a time (0: NHWC)
+    planar_input_channels: int = 0
     # fold INT bias Adds behind a Q/DQ pair into the conv bias too (epilogue: exact per op to 1 LSB but drifts
     # from the QDQ reference, transformer TOSA SNR 32.8 -> 27.6 dB; off everywhere)
     int_bias_add: bool = False
@@ -101,12 +91,6 @@ class LoweringOptions:
         return x.dtype == np.int8 and exact and count >= lim.min_count and \
             lim.min_channels <= x.shape[3] <= lim.max_channels
 
-    def input_stage_pays(self, shape: tuple[int, ...], stride: tuple[int, int]) -> bool:
-        """Whether the conv reading graph input NHWC `shape` with `stride` stages it (input_stage)."""
-        lim = self.input_stage
-        return lim is not None and shape[3] <= lim.max_channels and min(stride) >= lim.min_stride and \
-            shape[1] * shape[2] >= lim.min_plane
-
     def softmax_row_is_wide(self, shape: tuple[int, ...]) -> bool:
         return self.softmax_wide and shape[-1] <= self.softmax_wide_row and int(np.prod(shape)) <= self.softmax_wide_max
 
@@ -129,11 +113,11 @@ FAMILY_OPTIONS: dict[LoweringFamily, LoweringOptions] = {
                            norm_widen_add=True, norm_index_rescale=True),
     # U65: U55's TOSA op set on a wider MAC array and bus: the depthwise form wins only for <= 16 channels
     # on >= 16x16 planes, the upsample halves cost 3-6% there (kept whole), the sum wins from 8x8 x 32 ch;
-    # staging a strided first conv's 3-channel DRAM input saves 29% on MobileNetV1 96x96 and 9% on the
-    # MobileNetV3 block 64x64 and loses 3-10% on stride-1 or small inputs (ResNet-8, U-Net, DS-CNN, digits).
+    # a 3-channel image input kept planar and transposed on the NPU saves 33% on MobileNetV1 96x96 (its
+    # first conv read the input from DRAM 3 bytes at a time), 7% on ResNet-8 and 3% on the MobileNetV3 block.
     "u65": LoweringOptions(concat_order=True, dw_requantize=True, concat_dw_copy=True, bilinear_2x=True,
                            plane_sum=PlaneSumLimits(64, 32, 1 << 30), norm_widen_add=True, norm_index_rescale=True,
-                           input_stage=InputStageLimits()),
+                           planar_input_channels=4),
     # U85-128/256/512: the order with the MAXIMUM copy saves 3% and 30 KiB on the U-Nets; zero kernel taps
     # and the int32 softmax for short rows are faster on every U85 size.
     "u85": LoweringOptions(concat_order=True, concat_max_copy=True, conv_stride_taps=True, softmax_wide=True),

@@ -24,9 +24,8 @@ from npubuild.lowering.convolution import (
     rescale_acc,
     slice_hw,
 )
-from npubuild.lowering.emit import Op, attr, reshape, to_layout, transpose
+from npubuild.lowering.emit import Op, attr, reshape, to_layout
 from npubuild.lowering.fusion import epilogue
-from npubuild.lowering.movement import pad_phys, phys_reshape
 from npubuild.lowering.quant import QParams
 from npubuild.lowering.registry import lowers
 from npubuild.lowering.spatial import (
@@ -111,20 +110,6 @@ def concat(ctx: LoweringContext, parts: list[TTensor], axis: int, output_name: s
     return out
 
 
-def stage_input(ctx: LoweringContext, x: TTensor, pads: list[int]) -> TTensor:
-    """A thin graph input padded by its own PAD (LoweringOptions.input_stage), the same integers as the conv's
-    own padding (its zero point). The PAD reads each NHWC row as one wide pixel, so Vela copies it from DRAM
-    in long bursts (p pixels of left/right pad are p*C elements); a TRANSPOSE there and back, which Vela
-    merges into one SRAM copy, leaves it in the brick layout the conv reads fast. MobileNetV1 96x96 on
-    U65-256: first conv 133448 cycles -> 28675 + 3861 (PAD) + 14113 (copy) + 10287."""
-    n, h, w, c = x.shape
-    rows = phys_reshape(ctx, x, (n, h, 1, w * c))
-    rows = pad_phys(ctx, rows, [0, pads[0], 0, pads[2] * c], [0, pads[1], 0, pads[3] * c])
-    padded = phys_reshape(ctx, rows, (n, h + pads[0] + pads[1], w + pads[2] + pads[3], c), x.perm)
-    swapped = transpose(ctx, padded, (0, 1, 3, 2), (0, 1, 2, 3))
-    return transpose(ctx, swapped, (0, 1, 3, 2), x.perm)
-
-
 @lowers("Conv")
 def lower_conv(ctx: LoweringContext) -> None:
     """2-D convolutions, and 1-D ones as 2-D with H = 1 (spatial.py): a Conv1d stack stays channels-last."""
@@ -147,9 +132,6 @@ def lower_conv(ctx: LoweringContext) -> None:
         w = widen_instead_of_slice(w, (x.shape[1], x.shape[2]), keep)
         keep = (x.shape[1], x.shape[2])
     x = slice_hw(ctx, x, keep)
-    if any(pads) and x.q is not None and ctx.options.input_stage_pays(x.shape, stride) and \
-            x.name in {s.tosa_name for s in ctx.inputs}:
-        x, pads = stage_input(ctx, x, pads), [0, 0, 0, 0]
     bias = read_bias(ctx, 2, o)
     w_scale = channel_scales(w_q, o) if w_q is not None else None
     name = ctx.current.output[0]
