@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 from ophelpers import calib, quantize_model, vela_run
 from test_depthwise_requantize import ops
-from test_ops_compute import _conv
+from test_ops_compute import _conv, npu_bitexact
 
 from npubuild.lowering.driver import lower_model
 from npubuild.lowering.options import FAMILY_OPTIONS
@@ -37,6 +37,12 @@ def test_u65_planar_input_identical_and_faster(shape, stride):
     assert ops(u65)[0] == "TRANSPOSE" and "TRANSPOSE" not in ops(portable)
     _same_outputs(portable, u65, shape)
     assert vela_run(u65.tosa, "ethos-u65-256").cycles < 0.95 * vela_run(portable.tosa, "ethos-u65-256").cycles
+
+
+def test_planar_input_bitexact_on_npusim():
+    """Vela's TRANSPOSE of the planar input and the conv after it: the command stream equals the TOSA reference."""
+    shape = [1, 3, 16, 16]
+    npu_bitexact(lower_model(quantize_model(_conv(shape, 8, 3), calib("x", shape)), "int", family="u65"))
 
 
 def test_one_channel_and_deep_inputs_stay_nhwc():
