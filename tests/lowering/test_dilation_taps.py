@@ -22,14 +22,15 @@ from npubuild.tosa.run import run_tosa
 SHAPE = [1, 16, 128]  # [N, C, L]
 
 
-def dilated_stack(dilations=(4, 8, 3)):
-    """Conv1d k=3 at each dilation (valid padding), ReLU between: a TCN's temporal stack."""
+def dilated_stack(dilations=(4, 8, 3), group: int = 1):
+    """Conv1d k=3 at each dilation (valid padding), ReLU between: a TCN's temporal stack (depthwise: group 16)."""
     rng = np.random.default_rng(0)
     nodes, inits, x, length = [], [], "x", SHAPE[2]
     for i, d in enumerate(dilations):
-        inits += [numpy_helper.from_array(rng.normal(0, 0.3, (16, 16, 3)).astype(np.float32), f"w{i}"),
+        inits += [numpy_helper.from_array(rng.normal(0, 0.3, (16, 16 // group, 3)).astype(np.float32), f"w{i}"),
                   numpy_helper.from_array(rng.normal(0, 0.1, 16).astype(np.float32), f"b{i}")]
-        nodes += [helper.make_node("Conv", [x, f"w{i}", f"b{i}"], [f"c{i}"], dilations=[d], kernel_shape=[3]),
+        nodes += [helper.make_node("Conv", [x, f"w{i}", f"b{i}"], [f"c{i}"], dilations=[d], kernel_shape=[3],
+                                   group=group),
                   helper.make_node("Relu", [f"c{i}"], [f"r{i}"])]
         x, length = f"r{i}", length - 2 * d
     g = helper.make_graph(nodes, "tcn", [helper.make_tensor_value_info("x", TensorProto.FLOAT, SHAPE)],
@@ -49,8 +50,9 @@ def test_taps_keep_every_product_in_place():
 
 @pytest.mark.parametrize("fam, target", [("u55", "ethos-u55-128"), ("u65", "ethos-u65-256"),
                                          ("u85", "ethos-u85-256")])
-def test_zero_taps_identical_and_faster(fam, target):
-    qdq = quantize_model(dilated_stack(), calib("x", SHAPE))
+@pytest.mark.parametrize("group", [1, 16])
+def test_zero_taps_identical_and_faster(fam, target, group):
+    qdq = quantize_model(dilated_stack(group=group), calib("x", SHAPE))
     taps = lower_model(qdq, "int", family=fam)
     split = lower_model(qdq, "int", options=replace(FAMILY_OPTIONS[fam], dilation_taps=False))
     assert taps.tosa != split.tosa
