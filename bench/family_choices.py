@@ -156,6 +156,8 @@ def variants(fam: str) -> dict[str, Changes]:
         "split_min_bytes=0": {"split_min_bytes": 0},
         "split_min_bytes=80K": {"split_min_bytes": 80 * 1024},
         "plane_sum from any window": sum_limits(0),
+        f"planar input {'off' if opts.planar_input_channels else 'on'}":
+            {"planar_input_channels": 0 if opts.planar_input_channels else 4},
         "fully-connected unshared SLICE off": {"unshared": lambda ctx, x: x},
     })
     return out

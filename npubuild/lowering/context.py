@@ -213,6 +213,8 @@ class LoweringContext:
         if 0 in gi.shape and self.current is not None:
             raise self.unsupported(f"input '{gi.name}' is a zero-size tensor: no TOSA form")
         perm = NHWC if len(gi.shape) == 4 else identity(len(gi.shape))
+        if len(gi.shape) == 4 and 2 <= gi.shape[1] <= self.options.planar_input_channels:
+            perm = identity(4)  # planar: the family reads it faster so (LoweringOptions.planar_input_channels)
         if len(gi.shape) == 3 and self._feeds_windows_only(gi.name):
             perm = (0, 2, 1)  # [N, L, C]: what 1-D convolutions and pools read (lowering/spatial.py)
         shape = tuple(gi.shape[i] for i in perm)
