@@ -7,7 +7,9 @@ scheduler address a LocalCluster (loopback, no dashboard) is started. Workers
 must see the build directory at the same path (LocalCluster, or a shared
 filesystem). A worker that dies mid-stage is replaced and its task retried by
 Dask; outputs are atomic and completion is marked by stage.json written last,
-so the retry starts clean.
+so the retry starts clean. Each task runs in a child of the worker (a forkserver's, as the worker's
+tasks run on a thread) under the same memory limit as doit's: the LocalCluster's workers are started
+non-daemonic for that; a worker started elsewhere as a daemon (Dask's default) runs tasks in process.
 """
 
 from __future__ import annotations
@@ -50,6 +52,14 @@ class DaskExecutor:
             cache_url, debug, scheduler, workers, client
 
     def run(self, plan: BuildPlan, session: Session) -> int:
+        import dask
+
+        # Workers that may have children, so each task runs isolated in one (build/isolate.py); the nanny
+        # reads this whenever it (re)starts a worker, so it holds for the whole run.
+        with dask.config.set({"distributed.worker.daemon": False}):
+            return self._run(plan, session)
+
+    def _run(self, plan: BuildPlan, session: Session) -> int:
         from dask.distributed import Client, LocalCluster, as_completed
 
         plan.build_dir.mkdir(parents=True, exist_ok=True)

@@ -9,8 +9,6 @@ output is seen (npubuild.build.uptodate).
 
 from __future__ import annotations
 
-import os
-import threading
 import time
 import traceback
 from collections.abc import Callable
@@ -20,7 +18,7 @@ from npubuild.build.cache import StageCache, cache_key
 from npubuild.build.plan import StageTask
 from npubuild.build.uptodate import (ERROR_NAME, INPUTS_NAME, check_producers, clear_debris, fingerprint, hash_outputs,
                                      read_record, write_inputs)
-from npubuild.build.isolate import run_isolated
+from npubuild.build.isolate import isolation_possible, run_isolated
 from npubuild.errors import InputError, NpubuildError, StageError
 from npubuild.fileio import read_json, write_json
 
@@ -36,16 +34,21 @@ def stage_function(stage: str) -> StageFn:
 
 
 def run_stage_function(task: StageTask) -> dict:
-    """The stage's own work, in a forked child (build/isolate.py): a native crash, the memory limit or a hang
+    """The stage's own work, in a child process (build/isolate.py): a native crash, the memory limit or a hang
     in onnx, onnxruntime, the TOSA reference model or Vela is one error for this task, not the end of the
-    build. The report stage (records only) and a task run off the main thread (a Dask worker's pool, where
-    forking a threaded process is unsafe) run in process."""
-    fn = stage_function(task.stage)
-    if task.per_build or threading.current_thread() is not threading.main_thread() or not hasattr(os, "fork"):
-        return fn(task)
+    build. doit's processes fork it; a Dask worker's thread gets it from a forkserver. The report stage
+    (records only) runs in process, and so does a task in a daemonic process (one that may not have
+    children: a Dask worker started without `distributed.worker.daemon: False`)."""
+    if task.per_build or not isolation_possible():
+        return stage_function(task.stage)(task)
     model = task.inputs.get("model") if task.stage == "import" else None
-    return run_isolated(fn, task, what=f"the {task.stage} stage", where=str(model) if model else None,
+    return run_isolated(run_in_child, task, what=f"the {task.stage} stage", where=str(model) if model else None,
                         failure=InputError if task.stage == "import" else StageError)
+
+
+def run_in_child(task: StageTask) -> dict:
+    """What the isolated child runs (module level: a forkserver's child receives it pickled)."""
+    return stage_function(task.stage)(task)
 
 
 def quiet_onnxruntime() -> None:

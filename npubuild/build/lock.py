@@ -53,6 +53,11 @@ def _die_with_parent(parent: int) -> None:
     threading.Thread(target=watch, name="npubuild-lock-watchdog", daemon=True).start()
 
 
+def die_with_parent() -> None:
+    """End this process when its parent ends (an isolated stage's child of a forkserver)."""
+    _die_with_parent(os.getppid())
+
+
 def _after_fork_in_child(parent: int) -> None:
     if _held:
         _die_with_parent(parent)
