@@ -88,7 +88,7 @@ def make_parser() -> Parser:
 
 def main(argv: list[str] | None = None) -> int:
     """Run one command. Bad input is one line and exit 2, also with --debug (which adds the traceback
-    above it); a usage error never shows one (`validate --debug` is a usage error: --debug comes first)."""
+    above it), before or after the subcommand; a usage error never shows one."""
     argv = list(sys.argv[1:] if argv is None else argv)
     debug = False
     try:
