@@ -9,6 +9,8 @@ output is seen (npubuild.build.uptodate).
 
 from __future__ import annotations
 
+import functools
+import importlib
 import time
 import traceback
 from collections.abc import Callable
@@ -19,7 +21,7 @@ from npubuild.build.plan import StageTask
 from npubuild.build.uptodate import (ERROR_NAME, INPUTS_NAME, check_producers, clear_debris, fingerprint, hash_outputs,
                                      read_record, write_inputs)
 from npubuild.build.isolate import isolation_possible, run_isolated
-from npubuild.errors import InputError, NpubuildError, StageError
+from npubuild.errors import InputError, NpubuildError, StageError, is_out_of_memory
 from npubuild.fileio import read_json, write_json
 
 StageFn = Callable[[StageTask], dict]
@@ -28,9 +30,19 @@ StageFn = Callable[[StageTask], dict]
 def stage_function(stage: str) -> StageFn:
     from npubuild.stages import BY_NAME
 
+    prepare_stage(stage)
+    return BY_NAME[stage].run
+
+
+def prepare_stage(stage: str) -> None:
+    """Import the stage's implementation (and the tools it calls) and quiet onnxruntime: done before the
+    isolated child's memory limit, so that a tight limit fails the stage's work, not its imports, and a
+    forked child finds them loaded instead of importing them again for every task."""
+    from npubuild.stages import BY_NAME
+
+    importlib.import_module(BY_NAME[stage].module)
     if "onnxruntime" in BY_NAME[stage].tools:
         quiet_onnxruntime()
-    return BY_NAME[stage].run
 
 
 def run_stage_function(task: StageTask) -> dict:
@@ -43,7 +55,8 @@ def run_stage_function(task: StageTask) -> dict:
         return stage_function(task.stage)(task)
     model = task.inputs.get("model") if task.stage == "import" else None
     return run_isolated(run_in_child, task, what=f"the {task.stage} stage", where=str(model) if model else None,
-                        failure=InputError if task.stage == "import" else StageError)
+                        failure=InputError if task.stage == "import" else StageError,
+                        prepare=functools.partial(prepare_stage, task.stage))
 
 
 def run_in_child(task: StageTask) -> dict:
@@ -105,11 +118,11 @@ def execute(task: StageTask, run_id: str, debug: bool = False, cache: StageCache
         write_json(err_path, {"kind": "input" if exc.exit_code == 2 else "stage", "message": str(exc),
                               "run_id": run_id})
         raise
-    except MemoryError:  # a model whose tensors do not fit this machine: one line, the traceback is no help
-        exc = StageError(f"stage {task.stage} ran out of host memory")
-        write_json(err_path, {"kind": "stage", "message": str(exc), "run_id": run_id})
-        raise exc from None
     except Exception as exc:  # a bug or a tool crash: keep the traceback on disk, one line on screen
+        if is_out_of_memory(exc):  # a model whose tensors do not fit this machine: the traceback is no help
+            oom = StageError(f"stage {task.stage} ran out of host memory")
+            write_json(err_path, {"kind": "stage", "message": str(oom), "run_id": run_id})
+            raise oom from None
         detail = getattr(exc, "child_traceback", None) or traceback.format_exc()  # run_isolated's child
         write_json(err_path, {"kind": "internal", "message": f"error: {type(exc).__name__}: {exc}",
                               "traceback": detail, "run_id": run_id})

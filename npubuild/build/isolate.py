@@ -34,7 +34,7 @@ import traceback
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from npubuild.errors import InputError, Location, NpubuildError
+from npubuild.errors import InputError, Location, NpubuildError, is_out_of_memory
 
 T = TypeVar("T")
 MEMORY_ENV = "NPUBUILD_STAGE_MEMORY_MIB"
@@ -102,10 +102,12 @@ def _outcome(fn: Callable[..., Any], args: tuple, memory_bytes: int, what: str) 
         loc = exc.location
         result = ("npubuild", {"message": exc.message, "exit_code": exc.exit_code,
                                "location": (loc.file, loc.line, loc.col) if loc is not None else None})
-    except MemoryError:
-        result = ("memory", {"what": what, "limit_mib": memory_bytes >> 20})
-    except Exception as exc:  # a bug: the parent records it as an internal error with this traceback
-        result = ("bug", {"summary": f"{type(exc).__name__}: {exc}", "traceback": traceback.format_exc()})
+    except Exception as exc:  # a bug (the parent records it as an internal error with this traceback), or
+        if is_out_of_memory(exc):  # the limit: a MemoryError, ENOMEM, a library that could not be mapped
+            result = ("memory", {"what": what, "limit_mib": memory_bytes >> 20})
+        else:
+            result = ("bug", {"summary": f"{type(exc).__name__}: {exc}",
+                              "traceback": traceback.format_exc()})
     return pickle.dumps(result)
 
 
@@ -122,13 +124,16 @@ def _child(fn: Callable[..., Any], args: tuple, write_fd: int, memory_bytes: int
         os._exit(code)
 
 
-def _served_child(fn: Callable[..., Any], args: tuple, conn, memory_bytes: int, what: str) -> None:
+def _served_child(fn: Callable[..., Any], args: tuple, conn, memory_bytes: int, what: str,
+                  prepare: Callable[[], Any] | None) -> None:
     """Runs in a child of the forkserver: dies with the server (which dies with the process that asked)."""
     from npubuild.build.lock import die_with_parent
 
     die_with_parent()
     code = 0
     try:
+        if prepare is not None:
+            prepare()
         conn.send_bytes(_outcome(fn, args, memory_bytes, what))
     except BaseException:  # noqa: BLE001 - as in _child
         code = 70
@@ -156,16 +161,20 @@ def _failure_of(status_signal: int | None, exit_code: int, data: bytes, what: st
 
 def run_isolated(fn: Callable[..., T], *args: Any, what: str, where: str | None = None,
                  failure: type[NpubuildError] = InputError, memory_bytes: int | None = None,
-                 timeout_s: float = DEFAULT_TIMEOUT_S) -> T:
+                 timeout_s: float = DEFAULT_TIMEOUT_S, prepare: Callable[[], Any] | None = None) -> T:
     """`fn(*args)` in a forked child; its result, or its NpubuildError re-raised here. `what` says what the
     child does and `where` the file it is about, for the one line a crash, the memory limit or the timeout
     become, as a `failure` (InputError: the model is at fault; StageError: a tool is). Off the main thread
-    `fn` and `args` must pickle (a module-level function): the child comes from the forkserver."""
+    `fn` and `args` must pickle (a module-level function): the child comes from the forkserver. `prepare`
+    (imports, say) runs outside the memory limit: in this process before a fork, so that every child shares
+    it, or in the forkserver's child before its limit is set."""
     memory_bytes = memory_limit_bytes() if memory_bytes is None else memory_bytes
     if threading.current_thread() is threading.main_thread():
+        if prepare is not None:
+            prepare()
         kind, payload = _forked(fn, args, memory_bytes, what, where, failure, timeout_s)
     else:
-        kind, payload = _from_forkserver(fn, args, memory_bytes, what, where, failure, timeout_s)
+        kind, payload = _from_forkserver(fn, args, memory_bytes, what, where, failure, timeout_s, prepare)
     if kind == "ok":
         return payload
     raise _rebuild(kind, payload, failure, where)
@@ -206,10 +215,10 @@ def _forkserver() -> multiprocessing.context.BaseContext:
         return _server_context
 
 
-def _from_forkserver(fn, args, memory_bytes, what, where, failure, timeout_s) -> tuple[str, Any]:
+def _from_forkserver(fn, args, memory_bytes, what, where, failure, timeout_s, prepare) -> tuple[str, Any]:
     ctx = _forkserver()
     recv, send = ctx.Pipe(duplex=False)
-    proc = ctx.Process(target=_served_child, args=(fn, args, send, memory_bytes, what), daemon=True)
+    proc = ctx.Process(target=_served_child, args=(fn, args, send, memory_bytes, what, prepare), daemon=True)
     try:
         proc.start()
         send.close()

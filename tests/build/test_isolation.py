@@ -95,3 +95,21 @@ def test_off_the_main_thread_a_native_crash_is_still_one_error():
     assert str(out["error"]) == "m.onnx: error: shape inference crashed on this model (SIGFPE: Floating point exception)"
     out = _in_a_thread(conv())
     assert {vi.name for vi in out["value"].graph.value_info} == {"c"}
+
+
+@pytest.mark.parametrize("mib", [10, 50])
+def test_a_limit_too_small_for_the_stage_is_the_memory_line_not_the_models_fault(project: Path, mib: int):
+    """Under a tight limit onnxruntime's thread pool cannot start and lazily imported libraries cannot be
+    mapped: that was 'internal error ... ImportError' (10 MiB), 'the model is too large or too deeply nested'
+    (50 MiB) or 'node conv_3 (Conv): onnxruntime cannot run it' (100 MiB). It is the limit, said as such, and
+    the stage's imports happen before the limit is set."""
+    spec = project / "configs" / "kws.yaml"
+    spec.write_text(spec.read_text().replace("[ethos-u55-128, ethos-u65-256, ethos-u85-256]", "[ethos-u55-128]"))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("NPUBUILD_CACHE")}
+    proc = subprocess.run([sys.executable, "-m", "npubuild", "build", "-q", "--cache", "off"], cwd=project,
+                          env={**env, "NPUBUILD_STAGE_MEMORY_MIB": str(mib)}, capture_output=True, text=True,
+                          timeout=600)
+    (line,) = [ln for ln in proc.stderr.splitlines() if "error:" in ln]
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    assert line.endswith(f"import: the import stage needs more than {mib} MiB of memory "
+                         "($NPUBUILD_STAGE_MEMORY_MIB raises the limit)"), line
