@@ -56,7 +56,14 @@ def run_stage_function(task: StageTask) -> dict:
     model = task.inputs.get("model") if task.stage == "import" else None
     return run_isolated(run_in_child, task, what=f"the {task.stage} stage", where=str(model) if model else None,
                         failure=InputError if task.stage == "import" else StageError,
-                        prepare=functools.partial(prepare_stage, task.stage))
+                        prepare=functools.partial(prepare_stage, task.stage), preload=stage_modules())
+
+
+def stage_modules() -> tuple[str, ...]:
+    """Every stage's implementation module (what a forkserver preloads for all the tasks it will serve)."""
+    from npubuild.stages import STAGES
+
+    return ("npubuild.build.execute", *(s.module for s in STAGES))
 
 
 def run_in_child(task: StageTask) -> dict:

@@ -40,7 +40,7 @@ T = TypeVar("T")
 MEMORY_ENV = "NPUBUILD_STAGE_MEMORY_MIB"
 DEFAULT_MEMORY_MIB = 4096  # address space a child may add to what it inherits
 DEFAULT_TIMEOUT_S = 3600.0
-PRELOAD = ["npubuild.build.execute", "npubuild.stages", "numpy", "onnx", "onnxruntime"]  # what every stage imports
+PRELOAD = ("__main__", "numpy", "onnx", "onnxruntime")  # the caller's main module (else each child imports it)
 
 
 class ChildFailure(Exception):
@@ -161,20 +161,22 @@ def _failure_of(status_signal: int | None, exit_code: int, data: bytes, what: st
 
 def run_isolated(fn: Callable[..., T], *args: Any, what: str, where: str | None = None,
                  failure: type[NpubuildError] = InputError, memory_bytes: int | None = None,
-                 timeout_s: float = DEFAULT_TIMEOUT_S, prepare: Callable[[], Any] | None = None) -> T:
+                 timeout_s: float = DEFAULT_TIMEOUT_S, prepare: Callable[[], Any] | None = None,
+                 preload: tuple[str, ...] = ()) -> T:
     """`fn(*args)` in a forked child; its result, or its NpubuildError re-raised here. `what` says what the
     child does and `where` the file it is about, for the one line a crash, the memory limit or the timeout
     become, as a `failure` (InputError: the model is at fault; StageError: a tool is). Off the main thread
     `fn` and `args` must pickle (a module-level function): the child comes from the forkserver. `prepare`
     (imports, say) runs outside the memory limit: in this process before a fork, so that every child shares
-    it, or in the forkserver's child before its limit is set."""
+    it, or in the forkserver's child before its limit is set. `preload`: modules the forkserver imports when
+    it starts (the first call off the main thread starts it), so that its children do not import them."""
     memory_bytes = memory_limit_bytes() if memory_bytes is None else memory_bytes
     if threading.current_thread() is threading.main_thread():
         if prepare is not None:
             prepare()
         kind, payload = _forked(fn, args, memory_bytes, what, where, failure, timeout_s)
     else:
-        kind, payload = _from_forkserver(fn, args, memory_bytes, what, where, failure, timeout_s, prepare)
+        kind, payload = _from_forkserver(fn, args, memory_bytes, what, where, failure, timeout_s, prepare, preload)
     if kind == "ok":
         return payload
     raise _rebuild(kind, payload, failure, where)
@@ -204,19 +206,21 @@ _SERVER_LOCK = threading.Lock()
 _server_context: multiprocessing.context.BaseContext | None = None
 
 
-def _forkserver() -> multiprocessing.context.BaseContext:
-    """This process's forkserver context, its preload set before the server starts (once per process)."""
+def _forkserver(preload: tuple[str, ...]) -> multiprocessing.context.BaseContext:
+    """This process's forkserver context. The server starts once per process, with PRELOAD and the first
+    caller's `preload` imported, so that its children (forks of it) find them loaded."""
     global _server_context
     with _SERVER_LOCK:
         if _server_context is None:
             ctx = multiprocessing.get_context("forkserver")
-            ctx.set_forkserver_preload(PRELOAD)
+            ctx.set_forkserver_preload([*PRELOAD, *preload])
             _server_context = ctx
         return _server_context
 
 
-def _from_forkserver(fn, args, memory_bytes, what, where, failure, timeout_s, prepare) -> tuple[str, Any]:
-    ctx = _forkserver()
+def _from_forkserver(fn, args, memory_bytes, what, where, failure, timeout_s, prepare,
+                     preload) -> tuple[str, Any]:
+    ctx = _forkserver(preload)
     recv, send = ctx.Pipe(duplex=False)
     proc = ctx.Process(target=_served_child, args=(fn, args, send, memory_bytes, what, prepare), daemon=True)
     try:
