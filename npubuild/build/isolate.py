@@ -142,7 +142,7 @@ def _served_child(fn: Callable[..., Any], args: tuple, conn, memory_bytes: int, 
         os._exit(code)
 
 
-def _failure_of(status_signal: int | None, exit_code: int, data: bytes, what: str, where: str | None,
+def _result_or_failure(status_signal: int | None, exit_code: int, data: bytes, what: str, where: str | None,
                 failure: type[NpubuildError], timeout_s: float, timed_out: bool) -> Any:
     """The child's result, or the one-line error its end becomes."""
     if timed_out:
@@ -182,7 +182,8 @@ def run_isolated(fn: Callable[..., T], *args: Any, what: str, where: str | None 
     raise _rebuild(kind, payload, failure, where)
 
 
-def _forked(fn, args, memory_bytes, what, where, failure, timeout_s) -> tuple[str, Any]:
+def _forked(fn: Callable[..., Any], args: tuple, memory_bytes: int, what: str, where: str | None,
+            failure: type[NpubuildError], timeout_s: float) -> tuple[str, Any]:
     read_fd, write_fd = os.pipe()
     sys.stdout.flush()
     sys.stderr.flush()
@@ -196,10 +197,10 @@ def _forked(fn, args, memory_bytes, what, where, failure, timeout_s) -> tuple[st
     finally:
         os.close(read_fd)
     if status is None:
-        return _failure_of(None, 0, b"", what, where, failure, timeout_s, timed_out=True)
+        return _result_or_failure(None, 0, b"", what, where, failure, timeout_s, timed_out=True)
     sig = os.WTERMSIG(status) if os.WIFSIGNALED(status) else None
     code = os.WEXITSTATUS(status) if os.WIFEXITED(status) else 0
-    return _failure_of(sig, code, data, what, where, failure, timeout_s, timed_out=False)
+    return _result_or_failure(sig, code, data, what, where, failure, timeout_s, timed_out=False)
 
 
 _SERVER_LOCK = threading.Lock()
@@ -218,8 +219,9 @@ def _forkserver(preload: tuple[str, ...]) -> multiprocessing.context.BaseContext
         return _server_context
 
 
-def _from_forkserver(fn, args, memory_bytes, what, where, failure, timeout_s, prepare,
-                     preload) -> tuple[str, Any]:
+def _from_forkserver(fn: Callable[..., Any], args: tuple, memory_bytes: int, what: str, where: str | None,
+                     failure: type[NpubuildError], timeout_s: float, prepare: Callable[[], Any] | None,
+                     preload: tuple[str, ...]) -> tuple[str, Any]:
     ctx = _forkserver(preload)
     recv, send = ctx.Pipe(duplex=False)
     proc = ctx.Process(target=_served_child, args=(fn, args, send, memory_bytes, what, prepare), daemon=True)
@@ -254,7 +256,7 @@ def _from_forkserver(fn, args, memory_bytes, what, where, failure, timeout_s, pr
         recv.close()
     code = proc.exitcode or 0
     sig = -code if code < 0 else None
-    return _failure_of(sig, max(code, 0), b"".join(chunks), what, where, failure, timeout_s, timed_out)
+    return _result_or_failure(sig, max(code, 0), b"".join(chunks), what, where, failure, timeout_s, timed_out)
 
 
 def _wait(pid: int, read_fd: int, timeout_s: float) -> tuple[bytes, int | None]:
