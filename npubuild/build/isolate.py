@@ -87,15 +87,27 @@ def _address_space() -> int | None:
         return None
 
 
+NEAR_LIMIT_BYTES = 64 << 20
+
+
+def _near(limit: int | None) -> bool:
+    """Whether this process is within NEAR_LIMIT_BYTES of its address-space limit: an unexpected error then
+    is an allocation that failed and was reported as something else (protobuf's 'Failed to serialize
+    proto'), not a bug."""
+    current = _address_space()
+    return limit is not None and current is not None and limit - current < NEAR_LIMIT_BYTES
+
+
 def _outcome(fn: Callable[..., Any], args: tuple, memory_bytes: int, what: str) -> bytes:
     """In the child: run `fn` under the memory limit; its result or error, pickled for the parent."""
     if faulthandler.is_enabled():  # its dump of a crash is many lines; the parent reports one
         faulthandler.disable()
     _, hard = resource.getrlimit(resource.RLIMIT_AS)
     current = _address_space()
+    limit = None
     if current is not None:
-        limit = current + memory_bytes
-        resource.setrlimit(resource.RLIMIT_AS, (limit if hard == resource.RLIM_INFINITY else min(limit, hard), hard))
+        limit = current + memory_bytes if hard == resource.RLIM_INFINITY else min(current + memory_bytes, hard)
+        resource.setrlimit(resource.RLIMIT_AS, (limit, hard))
     try:
         result: tuple[str, Any] = ("ok", fn(*args))
     except NpubuildError as exc:
@@ -103,8 +115,8 @@ def _outcome(fn: Callable[..., Any], args: tuple, memory_bytes: int, what: str) 
         result = ("npubuild", {"message": exc.message, "exit_code": exc.exit_code,
                                "location": (loc.file, loc.line, loc.col) if loc is not None else None})
     except Exception as exc:  # a bug (the parent records it as an internal error with this traceback), or
-        if is_out_of_memory(exc):  # the limit: a MemoryError, ENOMEM, a library that could not be mapped
-            result = ("memory", {"what": what, "limit_mib": memory_bytes >> 20})
+        if is_out_of_memory(exc) or _near(limit):  # the limit: a MemoryError, ENOMEM, an unmappable library,
+            result = ("memory", {"what": what, "limit_mib": memory_bytes >> 20})  # or a library's own error
         else:
             result = ("bug", {"summary": f"{type(exc).__name__}: {exc}",
                               "traceback": traceback.format_exc()})
