@@ -73,3 +73,21 @@ class StageError(NpubuildError):
     """A stage failed on valid input (a tool error, a check that fell short): exit 1."""
 
     exit_code = 1
+
+
+_NO_MEMORY_TEXT = ("Cannot allocate memory", "bad_alloc", "failed to map segment", "Failed to allocate memory")
+
+
+def is_out_of_memory(exc: BaseException) -> bool:
+    """Whether `exc`, or what caused it, is the process running out of memory rather than a fault of the
+    input: a MemoryError, ENOMEM, or a native library saying so (onnxruntime's thread pool failing
+    pthread_create, a C++ bad_alloc, a shared object that cannot be mapped under the stage's memory limit)."""
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        if isinstance(exc, MemoryError) or (isinstance(exc, OSError) and exc.errno == 12):
+            return True
+        if any(text in str(exc) for text in _NO_MEMORY_TEXT):
+            return True
+        exc = exc.__cause__ or exc.__context__
+    return False

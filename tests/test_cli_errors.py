@@ -15,10 +15,22 @@ def _one_line(err: str) -> str:
     return lines[0]
 
 
-def test_debug_shows_the_traceback_and_keeps_exit_2(tmp_path: Path, capsys):
-    code, _, err = run_cli(["--debug", "validate", str(tmp_path / "missing.yaml")], capsys)
+@pytest.mark.parametrize("where", ["before", "after"])
+def test_debug_shows_the_traceback_and_keeps_exit_2(tmp_path: Path, capsys, where: str):
+    """`validate --debug` was a traceback and exit 1 (issue 16 finding 8): now --debug goes on either side of
+    the subcommand, adds the traceback above the one line and keeps the exit code."""
+    missing = str(tmp_path / "missing.yaml")
+    args = ["--debug", "validate", missing] if where == "before" else ["validate", missing, "--debug"]
+    code, _, err = run_cli(args, capsys)
     assert code == 2 and "Traceback" in err
-    assert err.strip().splitlines()[-1] == f"{tmp_path / 'missing.yaml'}: error: no such file or directory"
+    assert err.strip().splitlines()[-1] == f"{missing}: error: no such file or directory"
+    code, _, err = run_cli(["validate", missing], capsys)
+    assert code == 2 and _one_line(err) == f"{missing}: error: no such file or directory"
+
+
+def test_debug_after_the_subcommand_on_a_good_spec_is_a_normal_run(project: Path, capsys):
+    code, out, err = run_cli(["validate", "--debug"], capsys, cwd=project)
+    assert code == 0 and not err and out.startswith("ok: 1 spec(s), 3 build(s)"), out + err
 
 
 def _report(tmp_path: Path, builds) -> Path:

@@ -31,6 +31,7 @@ import hashlib
 import hmac
 import json
 import os
+import re
 import time
 import uuid
 from dataclasses import dataclass
@@ -45,6 +46,10 @@ from npubuild.fileio import atomic_path, file_hash, stable_hash
 MANIFEST = "manifest.json"
 DEBRIS_GRACE_S = 3600.0  # a writer directory without a manifest this old is a killed writer's, not a live one
 KEY_ENV, KEY_FILE_ENV = "NPUBUILD_CACHE_KEY", "NPUBUILD_CACHE_KEY_FILE"
+MAX_MANIFEST_BYTES = 16 << 20  # a real manifest is a few KiB (one line per output file)
+RESERVED = frozenset({"stage.json", "inputs.json", "error.json"})  # a stage dir's own records: never restored
+_WRITER = re.compile(r"[0-9a-f]{1,64}")
+_SHA256 = re.compile(r"[0-9a-f]{64}")
 
 
 def team_key() -> bytes | None:
@@ -66,6 +71,38 @@ def manifest_mac(manifest: dict, key: bytes) -> str:
     body = {k: v for k, v in manifest.items() if k != "mac"}
     text = json.dumps(body, sort_keys=True, separators=(",", ":"), default=str)
     return hmac.new(key, text.encode(), hashlib.sha256).hexdigest()
+
+
+def safe_output_name(name: object) -> bool:
+    """A file name an entry may restore into a stage dir: relative, '/'-separated, every part a plain name
+    (no '..', no hidden or temp file, no absolute path): what `put` writes, never a path out of the dir."""
+    if not isinstance(name, str) or not name or "\\" in name or "\x00" in name or name in RESERVED:
+        return False
+    parts = name.split("/")
+    return all(part and not part.startswith(".") for part in parts)
+
+
+def manifest_problem(key: str, manifest: object) -> str | None:
+    """Why a manifest is not one `put` could have written for `key` (None: well formed). Checked before
+    anything it names is read or written: a manifest is data from whoever can write to the cache, and a file
+    entry is only ever `<writer>/<name>` inside the entry's own directory."""
+    if not isinstance(manifest, dict) or not manifest:
+        return "unreadable manifest"
+    if manifest.get("key") != key:
+        return "manifest of another key"
+    writer, files = manifest.get("writer"), manifest.get("files")
+    if not isinstance(writer, str) or not _WRITER.fullmatch(writer):
+        return "manifest without a valid writer"
+    if not isinstance(files, dict) or not isinstance(manifest.get("metrics", {}), dict):
+        return "manifest without a files or metrics mapping"
+    for name, info in files.items():
+        if not safe_output_name(name):
+            return f"manifest names a file outside the stage dir or reserved: {str(name)[:80]!r}"
+        if not isinstance(info, dict) or info.get("path") != f"{writer}/{name}" \
+                or not isinstance(info.get("sha256"), str) or not _SHA256.fullmatch(info["sha256"]) \
+                or not isinstance(info.get("size"), int) or isinstance(info["size"], bool) or info["size"] < 0:
+            return f"manifest entry for {name!r} is malformed"
+    return None
 
 
 def cache_key(config: dict, inputs: dict[str, Path], hashes: dict[str, str] | None = None) -> str:
@@ -130,11 +167,15 @@ class StageCache:
         path = f"{self._dir(key)}/{MANIFEST}"
         try:
             with self.fs.open(path, "rb") as f:
-                return json.loads(f.read())
+                data = f.read(MAX_MANIFEST_BYTES + 1)
+            if len(data) > MAX_MANIFEST_BYTES:
+                return {}
+            manifest = json.loads(data)
         except FileNotFoundError:
             return None
-        except (OSError, ValueError):
+        except (OSError, ValueError, RecursionError):
             return {}  # unreadable manifest: treat as corrupt
+        return manifest if isinstance(manifest, dict) else {}
 
     def get(self, key: str, dest: Path, required: set[str]) -> CacheEntry | None:
         """Restore a verified entry's files into `dest` (each atomically); None on a miss or a bad entry.
@@ -144,22 +185,22 @@ class StageCache:
         manifest = self._read_manifest(key)
         if manifest is None:
             return None
-        if not isinstance(manifest, dict) or not isinstance(manifest.get("files"), dict) \
-                or not required <= set(manifest["files"]):
+        if self.key is not None and isinstance(manifest, dict) and manifest and not self.trusted(key, manifest):
+            warn(f"cache entry {key} is not signed with this build's cache key: not restored")
+            return None  # not ours: do not use it (a put will replace it)
+        problem = manifest_problem(key, manifest)
+        if problem is not None:
+            if manifest:  # an empty {} is a torn write: no news
+                warn(f"cache entry {key}: {problem}: discarded")
             self.discard(key)
             return None
-        if not self.trusted(key, manifest):  # not ours: do not use it (a put will replace it)
-            warn(f"cache entry {key} is not signed with this build's cache key: not restored")
+        if not required <= set(manifest["files"]):
+            self.discard(key)
             return None
         staged: list[tuple[Path, bytes]] = []
         for name, info in manifest["files"].items():
-            try:
-                with self.fs.open(f"{self._dir(key)}/{info['path']}", "rb") as f:
-                    data = f.read()
-            except (FileNotFoundError, OSError):
-                self.discard(key)
-                return None
-            if len(data) != info["size"] or _sha256(data) != info["sha256"]:
+            data = self._read_file(key, info)
+            if data is None or len(data) != info["size"] or _sha256(data) != info["sha256"]:
                 self.discard(key)
                 return None
             staged.append((dest / name, data))
@@ -226,8 +267,9 @@ class StageCache:
         keys = self.keys()
         total = 0
         for k in keys:
-            m = self._read_manifest(k) or {}
-            total += sum(f.get("size", 0) for f in m.get("files", {}).values() if isinstance(f, dict))
+            m = self._read_manifest(k)
+            if manifest_problem(k, m) is None:
+                total += sum(f["size"] for f in m["files"].values())
         return {"url": self.url, "entries": len(keys), "bytes": total,
                 "debris_bytes": sum(size for _, size in self.debris(grace_s=0.0))}
 
@@ -238,7 +280,7 @@ class StageCache:
         keys = self.keys()
         for k in keys:
             m = self._read_manifest(k)
-            ok = isinstance(m, dict) and bool(m) and isinstance(m.get("files"), dict) and self.trusted(k, m) \
+            ok = manifest_problem(k, m) is None and self.trusted(k, m) \
                 and all(self._file_ok(k, info) for info in m["files"].values())
             if not ok and m is not None:
                 bad.append(k)
@@ -295,13 +337,23 @@ class StageCache:
             return sum(self.fs.du(info["name"], total=False).values()) if self.fs.exists(info["name"]) else 0
         return int(info.get("size") or 0)
 
-    def _file_ok(self, key: str, info: dict) -> bool:
+    def _read_file(self, key: str, info: dict) -> bytes | None:
+        """An entry file's bytes (at most one more than its manifest size), None if absent or, on a local
+        cache, if a symlink leads out of the entry's directory (a planted link would read the builder's files)."""
+        path = f"{self._dir(key)}/{info['path']}"
+        if "file" in (self.fs.protocol if isinstance(self.fs.protocol, tuple) else (self.fs.protocol,)):
+            entry = os.path.realpath(self._dir(key))
+            if not os.path.realpath(path).startswith(entry + os.sep):
+                return None
         try:
-            with self.fs.open(f"{self._dir(key)}/{info['path']}", "rb") as f:
-                data = f.read()
+            with self.fs.open(path, "rb") as f:
+                return f.read(info["size"] + 1)
         except (FileNotFoundError, OSError):
-            return False
-        return len(data) == info["size"] and _sha256(data) == info["sha256"]
+            return None
+
+    def _file_ok(self, key: str, info: dict) -> bool:
+        data = self._read_file(key, info)
+        return data is not None and len(data) == info["size"] and _sha256(data) == info["sha256"]
 
     def prune(self, older_than_s: float) -> int:
         """Remove entries created before `older_than_s` ago, and killed writers' debris."""

@@ -12,6 +12,10 @@ Without a scheduler address a LocalCluster (loopback, no dashboard) is started, 
 worker (a build with nothing to run starts none). A worker that dies mid-stage is replaced and its task
 retried by Dask; a task publishes its entry only when complete (manifest last), so the retry starts clean. The team cache key ($NPUBUILD_CACHE_KEY) is each worker's
 own environment: it never travels with a task.
+
+Each task runs in a child of the worker (a forkserver's, as the worker's tasks run on a thread) under the
+same memory limit as doit's: the LocalCluster's workers are started non-daemonic for that; a worker started
+elsewhere as a daemon (Dask's default) runs tasks in process.
 """
 
 from __future__ import annotations
@@ -81,6 +85,14 @@ class DaskExecutor:
         self._own = self._cluster = None  # the client and LocalCluster this executor started
 
     def run(self, plan: BuildPlan, session: Session) -> int:
+        import dask
+
+        # Workers that may have children, so each task runs isolated in one (build/isolate.py); the nanny
+        # reads this whenever it (re)starts a worker, so it holds for the whole run.
+        with dask.config.set({"distributed.worker.daemon": False}):
+            return self._run(plan, session)
+
+    def _run(self, plan: BuildPlan, session: Session) -> int:
         plan.build_dir.mkdir(parents=True, exist_ok=True)
         shipping = Shipping(plan, StageCache(self.cache_url))
         shipping.publish_user_inputs()

@@ -9,16 +9,15 @@ output is seen (npubuild.build.uptodate).
 
 from __future__ import annotations
 
+import functools
 import importlib
-import os
-import threading
 import time
 import traceback
 from collections.abc import Callable
 from pathlib import Path
 
 from npubuild.build.cache import StageCache, cache_key
-from npubuild.build.isolate import run_isolated
+from npubuild.build.isolate import isolation_possible, run_isolated
 from npubuild.build.plan import StageTask
 from npubuild.build.uptodate import (
     ERROR_NAME,
@@ -30,7 +29,7 @@ from npubuild.build.uptodate import (
     read_record,
     write_inputs,
 )
-from npubuild.errors import InputError, NpubuildError, StageError
+from npubuild.errors import InputError, NpubuildError, StageError, is_out_of_memory
 from npubuild.fileio import read_json, write_json
 
 StageFn = Callable[[StageTask], dict]
@@ -39,32 +38,45 @@ StageFn = Callable[[StageTask], dict]
 def stage_function(stage: str) -> StageFn:
     from npubuild.stages import BY_NAME
 
-    if "onnxruntime" in BY_NAME[stage].tools:
-        quiet_onnxruntime()
+    prepare_stage(stage)
     return BY_NAME[stage].run
 
 
-def preload(stage: str) -> None:
-    """Import the stage's implementation here, before the fork, as isolate.py expects: every later task's
-    child inherits it (and onnx, onnx_ir, onnxruntime, ...) instead of importing it again, ~0.5-1 s a task
-    (onnx_ir pulls in sympy). Importing reads no model: nothing here can crash on one."""
+def prepare_stage(stage: str) -> None:
+    """Import the stage's implementation (and the tools it calls) and quiet onnxruntime: done before the
+    isolated child's memory limit, so that a tight limit fails the stage's work, not its imports, and a
+    forked child finds them loaded instead of importing them again for every task."""
     from npubuild.stages import BY_NAME
 
     importlib.import_module(BY_NAME[stage].module)
+    if "onnxruntime" in BY_NAME[stage].tools:
+        quiet_onnxruntime()
 
 
 def run_stage_function(task: StageTask) -> dict:
-    """The stage's own work, in a forked child (build/isolate.py): a native crash, the memory limit or a hang
+    """The stage's own work, in a child process (build/isolate.py): a native crash, the memory limit or a hang
     in onnx, onnxruntime, the TOSA reference model or Vela is one error for this task, not the end of the
-    build. The report stage (records only) and a task run off the main thread (a Dask worker's pool, where
-    forking a threaded process is unsafe) run in process."""
-    fn = stage_function(task.stage)
-    if task.per_build or threading.current_thread() is not threading.main_thread() or not hasattr(os, "fork"):
-        return fn(task)
-    preload(task.stage)
+    build. doit's processes fork it; a Dask worker's thread gets it from a forkserver. The report stage
+    (records only) runs in process, and so does a task in a daemonic process (one that may not have
+    children: a Dask worker started without `distributed.worker.daemon: False`)."""
+    if task.per_build or not isolation_possible():
+        return stage_function(task.stage)(task)
     model = task.inputs.get("model") if task.stage == "import" else None
-    return run_isolated(fn, task, what=f"the {task.stage} stage", where=str(model) if model else None,
-                        failure=InputError if task.stage == "import" else StageError)
+    return run_isolated(run_in_child, task, what=f"the {task.stage} stage", where=str(model) if model else None,
+                        failure=InputError if task.stage == "import" else StageError,
+                        prepare=functools.partial(prepare_stage, task.stage), preload=stage_modules())
+
+
+def stage_modules() -> tuple[str, ...]:
+    """Every stage's implementation module (what a forkserver preloads for all the tasks it will serve)."""
+    from npubuild.stages import STAGES
+
+    return ("npubuild.build.execute", *(s.module for s in STAGES))
+
+
+def run_in_child(task: StageTask) -> dict:
+    """What the isolated child runs (module level: a forkserver's child receives it pickled)."""
+    return stage_function(task.stage)(task)
 
 
 def quiet_onnxruntime() -> None:
@@ -121,11 +133,11 @@ def execute(task: StageTask, run_id: str, debug: bool = False, cache: StageCache
         write_json(err_path, {"kind": "input" if exc.exit_code == 2 else "stage", "message": str(exc),
                               "run_id": run_id})
         raise
-    except MemoryError:  # a model whose tensors do not fit this machine: one line, the traceback is no help
-        exc = StageError(f"stage {task.stage} ran out of host memory")
-        write_json(err_path, {"kind": "stage", "message": str(exc), "run_id": run_id})
-        raise exc from None
     except Exception as exc:  # a bug or a tool crash: keep the traceback on disk, one line on screen
+        if is_out_of_memory(exc):  # a model whose tensors do not fit this machine: the traceback is no help
+            oom = StageError(f"stage {task.stage} ran out of host memory")
+            write_json(err_path, {"kind": "stage", "message": str(oom), "run_id": run_id})
+            raise oom from None
         detail = getattr(exc, "child_traceback", None) or traceback.format_exc()  # run_isolated's child
         write_json(err_path, {"kind": "internal", "message": f"error: {type(exc).__name__}: {exc}",
                               "traceback": detail, "run_id": run_id})

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import functools
 import os
 import signal
 import sys
@@ -30,14 +31,23 @@ _held: set[int] = set()  # fds of build-dir locks this process holds (forked chi
 _hook_installed = False
 
 
+@functools.lru_cache(maxsize=1)
+def _libc():
+    """libc for prctl, loaded once per process (forked children inherit it: find_library runs ldconfig)."""
+    import ctypes
+    import ctypes.util
+
+    try:
+        return ctypes.CDLL("libc.so.6", use_errno=True)
+    except OSError:
+        return ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
+
+
 def _die_with_parent(parent: int) -> None:
     """In a forked child of a lock holder: end when the parent ends, so no orphan keeps the lock."""
     if sys.platform.startswith("linux"):
-        import ctypes
-        import ctypes.util
-
         try:
-            libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+            libc = _libc()
             if libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) == 0:
                 if os.getppid() != parent:  # the parent died before prctl took effect
                     os._exit(1)
@@ -51,6 +61,11 @@ def _die_with_parent(parent: int) -> None:
         os._exit(1)
 
     threading.Thread(target=watch, name="npubuild-lock-watchdog", daemon=True).start()
+
+
+def die_with_parent() -> None:
+    """End this process when its parent ends (an isolated stage's child of a forkserver)."""
+    _die_with_parent(os.getppid())
 
 
 def _after_fork_in_child(parent: int) -> None:
@@ -131,6 +146,11 @@ def acquire(build_dir: Path, wait: bool = False, poll_s: float = 0.2) -> int:
         os.close(fd)
         raise InputError(f"cannot write the build dir's lock file: {exc.strerror or exc}", str(build_dir)) from None
     _install_fork_hook()
+    if sys.platform.startswith("linux"):
+        try:
+            _libc()  # loaded here, not in every forked child
+        except OSError:
+            pass
     _held.add(fd)
     return fd
 

@@ -150,7 +150,17 @@ def invalidate(task: StageTask, why: str) -> None:
 
 def is_done(task: StageTask) -> bool:
     """True if the task completed with its current config, its inputs are unchanged since, and its outputs
-    are what it wrote (else, for a changed output, its record is dropped with one line saying which)."""
+    are what it wrote (else, for a changed output, its record is dropped with one line saying which).
+    A record or inputs.json that parses but is not what a stage writes (an edit, a flipped byte) is not
+    done: the task reruns and rewrites both, instead of every later build failing on it."""
+    try:
+        return _is_done(task)
+    except (TypeError, KeyError, AttributeError, IndexError, ValueError):
+        invalidate(task, "its stage.json or inputs.json is malformed")
+        return False
+
+
+def _is_done(task: StageTask) -> bool:
     rec = read_record(task)
     if rec is None:
         return False
@@ -175,6 +185,8 @@ def is_done(task: StageTask) -> bool:
     if not isinstance(outputs, dict) or not declared <= set(outputs):
         return False  # a record from before outputs were recorded: rebuild once
     sigs = saved.get("outputs", {})
+    if not isinstance(sigs, dict):
+        return False
     why, new_sigs = changed_output(task, outputs, sigs)
     if why is not None:
         invalidate(task, why)
@@ -186,22 +198,36 @@ def is_done(task: StageTask) -> bool:
 
 
 def check_producers(task: StageTask, hashes: dict[str, str]) -> str | None:
-    """Before a task consumes its inputs: each input another stage wrote must hash to what that stage
-    recorded. On a mismatch the producer's record is dropped (the next build reruns it) and the reason
-    returned: the file changed on disk without its size or inode times changing (bit rot, a raw write)."""
-    for name, path in task.inputs.items():
-        record_path = path.parent / RECORD_NAME
-        if path.name in BOOKKEEPING or not record_path.is_file():
+    """Before a task consumes its inputs: every file the producing stages recorded must hash to what they
+    recorded, the declared inputs (`hashes`, computed anyway) and the files a consumer reads beside them (vela
+    and npu-sim declare lower's io.json and read the .tosa partitions it names). On a mismatch the producer's
+    record is dropped (the next build reruns it) and the reason returned: the file changed on disk without its
+    size or inode times changing (bit rot, a raw write), which the producer's own stat check cannot see."""
+    by_path = {path: hashes.get(name) for name, path in task.inputs.items()}
+    consumed = {path.parent for path in task.inputs.values() if path.name not in BOOKKEEPING}  # the report
+    for producer in sorted(consumed):  # reads only records: the producers' own checks cover the rest
+        record_path = producer / RECORD_NAME
+        if producer == task.dir or not record_path.is_file():
             continue
         try:
             rec = read_json_cached(record_path)
         except (OSError, ValueError):
             continue
-        info = rec.get("outputs", {}).get(path.name) if isinstance(rec, dict) else None
-        if isinstance(info, dict) and info.get("sha256") != hashes.get(name):
-            record_path.unlink(missing_ok=True)
-            return (f"input {path.name} of {rec.get('task', path.parent.name)} changed on disk after it was built "
-                    f"(sha256 differs from its record); its task reruns on the next build")
+        if not isinstance(rec, dict) or "stage" not in rec or "key" not in rec:
+            continue  # not a stage's record (a user's file named stage.json beside a model)
+        outputs = rec.get("outputs")
+        for rel, info in (outputs.items() if isinstance(outputs, dict) else ()):
+            if not isinstance(info, dict) or rel in BOOKKEEPING:
+                continue
+            path = producer / rel
+            try:
+                actual = by_path[path] if by_path.get(path) else file_hash(path)
+            except OSError:
+                actual = None
+            if actual != info.get("sha256"):
+                record_path.unlink(missing_ok=True)
+                return (f"{rel} of {rec.get('task', producer.name)} changed on disk after it was built "
+                        f"(sha256 differs from its record); its task reruns on the next build")
     return None
 
 

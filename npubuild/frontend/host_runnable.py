@@ -15,7 +15,7 @@ from functools import lru_cache
 
 import onnx
 
-from npubuild.errors import InputError
+from npubuild.errors import InputError, is_out_of_memory
 
 STANDARD_DOMAINS = frozenset({"", "ai.onnx", "ai.onnx.ml"})
 
@@ -55,6 +55,8 @@ def check_onnxruntime_runs(model: onnx.ModelProto, where: str) -> None:
     try:
         _session(model)
     except Exception as exc:  # noqa: BLE001 - onnxruntime's error types differ by cause: any refusal counts
+        if is_out_of_memory(exc):  # its thread pool under the stage's memory limit: not the model's fault
+            raise MemoryError from None
         found = _failing_node(model)
         what = "the model" if found is None else f"node '{found[1].name}' ({found[1].op_type})" if found[1].name \
             else f"node #{found[0]} ({found[1].op_type})"

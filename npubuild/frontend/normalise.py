@@ -14,7 +14,7 @@ import onnx
 import onnx_ir as ir
 from google.protobuf.message import DecodeError
 
-from npubuild.errors import InputError, NpubuildError, StageError
+from npubuild.errors import InputError, NpubuildError, StageError, is_out_of_memory
 from npubuild.ethosu.early_fit import MemoryBounds, early_failure, lower_bounds
 from npubuild.fileio import write_bytes
 from npubuild.frontend.external_data import fold_external_data
@@ -155,9 +155,11 @@ def _step(what: str, fn, *args, where: str):
         return fn(*args)
     except NpubuildError:
         raise
-    except (MemoryError, RecursionError):
-        raise InputError(f"{what}: the model is too large or too deeply nested to import", where) from None
+    except RecursionError:
+        raise InputError(f"{what}: the model is too deeply nested to import", where) from None
     except Exception as exc:
+        if is_out_of_memory(exc):  # the machine's or the stage's memory limit, not the model's fault
+            raise MemoryError from None
         root = _root_cause(exc)
         raise InputError(f"{_node_in_traceback(root)}{what} failed: {_first_line(root)}", where) from None
 

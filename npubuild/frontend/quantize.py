@@ -19,7 +19,7 @@ from onnx import numpy_helper
 from onnxruntime import quantization as ortq
 
 from npubuild.build.plan import StageTask
-from npubuild.errors import InputError, NpubuildError, StageError
+from npubuild.errors import InputError, NpubuildError, StageError, is_out_of_memory
 from npubuild.fileio import write_bytes
 from npubuild.frontend.calibration import entropy_options
 from npubuild.frontend.data import calibration_arrays, graph_inputs
@@ -78,6 +78,8 @@ def quantize(float_model: Path, arrays: dict[str, np.ndarray], q: dict) -> onnx.
         try:
             _quantize_static(path, out, arrays, q, op_types)
         except Exception as exc:
+            if is_out_of_memory(exc):
+                raise MemoryError from None
             if not _without_one_op_type(model, path, out, arrays, q, op_types):
                 raise quantisation_error(exc, float_model, arrays) from None
         qdq = onnx.load(str(out))

@@ -11,6 +11,7 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 from npbtest import read_run
 
 from npubuild.build.cache import StageCache
@@ -137,3 +138,77 @@ def test_with_a_team_key_a_forged_entry_is_not_restored(project: Path, tmp_path:
     _forge(cache, records["lower"]["cache_key"], "io.json", b"{}")
     proc = _cli("cache", "verify", "--cache", str(cache), NPUBUILD_CACHE_KEY=KEY)
     assert proc.returncode == 1 and records["lower"]["cache_key"] in proc.stdout
+
+
+def _planted_entry(cache_dir: Path, tmp_path: Path, tamper: str) -> tuple[StageCache, str, Path]:
+    """A real entry put by StageCache, then its manifest rewritten as a writer to the storage could (no key)."""
+    src = tmp_path / "src"
+    (src / "raw").mkdir(parents=True)
+    (src / "model.tosa").write_bytes(b"tosa" * 100)
+    (src / "raw" / "model_vela.npz").write_bytes(b"npz" * 50)
+    cache, key = StageCache(str(cache_dir), use_env_key=False), "ef" * 20
+    cache.put(key, src, {"ops": 3}, set())
+    entry = cache_dir / key[:2] / key
+    manifest = json.loads((entry / "manifest.json").read_text())
+    writer, evil = manifest["writer"], b"planted\n"
+    (entry / writer / "evil").write_bytes(evil)
+    planted = {"path": f"{writer}/evil", "sha256": hashlib.sha256(evil).hexdigest(), "size": len(evil)}
+    secret = tmp_path / "secret.txt"
+    secret.write_bytes(b"the builder's own file")
+    stolen = {"sha256": hashlib.sha256(secret.read_bytes()).hexdigest(), "size": secret.stat().st_size}
+    if tamper == "dotdot-name":
+        manifest["files"]["../../outside.txt"] = planted
+    elif tamper == "absolute-name":
+        manifest["files"][str(tmp_path / "outside.txt")] = planted
+    elif tamper == "reserved-name":
+        manifest["files"]["stage.json"] = planted
+    elif tamper == "path-out-of-the-entry":
+        manifest["files"]["stolen.txt"] = {**stolen, "path": os.path.relpath(secret, entry)}
+    elif tamper == "symlink-out-of-the-entry":
+        os.symlink(secret, entry / writer / "stolen.txt")
+        manifest["files"]["stolen.txt"] = {**stolen, "path": f"{writer}/stolen.txt"}
+    elif tamper == "not-a-mapping":
+        manifest["files"]["model.tosa"] = 5
+    elif tamper == "size-not-a-number":
+        manifest["files"]["model.tosa"]["size"] = "400"
+    (entry / "manifest.json").write_text(json.dumps(manifest))
+    return cache, key, entry
+
+
+@pytest.mark.parametrize("tamper", ["dotdot-name", "absolute-name", "reserved-name", "path-out-of-the-entry",
+                                    "symlink-out-of-the-entry", "not-a-mapping", "size-not-a-number"])
+def test_a_manifest_naming_files_outside_its_entry_is_discarded_and_nothing_is_written(tmp_path: Path,
+                                                                                    tamper: str):
+    """Without a team key the cache trusts its writers' content, but never their paths: a manifest is data,
+    and an entry only restores `<writer>/<name>` files into the stage dir it is restored into."""
+    cache, key, entry = _planted_entry(tmp_path / "cache", tmp_path, tamper)
+    dest = tmp_path / "build" / "stages" / "lower" / "m-1234"
+    dest.mkdir(parents=True)
+    assert cache.get(key, dest, {"model.tosa"}) is None
+    assert not entry.exists()  # discarded: the next put replaces it
+    assert list(dest.iterdir()) == [] and not (tmp_path / "outside.txt").exists()
+    assert not list((tmp_path / "build").rglob("outside.txt"))
+
+
+def test_verify_discards_a_manifest_naming_files_outside_its_entry(tmp_path: Path):
+    cache, key, entry = _planted_entry(tmp_path / "cache", tmp_path, "path-out-of-the-entry")
+    assert cache.verify() == (1, [key]) and not entry.exists()
+
+
+def test_a_malformed_entry_is_recomputed_by_the_build_not_an_internal_error(project: Path, tmp_path: Path):
+    cache = tmp_path / "cache"
+    assert _build(project, project / "b1", cache).returncode == 0
+    records = {json.loads(p.read_text())["stage"]: json.loads(p.read_text())
+               for p in (project / "b1" / "stages").glob("*/*/stage.json")}
+    key = records["quantize"]["cache_key"]
+    manifest_path = cache / key[:2] / key / "manifest.json"
+    manifest = json.loads(manifest_path.read_text())
+    manifest["files"]["model_qdq.onnx"] = 5
+    manifest_path.write_text(json.dumps(manifest))
+    second = _build(project, project / "b2", cache)
+    assert second.returncode == 0, second.stderr
+    (warning,) = [ln for ln in second.stderr.splitlines() if ln.startswith("warning:")]
+    assert key in warning and "malformed" in warning and "Traceback" not in second.stderr
+    run = read_run(project / "b2")
+    assert "quantize:" in " ".join(n for n in run["executed"] if n not in run["from_cache"])
+    assert json.loads(manifest_path.read_text())["files"]["model_qdq.onnx"]["size"] > 0  # replaced by the rerun

@@ -133,3 +133,23 @@ def test_a_change_no_stat_can_see_fails_its_consumer_once_then_rebuilds(project_
     assert code == 0, err
     assert tosa.read_bytes() == good
     assert {n.split(":")[0] for n in read_run(build)["executed"]} >= {"lower", "vela"}
+
+
+@pytest.mark.parametrize("stage, record", [("lower", "stage.json"), ("vela", "inputs.json")])
+def test_a_record_that_parses_but_is_malformed_reruns_its_task(project_copy: Path, capsys, stage: str,
+                                                               record: str):
+    """A byte flip can leave a stage's own JSON valid but of the wrong shape (a size that is no longer a
+    mapping): one warning and the task reruns, not a traceback in every later build until `npubuild clean`."""
+    path = _stage_file(project_copy, stage, record)
+    data = json.loads(path.read_text())
+    field = "outputs" if record == "stage.json" else "inputs"
+    data[field] = {k: 5 for k in data[field]}
+    path.write_text(json.dumps(data))
+    code, _, err = run_cli(["build", "-q"], capsys, cwd=project_copy)
+    assert code == 0 and "Traceback" not in err, err
+    (warning,) = [ln for ln in err.splitlines() if ln.startswith("warning:")]
+    assert f"{stage}:" in warning and "malformed" in warning and "rerunning" in warning, warning
+    assert any(n.startswith(f"{stage}:") for n in read_run(project_copy / "build")["executed"])
+    assert all(b["status"] == "passed" for b in read_report(project_copy / "build")["builds"])
+    code, _, err = run_cli(["build", "-q"], capsys, cwd=project_copy)
+    assert code == 0 and not err and read_run(project_copy / "build")["executed"] == []
