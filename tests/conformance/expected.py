@@ -3,7 +3,6 @@ runs on the host fails the suite: take it off the list. None may crash."""
 
 from __future__ import annotations
 
-OUTPUT_NOT_COMPUTED = "a graph output that is a constant or a graph input (Dropout mask, ReduceSum noop): no TOSA op"
 EMPTY_SET = ("zero-size tensors: onnxruntime's quantiser calibrates them (or the -inf log of their empty sum) to an "
              "infinite scale, or its kernels refuse")
 DILATED_AVGPOOL_QDQ = "onnxruntime's graph optimiser fuses the dilated QDQ AveragePool into an invalid QLinearAveragePool"
@@ -11,18 +10,14 @@ RESIZE_ALIGN_CORNERS = "Resize linear/cubic align_corners with a non-integer dow
 CLAMP_MIN_ABOVE_MAX = "Clip with min > max (ONNX: max everywhere) is an invalid TOSA CLAMP"
 BFLOAT16_CALIBRATION = "onnxruntime's calibration cannot read a bfloat16 tensor"
 
-_NOT_COMPUTED_FP = ("test_dropout_default_mask", "test_dropout_default_mask_ratio")
-_NOOP = ("test_reduce_sum_empty_axes_input_noop", "test_reduce_sum_empty_axes_input_noop_example")
 
 EXPECTED_FP: dict[str, str] = {
-    **dict.fromkeys(_NOT_COMPUTED_FP + _NOOP, OUTPUT_NOT_COMPUTED),
     "test_resize_downsample_scales_cubic_align_corners": RESIZE_ALIGN_CORNERS,
     "test_resize_downsample_scales_linear_align_corners": RESIZE_ALIGN_CORNERS,
     "test_clip_min_greater_than_max": CLAMP_MIN_ABOVE_MAX,
 }
 
 EXPECTED_INT: dict[str, str] = {
-    **dict.fromkeys(_NOOP, OUTPUT_NOT_COMPUTED),
     **dict.fromkeys(("test_reduce_log_sum_empty_set", "test_reduce_log_sum_empty_set_expanded",
                      "test_reduce_log_sum_exp_empty_set", "test_reduce_max_empty_set", "test_reduce_min_empty_set"),
                     EMPTY_SET),
