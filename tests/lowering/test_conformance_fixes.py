@@ -100,6 +100,13 @@ def test_a_graph_output_no_tosa_op_computes_puts_its_node_on_the_host():
     assert set(lower_lowerable(mask, "fp").host) == {"drop"}
 
 
+def test_clip_with_min_above_max_gives_max_everywhere():
+    """was an invalid TOSA CLAMP (min > max); ONNX sets every value to max (test_clip_min_greater_than_max)"""
+    m = single_op_model("Clip", {"x": [2, 3]}, {"y": [2, 3]},
+                        {"lo": np.array(1.0, np.float32), "hi": np.array(0.5, np.float32)})
+    check_fp(m, {"x": rand([2, 3], low=-2.0, high=2.0)})
+
+
 def test_pool_ceil_mode_last_window_must_start_inside_the_input():
     """MaxPool: was an invalid graph (pad larger than the kernel); AveragePool: shape [1,3,2,2] for [1,3,1,1]"""
     mp = single_op_model("MaxPool", {"x": [1, 1, 2, 2]}, {"y": None}, kernel_shape=[1, 1], strides=[2, 2],
