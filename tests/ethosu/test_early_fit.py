@@ -57,8 +57,9 @@ def test_a_model_too_big_for_its_only_target_fails_at_import_with_the_pool_line(
                           text=True, timeout=600, preexec_fn=_limits)
     lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
     assert proc.returncode == 1 and len(lines) == 1, proc.stderr
-    assert lines[0].startswith("error: target 'small': pool 'sram' (sram) needs 256.0 KiB (arena 256.0 KiB) "
-                               "but has 128.0 KiB"), lines[0]
+    # the build's one line names the build and the stage (build/session.error_line), then the pool check's line
+    assert lines[0].startswith("error: big/big/small: import: target 'small': pool 'sram' (sram) needs 256.0 KiB "
+                               "(arena 256.0 KiB) but has 128.0 KiB"), lines[0]
     stages = {p.name for p in (project / "build" / "stages").iterdir()}
     assert stages == {"import"}  # quantize, lower, tosa-check and Vela never ran
     (entry,) = read_report(project / "build")["builds"]
