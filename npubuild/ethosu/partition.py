@@ -125,8 +125,13 @@ def group(model: onnx.ModelProto, labels: dict[str, str]) -> list[Partition]:
     parts: list[Partition] = []
     while remaining:
         ready = [n for n in remaining if deps[n.name] <= done]
-        # the kind of the first ready compute node: a graph input's Q/DQ waits for the partition of its reader
-        kind = labels[next((n for n in ready if n.op_type not in QDQ), ready[0]).name]
+        # the kind of the first ready compute node: a graph input's Q/DQ waits for the partition of its reader;
+        # with only Q/DQ ready, the host's first (an NPU partition of nothing but Q/DQ computes no TOSA output)
+        compute = next((n for n in ready if n.op_type not in QDQ), None)
+        if compute is not None:
+            kind = labels[compute.name]
+        else:
+            kind = "host" if any(labels[n.name] == "host" for n in ready) else labels[ready[0].name]
         taken: list[onnx.NodeProto] = []
         progress = True
         while progress:

@@ -17,7 +17,7 @@ from typing import Literal
 import onnx
 from onnx import helper
 
-from npubuild.errors import InputError, UnsupportedOpError
+from npubuild.errors import InputError, UncomputedOutputError, UnsupportedOpError
 from npubuild.frontend.graph_index import QDQ, GraphIndex, node_inputs
 from npubuild.lowering.driver import LoweredGraph, lower_model
 from npubuild.lowering.options import LoweringOptions
@@ -79,6 +79,24 @@ def lower_lowerable(model: onnx.ModelProto, profile: Literal["int", "fp"], famil
             if exc.node_name not in names or exc.node_name in found:
                 raise  # not a node of the model, or cutting it did not help: nothing more to try
             found[exc.node_name] = host_node(exc)
+        except UncomputedOutputError as exc:  # a graph output that lowers to a constant or to a graph input
+            node = computing_node(graph, exc.output_name)
+            if node is None or node.name not in names or node.name in found:
+                raise
+            found[node.name] = HostNode(node.name, node.op_type, LOWERING_REFUSED,
+                                        f"its output '{exc.output_name}' is a graph output that no TOSA op computes "
+                                        "(a constant, or a graph input passed through): the host writes it")
+
+
+def computing_node(model: onnx.ModelProto, tensor: str) -> onnx.NodeProto | None:
+    """The compute node behind `tensor`, through the Q/DQ nodes that end at it; None for a graph input."""
+    index = GraphIndex(model)
+    node = index.producer.get(tensor)
+    for _ in range(8):
+        if node is None or node.op_type not in QDQ:
+            return node
+        node = index.producer.get(node.input[0])
+    return None
 
 
 def constant_outputs(model: onnx.ModelProto) -> set[str]:

@@ -89,17 +89,19 @@ def test_a_custom_op_onnxruntime_cannot_run_is_one_line_exit_2(project: Path, ca
 
 
 def test_a_standard_op_onnxruntime_rejects_is_one_line_exit_2(project: Path, capsys):
-    """GRU with layout=1: a kernel exists, but onnxruntime refuses batch-major recurrences."""
-    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 5, 3])
-    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 5, 1, 2])
+    """GRU with layout=1: a kernel exists, but onnxruntime refuses batch-major recurrences. (Import unrolls a
+    recurrence of static length, whatever its layout: unequal per-batch sequence lengths keep it a GRU.)"""
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 5, 3])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 5, 1, 2])
     rng = np.random.default_rng(0)
     inits = [numpy_helper.from_array(rng.uniform(-1, 1, (1, 6, 3)).astype(np.float32), "W"),
-             numpy_helper.from_array(rng.uniform(-1, 1, (1, 6, 2)).astype(np.float32), "R")]
-    node = helper.make_node("GRU", ["x", "W", "R"], ["y"], hidden_size=2, layout=1, name="kws_gru")
+             numpy_helper.from_array(rng.uniform(-1, 1, (1, 6, 2)).astype(np.float32), "R"),
+             numpy_helper.from_array(np.array([5, 3], np.int32), "lens")]
+    node = helper.make_node("GRU", ["x", "W", "R", "", "lens"], ["y"], hidden_size=2, layout=1, name="kws_gru")
     m = helper.make_model(helper.make_graph([node], "g", [x], [y], inits), opset_imports=[helper.make_opsetid("", 17)])
     m.ir_version = 8
     onnx.save(m, project / "configs" / "models" / "gru.onnx")
-    spec = write_spec(project, "gru", "gru.onnx", [1, 5, 3], "[ethos-u55-128]")
+    spec = write_spec(project, "gru", "gru.onnx", [2, 5, 3], "[ethos-u55-128]")
     code, _, err = run_cli(["build", str(spec), "--build-dir", str(project / "build"), "-q"], capsys)
     assert code == 2
     (line,) = [ln for ln in err.splitlines() if "error:" in ln]

@@ -84,3 +84,27 @@ def test_partition_gates(project: Path, capsys):
     assert code == 0, err
     gates = {g["name"]: g for g in read_report(project / "build")["builds"][0]["gates"]}
     assert set(gates) == {"npu_partitions", "host_ops", "max_deployed_error_lsb"} and all(g["ok"] for g in gates.values())
+
+
+def test_an_npu_partition_is_never_only_the_q_dq_of_graph_inputs():
+    """Inputs a (read only by a host node) and b (read by an NPU node that also waits for the host): with only
+    Q/DQ ready, the host partition goes first, so b's Q/DQ joins the NPU node's partition; an NPU partition of
+    nothing but b's Q/DQ would have the graph input as its output, which no TOSA graph can compute."""
+    from npubuild.ethosu.partition import group
+
+    def qdq(t: str) -> list[onnx.NodeProto]:
+        return [onnx.helper.make_node("QuantizeLinear", [t, "s", "z"], [f"{t}_q"], name=f"{t}_Q"),
+                onnx.helper.make_node("DequantizeLinear", [f"{t}_q", "s", "z"], [f"{t}_dq"], name=f"{t}_DQ")]
+
+    nodes = [*qdq("b"), *qdq("a"), onnx.helper.make_node("Loop", ["a_dq"], ["h"], name="host_node"),
+             onnx.helper.make_node("Add", ["b_dq", "h"], ["y"], name="npu_node")]
+    f = onnx.TensorProto.FLOAT
+    graph = onnx.helper.make_graph(nodes, "g", [onnx.helper.make_tensor_value_info(t, f, [4]) for t in "ab"],
+                                   [onnx.helper.make_tensor_value_info("y", f, [4])],
+                                   [onnx.numpy_helper.from_array(np.array(0.1, np.float32), "s"),
+                                    onnx.numpy_helper.from_array(np.array(0, np.int8), "z")])
+    labels = {"b_Q": "npu", "b_DQ": "npu", "a_Q": "host", "a_DQ": "host", "host_node": "host", "npu_node": "npu"}
+    parts = group(onnx.helper.make_model(graph), labels)
+    assert [(p.kind, [n.name for n in p.nodes]) for p in parts] == [
+        ("host", ["a_Q", "a_DQ", "host_node"]), ("npu", ["b_Q", "b_DQ", "npu_node"])]
+    assert parts[1].inputs == ["b", "h"] and parts[1].outputs == ["y"]

@@ -85,6 +85,28 @@ def test_zero_size_tensors_put_the_node_on_the_host():
     assert "zero-size" in partial.host["relu"].reason and partial.lowered is None
 
 
+def test_a_graph_output_no_tosa_op_computes_puts_its_node_on_the_host():
+    """was an input error (exit 2): ReduceSum with empty axes and noop_with_empty_axes passes its input through,
+    Dropout's mask is a constant; no TOSA graph can have them as outputs, the host can (Dropout/ReduceSum tests)"""
+    vi = helper.make_tensor_value_info
+    noop = _graph([helper.make_node("Relu", ["x"], ["r"], name="relu"),
+                   helper.make_node("ReduceSum", ["r"], ["y"], noop_with_empty_axes=1, name="noop")],
+                  [vi("x", TensorProto.FLOAT, [2, 4])], [vi("y", TensorProto.FLOAT, [2, 4])])
+    partial = lower_lowerable(noop, "fp")
+    assert set(partial.host) == {"noop"} and partial.lowered is not None  # Relu still lowers
+    assert "its output 'y' is a graph output that no TOSA op computes" in partial.host["noop"].reason
+    mask = _graph([helper.make_node("Dropout", ["x"], ["y", "m"], name="drop")], [vi("x", TensorProto.FLOAT, [2, 4])],
+                  [vi("y", TensorProto.FLOAT, [2, 4]), vi("m", TensorProto.BOOL, [2, 4])])
+    assert set(lower_lowerable(mask, "fp").host) == {"drop"}
+
+
+def test_clip_with_min_above_max_gives_max_everywhere():
+    """was an invalid TOSA CLAMP (min > max); ONNX sets every value to max (test_clip_min_greater_than_max)"""
+    m = single_op_model("Clip", {"x": [2, 3]}, {"y": [2, 3]},
+                        {"lo": np.array(1.0, np.float32), "hi": np.array(0.5, np.float32)})
+    check_fp(m, {"x": rand([2, 3], low=-2.0, high=2.0)})
+
+
 def test_pool_ceil_mode_last_window_must_start_inside_the_input():
     """MaxPool: was an invalid graph (pad larger than the kernel); AveragePool: shape [1,3,2,2] for [1,3,1,1]"""
     mp = single_op_model("MaxPool", {"x": [1, 1, 2, 2]}, {"y": None}, kernel_shape=[1, 1], strides=[2, 2],

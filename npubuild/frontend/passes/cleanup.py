@@ -40,3 +40,24 @@ class EliminateDropout(ir.passes.InPlacePass):
                 model.graph.remove(node, safe=True)
                 modified = True
         return ir.passes.PassResult(model, modified)
+
+
+@register("castlike_to_cast")
+class CastLikeToCast(ir.passes.InPlacePass):
+    """CastLike reads only its second input's element type: a Cast to that type, so that the second input (a
+    tensor the function bodies of ONNX ops pass just for its type) is no data dependency. Without this, a host
+    or NPU partition boundary can run through a tensor nobody reads."""
+
+    def call(self, model: ir.Model) -> ir.passes.PassResult:
+        modified = False
+        for node in list(model.graph):
+            if node.op_type != "CastLike" or node.domain not in ("", "ai.onnx") or len(node.inputs) < 2:
+                continue
+            like = node.inputs[1]
+            if like is None or like.dtype is None:
+                continue
+            node.op_type = "Cast"
+            node.attributes["to"] = ir.AttrInt64("to", like.dtype.value)
+            node.resize_inputs(1)
+            modified = True
+        return ir.passes.PassResult(model, modified)

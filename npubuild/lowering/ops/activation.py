@@ -48,4 +48,4 @@ def lower_clip(ctx: LoweringContext) -> None:
         if v is None:
             raise ctx.unsupported("Clip max must be a constant")
         hi = float(v)
-    _clamp_real(ctx, float(lo), float(hi))
+    _clamp_real(ctx, min(float(lo), float(hi)), float(hi))  # ONNX: min > max sets every value to max
