@@ -15,8 +15,8 @@ from __future__ import annotations
 import numpy as np
 import tosa_serializer as ts
 
-from npubuild.lowering.context import LoweringContext, TTensor
-from npubuild.lowering.emit import Op, attr
+from npubuild.lowering.context import LoweringContext, TTensor, identity
+from npubuild.lowering.emit import Op, attr, reshape
 
 Q29 = 1 << 29
 Q30 = 1 << 30
@@ -37,23 +37,39 @@ def const_i32(ctx: LoweringContext, value: int | np.ndarray, like: TTensor) -> T
     return TTensor(ctx.const(arr, "i32"), arr.shape, arr.dtype, like.perm)
 
 
-def add(ctx: LoweringContext, a: TTensor, b: TTensor) -> TTensor:
+def _scalar_then_tensor(a: TTensor, b: TTensor) -> bool:
+    """A [1, ..., 1] first operand against a rank > 4 tensor: the shape Vela 5.2 (regor) miscompiles for U55/U65.
+
+    It keeps the scalar as the IFM and marks the full IFM2 as broadcast instead of reversing the operands, so
+    the NPU reads past the constant (npu-sim reports it as VelaMiscompile; tests/npusim/test_vela_broadcast.py).
+    """
+    return len(b.shape) > 4 and all(d == 1 for d in a.shape) and int(np.prod(b.shape)) > 1
+
+
+def _binary(ctx: LoweringContext, op, kind: str, a: TTensor, b: TTensor, extra: tuple[str, ...] = ()) -> TTensor:
+    """One int32 binary op; the scalar-first rank > 4 case runs on 4-D views (a RESHAPE costs Vela nothing)."""
+    if _scalar_then_tensor(a, b):
+        view = (int(np.prod(b.shape[:-3])), *b.shape[-3:])
+        a4, b4 = reshape(ctx, a, (1, 1, 1, 1)), reshape(ctx, b, view)
+        out4 = ctx.new_tensor(view, np.int32, identity(4))
+        ctx.op(op, [a4.name, b4.name, *extra], [out4.name], attr(kind))
+        return reshape(ctx, out4, b.shape, b.perm)
     out = _out(ctx, a, b)
-    ctx.op(Op.ADD, [a.name, b.name], [out.name], attr("Add"))
+    ctx.op(op, [a.name, b.name, *extra], [out.name], attr(kind))
     return out
+
+
+def add(ctx: LoweringContext, a: TTensor, b: TTensor) -> TTensor:
+    return _binary(ctx, Op.ADD, "Add", a, b)
 
 
 def sub(ctx: LoweringContext, a: TTensor, b: TTensor) -> TTensor:
-    out = _out(ctx, a, b)
-    ctx.op(Op.SUB, [a.name, b.name], [out.name], attr("Sub"))
-    return out
+    return _binary(ctx, Op.SUB, "Sub", a, b)
 
 
 def mul(ctx: LoweringContext, a: TTensor, b: TTensor, shift: int) -> TTensor:
     """round(a * b / 2**shift) in int32 (TOSA MUL computes the product in 64 bits)."""
-    out = _out(ctx, a, b)
-    ctx.op(Op.MUL, [a.name, b.name, ctx.const(np.array([shift], np.int8), "shift")], [out.name], attr("Mul"))
-    return out
+    return _binary(ctx, Op.MUL, "Mul", a, b, (ctx.const(np.array([shift], np.int8), "shift"),))
 
 
 def clz(ctx: LoweringContext, a: TTensor) -> TTensor:

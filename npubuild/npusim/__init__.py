@@ -16,3 +16,7 @@ from npubuild.errors import StageError
 
 class NotModelled(StageError):
     """A valid command stream using a feature npu-sim does not model yet: verification cannot conclude."""
+
+
+class VelaMiscompile(StageError):
+    """A command stream the hardware cannot run as the graph means (Vela's mistake, not npu-sim's): fails the build."""

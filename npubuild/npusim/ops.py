@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from npubuild.errors import StageError
-from npubuild.npusim import NotModelled, fmap
+from npubuild.npusim import NotModelled, VelaMiscompile, fmap
 from npubuild.npusim.cmdstream import Command
 from npubuild.npusim.scaling import saturate, scale
 from npubuild.npusim.weights import WeightLayout, decode_cached, decode_scales, unpack_weights
@@ -281,12 +281,33 @@ def _clz(a: np.ndarray) -> np.ndarray:
     return n
 
 
+def _require_full_ifm(cmd: Command, mode: str, ifm: fmap.FeatureMap, oshape: tuple[int, int, int]) -> None:
+    """The U55/U65 broadcast IFM2 only: an elementwise op's IFM is read over the whole OFM shape.
+
+    Vela 5.2 (regor) breaks this for a rank-5 TOSA ADD/SUB/MUL whose first operand is a [1,1,1,1,1] constant:
+    it keeps the constant as a 1x1x1 IFM and flags the full IFM2 as broadcast (IFM2_BROADCAST 7, no operand
+    reversal), so the hardware reads past the constant. Vela's own register generator asserts the opposite.
+    """
+    oh, ow, oc = oshape
+    depth = cmd.regs.get("IFM_DEPTH_M1", 0) + 1
+    single_tile = not any(ifm.bases[1:])
+    point = single_tile and ifm.height0 == 1 and ifm.width0 == 1 and oh * ow > 1
+    if depth < oc or point:
+        ih, iw = (1, 1) if point else (ifm.height0, ifm.width0)
+        raise VelaMiscompile(
+            f"Vela miscompiled ELEMENTWISE {mode}: its IFM is {ih}x{iw}x{depth} for an OFM of {oh}x{ow}x{oc} "
+            f"(IFM2_BROADCAST {cmd.regs.get('IFM2_BROADCAST', 0)}); the hardware broadcasts IFM2 only, so it would "
+            "read past the IFM (known Vela 5.2 bug: a rank-5 binary op whose first operand is a [1,1,1,1,1] "
+            "constant)")
+
+
 def run_elementwise(mem: dict, cmd: Command) -> OpResult:
     mode = EW_MODES.get(cmd.param & 0xFFFF)
     if mode is None:
         raise StageError(f"unknown elementwise mode {cmd.param}")
     oh, ow, oc = ofm_shape(cmd)
     ifm = fmap.operand(cmd, "IFM")
+    _require_full_ifm(cmd, mode, ifm, (oh, ow, oc))
     a = fmap.read(mem[ifm.region], ifm, oh, ow, oc) - (ifm.zero_point if ifm.bits < 32 else 0)
     ipr = cmd.regs.get("IFM_PRECISION", 0)
     scale_mode, in_round = (ipr >> 8) & 3, (ipr >> 14) & 3

@@ -8,6 +8,7 @@ end of the buffer is valid; only the block's `outputs` field is patched.
 from __future__ import annotations
 
 import struct
+from dataclasses import dataclass
 
 import numpy as np
 from tosa.DType import DType
@@ -52,6 +53,32 @@ def probe_tensors(tosa: bytes) -> tuple[bytes, list[tuple[str, tuple[int, ...]]]
         buf.append(0)
     struct.pack_into("<I", buf, field_pos, vec_pos - field_pos)
     return bytes(buf), [(n, shapes.get(n, ())) for n in names]
+
+
+@dataclass(frozen=True)
+class GraphOp:
+    """One non-constant TOSA operator: its type name and the tensors it reads and writes."""
+
+    kind: str
+    inputs: tuple[str, ...]
+    outputs: tuple[str, ...]
+
+
+OP_NAMES = {v: k for k, v in vars(Op).items() if not k.startswith("_") and isinstance(v, int)}
+
+
+def graph_ops(tosa: bytes) -> list[GraphOp]:
+    """The main block's computing operators in graph order (for tracing a wrong result back to its first op)."""
+    block = TosaGraph.GetRootAs(bytearray(tosa), 0).Regions(0).Blocks(0)
+    ops = []
+    for i in range(block.OperatorsLength()):
+        op = block.Operators(i)
+        if op.Op() in SKIP_OPS:
+            continue
+        ops.append(GraphOp(OP_NAMES.get(op.Op(), str(op.Op())),
+                           tuple(op.Inputs(j).decode() for j in range(op.InputsLength())),
+                           tuple(op.Outputs(j).decode() for j in range(op.OutputsLength()))))
+    return ops
 
 
 def intermediates(tosa: bytes, inputs: list[np.ndarray]) -> dict[str, np.ndarray]:

@@ -10,22 +10,29 @@ from npubuild.errors import StageError
 from npubuild.npusim.npz import RawModel
 from npubuild.npusim.ops import OpResult
 from npubuild.npusim.sim import run
-from npubuild.npusim.tosa_probe import intermediates
+from npubuild.npusim.tosa_probe import GraphOp, graph_ops, intermediates
 
 
 @dataclass
 class Mismatch:
-    """The first NPU op whose OFM equals no TOSA intermediate of its shape (those it could map to)."""
+    """The first NPU op whose OFM equals no TOSA intermediate of its shape (those it could map to).
+
+    `tosa_op` names the first TOSA operator whose result npu-sim does not reproduce while its inputs are
+    reproduced (when the graph localises it): the NPU op is then the first one after those inputs' producers
+    that writes a wrong value of that result's shape."""
 
     op: int  # position among NPU ops
     kind: str
     ofm_shape: tuple[int, int, int]
     ofm_format: str
     candidates: list[str]
+    tosa_op: str | None = None
 
     def describe(self) -> str:
-        return (f"NPU op #{self.op} {self.kind} (ofm {list(self.ofm_shape)} {self.ofm_format}) matches none of "
-                f"TOSA {', '.join(self.candidates[:4])}")
+        head = f"NPU op #{self.op} {self.kind} (ofm {list(self.ofm_shape)} {self.ofm_format})"
+        if self.tosa_op:
+            return f"{head} differs from TOSA {self.tosa_op} (the first TOSA result npu-sim does not reproduce)"
+        return f"{head} matches none of TOSA {', '.join(self.candidates[:4])}"
 
 
 @dataclass
@@ -69,8 +76,15 @@ def tensor_of(op: OpResult, inter: dict[str, np.ndarray]) -> str | None:
     return None
 
 
-def localise(trace: list[OpResult], inter: dict[str, np.ndarray]) -> Mismatch | None:
-    """Only 8/16-bit OFMs are compared: 32-bit ones are mostly Vela's internal steps (a RESCALE split in two)."""
+def localise(trace: list[OpResult], inter: dict[str, np.ndarray], graph: list[GraphOp] | None = None
+             ) -> Mismatch | None:
+    """Through the graph first (`_graph_localise`); else the first 8/16-bit OFM matching no TOSA tensor.
+
+    Only 8/16-bit OFMs are compared without the graph: 32-bit ones are mostly Vela's internal steps (a
+    RESCALE split in two)."""
+    found = _graph_localise(trace, inter, graph) if graph else None
+    if found:
+        return found
     for n, op in enumerate(trace):
         if op.ofm_bits > 16:
             continue
@@ -86,6 +100,59 @@ def localise(trace: list[OpResult], inter: dict[str, np.ndarray]) -> Mismatch | 
                 cands.append(name)
         if cands:
             return Mismatch(n, op.kind, op.ofm_shape, op.ofm_format, cands)
+    return None
+
+
+def _reproduces(op: OpResult, t: np.ndarray) -> bool:
+    """The OFM holds all of tensor `t`, element for element (a channel window may be a CONCAT's other input)."""
+    return op.ofm.ndim == 3 and op.ofm.size == t.size and np.array_equal(op.ofm.ravel(), t.ravel())
+
+
+def _differs(op: OpResult, t: np.ndarray) -> bool:
+    """The OFM has the shape of `t` (its size, or a channel window of it) but not its values."""
+    if op.ofm.ndim == 3 and op.ofm.size == t.size:
+        return not _reproduces(op, t)
+    return _maps_to(op.ofm, t) is False
+
+
+def _graph_localise(trace: list[OpResult], inter: dict[str, np.ndarray], graph: list[GraphOp]) -> Mismatch | None:
+    """Vela splits some TOSA ops into many NPU ops (a 6-D TRANSPOSE into thousands of strided copies) whose
+    OFMs are pieces of no TOSA tensor, so "the first OFM matching nothing" is often a correct piece. Instead:
+    a TOSA tensor is good if some NPU OFM reproduces it or one of its descendants; the first operator with
+    good inputs and a result that is not good is where npu-sim and TOSA part, and the NPU op blamed is the
+    first after its inputs' producers whose OFM has the shape of that result (or its descendants) but not
+    its values."""
+    first_hit: dict[str, int] = {}
+    by_bits: dict[int, list[tuple[str, np.ndarray]]] = {}
+    for name, t in inter.items():
+        by_bits.setdefault(t.dtype.itemsize * 8, []).append((name, t))
+    for n, op in enumerate(trace):
+        for name, t in by_bits.get(op.ofm_bits, []):
+            if name not in first_hit and _reproduces(op, t):
+                first_hit[name] = n
+    produced = {o for g in graph for o in g.outputs}
+    good = set(first_hit)
+    for g in reversed(graph):  # ancestors of a reproduced tensor computed it right
+        if any(o in good for o in g.outputs):
+            good.update(i for i in g.inputs if i in produced)
+    for k, g in enumerate(graph):
+        if all(o in good for o in g.outputs) or not all(i in good or i not in produced for i in g.inputs):
+            continue
+        after = max((first_hit[i] for i in g.inputs if i in first_hit), default=-1)
+        bad = [o for o in g.outputs if o not in good]
+        frontier = set(bad)
+        for later in graph[k + 1:]:
+            if any(i in frontier for i in later.inputs):
+                frontier.update(o for o in later.outputs if o not in good)
+                bad.extend(o for o in later.outputs if o not in good)
+        for n in range(after + 1, len(trace)):
+            op = trace[n]
+            for name in bad:
+                t = inter.get(name)
+                if t is not None and t.dtype.itemsize * 8 == op.ofm_bits and _differs(op, t):
+                    return Mismatch(n, op.kind, op.ofm_shape, op.ofm_format, [name],
+                                    f"{g.kind} -> {g.outputs[0]} {list(inter[g.outputs[0]].shape) if g.outputs[0] in inter else ''}".rstrip())
+        return None
     return None
 
 
@@ -123,5 +190,5 @@ def compare(model: RawModel, tosa: bytes, samples: list[list[np.ndarray]], names
             bad_here |= bad > 0
         if bad_here and v.first_bad_sample is None:
             v.first_bad_sample = s
-            v.first_bad_op = localise(res.ops, intermediates(tosa, xs))
+            v.first_bad_op = localise(res.ops, intermediates(tosa, xs), graph_ops(tosa))
     return v

@@ -3,12 +3,13 @@
 The same sample inputs as tosa-check, quantised with the graph's input
 parameters, go through the TOSA reference model and through npu-sim on
 Vela's command stream and weights. Any differing element fails the build,
-naming the output, the count and the first NPU op whose OFM matches no TOSA
-intermediate. A graph split around host operators has each NPU partition's
+naming the output, the count and the first NPU op writing a wrong value (npusim.verify.localise
+traces the first TOSA result npu-sim does not reproduce). A graph split around host operators has each NPU partition's
 artifact checked against its TOSA partition. U55, U65 and U85 artifacts run
 alike (npusim.sim.run picks the generation); tflite-format builds, a model
 with no NPU partition at all (every node on the host) and features npu-sim does not model (npusim.NotModelled) are reported as skipped
-with the reason.
+with the reason. A command stream Vela got wrong (npusim.VelaMiscompile: e.g. a U55 elementwise IFM smaller
+than its OFM) fails the build with what is wrong in it.
 """
 
 from __future__ import annotations
