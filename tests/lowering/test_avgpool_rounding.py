@@ -56,3 +56,13 @@ def test_padded_mean_onto_a_new_scale_rounds_once(ratio, stride):
 def test_the_rounded_once_mean_runs_on_the_u55_npu():
     npu, cpu = vela_op_counts(lower_model(_pool_qdq(0.014), "int", family="u55").tosa, "ethos-u55-128")
     assert npu >= 1 and cpu == 0
+
+
+def test_a_bias_on_another_scale_is_requantised_not_taken_as_exact():
+    from npubuild.lowering.convolution import Bias
+
+    acc_scale = np.full(2, 5.7e-7)
+    exact = np.array([-231034, 118683], np.int32)
+    bias = Bias(exact * acc_scale * 0.9929, exact, acc_scale * 0.9929)  # 0.7% apart: inside atol=1e-8
+    assert bias.int32(acc_scale).tolist() == np.round(exact * 0.9929).astype(int).tolist()
+    assert Bias(exact * acc_scale, exact, acc_scale * (1 + 1e-8)).int32(acc_scale) is exact
