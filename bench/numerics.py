@@ -33,6 +33,7 @@ def _load_node_errors():
     """This tree's verify/node_errors on top of whatever npubuild is on the path (the revision's)."""
     spec = importlib.util.spec_from_file_location("bench_node_errors", REPO / "npubuild" / "verify" / "node_errors.py")
     mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod  # its dataclasses look their module up there
     spec.loader.exec_module(mod)
     return mod
 
@@ -120,7 +121,7 @@ def _export(rev: str, dest: Path) -> Path:
     """`git archive` of `rev` into dest (a path to a tree is used as it is)."""
     if Path(rev).is_dir():
         return Path(rev)
-    data = subprocess.run(["git", "-C", str(REPO), "archive", rev, "npubuild", "configs"], check=True, capture_output=True).stdout
+    data = subprocess.run(["git", "-C", str(REPO), "archive", rev, "npubuild", "configs", "pipelines", "targets", "dodo.py"], check=True, capture_output=True).stdout
     dest.mkdir(parents=True)
     with tempfile.TemporaryFile() as fh:
         fh.write(data)
@@ -135,7 +136,9 @@ def run_revision(rev: str, build_dir: Path, samples: int, tmp: Path) -> dict:
     env = {**os.environ, "PYTHONPATH": str(tree)}
     res = subprocess.run([sys.executable, __file__, "--measure", "--build-dir", str(build_dir), "--configs",
                           str(tree / "configs"), "--samples", str(samples)],
-                         env=env, check=True, capture_output=True, text=True)
+                         env=env, capture_output=True, text=True)
+    if res.returncode:
+        raise SystemExit(f"{rev}: the measurement failed:\n{res.stderr[-3000:]}")
     return json.loads(res.stdout)
 
 
@@ -179,15 +182,21 @@ def main() -> int:
     ap.add_argument("--before", default="100b37c", help="git revision (or a tree) of the lowering before")
     ap.add_argument("--after", default=str(REPO), help="git revision (or a tree) after: default this tree")
     ap.add_argument("--samples", type=int, default=8)
+    ap.add_argument("--keep", type=Path, help="a directory to write each revision's measurement to (JSON)")
     ap.add_argument("--measure", action="store_true", help=argparse.SUPPRESS)  # the child's side
     ap.add_argument("--configs", type=Path, default=REPO / "configs", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.measure:
         json.dump(measure(args.build_dir.resolve(), args.configs, args.samples), sys.stdout)
         return 0
+    results = []
     with tempfile.TemporaryDirectory(prefix="npubuild-numerics-") as tmp:
-        before = run_revision(args.before, args.build_dir.resolve(), args.samples, Path(tmp))
-        after = run_revision(args.after, args.build_dir.resolve(), args.samples, Path(tmp))
+        for i, rev in enumerate((args.before, args.after)):
+            res = run_revision(rev, args.build_dir.resolve(), args.samples, Path(tmp))
+            results.append(res)
+            if args.keep:  # each revision's measurement as it finishes (a long run is not lost)
+                (args.keep / f"{'before' if i == 0 else 'after'}.json").write_text(json.dumps(res))
+    before, after = results
     print(render(before, after, (args.before, Path(args.after).name if Path(args.after).is_dir() else args.after)))
     return 0
 
