@@ -44,6 +44,9 @@ METRICS: tuple[Metric, ...] = (
     # bound over Vela's estimated inference time
     *_m("vela", "bound_ms", "efficiency", "roofline"),
     Metric("deployed_max_error_lsb", None),
+    # each node fed the QDQ model's own inputs (verify/node_errors): the lowering's own error, not the
+    # float32 reference's rounding noise grown through the layers after it; the worst node and output by name
+    *_m("tosa-check", "tosa_node_max_error_lsb", "tosa_worst_node", "tosa_worst_output"),
 )
 
 
@@ -68,6 +71,8 @@ GATES: tuple[Gate, ...] = (
     Gate("max_npu_cycles", "npu_cycles", "max", int, {"gt": 0}),
     Gate("min_tosa_snr_db", "tosa_snr_db", "min"),
     Gate("max_tosa_error_lsb", "tosa_max_error_lsb", "max", float, {"ge": 0}),
+    Gate("max_tosa_node_error_lsb", "tosa_node_max_error_lsb", "max", float, {"ge": 0},
+         "Largest error of one node fed the QDQ model's own inputs (verify/node_errors)"),
     Gate("min_quant_snr_db", "quant_snr_db", "min"),
     Gate("max_transposes", "transposes", "max", int, {"ge": 0}, "Most TRANSPOSE ops allowed in the TOSA graph"),
     Gate("min_accuracy", "accuracy", "min", float, {"ge": 0, "le": 1}, "Top-1 of the TOSA graph on the evaluation set"),

@@ -6,9 +6,10 @@ from __future__ import annotations
 import numpy as np
 import tosa_serializer as ts
 
+from npubuild.lowering import intmath as im
 from npubuild.lowering.context import NHWC, LoweringContext, TTensor
 from npubuild.lowering.convolution import conv_pads, exact_pads, slice_hw
-from npubuild.lowering.emit import Op, attr, requantize, rescale, reshape
+from npubuild.lowering.emit import Op, attr, rescale, reshape
 from npubuild.lowering.movement import concat_phys, decimate, pad_phys
 from npubuild.lowering.spatial import Window
 
@@ -88,17 +89,12 @@ def avg_pool(ctx: LoweringContext, x: TTensor, kernel, stride, pads, count_inclu
         return out
     out_q = ctx.require_output_q()
     assert x.q is not None
-    same_scale = np.isclose(x.q.s, out_q.s, rtol=1e-6)
+    same_scale = np.isclose(x.q.s, out_q.s, rtol=1e-6, atol=0.0)  # scales are ~1e-3: no absolute slack
     if same_scale and not (count_include_pad and any(pads)):
         out = ctx.new_tensor(shape, x.dtype, NHWC, out_q, output_of=output_of)
         ins = [x.name, ctx.zp(x.q.zp, np.int8), ctx.zp(out_q.zp, np.int8)]
         ctx.op(Op.AVG_POOL2D, ins, [out.name], attr("AvgPool2d", list(kernel), list(stride), pads, ts.DType.INT32))
         return out
-    if any(pads) and not count_include_pad:
-        out = ctx.new_tensor(shape, x.dtype, NHWC, x.q)
-        ins = [x.name, ctx.zp(x.q.zp, np.int8), ctx.zp(x.q.zp, np.int8)]
-        ctx.op(Op.AVG_POOL2D, ins, [out.name], attr("AvgPool2d", list(kernel), list(stride), pads, ts.DType.INT32))
-        return requantize(ctx, out, out_q, output_of=output_of)
     c = x.shape[3]
     ones = np.ones((kernel[0], kernel[1], c, 1), np.int8)  # HWCM
     acc = ctx.new_tensor(shape, np.int32, NHWC)
@@ -106,5 +102,34 @@ def avg_pool(ctx: LoweringContext, x: TTensor, kernel, stride, pads, count_inclu
            ctx.zp(0, np.int8)]
     ctx.op(Op.DEPTHWISE_CONV2D, ins, [acc.name],
            attr("DepthwiseConv2d", pads, list(stride), [1, 1], False, ts.DType.INT32))
+    if any(pads) and not count_include_pad:
+        return _unpadded_mean(ctx, acc, (x.shape[1], x.shape[2]), kernel, stride, pads, x.q.s, out_q, output_of)
     scale = x.q.s / (kernel[0] * kernel[1] * out_q.s)
     return rescale(ctx, acc, scale, out_q.dtype, 0, out_q.zp, out_q, output_of=output_of)
+
+
+RECIPROCAL_BITS = 30  # 1/count as a Q30 int32: relative error below 2^-25
+MEAN_FRACTION_BITS = 20  # the mean keeps 20 fraction bits before the one RESCALE (|mean| <= 255: fits int32)
+
+
+def window_counts(in_hw: tuple[int, int], kernel, stride, pads, out_hw: tuple[int, int]) -> np.ndarray:
+    """(oh, ow) number of unpadded input elements each window covers (ONNX count_include_pad=0)."""
+    def axis(n: int, k: int, s: int, before: int, out: int) -> np.ndarray:
+        start = np.arange(out) * s - before
+        return np.minimum(start + k, n) - np.maximum(start, 0)
+    return np.outer(axis(in_hw[0], kernel[0], stride[0], pads[0], out_hw[0]),
+                    axis(in_hw[1], kernel[1], stride[1], pads[2], out_hw[1]))
+
+
+def _unpadded_mean(ctx: LoweringContext, acc: TTensor, in_hw: tuple[int, int], kernel, stride, pads, in_scale: float,
+                   out_q, output_of: str | None) -> TTensor:
+    """sum / count at a new scale, rounding once: the exact int32 window sums times each position's Q30
+    1/count (an int32 MUL keeping 20 fraction bits), then one RESCALE to the output. AVG_POOL2D rounds to
+    the input's grid first and a requantise rounds again: 2 LSB on 63% of elements for an output scale a
+    third of the input's (issue 21; tests/lowering/test_residual_numerics.py)."""
+    _, oh, ow, _ = acc.shape
+    counts = window_counts(in_hw, kernel, stride, pads, (oh, ow))
+    recip = np.round(2.0**RECIPROCAL_BITS / counts).astype(np.int64).reshape(1, oh, ow, 1)
+    mean = im.mul(ctx, acc, im.const_i32(ctx, recip, acc), RECIPROCAL_BITS - MEAN_FRACTION_BITS)
+    scale = in_scale / (out_q.s * 2.0**MEAN_FRACTION_BITS)
+    return rescale(ctx, mean, scale, out_q.dtype, 0, out_q.zp, out_q, output_of=output_of)

@@ -7,6 +7,15 @@ def _f(v, fmt: str) -> str:
     return "-" if v is None else format(v, fmt)
 
 
+def worst_node_text(m: dict) -> str:
+    """The node with the largest own error (fed the QDQ model's inputs: verify/node_errors), e.g.
+    `resize_70 (Resize) 1 LSB on 1.74%`; '-' where the check measured none."""
+    w = m.get("tosa_worst_node")
+    if not w:
+        return "-"
+    return f"{w['node']} ({w['op_type']}) {w['max_error_lsb']:.0f} LSB on {w['mismatched']:.2%}"
+
+
 def numerics_markdown(builds: list[dict]) -> list[str]:
     """One row per build that has numerics; nothing when no build ran a TOSA check."""
     rows = []
@@ -18,14 +27,14 @@ def numerics_markdown(builds: list[dict]) -> list[str]:
         fvp_text = (f"{_f(m.get('fvp_npu_cycles'), 'd')} ({_f(m.get('fvp_vs_vela_cycles'), '.2f')}x Vela)"
                     if m.get("fvp_npu_cycles") is not None else f"{fvp.get('status', '-')}: {fvp.get('reason', '')}")
         rows.append(f"| {b['spec']}/{b['model']}/{b['target']} | {_f(m.get('float_accuracy'), '.2%')} | "
-                    f"{_f(m.get('accuracy'), '.2%')} | {_f(m.get('tosa_max_error_lsb'), '.0f')} | "
+                    f"{_f(m.get('accuracy'), '.2%')} | {_f(m.get('tosa_max_error_lsb'), '.0f')} | {worst_node_text(m)} | "
                     f"{_f(m.get('tosa_snr_db'), '.1f')} | {_f(m.get('quant_snr_db'), '.1f')} | "
                     f"{_f(m.get('npu_cycles'), 'd')} | {fvp_text.strip()} |")
     if not rows:
         return []
     return ["", "## Numerics and accuracy", "",
-            "| build | float top-1 | int8 top-1 | TOSA max LSB | TOSA SNR dB | quant SNR dB | Vela NPU cycles | FVP NPU cycles |",
-            "|---|---:|---:|---:|---:|---:|---:|---|", *rows]
+            "| build | float top-1 | int8 top-1 | TOSA max LSB | worst node (own LSB) | TOSA SNR dB | quant SNR dB | Vela NPU cycles | FVP NPU cycles |",
+            "|---|---:|---:|---:|---|---:|---:|---:|---|", *rows]
 
 
 def stored_layers(build_dir, build_id: str, lower_key: str | None) -> dict:

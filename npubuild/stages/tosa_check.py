@@ -18,6 +18,7 @@ def plan(b: Build, chain: Chain) -> TaskSpec | None:
     if b.evaluation is not None:
         inputs.update(eval_inputs=b.evaluation[0], eval_labels=b.evaluation[1])
     config = {"lower": lower.key, "verify": b.spec.verify.model_dump(exclude={"fvp"}),
+              "passes": list(b.pipeline.passes),  # node errors cut the model as the lower stage sees it
               "input_shapes": model.input_shapes, "calibration": model.calibration.model_dump(),
               "evaluation": model.evaluation.model_dump() if model.evaluation else None}
     return TaskSpec(b.model_name, config, inputs, {"numerics": "numerics.json", "reference": "reference.npz"},

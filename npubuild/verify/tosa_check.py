@@ -5,7 +5,9 @@ output's quantisation) and against the float model (quantisation SNR).
 FP profile: float TOSA against the float model (proves the lowering alone).
 An output whose shape differs from onnxruntime's fails the check with one line; NaN and inf must sit where
 onnxruntime has them (the rest is measured by value); bool and index outputs are measured in their own
-units. A model with nodes no lowering takes has no model.tosa: its portable split is run instead.
+units. Each node's own error (verify/node_errors: the node fed the QDQ model's own inputs, the comparison
+that rounds where the hardware does) gives `tosa_node_max_error_lsb` and `tosa_worst_node`; the output
+with the largest error is `tosa_worst_output`. A model with nodes no lowering takes has no model.tosa: its portable split is run instead.
 With an evaluation set, top-1 accuracy of the float model and of the TOSA
 graph (what the NPU runs) on its labels. The TOSA outputs of the first sample
 are kept (reference.npz) so that later stages (the FVP) compare against them.
@@ -26,6 +28,7 @@ from npubuild.frontend.data import load_arrays, sample_arrays
 from npubuild.stages.records import LowerRecord
 from npubuild.tosa.iospec import IOSpec
 from npubuild.tosa.run import OnnxSession, run_tosa
+from npubuild.verify.node_errors import node_errors
 from npubuild.verify.numerics import accuracy, compare_output
 from npubuild.verify.partitioned import PartitionedModel, partitioned_numerics, shape_mismatch
 
@@ -101,11 +104,18 @@ def run(task: StageTask) -> dict:
         "tosa_snr_db": min(e["snr_db"] for e in per_output.values()),
         "tosa_max_error_lsb": max(e["max_error_lsb"] for e in per_output.values()) if is_int else None,
         "tosa_mean_error_lsb": max(e["mean_error_lsb"] for e in per_output.values()) if is_int else None,
+        "tosa_worst_output": max(per_output, key=lambda k: per_output[k]["max_error_lsb"]) if is_int else None,
         "tosa_cosine": min(e["cosine"] for e in per_output.values()),
         "quant_snr_db": min(e["quant_snr_db"] for e in per_output.values()) if is_int else None,
         "outputs": per_output,
         "io": io_summary(io),
     }
+    if is_int and io.whole_graph:
+        nodes = node_errors(onnx.load(str(task.inputs["reference"])), task.config.get("passes", []), samples)
+        worst = nodes.worst
+        summary["tosa_node_max_error_lsb"] = worst.max_error_lsb if worst else None
+        summary["tosa_worst_node"] = worst.to_json() if worst else None
+        summary["node_errors"] = nodes.to_json()
     if not io.whole_graph:
         summary["checked"] = "partitioned"  # no single TOSA graph: the portable split was run
     if is_int:  # split builds (a family that cannot run some node): the partitioned model, same samples

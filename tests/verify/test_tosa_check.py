@@ -61,7 +61,8 @@ def test_impossible_numerics_gates_fail_with_exit_1_naming_gate_limit_and_value(
 
 
 def test_fp_profile_checks_the_lowering_alone(project: Path, capsys):
-    _spec(project, **{"pipeline: default": "pipeline: fp", "  max_tosa_error_lsb: 1\n": ""})
+    _spec(project, **{"pipeline: default": "pipeline: fp", "  max_tosa_error_lsb: 1\n": "",
+                      "  max_tosa_node_error_lsb: 1\n": ""})  # the LSB gates are the INT profile's
     code, _, err = run_cli(["build", "--build-dir", str(project / "build"), "-q"], capsys, cwd=project)
     assert code == 0, err
     (b,) = read_report(project / "build")["builds"]

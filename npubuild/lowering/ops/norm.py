@@ -14,6 +14,10 @@ Newton-Raphson rsqrt in intmath with a per-row CLZ exponent; the normalised
 value is kept in int32 fixed point, multiplied by the quantized gamma, beta
 added in the same units, and one RESCALE rounds to the output. FP uses
 REDUCE_SUM, RSQRT, MUL, ADD directly.
+
+Layer norm against onnxruntime's float32 one fed the same int8 input (verify/node_errors): 1 LSB on
+0.11-0.26% of elements on the examples (transformer, transformer_torch, mobilevit), never more: the
+Newton rsqrt's last bits and float32's against a rounding boundary (issue 21).
 """
 
 from __future__ import annotations

@@ -3,6 +3,11 @@
 1-D pools (rank-3 inputs) run as 2-D pools with H = 1 (lowering/spatial.py). Dilated windows, which TOSA
 pools lack, become a stack of their kernel taps reduced by one (K, 1) pool (pooling.dilated_taps). 3-D
 pools are refused with a reason (the host runs them).
+
+Numerics (issue 21, verify/node_errors): max pools are exact; an average rounds once (pooling.avg_pool),
+half up where onnxruntime's QuantizeLinear rounds the float mean half to even, so a mean that lands on an
+exact tie (sum / 64 = k + 1/2) is 1 LSB higher: resnet8's 8x8 AveragePool 1 LSB on 0.59% of elements,
+every one +1 (resnet8_torch 0.20%). The reference rounds differently; the lowering rounds once.
 """
 
 from __future__ import annotations

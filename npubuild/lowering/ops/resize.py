@@ -19,6 +19,15 @@ the native RESIZE is 16-24% faster on the example U-Nets, so it stays the defaul
 on U55 a large one read only by a channel Concat goes in two channel halves, so only
 one half's replicated intermediate is live (the U-Nets' SRAM peak on U55).
 
+Numerics (issue 21, verify/node_errors): the int32 bilinear sum is exact and rounds once, half up (TOSA
+RESCALE has no half-to-even mode); onnxruntime interpolates the dequantised values in float32 and its
+QuantizeLinear rounds half to even, so on an exact tie (k + 1/2: 6-11% of a half-pixel 2x upsample's
+elements) the two differ by 1 LSB about half the time (the float32 sum itself lands on the other side in
+~20% of ties). Measured: segmentation/unet resize_70 1 LSB on 1.74% of elements, every one +1; resize_52
+and unet_torch's 0. The reference rounds differently, not the lowering twice: half to even would cost
+three more int32 ops per element and stop Vela fusing the RESCALE into the U55 blur conv, and would still
+differ from onnxruntime's float32 on a fifth of the ties.
+
 DepthToSpace / SpaceToDepth are a RESHAPE, one rank-4/5 TRANSPOSE (the
 semantics need it: channels move into space) and a RESHAPE, in NHWC.
 """

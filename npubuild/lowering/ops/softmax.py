@@ -9,7 +9,10 @@ TABLE on no U55); the rows are summed in int32. Softmax multiplies by the
 Newton-Raphson reciprocal of intmath, LogSoftmax subtracts ln(sum), whose
 mantissa part is one more TABLE; both in the form Vela runs in the fewest
 passes. Accuracy is measured against onnxruntime in tests/lowering/test_ops_compute.py
-and tests/lowering/test_softmax_int.py.
+and tests/lowering/test_softmax_int.py. Fed the QDQ model's own int8 input (verify/node_errors), the
+examples' softmaxes are within 1 LSB of onnxruntime's float32 one on every element, and off at all on
+0.02-0.06% of them (transformer softmax_24 0.061%, mobilevit 0.016%): the 15-bit exp and the reciprocal's
+last bit against float32 near a rounding boundary (issue 21).
 """
 
 from __future__ import annotations
