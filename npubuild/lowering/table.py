@@ -108,3 +108,19 @@ def lower_via_table(ctx: LoweringContext, fn: RealFn, x: TTensor | None = None) 
         raise ctx.unsupported(f"{out_q.dtype} output: TABLE lowering is int8 only")
     table = build_table(fn, x.q, out_q)
     ctx.set_output(0, emit_table(ctx, x, table, out_q, output_of=ctx.current.output[0]))
+
+
+FpBuild = Callable[[LoweringContext, TTensor, str | None], TTensor]  # the fp32 form: (ctx, x, output name)
+
+
+def table_or_fp(build: FpBuild) -> Callable[[LoweringContext], None]:
+    """A unary op's lowering: a TABLE in int8 (onnxruntime's own evaluation of the node, so exact to its
+    rounding), `build(ctx, x, output)` in fp32."""
+
+    def lower(ctx: LoweringContext) -> None:
+        if ctx.profile == "int":
+            lower_via_table(ctx, node_function(ctx))
+            return
+        ctx.set_output(0, build(ctx, ctx.tensor(0), ctx.current.output[0]))
+
+    return lower

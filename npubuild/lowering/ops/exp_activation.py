@@ -14,24 +14,15 @@ from npubuild.lowering.context import LoweringContext, TTensor
 from npubuild.lowering.emit import Op, clamp
 from npubuild.lowering.fusion.patterns import fusable
 from npubuild.lowering.registry import lowers, quantize_also
-from npubuild.lowering.table import lower_via_table, node_function
+from npubuild.lowering.table import FpBuild, table_or_fp
 
 quantize_also("Elu", "Selu", "Celu", "Softplus", "Softsign", "Mish", "Swish")
 
 FMAX = 3.4e38
-Build = Callable[[LoweringContext, TTensor, str | None], TTensor]
 
 
-def _lower(build: Build) -> Callable[[LoweringContext], None]:
-    """TABLE in int8 (onnxruntime's own evaluation of the node), `build(ctx, x, output)` in fp32."""
-
-    def lower(ctx: LoweringContext) -> None:
-        if ctx.profile == "int":
-            lower_via_table(ctx, node_function(ctx))
-            return
-        ctx.set_output(0, build(ctx, ctx.tensor(0), ctx.current.output[0]))
-
-    return fusable(lower)
+def _lower(build: FpBuild) -> Callable[[LoweringContext], None]:
+    return fusable(table_or_fp(build))
 
 
 def _expm1_neg(ctx: LoweringContext, x: TTensor, scale: float) -> TTensor:

@@ -15,21 +15,13 @@ from npubuild.lowering.context import LoweringContext, TTensor
 from npubuild.lowering.emit import Op
 from npubuild.lowering.fusion.patterns import fusable
 from npubuild.lowering.registry import lowers, quantize_also
-from npubuild.lowering.table import lower_via_table, node_function
+from npubuild.lowering.table import FpBuild, table_or_fp
 
 quantize_also("ThresholdedRelu", "Shrink", "Sign", "Floor", "Ceil", "Round")
 
-Build = Callable[[LoweringContext, TTensor, str | None], TTensor]
 
-
-def _lower(build: Build) -> Callable[[LoweringContext], None]:
-    def lower(ctx: LoweringContext) -> None:
-        if ctx.profile == "int":
-            lower_via_table(ctx, node_function(ctx))
-            return
-        ctx.set_output(0, build(ctx, ctx.tensor(0), ctx.current.output[0]))
-
-    return fusable(lower)
+def _lower(build: FpBuild) -> Callable[[LoweringContext], None]:
+    return fusable(table_or_fp(build))
 
 
 def _thresholded_relu(ctx: LoweringContext, x: TTensor, out: str | None) -> TTensor:
