@@ -20,6 +20,7 @@ import numpy as np
 import onnx_ir as ir
 
 from npubuild.frontend.passes import register
+from npubuild.frontend.passes._rewrite import replace_value
 
 
 def _const(value: ir.Value | None) -> np.ndarray | None:
@@ -46,14 +47,6 @@ def _gemm_bias(graph: ir.Graph, node: ir.Node) -> bool:
     vector = np.ascontiguousarray(np.broadcast_to(c.reshape(-1), (n,)).astype(c.dtype))
     node.replace_input_with(2, _initializer(graph, f"{node.name or 'gemm'}_bias_vector", vector))
     return True
-
-
-def _replace(old: ir.Value, new: ir.Value) -> None:
-    was_output, name = old.is_graph_output(), old.name
-    ir.convenience.replace_all_uses_with(old, new, replace_graph_outputs=True)
-    if was_output:
-        old.name = f"{name}__replaced"
-        new.name = name
 
 
 def _expand_layer_norm(graph: ir.Graph, node: ir.Node, opset: int) -> bool:
@@ -86,7 +79,7 @@ def _expand_layer_norm(graph: ir.Graph, node: ir.Node, opset: int) -> bool:
         y = op("Add", [y, node.inputs[2]])
     graph.insert_before(node, made)
     for out, new in zip(node.outputs, (y, mu, inv), strict=False):
-        _replace(out, new)
+        replace_value(out, new)
     graph.remove(node, safe=True)
     return True
 
@@ -96,7 +89,7 @@ def _same_type_cast(graph: ir.Graph, node: ir.Node) -> bool:
     if x is None or x.type is None or out.type is None or x.dtype != out.dtype or x.is_graph_input() and \
             out.is_graph_output():
         return False
-    _replace(out, x)
+    replace_value(out, x)
     graph.remove(node, safe=True)
     return True
 
@@ -137,7 +130,7 @@ def _layer_norm(graph: ir.Graph, node: ir.Node, opset: int) -> bool:
                    name=f"{name}_from_rows")
     graph.insert_before(node, [reshape_in, norm, back])
     out_name = out.name
-    _replace(out, back.outputs[0])
+    replace_value(out, back.outputs[0])
     back.outputs[0].name = out_name
     graph.remove(node, safe=True)
     return True

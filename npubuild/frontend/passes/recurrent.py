@@ -37,6 +37,7 @@ import numpy as np
 import onnx_ir as ir
 
 from npubuild.frontend.passes import register
+from npubuild.frontend.passes._rewrite import replace_value
 
 GATES = {"LSTM": 4, "GRU": 3, "RNN": 1}
 DEFAULT_ACTIVATIONS = {"LSTM": ["Sigmoid", "Tanh", "Tanh"], "GRU": ["Sigmoid", "Tanh"], "RNN": ["Tanh"]}
@@ -321,15 +322,6 @@ def _gru_step(b: _Builder, layer: Layer, xt: ir.Value, h: ir.Value | None, r: np
     return b.op("Add", [n, b.op("Mul", [z, b.op("Sub", [h, n])])])
 
 
-def _replace(old: ir.Value, new: ir.Value) -> None:
-    """Readers of `old` read `new`; a graph output keeps its name."""
-    was_output, name = old.is_graph_output(), old.name
-    ir.convenience.replace_all_uses_with(old, new, replace_graph_outputs=True)
-    if was_output:
-        old.name = f"{name}__replaced"
-        new.name = name
-
-
 def unroll(graph: ir.Graph, node: ir.Node, layer: Layer) -> None:
     b = _Builder(graph, node, node.name or node.op_type)
     x = node.inputs[0]
@@ -344,13 +336,13 @@ def unroll(graph: ir.Graph, node: ir.Node, layer: Layer) -> None:
                        axis=0)
             per_dir.append(b.unsqueeze(seq, 1))  # [T, 1, B, H]
         full = per_dir[0] if len(per_dir) == 1 else b.op("Concat", per_dir, axis=1)
-        _replace(y, b.op("Transpose", [full], perm=[2, 0, 1, 3]) if layer.layout == 1 else full)
+        replace_value(y, b.op("Transpose", [full], perm=[2, 0, 1, 3]) if layer.layout == 1 else full)
     for k, out in ((1, y_h), (2, y_c)):
         if out is None or not (out.uses() or out.is_graph_output()):
             continue
         lasts = [b.unsqueeze(res[k], 0) for res in results]  # [1, B, H] each
         last = lasts[0] if len(lasts) == 1 else b.op("Concat", lasts, axis=0)
-        _replace(out, b.op("Transpose", [last], perm=[1, 0, 2]) if layer.layout == 1 else last)
+        replace_value(out, b.op("Transpose", [last], perm=[1, 0, 2]) if layer.layout == 1 else last)
     graph.remove(node, safe=True)
 
 
