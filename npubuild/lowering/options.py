@@ -37,6 +37,19 @@ class PlaneSumLimits:
 
 
 @dataclass(frozen=True)
+class PlaneRowsLimits:
+    """Where a changing-scale whole-plane sum is cheaper as row sums (a (1, W) depthwise of ones) and a
+    REDUCE_SUM over H than as one REDUCE_SUM over H*W: the shortest side, the smallest plane (H*W), the
+    fewest elements (H*W*C) and the most channels."""
+
+    min_side: int
+    min_plane: int
+    min_elements: int
+    max_channels: int
+    max_width: int = 64  # the widest row: Vela's depthwise kernel limit, and 255 * 64 fits the int16 sums
+
+
+@dataclass(frozen=True)
 class LoweringOptions:
     # Concat inputs Vela must copy are written first (concat_order.py): the SRAM peak of its in-order copies
     concat_order: bool = False
@@ -55,6 +68,10 @@ class LoweringOptions:
     shared_row_pad: bool = True  # ... the halves' row pad done once where its body is a depthwise copy
     # a whole-plane mean at the same scale as REDUCE_SUM instead of AVG_POOL2D (ops_pool), within these limits
     plane_sum: PlaneSumLimits | None = None
+    # a whole-plane sum at a new scale (a mean's rounding once) as exact int32 row sums by a (1, W)
+    # depthwise of ones, then REDUCE_SUM over H (reduction.int_sum), within these limits: Vela transposes
+    # W times less int32 data than for one REDUCE_SUM over H*W, for W*C bytes of ones weights
+    plane_rows: PlaneRowsLimits | None = None
     # layer norm: seed widened by one ADD next to an int32 operand; table index as one RESCALE (norm_rows)
     norm_widen_add: bool = False
     norm_index_rescale: bool = False
@@ -94,6 +111,15 @@ class LoweringOptions:
         return x.dtype == np.int8 and exact and count >= lim.min_count and \
             lim.min_channels <= x.shape[3] <= lim.max_channels
 
+    def plane_rows_pays(self, x) -> bool:
+        """Whether the exact int32 sum of int8 `x` (NHWC) over H and W is cheaper as row sums first."""
+        lim = self.plane_rows
+        if lim is None or len(x.shape) != 4 or x.dtype != np.int8 or x.q is None or not x.q.is_per_tensor:
+            return False
+        _, h, w, c = x.shape
+        return (min(h, w) >= max(lim.min_side, 2) and w <= lim.max_width and h * w >= lim.min_plane
+                and h * w * c >= lim.min_elements and c <= lim.max_channels)
+
     def softmax_row_is_wide(self, shape: tuple[int, ...]) -> bool:
         return self.softmax_wide and shape[-1] <= self.softmax_wide_row and int(np.prod(shape)) <= self.softmax_wide_max
 
@@ -107,6 +133,10 @@ PORTABLE = LoweringOptions()
 FAMILY_OPTIONS: dict[LoweringFamily, LoweringOptions] = {
     # every family: a dilation past 2 as zero kernel taps (TCN d = 4, 8: U55-128 0.1522 -> 0.0911 ms, U65-256
     # 0.0542 -> 0.0322, U85-256 0.0451 -> 0.0262; the TFLite route 0.0775 / 0.0263 / 0.0213, bench/perf_choices.md).
+    # Every family: a changing-scale plane mean as row sums first wherever the sweep (bench/perf_choices.md) found
+    # it faster (int16 row sums, 26 shapes x 4 sizes): MobileNetV3 block U55-128 0.5664 -> 0.5177 ms, U85-256
+    # 0.1625 -> 0.1263; it loses on small planes of many channels (3x3x256, 4x4x96) everywhere and under 10x10
+    # on U65 and U85-1024.
     # U55 (decided on U55-128, the example target; U55-32 prefers the portable form for the copies and sums):
     # the in-order copies set the U-Net SRAM peak (214 -> 178 KiB); the depthwise requantise/copy is 10-25%
     # faster on every shape; bilinear 2x has no RESIZE op on U55; the halves trade +0.6-1% cycles for
@@ -115,19 +145,22 @@ FAMILY_OPTIONS: dict[LoweringFamily, LoweringOptions] = {
     "u55": LoweringOptions(concat_order=True, dw_requantize=True, concat_dw_copy=True,
                            depthwise_limits=DepthwiseLimits(max_channels=1 << 30, min_plane=0), bilinear_2x=True,
                            bilinear_channel_split=True, plane_sum=PlaneSumLimits(16, 16, 96),
-                           norm_widen_add=True, norm_index_rescale=True, dilation_taps=True),
+                           norm_widen_add=True, norm_index_rescale=True, dilation_taps=True,
+                           plane_rows=PlaneRowsLimits(min_side=4, min_plane=49, min_elements=3072, max_channels=256)),
     # U65: U55's TOSA op set on a wider MAC array and bus: the depthwise form wins only for <= 16 channels
     # on >= 16x16 planes, the upsample halves cost 3-6% there (kept whole), the sum wins from 8x8 x 32 ch;
     # a 3-channel image input kept planar and transposed on the NPU saves 33% on MobileNetV1 96x96 (its
     # first conv read the input from DRAM 3 bytes at a time), 7% on ResNet-8 and 3% on the MobileNetV3 block.
     "u65": LoweringOptions(concat_order=True, dw_requantize=True, concat_dw_copy=True, bilinear_2x=True,
                            plane_sum=PlaneSumLimits(64, 32, 1 << 30), norm_widen_add=True, norm_index_rescale=True,
-                           planar_input_channels=4, dilation_taps=True),
+                           planar_input_channels=4, dilation_taps=True,
+                           plane_rows=PlaneRowsLimits(min_side=5, min_plane=100, min_elements=3072, max_channels=256)),
     # U85-128/256/512: the order with the MAXIMUM copy saves 3% and 30 KiB on the U-Nets; zero kernel taps
     # and the int32 softmax for short rows are faster on every U85 size.
     "u85": LoweringOptions(concat_order=True, concat_max_copy=True, conv_stride_taps=True, softmax_wide=True,
-                           dilation_taps=True),
+                           dilation_taps=True, plane_rows=PlaneRowsLimits(4, 49, 1024, 256)),
     # U85-1024/2048: the skip-first order makes Vela keep the Concat NHWC, which the reader conv reads slower
     # there, and the MAXIMUM copy loses to Vela's own: neither; the taps and the int32 softmax still win.
-    "u85wide": LoweringOptions(conv_stride_taps=True, softmax_wide=True, dilation_taps=True),
+    "u85wide": LoweringOptions(conv_stride_taps=True, softmax_wide=True, dilation_taps=True,
+                               plane_rows=PlaneRowsLimits(4, 100, 3072, 256)),
 }

@@ -52,14 +52,40 @@ def int_sum(ctx: LoweringContext, x: TTensor, phys: list[int], divisor: int, out
     """sum(x - zp) / divisor over physical axes, rounded once into the node's output quantisation.
 
     Widened to int32, summed exactly by REDUCE_SUM (adjacent axes merged), one
-    RESCALE. For a global average this beats a DEPTHWISE_CONV2D of ones by 2x
-    on Vela (U55 41k vs 87k cycles, U85 38k vs 86k for 32x32x64) and is exact.
+    RESCALE. For a global average this beats a DEPTHWISE_CONV2D of ones over the
+    whole plane by 2x on Vela (U55 41k vs 87k cycles, U85 38k vs 86k for 32x32x64)
+    and is exact; where the family's plane_rows limits say so, the plane is first
+    summed row by row (row_sums), the same integers.
     """
     out_q = ctx.require_output_q()
     assert x.q is not None
-    wide = rescale(ctx, x, 1.0, np.int32, x.q.zp, 0, None)
-    total = emit_reduce(ctx, Op.REDUCE_SUM, wide, phys)
+    if sorted(phys) == [1, 2] and ctx.options.plane_rows_pays(x):
+        total = emit_reduce(ctx, Op.REDUCE_SUM, row_sums(ctx, x), [1])
+    else:
+        wide = rescale(ctx, x, 1.0, np.int32, x.q.zp, 0, None)
+        total = emit_reduce(ctx, Op.REDUCE_SUM, wide, phys)
     return rescale(ctx, total, x.q.s / out_q.s / divisor, out_q.dtype, 0, out_q.zp, out_q, output_of=output_of)
+
+
+def row_sums(ctx: LoweringContext, x: TTensor) -> TTensor:
+    """sum(x - zp) over W of an int8 [N, H, W, C] x as int32 [N, H, 1, C], for a REDUCE_SUM over H.
+
+    A (1, W) depthwise convolution of ones, which leaves W times less data for the transpose Vela puts
+    in front of a REDUCE_SUM over H (LoweringOptions.plane_rows). The sums pass through int16 (exact:
+    |sum| <= 255 * max_width), so Vela writes, moves and sums 16-bit data: faster, and on U55 its
+    transpose of a computed int32 tensor for the REDUCE_SUM gives sums npu-sim does not reproduce
+    (mobilenet_v3_block: every sample; as int16 it is bit-exact on U55 and U85).
+    """
+    assert x.q is not None
+    n, h, w, c = x.shape
+    assert 255 * w <= np.iinfo(np.int16).max, "row sums must fit int16"
+    out = ctx.new_tensor((n, h, 1, c), np.int32, x.perm)
+    ones = ctx.const(np.ones((1, w, c, 1), np.int8), "ones")  # HWCM
+    ins = [x.name, ones, ctx.const(np.zeros(c, np.int32), "bias"), ctx.zp(x.q.zp, np.int8), ctx.zp(0, np.int8)]
+    ctx.op(Op.DEPTHWISE_CONV2D, ins, [out.name], attr("DepthwiseConv2d", [0, 0, 0, 0], [1, 1], [1, 1], False,
+                                                     ts.DType.INT32))
+    narrow = rescale(ctx, out, 1.0, np.int16, 0, 0, None)
+    return rescale(ctx, narrow, 1.0, np.int32, 0, 0, None)
 
 
 def axis_last(ctx: LoweringContext, x: TTensor, logical_axes: list[int]) -> TTensor:

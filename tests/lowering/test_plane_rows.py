@@ -1,0 +1,86 @@
+"""A whole-plane mean at a new scale summed row by row first (LoweringOptions.plane_rows, reduction.row_sums).
+
+The exact int32 sum over H and W (one rounding into the output's scale) costs Vela a transpose of the whole
+plane in front of its REDUCE_SUM; a (1, W) depthwise convolution of ones sums each row first (exact, passed
+through int16), so the transpose moves W times less data. Checked against onnxruntime, the one-REDUCE_SUM
+form (same integers), Vela's cycle estimate and npu-sim.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from npusim_helpers import assert_bitexact, vela_raw
+from onnx import TensorProto, helper
+from ophelpers import calib, check_int, io_dict, quantize_model, vela_run
+from test_depthwise_requantize import assert_same_reference, ops
+
+from npubuild.lowering.driver import lower_model
+from npubuild.lowering.options import FAMILY_OPTIONS, PlaneRowsLimits
+
+FAMILY_TARGETS = [("u55", "ethos-u55-128"), ("u65", "ethos-u65-256"), ("u85", "ethos-u85-256")]
+
+
+def _se_pool(channels: int, h: int, w: int, op: str = "ReduceMean") -> onnx.ModelProto:
+    """Conv -> Relu -> mean over H, W (a squeeze-excite pool): the mean gets its own, finer scale."""
+    w1 = np.random.default_rng(0).standard_normal((channels, 8, 1, 1)).astype(np.float32) * 0.3
+    mean = (helper.make_node("ReduceMean", ["a"], ["y"], axes=[2, 3], keepdims=1) if op == "ReduceMean"
+            else helper.make_node("GlobalAveragePool", ["a"], ["y"]))
+    nodes = [helper.make_node("Conv", ["x", "w1"], ["c"]), helper.make_node("Relu", ["c"], ["a"]), mean]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8, h, w])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, channels, 1, 1])],
+                              [onnx.numpy_helper.from_array(w1, "w1")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    return model
+
+
+def _without_rows(family: str):
+    return replace(FAMILY_OPTIONS[family], plane_rows=None)
+
+
+@pytest.mark.parametrize("op", ["ReduceMean", "GlobalAveragePool"])
+@pytest.mark.parametrize("family,target", FAMILY_TARGETS)
+def test_row_sums_same_integers_and_faster(op, family, target):
+    shape = [1, 8, 16, 16]
+    model = _se_pool(64, 16, 16, op)
+    cal = calib("x", shape, low=-1.0, high=3.0)
+    rows, _ = check_int(model, cal, {"x": np.random.default_rng(5).uniform(-1, 3, shape).astype(np.float32)},
+                        options=FAMILY_OPTIONS[family])
+    qdq = quantize_model(model, cal)
+    one_sum = lower_model(qdq, "int", options=_without_rows(family))
+    assert "DEPTHWISE_CONV2D" in ops(rows) and "DEPTHWISE_CONV2D" not in ops(one_sum)
+    assert ops(one_sum).count("REDUCE_SUM") == ops(rows).count("REDUCE_SUM") == 1
+    assert_same_reference(one_sum, rows)
+    assert vela_run(rows.tosa, target).cycles < vela_run(one_sum.tosa, target).cycles
+
+
+@pytest.mark.parametrize("target", ["ethos-u55-128", "ethos-u85-256"])
+def test_row_sums_bitexact_on_npusim(target):
+    """As int16 the row sums are bit-exact on U55 too; kept int32, Vela's U55 transpose of them for the
+    REDUCE_SUM gives sums npu-sim does not reproduce."""
+    qdq = quantize_model(_se_pool(64, 16, 16), calib("x", [1, 8, 16, 16], low=-1.0, high=3.0))
+    lowered = lower_model(qdq, "int", family=target.split("-")[1][:3])
+    assert "DEPTHWISE_CONV2D" in ops(lowered)
+    with tempfile.TemporaryDirectory() as tmp:
+        assert_bitexact(lowered.tosa, io_dict(lowered), vela_raw(lowered.tosa, Path(tmp), target))
+
+
+@pytest.mark.parametrize("family,target,hwc", [("u55", "ethos-u55-128", (4, 4, 96)),
+                                               ("u65", "ethos-u65-256", (8, 8, 16)),
+                                               ("u85", "ethos-u85-256", (6, 6, 256))])
+def test_small_planes_keep_one_sum(family, target, hwc):
+    """Few positions of many channels, and U65's planes under 10x10, are cheaper as one REDUCE_SUM (forced,
+    the rows form is slower there): the limits leave them alone."""
+    h, w, c = hwc
+    qdq = quantize_model(_se_pool(c, h, w), calib("x", [1, 8, h, w], low=-1.0, high=3.0))
+    kept = lower_model(qdq, "int", family=family)
+    assert kept.tosa == lower_model(qdq, "int", options=_without_rows(family)).tosa
+    forced = lower_model(qdq, "int", options=replace(FAMILY_OPTIONS[family], plane_rows=PlaneRowsLimits(1, 1, 1, 1 << 30)))
+    assert "DEPTHWISE_CONV2D" in ops(forced)
+    assert vela_run(forced.tosa, target).cycles > vela_run(kept.tosa, target).cycles
