@@ -59,7 +59,7 @@ TARGETS = ["ethos-u55-32", "ethos-u55-64", "ethos-u55-128", "ethos-u55-256"]
 BIG = 1 << 30
 Changes = dict[str, object]  # LoweringOptions fields to set; "unshared" replaces ops_conv.unshared
 CHOICES = ("concat_order", "dw_requantize", "concat_dw_copy", "concat_max_copy", "bilinear_channel_split",
-           "plane_sum", "norm_widen_add", "norm_index_rescale", "conv_stride_taps", "softmax_wide")
+           "plane_sum", "plane_rows", "norm_widen_add", "norm_index_rescale", "conv_stride_taps", "softmax_wide")
 
 
 def dw_limits(channels: int, plane: int = 0) -> Changes:
@@ -131,10 +131,10 @@ def cell(a: dict, b: dict, key: str, fmt: str) -> str:
 # ---------------------------------------------------------------------------------------- example models
 
 def flip(choice: str, fam: str) -> Changes:
-    """The choice turned off for `fam` if it takes it, else on (plane_sum on with U55's limits)."""
+    """The choice turned off for `fam` if it takes it, else on (plane_sum / plane_rows on with U55's limits)."""
     value = getattr(FAMILY_OPTIONS[fam], choice)
-    if choice == "plane_sum":
-        return {choice: None if value is not None else FAMILY_OPTIONS["u55"].plane_sum}
+    if choice in ("plane_sum", "plane_rows"):
+        return {choice: None if value is not None else getattr(FAMILY_OPTIONS["u55"], choice)}
     return {choice: not value}
 
 
