@@ -84,6 +84,10 @@ class LoweringOptions:
     # a rank-4 graph input of 2..planar_input_channels channels stays NCHW (planes) and is transposed on the
     # NPU (context.placeholder): Vela then reads it from DRAM in long bursts, not C bytes at a time (0: NHWC)
     planar_input_channels: int = 0
+    # a rank-4 int8 graph input of at most 4 channels whose NHWC rows are at least this many bytes is first
+    # copied as [N, H, 1, W*C] rows by a MAXIMUM, which Vela reads from DRAM in long bursts into SRAM, so the
+    # first conv reads SRAM (input_staging.py; 0: never)
+    staged_input_min_row: int = 0
     # a conv dilated past 2 as a kernel with zero taps at dilation 2 or 1 (ops_conv.taps_for_dilation), not
     # Vela's split into one conv per dilation phase
     dilation_taps: bool = False
@@ -156,11 +160,13 @@ FAMILY_OPTIONS: dict[LoweringFamily, LoweringOptions] = {
                            planar_input_channels=4, dilation_taps=True,
                            plane_rows=PlaneRowsLimits(min_side=5, min_plane=100, min_elements=3072, max_channels=256)),
     # U85-128/256/512: the order with the MAXIMUM copy saves 3% and 30 KiB on the U-Nets; zero kernel taps
-    # and the int32 softmax for short rows are faster on every U85 size.
+    # and the int32 softmax for short rows are faster on every U85 size; a 3-channel image input with rows of
+    # 128 bytes or more is staged into SRAM (every U85 size: MobileNetV1 96x96 U85-256 0.2384 -> 0.1863 ms,
+    # the MobileNetV3 block 0.1263 -> 0.1063; 32x32x3 inputs gain on U85-256 only, 1-channel ones lose).
     "u85": LoweringOptions(concat_order=True, concat_max_copy=True, conv_stride_taps=True, softmax_wide=True,
-                           dilation_taps=True, plane_rows=PlaneRowsLimits(4, 49, 1024, 256)),
+                           dilation_taps=True, plane_rows=PlaneRowsLimits(4, 49, 1024, 256), staged_input_min_row=128),
     # U85-1024/2048: the skip-first order makes Vela keep the Concat NHWC, which the reader conv reads slower
     # there, and the MAXIMUM copy loses to Vela's own: neither; the taps and the int32 softmax still win.
     "u85wide": LoweringOptions(conv_stride_taps=True, softmax_wide=True, dilation_taps=True,
-                               plane_rows=PlaneRowsLimits(4, 100, 3072, 256)),
+                               plane_rows=PlaneRowsLimits(4, 100, 3072, 256), staged_input_min_row=128),
 }

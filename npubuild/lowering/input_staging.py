@@ -1,0 +1,29 @@
+"""U85: a narrow image input copied into SRAM in long rows before the first convolution reads it.
+
+With Dedicated_Sram the graph input lives in DRAM, and a convolution reading a 3-channel NHWC input fetches
+it a few bytes per burst: MobileNetV1's first conv on U85-256 spends 82265 cycles on its DRAM reads for 13809
+NPU cycles. Viewed as [N, H, 1, W*C] the input is one long contiguous row per image row; an elementwise
+MAXIMUM of it with itself (fusion/concat_copy.max_copy: the same integers, no constant) reads it in long
+bursts and writes a copy Vela keeps in SRAM, which the conv then reads at SRAM latency (LoweringOptions.
+staged_input_min_row; measurements in bench/perf_choices.md).
+"""
+
+from __future__ import annotations
+
+from npubuild.lowering.context import NHWC, LoweringContext, TTensor, identity
+from npubuild.lowering.emit import reshape
+from npubuild.lowering.fusion.concat_copy import fits_max_copy, max_copy
+
+MAX_CHANNELS = 4  # from 8 channels on, the NHWC reads are full bricks already
+
+
+def staged_input(ctx: LoweringContext, t: TTensor) -> TTensor:
+    """Graph input `t`, copied as long rows when the family's options say it pays; else `t` itself."""
+    least = ctx.options.staged_input_min_row
+    if not least or len(t.shape) != 4 or t.perm != NHWC or not fits_max_copy(t):
+        return t
+    n, h, w, c = t.shape
+    if c > MAX_CHANNELS or w * c < least:
+        return t
+    rows = reshape(ctx, t, (n, h, 1, w * c), identity(4))
+    return reshape(ctx, max_copy(ctx, rows), (n, h, w, c), NHWC)
