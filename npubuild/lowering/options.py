@@ -88,6 +88,9 @@ class LoweringOptions:
     # copied as [N, H, 1, W*C] rows by a MAXIMUM, which Vela reads from DRAM in long bursts into SRAM, so the
     # first conv reads SRAM (input_staging.py; 0: never)
     staged_input_min_row: int = 0
+    # a stride-2 int8 conv of at most this many input channels runs at stride 1 on the input's 2x2
+    # space-to-depth view (4x the channels, same integers: space_to_depth.py; 0: never)
+    space_to_depth_channels: int = 0
     # a conv dilated past 2 as a kernel with zero taps at dilation 2 or 1 (ops_conv.taps_for_dilation), not
     # Vela's split into one conv per dilation phase
     dilation_taps: bool = False
@@ -140,7 +143,9 @@ FAMILY_OPTIONS: dict[LoweringFamily, LoweringOptions] = {
     # Every family: a changing-scale plane mean as row sums first wherever the sweep (bench/perf_choices.md) found
     # it faster (int16 row sums, 26 shapes x 4 sizes): MobileNetV3 block U55-128 0.5664 -> 0.5177 ms, U85-256
     # 0.1625 -> 0.1263; it loses on small planes of many channels (3x3x256, 4x4x96) everywhere and under 10x10
-    # on U65 and U85-1024.
+    # on U65 and U85-1024. U55 and U65: a stride-2 conv of a 1-channel input on its space-to-depth view (DS-CNN
+    # U55-128 0.1744 -> 0.1596 ms, U65-256 0.0529 -> 0.0503; slower on U85, and for 3-channel images everywhere:
+    # the view's TRANSPOSE of a 64x64x3 image costs more than the idle MACs).
     # U55 (decided on U55-128, the example target; U55-32 prefers the portable form for the copies and sums):
     # the in-order copies set the U-Net SRAM peak (214 -> 178 KiB); the depthwise requantise/copy is 10-25%
     # faster on every shape; bilinear 2x has no RESIZE op on U55; the halves trade +0.6-1% cycles for
@@ -150,7 +155,8 @@ FAMILY_OPTIONS: dict[LoweringFamily, LoweringOptions] = {
                            depthwise_limits=DepthwiseLimits(max_channels=1 << 30, min_plane=0), bilinear_2x=True,
                            bilinear_channel_split=True, plane_sum=PlaneSumLimits(16, 16, 96),
                            norm_widen_add=True, norm_index_rescale=True, dilation_taps=True,
-                           plane_rows=PlaneRowsLimits(min_side=4, min_plane=49, min_elements=3072, max_channels=256)),
+                           plane_rows=PlaneRowsLimits(min_side=4, min_plane=49, min_elements=3072, max_channels=256),
+                           space_to_depth_channels=1),
     # U65: U55's TOSA op set on a wider MAC array and bus: the depthwise form wins only for <= 16 channels
     # on >= 16x16 planes, the upsample halves cost 3-6% there (kept whole), the sum wins from 8x8 x 32 ch;
     # a 3-channel image input kept planar and transposed on the NPU saves 33% on MobileNetV1 96x96 (its
@@ -158,7 +164,8 @@ FAMILY_OPTIONS: dict[LoweringFamily, LoweringOptions] = {
     "u65": LoweringOptions(concat_order=True, dw_requantize=True, concat_dw_copy=True, bilinear_2x=True,
                            plane_sum=PlaneSumLimits(64, 32, 1 << 30), norm_widen_add=True, norm_index_rescale=True,
                            planar_input_channels=4, dilation_taps=True,
-                           plane_rows=PlaneRowsLimits(min_side=5, min_plane=100, min_elements=3072, max_channels=256)),
+                           plane_rows=PlaneRowsLimits(min_side=5, min_plane=100, min_elements=3072, max_channels=256),
+                           space_to_depth_channels=1),
     # U85-128/256/512: the order with the MAXIMUM copy saves 3% and 30 KiB on the U-Nets; zero kernel taps
     # and the int32 softmax for short rows are faster on every U85 size; a 3-channel image input with rows of
     # 128 bytes or more is staged into SRAM (every U85 size: MobileNetV1 96x96 U85-256 0.2384 -> 0.1863 ms,

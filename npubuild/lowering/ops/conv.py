@@ -33,6 +33,7 @@ from npubuild.lowering.emit import Op, attr, reshape, to_layout
 from npubuild.lowering.fusion import epilogue
 from npubuild.lowering.quant import QParams
 from npubuild.lowering.registry import lowers
+from npubuild.lowering.space_to_depth import fold_stride
 from npubuild.lowering.spatial import (
     CHANNELS_LAST_1D,
     as_nhwc,
@@ -139,6 +140,10 @@ def lower_conv(ctx: LoweringContext) -> None:
     x = slice_hw(ctx, x, keep)
     if ctx.options.dilation_taps and max(dilation) > MAX_HW_DILATION:
         w, dilation = taps_for_dilation(w, dilation)
+    if group == 1 and ctx.profile == "int" and ctx.options.space_to_depth_channels:
+        folded = fold_stride(ctx, x, w, pads, stride, dilation, ctx.options.space_to_depth_channels)
+        if folded is not None:  # a narrow stride-2 conv on its 2x2 space-to-depth view (space_to_depth.py)
+            (x, w, pads), stride = folded, (1, 1)
     bias = read_bias(ctx, 2, o)
     w_scale = channel_scales(w_q, o) if w_q is not None else None
     name = ctx.current.output[0]

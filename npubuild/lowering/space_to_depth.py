@@ -1,0 +1,78 @@
+"""A stride-2 convolution of a narrow input as a stride-1 one on its 2x2 space-to-depth view.
+
+An Ethos-U convolution consumes input channels in bricks (8 or 16 at a time): a 1- or 3-channel image stem
+leaves most of the MAC array idle (DS-CNN's 10x4 stride-2 conv on its 49x10x1 spectrogram: 26201 cycles on
+U55-128 for 320000 MACs, 8% utilisation). Every 2x2 block of the input becomes one position of 4C channels
+(phase-major: channel (ph * 2 + pw) * C + c), and the kernel the same way, with zero taps where the 2x2 grid
+of kernel positions overhangs the original kernel: y[o] = sum_j w[j] x[2o + j - t] is unchanged, term for
+term, so the int32 sums are the same integers. The view costs one H/W-swapping TRANSPOSE of the (small)
+input, and a PAD when H or W is odd (LoweringOptions.stem_space_to_depth; measurements in
+bench/perf_choices.md).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from npubuild.lowering.context import NHWC, LoweringContext, TTensor, identity
+from npubuild.lowering.emit import reshape, transpose
+from npubuild.lowering.movement import pad_phys
+
+
+@dataclass(frozen=True)
+class _Axis:
+    """One spatial axis of the rewrite: blocks of input, block padding before/after, kernel shift, blocks."""
+
+    blocks: int
+    before: int
+    after: int
+    shift: int
+    kernel: int
+
+
+def _axis(n: int, k: int, before: int, after: int) -> _Axis | None:
+    """The block-domain geometry of a stride-2 axis of n inputs, kernel k, pads (before, after); None if the
+    original conv leaves trailing input unread (the view would need a SLICE too)."""
+    out = (n - 1 + before + after - (k - 1)) // 2 + 1
+    pad_blocks = -(-before // 2)
+    shift = 2 * pad_blocks - before
+    kernel = -(-(k + shift) // 2)
+    blocks = -(-n // 2)
+    after_blocks = out - 1 + kernel - blocks - pad_blocks
+    if after_blocks < 0:
+        return None
+    return _Axis(blocks, pad_blocks, after_blocks, shift, kernel)
+
+
+def fold_stride(ctx: LoweringContext, x: TTensor, w_oihw: np.ndarray, pads: list[int], stride, dilation,
+                max_channels: int) -> tuple[TTensor, np.ndarray, list[int]] | None:
+    """(the space-to-depth view of x, its kernel, its TOSA pads) for a stride-1 conv with the same integers,
+    or None where the rewrite does not apply (not stride 2, dilated, wide, batched or not per-tensor int8)."""
+    n, h, w, c = x.shape
+    if (tuple(stride) != (2, 2) or tuple(dilation) != (1, 1) or c > max_channels or n != 1 or x.q is None
+            or x.dtype != np.int8 or not x.q.is_per_tensor):
+        return None
+    rows = _axis(h, w_oihw.shape[2], pads[0], pads[1])
+    cols = _axis(w, w_oihw.shape[3], pads[2], pads[3])
+    if rows is None or cols is None:
+        return None
+    return _view(ctx, x, rows, cols), _kernel(w_oihw, rows, cols), [rows.before, rows.after, cols.before, cols.after]
+
+
+def _view(ctx: LoweringContext, x: TTensor, rows: _Axis, cols: _Axis) -> TTensor:
+    _, h, w, c = x.shape
+    if (2 * rows.blocks, 2 * cols.blocks) != (h, w):  # an odd side: one more row / column of the zero point
+        x = pad_phys(ctx, x, [0, 0, 0, 0], [0, 2 * rows.blocks - h, 2 * cols.blocks - w, 0])
+    pairs = reshape(ctx, x, (rows.blocks, 2, cols.blocks, 2 * c), identity(4))
+    blocked = transpose(ctx, pairs, (0, 2, 1, 3), identity(4))
+    return reshape(ctx, blocked, (1, rows.blocks, cols.blocks, 4 * c), NHWC)
+
+
+def _kernel(w_oihw: np.ndarray, rows: _Axis, cols: _Axis) -> np.ndarray:
+    o, c, kh, kw = w_oihw.shape
+    grid = np.zeros((o, c, 2 * rows.kernel, 2 * cols.kernel), w_oihw.dtype)
+    grid[:, :, rows.shift:rows.shift + kh, cols.shift:cols.shift + kw] = w_oihw
+    blocks = grid.reshape(o, c, rows.kernel, 2, cols.kernel, 2).transpose(0, 3, 5, 1, 2, 4)
+    return blocks.reshape(o, 4 * c, rows.kernel, cols.kernel)

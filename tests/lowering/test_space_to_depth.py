@@ -1,0 +1,81 @@
+"""A stride-2 conv of a 1-channel input at stride 1 on its 2x2 space-to-depth view (lowering/space_to_depth.py).
+
+The view and its kernel must give the same integers as the direct conv (TOSA reference model, onnxruntime,
+npu-sim) for every padding and odd or even side, and be faster on U55/U65, which take it; U85 does not.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from npusim_helpers import assert_bitexact, vela_raw
+from onnx import TensorProto, helper
+from ophelpers import calib, check_int, io_dict, quantize_model, vela_run
+from test_depthwise_requantize import assert_same_reference, ops
+
+from npubuild.lowering.driver import lower_model
+from npubuild.lowering.options import FAMILY_OPTIONS
+
+
+def _stem(h: int, w: int, kernel: tuple[int, int], pads: list[int], channels: int = 1) -> onnx.ModelProto:
+    """A DS-CNN-style stem: a stride-2 conv of a `channels`-channel spectrogram to 64 channels, then Relu."""
+    wt = np.random.default_rng(0).standard_normal((64, channels, *kernel)).astype(np.float32) * 0.3
+    conv = helper.make_node("Conv", ["x", "w"], ["c"], kernel_shape=list(kernel), strides=[2, 2], pads=pads)
+    oh = (h + pads[0] + pads[2] - kernel[0]) // 2 + 1
+    ow = (w + pads[1] + pads[3] - kernel[1]) // 2 + 1
+    graph = helper.make_graph([conv, helper.make_node("Relu", ["c"], ["y"])], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, channels, h, w])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 64, oh, ow])],
+                              [onnx.numpy_helper.from_array(wt, "w")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    return model
+
+
+def _direct(family: str):
+    return replace(FAMILY_OPTIONS[family], space_to_depth_channels=0)
+
+
+# DS-CNN's stem (odd H, asymmetric pads), an even input with symmetric pads, odd kernel and no padding,
+# and pads that leave the last input row unread by the original conv's floor
+@pytest.mark.parametrize("h,w,kernel,pads", [(49, 10, (10, 4), [4, 1, 5, 2]), (32, 32, (3, 3), [1, 1, 1, 1]),
+                                             (15, 9, (3, 5), [0, 0, 0, 0]), (16, 16, (3, 3), [1, 1, 0, 0])])
+def test_view_gives_the_same_integers(h, w, kernel, pads):
+    shape = [1, 1, h, w]
+    model = _stem(h, w, kernel, pads)
+    cal = calib("x", shape)
+    folded, _ = check_int(model, cal, {"x": np.random.default_rng(5).uniform(-1, 1, shape).astype(np.float32)},
+                          options=FAMILY_OPTIONS["u55"])
+    direct = lower_model(quantize_model(model, cal), "int", options=_direct("u55"))
+    assert "TRANSPOSE" in ops(folded) and "TRANSPOSE" not in ops(direct)
+    assert_same_reference(direct, folded)
+
+
+@pytest.mark.parametrize("family,target", [("u55", "ethos-u55-128"), ("u65", "ethos-u65-256")])
+def test_view_is_faster_where_taken(family, target):
+    qdq = quantize_model(_stem(49, 10, (10, 4), [4, 1, 5, 2]), calib("x", [1, 1, 49, 10]))
+    folded, direct = lower_model(qdq, "int", family=family), lower_model(qdq, "int", options=_direct(family))
+    assert "TRANSPOSE" in ops(folded)
+    assert vela_run(folded.tosa, target).cycles < 0.9 * vela_run(direct.tosa, target).cycles
+
+
+def test_view_bitexact_on_npusim():
+    qdq = quantize_model(_stem(49, 10, (10, 4), [4, 1, 5, 2]), calib("x", [1, 1, 49, 10]))
+    folded = lower_model(qdq, "int", family="u55")
+    assert "TRANSPOSE" in ops(folded)
+    with tempfile.TemporaryDirectory() as tmp:
+        assert_bitexact(folded.tosa, io_dict(folded), vela_raw(folded.tosa, Path(tmp), "ethos-u55-128"))
+
+
+@pytest.mark.parametrize("family,channels", [("u85", 1), ("u55", 3)])
+def test_u85_and_image_stems_convolve_directly(family, channels):
+    """U85 runs the view slower (its TRANSPOSE), and a 3-channel image's view costs more than it saves."""
+    qdq = quantize_model(_stem(64, 64, (3, 3), [1, 1, 1, 1], channels), calib("x", [1, channels, 64, 64]))
+    lowered = lower_model(qdq, "int", family=family)
+    assert lowered.tosa == lower_model(qdq, "int", options=_direct(family)).tosa
+    assert "TRANSPOSE" not in ops(lowered)
