@@ -161,6 +161,8 @@ FAMILY_OPTIONS: dict[LoweringFamily, LoweringOptions] = {
     # on >= 16x16 planes, the upsample halves cost 3-6% there (kept whole), the sum wins from 8x8 x 32 ch;
     # a 3-channel image input kept planar and transposed on the NPU saves 33% on MobileNetV1 96x96 (its
     # first conv read the input from DRAM 3 bytes at a time), 7% on ResNet-8 and 3% on the MobileNetV3 block.
+    # No input staging (U85's): digits 0.0027 -> 0.0023 ms and the U-Nets -2%, but 1-channel stems of 8x8 to
+    # 64x64 lose up to 50% in isolation (bench/perf_choices.md): it depends on Vela's schedule around the stem.
     "u65": LoweringOptions(concat_order=True, dw_requantize=True, concat_dw_copy=True, bilinear_2x=True,
                            plane_sum=PlaneSumLimits(64, 32, 1 << 30), norm_widen_add=True, norm_index_rescale=True,
                            planar_input_channels=4, dilation_taps=True,

@@ -28,7 +28,7 @@ def quantize_linear(ctx: LoweringContext) -> None:
         raise ctx.unsupported("per-axis quantisation of activations is not supported")
     src = ctx.value(node.input[0])
     if isinstance(src, GraphInput):
-        ctx.set_output(0, staged_input(ctx, ctx.placeholder(src, q.dtype, q)))
+        ctx.set_output(0, staged_input(ctx, ctx.placeholder(src, q.dtype, q), src.name))
     elif isinstance(src, TTensor):
         if src.q is None:
             raise ctx.unsupported("quantizing a float tensor inside the graph is not supported in the INT profile")
