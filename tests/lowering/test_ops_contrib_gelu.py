@@ -6,7 +6,11 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from ophelpers import calib, check_fp, check_int, rand, single_op_model, vela_op_counts
+from ophelpers import calib, check_fp, check_int, prepare, rand, single_op_model, vela_op_counts
+
+from npubuild.errors import UnsupportedOpError
+from npubuild.lowering.driver import lower_model
+from npubuild.lowering.registry import LOWERINGS, supported_op_types
 
 MS = "com.microsoft"
 SHAPE = [1, 4, 8, 8]
@@ -69,18 +73,12 @@ def test_bias_broadcasts_along_the_last_axis_of_a_transformer_activation():
 
 
 def test_a_bias_that_does_not_match_the_last_axis_is_placed_on_the_host():
-    from npubuild.errors import UnsupportedOpError
-    from npubuild.lowering.driver import lower_model
-    from ophelpers import prepare
-
     model = single_op_model("BiasGelu", {"x": SHAPE}, {"y": SHAPE}, {"bias": BIAS[:3]}, domain=MS)
     with pytest.raises(UnsupportedOpError, match="bias of 3 values"):
         lower_model(prepare(model), "fp")
 
 
 def test_onnx_gelu_and_the_contrib_gelu_are_two_lowerings():
-    from npubuild.lowering.registry import LOWERINGS, supported_op_types
-
     ops = supported_op_types()
     assert {"Gelu", "com.microsoft:Gelu", "com.microsoft:FastGelu", "com.microsoft:BiasGelu",
             "com.microsoft:QuickGelu"} <= set(ops)
