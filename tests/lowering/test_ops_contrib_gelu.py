@@ -83,3 +83,18 @@ def test_onnx_gelu_and_the_contrib_gelu_are_two_lowerings():
     assert {"Gelu", "com.microsoft:Gelu", "com.microsoft:FastGelu", "com.microsoft:BiasGelu",
             "com.microsoft:QuickGelu"} <= set(ops)
     assert LOWERINGS["Gelu"] is not LOWERINGS["com.microsoft:Gelu"]
+
+
+def test_a_chain_into_a_contrib_op_is_not_fused_as_onnx_gelu():
+    """Sigmoid -> com.microsoft:Gelu: the one-TABLE chain fusion takes ONNX's own ops only (it would evaluate the
+    contrib Gelu as ONNX's Gelu, which opset 17 lacks), so each node is its own exact TABLE."""
+    from onnx import TensorProto, helper
+
+    nodes = [helper.make_node("Sigmoid", ["x"], ["s"], name="sig"),
+             helper.make_node("Gelu", ["s"], ["y"], name="gelu", domain=MS)]
+    graph = helper.make_graph(nodes, "chain", [helper.make_tensor_value_info("x", TensorProto.FLOAT, SHAPE)],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, SHAPE)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid(MS, 1)])
+    model.ir_version = 8
+    lowered, _ = check_int(model, calib("x", SHAPE, low=-4, high=4), {"x": sweep(-4, 4)}, max_lsb=1)
+    assert [o for ops in lowered.node_ops.values() for o in ops] == ["TABLE", "TABLE"]
