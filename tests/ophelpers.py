@@ -36,17 +36,21 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def single_op_model(op: str, input_shapes: dict[str, list[int]], output_shapes: dict[str, list[int] | None],
                     initializers: dict[str, np.ndarray] | None = None, opset: int = 17,
-                    node_inputs: list[str] | None = None, **attrs) -> onnx.ModelProto:
-    """One node `op` reading the graph inputs (then initializers, or `node_inputs` in that order)."""
+                    node_inputs: list[str] | None = None, domain: str = "", **attrs) -> onnx.ModelProto:
+    """One node `op` reading the graph inputs (then initializers, or `node_inputs` in that order); `domain`
+    names a custom operator domain (com.microsoft contrib ops), imported at version 1."""
     initializers = initializers or {}
     inputs = [helper.make_tensor_value_info(n, TensorProto.FLOAT, s) for n, s in input_shapes.items()]
     outputs = [helper.make_tensor_value_info(n, TensorProto.FLOAT, s) for n, s in output_shapes.items()]
     names = node_inputs if node_inputs is not None else [*input_shapes, *initializers]
-    node = helper.make_node(op, names, list(output_shapes), name=f"the_{op.lower()}", **attrs)
+    node = helper.make_node(op, names, list(output_shapes), name=f"the_{op.lower()}", domain=domain, **attrs)
     inits = [onnx.numpy_helper.from_array(np.asarray(v), k) for k, v in initializers.items()]
     graph = helper.make_graph([node], f"single_{op}", inputs, outputs, inits)
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+    opsets = [helper.make_opsetid("", opset)] + ([helper.make_opsetid(domain, 1)] if domain else [])
+    model = helper.make_model(graph, opset_imports=opsets)
     model.ir_version = 8
+    if domain:  # onnx's shape inference does not know contrib ops: these are elementwise
+        return model
     inferred = onnx.shape_inference.infer_shapes(model, strict_mode=True, data_prop=True)
     known = {vi.name: vi for vi in [*inferred.graph.value_info, *inferred.graph.output]}
     for out in model.graph.output:  # outputs given as None: take the inferred type and shape

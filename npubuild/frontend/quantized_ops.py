@@ -11,8 +11,8 @@ with `registry.quantize_also`.
 from __future__ import annotations
 
 QUANTIZE_ALSO = frozenset({
-    "Abs", "ArgMin", "Ceil", "Celu", "Div", "Elu", "Erf", "Exp", "Floor", "Gelu", "GlobalMaxPool", "GroupNormalization", "HardSigmoid", "HardSwish", "Hardmax",
-    "Log", "LogSoftmax", "LpNormalization", "Max", "Mean", "Min", "Mish", "Neg", "PRelu", "Pow", "Reciprocal", "ReduceMax", "ReduceMean",
+    "Abs", "ArgMin", "BiasGelu", "Ceil", "Celu", "Div", "Elu", "Erf", "Exp", "FastGelu", "Floor", "Gelu", "GlobalMaxPool", "GroupNormalization", "HardSigmoid", "HardSwish", "Hardmax",
+    "Log", "LogSoftmax", "LpNormalization", "Max", "Mean", "Min", "Mish", "Neg", "PRelu", "Pow", "QuickGelu", "Reciprocal", "ReduceMax", "ReduceMean",
     "ReduceMin", "ReduceSum", "ReduceSumSquare", "ReduceL1", "ReduceL2", "ReduceLogSum", "ReduceLogSumExp",
     "ReduceProd", "RMSNormalization", "Round", "Selu", "Shrink", "Sign", "Softplus", "Softsign", "Sqrt", "Sub", "Sum", "Swish",
     "Tanh", "ThresholdedRelu", "TopK",

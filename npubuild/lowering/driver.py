@@ -13,7 +13,7 @@ from npubuild.lowering import load_all
 from npubuild.lowering.context import LoweringContext, TTensor
 from npubuild.lowering.options import LoweringOptions
 from npubuild.lowering.quant import UnrepresentableScale
-from npubuild.lowering.registry import LOWERINGS
+from npubuild.lowering.registry import LOWERINGS, op_key
 from npubuild.tosa.iospec import IOSpec
 
 
@@ -50,9 +50,9 @@ def lower_model(model: onnx.ModelProto, profile: Literal["int", "fp"], family: s
     for node in model.graph.node:
         if node.name in ctx.fused:  # lowered already, as part of a pattern (e.g. the Erf form of GELU)
             continue
-        if node.domain not in ("", "ai.onnx"):
+        fn = LOWERINGS.get(op_key(node.domain, node.op_type))
+        if fn is None and node.domain not in ("", "ai.onnx"):
             raise UnsupportedOpError(node.name, node.op_type, f"operator domain '{node.domain}' is not supported")
-        fn = LOWERINGS.get(node.op_type)
         if fn is None:
             raise UnsupportedOpError(node.name, node.op_type, "no lowering to TOSA for this op type")
         ctx.current = node

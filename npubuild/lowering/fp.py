@@ -1,12 +1,14 @@
 """fp32 TOSA building blocks for the FP profile, so composite lowerings read like the formula they compute.
 
-Every helper emits one TOSA op and returns its result; scalars become
+Every helper emits one TOSA op (`gelu` a few) and returns its result; scalars become
 rank-matched [1,...,1] constants (TOSA broadcasts only between equal ranks).
 The last op of a composition takes `output_of` so a graph output becomes a
 TOSA output.
 """
 
 from __future__ import annotations
+
+import math
 
 import numpy as np
 import tosa_serializer as ts
@@ -117,3 +119,15 @@ def select(ctx: LoweringContext, cond: TTensor, a: TTensor, b: TTensor, output_o
 
 def floor(ctx: LoweringContext, x: TTensor, output_of: str | None = None) -> TTensor:
     return unary(ctx, Op.FLOOR, "Floor", x, output_of)
+
+
+def gelu(ctx: LoweringContext, x: TTensor, tanh: bool, output_of: str | None = None) -> TTensor:
+    """0.5 x (1 + erf(x / sqrt 2)), or with `tanh` the approximation 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715
+    x^3))): ONNX's Gelu and the com.microsoft Gelu/FastGelu/BiasGelu share it."""
+    if tanh:
+        cube = mul(ctx, mul(ctx, x, x), x)
+        inner = mul_scalar(ctx, add(ctx, x, mul_scalar(ctx, cube, 0.044715)), math.sqrt(2.0 / math.pi))
+        s = unary(ctx, Op.TANH, "Tanh", inner)
+    else:
+        s = unary(ctx, Op.ERF, "Erf", mul_scalar(ctx, x, 1.0 / math.sqrt(2.0)))
+    return mul(ctx, mul_scalar(ctx, x, 0.5), add_scalar(ctx, s, 1.0), output_of=output_of)

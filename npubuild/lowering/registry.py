@@ -2,7 +2,8 @@
 
 A lowering is a plain function `(ctx) -> None` that reads `ctx.current` (the
 ONNX node), emits TOSA through the context and binds the node's outputs with
-`ctx.set_output`. Register one with `@lowers("Conv", ...)`.
+`ctx.set_output`. Register one with `@lowers("Conv", ...)`; an op of another domain as
+`@lowers("com.microsoft:Gelu")` (op_key).
 """
 
 from __future__ import annotations
@@ -14,6 +15,12 @@ from npubuild.lowering.context import LoweringContext
 Lowering = Callable[[LoweringContext], None]
 LOWERINGS: dict[str, Lowering] = {}
 QUANTIZE_ALSO: set[str] = set()  # op types onnxruntime leaves in float unless asked (frontend.quantized_ops)
+
+
+def op_key(domain: str, op_type: str) -> str:
+    """The registry key of a node: its op type in ONNX's own domain, `domain:op_type` in any other (so that
+    com.microsoft's contrib Gelu and ONNX's Gelu are two lowerings)."""
+    return op_type if domain in ("", "ai.onnx") else f"{domain}:{op_type}"
 
 
 def lowers(*op_types: str) -> Callable[[Lowering], Lowering]:

@@ -68,10 +68,14 @@ def emit_table(ctx: LoweringContext, x: TTensor, table: np.ndarray, out_q: QPara
     return out
 
 
-def node_function(ctx: LoweringContext) -> RealFn:
+def node_function(ctx: LoweringContext, keep_inputs: int | None = None, op_type: str | None = None) -> RealFn:
     """The current node as a function of its input 0, evaluated by onnxruntime in float32 (its other inputs
     constants): the very kernel the QDQ reference runs between its DequantizeLinear and QuantizeLinear, so
-    a table built from it equals the reference exactly, with no numpy twin of the op to keep in step."""
+    a table built from it equals the reference exactly, with no numpy twin of the op to keep in step.
+
+    `keep_inputs` keeps only the node's first inputs and `op_type` runs another op of its domain (a contrib
+    op's bias, added before the table: BiasGelu tabulates as Gelu); a custom-domain node (com.microsoft
+    contrib ops) keeps its domain and opset."""
     import onnx
     import onnxruntime as ort
     from onnx import TensorProto, helper
@@ -79,18 +83,20 @@ def node_function(ctx: LoweringContext) -> RealFn:
     node = ctx.current
     assert node is not None
     inits, names = [], ["x"]
-    for k, name in enumerate(node.input[1:], start=1):
+    kept = node.input[1:keep_inputs] if keep_inputs is not None else node.input[1:]
+    for k, name in enumerate(kept, start=1):
         c = ctx.constant(k) if name else None
         if name and c is None:
             raise ctx.unsupported(f"input {k} must be a constant for a TABLE lowering")
         if c is not None:
             inits.append(onnx.numpy_helper.from_array(np.asarray(c).astype(np.asarray(c).dtype), f"c{k}"))
         names.append(f"c{k}" if name else "")
-    made = helper.make_node(node.op_type, names, ["y"])
+    made = helper.make_node(op_type or node.op_type, names, ["y"], domain=node.domain)
     made.attribute.extend(node.attribute)
     graph = helper.make_graph([made], "f", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [256])],
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], inits)
-    model = helper.make_model(graph, opset_imports=[o for o in ctx.model.opset_import if o.domain in ("", "ai.onnx")])
+    domains = ("", "ai.onnx", node.domain)
+    model = helper.make_model(graph, opset_imports=[o for o in ctx.model.opset_import if o.domain in domains])
     model.ir_version = min(ctx.model.ir_version, 10) or 8
     opts = ort.SessionOptions()
     opts.log_severity_level = 3

@@ -182,11 +182,11 @@ def transformer(seed: int = 0, seq: int = 16, d: int = 64, heads: int = 4, ffn: 
 
 
 def kws_fused_gelu(seed: int = 0, classes: int = 12) -> onnx.ModelProto:
-    """A keyword spotter as onnxruntime's transformer optimiser leaves it: a custom-domain op in the middle.
+    """A keyword spotter as onnxruntime's transformer optimiser leaves it: a contrib op in the middle.
 
-    49x10 MFCC in; Conv 10x4/2 + BN, the fused `com.microsoft:Gelu` (a contrib op onnxruntime runs and no
-    lowering takes), two depthwise-separable blocks with ReLU, global average pool, fully connected. It is
-    the host-fallback example: the Gelu runs on the host between two NPU partitions.
+    49x10 MFCC in; Conv 10x4/2 + BN, the fused `com.microsoft:Gelu` (onnxruntime's contrib op, lowered by
+    lowering/ops/contrib_gelu.py as one TABLE), two depthwise-separable blocks with ReLU, global average
+    pool, fully connected.
     """
     g = GraphBuilder("kws_fused_gelu", seed)
     x = g.input("input", ["N", 1, 49, 10])
@@ -199,6 +199,25 @@ def kws_fused_gelu(seed: int = 0, classes: int = 12) -> onnx.ModelProto:
     x = g.node("Flatten", [g.node("GlobalAveragePool", [x])], axis=1)
     g.output(g.gemm(x, c, classes), ["N", classes])
     return g.model(extra_opsets={"com.microsoft": 1})
+
+
+def alexnet_lrn(seed: int = 0, size: int = 32, classes: int = 10) -> onnx.ModelProto:
+    """An AlexNet-style classifier with its LocalResponseNormalization: the host-fallback example.
+
+    32x32 RGB in; Conv 5x5 32 + ReLU, LRN (AlexNet's size 5, alpha 1e-4, beta 0.75, bias 2), MaxPool 3x3/2,
+    Conv 3x3 64 + ReLU, MaxPool 3x3/2, global average pool, fully connected. npubuild lowers LRN in the
+    FP profile only, so in int8 it runs on the host (onnxruntime) between two NPU partitions.
+    """
+    g = GraphBuilder("alexnet_lrn", seed)
+    x = g.input("input", ["N", 3, size, size])
+    x = g.relu(g.conv(x, 3, 32, (5, 5), pads=[2, 2, 2, 2]))
+    x = g.node("LRN", [x], size=5, alpha=1e-4, beta=0.75, bias=2.0)
+    x = g.node("MaxPool", [x], kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1])
+    x = g.relu(g.conv(x, 32, 64, (3, 3), pads=[1, 1, 1, 1]))
+    x = g.node("MaxPool", [x], kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1])
+    x = g.node("Flatten", [g.node("GlobalAveragePool", [x])], axis=1)
+    g.output(g.gemm(x, 64, classes), ["N", classes])
+    return g.model()
 
 
 def tcn_imu(seed: int = 0, channels: int = 6, length: int = 128, width: int = 16, classes: int = 6) -> onnx.ModelProto:
@@ -309,6 +328,7 @@ MODELS: dict[str, Callable[[], onnx.ModelProto]] = {
     "unet": unet,
     "transformer": transformer,
     "kws_fused_gelu": kws_fused_gelu,
+    "alexnet_lrn": alexnet_lrn,
     "tcn_imu": tcn_imu,
     "gru_kws": gru_kws,
     "lstm_kws": lstm_kws,

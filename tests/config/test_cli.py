@@ -67,6 +67,9 @@ def test_ops_lists_every_lowered_op_and_where_it_runs_per_family(capsys):
     assert any(c.startswith("u55-resize:") for c in by["Resize (nearest 2x)"]["conditions"])
     assert by["Relu"]["families"]["u55"]["where"] == "fused"
     assert "absorbed" in by["QuantizeLinear"]["note"]
+    for label in ("com.microsoft:Gelu", "com.microsoft:FastGelu (bias)", "com.microsoft:BiasGelu",
+                  "com.microsoft:QuickGelu"):  # onnxruntime's fused contrib ops: a TABLE on the NPU everywhere
+        assert all(f["where"] == "npu" and "TABLE" in f["tosa_ops"] for f in by[label]["families"].values()), label
     code, out, _ = run_cli(["ops"], capsys)
     greater = next(ln for ln in out.splitlines() if ln.startswith("Greater "))
     assert greater.split()[1:5] == ["CPU", "CPU", "NPU", "NPU"] and "u55-op-type: TOSA GREATER" in greater

@@ -13,13 +13,13 @@ from buildhelpers import write_spec
 from npbtest import REPO, read_report, run_cli
 from onnx import TensorProto, helper, numpy_helper
 
-from npubuild.lowering.fallback import NO_LOWERING, cut_model, lower_lowerable
-from npubuild.models.zoo import kws_fused_gelu
+from npubuild.lowering.fallback import LOWERING_REFUSED, NO_LOWERING, cut_model, lower_lowerable
+from npubuild.models.zoo import alexnet_lrn
 
 
 def _example(project: Path, targets: str | None = None, expect: str | None = None) -> Path:
     shutil.copy(REPO / "configs" / "host_fallback.yaml", project / "configs" / "host_fallback.yaml")
-    onnx.save(kws_fused_gelu(), project / "configs" / "models" / "kws_fused_gelu.onnx")
+    onnx.save(alexnet_lrn(), project / "configs" / "models" / "alexnet_lrn.onnx")
     spec = project / "configs" / "host_fallback.yaml"
     text = spec.read_text()
     if targets:
@@ -30,7 +30,7 @@ def _example(project: Path, targets: str | None = None, expect: str | None = Non
     return spec
 
 
-def test_the_example_builds_with_the_custom_op_on_the_host_and_checks_the_split(project: Path, capsys):
+def test_the_example_builds_with_the_int8_lrn_on_the_host_and_checks_the_split(project: Path, capsys):
     spec = _example(project)
     code, _, err = run_cli(["build", str(spec), "--build-dir", str(project / "build"), "-q"], capsys)
     assert code == 0, err
@@ -38,11 +38,11 @@ def test_the_example_builds_with_the_custom_op_on_the_host_and_checks_the_split(
         m = b["metrics"]
         assert b["status"] == "passed" and all(g["ok"] for g in b["gates"])
         (host,) = [p for p in m["offloads"] if p["kind"] == "cpu"]
-        assert (host["op_type"], host["rule"]) == ("Gelu", NO_LOWERING) and "com.microsoft" in host["reason"]
+        assert (host["op_type"], host["rule"]) == ("LRN", LOWERING_REFUSED) and "FP profile only" in host["reason"]
         assert [p["kind"] for p in m["partition_graph"]] == ["npu", "host", "npu"]
         assert m["deployed_max_error_lsb"] <= 1 and m["tosa_snr_db"] > 30
         assert "tosa" not in b["artifacts"]
-    lower_dir = next((project / "build" / "stages" / "lower").glob("kws_fused_gelu-*/io.json")).parent
+    lower_dir = next((project / "build" / "stages" / "lower").glob("alexnet_lrn-*/io.json")).parent
     assert not (lower_dir / "model.tosa").exists()  # no single TOSA graph: the portable split stands for it
     io = json.loads((lower_dir / "io.json").read_text())
     assert [(p["kind"], p["file"]) for p in io["portable"]["partitions"]] == [
@@ -54,8 +54,8 @@ def test_the_example_builds_with_the_custom_op_on_the_host_and_checks_the_split(
     code, out, err = run_cli(["offloads", str(spec), "--target", "ethos-u55-128", "--build-dir",
                               str(project / "build")], capsys)
     assert code == 0, err
-    (line,) = [ln for ln in out.splitlines() if " Gelu " in ln]
-    assert "-> CPU (host partition 1)  [-]  rule no-lowering: operator domain 'com.microsoft'" in line
+    (line,) = [ln for ln in out.splitlines() if " LRN " in ln]
+    assert "-> CPU (host partition 1)  [-]  rule lowering-unsupported: LRN is lowered in the FP profile only" in line
 
 
 def test_npu_offload_1_still_demands_everything_on_the_npu(project: Path, capsys):
@@ -109,12 +109,16 @@ def test_a_standard_op_onnxruntime_rejects_is_one_line_exit_2(project: Path, cap
 
 
 def test_fp_profile_checks_the_partitioned_model_against_the_float_model(project: Path, capsys):
-    onnx.save(_foo_model("com.microsoft", "Gelu"), project / "configs" / "models" / "gelu.onnx")
-    spec = write_spec(project, "gelu", "gelu.onnx", [1, 4, 4, 4], "[ethos-u55-128]", extra="pipeline: fp\n")
+    """A contrib op onnxruntime runs and no lowering takes (com.microsoft:Trilu) goes to the host, named by domain."""
+    onnx.save(_foo_model("com.microsoft", "Trilu"), project / "configs" / "models" / "trilu.onnx")
+    spec = write_spec(project, "trilu", "trilu.onnx", [1, 4, 4, 4], "[ethos-u55-128]", extra="pipeline: fp\n")
     code, _, err = run_cli(["build", str(spec), "--build-dir", str(project / "build"), "-q"], capsys)
     assert code == 0, err
     m = read_report(project / "build")["builds"][0]["metrics"]
-    assert m["tosa_snr_db"] > 100  # float TOSA conv, onnxruntime's Gelu, against the float model
+    io = json.loads(next((project / "build" / "stages" / "lower").glob("m-*/io.json")).read_text())
+    assert [(p["kind"], p["file"]) for p in io["portable"]["partitions"]] == [("npu", "part0.tosa"),
+                                                                              ("host", "host1.onnx")]
+    assert m["tosa_snr_db"] > 100  # float TOSA conv, onnxruntime's Trilu, against the float model
 
 
 def _chain() -> onnx.ModelProto:

@@ -22,7 +22,8 @@ from npubuild.models.__main__ import main as models_main
 from npubuild.models.zoo import MODELS
 
 MODELS_DIR = REPO / "configs" / "models"
-CNNS = ("ds_cnn", "mobilenet_v1", "resnet8", "autoencoder", "mobilenet_v3_block", "unet", "tcn_imu")
+CNNS = ("ds_cnn", "mobilenet_v1", "resnet8", "autoencoder", "mobilenet_v3_block", "unet", "tcn_imu", "kws_fused_gelu",
+        "alexnet_lrn")
 
 
 def canonical(m: onnx.ModelProto) -> tuple:
@@ -142,14 +143,15 @@ def test_max_transposes_gate_fails_a_build_with_a_transpose(tmp_path: Path, caps
 
 
 def test_cnn_examples_build_fully_on_the_npu_without_transposes(tmp_path: Path, capsys):
-    """ResNet-8 (ours and torch's), the autoencoder and the MobileNetV3 block: U55 and U85, every gate."""
+    """ResNet-8 (ours and torch's), the autoencoder, the MobileNetV3 block and the KWS CNN with onnxruntime's fused
+    com.microsoft:Gelu: U55 and U85 (and U65 for the last), every gate."""
     specs = [str(REPO / "configs" / f) for f in ("image_classification.yaml", "anomaly_detection.yaml",
-                                                 "mobilenet_v3.yaml")]
+                                                 "mobilenet_v3.yaml", "kws_fused_gelu.yaml")]
     code, _, err = run_cli(["build", *specs, "--build-dir", str(tmp_path / "b"), "-q", "-n", "2"], capsys,
                            cwd=tmp_path)
     builds = json.loads((tmp_path / "b" / "report.json").read_text())["builds"]
     assert code == 0, err
-    assert len(builds) == 10
+    assert len(builds) == 13
     for b in builds:
         m = b["metrics"]
         assert b["status"] == "passed", (b["model"], b["target"], b["errors"])

@@ -77,7 +77,8 @@ def _grow(ctx: LoweringContext, start: onnx.NodeProto, x: str) -> list[onnx.Node
     while frontier and len(group) < MAX_NODES:
         t = frontier.pop()
         for c in ctx.index.uses(t, []):
-            if c in group or c.op_type not in ELEMENTWISE or ctx.index.order[c.name] <= ctx.index.order[start.name]:
+            if c in group or c.op_type not in ELEMENTWISE or c.domain not in ("", "ai.onnx") \
+                    or ctx.index.order[c.name] <= ctx.index.order[start.name]:  # ONNX's own ops only
                 continue
             srcs = _activation_inputs(ctx, c)
             if srcs is None or not srcs <= produced | {x} or c.name in ctx.fused:

@@ -149,22 +149,12 @@ def lower_hard_swish(ctx: LoweringContext) -> None:
            lambda x, out: fp.mul(ctx, x, _fp_hard_sigmoid(ctx, x, 1.0 / 6.0, 0.5, None), output_of=out))
 
 
-def _fp_gelu(ctx: LoweringContext, x: TTensor, approximate: str, out: str) -> TTensor:
-    if approximate == "tanh":
-        cube = fp.mul(ctx, fp.mul(ctx, x, x), x)
-        inner = fp.mul_scalar(ctx, fp.add(ctx, x, fp.mul_scalar(ctx, cube, 0.044715)), math.sqrt(2.0 / math.pi))
-        s = fp.unary(ctx, Op.TANH, "Tanh", inner)
-    else:
-        s = fp.unary(ctx, Op.ERF, "Erf", fp.mul_scalar(ctx, x, 1.0 / math.sqrt(2.0)))
-    return fp.mul(ctx, fp.mul_scalar(ctx, x, 0.5), fp.add_scalar(ctx, s, 1.0), output_of=out)
-
-
 @lowers("Gelu")
 @fusable
 def lower_gelu(ctx: LoweringContext) -> None:
     approximate = ctx.attr("approximate", b"none")
     approximate = approximate.decode() if isinstance(approximate, bytes) else str(approximate)
-    _unary(ctx, _gelu_tanh if approximate == "tanh" else gelu, lambda x, out: _fp_gelu(ctx, x, approximate, out))
+    _unary(ctx, _gelu_tanh if approximate == "tanh" else gelu, lambda x, out: fp.gelu(ctx, x, approximate == "tanh", out))
 
 
 def _fp_leaky(ctx: LoweringContext, x: TTensor, slope: TTensor, uniform: float | None, out: str) -> TTensor:
