@@ -24,6 +24,7 @@ from npubuild.lowering.quant import QParams
 from npubuild.tosa.iospec import IOSpec
 
 NHWC = (0, 2, 3, 1)  # physical NHWC of a logical NCHW tensor
+CHANNELS_LAST_1D = (0, 2, 1)  # physical [N, L, C] of a logical [N, C, L]
 
 WINDOW_OPS = frozenset({"Conv", "ConvTranspose", "MaxPool", "AveragePool", "GlobalAveragePool", "GlobalMaxPool"})
 
@@ -84,7 +85,23 @@ class GraphInput:
     elem_type: int
 
 
-Value = TTensor | QConst | GraphInput | np.ndarray
+@dataclass
+class RowImage:
+    """A 1-D activation (logical [N, C, L]) held as the one-row NHWC image [N, 1, L, C] its ops compute on.
+
+    1-D convs and pools, residual Adds, clamps and Q/DQ read and write the image directly
+    (`LoweringContext.row_image`), so a Conv1d stack stays rank 4 end to end. The rank-3 [N, L, C]
+    tensor is a RESHAPE emitted only when another reader asks for the value (`value`, `tensor`), once:
+    Vela turns a RESHAPE whose input has other readers into a MemoryCopy (a TCN block input feeds both
+    the next conv and the residual Add: 2160 cycles each on U55-128, bench/perf_choices.md).
+    A value that reaches a graph output is never held so (its producer writes the rank-3 output).
+    """
+
+    image: TTensor
+    flat: TTensor | None = None
+
+
+Value = TTensor | QConst | GraphInput | np.ndarray | RowImage
 
 
 @dataclass
@@ -233,10 +250,31 @@ class LoweringContext:
         return default
 
     def value(self, name: str) -> Value:
+        """The lowered value of ONNX tensor `name`; a 1-D activation as its rank-3 tensor (see RowImage)."""
         try:
-            return self.values[name]
+            v = self.values[name]
         except KeyError:
             raise self.unsupported(f"input '{name}' was not produced by a lowered node") from None
+        return self._flat(v) if isinstance(v, RowImage) else v
+
+    def row_image(self, i: int) -> TTensor | None:
+        """Input i's one-row NHWC image if it is a 1-D activation held as one (RowImage), else None."""
+        assert self.current is not None
+        v = self.values.get(self.current.input[i]) if i < len(self.current.input) else None
+        return v.image if isinstance(v, RowImage) else None
+
+    def _flat(self, row: RowImage) -> TTensor:
+        """The rank-3 [N, L, C] tensor of a RowImage: one RESHAPE, emitted on first use."""
+        if row.flat is None:
+            n, h, length, c = row.image.shape
+            assert h == 1
+            img = row.image
+            t = self.ser.addIntermediate([n, length, c], NP_TO_TOSA[img.dtype])
+            row.flat = TTensor(t.name, (n, length, c), img.dtype, CHANNELS_LAST_1D, img.q)
+            attr = ts.TosaSerializerAttribute()
+            attr.ReshapeAttribute()
+            self.op(ts.Op.RESHAPE, [img.name, self.shape_const([n, length, c])], [row.flat.name], attr)
+        return row.flat
 
     def tensor(self, i: int) -> TTensor:
         """Input i of the current node as an activation tensor (graph inputs get their placeholder here)."""

@@ -35,11 +35,11 @@ from npubuild.lowering.quant import QParams
 from npubuild.lowering.registry import lowers
 from npubuild.lowering.spatial import (
     CHANNELS_LAST_1D,
-    as_nhwc,
     direct_output,
     from_nhwc,
     spatial_rank,
     window,
+    window_input,
 )
 
 
@@ -118,9 +118,7 @@ def concat(ctx: LoweringContext, parts: list[TTensor], axis: int, output_name: s
 @lowers("Conv")
 def lower_conv(ctx: LoweringContext) -> None:
     """2-D convolutions, and 1-D ones as 2-D with H = 1 (spatial.py): a Conv1d stack stays channels-last."""
-    x = ctx.tensor(0)
-    spatial = spatial_rank(ctx, x, "convolutions")
-    x = as_nhwc(ctx, x)
+    x, spatial = window_input(ctx, 0, "convolutions")
     w, w_q = _weights(ctx, 1)
     if w.ndim != spatial + 2:
         raise ctx.unsupported(f"weights of rank {w.ndim} for a {spatial}-D convolution")

@@ -31,7 +31,7 @@ from npubuild.lowering.broadcast import (
     operand,
     operand_rank,
 )
-from npubuild.lowering.context import LoweringContext, QConst, TTensor
+from npubuild.lowering.context import LoweringContext, QConst, RowImage, TTensor
 from npubuild.lowering.emit import Op, attr, clamp, requantize, rescale
 from npubuild.lowering.fusion.patterns import fusable
 from npubuild.lowering.quant import QParams
@@ -65,11 +65,23 @@ def _quantized(ctx: LoweringContext, *xs: TTensor) -> None:
 # ---------------------------------------------------------------------------------------------- Add, Sub
 
 
+def row_images(ctx: LoweringContext) -> tuple[TTensor, TTensor] | None:
+    """Inputs 0 and 1 as one-row images when both are 1-D activations held so (context.RowImage) with one
+    shape and the output reaches no graph output: a residual Add of a TCN then stays rank 4."""
+    a, b = ctx.row_image(0), ctx.row_image(1)
+    if a is None or b is None or a.shape != b.shape or ctx.index.reaches_output(ctx.current.output[0]):
+        return None
+    return a, b
+
+
 def _add_sub(ctx: LoweringContext, op, kind: str) -> None:
-    a, b = broadcast_operands(ctx)
+    rows = row_images(ctx)
+    a, b = rows if rows is not None else broadcast_operands(ctx)
     out_name = ctx.current.output[0]
+    out_of = None if rows is not None else out_name
     if ctx.profile == "fp":
-        ctx.set_output(0, fp.binary(ctx, op, kind, a, b, output_of=out_name))
+        y = fp.binary(ctx, op, kind, a, b, output_of=out_of)
+        ctx.set_output(0, RowImage(y) if rows is not None else y)
         return
     out_q = ctx.require_output_q()
     _quantized(ctx, a, b)
@@ -79,7 +91,8 @@ def _add_sub(ctx: LoweringContext, op, kind: str) -> None:
     acc = ctx.new_tensor(_out_shape(a, b), np.int32, a.perm)
     ctx.op(op, [a32.name, b32.name], [acc.name], attr(kind))
     out_scale = twice_max / ((1 << HEADROOM_BITS) * out_q.s)
-    ctx.set_output(0, rescale(ctx, acc, out_scale, out_q.dtype, 0, out_q.zp, out_q, output_of=out_name))
+    y = rescale(ctx, acc, out_scale, out_q.dtype, 0, out_q.zp, out_q, output_of=out_of)
+    ctx.set_output(0, RowImage(y) if rows is not None else y)
 
 
 @lowers("Add")
