@@ -95,10 +95,18 @@ class RowImage:
     Vela turns a RESHAPE whose input has other readers into a MemoryCopy (a TCN block input feeds both
     the next conv and the residual Add: 2160 cycles each on U55-128, bench/perf_choices.md).
     A value that reaches a graph output is never held so (its producer writes the rank-3 output).
+    The image may also be a phase view [N, L / d, d, C] (element t at row t // d, column t % d: the same
+    bytes), on which a conv dilated by d along time is an undilated (k, 1) conv
+    (LoweringOptions.dilation_phase_min); `views` holds every shape the value was RESHAPEd to, once each.
     """
 
     image: TTensor
     flat: TTensor | None = None
+    views: dict[tuple[int, int], TTensor] = field(default_factory=dict)  # (H, W) -> the value in that view
+
+    @property
+    def length(self) -> int:
+        return self.image.shape[1] * self.image.shape[2]
 
 
 Value = TTensor | QConst | GraphInput | np.ndarray | RowImage
@@ -257,18 +265,38 @@ class LoweringContext:
             raise self.unsupported(f"input '{name}' was not produced by a lowered node") from None
         return self._flat(v) if isinstance(v, RowImage) else v
 
-    def row_image(self, i: int) -> TTensor | None:
-        """Input i's one-row NHWC image if it is a 1-D activation held as one (RowImage), else None."""
+    def row(self, i: int) -> RowImage | None:
+        """Input i as a RowImage if it is a 1-D activation held as one, else None."""
         assert self.current is not None
         v = self.values.get(self.current.input[i]) if i < len(self.current.input) else None
-        return v.image if isinstance(v, RowImage) else None
+        return v if isinstance(v, RowImage) else None
+
+    def row_image(self, i: int, width: int | None = None) -> TTensor | None:
+        """Input i's NHWC image if it is a 1-D activation held as one (RowImage), else None: `width` None
+        gives it in the view it has, else in the view [N, L / width, width, C] (width L: one row)."""
+        row = self.row(i)
+        return None if row is None else (row.image if width is None else self.row_view(row, width))
+
+    def row_view(self, row: RowImage, width: int) -> TTensor:
+        """A RowImage in the view [N, L / width, width, C]: a RESHAPE of its image, emitted once."""
+        img = row.image
+        hw = (row.length // width, width)
+        if hw == img.shape[1:3]:
+            return img
+        if hw not in row.views:
+            shape = [img.shape[0], *hw, img.shape[3]]
+            t = self.ser.addIntermediate(shape, NP_TO_TOSA[img.dtype])
+            row.views[hw] = TTensor(t.name, tuple(shape), img.dtype, img.perm, img.q)
+            attr = ts.TosaSerializerAttribute()
+            attr.ReshapeAttribute()
+            self.op(ts.Op.RESHAPE, [img.name, self.shape_const(shape)], [t.name], attr)
+        return row.views[hw]
 
     def _flat(self, row: RowImage) -> TTensor:
         """The rank-3 [N, L, C] tensor of a RowImage: one RESHAPE, emitted on first use."""
         if row.flat is None:
-            n, h, length, c = row.image.shape
-            assert h == 1
             img = row.image
+            n, length, c = img.shape[0], row.length, img.shape[3]
             t = self.ser.addIntermediate([n, length, c], NP_TO_TOSA[img.dtype])
             row.flat = TTensor(t.name, (n, length, c), img.dtype, CHANNELS_LAST_1D, img.q)
             attr = ts.TosaSerializerAttribute()

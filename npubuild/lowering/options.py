@@ -70,6 +70,9 @@ class LoweringOptions:
     # a conv dilated past 2 as a kernel with zero taps at dilation 2 or 1 (ops_conv.taps_for_dilation), not
     # Vela's split into one conv per dilation phase
     dilation_taps: bool = False
+    # a 1-D conv dilated by at least this much as an undilated (k, 1) conv on the phase view [N, L / d, d, C]
+    # of its input (ops_conv.phase_view): no zero taps, no RESHAPE between a block's convs and Add (0: never)
+    dilation_phase_min: int = 0
     # fold INT bias Adds behind a Q/DQ pair into the conv bias too (epilogue: exact per op to 1 LSB but drifts
     # from the QDQ reference, transformer TOSA SNR 32.8 -> 27.6 dB; off everywhere)
     int_bias_add: bool = False
@@ -107,6 +110,10 @@ PORTABLE = LoweringOptions()
 FAMILY_OPTIONS: dict[LoweringFamily, LoweringOptions] = {
     # every family: a dilation past 2 as zero kernel taps (TCN d = 4, 8: U55-128 0.1522 -> 0.0911 ms, U65-256
     # 0.0542 -> 0.0322, U85-256 0.0451 -> 0.0262; the TFLite route 0.0775 / 0.0263 / 0.0213, bench/perf_choices.md).
+    # A Conv1d dilated by d >= dilation_phase_min on its phase view instead (tcn_imu, with the 1-D values kept
+    # rank 4: U55-128 0.0739 -> 0.0614 ms at d >= 4 (same at 2), U65-256 0.0241 -> 0.0231 at d >= 8 (0.0243 at
+    # 4: its first conv after each view change pays DRAM weight latency), U85-256 0.0202 -> 0.0173 at d >= 4
+    # (0.0181 at 2); u85wide unmeasured, so off).
     # U55 (decided on U55-128, the example target; U55-32 prefers the portable form for the copies and sums):
     # the in-order copies set the U-Net SRAM peak (214 -> 178 KiB); the depthwise requantise/copy is 10-25%
     # faster on every shape; bilinear 2x has no RESIZE op on U55; the halves trade +0.6-1% cycles for
@@ -115,18 +122,19 @@ FAMILY_OPTIONS: dict[LoweringFamily, LoweringOptions] = {
     "u55": LoweringOptions(concat_order=True, dw_requantize=True, concat_dw_copy=True,
                            depthwise_limits=DepthwiseLimits(max_channels=1 << 30, min_plane=0), bilinear_2x=True,
                            bilinear_channel_split=True, plane_sum=PlaneSumLimits(16, 16, 96),
-                           norm_widen_add=True, norm_index_rescale=True, dilation_taps=True),
+                           norm_widen_add=True, norm_index_rescale=True, dilation_taps=True,
+                           dilation_phase_min=4),
     # U65: U55's TOSA op set on a wider MAC array and bus: the depthwise form wins only for <= 16 channels
     # on >= 16x16 planes, the upsample halves cost 3-6% there (kept whole), the sum wins from 8x8 x 32 ch;
     # a 3-channel image input kept planar and transposed on the NPU saves 33% on MobileNetV1 96x96 (its
     # first conv read the input from DRAM 3 bytes at a time), 7% on ResNet-8 and 3% on the MobileNetV3 block.
     "u65": LoweringOptions(concat_order=True, dw_requantize=True, concat_dw_copy=True, bilinear_2x=True,
                            plane_sum=PlaneSumLimits(64, 32, 1 << 30), norm_widen_add=True, norm_index_rescale=True,
-                           planar_input_channels=4, dilation_taps=True),
+                           planar_input_channels=4, dilation_taps=True, dilation_phase_min=8),
     # U85-128/256/512: the order with the MAXIMUM copy saves 3% and 30 KiB on the U-Nets; zero kernel taps
     # and the int32 softmax for short rows are faster on every U85 size.
     "u85": LoweringOptions(concat_order=True, concat_max_copy=True, conv_stride_taps=True, softmax_wide=True,
-                           dilation_taps=True),
+                           dilation_taps=True, dilation_phase_min=4),
     # U85-1024/2048: the skip-first order makes Vela keep the Concat NHWC, which the reader conv reads slower
     # there, and the MAXIMUM copy loses to Vela's own: neither; the taps and the int32 softmax still win.
     "u85wide": LoweringOptions(conv_stride_taps=True, softmax_wide=True, dilation_taps=True),

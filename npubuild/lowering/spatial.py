@@ -60,11 +60,12 @@ def window(ctx: LoweringContext, spatial: int, kernel) -> Window:
     return Window(kernel, stride, dilation, onnx_pads, auto_pad)  # type: ignore[arg-type]
 
 
-def window_input(ctx: LoweringContext, i: int, what: str) -> tuple[TTensor, int]:
-    """Input i of a window op in NHWC and its spatial rank; a 1-D input held as a RowImage is its image."""
-    image = ctx.row_image(i)
-    if image is not None:
-        return image, 1
+def window_input(ctx: LoweringContext, i: int, what: str, any_view: bool = False) -> tuple[TTensor, int]:
+    """Input i of a window op in NHWC and its spatial rank; a 1-D input held as a RowImage is its one-row
+    image (`any_view`: the view it has, for a window over the whole length)."""
+    row = ctx.row(i)
+    if row is not None:
+        return (row.image if any_view else ctx.row_view(row, row.length)), 1
     x = ctx.tensor(i)
     spatial = spatial_rank(ctx, x, what)
     return as_nhwc(ctx, x), spatial
@@ -84,11 +85,10 @@ def from_nhwc(ctx: LoweringContext, y: TTensor, spatial: int, output_of: str | N
     the [N, L, C] tensor where the value reaches a graph output (the output keeps the ONNX rank)."""
     if spatial == 2:
         return y
-    n, h, length, c = y.shape
-    assert h == 1
     if output_of is None or not ctx.index.reaches_output(output_of):
         return RowImage(y)
-    return reshape(ctx, y, (n, length, c), CHANNELS_LAST_1D, output_of=output_of)
+    n, h, w, c = y.shape
+    return reshape(ctx, y, (n, h * w, c), CHANNELS_LAST_1D, output_of=output_of)
 
 
 def direct_output(spatial: int, name: str | None) -> str | None:

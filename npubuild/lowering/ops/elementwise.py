@@ -66,12 +66,17 @@ def _quantized(ctx: LoweringContext, *xs: TTensor) -> None:
 
 
 def row_images(ctx: LoweringContext) -> tuple[TTensor, TTensor] | None:
-    """Inputs 0 and 1 as one-row images when both are 1-D activations held so (context.RowImage) with one
-    shape and the output reaches no graph output: a residual Add of a TCN then stays rank 4."""
-    a, b = ctx.row_image(0), ctx.row_image(1)
-    if a is None or b is None or a.shape != b.shape or ctx.index.reaches_output(ctx.current.output[0]):
+    """Inputs 0 and 1 as NHWC images in one view when both are 1-D activations held so (context.RowImage)
+    of one shape and the output reaches no graph output: a residual Add of a TCN then stays rank 4."""
+    ra, rb = ctx.row(0), ctx.row(1)
+    if ra is None or rb is None or ra.length != rb.length or ra.image.shape[3] != rb.image.shape[3] or \
+            ctx.index.reaches_output(ctx.current.output[0]):
         return None
-    return a, b
+    # one view for both (elementwise ops do not care which): one they both have, else input 1's
+    views = [rb.image.shape[1:3], ra.image.shape[1:3]]
+    both = [hw for hw in views if hw in (ra.image.shape[1:3], *ra.views) and hw in (rb.image.shape[1:3], *rb.views)]
+    width = (both[0] if both else views[0])[1]
+    return ctx.row_view(ra, width), ctx.row_view(rb, width)
 
 
 def _add_sub(ctx: LoweringContext, op, kind: str) -> None:

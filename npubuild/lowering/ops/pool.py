@@ -89,7 +89,7 @@ def lower_avgpool(ctx: LoweringContext) -> None:
 
 @lowers("GlobalAveragePool")
 def lower_global_avgpool(ctx: LoweringContext) -> None:
-    x, spatial = window_input(ctx, 0, "pools")
+    x, spatial = window_input(ctx, 0, "pools", any_view=True)
     name = ctx.current.output[0]
     ctx.set_output(0, from_nhwc(ctx, _global_avg(ctx, x, direct_output(spatial, name)),
                                 spatial, name))
