@@ -113,7 +113,7 @@ FAMILY_OPTIONS: dict[LoweringFamily, LoweringOptions] = {
     # A Conv1d dilated by d >= dilation_phase_min on its phase view instead (tcn_imu, with the 1-D values kept
     # rank 4: U55-128 0.0739 -> 0.0614 ms at d >= 4 (same at 2), U65-256 0.0241 -> 0.0231 at d >= 8 (0.0243 at
     # 4: its first conv after each view change pays DRAM weight latency), U85-256 0.0202 -> 0.0173 at d >= 4
-    # (0.0181 at 2); u85wide unmeasured, so off).
+    # (0.0181 at 2); U85-1024 / 2048 0.0119 / 0.0167 -> 0.0102 / 0.0116 at d >= 2 (0.0102 / 0.0132 at 4).
     # U55 (decided on U55-128, the example target; U55-32 prefers the portable form for the copies and sums):
     # the in-order copies set the U-Net SRAM peak (214 -> 178 KiB); the depthwise requantise/copy is 10-25%
     # faster on every shape; bilinear 2x has no RESIZE op on U55; the halves trade +0.6-1% cycles for
@@ -137,5 +137,5 @@ FAMILY_OPTIONS: dict[LoweringFamily, LoweringOptions] = {
                            dilation_taps=True, dilation_phase_min=4),
     # U85-1024/2048: the skip-first order makes Vela keep the Concat NHWC, which the reader conv reads slower
     # there, and the MAXIMUM copy loses to Vela's own: neither; the taps and the int32 softmax still win.
-    "u85wide": LoweringOptions(conv_stride_taps=True, softmax_wide=True, dilation_taps=True),
+    "u85wide": LoweringOptions(conv_stride_taps=True, softmax_wide=True, dilation_taps=True, dilation_phase_min=2),
 }
