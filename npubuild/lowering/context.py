@@ -27,6 +27,7 @@ NHWC = (0, 2, 3, 1)  # physical NHWC of a logical NCHW tensor
 CHANNELS_LAST_1D = (0, 2, 1)  # physical [N, L, C] of a logical [N, C, L]
 
 WINDOW_OPS = frozenset({"Conv", "ConvTranspose", "MaxPool", "AveragePool", "GlobalAveragePool", "GlobalMaxPool"})
+ROW_ELEMENTWISE = frozenset({"Add", "Sub"})  # binary ops that compute on two RowImages as they are
 
 NP_TO_TOSA = {
     np.dtype(np.int8): ts.DType.INT8,
@@ -218,9 +219,11 @@ class LoweringContext:
         return value is not None and self.index.graph_output_for(value) is not None
 
     def _feeds_windows_only(self, name: str) -> bool:
-        """Whether every reader of graph input `name` (through Q/DQ) is a 1-D window op reading it as input 0."""
+        """Whether graph input `name` (through Q/DQ) is read by 1-D window ops as their input 0 and otherwise
+        only by Add/Sub (a TCN block's residual Add of the input: RowImage)."""
         users = self.index.uses(name, [])
-        return bool(users) and all(u.op_type in WINDOW_OPS and self.index.source(u.input[0]) == name for u in users)
+        windows = [u for u in users if u.op_type in WINDOW_OPS and self.index.source(u.input[0]) == name]
+        return bool(windows) and all(u in windows or u.op_type in ROW_ELEMENTWISE for u in users)
 
     @staticmethod
     def _io(onnx_name: str, t: TTensor) -> IOSpec:
@@ -247,6 +250,23 @@ class LoweringContext:
         tt = TTensor(t.name, shape, np.dtype(dtype), perm, q)
         self.inputs.append(self._io(gi.name, tt))
         return tt
+
+    def input_value(self, gi: GraphInput, dtype: np.dtype, q: QParams | None) -> TTensor | RowImage:
+        """The placeholder of a graph input; one its 1-D ops read channels-last as a RowImage of it (its
+        rank-3 form is the placeholder itself), so a residual Add of the input stays rank 4 too."""
+        tt = self.placeholder(gi, dtype, q)
+        if len(tt.shape) != 3 or tt.perm != CHANNELS_LAST_1D:
+            return tt
+        n, length, c = tt.shape
+        return RowImage(self._reshaped(tt, (n, 1, length, c), NHWC), flat=tt)
+
+    def _reshaped(self, x: TTensor, shape: tuple[int, ...], perm: tuple[int, ...]) -> TTensor:
+        """RESHAPE x (a free view of the same bytes) into a new tensor of that shape and layout."""
+        t = self.ser.addIntermediate(list(shape), NP_TO_TOSA[x.dtype])
+        attr = ts.TosaSerializerAttribute()
+        attr.ReshapeAttribute()
+        self.op(ts.Op.RESHAPE, [x.name, self.shape_const(list(shape))], [t.name], attr)
+        return TTensor(t.name, tuple(shape), x.dtype, perm, x.q)
 
     # ------------------------------------------------------------------ reading the ONNX node
 
@@ -284,24 +304,14 @@ class LoweringContext:
         if hw == img.shape[1:3]:
             return img
         if hw not in row.views:
-            shape = [img.shape[0], *hw, img.shape[3]]
-            t = self.ser.addIntermediate(shape, NP_TO_TOSA[img.dtype])
-            row.views[hw] = TTensor(t.name, tuple(shape), img.dtype, img.perm, img.q)
-            attr = ts.TosaSerializerAttribute()
-            attr.ReshapeAttribute()
-            self.op(ts.Op.RESHAPE, [img.name, self.shape_const(shape)], [t.name], attr)
+            row.views[hw] = self._reshaped(img, (img.shape[0], *hw, img.shape[3]), img.perm)
         return row.views[hw]
 
     def _flat(self, row: RowImage) -> TTensor:
         """The rank-3 [N, L, C] tensor of a RowImage: one RESHAPE, emitted on first use."""
         if row.flat is None:
             img = row.image
-            n, length, c = img.shape[0], row.length, img.shape[3]
-            t = self.ser.addIntermediate([n, length, c], NP_TO_TOSA[img.dtype])
-            row.flat = TTensor(t.name, (n, length, c), img.dtype, CHANNELS_LAST_1D, img.q)
-            attr = ts.TosaSerializerAttribute()
-            attr.ReshapeAttribute()
-            self.op(ts.Op.RESHAPE, [img.name, self.shape_const([n, length, c])], [row.flat.name], attr)
+            row.flat = self._reshaped(img, (img.shape[0], row.length, img.shape[3]), CHANNELS_LAST_1D)
         return row.flat
 
     def tensor(self, i: int) -> TTensor:

@@ -32,7 +32,7 @@ def quantize_linear(ctx: LoweringContext) -> None:
         return
     src = ctx.value(node.input[0])
     if isinstance(src, GraphInput):
-        ctx.set_output(0, ctx.placeholder(src, q.dtype, q))
+        ctx.set_output(0, ctx.input_value(src, q.dtype, q))
     elif isinstance(src, TTensor):
         if src.q is None:
             raise ctx.unsupported("quantizing a float tensor inside the graph is not supported in the INT profile")
