@@ -243,7 +243,8 @@ class LoweringContext:
         perm = NHWC if len(gi.shape) == 4 else identity(len(gi.shape))
         if len(gi.shape) == 4 and 2 <= gi.shape[1] <= self.options.planar_input_channels:
             perm = identity(4)  # planar: the family reads it faster so (LoweringOptions.planar_input_channels)
-        if len(gi.shape) == 3 and self._feeds_windows_only(gi.name):
+        if len(gi.shape) == 3 and self._feeds_windows_only(gi.name) and \
+                not 2 <= gi.shape[1] <= self.options.planar_1d_input_channels:
             perm = (0, 2, 1)  # [N, L, C]: what 1-D convolutions and pools read (lowering/spatial.py)
         shape = tuple(gi.shape[i] for i in perm)
         t = self.ser.addPlaceholder(list(shape), NP_TO_TOSA[np.dtype(dtype)])

@@ -67,6 +67,8 @@ class LoweringOptions:
     # a rank-4 graph input of 2..planar_input_channels channels stays NCHW (planes) and is transposed on the
     # NPU (context.placeholder): Vela then reads it from DRAM in long bursts, not C bytes at a time (0: NHWC)
     planar_input_channels: int = 0
+    # ... and a rank-3 one read by 1-D ops, of 2..planar_1d_input_channels channels, stays NCL (0: NLC)
+    planar_1d_input_channels: int = 0
     # a conv dilated past 2 as a kernel with zero taps at dilation 2 or 1 (ops_conv.taps_for_dilation), not
     # Vela's split into one conv per dilation phase
     dilation_taps: bool = False
@@ -128,9 +130,12 @@ FAMILY_OPTIONS: dict[LoweringFamily, LoweringOptions] = {
     # on >= 16x16 planes, the upsample halves cost 3-6% there (kept whole), the sum wins from 8x8 x 32 ch;
     # a 3-channel image input kept planar and transposed on the NPU saves 33% on MobileNetV1 96x96 (its
     # first conv read the input from DRAM 3 bytes at a time), 7% on ResNet-8 and 3% on the MobileNetV3 block.
+    # The same for a 6-channel 1-D input: TCN 0.0231 -> 0.0225 ms (its first conv read 6 bytes at a time, 4889
+    # cycles; U55-128 / U85-256 lose: 0.0614 -> 0.0616, 0.0173 -> 0.0185).
     "u65": LoweringOptions(concat_order=True, dw_requantize=True, concat_dw_copy=True, bilinear_2x=True,
                            plane_sum=PlaneSumLimits(64, 32, 1 << 30), norm_widen_add=True, norm_index_rescale=True,
-                           planar_input_channels=4, dilation_taps=True, dilation_phase_min=8),
+                           planar_input_channels=4, planar_1d_input_channels=8, dilation_taps=True,
+                           dilation_phase_min=8),
     # U85-128/256/512: the order with the MAXIMUM copy saves 3% and 30 KiB on the U-Nets; zero kernel taps
     # and the int32 softmax for short rows are faster on every U85 size.
     "u85": LoweringOptions(concat_order=True, concat_max_copy=True, conv_stride_taps=True, softmax_wide=True,

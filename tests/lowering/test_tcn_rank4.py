@@ -68,9 +68,11 @@ def test_blocks_stay_rank4_and_match_the_references(fam, target, views, stem):
     lowered = lower_model(qdq, "int", family=fam)
     g, ops = _ops(lowered.tosa)
     last_add = max(i for i, op in enumerate(ops) if op.op == "ADD")
-    assert ops[0].op == "RESHAPE"  # the channels-last input [1, 128, C] to [1, 1, 128, C]
-    assert not [op for op in ops if op.op == "TRANSPOSE"]
-    body = ops[1:last_add + 1]
+    planar = 2 <= shape(stem)[1] <= FAMILY_OPTIONS[fam].planar_1d_input_channels  # u65: the 6-channel input NCL
+    assert [op.op for op in ops if op.op == "TRANSPOSE"] == (["TRANSPOSE"] if planar else [])
+    assert ops[int(planar)].op == "RESHAPE"  # the channels-last input [1, 128, C] to [1, 1, 128, C]
+    assert lowered.inputs[0].perm == ((0, 1, 2) if planar else (0, 2, 1))
+    body = ops[1 + int(planar):last_add + 1]
     assert all(len(g.tensors[t].shape) == 4 for op in body for t in op.inputs + op.outputs
                if t in g.tensors and not g.tensors[t].is_const)
     reshapes = [op for op in body if op.op == "RESHAPE"]
