@@ -256,7 +256,9 @@ class LoweringContext:
         """The placeholder of a graph input; one its 1-D ops read channels-last as a RowImage of it (its
         rank-3 form is the placeholder itself), so a residual Add of the input stays rank 4 too."""
         tt = self.placeholder(gi, dtype, q)
-        if len(tt.shape) != 3 or tt.perm != CHANNELS_LAST_1D:
+        readers = self.index.uses(gi.name, [])
+        if len(tt.shape) != 3 or tt.perm != CHANNELS_LAST_1D or \
+                not any(u.op_type in WINDOW_OPS - {"ConvTranspose"} for u in readers):  # one reads the image
             return tt
         n, length, c = tt.shape
         return RowImage(self._reshaped(tt, (n, 1, length, c), NHWC), flat=tt)
