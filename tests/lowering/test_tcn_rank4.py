@@ -14,7 +14,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 from onnx import TensorProto, helper, numpy_helper
-from ophelpers import calib, check_int, quantize_model, vela_run
+from ophelpers import calib, check_fp, check_int, quantize_model, vela_run
 
 from npubuild.lowering.driver import lower_model
 from npubuild.lowering.options import FAMILY_OPTIONS
@@ -102,3 +102,11 @@ def test_phase_view_is_faster_than_zero_taps_on_u55():
     kernels = [g.tensors[op.inputs[1]].shape[1:3] for op in ops if op.op == "CONV2D"]
     assert kernels.count((3, 1)) == 4 and (1, 9) not in kernels
     assert vela_run(phase.tosa, "ethos-u55-128").cycles < 0.9 * vela_run(taps.tosa, "ethos-u55-128").cycles
+
+
+@pytest.mark.parametrize("stem", [True, False])
+def test_fp_profile_takes_the_same_rank4_form(stem):
+    """The FP lowering holds the 1-D values as RowImages too: no TRANSPOSE, close to onnxruntime's float model."""
+    feeds = {"x": np.random.default_rng(1).uniform(-1, 1, shape(stem)).astype(np.float32)}
+    lowered = check_fp(residual_tcn(stem), feeds)
+    assert not [op for op in _ops(lowered.tosa)[1] if op.op == "TRANSPOSE"]
