@@ -24,8 +24,10 @@ from npubuild.lowering.quant import QParams
 from npubuild.tosa.iospec import IOSpec
 
 NHWC = (0, 2, 3, 1)  # physical NHWC of a logical NCHW tensor
+CHANNELS_LAST_1D = (0, 2, 1)  # physical [N, L, C] of a logical [N, C, L]
 
 WINDOW_OPS = frozenset({"Conv", "ConvTranspose", "MaxPool", "AveragePool", "GlobalAveragePool", "GlobalMaxPool"})
+ROW_ELEMENTWISE = frozenset({"Add", "Sub"})  # binary ops that compute on two RowImages as they are
 
 NP_TO_TOSA = {
     np.dtype(np.int8): ts.DType.INT8,
@@ -84,7 +86,31 @@ class GraphInput:
     elem_type: int
 
 
-Value = TTensor | QConst | GraphInput | np.ndarray
+@dataclass
+class RowImage:
+    """A 1-D activation (logical [N, C, L]) held as the one-row NHWC image [N, 1, L, C] its ops compute on.
+
+    1-D convs and pools, residual Adds, clamps and Q/DQ read and write the image directly
+    (`LoweringContext.row_image`), so a Conv1d stack stays rank 4 end to end. The rank-3 [N, L, C]
+    tensor is a RESHAPE emitted only when another reader asks for the value (`value`, `tensor`), once:
+    Vela turns a RESHAPE whose input has other readers into a MemoryCopy (a TCN block input feeds both
+    the next conv and the residual Add: 2160 cycles each on U55-128, bench/perf_choices.md).
+    A value that reaches a graph output is never held so (its producer writes the rank-3 output).
+    The image may also be a phase view [N, L / d, d, C] (element t at row t // d, column t % d: the same
+    bytes), on which a conv dilated by d along time is an undilated (k, 1) conv
+    (LoweringOptions.dilation_phase_min); `views` holds every shape the value was RESHAPEd to, once each.
+    """
+
+    image: TTensor
+    flat: TTensor | None = None
+    views: dict[tuple[int, int], TTensor] = field(default_factory=dict)  # (H, W) -> the value in that view
+
+    @property
+    def length(self) -> int:
+        return self.image.shape[1] * self.image.shape[2]
+
+
+Value = TTensor | QConst | GraphInput | np.ndarray | RowImage
 
 
 @dataclass
@@ -193,9 +219,11 @@ class LoweringContext:
         return value is not None and self.index.graph_output_for(value) is not None
 
     def _feeds_windows_only(self, name: str) -> bool:
-        """Whether every reader of graph input `name` (through Q/DQ) is a 1-D window op reading it as input 0."""
+        """Whether graph input `name` (through Q/DQ) is read by 1-D window ops as their input 0 and otherwise
+        only by Add/Sub (a TCN block's residual Add of the input: RowImage)."""
         users = self.index.uses(name, [])
-        return bool(users) and all(u.op_type in WINDOW_OPS and self.index.source(u.input[0]) == name for u in users)
+        windows = [u for u in users if u.op_type in WINDOW_OPS and self.index.source(u.input[0]) == name]
+        return bool(windows) and all(u in windows or u.op_type in ROW_ELEMENTWISE for u in users)
 
     @staticmethod
     def _io(onnx_name: str, t: TTensor) -> IOSpec:
@@ -215,13 +243,33 @@ class LoweringContext:
         perm = NHWC if len(gi.shape) == 4 else identity(len(gi.shape))
         if len(gi.shape) == 4 and 2 <= gi.shape[1] <= self.options.planar_input_channels:
             perm = identity(4)  # planar: the family reads it faster so (LoweringOptions.planar_input_channels)
-        if len(gi.shape) == 3 and self._feeds_windows_only(gi.name):
+        if len(gi.shape) == 3 and self._feeds_windows_only(gi.name) and \
+                not 2 <= gi.shape[1] <= self.options.planar_1d_input_channels:
             perm = (0, 2, 1)  # [N, L, C]: what 1-D convolutions and pools read (lowering/spatial.py)
         shape = tuple(gi.shape[i] for i in perm)
         t = self.ser.addPlaceholder(list(shape), NP_TO_TOSA[np.dtype(dtype)])
         tt = TTensor(t.name, shape, np.dtype(dtype), perm, q)
         self.inputs.append(self._io(gi.name, tt))
         return tt
+
+    def input_value(self, gi: GraphInput, dtype: np.dtype, q: QParams | None) -> TTensor | RowImage:
+        """The placeholder of a graph input; one its 1-D ops read channels-last as a RowImage of it (its
+        rank-3 form is the placeholder itself), so a residual Add of the input stays rank 4 too."""
+        tt = self.placeholder(gi, dtype, q)
+        readers = self.index.uses(gi.name, [])
+        if len(tt.shape) != 3 or tt.perm != CHANNELS_LAST_1D or \
+                not any(u.op_type in WINDOW_OPS - {"ConvTranspose"} for u in readers):  # one reads the image
+            return tt
+        n, length, c = tt.shape
+        return RowImage(self._reshaped(tt, (n, 1, length, c), NHWC), flat=tt)
+
+    def _reshaped(self, x: TTensor, shape: tuple[int, ...], perm: tuple[int, ...]) -> TTensor:
+        """RESHAPE x (a free view of the same bytes) into a new tensor of that shape and layout."""
+        t = self.ser.addIntermediate(list(shape), NP_TO_TOSA[x.dtype])
+        attr = ts.TosaSerializerAttribute()
+        attr.ReshapeAttribute()
+        self.op(ts.Op.RESHAPE, [x.name, self.shape_const(list(shape))], [t.name], attr)
+        return TTensor(t.name, tuple(shape), x.dtype, perm, x.q)
 
     # ------------------------------------------------------------------ reading the ONNX node
 
@@ -233,10 +281,41 @@ class LoweringContext:
         return default
 
     def value(self, name: str) -> Value:
+        """The lowered value of ONNX tensor `name`; a 1-D activation as its rank-3 tensor (see RowImage)."""
         try:
-            return self.values[name]
+            v = self.values[name]
         except KeyError:
             raise self.unsupported(f"input '{name}' was not produced by a lowered node") from None
+        return self._flat(v) if isinstance(v, RowImage) else v
+
+    def row(self, i: int) -> RowImage | None:
+        """Input i as a RowImage if it is a 1-D activation held as one, else None."""
+        assert self.current is not None
+        v = self.values.get(self.current.input[i]) if i < len(self.current.input) else None
+        return v if isinstance(v, RowImage) else None
+
+    def row_image(self, i: int, width: int | None = None) -> TTensor | None:
+        """Input i's NHWC image if it is a 1-D activation held as one (RowImage), else None: `width` None
+        gives it in the view it has, else in the view [N, L / width, width, C] (width L: one row)."""
+        row = self.row(i)
+        return None if row is None else (row.image if width is None else self.row_view(row, width))
+
+    def row_view(self, row: RowImage, width: int) -> TTensor:
+        """A RowImage in the view [N, L / width, width, C]: a RESHAPE of its image, emitted once."""
+        img = row.image
+        hw = (row.length // width, width)
+        if hw == img.shape[1:3]:
+            return img
+        if hw not in row.views:
+            row.views[hw] = self._reshaped(img, (img.shape[0], *hw, img.shape[3]), img.perm)
+        return row.views[hw]
+
+    def _flat(self, row: RowImage) -> TTensor:
+        """The rank-3 [N, L, C] tensor of a RowImage: one RESHAPE, emitted on first use."""
+        if row.flat is None:
+            img = row.image
+            row.flat = self._reshaped(img, (img.shape[0], row.length, img.shape[3]), CHANNELS_LAST_1D)
+        return row.flat
 
     def tensor(self, i: int) -> TTensor:
         """Input i of the current node as an activation tensor (graph inputs get their placeholder here)."""

@@ -84,6 +84,8 @@ class LoweringOptions:
     # a rank-4 graph input of 2..planar_input_channels channels stays NCHW (planes) and is transposed on the
     # NPU (context.placeholder): Vela then reads it from DRAM in long bursts, not C bytes at a time (0: NHWC)
     planar_input_channels: int = 0
+    # ... and a rank-3 one read by 1-D ops, of 2..planar_1d_input_channels channels, stays NCL (0: NLC)
+    planar_1d_input_channels: int = 0
     # a rank-4 int8 graph input of at most 4 channels whose NHWC rows are at least this many bytes is first
     # copied as [N, H, 1, W*C] rows by a MAXIMUM, which Vela reads from DRAM in long bursts into SRAM, so the
     # first conv reads SRAM (input_staging.py; 0: never)
@@ -94,6 +96,9 @@ class LoweringOptions:
     # a conv dilated past 2 as a kernel with zero taps at dilation 2 or 1 (ops_conv.taps_for_dilation), not
     # Vela's split into one conv per dilation phase
     dilation_taps: bool = False
+    # a 1-D conv dilated by at least this much as an undilated (k, 1) conv on the phase view [N, L / d, d, C]
+    # of its input (ops_conv.phase_view): no zero taps, no RESHAPE between a block's convs and Add (0: never)
+    dilation_phase_min: int = 0
     # fold INT bias Adds behind a Q/DQ pair into the conv bias too (epilogue: exact per op to 1 LSB but drifts
     # from the QDQ reference, transformer TOSA SNR 32.8 -> 27.6 dB; off everywhere)
     int_bias_add: bool = False
@@ -140,6 +145,10 @@ PORTABLE = LoweringOptions()
 FAMILY_OPTIONS: dict[LoweringFamily, LoweringOptions] = {
     # every family: a dilation past 2 as zero kernel taps (TCN d = 4, 8: U55-128 0.1522 -> 0.0911 ms, U65-256
     # 0.0542 -> 0.0322, U85-256 0.0451 -> 0.0262; the TFLite route 0.0775 / 0.0263 / 0.0213, bench/perf_choices.md).
+    # A Conv1d dilated by d >= dilation_phase_min on its phase view instead (tcn_imu, with the 1-D values kept
+    # rank 4: U55-128 0.0739 -> 0.0614 ms at d >= 4 (same at 2), U65-256 0.0241 -> 0.0231 at d >= 8 (0.0243 at
+    # 4: its first conv after each view change pays DRAM weight latency), U85-256 0.0202 -> 0.0173 at d >= 4
+    # (0.0181 at 2); U85-1024 / 2048 0.0119 / 0.0167 -> 0.0102 / 0.0116 at d >= 2 (0.0102 / 0.0132 at 4).
     # Every family: a changing-scale plane mean as row sums first wherever the sweep (bench/perf_choices.md) found
     # it faster (int16 row sums, 26 shapes x 4 sizes): MobileNetV3 block U55-128 0.5664 -> 0.5177 ms, U85-256
     # 0.1625 -> 0.1263; it loses on small planes of many channels (3x3x256, 4x4x96) everywhere and under 10x10
@@ -155,17 +164,21 @@ FAMILY_OPTIONS: dict[LoweringFamily, LoweringOptions] = {
                            depthwise_limits=DepthwiseLimits(max_channels=1 << 30, min_plane=0), bilinear_2x=True,
                            bilinear_channel_split=True, plane_sum=PlaneSumLimits(16, 16, 96),
                            norm_widen_add=True, norm_index_rescale=True, dilation_taps=True,
+                           dilation_phase_min=4,
                            plane_rows=PlaneRowsLimits(min_side=4, min_plane=49, min_elements=3072, max_channels=256),
                            space_to_depth_channels=1),
     # U65: U55's TOSA op set on a wider MAC array and bus: the depthwise form wins only for <= 16 channels
     # on >= 16x16 planes, the upsample halves cost 3-6% there (kept whole), the sum wins from 8x8 x 32 ch;
     # a 3-channel image input kept planar and transposed on the NPU saves 33% on MobileNetV1 96x96 (its
     # first conv read the input from DRAM 3 bytes at a time), 7% on ResNet-8 and 3% on the MobileNetV3 block.
+    # The same for a 6-channel 1-D input: TCN 0.0231 -> 0.0225 ms (its first conv read 6 bytes at a time, 4889
+    # cycles; U55-128 / U85-256 lose: 0.0614 -> 0.0616, 0.0173 -> 0.0185).
     # No input staging (U85's): digits 0.0027 -> 0.0023 ms and the U-Nets -2%, but 1-channel stems of 8x8 to
     # 64x64 lose up to 50% in isolation (bench/perf_choices.md): it depends on Vela's schedule around the stem.
     "u65": LoweringOptions(concat_order=True, dw_requantize=True, concat_dw_copy=True, bilinear_2x=True,
                            plane_sum=PlaneSumLimits(64, 32, 1 << 30), norm_widen_add=True, norm_index_rescale=True,
-                           planar_input_channels=4, dilation_taps=True,
+                           planar_input_channels=4, planar_1d_input_channels=8, dilation_taps=True,
+                           dilation_phase_min=8,
                            plane_rows=PlaneRowsLimits(min_side=5, min_plane=100, min_elements=3072, max_channels=256),
                            space_to_depth_channels=1),
     # U85-128/256/512: the order with the MAXIMUM copy saves 3% and 30 KiB on the U-Nets; zero kernel taps
@@ -173,9 +186,10 @@ FAMILY_OPTIONS: dict[LoweringFamily, LoweringOptions] = {
     # 128 bytes or more is staged into SRAM (every U85 size: MobileNetV1 96x96 U85-256 0.2384 -> 0.1863 ms,
     # the MobileNetV3 block 0.1263 -> 0.1063; 32x32x3 inputs gain on U85-256 only, 1-channel ones lose).
     "u85": LoweringOptions(concat_order=True, concat_max_copy=True, conv_stride_taps=True, softmax_wide=True,
-                           dilation_taps=True, plane_rows=PlaneRowsLimits(4, 49, 1024, 256), staged_input_min_row=128),
+                           dilation_taps=True, dilation_phase_min=4, plane_rows=PlaneRowsLimits(4, 49, 1024, 256),
+                           staged_input_min_row=128),
     # U85-1024/2048: the skip-first order makes Vela keep the Concat NHWC, which the reader conv reads slower
     # there, and the MAXIMUM copy loses to Vela's own: neither; the taps and the int32 softmax still win.
-    "u85wide": LoweringOptions(conv_stride_taps=True, softmax_wide=True, dilation_taps=True,
+    "u85wide": LoweringOptions(conv_stride_taps=True, softmax_wide=True, dilation_taps=True, dilation_phase_min=2,
                                plane_rows=PlaneRowsLimits(4, 100, 3072, 256), staged_input_min_row=128),
 }

@@ -2,21 +2,23 @@
 
 TOSA 1.0 has only 2-D convolutions and pools, so a 1-D op on [N, C, L] runs as a
 2-D op on the NHWC view [N, 1, L, C] (H = 1): kernel (1, k), stride (1, s),
-dilation (1, d), ONNX pads [b, e] as [0, b, 0, e]. The rank-3 tensor is kept
-channels-last ([N, L, C] physically, perm (0, 2, 1)), so the view is a free
-RESHAPE and a stack of Conv1d layers (a TCN, an audio front end) needs no
-TRANSPOSE. 3-D ops (rank 5) are refused here with a clear reason, so the
-host fallback can take them.
+dilation (1, d), ONNX pads [b, e] as [0, b, 0, e]. A 1-D result stays that
+NHWC image (context.RowImage) for the next 1-D op, residual Add or Q/DQ: a stack
+of Conv1d layers (a TCN, an audio front end) runs in rank 4 with no RESHAPE
+between its layers. A reader that needs rank 3 gets the channels-last [N, L, C]
+tensor (perm (0, 2, 1)), a free RESHAPE of it, so no TRANSPOSE either. 3-D ops
+(rank 5) are refused here with a clear reason, so the host fallback can take them.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from npubuild.lowering.context import NHWC, LoweringContext, TTensor
+from npubuild.lowering.context import CHANNELS_LAST_1D, NHWC, LoweringContext, RowImage, TTensor
 from npubuild.lowering.emit import reshape, to_layout
 
-CHANNELS_LAST_1D = (0, 2, 1)  # physical [N, L, C] of a logical [N, C, L]
+__all__ = ["CHANNELS_LAST_1D", "Window", "as_nhwc", "direct_output", "from_nhwc", "spatial_rank", "window",
+           "window_input"]
 
 
 @dataclass(frozen=True)
@@ -58,6 +60,17 @@ def window(ctx: LoweringContext, spatial: int, kernel) -> Window:
     return Window(kernel, stride, dilation, onnx_pads, auto_pad)  # type: ignore[arg-type]
 
 
+def window_input(ctx: LoweringContext, i: int, what: str, any_view: bool = False) -> tuple[TTensor, int]:
+    """Input i of a window op in NHWC and its spatial rank; a 1-D input held as a RowImage is its one-row
+    image (`any_view`: the view it has, for a window over the whole length)."""
+    row = ctx.row(i)
+    if row is not None:
+        return (row.image if any_view else ctx.row_view(row, row.length)), 1
+    x = ctx.tensor(i)
+    spatial = spatial_rank(ctx, x, what)
+    return as_nhwc(ctx, x), spatial
+
+
 def as_nhwc(ctx: LoweringContext, x: TTensor) -> TTensor:
     """A rank-4 tensor in NHWC; a rank-3 [N, C, L] one as the NHWC view [N, 1, L, C]."""
     if len(x.shape) == 4:
@@ -67,13 +80,15 @@ def as_nhwc(ctx: LoweringContext, x: TTensor) -> TTensor:
     return reshape(ctx, x, (n, 1, length, c), NHWC)
 
 
-def from_nhwc(ctx: LoweringContext, y: TTensor, spatial: int, output_of: str | None) -> TTensor:
-    """The NHWC result of a window op back in the node's rank: as it is for 2-D, [N, L, C] for 1-D."""
+def from_nhwc(ctx: LoweringContext, y: TTensor, spatial: int, output_of: str | None) -> TTensor | RowImage:
+    """The NHWC result of a window op as the node's value: as it is for 2-D; for 1-D the RowImage of it, or
+    the [N, L, C] tensor where the value reaches a graph output (the output keeps the ONNX rank)."""
     if spatial == 2:
         return y
-    n, h, length, c = y.shape
-    assert h == 1
-    return reshape(ctx, y, (n, length, c), CHANNELS_LAST_1D, output_of=output_of)
+    if output_of is None or not ctx.index.reaches_output(output_of):
+        return RowImage(y)
+    n, h, w, c = y.shape
+    return reshape(ctx, y, (n, h * w, c), CHANNELS_LAST_1D, output_of=output_of)
 
 
 def direct_output(spatial: int, name: str | None) -> str | None:

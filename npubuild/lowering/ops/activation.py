@@ -9,23 +9,26 @@ from __future__ import annotations
 
 import numpy as np
 
-from npubuild.lowering.context import LoweringContext
+from npubuild.lowering.context import LoweringContext, RowImage
 from npubuild.lowering.emit import clamp, requantize
 from npubuild.lowering.fusion.patterns import fusable
 from npubuild.lowering.registry import lowers
 
 
 def _clamp_real(ctx: LoweringContext, lo: float, hi: float) -> None:
-    x = ctx.tensor(0)
     out_name = ctx.current.output[0]
+    image = None if ctx.index.reaches_output(out_name) else ctx.row_image(0)  # a 1-D activation stays rank 4
+    x = image if image is not None else ctx.tensor(0)
+    out_of = None if image is not None else out_name
     if ctx.profile == "fp":
-        ctx.set_output(0, clamp(ctx, x, max(lo, -3.4e38), min(hi, 3.4e38), output_of=out_name))
-        return
-    out_q = ctx.require_output_q()
-    y = requantize(ctx, x, out_q)
-    qlo = out_q.qmin if lo == -np.inf else int(np.clip(np.round(lo / out_q.s) + out_q.zp, out_q.qmin, out_q.qmax))
-    qhi = out_q.qmax if hi == np.inf else int(np.clip(np.round(hi / out_q.s) + out_q.zp, out_q.qmin, out_q.qmax))
-    ctx.set_output(0, clamp(ctx, y, qlo, qhi, output_of=out_name))
+        y = clamp(ctx, x, max(lo, -3.4e38), min(hi, 3.4e38), output_of=out_of)
+    else:
+        out_q = ctx.require_output_q()
+        x = requantize(ctx, x, out_q)
+        qlo = out_q.qmin if lo == -np.inf else int(np.clip(np.round(lo / out_q.s) + out_q.zp, out_q.qmin, out_q.qmax))
+        qhi = out_q.qmax if hi == np.inf else int(np.clip(np.round(hi / out_q.s) + out_q.zp, out_q.qmin, out_q.qmax))
+        y = clamp(ctx, x, qlo, qhi, output_of=out_of)
+    ctx.set_output(0, RowImage(y) if image is not None else y)
 
 
 @lowers("Relu")

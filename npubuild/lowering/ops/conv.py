@@ -36,11 +36,12 @@ from npubuild.lowering.registry import lowers
 from npubuild.lowering.space_to_depth import fold_stride
 from npubuild.lowering.spatial import (
     CHANNELS_LAST_1D,
-    as_nhwc,
+    Window,
     direct_output,
     from_nhwc,
     spatial_rank,
     window,
+    window_input,
 )
 
 
@@ -119,18 +120,21 @@ def concat(ctx: LoweringContext, parts: list[TTensor], axis: int, output_name: s
 @lowers("Conv")
 def lower_conv(ctx: LoweringContext) -> None:
     """2-D convolutions, and 1-D ones as 2-D with H = 1 (spatial.py): a Conv1d stack stays channels-last."""
-    x = ctx.tensor(0)
-    spatial = spatial_rank(ctx, x, "convolutions")
-    x = as_nhwc(ctx, x)
-    w, w_q = _weights(ctx, 1)
-    if w.ndim != spatial + 2:
-        raise ctx.unsupported(f"weights of rank {w.ndim} for a {spatial}-D convolution")
-    if spatial == 1:
-        w = w[:, :, None, :]
+    phased = phase_view(ctx)
+    if phased is not None:
+        x, w, w_q, win = phased
+        spatial = 1
+    else:
+        x, spatial = window_input(ctx, 0, "convolutions")
+        w, w_q = _weights(ctx, 1)
+        if w.ndim != spatial + 2:
+            raise ctx.unsupported(f"weights of rank {w.ndim} for a {spatial}-D convolution")
+        if spatial == 1:
+            w = w[:, :, None, :]
+        win = window(ctx, spatial, w.shape[2 + 2 - spatial:])
     group = int(ctx.attr("group", 1))
     c = x.shape[3]
     o = w.shape[0]
-    win = window(ctx, spatial, w.shape[2 + 2 - spatial:])
     kernel, stride, dilation = (w.shape[2], w.shape[3]), win.stride, win.dilation
     pads = conv_pads((x.shape[1], x.shape[2]), replace(win, kernel=kernel))
     pads, keep = exact_pads((x.shape[1], x.shape[2]), kernel, stride, dilation, pads)
@@ -162,6 +166,30 @@ def lower_conv(ctx: LoweringContext) -> None:
         parts.append(emit_conv(ctx, xg, w[sel], None if w_scale is None else w_scale[sel], bias.select(sel), pads,
                                stride, dilation, False, None))
     ctx.set_output(0, from_nhwc(ctx, concat(ctx, parts, 3, out_name), spatial, name))
+
+
+def phase_view(ctx: LoweringContext) -> tuple[TTensor, np.ndarray, QParams | None, Window] | None:
+    """A 1-D conv dilated by d >= LoweringOptions.dilation_phase_min, stride 1, as an undilated (k, 1) conv
+    on its input's phase view [N, L / d, d, C] (context.RowImage; d divides L and both pads), or None.
+
+    ONNX y[t] = sum_j w[j] x[t + j d - b]; with t = h d + p that is row h + j - b / d, column p of the view:
+    a conv down the rows with pads b / d and e / d, the same integers with none of the zero taps a
+    dilation past 2 otherwise needs (taps_for_dilation) and no per-phase split by Vela. Its output is in
+    that view too, as is the next conv of a TCN block and its residual Add.
+    """
+    d_min = ctx.options.dilation_phase_min
+    row = ctx.row(0) if d_min else None
+    if row is None:
+        return None
+    w, w_q = _weights(ctx, 1)
+    if w.ndim != 3:
+        return None
+    win = window(ctx, 1, w.shape[2:])
+    d, b, e = win.dilation[1], win.onnx_pads[1], win.onnx_pads[3]
+    if d < d_min or win.stride != (1, 1) or win.auto_pad != "NOTSET" or row.length % d or b % d or e % d:
+        return None
+    return (ctx.row_view(row, d), w[:, :, :, None], w_q,
+            Window((w.shape[2], 1), (1, 1), (1, 1), (b // d, 0, e // d, 0), "NOTSET"))
 
 
 def _transpose_conv_pads(ctx: LoweringContext, in_hw, kernel, stride, spatial: int) -> list[int]:

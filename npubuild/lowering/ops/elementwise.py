@@ -31,7 +31,7 @@ from npubuild.lowering.broadcast import (
     operand,
     operand_rank,
 )
-from npubuild.lowering.context import LoweringContext, QConst, TTensor
+from npubuild.lowering.context import LoweringContext, QConst, RowImage, TTensor
 from npubuild.lowering.emit import Op, attr, clamp, requantize, rescale
 from npubuild.lowering.fusion.patterns import fusable
 from npubuild.lowering.quant import QParams
@@ -65,11 +65,28 @@ def _quantized(ctx: LoweringContext, *xs: TTensor) -> None:
 # ---------------------------------------------------------------------------------------------- Add, Sub
 
 
+def row_images(ctx: LoweringContext) -> tuple[TTensor, TTensor] | None:
+    """Inputs 0 and 1 as NHWC images in one view when both are 1-D activations held so (context.RowImage)
+    of one shape and the output reaches no graph output: a residual Add of a TCN then stays rank 4."""
+    ra, rb = ctx.row(0), ctx.row(1)
+    if ra is None or rb is None or ra.length != rb.length or ra.image.shape[3] != rb.image.shape[3] or \
+            ctx.index.reaches_output(ctx.current.output[0]):
+        return None
+    # one view for both (elementwise ops do not care which): one they both have, else input 1's
+    views = [rb.image.shape[1:3], ra.image.shape[1:3]]
+    both = [hw for hw in views if hw in (ra.image.shape[1:3], *ra.views) and hw in (rb.image.shape[1:3], *rb.views)]
+    width = (both[0] if both else views[0])[1]
+    return ctx.row_view(ra, width), ctx.row_view(rb, width)
+
+
 def _add_sub(ctx: LoweringContext, op, kind: str) -> None:
-    a, b = broadcast_operands(ctx)
+    rows = row_images(ctx)
+    a, b = rows if rows is not None else broadcast_operands(ctx)
     out_name = ctx.current.output[0]
+    out_of = None if rows is not None else out_name
     if ctx.profile == "fp":
-        ctx.set_output(0, fp.binary(ctx, op, kind, a, b, output_of=out_name))
+        y = fp.binary(ctx, op, kind, a, b, output_of=out_of)
+        ctx.set_output(0, RowImage(y) if rows is not None else y)
         return
     out_q = ctx.require_output_q()
     _quantized(ctx, a, b)
@@ -79,7 +96,8 @@ def _add_sub(ctx: LoweringContext, op, kind: str) -> None:
     acc = ctx.new_tensor(_out_shape(a, b), np.int32, a.perm)
     ctx.op(op, [a32.name, b32.name], [acc.name], attr(kind))
     out_scale = twice_max / ((1 << HEADROOM_BITS) * out_q.s)
-    ctx.set_output(0, rescale(ctx, acc, out_scale, out_q.dtype, 0, out_q.zp, out_q, output_of=out_name))
+    y = rescale(ctx, acc, out_scale, out_q.dtype, 0, out_q.zp, out_q, output_of=out_of)
+    ctx.set_output(0, RowImage(y) if rows is not None else y)
 
 
 @lowers("Add")

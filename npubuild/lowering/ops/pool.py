@@ -20,18 +20,17 @@ from npubuild.lowering.emit import Op, attr, requantize, rescale, reshape
 from npubuild.lowering.pooling import avg_pool, dilated_taps, pool_geometry, pool_out_hw
 from npubuild.lowering.reduction import emit_reduce, int_sum
 from npubuild.lowering.registry import lowers, quantize_also
-from npubuild.lowering.spatial import Window, as_nhwc, direct_output, from_nhwc, spatial_rank, window
+from npubuild.lowering.spatial import Window, direct_output, from_nhwc, window, window_input
 
 quantize_also("GlobalMaxPool")  # onnxruntime leaves it in float on its own
 
 
 def _pool_input(ctx: LoweringContext) -> tuple[TTensor, int, Window]:
-    x = ctx.tensor(0)
-    spatial = spatial_rank(ctx, x, "pools")
+    x, spatial = window_input(ctx, 0, "pools")
     kernel = ctx.attr("kernel_shape")
     if kernel is None or len(kernel) != spatial:
         raise ctx.unsupported("kernel_shape must give one size per spatial axis")
-    return as_nhwc(ctx, x), spatial, window(ctx, spatial, kernel)
+    return x, spatial, window(ctx, spatial, kernel)
 
 
 def _max_pool2d(ctx: LoweringContext, x: TTensor, kernel, stride, pads, output_of: str | None) -> TTensor:
@@ -90,10 +89,9 @@ def lower_avgpool(ctx: LoweringContext) -> None:
 
 @lowers("GlobalAveragePool")
 def lower_global_avgpool(ctx: LoweringContext) -> None:
-    x = ctx.tensor(0)
-    spatial = spatial_rank(ctx, x, "pools")
+    x, spatial = window_input(ctx, 0, "pools", any_view=True)
     name = ctx.current.output[0]
-    ctx.set_output(0, from_nhwc(ctx, _global_avg(ctx, as_nhwc(ctx, x), direct_output(spatial, name)),
+    ctx.set_output(0, from_nhwc(ctx, _global_avg(ctx, x, direct_output(spatial, name)),
                                 spatial, name))
 
 
@@ -124,9 +122,7 @@ def _raw_mean(ctx: LoweringContext, x: TTensor, count: int, output_of: str | Non
 @lowers("GlobalMaxPool")
 def lower_global_maxpool(ctx: LoweringContext) -> None:
     """One MAX_POOL2D over the whole plane where Vela's kernel limits allow, else REDUCE_MAX over H then W."""
-    x = ctx.tensor(0)
-    spatial = spatial_rank(ctx, x, "pools")
-    x = as_nhwc(ctx, x)
+    x, spatial = window_input(ctx, 0, "pools")
     h, w = x.shape[1], x.shape[2]
     out_q = ctx.output_q() if ctx.profile == "int" else None
     direct = out_q is None or (x.q is not None and x.q.same_as(out_q))

@@ -3,14 +3,15 @@
 A DequantizeLinear of an initializer becomes a quantized constant (`QConst`)
 for the op that reads it; a Q -> DQ pair on an activation says which int8
 parameters that activation has. Ops lower straight to int8 by looking at the
-QuantizeLinear after their output (`ctx.output_q`).
+QuantizeLinear after their output (`ctx.output_q`). A 1-D activation held as its
+one-row image (context.RowImage) passes through as one, so the pair needs no RESHAPE.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from npubuild.lowering.context import GraphInput, LoweringContext, QConst, TTensor
+from npubuild.lowering.context import GraphInput, LoweringContext, QConst, RowImage, TTensor
 from npubuild.lowering.emit import requantize
 from npubuild.lowering.input_staging import staged_input
 from npubuild.lowering.registry import lowers
@@ -26,9 +27,14 @@ def quantize_linear(ctx: LoweringContext) -> None:
         raise ctx.unsupported(f"{q.dtype} quantisation is not supported (use signed int8/int16)")
     if not q.is_per_tensor:
         raise ctx.unsupported("per-axis quantisation of activations is not supported")
+    row = ctx.values.get(node.input[0])
+    if isinstance(row, RowImage) and row.image.q is not None:
+        ctx.set_output(0, row if row.image.q.same_as(q) else RowImage(requantize(ctx, row.image, q)))
+        return
     src = ctx.value(node.input[0])
     if isinstance(src, GraphInput):
-        ctx.set_output(0, staged_input(ctx, ctx.placeholder(src, q.dtype, q), src.name))
+        value = ctx.input_value(src, q.dtype, q)
+        ctx.set_output(0, staged_input(ctx, value, src.name) if isinstance(value, TTensor) else value)
     elif isinstance(src, TTensor):
         if src.q is None:
             raise ctx.unsupported("quantizing a float tensor inside the graph is not supported in the INT profile")
@@ -42,6 +48,10 @@ def quantize_linear(ctx: LoweringContext) -> None:
 @lowers("DequantizeLinear")
 def dequantize_linear(ctx: LoweringContext) -> None:
     node = ctx.current
+    row = ctx.values.get(node.input[0])
+    if isinstance(row, RowImage):
+        ctx.set_output(0, row)
+        return
     src = ctx.value(node.input[0])
     q = ctx.qparams_of(node)
     if isinstance(src, np.ndarray):
