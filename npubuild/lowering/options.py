@@ -94,6 +94,13 @@ class LoweringOptions:
         return x.dtype == np.int8 and exact and count >= lim.min_count and \
             lim.min_channels <= x.shape[3] <= lim.max_channels
 
+    @property
+    def same_integers(self) -> bool:
+        """Whether every form taken gives the portable lowering's integers exactly, for every input (all but
+        the int32 softmax and the bias-Add fold, which round differently): the lower stage then checks the
+        family's graph bit for bit against model.tosa (ethosu/families.same_as_whole)."""
+        return not self.softmax_wide and not self.int_bias_add
+
     def softmax_row_is_wide(self, shape: tuple[int, ...]) -> bool:
         return self.softmax_wide and shape[-1] <= self.softmax_wide_row and int(np.prod(shape)) <= self.softmax_wide_max
 
