@@ -10,7 +10,7 @@ form pays on) sit beside the options they belong to. Tests and benchmarks pass o
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -94,12 +94,16 @@ class LoweringOptions:
         return x.dtype == np.int8 and exact and count >= lim.min_count and \
             lim.min_channels <= x.shape[3] <= lim.max_channels
 
+    def exact_only(self) -> LoweringOptions:
+        """These options without the forms that round differently from the portable lowering (the int32
+        softmax, the bias-Add fold): every form left gives the portable lowering's integers for every input."""
+        return replace(self, softmax_wide=False, int_bias_add=False)
+
     @property
     def same_integers(self) -> bool:
-        """Whether every form taken gives the portable lowering's integers exactly, for every input (all but
-        the int32 softmax and the bias-Add fold, which round differently): the lower stage then checks the
-        family's graph bit for bit against model.tosa (ethosu/families.same_as_whole)."""
-        return not self.softmax_wide and not self.int_bias_add
+        """Whether every form these options take is an exact rewrite: the lower stage then checks the family's
+        graph bit for bit against model.tosa (ethosu/families.same_as_whole)."""
+        return self == self.exact_only()
 
     def softmax_row_is_wide(self, shape: tuple[int, ...]) -> bool:
         return self.softmax_wide and shape[-1] <= self.softmax_wide_row and int(np.prod(shape)) <= self.softmax_wide_max

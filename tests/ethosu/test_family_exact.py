@@ -110,3 +110,15 @@ def test_a_family_whose_forms_round_differently_keeps_the_tolerance_check(tmp_pa
     assert rec.partitions[0].file == "u85_model.tosa" and not rec.same_as_model_tosa
     assert rec.max_error_lsb is not None and rec.max_error_lsb <= 1.0  # vs the QDQ model on the check's samples
     assert "same_as_model_tosa" not in rec.to_json()
+
+
+def test_a_family_whose_rounding_forms_apply_to_no_node_is_checked_bit_for_bit(tmp_path: Path):
+    # a stride-2 conv that never reads the last row and column: U85 widens its kernel with zero taps (an exact
+    # rewrite) and has no softmax for its int32 form, so its own graph is compared with model.tosa bit for bit
+    w = np.random.default_rng(3).uniform(-1, 1, (3, 2, 2, 2)).astype(np.float32)
+    model = quantize_model(single_op_model("Conv", {"x": [1, 2, 5, 5]}, {"y": None}, {"w": w}, strides=[2, 2]),
+                           calib("x", [1, 2, 5, 5]))
+    io, _ = lower_families(model, "int", tmp_path, ["u85"])
+    rec = io.families["u85"]
+    assert rec.partitions[0].file == "u85_model.tosa" and rec.same_as_model_tosa
+    assert rec.max_error_lsb is not None and rec.max_error_lsb <= 1.0
