@@ -10,7 +10,8 @@ of each family (U65 has U55's) place every node, a family that cannot run
 some node gets its own partition files (`<family>_partN.tosa`,
 `<family>_hostN.onnx`), and a partitioned or own-lowered model is run here
 (NPU parts on the TOSA reference model, host parts on onnxruntime) against
-the whole QDQ model on onnxruntime.
+the whole QDQ model on onnxruntime; an own whole graph of exact rewrites only
+is compared with model.tosa bit for bit instead (same_as_whole).
 
 A node no lowering takes (lowering/fallback.py) runs on the host on every family: there is then no
 model.tosa, and the portable split (`partN.tosa`, `hostN.onnx`: only those nodes on the host) stands for
