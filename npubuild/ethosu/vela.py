@@ -17,10 +17,12 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from contextlib import ExitStack
 from dataclasses import asdict
 from pathlib import Path
+from typing import IO
 
 # imported with this module, so the build process's preload has it for every Vela fork (_vela_child)
 from ethosu.vela import vela as ethosu_vela
@@ -99,21 +101,15 @@ def _vela_child(argv: list[str], out_fd: int, err_fd: int) -> int:
 def _run_vela_all(cmds: list[list[str]], accelerator: str) -> list[subprocess.CompletedProcess]:
     """Vela on each command line at once, each with its own output dir (the graph's .tflite and its raw
     output are independent compiles of the same input): the stage waits for one Vela, not one after another.
-    Each runs in a forked child of this process (vela_command's argv after `python -m ethosu.vela`), its
-    output in temp files. A failure is the first failing command's last line, as if they had run in turn."""
+    Each runs in a forked child of this process (vela_command's argv after `python -m ethosu.vela`), or, in a
+    process running other threads (a stage run in process by a Dask worker), where a fork without exec may
+    inherit a lock some thread holds, as its own interpreter. Output goes to temp files. A failure is the first
+    failing command's last line, as if they had run in turn."""
     deadline = time.monotonic() + VELA_TIMEOUT_S
     with ExitStack() as stack:
         logs = [(stack.enter_context(tempfile.TemporaryFile("w+")), stack.enter_context(tempfile.TemporaryFile("w+")))
                 for _ in cmds]
-        sys.stdout.flush()
-        sys.stderr.flush()
-        pids = []
-        for cmd, (out, err) in zip(cmds, logs, strict=True):
-            pid = os.fork()
-            if pid == 0:  # the child: never returns into the stage's code
-                os._exit(_vela_child(cmd[3:], out.fileno(), err.fileno()))
-            pids.append(pid)
-        codes = _wait_all(pids, deadline)
+        codes = _fork_all(cmds, logs, deadline) if threading.active_count() == 1 else _spawn_all(cmds, logs, deadline)
         results = []
         for cmd, code, (out, err) in zip(cmds, codes, logs, strict=True):
             out.seek(0)
@@ -124,6 +120,35 @@ def _run_vela_all(cmds: list[list[str]], accelerator: str) -> list[subprocess.Co
             lines = [ln for ln in (proc.stderr or proc.stdout).strip().splitlines() if ln.strip()]
             raise StageError(f"Vela failed ({accelerator}): {lines[-1] if lines else 'exit ' + str(proc.returncode)}")
     return results
+
+
+def _fork_all(cmds: list[list[str]], logs: list[tuple[IO[str], IO[str]]], deadline: float) -> list[int]:
+    """Each command's Vela in a forked child at once (_vela_child); their exit codes."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    pids = []
+    for cmd, (out, err) in zip(cmds, logs, strict=True):
+        pid = os.fork()
+        if pid == 0:  # the child: never returns into the stage's code
+            os._exit(_vela_child(cmd[3:], out.fileno(), err.fileno()))
+        pids.append(pid)
+    return _wait_all(pids, deadline)
+
+
+def _spawn_all(cmds: list[list[str]], logs: list[tuple[IO[str], IO[str]]], deadline: float) -> list[int]:
+    """Each command as its own process at once (an interpreter importing Vela); their exit codes."""
+    env = {**os.environ, "PYTHONWARNINGS": "ignore"}
+    procs = [subprocess.Popen(cmd, stdout=out, stderr=err, text=True, env=env)
+             for cmd, (out, err) in zip(cmds, logs, strict=True)]
+    try:
+        return [p.wait(timeout=max(0.0, deadline - time.monotonic())) for p in procs]
+    except subprocess.TimeoutExpired:
+        raise StageError(f"Vela timed out after {VELA_TIMEOUT_S} s") from None
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
 
 
 def _wait_all(pids: list[int], deadline: float) -> list[int]:

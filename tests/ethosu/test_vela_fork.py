@@ -5,6 +5,7 @@ command line Vela refuses fails the stage with Vela's own last line."""
 from __future__ import annotations
 
 import subprocess
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -60,3 +61,20 @@ def test_a_command_line_vela_refuses_fails_with_its_last_line(tmp_path: Path):
     with pytest.raises(StageError) as exc:
         _run_vela_all([bad], profile.accelerator)
     assert str(exc.value).endswith(f"Vela failed (ethos-u55-128): {last}") and "Nonsense" in last
+
+
+def test_a_process_running_other_threads_spawns_vela_instead_and_gets_the_same_outputs(tmp_path: Path):
+    src, ini, profile = _graph(tmp_path)
+    forked = vela_command(src, ini, tmp_path / "fork", profile, profile.vela)
+    spawned = vela_command(src, ini, tmp_path / "spawn", profile, profile.vela)
+    _run_vela_all([forked], profile.accelerator)
+    stop = threading.Event()
+    other = threading.Thread(target=stop.wait)  # e.g. a Dask worker's threads: fork without exec is unsafe
+    other.start()
+    try:
+        (proc,) = _run_vela_all([spawned], profile.accelerator)
+    finally:
+        stop.set()
+        other.join()
+    assert proc.returncode == 0 and "NPU operators" in proc.stdout
+    assert _files(tmp_path / "spawn") == _files(tmp_path / "fork")
