@@ -2,7 +2,12 @@
 npubuild trees side by side (before/after a change) in one run.
 
     PYTHONPATH=. /work/main/.venv/bin/python bench/compile_speed.py [--target ethos-u55-128] [--repeats 3]
-        [--tree before=/path/to/old/tree --tree after=.] [--models ds_cnn transformer /path/to/model.onnx]
+        [--tree before=/path/to/old/tree --tree after=.] [--models ds_cnn transformer /path/to/model.onnx[@TARGET]]
+
+A model is a name in configs/models or an .onnx path (never written to), optionally with `@TARGET` for a target
+of its own: MobileViT-xxs (timm, 645 nodes, 256x256; not in the repository) needs 6.4 MiB of arena, which
+fits ethos-u65-256 / ethos-u85-256 (arena in DRAM) but not U55-128's SRAM, so
+`--models ds_cnn transformer /path/to/mobilevit_xxs_256.onnx@ethos-u85-256`.
 
 A benchmark script, not part of npubuild. Per repeat, model and tree (interleaved, so a load change on the
 shared machine hits every tree alike) it runs, in fresh child processes:
@@ -113,8 +118,13 @@ def startup(tree: Path) -> dict[str, float]:
 
 
 def model_path(name: str) -> Path:
-    path = Path(name)
-    return path if path.suffix == ".onnx" else ROOT / "configs" / "models" / f"{name}.onnx"
+    path = Path(name.split("@", 1)[0])
+    return path if path.suffix == ".onnx" else ROOT / "configs" / "models" / f"{path}.onnx"
+
+
+def model_target(name: str, default: str) -> str:
+    """The target after `@` in a --models entry, else --target."""
+    return name.split("@", 1)[1] if "@" in name else default
 
 
 def main(argv: list[str]) -> int:
@@ -128,7 +138,7 @@ def main(argv: list[str]) -> int:
     args = ap.parse_args(argv)
     trees = dict(t.split("=", 1) for t in args.tree) if args.tree else {"this": str(ROOT)}
     trees = {k: Path(v).resolve() for k, v in trees.items()}
-    models = {model_path(m).stem: model_path(m) for m in args.models}
+    models = {model_path(m).stem: (model_path(m), model_target(m, args.target)) for m in args.models}
     runs: dict[tuple[str, str], list[dict]] = {(m, t): [] for m in models for t in trees}
     ups: dict[str, list[dict[str, float]]] = {t: [] for t in trees}
     loads = []
@@ -136,11 +146,12 @@ def main(argv: list[str]) -> int:
         for _ in range(args.repeats):
             for t, tree in trees.items():
                 ups[t].append(startup(tree))
-            for m, path in models.items():
+            for m, (path, target) in models.items():
                 for t, tree in trees.items():
-                    runs[(m, t)].append(compile_once(path, args.target, tree, Path(tmp)))
+                    runs[(m, t)].append(compile_once(path, target, tree, Path(tmp)))
                     loads.append(os.getloadavg()[0])
-    lines = [f"Cold `npubuild compile --target {args.target}`, best of {args.repeats} per tree, the trees interleaved "
+    targets = ", ".join(sorted({f"{m} {t}" for m, (_, t) in models.items()}))
+    lines = [f"Cold `npubuild compile` ({targets}), best of {args.repeats} per tree, the trees interleaved "
              f"(load average {min(loads):.1f}-{max(loads):.1f} during the runs, {os.cpu_count()} cores).", "",
              "| model | tree | status | compile wall s | Vela alone wall s | ratio (wall) | compile CPU s | "
              "Vela alone CPU s | ratio (CPU) | stages s (sum) | rest s (start-up, plan, doit, reports) |",

@@ -10,7 +10,8 @@ of each family (U65 has U55's) place every node, a family that cannot run
 some node gets its own partition files (`<family>_partN.tosa`,
 `<family>_hostN.onnx`), and a partitioned or own-lowered model is run here
 (NPU parts on the TOSA reference model, host parts on onnxruntime) against
-the whole QDQ model on onnxruntime.
+the whole QDQ model on onnxruntime; an own whole graph of exact rewrites only
+is compared with model.tosa bit for bit instead (same_as_whole).
 
 A node no lowering takes (lowering/fallback.py) runs on the host on every family: there is then no
 model.tosa, and the portable split (`partN.tosa`, `hostN.onnx`: only those nodes on the host) stands for
@@ -20,7 +21,7 @@ it in io.json (`portable`) and in the TOSA check; each family splits further by 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import asdict, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Literal
 
@@ -34,8 +35,9 @@ from npubuild.errors import StageError
 from npubuild.ethosu.partition import PartitionPlan, plan_partitions, split_io, write_partitions
 from npubuild.fileio import write_bytes
 from npubuild.frontend.passes import run_passes
-from npubuild.lowering.driver import LoweredGraph
+from npubuild.lowering.driver import LoweredGraph, lower_model
 from npubuild.lowering.fallback import PartialLowering, lower_lowerable
+from npubuild.lowering.options import LoweringOptions
 from npubuild.stages.records import FamilyRecord, LowerRecord, NodeRecord, PartitionRecord
 from npubuild.tosa.graph import ops_by_node, read_tosa, tensor_nodes
 from npubuild.tosa.iospec import IOSpec
@@ -78,17 +80,61 @@ def _input_range(spec: IOSpec) -> tuple[float, float]:
     return spec.representable_range() or (-1.0, 1.0)
 
 
+def check_feeds(io: LowerRecord, seed: int = 0) -> list[dict[str, np.ndarray]]:
+    """The partition check's CHECK_SAMPLES inputs: seeded, uniform over each input's calibrated range."""
+    rng = np.random.default_rng(seed)
+    return [{s.onnx_name: rng.uniform(*_input_range(s), s.onnx_shape).astype(np.float32) for s in io.inputs}
+            for _ in range(CHECK_SAMPLES)]
+
+
 def check_partitioned(qdq_path: Path, out_dir: Path, partitions: Sequence[PartitionRecord], io: LowerRecord,
                       seed: int = 0) -> float:
     """Max error (output LSB) of the partitioned model against the whole QDQ model on onnxruntime."""
-    rng = np.random.default_rng(seed)
     reference = OnnxSession(qdq_path)  # the QDQ model's own semantics, as the TOSA check compares against
     worst = 0.0
     model = PartitionedModel(out_dir, partitions, io.outputs)
-    for _ in range(CHECK_SAMPLES):
-        feeds = {s.onnx_name: rng.uniform(*_input_range(s), s.onnx_shape).astype(np.float32) for s in io.inputs}
+    for feeds in check_feeds(io, seed):
         worst = worst_error(model, feeds, reference(feeds), worst)
     return worst
+
+
+@dataclass
+class WholeGraphRun:
+    """model.tosa's outputs on the first check sample and its error against the QDQ model there: run once
+    per stage and compared with every family whose own lowering takes only exact rewrites."""
+
+    outputs: dict[str, np.ndarray]
+    max_error_lsb: float
+
+    @classmethod
+    def measure(cls, qdq_path: Path, out_dir: Path, io: LowerRecord) -> WholeGraphRun:
+        feeds = check_feeds(io)[0]
+        model = PartitionedModel(out_dir, [io.whole_partition([])], io.outputs)
+        outputs = model(feeds)
+        return cls(outputs, worst_error(model, feeds, OnnxSession(qdq_path)(feeds), 0.0, outputs))
+
+
+def same_as_whole(whole: WholeGraphRun, out_dir: Path, own: PartitionRecord, io: LowerRecord) -> bool:
+    """Whether the family's own whole graph gives model.tosa's outputs bit for bit on the first check sample.
+
+    Why one sample is enough here: the family's options are exact rewrites (LoweringOptions.same_integers:
+    the same integers for every input, each form tested so), so the only failure to catch is a form that is
+    not, and any differing element of any output fails this; the tolerance check it replaces (4 samples)
+    passed a family up to 1 LSB worse than model.tosa everywhere (MobileViT-xxs: model.tosa is 3-5 LSB from
+    the QDQ model). It costs 2 TOSA reference-model runs instead of 4-8 (~3.4 s each for MobileViT-xxs)."""
+    got = PartitionedModel(out_dir, [own], io.outputs)(check_feeds(io)[0])
+    return all(np.array_equal(got[k], v) for k, v in whole.outputs.items())
+
+
+def exact_forms_only(model: onnx.ModelProto, fam: str, fam_lowered: LoweredGraph) -> bool:
+    """Whether the family's own graph is made of exact rewrites only: its options take no form that rounds
+    differently, or lowering it without those forms gives the very same graph (they applied to no node: U85's
+    int32 softmax to no row short enough). One lowering (~1 s for MobileViT-xxs) that can spare the 4-8
+    TOSA reference-model runs of the tolerance check (~3.4 s each)."""
+    options = LoweringOptions.for_family(fam)
+    if options.same_integers:
+        return True
+    return lower_model(model, fam_lowered.profile, options=options.exact_only()).tosa == fam_lowered.tosa
 
 
 def run(task: StageTask) -> dict:
@@ -136,17 +182,32 @@ def lower_families(model: onnx.ModelProto, profile: Literal["int", "fp"], out_di
     records: dict[str, FamilyRecord] = {}
     if profile == "int":
         qdq_path = out_dir / "model_partitioning.onnx"
-        baseline: dict[str, float] = {}  # the portable graph's own error: measured once, for every family
+        cache = CheckCache()  # model.tosa's (or the portable split's) own runs: measured once, for every family
         for fam in families:
-            records[fam] = family_split(model, partial, io, fam, out_dir, qdq_path, baseline)
+            records[fam] = family_split(model, partial, io, fam, out_dir, qdq_path, cache)
     return replace(io, families=records), tosa_ops
 
 
+@dataclass
+class CheckCache:
+    """What the partition check measured of the portable graph, kept for the families after the first."""
+
+    baseline_error: dict[str, float] = field(default_factory=dict)  # "whole" / "portable" -> its own error
+    whole: WholeGraphRun | None = None
+
+    def whole_run(self, qdq_path: Path, out_dir: Path, io: LowerRecord) -> WholeGraphRun:
+        if self.whole is None:
+            self.whole = WholeGraphRun.measure(qdq_path, out_dir, io)
+        return self.whole
+
+
 def family_split(model: onnx.ModelProto, partial: PartialLowering, io: LowerRecord, fam: str, out_dir: Path,
-                 qdq_path: Path, baseline_error: dict[str, float] | None = None) -> FamilyRecord:
-    """One family's own lowering, placement and partitions, checked against the whole QDQ model when it does
-    not run model.tosa as it is. `baseline_error` keeps the portable graph's own error once measured (4
-    reference-model runs; MobileViT-xxs: 3 s each) for the next family that needs it."""
+                 qdq_path: Path, cache: CheckCache | None = None) -> FamilyRecord:
+    """One family's own lowering, placement and partitions, checked when it does not run model.tosa as it is:
+    a whole graph of exact rewrites bit for bit against model.tosa (same_as_whole), else against the whole
+    QDQ model within the portable graph's own error + MAX_PARTITION_LSB. `cache` keeps model.tosa's runs
+    (TOSA reference-model runs; MobileViT-xxs: 3.4 s each) for the next family that needs them."""
+    cache = cache if cache is not None else CheckCache()
     profile = io.profile
     fam_partial = lower_lowerable(model, profile, family=fam, host=partial.host)  # forms only this family runs
     lowered, fam_lowered = partial.lowered, fam_partial.lowered
@@ -159,6 +220,12 @@ def family_split(model: onnx.ModelProto, partial: PartialLowering, io: LowerReco
             rec = replace(rec, partitions=(own_whole_graph(fam, fam_lowered, rec.partitions[0], out_dir),))
         if len(rec.partitions) < 2 and not own:
             return rec
+        if own and rec.whole_graph and exact_forms_only(model, fam, fam_lowered):
+            if not qdq_path.exists():
+                onnx.save(model, qdq_path)
+            whole = cache.whole_run(qdq_path, out_dir, io)
+            if same_as_whole(whole, out_dir, rec.partitions[0], io):
+                return replace(rec, max_error_lsb=whole.max_error_lsb, same_as_model_tosa=True)
         # a family's own lowering rounds differently: hold it to the portable graph's own error
         baseline = [io.whole_partition([])] if own else None
     else:
@@ -171,11 +238,10 @@ def family_split(model: onnx.ModelProto, partial: PartialLowering, io: LowerReco
     err = check_partitioned(qdq_path, out_dir, rec.partitions, io)
     rec = replace(rec, max_error_lsb=err)
     if err > MAX_PARTITION_LSB:
-        cache = baseline_error if baseline_error is not None else {}
         key = "whole" if partial.whole else "portable"
-        if baseline and key not in cache:
-            cache[key] = check_partitioned(qdq_path, out_dir, baseline, io)
-        base = cache.get(key, 0.0) if baseline else 0.0
+        if baseline and key not in cache.baseline_error:
+            cache.baseline_error[key] = check_partitioned(qdq_path, out_dir, baseline, io)
+        base = cache.baseline_error.get(key, 0.0) if baseline else 0.0
         if err > base + MAX_PARTITION_LSB:
             raise StageError(f"the {fam} partitioned model differs from the whole model by {err:g} LSB")
     return rec

@@ -13,13 +13,19 @@ import csv
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from contextlib import ExitStack
 from dataclasses import asdict
 from pathlib import Path
+from typing import IO
+
+# imported with this module, so the build process's preload has it for every Vela fork (_vela_child)
+from ethosu.vela import vela as ethosu_vela
 
 from npubuild.build.plan import StageTask
 from npubuild.config.accelerator import Accelerator
@@ -67,38 +73,106 @@ def parse_summary_csv(path: Path) -> dict[str, str]:
     return rows[0]
 
 
+def _vela_child(argv: list[str], out_fd: int, err_fd: int) -> int:
+    """In a forked child: Vela's own main() on `argv` with its stdout/stderr in the given files; its exit code.
+    Vela is imported once by the build process (preload) rather than by a fresh interpreter per compile: its
+    import is ~0.3 CPU s, as much as compiling a small model (bench/compile_speed.md)."""
+    import traceback
+    import warnings
+
+    os.dup2(out_fd, 1)
+    os.dup2(err_fd, 2)
+    sys.stdout = open(1, "w", closefd=False)  # noqa: SIM115 - this process's stdout until it exits
+    sys.stderr = open(2, "w", closefd=False)  # noqa: SIM115 - (the stage's own may be a capture)
+    warnings.simplefilter("ignore")
+    code = 1
+    try:
+        code = int(ethosu_vela.main(argv) or 0)
+    except SystemExit as exc:  # argparse's refusal, or Vela's own exit
+        code = exc.code if isinstance(exc.code, int) else 1
+    except BaseException:  # noqa: BLE001 - Vela's crash, as the subprocess it used to be would print it
+        traceback.print_exc()
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+    return code
+
+
 def _run_vela_all(cmds: list[list[str]], accelerator: str) -> list[subprocess.CompletedProcess]:
     """Vela on each command line at once, each with its own output dir (the graph's .tflite and its raw
     output are independent compiles of the same input): the stage waits for one Vela, not one after another.
-    Output goes to temp files, so no Vela blocks on a full pipe while another is read. A failure is the first
+    Each runs in a forked child of this process (vela_command's argv after `python -m ethosu.vela`), or, in a
+    process running other threads (a stage run in process by a Dask worker), where a fork without exec may
+    inherit a lock some thread holds, as its own interpreter. Output goes to temp files. A failure is the first
     failing command's last line, as if they had run in turn."""
-    env = {**os.environ, "PYTHONWARNINGS": "ignore"}
     deadline = time.monotonic() + VELA_TIMEOUT_S
     with ExitStack() as stack:
         logs = [(stack.enter_context(tempfile.TemporaryFile("w+")), stack.enter_context(tempfile.TemporaryFile("w+")))
                 for _ in cmds]
-        procs = [subprocess.Popen(cmd, stdout=out, stderr=err, text=True, env=env)
-                 for cmd, (out, err) in zip(cmds, logs, strict=True)]
-        try:
-            for p in procs:
-                p.wait(timeout=max(0.0, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            raise StageError(f"Vela timed out after {VELA_TIMEOUT_S} s") from None
-        finally:
-            for p in procs:
-                if p.poll() is None:
-                    p.kill()
-                    p.wait()
+        codes = _fork_all(cmds, logs, deadline) if threading.active_count() == 1 else _spawn_all(cmds, logs, deadline)
         results = []
-        for cmd, p, (out, err) in zip(cmds, procs, logs, strict=True):
+        for cmd, code, (out, err) in zip(cmds, codes, logs, strict=True):
             out.seek(0)
             err.seek(0)
-            results.append(subprocess.CompletedProcess(cmd, p.returncode, out.read(), err.read()))
+            results.append(subprocess.CompletedProcess(cmd, code, out.read(), err.read()))
     for proc in results:
         if proc.returncode != 0:
             lines = [ln for ln in (proc.stderr or proc.stdout).strip().splitlines() if ln.strip()]
             raise StageError(f"Vela failed ({accelerator}): {lines[-1] if lines else 'exit ' + str(proc.returncode)}")
     return results
+
+
+def _fork_all(cmds: list[list[str]], logs: list[tuple[IO[str], IO[str]]], deadline: float) -> list[int]:
+    """Each command's Vela in a forked child at once (_vela_child); their exit codes."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    pids = []
+    for cmd, (out, err) in zip(cmds, logs, strict=True):
+        pid = os.fork()
+        if pid == 0:  # the child: never returns into the stage's code
+            os._exit(_vela_child(cmd[3:], out.fileno(), err.fileno()))
+        pids.append(pid)
+    return _wait_all(pids, deadline)
+
+
+def _spawn_all(cmds: list[list[str]], logs: list[tuple[IO[str], IO[str]]], deadline: float) -> list[int]:
+    """Each command as its own process at once (an interpreter importing Vela); their exit codes."""
+    env = {**os.environ, "PYTHONWARNINGS": "ignore"}
+    procs = [subprocess.Popen(cmd, stdout=out, stderr=err, text=True, env=env)
+             for cmd, (out, err) in zip(cmds, logs, strict=True)]
+    try:
+        return [p.wait(timeout=max(0.0, deadline - time.monotonic())) for p in procs]
+    except subprocess.TimeoutExpired:
+        raise StageError(f"Vela timed out after {VELA_TIMEOUT_S} s") from None
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+
+
+def _wait_all(pids: list[int], deadline: float) -> list[int]:
+    """Each child's exit code (a signal's as its negative number); past the deadline every child still
+    running is killed and the stage fails with one line."""
+    codes: dict[int, int] = {}
+    try:
+        while len(codes) < len(pids):
+            for pid in pids:
+                if pid in codes:
+                    continue
+                done, status = os.waitpid(pid, os.WNOHANG)
+                if done:
+                    codes[pid] = os.waitstatus_to_exitcode(status)
+            if len(codes) < len(pids):
+                if time.monotonic() > deadline:
+                    raise StageError(f"Vela timed out after {VELA_TIMEOUT_S} s")
+                time.sleep(0.01)
+    finally:
+        for pid in pids:
+            if pid not in codes:
+                os.kill(pid, signal.SIGKILL)
+                os.waitpid(pid, 0)
+    return [codes[pid] for pid in pids]
 
 
 def compile_partition(tosa_src: Path, stem: str, ini: Path, stage_dir: Path, profile: TargetProfile,

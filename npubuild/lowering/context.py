@@ -38,6 +38,13 @@ NP_TO_TOSA = {
 }
 
 
+# A constant this small (a zero point, shift, multiplier, scalar, a SHAPE operand) is emitted once per distinct
+# value and shared by every op reading it: MobileViT-xxs repeats 3,621 constants of 499 values, and the TOSA
+# reference model looks tensors up by name in a list (quadratic in their count; bench/compile_speed.md).
+# Weights and biases stay one tensor per op, as Vela encodes each op's own.
+SHARED_CONST_BYTES = 16
+
+
 def identity(rank: int) -> tuple[int, ...]:
     return tuple(range(rank))
 
@@ -127,6 +134,7 @@ class LoweringContext:
     current: onnx.NodeProto | None = None
     options: LoweringOptions = PORTABLE  # the forms this family's lowering takes (lowering/options.py)
     _counter: int = 0
+    _shared_consts: dict[tuple, str] = field(default_factory=dict)  # see const(): small values emitted once
 
     def __post_init__(self) -> None:
         self.ser = ts.TosaSerializer("", ts.ConstMode.EMBED, 1, 0, 0, False)
@@ -169,13 +177,22 @@ class LoweringContext:
             if self.current is None:
                 raise UnsupportedOpError("<graph>", "", f"a {data.dtype} constant has no TOSA type")
             raise self.unsupported(f"a {data.dtype} constant has no TOSA type (TOSA has no 64-bit integers)")
-        name = self.fresh(hint)
+        name = self.fresh(hint)  # drawn even for a shared value: every other tensor keeps its name
+        key = (data.dtype.str, data.shape, data.tobytes())
+        if data.nbytes <= SHARED_CONST_BYTES and key in self._shared_consts:
+            return self._shared_consts[key]
         self.ser.addConst(list(data.shape), NP_TO_TOSA[data.dtype], data, name=name)
+        if data.nbytes <= SHARED_CONST_BYTES:
+            self._shared_consts[key] = name
         return name
 
     def shape_const(self, values: list[int] | tuple[int, ...]) -> str:
         name = self.fresh("shape")
+        key = ("shape", tuple(int(v) for v in values))
+        if key in self._shared_consts:
+            return self._shared_consts[key]
         self.ser.addConst([len(values)], ts.DType.SHAPE, np.asarray(values, np.int64), name=name)
+        self._shared_consts[key] = name
         return name
 
     def zp(self, value: int, dtype: np.dtype) -> str:

@@ -10,7 +10,7 @@ form pays on) sit beside the options they belong to. Tests and benchmarks pass o
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -131,6 +131,17 @@ class LoweringOptions:
         _, h, w, c = x.shape
         return (min(h, w) >= max(lim.min_side, 2) and w <= lim.max_width and h * w >= lim.min_plane
                 and h * w * c >= lim.min_elements and c <= lim.max_channels)
+
+    def exact_only(self) -> LoweringOptions:
+        """These options without the forms that round differently from the portable lowering (the int32
+        softmax, the bias-Add fold): every form left gives the portable lowering's integers for every input."""
+        return replace(self, softmax_wide=False, int_bias_add=False)
+
+    @property
+    def same_integers(self) -> bool:
+        """Whether every form these options take is an exact rewrite: the lower stage then checks the family's
+        graph bit for bit against model.tosa (ethosu/families.same_as_whole)."""
+        return self == self.exact_only()
 
     def softmax_row_is_wide(self, shape: tuple[int, ...]) -> bool:
         return self.softmax_wide and shape[-1] <= self.softmax_wide_row and int(np.prod(shape)) <= self.softmax_wide_max

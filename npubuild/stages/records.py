@@ -92,6 +92,9 @@ class FamilyRecord:
     partitions: tuple[PartitionRecord, ...]
     placements: tuple[Placement, ...]
     max_error_lsb: float | None = None
+    # its own whole graph gave model.tosa's outputs bit for bit (exact rewrites only; ethosu/families.py):
+    # its error is model.tosa's, and the TOSA check compares it with model.tosa the same way
+    same_as_model_tosa: bool = False
 
     @property
     def npu_partitions(self) -> int:
@@ -126,12 +129,15 @@ class FamilyRecord:
                              "host_ops": self.host_ops}
         if self.max_error_lsb is not None:
             d["max_error_lsb"] = self.max_error_lsb
+        if self.same_as_model_tosa:
+            d["same_as_model_tosa"] = True
         return d
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> FamilyRecord:
         return cls(tuple(PartitionRecord.from_json(p) for p in d["partitions"]),
-                   tuple(Placement(**p) for p in d["placements"]), d.get("max_error_lsb"))
+                   tuple(Placement(**p) for p in d["placements"]), d.get("max_error_lsb"),
+                   bool(d.get("same_as_model_tosa", False)))
 
 
 @dataclass(frozen=True)
@@ -218,10 +224,16 @@ class PartitionedCheck:
     samples: int
     npu_partitions: int
     host_partitions: int
+    # run on this many samples and bit-identical to model.tosa there (exact rewrites): the error is model.tosa's
+    bitexact_samples: int | None = None
 
     def to_json(self) -> dict[str, Any]:
-        return asdict(self)
+        d = asdict(self)
+        if self.bitexact_samples is None:
+            del d["bitexact_samples"]
+        return d
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> PartitionedCheck:
-        return cls(d["max_error_lsb"], d["samples"], d["npu_partitions"], d["host_partitions"])
+        return cls(d["max_error_lsb"], d["samples"], d["npu_partitions"], d["host_partitions"],
+                   d.get("bitexact_samples"))

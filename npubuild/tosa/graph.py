@@ -7,6 +7,7 @@ flatbuffer here rather than reaching into the serializer's internals.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -70,7 +71,11 @@ def _window_attr(op) -> dict:
     return out
 
 
+@functools.lru_cache(maxsize=4)
 def read_tosa(data: bytes) -> TosaGraphInfo:
+    """The graph's operators and tensors. Cached (the result is shared: read it, never change it): the lower
+    stage reads each graph two or three times (node tensors, partition plan), and reading a flatbuffer in
+    Python costs ~0.5 s for MobileViT-xxs."""
     g = TosaGraph.GetRootAs(bytearray(data), 0)
     block = g.Regions(0).Blocks(0)
     tensors = {}

@@ -8,6 +8,7 @@ compares a partitioned build with onnxruntime exactly as it does a whole one.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -82,10 +83,10 @@ def max_error(spec: IOSpec, ref: np.ndarray, got: np.ndarray) -> float:
 
 
 def worst_error(model: PartitionedModel, feeds: dict[str, np.ndarray], ref: dict[str, np.ndarray],
-                worst: float = 0.0) -> float:
-    """`worst` raised to the partitioned model's largest error on any output of this sample. A shape that
-    differs from onnxruntime's fails the check."""
-    got = model(feeds)
+                worst: float = 0.0, got: dict[str, np.ndarray] | None = None) -> float:
+    """`worst` raised to the partitioned model's largest error on any output of this sample (`got`: its
+    outputs on `feeds`, when already run). A shape that differs from onnxruntime's fails the check."""
+    got = model(feeds) if got is None else got
     outputs = model.outputs
     bad = shape_mismatch(outputs, got, ref, "the partitioned model")
     if bad:
@@ -96,21 +97,41 @@ def worst_error(model: PartitionedModel, feeds: dict[str, np.ndarray], ref: dict
 
 
 def partitioned_numerics(lower_dir: Path, io: LowerRecord, samples: dict[str, np.ndarray],
-                         reference: Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]]
-                         ) -> dict[str, PartitionedCheck]:
+                         reference: Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]],
+                         whole: WholeGraphCheck | None = None) -> dict[str, PartitionedCheck]:
     """For every family that does not run model.tosa as is (split, or its own lowering): vs the QDQ model.
 
     `reference(feeds)` runs the QDQ model on onnxruntime. Returns family -> max error (output LSB) and samples.
+    A family the lower stage found bit-identical to model.tosa (FamilyRecord.same_as_model_tosa: exact
+    rewrites only) is run on the first sample and compared with `whole` (model.tosa's check) bit for bit:
+    identical, its error over the samples is model.tosa's, measured by the same samples (3 fewer TOSA
+    reference-model runs of 4; why one suffices: ethosu/families.same_as_whole); otherwise it is measured
+    on every sample as a split family is.
     """
     out = {}
     n = next(iter(samples.values())).shape[0] if samples else 0
     for fam, rec in io.families.items():
         if rec.runs_model_tosa:
             continue  # the family runs model.tosa itself, which the check above measured
-        worst = 0.0
         model = PartitionedModel(lower_dir, rec.partitions, io.outputs)
+        if whole is not None and rec.same_as_model_tosa and n:
+            got = model({k: v[0] for k, v in samples.items()})
+            if all(np.array_equal(got[k], v) for k, v in whole.first_outputs.items()):
+                out[fam] = PartitionedCheck(whole.max_error_lsb, n, rec.npu_partitions, rec.host_partitions,
+                                            bitexact_samples=1)
+                continue
+        worst = 0.0
         for i in range(n):
             feeds = {k: v[i] for k, v in samples.items()}
             worst = worst_error(model, feeds, reference(feeds), worst)
         out[fam] = PartitionedCheck(worst, n, rec.npu_partitions, rec.host_partitions)
     return out
+
+
+@dataclass(frozen=True)
+class WholeGraphCheck:
+    """What the TOSA check measured of model.tosa: its raw outputs on the first sample and its max error
+    over all the samples against the QDQ model, measured as worst_error measures a partitioned model."""
+
+    first_outputs: dict[str, np.ndarray]
+    max_error_lsb: float

@@ -30,7 +30,13 @@ from npubuild.tosa.iospec import IOSpec
 from npubuild.tosa.run import OnnxSession, run_tosa
 from npubuild.verify.node_errors import node_errors
 from npubuild.verify.numerics import accuracy, compare_output
-from npubuild.verify.partitioned import PartitionedModel, partitioned_numerics, shape_mismatch
+from npubuild.verify.partitioned import (
+    PartitionedModel,
+    WholeGraphCheck,
+    max_error,
+    partitioned_numerics,
+    shape_mismatch,
+)
 
 
 def io_summary(io: LowerRecord) -> dict:
@@ -73,6 +79,7 @@ def run(task: StageTask) -> dict:
     flt: dict[str, list] = {k: [] for k in names}
     lsb: dict[str, list] = {k: [] for k in names}
     first_raw: dict[str, np.ndarray] = {}
+    partitioned_error = 0.0  # model.tosa's error as the partitioned check measures it (WholeGraphCheck)
     for i in range(n):
         feeds = {k: v[i] for k, v in samples.items()}
         r, f, t = reference(feeds), flt_runner(feeds), runner(feeds)
@@ -88,6 +95,7 @@ def run(task: StageTask) -> dict:
             flt[name].append(np.atleast_1d(f[name]))
             if is_int:
                 lsb[name].append(output_lsb_error(spec, r[name], t[name]).ravel())
+                partitioned_error = max(partitioned_error, max_error(spec, r[name], t[name]))
     per_output = {
         name: compare_output(np.concatenate(ref[name]), np.concatenate(got[name]),
                              np.concatenate(flt[name]) if is_int else None,
@@ -119,7 +127,8 @@ def run(task: StageTask) -> dict:
     if not io.whole_graph:
         summary["checked"] = "partitioned"  # no single TOSA graph: the portable split was run
     if is_int:  # split builds (a family that cannot run some node): the partitioned model, same samples
-        checks = partitioned_numerics(lower_dir, io, samples, reference)
+        whole = WholeGraphCheck(first_raw, partitioned_error) if io.whole_graph else None
+        checks = partitioned_numerics(lower_dir, io, samples, reference, whole)
         summary["partitioned"] = {fam: c.to_json() for fam, c in checks.items()}
     if task.inputs.get("eval_inputs") is not None:
         summary.update(evaluate(task, io, runner, float_model, flt_runner))
