@@ -163,7 +163,8 @@ FAMILY_OPTIONS: dict[LoweringFamily, LoweringOptions] = {
     # Every family: a changing-scale plane mean as row sums first wherever the sweep (bench/perf_choices.md) found
     # it faster (int16 row sums, 26 shapes x 4 sizes): MobileNetV3 block U55-128 0.5664 -> 0.5177 ms, U85-256
     # 0.1625 -> 0.1263; it loses on small planes of many channels (3x3x256, 4x4x96) everywhere and under 10x10
-    # on U65 and U85-1024. U55 and U65: a stride-2 conv of a 1-channel input on its space-to-depth view (DS-CNN
+    # on U65 and U85-1024; U55 keeps sides under 8 (DS-CNN's 25x5x64 mean: 0.6% faster for +0.58 KiB of flash,
+    # its ones weights and scales, over ExecuTorch's off-chip). U55 and U65: a stride-2 conv of a 1-channel input on its space-to-depth view (DS-CNN
     # U55-128 0.1744 -> 0.1596 ms, U65-256 0.0529 -> 0.0503; slower on U85, and for 3-channel images everywhere:
     # the view's TRANSPOSE of a 64x64x3 image costs more than the idle MACs).
     # U55 (decided on U55-128, the example target; U55-32 prefers the portable form for the copies and sums):
@@ -176,7 +177,7 @@ FAMILY_OPTIONS: dict[LoweringFamily, LoweringOptions] = {
                            bilinear_channel_split=True, plane_sum=PlaneSumLimits(16, 16, 96),
                            norm_widen_add=True, norm_index_rescale=True, dilation_taps=True,
                            dilation_phase_min=4,
-                           plane_rows=PlaneRowsLimits(min_side=4, min_plane=49, min_elements=3072, max_channels=256),
+                           plane_rows=PlaneRowsLimits(min_side=8, min_plane=64, min_elements=3072, max_channels=256),
                            space_to_depth_channels=1),
     # U65: U55's TOSA op set on a wider MAC array and bus: the depthwise form wins only for <= 16 channels
     # on >= 16x16 planes, the upsample halves cost 3-6% there (kept whole), the sum wins from 8x8 x 32 ch;

@@ -63,8 +63,11 @@ def fold_stride(ctx: LoweringContext, x: TTensor, w_oihw: np.ndarray, pads: list
 
 def _view(ctx: LoweringContext, x: TTensor, rows: _Axis, cols: _Axis) -> TTensor:
     _, h, w, c = x.shape
-    if (2 * rows.blocks, 2 * cols.blocks) != (h, w):  # an odd side: one more row / column of the zero point
+    if 2 * cols.blocks != w:  # an odd width: one more column (and maybe row) of the zero point
         x = pad_phys(ctx, x, [0, 0, 0, 0], [0, 2 * rows.blocks - h, 2 * cols.blocks - w, 0])
+    elif 2 * rows.blocks != h:  # an odd height only: one more row, appended to the flat bytes in one copy
+        flat = reshape(ctx, x, (1, 1, 1, h * w * c), identity(4))  # (a 1-channel NHWC PAD copies a byte a
+        x = pad_phys(ctx, flat, [0, 0, 0, 0], [0, 0, 0, w * c])  # cycle: DS-CNN U55-128 0.1596 -> 0.1536 ms)
     pairs = reshape(ctx, x, (rows.blocks, 2, cols.blocks, 2 * c), identity(4))
     blocked = transpose(ctx, pairs, (0, 2, 1, 3), identity(4))
     return reshape(ctx, blocked, (1, rows.blocks, cols.blocks, 4 * c), NHWC)
