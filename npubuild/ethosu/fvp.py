@@ -147,7 +147,10 @@ def run(task: StageTask) -> dict:
         if cfg.get("mode") == "required":
             raise StageError(f"verify.fvp is required but {why}")
         return {"skipped": True, "reason": why}
-    model = task.inputs["vela_summary"].parent / "model_vela.tflite"
+    # the whole graph's Vela model: model_vela.tflite, or <family>_model_vela.tflite where the target's family
+    # lowers the graph its own way
+    tflites = [a for a in vela.get("artifacts", []) if a.endswith("_vela.tflite")]
+    model = task.inputs["vela_summary"].parent / (tflites[0] if tflites else "model_vela.tflite")
     if not model.is_file():
         raise StageError("the FVP runs the Vela .tflite: set vela output_format to tflite")
     io = LowerRecord.read(task.inputs["io"])

@@ -64,9 +64,10 @@ def parse_per_layer(path: Path, tensor_nodes: dict[str, str], partition: int = 0
         layer["partition"] = partition
         layers.append(layer)
     for i, layer in enumerate(layers):
-        if layer["onnx_node"] is None and "_" in layer["tensor"]:
-            # Vela's own layers (e.g. "layer-18_transpose" before a REDUCE_SUM) are named after their input:
-            # charge them to the node they were inserted for, the next layer's
+        if layer["onnx_node"] is None and ("_" in layer["tensor"] or layer["tensor"].startswith("#")):
+            # Vela's own layers are named after their input ("layer-18_transpose" before a REDUCE_SUM) or
+            # numbered ("#242": the steps Vela splits a TRANSPOSE into): charge them to the node they were
+            # inserted for, the next layer's
             following = next((lay["onnx_node"] for lay in layers[i + 1:] if lay["onnx_node"]), None)
             layer["onnx_node"] = following or tensor_nodes.get(layer["tensor"].rsplit("_", 1)[0])
             layer["vela_inserted"] = True

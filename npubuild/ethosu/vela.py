@@ -252,7 +252,10 @@ def run(task: StageTask) -> dict:
             part_layers = parse_per_layer(res["per_layer"], part.tensor_nodes or {}, index)
             attach_bytes(part_layers, res["moved"])
             layers += part_layers
-        res["firmware"] = write_firmware(stage_dir / "firmware", stem, res["npz"], part.io, profile, opts)
+        # the firmware of a whole graph is npubuild_model.* whichever family's lowering Vela compiled: its file
+        # and symbol names are what a product's firmware includes, and must not change with a lowering form
+        fw_stem = "model" if tosa.name == f"{fam}_model.tosa" else stem
+        res["firmware"] = write_firmware(stage_dir / "firmware", fw_stem, res["npz"], part.io, profile, opts)
         results.append(res)
     metrics = combine(profile, results)
     metrics.update(placement_metrics(io, fam))

@@ -167,8 +167,11 @@ def artifacts(plan: BuildPlan, build_id: str, records: dict[str, dict] | None = 
         out["vela"] = str(p)
     if not vela_rec:
         return out
-    if (vela.dir / "vela.log").is_file():  # a partitioned graph has one <part>.vela.log per NPU partition
-        out["vela_log"] = str(vela.dir / "vela.log")
+    # one log per compiled graph: vela.log, or <family>_model.vela.log for a family's own graph; a
+    # partitioned graph has one <part>.vela.log per NPU partition and no single log to link
+    logs = [vela.dir / "vela.log"] if (vela.dir / "vela.log").is_file() else sorted(vela.dir.glob("*.vela.log"))
+    if len(logs) == 1:
+        out["vela_log"] = str(logs[0])
     if csv:
         out["per_layer_csv"] = str(csv[0])
     firmware = vela_rec.get("metrics", {}).get("firmware") or []

@@ -37,7 +37,7 @@ def test_a_profile_for_every_accelerator_vela_accepts():
 def test_vela_is_always_given_our_config(project: Path, capsys):
     build_dir = project / "build"
     assert run_cli(["build", "--build-dir", str(build_dir), "-q"], capsys, cwd=project)[0] == 0
-    logs = list((build_dir / "stages" / "vela").glob("*/vela.log"))
+    logs = list((build_dir / "stages" / "vela").glob("*/*vela.log"))  # vela.log, or <family>_model.vela.log
     assert len(logs) == 3
     for log in logs:
         text = log.read_text()

@@ -95,9 +95,9 @@ def test_corrupted_weight_byte_is_reported_with_its_op(kws_build, target):
     assert compare(model, tosa, samples, names).bitexact
     cmds = decode(model.commands, commands=COMMANDS if model.generation == "u85" else U55)
     npu = [c for c in cmds if c.kind != "DMA_START"]
-    k = 3  # a 1x1 CONV whose weights are DMA'd from flash (a standard-format stream on both)
+    # the first 1x1 CONV, whose weights are DMA'd from flash (a standard-format stream on both)
+    k = next(i for i, c in enumerate(npu) if c.kind == "CONV" and c.regs["KERNEL_WIDTH_M1"] == 0)
     op = npu[k]
-    assert op.kind == "CONV" and op.regs["KERNEL_WIDTH_M1"] == 0
     base = op.addr("WEIGHT_BASE")
     dma = [c for c in cmds if c.kind == "DMA_START" and c.index < op.index
            and c.addr("DMA0_DST") <= base < c.addr("DMA0_DST") + c.addr("DMA0_LEN")][-1]
@@ -108,7 +108,7 @@ def test_corrupted_weight_byte_is_reported_with_its_op(kws_build, target):
     verdict = compare(model, tosa, samples, names)
     assert not verdict.bitexact and verdict.mismatches[names[0]] > 0
     assert verdict.first_bad_op is not None and verdict.first_bad_op.op == k
-    assert verdict.first_bad_op.kind == "CONV" and "NPU op #3 CONV" in verdict.first_bad_op.describe()
+    assert verdict.first_bad_op.kind == "CONV" and f"NPU op #{k} CONV" in verdict.first_bad_op.describe()
 
 
 def test_simulate_command_lists_ops_and_prints_outputs(kws_build, capsys, tmp_path):
@@ -117,10 +117,11 @@ def test_simulate_command_lists_ops_and_prints_outputs(kws_build, capsys, tmp_pa
     code, out, _ = run_cli(["simulate", str(kws_build), "--build", "u55-size", "--input", str(x)], capsys)
     assert code == 0
     assert "ethos-u55-128" in out and "DEPTHWISE" in out and "NHCWB16" in out and "gemm_86_out: shape [1, 12]" in out
-    # each op is traced to its TOSA tensor and Vela's per-layer cycle estimate for it
-    first_conv = next(ln for ln in out.splitlines() if " CONV " in ln)
-    traced = re.search(r" NHCWB16 +(layer-\d+) +(\d+) ", first_conv)
-    assert traced and int(traced.group(2)) > 0, first_conv
+    # ops are traced to their TOSA tensor and Vela's per-layer cycle estimate for it (an op writing a stripe of
+    # rows of a tensor, as the U55 stem conv on its space-to-depth view does, maps to none: "-")
+    convs = [ln for ln in out.splitlines() if " CONV " in ln]
+    traced = [m for m in (re.search(r" NHCWB16 +(layer-\d+) +(\d+) ", ln) for ln in convs) if m]
+    assert len(traced) >= 4 and all(int(m.group(2)) > 0 for m in traced), out
     # a tflite build: the vela stage keeps the raw output of the same compile, which simulate runs
     code, out, _ = run_cli(["simulate", str(kws_build), "--build", "ethos-u55-64", "--input", str(x)], capsys)
     assert code == 0 and "ethos-u55-64" in out and "gemm_86_out" in out
