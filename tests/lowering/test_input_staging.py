@@ -16,9 +16,10 @@ import numpy as np
 import onnx
 import pytest
 from npusim_helpers import assert_bitexact, vela_raw
-from onnx import TensorProto, helper
+from onnx import helper
 from ophelpers import calib, check_int, io_dict, quantize_model, vela_run
 from test_depthwise_requantize import assert_same_reference, ops
+from test_ops_compute import model_of
 
 from npubuild.lowering.driver import lower_model
 from npubuild.lowering.options import FAMILY_OPTIONS
@@ -31,12 +32,7 @@ def _first_conv(channels: int, h: int, w: int, stride: int = 2) -> onnx.ModelPro
                               pads=[1, 1, 1, 1]),
              helper.make_node("Relu", ["c"], ["y"])]
     oh, ow = (h - 1) // stride + 1, (w - 1) // stride + 1
-    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, channels, h, w])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 16, oh, ow])],
-                              [onnx.numpy_helper.from_array(wt, "w")])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    model.ir_version = 8
-    return model
+    return model_of(nodes, {"x": [1, channels, h, w]}, {"y": [1, 16, oh, ow]}, {"w": wt})
 
 
 def _direct(family: str):

@@ -16,9 +16,10 @@ import numpy as np
 import onnx
 import pytest
 from npusim_helpers import assert_bitexact, vela_raw
-from onnx import TensorProto, helper
+from onnx import helper
 from ophelpers import calib, check_int, io_dict, quantize_model, vela_run
 from test_depthwise_requantize import assert_same_reference, ops
+from test_ops_compute import model_of
 
 from npubuild.lowering.driver import lower_model
 from npubuild.lowering.options import FAMILY_OPTIONS, PlaneRowsLimits
@@ -29,15 +30,14 @@ FAMILY_TARGETS = [("u55", "ethos-u55-128"), ("u65", "ethos-u65-256"), ("u85", "e
 def _se_pool(channels: int, h: int, w: int, op: str = "ReduceMean") -> onnx.ModelProto:
     """Conv -> Relu -> mean over H, W (a squeeze-excite pool): the mean gets its own, finer scale."""
     w1 = np.random.default_rng(0).standard_normal((channels, 8, 1, 1)).astype(np.float32) * 0.3
-    mean = (helper.make_node("ReduceMean", ["a"], ["y"], axes=[2, 3], keepdims=1) if op == "ReduceMean"
-            else helper.make_node("GlobalAveragePool", ["a"], ["y"]))
+    inits = {"w1": w1}
+    if op == "ReduceMean":
+        inits["axes"] = np.array([2, 3], np.int64)
+        mean = helper.make_node("ReduceMean", ["a", "axes"], ["y"], keepdims=1)
+    else:
+        mean = helper.make_node("GlobalAveragePool", ["a"], ["y"])
     nodes = [helper.make_node("Conv", ["x", "w1"], ["c"]), helper.make_node("Relu", ["c"], ["a"]), mean]
-    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8, h, w])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, channels, 1, 1])],
-                              [onnx.numpy_helper.from_array(w1, "w1")])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    model.ir_version = 8
-    return model
+    return model_of(nodes, {"x": [1, 8, h, w]}, {"y": [1, channels, 1, 1]}, inits)
 
 
 def _without_rows(family: str):

@@ -14,9 +14,10 @@ import numpy as np
 import onnx
 import pytest
 from npusim_helpers import assert_bitexact, vela_raw
-from onnx import TensorProto, helper
+from onnx import helper
 from ophelpers import calib, check_int, io_dict, quantize_model, vela_run
 from test_depthwise_requantize import assert_same_reference, ops
+from test_ops_compute import model_of
 
 from npubuild.lowering.driver import lower_model
 from npubuild.lowering.options import FAMILY_OPTIONS
@@ -28,13 +29,8 @@ def _stem(h: int, w: int, kernel: tuple[int, int], pads: list[int], channels: in
     conv = helper.make_node("Conv", ["x", "w"], ["c"], kernel_shape=list(kernel), strides=[2, 2], pads=pads)
     oh = (h + pads[0] + pads[2] - kernel[0]) // 2 + 1
     ow = (w + pads[1] + pads[3] - kernel[1]) // 2 + 1
-    graph = helper.make_graph([conv, helper.make_node("Relu", ["c"], ["y"])], "g",
-                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, channels, h, w])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 64, oh, ow])],
-                              [onnx.numpy_helper.from_array(wt, "w")])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    model.ir_version = 8
-    return model
+    return model_of([conv, helper.make_node("Relu", ["c"], ["y"])], {"x": [1, channels, h, w]},
+                    {"y": [1, 64, oh, ow]}, {"w": wt})
 
 
 def _direct(family: str):
