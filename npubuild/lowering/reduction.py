@@ -99,3 +99,20 @@ def axis_last(ctx: LoweringContext, x: TTensor, logical_axes: list[int]) -> TTen
     """
     layout = tuple(p for p in x.perm if p not in logical_axes) + tuple(logical_axes)
     return to_layout(ctx, x, layout)
+
+
+def stats_as_channels(ctx: LoweringContext, *stats: TTensor) -> tuple[TTensor, ...]:
+    """Per-row statistics ([..., 1], one value a row) viewed as one channel row [1, 1, 1, rows] (a RESHAPE, the
+    same bytes) when the family's options ask for it (LoweringOptions.row_stats_channels), else as they are.
+
+    Vela 5.2 runs an elementwise op on [16, 1] as sixteen 1x1 blocks (320 cycles each on U55-128, a layer
+    norm's rsqrt chain has ~20 of them) and on [1, 16] as one (20 cycles): bench/perf_choices.md.
+    """
+    if not ctx.options.row_stats_channels:
+        return stats
+    return tuple(reshape(ctx, t, (1, 1, 1, int(np.prod(t.shape))), (0, 1, 2, 3)) for t in stats)
+
+
+def stats_back(ctx: LoweringContext, like: TTensor, *stats: TTensor) -> tuple[TTensor, ...]:
+    """stats_as_channels undone: each per-row value back in the shape and layout of `like` (a [..., 1] tensor)."""
+    return tuple(t if t.shape == like.shape else reshape(ctx, t, like.shape, like.perm) for t in stats)

@@ -31,7 +31,7 @@ from npubuild.lowering import intmath as im
 from npubuild.lowering.context import LoweringContext, TTensor
 from npubuild.lowering.emit import Op, rescale
 from npubuild.lowering.quant import QParams
-from npubuild.lowering.reduction import emit_reduce
+from npubuild.lowering.reduction import emit_reduce, stats_as_channels, stats_back
 from npubuild.lowering.table import emit_table
 
 SEED_Q = QParams(np.float64(2.0**-7), np.int64(-128), np.dtype(np.int8))  # seed w = q + 128, 1/sqrt(m) ~ w / 128
@@ -114,8 +114,8 @@ def normalized_int16(ctx: LoweringContext, x: TTensor, count: int, eps: float, f
     s = emit_reduce(ctx, Op.REDUCE_SUM, _as_i32(ctx, x), [axis])
     m0 = rescale(ctx, s, 1.0 / count, np.int8, 0, 0, None)  # round(mean of x), within int8 as x is
     c = im.sub(ctx, _as_i32(ctx, x), _as_i32(ctx, m0))
-    t = emit_reduce(ctx, Op.REDUCE_SUM, c, [axis])
-    sq = emit_reduce(ctx, Op.REDUCE_SUM, im.mul(ctx, c, c, 0), [axis])
+    t_rows = emit_reduce(ctx, Op.REDUCE_SUM, c, [axis])
+    t, sq = stats_as_channels(ctx, t_rows, emit_reduce(ctx, Op.REDUCE_SUM, im.mul(ctx, c, c, 0), [axis]))
     sh = variance_shift(count)
     ksq = rescale(ctx, sq, count / 2.0**sh, np.int32, 0, 0, None)  # exact for sh = 0; fused into the REDUCE_SUM
     var = im.sub(ctx, ksq, im.mul(ctx, t, t, sh))
@@ -127,7 +127,8 @@ def normalized_int16(ctx: LoweringContext, x: TTensor, count: int, eps: float, f
     frac, e, a_sh = fraction_bits(count, frac)
     sp = 30 + sh // 2 - a_sh - frac - e
     a = im.mul(ctx, a0, im.const_i32(ctx, count, a0), a_sh)
-    p = im.mul(ctx, c, a, sp)
     b = im.mul(ctx, t, a0, a_sh + sp)
+    a, b = stats_back(ctx, t_rows, a, b)
+    p = im.mul(ctx, c, a, sp)
     d = im.sub(ctx, p, b)  # n 2^(frac + e)
     return rescale(ctx, d, 2.0**-e, np.int16, 0, 0, None)

@@ -33,7 +33,7 @@ from npubuild.lowering import intmath as im
 from npubuild.lowering.context import LoweringContext, TTensor
 from npubuild.lowering.emit import Op, attr, rescale
 from npubuild.lowering.quant import QParams, multiplier_shift
-from npubuild.lowering.reduction import emit_reduce
+from npubuild.lowering.reduction import emit_reduce, stats_as_channels, stats_back
 from npubuild.lowering.table import emit_table
 
 EXP_ONE = 32639  # exp(0): 256 * 127 + 127, the largest value split into two int8 bytes hi * 256 + lo
@@ -145,13 +145,14 @@ def _normalise(ctx: LoweringContext, x: TTensor, mx: TTensor, plan: Plan, out_q:
     e = _exp(ctx, x, mx, np.int32 if wide else np.int16)
     axis = len(x.shape) - 1
     total = emit_reduce(ctx, Op.REDUCE_SUM, e if wide else rescale(ctx, e, 1.0, np.int32, 0, 0, None), [axis])
-    total = rescale(ctx, total, 2.0**plan.a * out_q.s, np.int32, 0, 0, None)
+    rows = rescale(ctx, total, 2.0**plan.a * out_q.s, np.int32, 0, 0, None)
+    (total,) = stats_as_channels(ctx, rows)
     r, n = im.reciprocal(ctx, total)  # 1/total = r * 2**-(61 - n)
-    if wide:  # U85's int32 -> int16 RESCALE costs ~150 cycles, more than a short int32 MUL
-        p = im.mul(ctx, e, r, plan.t)
-    else:
-        p = im.mul(ctx, e, rescale(ctx, r, 2.0**-plan.t, np.int16, 0, 0, None), 0)
-    q = im.asr(ctx, p, im.sub(ctx, im.const_i32(ctx, plan.k, n), n))  # p * 2**-(k - n): output LSBs
+    (r,) = stats_back(ctx, rows, r)
+    if not wide:  # U85's int32 -> int16 RESCALE costs ~150 cycles, more than a short int32 MUL
+        r = rescale(ctx, r, 2.0**-plan.t, np.int16, 0, 0, None)
+    p = im.mul(ctx, e, r, plan.t if wide else 0)
+    q = im.asr(ctx, p, *stats_back(ctx, rows, im.sub(ctx, im.const_i32(ctx, plan.k, n), n)))  # p * 2**-(k - n)
     return rescale(ctx, q, 1.0, out_q.dtype, 0, out_q.zp, out_q, output_of=output_of)
 
 
