@@ -111,14 +111,26 @@ def normalized_int16(ctx: LoweringContext, x: TTensor, count: int, eps: float, f
     """
     assert x.q is not None and x.dtype == np.int8
     axis = len(x.shape) - 1
-    s = emit_reduce(ctx, Op.REDUCE_SUM, _as_i32(ctx, x), [axis])
-    m0 = rescale(ctx, s, 1.0 / count, np.int8, 0, 0, None)  # round(mean of x), within int8 as x is
-    c = im.sub(ctx, _as_i32(ctx, x), _as_i32(ctx, m0))
-    t_rows = emit_reduce(ctx, Op.REDUCE_SUM, c, [axis])
-    t, sq = stats_as_channels(ctx, t_rows, emit_reduce(ctx, Op.REDUCE_SUM, im.mul(ctx, c, c, 0), [axis]))
+    s_rows = emit_reduce(ctx, Op.REDUCE_SUM, _as_i32(ctx, x), [axis])
     sh = variance_shift(count)
-    ksq = rescale(ctx, sq, count / 2.0**sh, np.int32, 0, 0, None)  # exact for sh = 0; fused into the REDUCE_SUM
-    var = im.sub(ctx, ksq, im.mul(ctx, t, t, sh))
+    if sh == 0 and ctx.options.norm_raw_squares:
+        # K sum(x^2) - s^2 == K sum(c^2) - t^2 and t == s - K m0: the same integers from int8 squares (a cheaper
+        # MUL) and no REDUCE_SUM of c; K sum(x^2) <= K^2 2^14 fits int32 while sh == 0 (K <= 128)
+        sq_rows = emit_reduce(ctx, Op.REDUCE_SUM, im.mul(ctx, _as_i32(ctx, x), _as_i32(ctx, x), 0), [axis])
+        s, sq = stats_as_channels(ctx, s_rows, sq_rows)
+        m0_stat = rescale(ctx, s, 1.0 / count, np.int8, 0, 0, None)  # round(mean of x), within int8 as x is
+        (m0,) = stats_back(ctx, s_rows, m0_stat)
+        c = im.sub(ctx, _as_i32(ctx, x), _as_i32(ctx, m0))
+        t = im.sub(ctx, s, rescale(ctx, m0_stat, float(count), np.int32, 0, 0, None))
+        var = im.sub(ctx, rescale(ctx, sq, float(count), np.int32, 0, 0, None), im.mul(ctx, s, s, 0))
+        t_rows = s_rows
+    else:
+        m0 = rescale(ctx, s_rows, 1.0 / count, np.int8, 0, 0, None)  # round(mean of x), within int8 as x is
+        c = im.sub(ctx, _as_i32(ctx, x), _as_i32(ctx, m0))
+        t_rows = emit_reduce(ctx, Op.REDUCE_SUM, c, [axis])
+        t, sq = stats_as_channels(ctx, t_rows, emit_reduce(ctx, Op.REDUCE_SUM, im.mul(ctx, c, c, 0), [axis]))
+        ksq = rescale(ctx, sq, count / 2.0**sh, np.int32, 0, 0, None)  # exact for sh = 0; fused into the REDUCE_SUM
+        var = im.sub(ctx, ksq, im.mul(ctx, t, t, sh))
     # var = K^2 sum((v - mean)^2) / (K 2^sh) in x's LSB^2; eps in the same units. With sh > 0 the two
     # roundings can leave var at -1, so eps' >= 2 keeps the rsqrt's input positive.
     s2 = float(x.q.s) ** 2
