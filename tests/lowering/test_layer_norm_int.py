@@ -12,7 +12,7 @@ from test_ops_compute import npu_bitexact
 
 from npubuild.lowering.driver import lower_model
 from npubuild.lowering.fusion.norm_rows import A0_MAX, fraction_bits, variance_shift
-from npubuild.lowering.options import FAMILY_OPTIONS, PORTABLE
+from npubuild.lowering.options import EVERY_FAMILY, FAMILY_OPTIONS, PORTABLE
 
 
 @pytest.mark.parametrize("count", [2, 64, 768, 4096])
@@ -78,7 +78,7 @@ def test_u55_form_identical_and_faster_on_u55_and_u65():
     assert vela_run(u55.tosa, "ethos-u55-128").cycles < vela_run(portable.tosa, "ethos-u55-128").cycles
     assert vela_run(u55.tosa, "ethos-u65-256").cycles < vela_run(portable.tosa, "ethos-u65-256").cycles
     # U85 differs from the portable graph only by the every-family forms (test_row_stats_channels.py)
-    u85_form = lower_model(qdq, "int", options=replace(PORTABLE, row_stats_channels=True, norm_raw_squares=True))
+    u85_form = lower_model(qdq, "int", options=replace(PORTABLE, **EVERY_FAMILY))
     assert lower_model(qdq, "int", family="u85").tosa == u85_form.tosa
     # the int8-squares form adds three per-row RESCALEs (m0, K m0 in the channel row: ~170 cycles); without it
     centred = lower_model(qdq, "int", options=replace(FAMILY_OPTIONS["u55"], norm_raw_squares=False))

@@ -1,12 +1,14 @@
 """Per-row statistics laid along channels (LoweringOptions.row_stats_channels, reduction.stats_as_channels), and
-the layer norm's variance from int8 squares (LoweringOptions.norm_raw_squares, norm_rows.normalized_int16).
+the layer norm's variance from int8 squares (LoweringOptions.norm_raw_squares, norm_rows.normalized_int16) and
+its gamma / beta depthwise on one row of blocks (LoweringOptions.norm_affine_one_row, ops_norm).
 
 A layer norm's rsqrt chain and a softmax's reciprocal run ~20 elementwise ops on one value per row. As
 [rows, 1] Vela 5.2 runs each of them on U55 as `rows` 1x1 blocks (320 cycles for 16 rows) and holds each
 int32 per-row tensor brick-padded to 16 channels (4 KiB for 64 rows); viewed by a RESHAPE as one channel
 row [1, 1, 1, rows] the same ops take 20 cycles and 256 bytes. K sum(x^2) - s^2 is the variance's
 K sum(c^2) - t^2 (c = x - round(mean)) for the int8 x itself: an int8 MUL instead of an int32 one, and t = s - K m0
-per row instead of a REDUCE_SUM of c. Each checked against the form without it (the same integers on the TOSA
+per row instead of a REDUCE_SUM of c. The depthwise reads the rows as [1, 1, rows, K] (W) rather than
+[1, rows, 1, K] (H): the same products. Each checked against the form without it (the same integers on the TOSA
 reference model), onnxruntime's QDQ result, Vela's estimate and npu-sim.
 """
 
@@ -51,7 +53,7 @@ def _staging_peak(layers: list[dict[str, str]]) -> int:
 
 
 @pytest.mark.parametrize("case,option", [(c, "row_stats_channels") for c in sorted(CASES)]
-                         + [("layer_norm_16x64", "norm_raw_squares")])
+                         + [("layer_norm_16x64", "norm_raw_squares"), ("layer_norm_16x64", "norm_affine_one_row")])
 @pytest.mark.parametrize("family,target", FAMILY_TARGETS)
 def test_same_integers_within_one_lsb_and_no_slower(case, option, family, target):
     make, shape, spread = CASES[case]
@@ -61,7 +63,7 @@ def test_same_integers_within_one_lsb_and_no_slower(case, option, family, target
     rows = lower_model(quantize_model(model, cal), "int", options=_without(family, option))
     if option == "row_stats_channels":
         assert ops(stats).count("RESHAPE") > ops(rows).count("RESHAPE")  # the channel views are there
-    else:
+    elif option == "norm_raw_squares":
         assert ops(stats).count("REDUCE_SUM") == ops(rows).count("REDUCE_SUM") - 1
     assert_same_reference(rows, stats)
     with_view, without = vela_run(stats.tosa, target), vela_run(rows.tosa, target)
@@ -75,7 +77,7 @@ def test_layer_norm_of_16_rows_a_third_faster_on_u55():
     make, shape, spread = CASES["layer_norm_16x64"]
     qdq = quantize_model(make(shape), calib("x", shape, low=-spread, high=spread))
     both = vela_run(lower_model(qdq, "int", family="u55").tosa, "ethos-u55-128").cycles
-    rows = replace(FAMILY_OPTIONS["u55"], row_stats_channels=False, norm_raw_squares=False)
+    rows = replace(FAMILY_OPTIONS["u55"], row_stats_channels=False, norm_raw_squares=False, norm_affine_one_row=False)
     assert both < 0.65 * vela_run(lower_model(qdq, "int", options=rows).tosa, "ethos-u55-128").cycles
 
 

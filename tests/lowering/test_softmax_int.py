@@ -11,7 +11,7 @@ from test_ops_compute import errors_vs_unfused_qdq, npu_bitexact, wrapped
 
 from npubuild.lowering.driver import lower_model
 from npubuild.lowering.fusion.softmax_int import EXP_ONE, exp_bytes, reciprocal_plan
-from npubuild.lowering.options import PORTABLE
+from npubuild.lowering.options import EVERY_FAMILY, PORTABLE
 from npubuild.tosa.run import run_tosa
 
 
@@ -73,7 +73,7 @@ def test_u85_form_equals_the_portable_graph(shape, own):
     model = single_op_model("Softmax", {"x": shape}, {"y": None}, axis=-1)
     qdq = quantize_model(model, calib("x", shape, low=-5, high=5))
     portable, u85 = lower_model(qdq, "int"), lower_model(qdq, "int", family="u85")
-    stats_view = lower_model(qdq, "int", options=replace(PORTABLE, row_stats_channels=True))  # every family's
+    stats_view = lower_model(qdq, "int", options=replace(PORTABLE, **EVERY_FAMILY))
     assert (u85.tosa != stats_view.tosa) == own
     for seed in (3, 4):
         feeds = {"x": rand(shape, seed, -5, 5)}

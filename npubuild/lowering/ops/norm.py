@@ -157,7 +157,8 @@ def _int_affine_channels_last(ctx: LoweringContext, x: TTensor, count: int, eps:
     frac, _, _ = fraction_bits(count, math.floor(math.log2(32767.0 / (min(reach, math.sqrt(count)) * 1.01))))
     rows = int(np.prod(x.shape[:-1]))
     v16 = normalized_int16(ctx, x, count, eps, frac)
-    view = reshape(ctx, v16, (1, rows, 1, k), NHWC)
+    # the rows along W, not H: Vela's depthwise then reads them as one row of blocks (bench/perf_choices.md)
+    view = reshape(ctx, v16, (1, 1, rows, k) if ctx.options.norm_affine_one_row else (1, rows, 1, k), NHWC)
     w = np.sign(gamma).astype(np.int8).reshape(1, 1, k, 1) * np.int8(127)  # HWCM
     w_scale = np.where(live, np.abs(gamma) / 127.0, 1.0)
     acc_unit = w_scale * 2.0**-frac
