@@ -164,11 +164,13 @@ PORTABLE = LoweringOptions()
 # Every family: the layer norm's and softmax's per-row statistics as one channel row (transformer U55-128
 # 229072 -> 208144 cycles and SRAM 16.25 -> 9.25 KiB, U65-256 250116 -> 232232, U85-256 71417 -> 63845 and
 # 16.25 -> 8.64 KiB: Vela ran each per-row op on [16, 1] as 16 blocks, 320 U55 cycles; bench/perf_choices.md).
-# The layer norm's variance from the int8 squares (K <= 128): transformer U55-128 208144 -> 204224, U65-256
-# 232232 -> 229312, U85-256 63845 -> 62847 (an int8 MUL for an int32 one, one REDUCE_SUM of c fewer).
-# Its gamma / beta depthwise on [1, 1, rows, K]: U55-128 204224 -> 203424, U65-256 229312 -> 224001 and SRAM
-# 20.73 -> 12.50 KiB, U85-256 62847 -> 62008.
-EVERY_FAMILY = {"row_stats_channels": True, "norm_raw_squares": True, "norm_affine_one_row": True}
+# U55, U65 and U85-128..512: the layer norm's gamma / beta depthwise on [1, 1, rows, K] (with the int8 squares below:
+# U55-128 204224 -> 203424, U65-256 229312 -> 224001 and SRAM 20.73 -> 12.50 KiB, U85-256 62847 -> 62008; U85-1024
+# 45799 -> 45803, not taken there). U55 and U65: the layer norm's variance from the int8 squares (K <= 128; an int8
+# MUL for an int32 one, one REDUCE_SUM of c fewer): U55-128 207344 -> 203424, U65-256 226921 -> 224001; on U85-256
+# 61616 -> 62008 and U85-1024 44879 -> 45803 it loses (measured with the other two forms on).
+EVERY_FAMILY = {"row_stats_channels": True}
+NORM_U55_U65 = {"norm_raw_squares": True, "norm_affine_one_row": True}
 FAMILY_OPTIONS: dict[LoweringFamily, LoweringOptions] = {
     # every family: a dilation past 2 as zero kernel taps (TCN d = 4, 8: U55-128 0.1522 -> 0.0911 ms, U65-256
     # 0.0542 -> 0.0322, U85-256 0.0451 -> 0.0262; the TFLite route 0.0775 / 0.0263 / 0.0213, bench/perf_choices.md).
@@ -188,7 +190,7 @@ FAMILY_OPTIONS: dict[LoweringFamily, LoweringOptions] = {
     # faster on every shape; bilinear 2x has no RESIZE op on U55; the halves trade +0.6-1% cycles for
     # 9-17 KiB of SRAM; REDUCE_SUM beats the pool's per-element steps from a 4x4 window for 16..96
     # channels; the layer-norm forms each save 1280 cycles on the transformer.
-    "u55": LoweringOptions(**EVERY_FAMILY, concat_order=True, dw_requantize=True, concat_dw_copy=True,
+    "u55": LoweringOptions(**EVERY_FAMILY, **NORM_U55_U65, concat_order=True, dw_requantize=True, concat_dw_copy=True,
                            depthwise_limits=DepthwiseLimits(max_channels=1 << 30, min_plane=0), bilinear_2x=True,
                            bilinear_channel_split=True, plane_sum=PlaneSumLimits(16, 16, 96),
                            norm_widen_add=True, norm_index_rescale=True, dilation_taps=True,
@@ -203,7 +205,7 @@ FAMILY_OPTIONS: dict[LoweringFamily, LoweringOptions] = {
     # cycles; U55-128 / U85-256 lose: 0.0614 -> 0.0616, 0.0173 -> 0.0185).
     # No input staging (U85's): digits 0.0027 -> 0.0023 ms and the U-Nets -2%, but 1-channel stems of 8x8 to
     # 64x64 lose up to 50% in isolation (bench/perf_choices.md): it depends on Vela's schedule around the stem.
-    "u65": LoweringOptions(**EVERY_FAMILY, concat_order=True, dw_requantize=True, concat_dw_copy=True, bilinear_2x=True,
+    "u65": LoweringOptions(**EVERY_FAMILY, **NORM_U55_U65, concat_order=True, dw_requantize=True, concat_dw_copy=True, bilinear_2x=True,
                            plane_sum=PlaneSumLimits(64, 32, 1 << 30), norm_widen_add=True, norm_index_rescale=True,
                            planar_input_channels=4, planar_1d_input_channels=8, dilation_taps=True,
                            dilation_phase_min=8,
@@ -213,7 +215,7 @@ FAMILY_OPTIONS: dict[LoweringFamily, LoweringOptions] = {
     # and the int32 softmax for short rows are faster on every U85 size; a 3-channel image input with rows of
     # 128 bytes or more is staged into SRAM (every U85 size: MobileNetV1 96x96 U85-256 0.2384 -> 0.1863 ms,
     # the MobileNetV3 block 0.1263 -> 0.1063; 32x32x3 inputs gain on U85-256 only, 1-channel ones lose).
-    "u85": LoweringOptions(**EVERY_FAMILY, concat_order=True, concat_max_copy=True, conv_stride_taps=True, softmax_wide=True,
+    "u85": LoweringOptions(**EVERY_FAMILY, norm_affine_one_row=True, concat_order=True, concat_max_copy=True, conv_stride_taps=True, softmax_wide=True,
                            dilation_taps=True, dilation_phase_min=4, plane_rows=PlaneRowsLimits(4, 49, 1024, 256),
                            staged_input_min_row=128),
     # U85-1024/2048: the skip-first order makes Vela keep the Concat NHWC, which the reader conv reads slower
