@@ -101,6 +101,9 @@ def axis_last(ctx: LoweringContext, x: TTensor, logical_axes: list[int]) -> TTen
     return to_layout(ctx, x, layout)
 
 
+MAX_STATS_CHANNELS = 65536  # Vela's largest tensor dimension
+
+
 def stats_as_channels(ctx: LoweringContext, *stats: TTensor) -> tuple[TTensor, ...]:
     """Per-row statistics ([..., 1], one value a row) viewed as one channel row [1, 1, 1, rows] (a RESHAPE, the
     same bytes) when the family's options ask for it (LoweringOptions.row_stats_channels), else as they are.
@@ -108,7 +111,7 @@ def stats_as_channels(ctx: LoweringContext, *stats: TTensor) -> tuple[TTensor, .
     Vela 5.2 runs an elementwise op on [16, 1] as sixteen 1x1 blocks (320 cycles each on U55-128, a layer
     norm's rsqrt chain has ~20 of them) and on [1, 16] as one (20 cycles): bench/perf_choices.md.
     """
-    if not ctx.options.row_stats_channels:
+    if not ctx.options.row_stats_channels or any(int(np.prod(t.shape)) > MAX_STATS_CHANNELS for t in stats):
         return stats
     return tuple(reshape(ctx, t, (1, 1, 1, int(np.prod(t.shape))), (0, 1, 2, 3)) for t in stats)
 
