@@ -17,7 +17,7 @@ from npubuild.stages import STAGES
 
 # runs `npubuild compile` after wrapping what each forked child runs, to write the modules it imported
 DRIVER = """
-import json, sys
+import gc, json, sys
 import npubuild.build.execute as execute
 log, args = sys.argv[1], sys.argv[2:]
 run = execute.run_in_child
@@ -28,7 +28,8 @@ def logged(task):
         return run(task)
     finally:
         with open(log, "a") as f:
-            f.write(json.dumps({"child": task.stage, "new": sorted(set(sys.modules) - before)}) + "\\n")
+            f.write(json.dumps({"child": task.stage, "new": sorted(set(sys.modules) - before),
+                                "gc": gc.isenabled(), "frozen": gc.get_freeze_count()}) + "\\n")
 
 execute.run_in_child = logged
 from npubuild.cli import main
@@ -50,6 +51,7 @@ def imported(tmp_path_factory) -> dict[str, list[str]]:
                            "--build-dir", str(work / "build")], cwd=work, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-2000:]
     records = [json.loads(line) for line in log.read_text().splitlines()]
+    assert all(r["gc"] and r["frozen"] > 10_000 for r in records if "child" in r)  # npubuild/longlived.py
     return {r.get("child", "parent"): r.get("new", r.get("parent")) for r in records}
 
 
