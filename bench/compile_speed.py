@@ -110,10 +110,12 @@ import json; print(json.dumps(out))
 """
 
 
-def startup(tree: Path) -> dict[str, float]:
-    bare, _, _ = timed([sys.executable, "-c", "pass"], tree)
-    cli, _, _ = timed([sys.executable, "-m", "npubuild", "--help"], tree)
-    _, _, proc = timed([sys.executable, "-c", IMPORTS], tree)
+def startup(tree: Path, work: Path) -> dict[str, float]:
+    """Run in `work`, not here: `-c` and `-m` put the working directory first on sys.path, so run from a
+    source tree they imported that tree's npubuild whatever PYTHONPATH said (every tree timed this one's)."""
+    bare, _, _ = timed([sys.executable, "-c", "pass"], tree, cwd=work)
+    cli, _, _ = timed([sys.executable, "-m", "npubuild", "--help"], tree, cwd=work)
+    _, _, proc = timed([sys.executable, "-c", IMPORTS], tree, cwd=work)
     return {"python -c pass (wall)": bare, "npubuild --help (wall)": cli, **json.loads(proc.stdout)}
 
 
@@ -142,10 +144,13 @@ def main(argv: list[str]) -> int:
     runs: dict[tuple[str, str], list[dict]] = {(m, t): [] for m in models for t in trees}
     ups: dict[str, list[dict[str, float]]] = {t: [] for t in trees}
     loads = []
+    for tree in trees.values():  # bytecode, as an installed npubuild has it (PYTHONDONTWRITEBYTECODE may be set)
+        subprocess.run([sys.executable, "-m", "compileall", "-q", str(tree / "npubuild")], check=True,
+                       capture_output=True)
     with tempfile.TemporaryDirectory(prefix="npb-compile-speed-") as tmp:
         for _ in range(args.repeats):
             for t, tree in trees.items():
-                ups[t].append(startup(tree))
+                ups[t].append(startup(tree, Path(tmp)))
             for m, (path, target) in models.items():
                 for t, tree in trees.items():
                     runs[(m, t)].append(compile_once(path, target, tree, Path(tmp)))

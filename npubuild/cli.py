@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import argparse
 import difflib
+import gc
 import re
 import sys
 import traceback
 
 from npubuild.commands import register_all
 from npubuild.errors import InputError, NpubuildError
+from npubuild.longlived import long_lived
 
 EPILOG = """\
 exit codes:
@@ -89,10 +91,12 @@ def make_parser() -> Parser:
 def main(argv: list[str] | None = None) -> int:
     """Run one command. Bad input is one line and exit 2, also with --debug (which adds the traceback
     above it), before or after the subcommand; a usage error never shows one."""
+    program = argv is None  # the process's own command line: the console script, `python -m npubuild`
     argv = list(sys.argv[1:] if argv is None else argv)
     debug = False
     try:
-        args = make_parser().parse_args(argv)
+        with long_lived():  # the subcommands' modules (numpy with some): for the life of the process
+            args = make_parser().parse_args(argv)
         debug = args.debug
         return args.func(args)
     except UsageError as exc:
@@ -121,6 +125,11 @@ def main(argv: list[str] | None = None) -> int:
         first = (str(exc).strip().splitlines() or [""])[0]
         print(f"error: internal error: {type(exc).__name__}: {first} (--debug shows the traceback)", file=sys.stderr)
         return 1
+    finally:
+        if program:  # the process ends next: its final collection need not walk every object (~0.18 CPU s)
+            gc.freeze()
+        else:  # called in process (tests, tools): what long_lived froze is collectable again
+            gc.unfreeze()
 
 
 if __name__ == "__main__":

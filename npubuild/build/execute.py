@@ -31,6 +31,7 @@ from npubuild.build.uptodate import (
 )
 from npubuild.errors import InputError, NpubuildError, StageError, is_out_of_memory
 from npubuild.fileio import read_json, write_json
+from npubuild.longlived import long_lived
 
 StageFn = Callable[[StageTask], dict]
 
@@ -43,12 +44,18 @@ def stage_function(stage: str) -> StageFn:
 
 
 def prepare_stage(stage: str) -> None:
-    """Import the stage's implementation (and the tools it calls) and quiet onnxruntime: done before the
+    """Import the stage's implementation (and what its run imports: Stage.preload) and quiet onnxruntime: done before the
     isolated child's memory limit, so that a tight limit fails the stage's work, not its imports, and a
     forked child finds them loaded instead of importing them again for every task."""
     from npubuild.stages import BY_NAME
 
-    importlib.import_module(BY_NAME[stage].module)
+    with long_lived():  # imports: objects for the life of the process, not for the collector to walk
+        importlib.import_module(BY_NAME[stage].module)
+        for entry in BY_NAME[stage].preload:
+            module, _, function = entry.partition(":")
+            loaded = importlib.import_module(module)
+            if function:
+                getattr(loaded, function)()
     if "onnxruntime" in BY_NAME[stage].tools:
         quiet_onnxruntime()
 

@@ -11,6 +11,7 @@ its reports elsewhere and the side commands none (Session's `reports`).
 
 from __future__ import annotations
 
+import gc
 import sys
 import time
 import uuid
@@ -23,6 +24,7 @@ from npubuild.build.plan import BuildPlan, make_plan
 from npubuild.build.progress import LiveDisplay, StageProgress, format_seconds
 from npubuild.config.load import Build
 from npubuild.fileio import write_json
+from npubuild.longlived import long_lived
 from npubuild.report.brief import plain_message
 
 OUTCOMES = ("ran", "from-cache", "cached", "failed", "blocked")
@@ -279,14 +281,18 @@ def build(builds: list[Build], build_dir: Path, jobs: int = 1, keep_going: bool 
     `reports`, `selection`, `summary`: see Session."""
     from npubuild.build.cache import resolve_cache
 
-    plan = make_plan(builds, build_dir)
-    cache_url = resolve_cache(cache, plan.build_dir)
-    if executor == "dask":
-        from npubuild.build.dask_executor import DaskExecutor
+    try:
+        with long_lived():  # the plan and the executor's modules (with the report's, and Vela): kept for the run
+            plan = make_plan(builds, build_dir)
+            cache_url = resolve_cache(cache, plan.build_dir)
+            if executor == "dask":
+                from npubuild.build.dask_executor import DaskExecutor
 
-        ex: Executor = DaskExecutor(cache_url, debug, scheduler, jobs if jobs > 1 else 2, client, keep_going)
-    else:
-        from npubuild.build.doit_executor import DoitExecutor
+                ex: Executor = DaskExecutor(cache_url, debug, scheduler, jobs if jobs > 1 else 2, client, keep_going)
+            else:
+                from npubuild.build.doit_executor import DoitExecutor
 
-        ex = DoitExecutor(cache_url, debug, jobs, keep_going)
-    return run_build(plan, ex, wait, quiet, live, reports, selection, summary, verbose)
+                ex = DoitExecutor(cache_url, debug, jobs, keep_going)
+        return run_build(plan, ex, wait, quiet, live, reports, selection, summary, verbose)
+    finally:
+        gc.unfreeze()  # what long_lived froze for this build's forks: collectable again in a process that goes on

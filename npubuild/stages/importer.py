@@ -20,4 +20,5 @@ def plan(b: Build, chain: Chain) -> TaskSpec:
                     {"model": b.model_path}, {"onnx": "model.onnx"}, ())
 
 
-STAGE = Stage("import", "npubuild.frontend.normalise", ("onnx", "onnx-ir"), plan, run_of("npubuild.frontend.normalise"))
+STAGE = Stage("import", "npubuild.frontend.normalise", ("onnx", "onnx-ir"), plan, run_of("npubuild.frontend.normalise"),
+              preload=("onnxruntime", "npubuild.frontend.passes:load_all"))  # the host check; the passes

@@ -20,4 +20,6 @@ def plan(b: Build, chain: Chain) -> TaskSpec:
 
 
 STAGE = Stage("lower", "npubuild.ethosu.families", ("onnx", "onnx-ir", "tosa-tools"), plan,
-              run_of("npubuild.ethosu.families"))
+              run_of("npubuild.ethosu.families"),
+              preload=("numpy.random", "tosa_reference_model", "npubuild.frontend.passes:load_all",
+                       "npubuild.lowering:load_all"))  # the pipeline's passes, the op lowerings, the families' runs

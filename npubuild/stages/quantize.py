@@ -18,4 +18,5 @@ def plan(b: Build, chain: Chain) -> TaskSpec | None:
                     inputs, {"onnx": "model_qdq.onnx"}, ("import",))
 
 
-STAGE = Stage("quantize", "npubuild.frontend.quantize", ("onnx", "onnxruntime"), plan, run_of("npubuild.frontend.quantize"))
+STAGE = Stage("quantize", "npubuild.frontend.quantize", ("onnx", "onnxruntime"), plan, run_of("npubuild.frontend.quantize"),
+              preload=("numpy.random",))  # the calibration data

@@ -26,4 +26,6 @@ def plan(b: Build, chain: Chain) -> TaskSpec | None:
 
 
 STAGE = Stage("tosa-check", "npubuild.verify.tosa_check", ("onnx", "onnxruntime", "tosa-tools"), plan,
-              run_of("npubuild.verify.tosa_check"))
+              run_of("npubuild.verify.tosa_check"),
+              preload=("numpy.random", "tosa_reference_model", "npubuild.frontend.passes:load_all",
+                       "npubuild.lowering:load_all"))  # the per-node check cuts and lowers the model again

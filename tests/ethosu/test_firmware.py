@@ -128,3 +128,13 @@ def test_a_vela_stage_served_from_the_shared_cache_keeps_its_raw_output_and_firm
     npz = next(dirs[0].glob("raw/*_vela.npz")).relative_to(dirs[0])
     for rel in (str(npz), "firmware/npubuild_model.h", "firmware/npubuild_model.c", "firmware/npubuild_model.json"):
         assert (dirs[1] / rel).read_bytes() == (dirs[0] / rel).read_bytes(), rel
+
+
+@pytest.mark.parametrize("length", [0, 1, 15, 16, 17, 33, 256])
+def test_byte_arrays_are_lowercase_hex_sixteen_to_a_row(length: int):
+    from npubuild.ethosu.firmware import _bytes_c
+
+    data = bytes((7 * i + 255) % 256 for i in range(length))  # every byte value once at 256
+    rows = [", ".join(f"0x{b:02x}" for b in data[i:i + 16]) for i in range(0, length, 16)]
+    assert _bytes_c(data) == (",\n    ".join(rows) if rows else "0x00")
+    assert length < 256 or {f"0x{b:02x}" for b in range(256)} <= set(_bytes_c(data).replace(",\n    ", ", ").split(", "))
