@@ -128,3 +128,15 @@ def test_a_vela_stage_served_from_the_shared_cache_keeps_its_raw_output_and_firm
     npz = next(dirs[0].glob("raw/*_vela.npz")).relative_to(dirs[0])
     for rel in (str(npz), "firmware/npubuild_model.h", "firmware/npubuild_model.c", "firmware/npubuild_model.json"):
         assert (dirs[1] / rel).read_bytes() == (dirs[0] / rel).read_bytes(), rel
+
+
+def test_bytes_c_lists_every_byte_sixteen_a_row():
+    from npubuild.ethosu.firmware import _bytes_c
+
+    assert _bytes_c(b"") == "0x00"  # C has no empty initializer list
+    assert _bytes_c(b"\x00\x7f\xff") == "0x00, 0x7f, 0xff"
+    data = bytes(range(256)) * 3 + b"\x05"
+    rows = _bytes_c(data).split(",\n    ")
+    assert len(rows) == 49 and rows[-1] == "0x05"
+    assert rows[1] == ", ".join(f"0x{b:02x}" for b in range(16, 32))
+    assert bytes(int(x, 16) for row in rows for x in row.split(", ")) == data
