@@ -23,6 +23,7 @@ import pytest
 from npusim_helpers import assert_bitexact, vela_raw
 from ophelpers import calib, check_int, io_dict, quantize_model, rand, single_op_model, vela_run
 from test_depthwise_requantize import assert_same_reference, ops
+from test_layer_norm_int import _rows_of_every_spread
 
 from npubuild.lowering.driver import lower_model
 from npubuild.lowering.options import FAMILY_OPTIONS
@@ -114,3 +115,16 @@ def test_more_rows_than_a_tensor_dimension_keep_their_shape():
     shape = [1, 70000, 2]
     qdq = quantize_model(_softmax(shape), calib("x", shape, n=2, low=-4, high=4))
     assert lower_model(qdq, "int", family="u55").tosa == lower_model(qdq, "int", options=_without("u55")).tosa
+
+
+@pytest.mark.parametrize("family,target", [("u55", "ethos-u55-128"), ("u65", "ethos-u65-256")])
+def test_layer_norm_rows_of_every_spread_on_npusim(family, target):
+    """Near-constant rows (variance at eps) to full-range ones through the family's forms: <= 1 LSB from
+    onnxruntime's QDQ result, and npu-sim bit-exact with the TOSA reference."""
+    shape = [12, 64]
+    model = _layer_norm(shape)
+    lowered, err = check_int(model, calib("x", shape, low=-2, high=2), {"x": _rows_of_every_spread(shape)},
+                             options=FAMILY_OPTIONS[family])
+    assert err <= 1 and FAMILY_OPTIONS[family].norm_raw_squares
+    with tempfile.TemporaryDirectory() as tmp:
+        assert_bitexact(lowered.tosa, io_dict(lowered), vela_raw(lowered.tosa, Path(tmp), target))
