@@ -130,6 +130,7 @@ def table(rows: dict[tuple[str, str, str], dict], named: dict[tuple[str, str], f
     ratios: dict[str, list[float]] = {}
     whole: dict[str, list[float]] = {}
     wins: list[str] = []
+    over: list[str] = []  # the acceptance's "SRAM and off-chip no worse than the better route", where it fails
     notes: list[str] = []
     for model, target in builds:
         r = [rows.get((model, target, route), {}) for route in ROUTES]
@@ -141,6 +142,13 @@ def table(rows: dict[tuple[str, str, str], dict], named: dict[tuple[str, str], f
         best_whole = best_peer(peers, whole_graph_only=True)
         if best_whole and npb.get("inference_ms"):
             whole.setdefault(target.split("-")[1], []).append(npb["inference_ms"] / best_whole["inference_ms"])
+        if best and npb.get("inference_ms"):
+            more = [f"{what} +{npb[key] - best[key]:.2f} KiB ({npb[key]:.2f} vs {best[key]:.2f})"
+                    for what, key in (("SRAM", "sram_kib"), ("off-chip", "offchip_kib"))
+                    if npb.get(key) is not None and best.get(key) is not None and npb[key] > best[key] + 0.005]
+            if more:
+                over.append(f"- {model} / {target}, against {best['route']}{'*' if best.get('cpu_ops') else ''}: "
+                            + ", ".join(more))
         et = r[2]
         if et.get("inference_ms") is not None and npb.get("inference_ms") and et["inference_ms"] < npb["inference_ms"]:
             host = f"; ExecuTorch leaves {et['cpu_ops']} ops on the CPU, not counted" if et.get("cpu_ops") else ""
@@ -173,6 +181,8 @@ def table(rows: dict[tuple[str, str, str], dict], named: dict[tuple[str, str], f
     lines += [f"- all: {geomean([x for xs in ratios.values() for x in xs]):.3f} "
               f"({geomean([x for xs in whole.values() for x in xs]):.3f})"]
     lines += ["", "Where ExecuTorch's route is faster than npubuild:", ""] + (wins or ["- nowhere"])
+    lines += ["", f"Where npubuild uses more SRAM or off-chip memory than the best route ({len(over)} builds; "
+              "bench/perf_choices.md says what each costs and buys):", ""] + (over or ["- nowhere"])
     if notes:
         lines += ["", "Route notes:", ""] + notes
     return "\n".join(lines) + "\n"
