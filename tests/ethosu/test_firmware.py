@@ -90,7 +90,7 @@ def test_generated_c_compiles_and_matches_the_npz(tmp_path: Path, capsys):
     assert roles["fast_scratch"]["pool"] == "sram" and roles["arena"]["pool"] == "dram"
     by_pool = {p["pool"]: p for p in pools}
     assert by_pool["sram"]["roles"] == {"fast_scratch": round(fast / 1024, 3)}
-    assert set(by_pool["dram"]["roles"]) == {"constants", "arena"}
+    assert set(by_pool["dram"]["roles"]) == {"constants", "command_stream", "arena"}
 
 
 def test_vela_options_from_the_spec_reach_vela_and_the_manifest(project: Path, capsys):

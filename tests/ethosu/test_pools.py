@@ -62,6 +62,7 @@ def test_cascading_and_sram_size_give_exact_sram_figures_and_a_too_small_pool_fa
         npz = next(vela_dir.glob("raw/*_vela.npz"))
         with np.load(npz) as z:
             arena = int(z["scratch_size"])
+            weights, cmd = len(z["weight_data"].item()), len(z["cmd_data"].item())
         assert round(arena / 1024, 2) == _vela_log_sram_kib(vela_dir)
         if b["status"] == "passed":
             m = b["metrics"]
@@ -69,6 +70,11 @@ def test_cascading_and_sram_size_give_exact_sram_figures_and_a_too_small_pool_fa
             sram = next(p for p in m["pools"] if p["pool"] == "sram")
             assert sram["roles"] == {"arena": round(arena / 1024, 3)} and sram["fits"]
             assert m["memory"]["arena_bytes"] == arena
+            # the flash holds the weights and the command stream beside them (Vela's off-chip figure: weights only)
+            flash = next(p for p in m["pools"] if p["pool"] == "flash")
+            assert flash["roles"] == {"constants": round(weights / 1024, 3), "command_stream": round(cmd / 1024, 3)}
+            assert flash["used_kib"] == round((weights + cmd) / 1024, 3) and cmd > 0
+            assert m["offchip_kib"] == round(weights / 1024, 3)
         figures[key] = arena
     # what Vela does with the pool it is given: cascading trades buffering for a smaller arena when SRAM is short,
     # without cascading the arena cannot shrink and does not fit 64 KiB
@@ -97,5 +103,7 @@ def test_constants_that_do_not_fit_their_pool_fail_naming_it(project: Path, caps
     line = err.strip().splitlines()[-1]
     npz = next((build_dir / "stages" / "vela").glob("*/raw/*_vela.npz"))
     with np.load(npz) as z:
-        need = len(z["weight_data"].item()) / 1024
-    assert f"pool 'flash' (off_chip_flash) needs {need:.1f} KiB (constants {need:.1f} KiB) but has 16.0 KiB" in line
+        weights, cmd = len(z["weight_data"].item()) / 1024, len(z["cmd_data"].item()) / 1024
+    # the command stream is a const array beside the weights in the firmware: the flash holds both
+    assert (f"pool 'flash' (off_chip_flash) needs {weights + cmd:.1f} KiB (constants {weights:.1f} KiB, "
+            f"command_stream {cmd:.1f} KiB) but has 16.0 KiB") in line
