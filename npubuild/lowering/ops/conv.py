@@ -56,10 +56,6 @@ def widen_instead_of_slice(w: np.ndarray, in_hw: tuple[int, int], keep: tuple[in
     return np.pad(w, [(0, 0), (0, 0), (0, extra[0]), (0, extra[1])])
 
 
-
-
-
-
 def read_bias(ctx: LoweringContext, index: int | None, o: int) -> Bias:
     """Input `index` as a Bias of o entries (absent -> zeros; a scalar or [1, o] broadcasts)."""
     real = ctx.constant(index) if index is not None else None
@@ -90,14 +86,6 @@ def _weights(ctx: LoweringContext, index: int) -> tuple[np.ndarray, QParams | No
     if w is None:
         raise ctx.unsupported("weights must be a constant")
     return w.astype(np.float32), None
-
-
-
-
-
-
-
-
 
 
 def slice_channels(ctx: LoweringContext, x: TTensor, start: int, size: int) -> TTensor:

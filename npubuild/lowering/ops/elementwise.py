@@ -43,16 +43,6 @@ HEADROOM_BITS = 20
 quantize_also("Sub", "Div", "Min", "Max", "Sum", "Mean")
 
 
-
-
-
-
-
-
-
-
-
-
 def _out_shape(a: TTensor, b: TTensor) -> tuple[int, ...]:
     return tuple(int(max(p, q)) for p, q in zip(a.shape, b.shape, strict=True))
 

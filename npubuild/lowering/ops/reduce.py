@@ -54,10 +54,6 @@ def reduce_axes(ctx: LoweringContext, rank: int) -> list[int] | None:
     return sorted({a + rank if a < 0 else a for a in axes})
 
 
-
-
-
-
 def drop_axes(ctx: LoweringContext, x: TTensor, axes: list[int], keepdims: bool, output_of: str | None) -> TTensor:
     """After the reduction: the keepdims=0 result is a reshape that removes the unit axes (order is kept)."""
     if keepdims:
@@ -104,8 +100,6 @@ def _sum_like(ctx: LoweringContext, mean: bool) -> None:
         return
     y = int_sum(ctx, x, phys, count if mean else 1, None)
     _finish(ctx, y, axes, keepdims)
-
-
 
 
 def _spatial_mean(ctx: LoweringContext, x: TTensor, phys: list[int], keepdims: bool) -> bool:
