@@ -8,6 +8,7 @@ import json
 import os
 import tempfile
 from collections.abc import Callable, Iterator
+from itertools import repeat
 from json.encoder import INFINITY
 from json.encoder import encode_basestring_ascii as _json_str
 from pathlib import Path
@@ -62,15 +63,17 @@ def dumps_indented(obj: Any, default: Callable[[Any], Any] | None = None) -> str
             app(_json_str(o))
         elif o is None or t is bool:
             app("true" if o is True else "false" if o is False else "null")
-        elif isinstance(o, dict):
+        elif isinstance(o, (dict, list, tuple)):
+            is_dict = isinstance(o, dict)
             if not o:
-                app("{}")
+                app("{}" if is_dict else "[]")
                 return
             inner = ind + "  "
-            sep = "{" + inner
-            for k, v in o.items():
-                head = sep + (_json_str(k) if type(k) is str else _json_key(k)) + ": "
-                tv = type(v)
+            keys = [(_json_str(k) if type(k) is str else _json_key(k)) + ": " for k in o] if is_dict else repeat("")
+            sep = ("{" if is_dict else "[") + inner
+            for key, v in zip(keys, o.values() if is_dict else o, strict=False):  # repeat("") for a list
+                head = sep + key
+                tv = type(v)  # the common leaves inline: one call per container, not per value
                 if tv is str:
                     app(head + _json_str(v))
                 elif tv is int:
@@ -81,26 +84,7 @@ def dumps_indented(obj: Any, default: Callable[[Any], Any] | None = None) -> str
                     app(head)
                     enc(v, inner)
                 sep = "," + inner
-            app(ind + "}")
-        elif isinstance(o, (list, tuple)):
-            if not o:
-                app("[]")
-                return
-            inner = ind + "  "
-            sep = "[" + inner
-            for v in o:
-                tv = type(v)
-                if tv is str:
-                    app(sep + _json_str(v))
-                elif tv is int:
-                    app(sep + int.__repr__(v))
-                elif tv is float:
-                    app(sep + _json_float(v))
-                else:
-                    app(sep)
-                    enc(v, inner)
-                sep = "," + inner
-            app(ind + "]")
+            app(ind + ("}" if is_dict else "]"))
         elif isinstance(o, str):
             app(_json_str(o))
         elif isinstance(o, int):
