@@ -155,7 +155,7 @@ def _served_child(fn: Callable[..., Any], args: tuple, conn, memory_bytes: int, 
 
 
 def _result_or_failure(status_signal: int | None, exit_code: int, data: bytes, what: str, where: str | None,
-                failure: type[NpubuildError], timeout_s: float, timed_out: bool) -> Any:
+                failure: type[NpubuildError], timeout_s: float, timed_out: bool, memory_bytes: int) -> Any:
     """The child's result, or the one-line error its end becomes."""
     if timed_out:
         raise failure(f"{what} did not finish in {timeout_s:.0f} s", where)
@@ -164,7 +164,11 @@ def _result_or_failure(status_signal: int | None, exit_code: int, data: bytes, w
             name = signal.Signals(status_signal).name
         except ValueError:
             name = f"signal {status_signal}"
-        raise failure(f"{what} crashed on this model ({name}: {signal.strsignal(status_signal) or 'killed'})",
+        # native code (onnxruntime, the reference model) aborts when an allocation fails: under the limit that is
+        # as likely as a bug, and the user can tell by raising it
+        hint = (f"; a native allocation that fails under the {memory_bytes >> 20} MiB stage memory limit "
+                f"(${MEMORY_ENV}) ends so too" if status_signal == signal.SIGABRT else "")
+        raise failure(f"{what} crashed on this model ({name}: {signal.strsignal(status_signal) or 'killed'}{hint})",
                       where)
     if not data:
         raise failure(f"{what} ended without a result (exit status {exit_code})", where)
@@ -209,10 +213,12 @@ def _forked(fn: Callable[..., Any], args: tuple, memory_bytes: int, what: str, w
     finally:
         os.close(read_fd)
     if status is None:
-        return _result_or_failure(None, 0, b"", what, where, failure, timeout_s, timed_out=True)
+        return _result_or_failure(None, 0, b"", what, where, failure, timeout_s, timed_out=True,
+                                  memory_bytes=memory_bytes)
     sig = os.WTERMSIG(status) if os.WIFSIGNALED(status) else None
     code = os.WEXITSTATUS(status) if os.WIFEXITED(status) else 0
-    return _result_or_failure(sig, code, data, what, where, failure, timeout_s, timed_out=False)
+    return _result_or_failure(sig, code, data, what, where, failure, timeout_s, timed_out=False,
+                              memory_bytes=memory_bytes)
 
 
 _SERVER_LOCK = threading.Lock()
@@ -268,7 +274,8 @@ def _from_forkserver(fn: Callable[..., Any], args: tuple, memory_bytes: int, wha
         recv.close()
     code = proc.exitcode or 0
     sig = -code if code < 0 else None
-    return _result_or_failure(sig, max(code, 0), b"".join(chunks), what, where, failure, timeout_s, timed_out)
+    return _result_or_failure(sig, max(code, 0), b"".join(chunks), what, where, failure, timeout_s, timed_out,
+                              memory_bytes=memory_bytes)
 
 
 def _wait(pid: int, read_fd: int, timeout_s: float) -> tuple[bytes, int | None]:

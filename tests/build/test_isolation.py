@@ -115,3 +115,32 @@ def test_a_limit_too_small_for_the_stage_is_the_memory_line_not_the_models_fault
     assert proc.returncode == code and "Traceback" not in proc.stderr, proc.stderr  # 2: an import failure
     assert line.endswith(f"{stage}: the {stage} stage needs more than {mib} MiB of memory "
                          "($NPUBUILD_STAGE_MEMORY_MIB raises the limit)"), line
+
+
+def _no_core() -> None:  # the stand-ins crash on purpose: no core file in the test's directory
+    import resource
+
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+
+
+def _abort() -> None:  # what native code does when an allocation fails (std::bad_alloc -> std::terminate)
+    _no_core()
+    os.abort()
+
+
+def _segfault() -> None:
+    _no_core()
+    os.kill(os.getpid(), 11)
+
+
+def test_an_abort_names_the_memory_limit_and_other_crashes_do_not():
+    """A SIGABRT in a stage is as often a failed allocation under the memory limit as a bug: its line names the
+    limit and the variable that raises it; a SIGSEGV's line does not."""
+    with pytest.raises(InputError) as info:
+        run_isolated(_abort, what="the stand-in", where="m.onnx", memory_bytes=96 << 20)
+    assert str(info.value) == ("m.onnx: error: the stand-in crashed on this model (SIGABRT: Aborted; a native "
+                               "allocation that fails under the 96 MiB stage memory limit "
+                               "($NPUBUILD_STAGE_MEMORY_MIB) ends so too)")
+    with pytest.raises(InputError) as info:
+        run_isolated(_segfault, what="the stand-in", where="m.onnx", memory_bytes=96 << 20)
+    assert str(info.value) == "m.onnx: error: the stand-in crashed on this model (SIGSEGV: Segmentation fault)"
