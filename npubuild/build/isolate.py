@@ -170,8 +170,9 @@ def _result_or_failure(status_signal: int | None, exit_code: int, data: bytes, w
                 f"(${MEMORY_ENV}) ends so too" if status_signal == signal.SIGABRT else "")
         raise failure(f"{what} crashed on this model ({name}: {signal.strsignal(status_signal) or 'killed'}{hint})",
                       where)
-    if not data:
-        raise failure(f"{what} ended without a result (exit status {exit_code})", where)
+    if not data:  # the child could not even report: under a tight limit, most often its memory
+        raise failure(f"{what} ended without a result (exit status {exit_code}); under the {memory_bytes >> 20} MiB "
+                      f"stage memory limit that is most often memory (${MEMORY_ENV} raises the limit)", where)
     return pickle.loads(data)
 
 
