@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import threading
@@ -71,6 +72,10 @@ def test_a_stage_over_the_memory_limit_fails_its_build_only_with_either_executor
     assert len(records) == 1  # kws's; the failed task left no record
 
 
+# the stages after the import, any of which can be the first over a tight limit
+LATER_STAGES = ("quantize", "lower", "tosa-check", "vela")
+
+
 def _in_a_thread(model: onnx.ModelProto) -> dict:
     out: dict = {}
 
@@ -97,14 +102,16 @@ def test_off_the_main_thread_a_native_crash_is_still_one_error():
     assert {vi.name for vi in out["value"].graph.value_info} == {"c"}
 
 
-@pytest.mark.parametrize(("mib", "stage", "code"), [(1, "import", 2), (10, "tosa-check", 1), (20, "tosa-check", 1)])
-def test_a_limit_too_small_for_the_stage_is_the_memory_line_not_the_models_fault(project: Path, mib: int, stage: str,
-                                                                                code: int):
+@pytest.mark.parametrize(("mib", "stages", "code"), [(1, ("import",), 2), (10, LATER_STAGES, 1),
+                                                    (20, LATER_STAGES, 1)])
+def test_a_limit_too_small_for_the_stage_is_the_memory_line_not_the_models_fault(project: Path, mib: int,
+                                                                                stages: tuple[str, ...], code: int):
     """Under a tight limit onnxruntime's thread pool cannot start and lazily imported libraries cannot be
     mapped: that was 'internal error ... ImportError' (10 MiB), 'the model is too large or too deeply nested'
     (50 MiB) or 'node conv_3 (Conv): onnxruntime cannot run it' (100 MiB). It is the limit, said as such, and
     the stage's imports happen before the limit is set. (Since the stages' lazy imports are preloaded too,
-    Stage.preload, the import stage fits in 10 MiB and the first stage over 10 or 20 is the TOSA check.)"""
+    Stage.preload, the import stage fits in 10 MiB; which later stage is the first over 10 or 20 MiB depends on
+    the machine: the TOSA check here, the quantize stage on CI's 2-core machine.)"""
     spec = project / "configs" / "kws.yaml"
     spec.write_text(spec.read_text().replace("[ethos-u55-128, ethos-u65-256, ethos-u85-256]", "[ethos-u55-128]"))
     env = {k: v for k, v in os.environ.items() if not k.startswith("NPUBUILD_CACHE")}
@@ -115,11 +122,10 @@ def test_a_limit_too_small_for_the_stage_is_the_memory_line_not_the_models_fault
     assert proc.returncode == code and "Traceback" not in proc.stderr, proc.stderr  # 2: an import failure
     # the child says it ran out; or, where it could not even report (an exit status, no result), the parent names
     # the limit: either way the line is the limit and the variable that raises it, never the model's fault
-    assert line.endswith(f"{stage}: the {stage} stage needs more than {mib} MiB of memory "
-                         "($NPUBUILD_STAGE_MEMORY_MIB raises the limit)") or (
-        f"{stage}: the {stage} stage ended without a result" in line and
-        line.endswith(f"under the {mib} MiB stage memory limit that is most often memory "
-                      "($NPUBUILD_STAGE_MEMORY_MIB raises the limit)")), line
+    said = re.search(rf"([a-z-]+): the \1 stage (needs more than {mib} MiB of memory|ended without a result.*"
+                     rf"under the {mib} MiB stage memory limit that is most often memory) "
+                     r"\(\$NPUBUILD_STAGE_MEMORY_MIB raises the limit\)$", line)
+    assert said and said.group(1) in stages, line
 
 
 def _no_core() -> None:  # the stand-ins crash on purpose: no core file in the test's directory
