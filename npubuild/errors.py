@@ -40,9 +40,19 @@ class NpubuildError(Exception):
             location = Location(str(location))
         self.location = location
 
+    def __reduce__(self):  # pickled whole, whatever a subclass's __init__ takes (build/fanout.py's workers)
+        return (_unpickled, (type(self), self.args, self.__dict__))
+
     def __str__(self) -> str:
         prefix = f"{self.location}: " if self.location else ""
         return f"{prefix}error: {self.message}"
+
+
+def _unpickled(cls: type[NpubuildError], args: tuple, state: dict) -> NpubuildError:
+    exc = cls.__new__(cls)
+    Exception.__init__(exc, *args)
+    exc.__dict__.update(state)
+    return exc
 
 
 class InputError(NpubuildError):

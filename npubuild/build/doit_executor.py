@@ -16,6 +16,7 @@ from pathlib import Path
 from doit.exceptions import TaskFailed, UnmetDependency
 
 from npubuild.build.execute import run_stage, was_restored
+from npubuild.build.fanout import WORKERS_ENV, workers_for_jobs
 from npubuild.build.plan import BuildPlan, StageTask
 from npubuild.build.session import Session
 from npubuild.build.uptodate import is_done
@@ -178,6 +179,7 @@ class DoitExecutor:
         args = ["run"]
         if self.jobs > 1:
             args += ["-n", str(self.jobs), "-P", "process"]
+            share_cores(self.jobs)
         if self.keep_going:
             args.append("--continue")
         ns = namespace(plan, session, self.debug, self.cache_url)
@@ -221,6 +223,29 @@ def dodo_namespace(dodo_file: str) -> dict:
     selection = {"specs": [str(p) for p in specs], "default": "NPUBUILD_SPECS" not in os.environ,
                  "spec_names": sorted({b.spec.name for b in builds}), "only": []}
     session = Session(plan, selection=selection)
+    share_cores(doit_jobs(sys.argv[1:]))
     ns = namespace(plan, session, False, resolve_cache(None, plan.build_dir))
     ns["_npubuild_lock"] = lock_fd  # held until doit exits: no other build may write this build dir meanwhile
     return ns
+
+
+def share_cores(jobs: int) -> None:
+    """Tasks run `jobs` at a time share the cores: each stage's worker processes (build/fanout.py) are the
+    cores divided by the jobs, unless the user set $NPUBUILD_STAGE_WORKERS."""
+    if jobs > 1:
+        os.environ.setdefault(WORKERS_ENV, workers_for_jobs(jobs))
+
+
+def doit_jobs(argv: list[str]) -> int:
+    """The `-n N` / `--process=N` a plain `doit` command line runs tasks with (1 if none, or unreadable)."""
+    for k, arg in enumerate(argv):
+        text = None
+        if arg in ("-n", "--process") and k + 1 < len(argv):
+            text = argv[k + 1]
+        elif arg.startswith("--process="):
+            text = arg.split("=", 1)[1]
+        elif arg.startswith("-n") and len(arg) > 2:
+            text = arg[2:]
+        if text is not None:
+            return int(text) if text.isdigit() else 1
+    return 1

@@ -20,6 +20,7 @@ it in io.json (`portable`) and in the TOSA check; each family splits further by 
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -29,6 +30,7 @@ import numpy as np
 import onnx
 import onnx_ir as ir
 
+from npubuild.build.fanout import fan_out
 from npubuild.build.plan import StageTask
 from npubuild.config.accelerator import LOWERING_FAMILIES
 from npubuild.errors import StageError
@@ -45,6 +47,9 @@ from npubuild.tosa.run import OnnxSession
 from npubuild.verify.partitioned import PartitionedModel, worst_error
 
 QDQ_OPS = {"QuantizeLinear", "DequantizeLinear"}
+# the TOSA reference model's time on a graph over onnxruntime's on its QDQ model, for one sample (MobileViT-xxs:
+# 2.9 s / ~0.2 s; DS-CNN ~20x): what says whether a second worker pays (build/fanout.py)
+REFERENCE_MODEL_PER_ONNXRUNTIME = 15.0
 CHECK_SAMPLES = 4
 MAX_PARTITION_LSB = 1.0
 
@@ -106,24 +111,16 @@ class WholeGraphRun:
     outputs: dict[str, np.ndarray]
     max_error_lsb: float
 
-    @classmethod
-    def measure(cls, qdq_path: Path, out_dir: Path, io: LowerRecord) -> WholeGraphRun:
-        feeds = check_feeds(io)[0]
-        model = PartitionedModel(out_dir, [io.whole_partition([])], io.outputs)
-        outputs = model(feeds)
-        return cls(outputs, worst_error(model, feeds, OnnxSession(qdq_path)(feeds), 0.0, outputs))
 
-
-def same_as_whole(whole: WholeGraphRun, out_dir: Path, own: PartitionRecord, io: LowerRecord) -> bool:
-    """Whether the family's own whole graph gives model.tosa's outputs bit for bit on the first check sample.
+def same_as_whole(whole: WholeGraphRun, own_outputs: dict[str, np.ndarray]) -> bool:
+    """Whether the family's own whole graph gave model.tosa's outputs bit for bit on the first check sample.
 
     Why one sample is enough here: the family's options are exact rewrites (LoweringOptions.same_integers:
     the same integers for every input, each form tested so), so the only failure to catch is a form that is
     not, and any differing element of any output fails this; the tolerance check it replaces (4 samples)
     passed a family up to 1 LSB worse than model.tosa everywhere (MobileViT-xxs: model.tosa is 3-5 LSB from
     the QDQ model). It costs 2 TOSA reference-model runs instead of 4-8 (~3.4 s each for MobileViT-xxs)."""
-    got = PartitionedModel(out_dir, [own], io.outputs)(check_feeds(io)[0])
-    return all(np.array_equal(got[k], v) for k, v in whole.outputs.items())
+    return all(np.array_equal(own_outputs[k], v) for k, v in whole.outputs.items())
 
 
 def exact_forms_only(model: onnx.ModelProto, fam: str, fam_lowered: LoweredGraph) -> bool:
@@ -195,10 +192,24 @@ class CheckCache:
     baseline_error: dict[str, float] = field(default_factory=dict)  # "whole" / "portable" -> its own error
     whole: WholeGraphRun | None = None
 
-    def whole_run(self, qdq_path: Path, out_dir: Path, io: LowerRecord) -> WholeGraphRun:
-        if self.whole is None:
-            self.whole = WholeGraphRun.measure(qdq_path, out_dir, io)
-        return self.whole
+    def with_own_run(self, qdq_path: Path, out_dir: Path, io: LowerRecord,
+                     own: PartitionRecord) -> tuple[WholeGraphRun, dict[str, np.ndarray]]:
+        """model.tosa's run (measured once) and the family's own whole graph's outputs on the first check
+        sample: what same_as_whole compares. The first time both graphs are run at once on two workers
+        (build/fanout.py) when onnxruntime's time on the sample says the reference model's is worth it."""
+        feeds = check_feeds(io)[0]
+        own_model = PartitionedModel(out_dir, [own], io.outputs)
+        if self.whole is not None:
+            return self.whole, own_model(feeds)
+        reference = OnnxSession(qdq_path)
+        start = time.perf_counter()
+        ref = reference(feeds)
+        expected_s = 2 * REFERENCE_MODEL_PER_ONNXRUNTIME * (time.perf_counter() - start)
+        whole_model = PartitionedModel(out_dir, [io.whole_partition([])], io.outputs)
+        models = (whole_model, own_model)  # model.tosa first: its error, if any, is raised as it was before
+        whole_outputs, own_outputs = fan_out(lambda i: models[i](feeds), 2, expected_s)
+        self.whole = WholeGraphRun(whole_outputs, worst_error(whole_model, feeds, ref, 0.0, whole_outputs))
+        return self.whole, own_outputs
 
 
 def family_split(model: onnx.ModelProto, partial: PartialLowering, io: LowerRecord, fam: str, out_dir: Path,
@@ -223,8 +234,8 @@ def family_split(model: onnx.ModelProto, partial: PartialLowering, io: LowerReco
         if own and rec.whole_graph and exact_forms_only(model, fam, fam_lowered):
             if not qdq_path.exists():
                 onnx.save(model, qdq_path)
-            whole = cache.whole_run(qdq_path, out_dir, io)
-            if same_as_whole(whole, out_dir, rec.partitions[0], io):
+            whole, own_outputs = cache.with_own_run(qdq_path, out_dir, io, rec.partitions[0])
+            if same_as_whole(whole, own_outputs):
                 return replace(rec, max_error_lsb=whole.max_error_lsb, same_as_model_tosa=True)
         # a family's own lowering rounds differently: hold it to the portable graph's own error
         baseline = [io.whole_partition([])] if own else None

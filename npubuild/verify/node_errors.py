@@ -22,6 +22,7 @@ import numpy as np
 import onnx
 from onnx.utils import Extractor
 
+from npubuild.build.fanout import fan_out
 from npubuild.errors import NpubuildError
 from npubuild.frontend.graph_index import GraphIndex
 from npubuild.lowering.driver import lower_model
@@ -86,8 +87,10 @@ def _cut_inputs(index: GraphIndex, node: onnx.NodeProto, inits: set[str], depth:
 
 
 def node_errors(lower_input: onnx.ModelProto, passes: list[str], samples: dict[str, np.ndarray],
-                options: LoweringOptions | None = None) -> NodeErrors:
-    """Every quantised compute node's own error (INT profile) over the samples (arrays stacked on axis 0)."""
+                options: LoweringOptions | None = None, expected_s: float = 0.0) -> NodeErrors:
+    """Every quantised compute node's own error (INT profile) over the samples (arrays stacked on axis 0).
+    The cuts are lowered and run in worker processes (build/fanout.py) when `expected_s`, the caller's
+    estimate of their reference-model time, is worth it (about 1.2 whole-graph runs per sample)."""
     model = onnx.shape_inference.infer_shapes(prepare(lower_input, passes))
     index = GraphIndex(model)
     inits = {i.name for i in model.graph.initializer}
@@ -106,27 +109,28 @@ def node_errors(lower_input: onnx.ModelProto, passes: list[str], samples: dict[s
         feeds = {k: v[i] for k, v in samples.items()}
         runs.append({**feeds, **full(feeds)})
     extractor = Extractor(model)
-    out: list[NodeError] = []
-    unchecked: list[str] = []
-    for node, op_type, tensor, sources in cuts:
+
+    def check(index: int) -> NodeError | None:  # None: the cut does not lower or run on its own
+        node, op_type, tensor, sources = cuts[index]
         try:
             sub = extractor.extract_model(sources, [tensor])
             lowered = lower_model(sub, "int", options=options)
         except (NpubuildError, onnx.checker.ValidationError, KeyError, ValueError):
-            unchecked.append(node)
-            continue
+            return None
         spec = next((o for o in lowered.outputs if o.onnx_name == tensor), None)
         names = [i.name for i in sub.graph.input]
         if spec is None or not spec.quantized or any(name not in runs[0] for name in names):
-            unchecked.append(node)
-            continue
+            return None
         try:  # the TOSA reference model may refuse a cut it would run inside the whole graph: not measured
             got = [run_tosa(lowered.tosa, lowered, {k: np.asarray(r[k]) for k in names})[tensor] for r in runs]
         except NpubuildError:
-            unchecked.append(node)
-            continue
+            return None
         e = np.concatenate([(np.asarray(g, np.float64) - spec.quantize_reference(np.asarray(r[tensor], np.float64))).ravel()
                             for g, r in zip(got, runs, strict=True)])
-        out.append(NodeError(node, op_type, tensor, float(np.abs(e).max()), float(np.abs(e).mean()),
-                             float(np.mean(e != 0)), float(e.mean())))
+        return NodeError(node, op_type, tensor, float(np.abs(e).max()), float(np.abs(e).mean()),
+                         float(np.mean(e != 0)), float(e.mean()))
+
+    checked = fan_out(check, len(cuts), expected_s)
+    out = [e for e in checked if e is not None]
+    unchecked = [cut[0] for cut, e in zip(cuts, checked, strict=True) if e is None]
     return NodeErrors(out, unchecked)

@@ -96,9 +96,17 @@ def worst_error(model: PartitionedModel, feeds: dict[str, np.ndarray], ref: dict
     return worst
 
 
+def bitexact_families(lower_dir: Path, io: LowerRecord) -> dict[str, PartitionedModel]:
+    """The families the lower stage found bit-identical to model.tosa with a graph of their own: the TOSA check
+    runs each on its first sample only (partitioned_numerics), a pure TOSA run it can make beside model.tosa's."""
+    return {fam: PartitionedModel(lower_dir, rec.partitions, io.outputs) for fam, rec in io.families.items()
+            if rec.same_as_model_tosa and not rec.runs_model_tosa}
+
+
 def partitioned_numerics(lower_dir: Path, io: LowerRecord, samples: dict[str, np.ndarray],
                          reference: Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]],
-                         whole: WholeGraphCheck | None = None) -> dict[str, PartitionedCheck]:
+                         whole: WholeGraphCheck | None = None,
+                         first_runs: dict[str, dict[str, np.ndarray]] | None = None) -> dict[str, PartitionedCheck]:
     """For every family that does not run model.tosa as is (split, or its own lowering): vs the QDQ model.
 
     `reference(feeds)` runs the QDQ model on onnxruntime. Returns family -> max error (output LSB) and samples.
@@ -106,7 +114,8 @@ def partitioned_numerics(lower_dir: Path, io: LowerRecord, samples: dict[str, np
     rewrites only) is run on the first sample and compared with `whole` (model.tosa's check) bit for bit:
     identical, its error over the samples is model.tosa's, measured by the same samples (3 fewer TOSA
     reference-model runs of 4; why one suffices: ethosu/families.same_as_whole); otherwise it is measured
-    on every sample as a split family is.
+    on every sample as a split family is. `first_runs`: such families' outputs on the first sample, when the
+    caller has run them already.
     """
     out = {}
     n = next(iter(samples.values())).shape[0] if samples else 0
@@ -115,7 +124,7 @@ def partitioned_numerics(lower_dir: Path, io: LowerRecord, samples: dict[str, np
             continue  # the family runs model.tosa itself, which the check above measured
         model = PartitionedModel(lower_dir, rec.partitions, io.outputs)
         if whole is not None and rec.same_as_model_tosa and n:
-            got = model({k: v[0] for k, v in samples.items()})
+            got = (first_runs or {}).get(fam) or model({k: v[0] for k, v in samples.items()})
             if all(np.array_equal(got[k], v) for k, v in whole.first_outputs.items()):
                 out[fam] = PartitionedCheck(whole.max_error_lsb, n, rec.npu_partitions, rec.host_partitions,
                                             bitexact_samples=1)

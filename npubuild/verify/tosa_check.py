@@ -15,12 +15,14 @@ are kept (reference.npz) so that later stages (the FVP) compare against them.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import numpy as np
 import onnx
 
+from npubuild.build.fanout import fan_out
 from npubuild.build.plan import StageTask
 from npubuild.errors import InputError, StageError
 from npubuild.fileio import atomic_path, write_json
@@ -33,6 +35,7 @@ from npubuild.verify.numerics import accuracy, compare_output
 from npubuild.verify.partitioned import (
     PartitionedModel,
     WholeGraphCheck,
+    bitexact_families,
     max_error,
     partitioned_numerics,
     shape_mismatch,
@@ -80,9 +83,14 @@ def run(task: StageTask) -> dict:
     lsb: dict[str, list] = {k: [] for k in names}
     first_raw: dict[str, np.ndarray] = {}
     partitioned_error = 0.0  # model.tosa's error as the partitioned check measures it (WholeGraphCheck)
-    for i in range(n):
-        feeds = {k: v[i] for k, v in samples.items()}
-        r, f, t = reference(feeds), flt_runner(feeds), runner(feeds)
+    feeds_of = [{k: v[i] for k, v in samples.items()} for i in range(n)]
+    # the families bit-identical to model.tosa run on the first sample beside model.tosa's own runs
+    first_of = bitexact_families(lower_dir, io) if is_int and io.whole_graph and n else {}
+    extra = [lambda model=model: model(feeds_of[0]) for model in first_of.values()]
+    tosa_runs, extra_runs, run_s = graph_runs(runner, feeds_of, io.whole_graph, extra)
+    first_runs = dict(zip(first_of, extra_runs, strict=True))
+    for i, feeds in enumerate(feeds_of):
+        r, f, t = reference(feeds), flt_runner(feeds), tosa_runs[i]
         bad = shape_mismatch(io.outputs, t, r, what)
         if bad:
             raise StageError(bad)
@@ -119,7 +127,8 @@ def run(task: StageTask) -> dict:
         "io": io_summary(io),
     }
     if is_int and io.whole_graph:
-        nodes = node_errors(onnx.load(str(task.inputs["reference"])), task.config.get("passes", []), samples)
+        nodes = node_errors(onnx.load(str(task.inputs["reference"])), task.config.get("passes", []), samples,
+                            expected_s=NODE_CHECK_RUNS * run_s * n)
         worst = nodes.worst
         summary["tosa_node_max_error_lsb"] = worst.max_error_lsb if worst else None
         summary["tosa_worst_node"] = worst.to_json() if worst else None
@@ -128,7 +137,7 @@ def run(task: StageTask) -> dict:
         summary["checked"] = "partitioned"  # no single TOSA graph: the portable split was run
     if is_int:  # split builds (a family that cannot run some node): the partitioned model, same samples
         whole = WholeGraphCheck(first_raw, partitioned_error) if io.whole_graph else None
-        checks = partitioned_numerics(lower_dir, io, samples, reference, whole)
+        checks = partitioned_numerics(lower_dir, io, samples, reference, whole, first_runs)
         summary["partitioned"] = {fam: c.to_json() for fam, c in checks.items()}
     if task.inputs.get("eval_inputs") is not None:
         summary.update(evaluate(task, io, runner, float_model, flt_runner))
@@ -138,6 +147,29 @@ def run(task: StageTask) -> dict:
             np.savez(fh, **{f"input_{k}": v[0] for k, v in samples.items()},
                      **{f"output_{k}": v for k, v in first_raw.items()})
     return summary
+
+
+NODE_CHECK_RUNS = 1.2  # the per-node check's reference-model time, in whole-graph runs per sample (measured)
+
+
+def graph_runs(runner: GraphRunner, feeds_of: list[dict[str, np.ndarray]], tosa_only: bool,
+               extra: Sequence[Callable[[], dict[str, np.ndarray]]] = ()
+               ) -> tuple[list[dict[str, np.ndarray]], list[dict[str, np.ndarray]], float]:
+    """The graph's outputs on every sample, the `extra` runs' (other pure TOSA graphs), and the first run's
+    seconds. The first runs here (the reference model's verdict on the graph comes from it, as before); the
+    rest, when model.tosa alone is run and its first run says they are worth it, in worker processes
+    (build/fanout.py). A portable split runs host partitions on onnxruntime, whose threads a fork does not
+    carry: always here."""
+    if not feeds_of:
+        return [], [run() for run in extra], 0.0
+    start = time.perf_counter()
+    first = runner(feeds_of[0])
+    run_s = time.perf_counter() - start
+    jobs = [*([lambda feeds=feeds: runner(feeds) for feeds in feeds_of[1:]] if tosa_only else []), *extra]
+    done = fan_out(lambda i: jobs[i](), len(jobs), run_s * len(jobs))
+    if not tosa_only:
+        done = [*(runner(feeds) for feeds in feeds_of[1:]), *done]
+    return [first, *done[:len(feeds_of) - 1]], done[len(feeds_of) - 1:], run_s
 
 
 def output_lsb_error(spec: IOSpec, ref: np.ndarray, got: np.ndarray) -> np.ndarray:
@@ -170,11 +202,9 @@ def evaluate(task: StageTask, io: LowerRecord, runner: GraphRunner, float_model:
     if out not in names:
         raise InputError(f"evaluation output '{out}' is not a graph output (outputs: {', '.join(names)})")
     spec = io.outputs[names.index(out)]
-    f_scores, t_scores = [], []
-    for i in range(n):
-        feeds = {k: v[i] for k, v in inputs.items()}
-        f_scores.append(flt_runner(feeds)[out].reshape(-1))
-        t_scores.append(spec.dequantize(runner(feeds)[out]).reshape(-1))
+    feeds_of = [{k: v[i] for k, v in inputs.items()} for i in range(n)]
+    f_scores = [flt_runner(feeds)[out].reshape(-1) for feeds in feeds_of]
+    t_scores = [spec.dequantize(t[out]).reshape(-1) for t in graph_runs(runner, feeds_of, io.whole_graph)[0]]
     fa = accuracy(np.stack(f_scores), labels[:n])
     ta = accuracy(np.stack(t_scores), labels[:n])
     return {"eval_samples": n, "float_accuracy": fa, "accuracy": ta, "accuracy_drop": fa - ta}

@@ -1,0 +1,103 @@
+"""build/fanout: a stage's independent reference-model runs on forked workers, with the results, the errors and
+the crashes exactly as the runs in process give them."""
+
+from __future__ import annotations
+
+import os
+import signal
+
+import numpy as np
+import pytest
+from ophelpers import calib, quantize_model
+
+from npubuild.build import fanout
+from npubuild.build.doit_executor import doit_jobs, share_cores
+from npubuild.build.fanout import WORKERS_ENV, fan_out, stage_workers
+from npubuild.errors import Location, StageError
+from npubuild.models.builder import GraphBuilder
+from npubuild.verify.node_errors import node_errors
+
+PASSES = ["eliminate_identity", "remove_unused", "topological_sort"]
+
+
+def test_the_runs_are_made_by_workers_and_come_back_in_order():
+    parent = os.getpid()
+    got = fan_out(lambda i: (i * i, os.getpid()), 12, workers=2)
+    assert [v for v, _ in got] == [i * i for i in range(12)]
+    assert parent not in {pid for _, pid in got}  # every run was a worker's
+
+
+def test_work_too_small_or_one_worker_stays_in_process():
+    parent = os.getpid()
+    assert {pid for pid in fan_out(lambda i: os.getpid(), 4, expected_s=0.1, workers=2)} == {parent}
+    assert {pid for pid in fan_out(lambda i: os.getpid(), 4, workers=1)} == {parent}
+    assert fan_out(lambda i: i, 0, workers=2) == []
+
+
+def test_a_stage_error_in_a_worker_is_raised_as_itself():
+    def run(i: int) -> int:
+        if i == 3:
+            raise StageError("TOSA reference model rejected the graph: ERROR", Location("m.tosa", 3))
+        return i
+
+    with pytest.raises(StageError) as caught:
+        fan_out(run, 6, workers=2)
+    assert str(caught.value) == "m.tosa:3: error: TOSA reference model rejected the graph: ERROR"
+    assert type(caught.value) is StageError and caught.value.exit_code == 1
+
+
+def test_a_worker_that_dies_makes_every_run_again_in_process():
+    """A native crash (here a real SIGKILL of the worker) must not hang the stage nor lose a run: the map is
+    made again in the stage's own process, where a crash is the one line build/isolate.py reports."""
+    parent = os.getpid()
+
+    def run(i: int) -> tuple[int, int]:
+        if os.getpid() != parent and i == 2:
+            os.kill(os.getpid(), signal.SIGKILL)
+        return i + 1, os.getpid()
+
+    got = fan_out(run, 5, workers=2)
+    assert got == [(i + 1, parent) for i in range(5)]
+
+
+def test_a_worker_does_not_start_workers_of_its_own():
+    inner = fan_out(lambda i: fan_out(lambda j: os.getpid(), 3, workers=2), 2, workers=2)
+    for pids in inner:
+        assert len(set(pids)) == 1  # each outer run's inner map ran in that worker alone
+
+
+def test_how_many_workers(monkeypatch):
+    monkeypatch.setenv(WORKERS_ENV, "3")
+    assert stage_workers() == 3
+    monkeypatch.setenv(WORKERS_ENV, "zero")
+    assert stage_workers() == fanout.available_cores() >= 1
+    monkeypatch.delenv(WORKERS_ENV)
+    share_cores(1)
+    assert WORKERS_ENV not in os.environ
+    share_cores(10 * fanout.available_cores())
+    assert os.environ[WORKERS_ENV] == "1"  # more jobs than cores: each stage works alone
+    monkeypatch.setenv(WORKERS_ENV, "5")
+    share_cores(2)
+    assert os.environ[WORKERS_ENV] == "5"  # the user's choice stands
+    assert [doit_jobs(a) for a in (["-n", "4"], ["-n4"], ["--process=3"], ["run"], ["-n", "x"])] == [4, 4, 3, 1, 1]
+
+
+def _model():
+    g = GraphBuilder("chain", seed=4)
+    y = g.relu(g.conv(g.input("x", [1, 4, 12, 12]), 4, 8, (3, 3)))
+    y = g.node("Sigmoid", [g.conv(y, 8, 8, (3, 3), group=8)])
+    g.output(g.conv(y, 8, 4, (1, 1)), [1, 4, 12, 12])
+    return g.model()
+
+
+def test_the_per_node_check_is_the_same_on_workers(monkeypatch):
+    qdq = quantize_model(_model(), calib("x", [1, 4, 12, 12], n=16))
+    samples = calib("x", [1, 4, 12, 12], n=3, seed=7)
+    monkeypatch.setenv(WORKERS_ENV, "1")
+    alone = node_errors(qdq, PASSES, samples, expected_s=float("inf"))
+    monkeypatch.setenv(WORKERS_ENV, "2")
+    assert fanout.can_fan_out()  # the map below is made by two workers
+    spread = node_errors(qdq, PASSES, samples, expected_s=float("inf"))
+    assert len(alone.nodes) == 4 and alone.unchecked == []
+    assert spread.to_json() == alone.to_json()
+    assert np.isfinite(alone.worst.max_error_lsb)
