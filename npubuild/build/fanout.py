@@ -79,12 +79,13 @@ def fan_out(fn: Callable[[int], T], count: int, expected_s: float = float("inf")
         return [fn(i) for i in range(count)]
     _task = fn
     try:
+        pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("fork"), initializer=_mark_worker)
         try:
-            with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("fork"),
-                                     initializer=_mark_worker) as pool:
-                return list(pool.map(_run_index, range(count)))
+            return list(pool.map(_run_index, range(count)))
         except BrokenProcessPool:  # a worker died: again in process, where the crash is the stage's own
             pass
+        finally:  # on an error (or Ctrl-C) the runs not yet started are not made
+            pool.shutdown(wait=True, cancel_futures=True)
     finally:
         _task = None
     return [fn(i) for i in range(count)]

@@ -43,13 +43,10 @@ from npubuild.lowering.options import LoweringOptions
 from npubuild.stages.records import FamilyRecord, LowerRecord, NodeRecord, PartitionRecord
 from npubuild.tosa.graph import ops_by_node, read_tosa, tensor_nodes
 from npubuild.tosa.iospec import IOSpec
-from npubuild.tosa.run import OnnxSession
+from npubuild.tosa.run import REFERENCE_MODEL_PER_ONNXRUNTIME, OnnxSession
 from npubuild.verify.partitioned import PartitionedModel, worst_error
 
 QDQ_OPS = {"QuantizeLinear", "DequantizeLinear"}
-# the TOSA reference model's time on a graph over onnxruntime's on its QDQ model, for one sample (MobileViT-xxs:
-# 2.9 s / ~0.2 s; DS-CNN ~20x): what says whether a second worker pays (build/fanout.py)
-REFERENCE_MODEL_PER_ONNXRUNTIME = 15.0
 CHECK_SAMPLES = 4
 MAX_PARTITION_LSB = 1.0
 

@@ -29,6 +29,12 @@ def _quiet_stdio():
             os.close(fd)
 
 
+# The reference model's time on a TOSA graph over onnxruntime's on its QDQ model, one sample, at the low end of
+# what the examples measure (20-45x; DS-CNN 23x, MobileViT-xxs 83x): an estimate that says whether a stage's
+# runs are worth worker processes (build/fanout.py), on the side of too few
+REFERENCE_MODEL_PER_ONNXRUNTIME = 20.0
+
+
 def run_tosa(tosa: bytes, io: GraphIO, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     """Feed ONNX-layout float inputs (quantized here for int8 graphs); returns ONNX-layout outputs.
 

@@ -86,11 +86,47 @@ def _cut_inputs(index: GraphIndex, node: onnx.NodeProto, inits: set[str], depth:
     return cut
 
 
-def node_errors(lower_input: onnx.ModelProto, passes: list[str], samples: dict[str, np.ndarray],
-                options: LoweringOptions | None = None, expected_s: float = 0.0) -> NodeErrors:
-    """Every quantised compute node's own error (INT profile) over the samples (arrays stacked on axis 0).
-    The cuts are lowered and run in worker processes (build/fanout.py) when `expected_s`, the caller's
-    estimate of their reference-model time, is worth it (about 1.2 whole-graph runs per sample)."""
+@dataclass
+class NodeCheck:
+    """The per-node check made ready: its cuts and the QDQ model's own values that feed them (onnxruntime's, run
+    here). `check(k)` lowers and runs cut k, pure TOSA work a worker process can do (build/fanout.py);
+    `collect` makes the record of all of them, in cut order."""
+
+    cuts: list[tuple[str, str, str, list[str]]]  # node, op type, the tensor compared, the cut's inputs
+    runs: list[dict[str, np.ndarray]]  # per sample: the graph inputs and every watched tensor
+    extractor: Extractor
+    options: LoweringOptions | None
+
+    def check(self, index: int) -> NodeError | None:
+        """Cut `index`'s error over the samples; None where the cut does not lower or run on its own."""
+        node, op_type, tensor, sources = self.cuts[index]
+        try:
+            sub = self.extractor.extract_model(sources, [tensor])
+            lowered = lower_model(sub, "int", options=self.options)
+        except (NpubuildError, onnx.checker.ValidationError, KeyError, ValueError):
+            return None
+        spec = next((o for o in lowered.outputs if o.onnx_name == tensor), None)
+        names = [i.name for i in sub.graph.input]
+        if spec is None or not spec.quantized or any(name not in self.runs[0] for name in names):
+            return None
+        try:  # the TOSA reference model may refuse a cut it would run inside the whole graph: not measured
+            got = [run_tosa(lowered.tosa, lowered, {k: np.asarray(r[k]) for k in names})[tensor] for r in self.runs]
+        except NpubuildError:
+            return None
+        e = np.concatenate([(np.asarray(g, np.float64) - spec.quantize_reference(np.asarray(r[tensor], np.float64))).ravel()
+                            for g, r in zip(got, self.runs, strict=True)])
+        return NodeError(node, op_type, tensor, float(np.abs(e).max()), float(np.abs(e).mean()),
+                         float(np.mean(e != 0)), float(e.mean()))
+
+    def collect(self, checked: list[NodeError | None]) -> NodeErrors:
+        return NodeErrors([e for e in checked if e is not None],
+                          [cut[0] for cut, e in zip(self.cuts, checked, strict=True) if e is None])
+
+
+def prepare_node_check(lower_input: onnx.ModelProto, passes: list[str], samples: dict[str, np.ndarray],
+                       options: LoweringOptions | None = None) -> NodeCheck:
+    """Every quantised compute node's cut (INT profile), and the QDQ model run once per sample (arrays stacked
+    on axis 0) for the values that feed the cuts."""
     model = onnx.shape_inference.infer_shapes(prepare(lower_input, passes))
     index = GraphIndex(model)
     inits = {i.name for i in model.graph.initializer}
@@ -108,29 +144,13 @@ def node_errors(lower_input: onnx.ModelProto, passes: list[str], samples: dict[s
     for i in range(n):
         feeds = {k: v[i] for k, v in samples.items()}
         runs.append({**feeds, **full(feeds)})
-    extractor = Extractor(model)
+    return NodeCheck(cuts, runs, Extractor(model), options)
 
-    def check(index: int) -> NodeError | None:  # None: the cut does not lower or run on its own
-        node, op_type, tensor, sources = cuts[index]
-        try:
-            sub = extractor.extract_model(sources, [tensor])
-            lowered = lower_model(sub, "int", options=options)
-        except (NpubuildError, onnx.checker.ValidationError, KeyError, ValueError):
-            return None
-        spec = next((o for o in lowered.outputs if o.onnx_name == tensor), None)
-        names = [i.name for i in sub.graph.input]
-        if spec is None or not spec.quantized or any(name not in runs[0] for name in names):
-            return None
-        try:  # the TOSA reference model may refuse a cut it would run inside the whole graph: not measured
-            got = [run_tosa(lowered.tosa, lowered, {k: np.asarray(r[k]) for k in names})[tensor] for r in runs]
-        except NpubuildError:
-            return None
-        e = np.concatenate([(np.asarray(g, np.float64) - spec.quantize_reference(np.asarray(r[tensor], np.float64))).ravel()
-                            for g, r in zip(got, runs, strict=True)])
-        return NodeError(node, op_type, tensor, float(np.abs(e).max()), float(np.abs(e).mean()),
-                         float(np.mean(e != 0)), float(e.mean()))
 
-    checked = fan_out(check, len(cuts), expected_s)
-    out = [e for e in checked if e is not None]
-    unchecked = [cut[0] for cut, e in zip(cuts, checked, strict=True) if e is None]
-    return NodeErrors(out, unchecked)
+def node_errors(lower_input: onnx.ModelProto, passes: list[str], samples: dict[str, np.ndarray],
+                options: LoweringOptions | None = None, expected_s: float = 0.0) -> NodeErrors:
+    """Every quantised compute node's own error (INT profile) over the samples (arrays stacked on axis 0).
+    The cuts are lowered and run in worker processes (build/fanout.py) when `expected_s`, the caller's
+    estimate of their reference-model time, is worth it."""
+    check = prepare_node_check(lower_input, passes, samples, options)
+    return check.collect(fan_out(check.check, len(check.cuts), expected_s))

@@ -16,7 +16,9 @@ are kept (reference.npz) so that later stages (the FVP) compare against them.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -29,8 +31,8 @@ from npubuild.fileio import atomic_path, write_json
 from npubuild.frontend.data import load_arrays, sample_arrays
 from npubuild.stages.records import LowerRecord
 from npubuild.tosa.iospec import IOSpec
-from npubuild.tosa.run import OnnxSession, run_tosa
-from npubuild.verify.node_errors import node_errors
+from npubuild.tosa.run import REFERENCE_MODEL_PER_ONNXRUNTIME, OnnxSession, run_tosa
+from npubuild.verify.node_errors import NodeCheck, NodeErrors, prepare_node_check
 from npubuild.verify.numerics import accuracy, compare_output
 from npubuild.verify.partitioned import (
     PartitionedModel,
@@ -84,13 +86,17 @@ def run(task: StageTask) -> dict:
     first_raw: dict[str, np.ndarray] = {}
     partitioned_error = 0.0  # model.tosa's error as the partitioned check measures it (WholeGraphCheck)
     feeds_of = [{k: v[i] for k, v in samples.items()} for i in range(n)]
-    # the families bit-identical to model.tosa run on the first sample beside model.tosa's own runs
-    first_of = bitexact_families(lower_dir, io) if is_int and io.whole_graph and n else {}
-    extra = [lambda model=model: model(feeds_of[0]) for model in first_of.values()]
-    tosa_runs, extra_runs, run_s = graph_runs(runner, feeds_of, io.whole_graph, extra)
-    first_runs = dict(zip(first_of, extra_runs, strict=True))
+    start = time.perf_counter()
+    refs = [reference(feeds) for feeds in feeds_of]
+    onnxruntime_s = (time.perf_counter() - start) / max(n, 1)
+    node_check = None
+    if is_int and io.whole_graph:
+        node_check = prepare_node_check(onnx.load(str(task.inputs["reference"])), task.config.get("passes", []),
+                                        samples)
+    families = bitexact_families(lower_dir, io) if is_int and io.whole_graph and n else {}
+    runs = reference_model_runs(runner, feeds_of, io.whole_graph, families, node_check, onnxruntime_s)
     for i, feeds in enumerate(feeds_of):
-        r, f, t = reference(feeds), flt_runner(feeds), tosa_runs[i]
+        r, f, t = refs[i], flt_runner(feeds), runs.samples[i]
         bad = shape_mismatch(io.outputs, t, r, what)
         if bad:
             raise StageError(bad)
@@ -126,9 +132,8 @@ def run(task: StageTask) -> dict:
         "outputs": per_output,
         "io": io_summary(io),
     }
-    if is_int and io.whole_graph:
-        nodes = node_errors(onnx.load(str(task.inputs["reference"])), task.config.get("passes", []), samples,
-                            expected_s=NODE_CHECK_RUNS * run_s * n)
+    if runs.nodes is not None:
+        nodes = runs.nodes
         worst = nodes.worst
         summary["tosa_node_max_error_lsb"] = worst.max_error_lsb if worst else None
         summary["tosa_worst_node"] = worst.to_json() if worst else None
@@ -137,7 +142,7 @@ def run(task: StageTask) -> dict:
         summary["checked"] = "partitioned"  # no single TOSA graph: the portable split was run
     if is_int:  # split builds (a family that cannot run some node): the partitioned model, same samples
         whole = WholeGraphCheck(first_raw, partitioned_error) if io.whole_graph else None
-        checks = partitioned_numerics(lower_dir, io, samples, reference, whole, first_runs)
+        checks = partitioned_numerics(lower_dir, io, samples, reference, whole, runs.first_runs)
         summary["partitioned"] = {fam: c.to_json() for fam, c in checks.items()}
     if task.inputs.get("eval_inputs") is not None:
         summary.update(evaluate(task, io, runner, float_model, flt_runner))
@@ -152,24 +157,37 @@ def run(task: StageTask) -> dict:
 NODE_CHECK_RUNS = 1.2  # the per-node check's reference-model time, in whole-graph runs per sample (measured)
 
 
-def graph_runs(runner: GraphRunner, feeds_of: list[dict[str, np.ndarray]], tosa_only: bool,
-               extra: Sequence[Callable[[], dict[str, np.ndarray]]] = ()
-               ) -> tuple[list[dict[str, np.ndarray]], list[dict[str, np.ndarray]], float]:
-    """The graph's outputs on every sample, the `extra` runs' (other pure TOSA graphs), and the first run's
-    seconds. The first runs here (the reference model's verdict on the graph comes from it, as before); the
-    rest, when model.tosa alone is run and its first run says they are worth it, in worker processes
-    (build/fanout.py). A portable split runs host partitions on onnxruntime, whose threads a fork does not
-    carry: always here."""
-    if not feeds_of:
-        return [], [run() for run in extra], 0.0
-    start = time.perf_counter()
-    first = runner(feeds_of[0])
-    run_s = time.perf_counter() - start
-    jobs = [*([lambda feeds=feeds: runner(feeds) for feeds in feeds_of[1:]] if tosa_only else []), *extra]
-    done = fan_out(lambda i: jobs[i](), len(jobs), run_s * len(jobs))
-    if not tosa_only:
-        done = [*(runner(feeds) for feeds in feeds_of[1:]), *done]
-    return [first, *done[:len(feeds_of) - 1]], done[len(feeds_of) - 1:], run_s
+@dataclass(frozen=True)
+class ReferenceRuns:
+    """What the TOSA reference model gave the check: the graph's outputs per sample, the bit-identical families'
+    outputs on the first sample, and the per-node check (None where there is none)."""
+
+    samples: list[dict[str, np.ndarray]]
+    first_runs: dict[str, dict[str, np.ndarray]]
+    nodes: NodeErrors | None
+
+
+def reference_model_runs(runner: GraphRunner, feeds_of: list[dict[str, np.ndarray]], whole_graph: bool,
+                         families: dict[str, PartitionedModel], node_check: NodeCheck | None,
+                         onnxruntime_s: float) -> ReferenceRuns:
+    """Every reference-model run of the check, made at once: model.tosa on each sample, each family the lower
+    stage found bit-identical to it (`families`) on the first (partitioned_numerics), and the per-node cuts, in that order,
+    over worker processes (build/fanout.py) when onnxruntime's time on the QDQ model (`onnxruntime_s` a
+    sample) says they are worth it. An error is the first run's in that order, as the runs one by one give
+    it. A portable split runs host partitions on onnxruntime, whose threads a fork does not carry: here."""
+    if not whole_graph:
+        return ReferenceRuns([runner(feeds) for feeds in feeds_of], {}, None)
+    graphs = [*(partial(runner, feeds) for feeds in feeds_of), *(partial(m, feeds_of[0]) for m in families.values())]
+    cuts = len(node_check.cuts) if node_check is not None else 0
+
+    def run(i: int):
+        return graphs[i]() if i < len(graphs) else node_check.check(i - len(graphs))  # type: ignore[union-attr]
+
+    whole_runs = len(graphs) + (NODE_CHECK_RUNS * len(feeds_of) if node_check is not None else 0)
+    done = fan_out(run, len(graphs) + cuts, whole_runs * REFERENCE_MODEL_PER_ONNXRUNTIME * onnxruntime_s)
+    n = len(feeds_of)
+    return ReferenceRuns(done[:n], dict(zip(families, done[n:len(graphs)], strict=True)),
+                         node_check.collect(done[len(graphs):]) if node_check is not None else None)
 
 
 def output_lsb_error(spec: IOSpec, ref: np.ndarray, got: np.ndarray) -> np.ndarray:
@@ -203,8 +221,11 @@ def evaluate(task: StageTask, io: LowerRecord, runner: GraphRunner, float_model:
         raise InputError(f"evaluation output '{out}' is not a graph output (outputs: {', '.join(names)})")
     spec = io.outputs[names.index(out)]
     feeds_of = [{k: v[i] for k, v in inputs.items()} for i in range(n)]
+    start = time.perf_counter()
     f_scores = [flt_runner(feeds)[out].reshape(-1) for feeds in feeds_of]
-    t_scores = [spec.dequantize(t[out]).reshape(-1) for t in graph_runs(runner, feeds_of, io.whole_graph)[0]]
+    onnxruntime_s = (time.perf_counter() - start) / max(n, 1)
+    runs = reference_model_runs(runner, feeds_of, io.whole_graph, {}, None, onnxruntime_s).samples
+    t_scores = [spec.dequantize(t[out]).reshape(-1) for t in runs]
     fa = accuracy(np.stack(f_scores), labels[:n])
     ta = accuracy(np.stack(t_scores), labels[:n])
     return {"eval_samples": n, "float_accuracy": fa, "accuracy": ta, "accuracy_drop": fa - ta}
