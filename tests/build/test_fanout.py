@@ -101,3 +101,28 @@ def test_the_per_node_check_is_the_same_on_workers(monkeypatch):
     assert len(alone.nodes) == 4 and alone.unchecked == []
     assert spread.to_json() == alone.to_json()
     assert np.isfinite(alone.worst.max_error_lsb)
+
+
+def test_the_checks_reference_model_runs_are_the_same_on_workers(tmp_path, monkeypatch):
+    """tosa-check's runs of model.tosa on every sample and the per-node cuts, made at once over two workers,
+    give what the runs one by one in process give (the integers compared, not a tolerance)."""
+    from npubuild.ethosu.families import lower_families
+    from npubuild.verify.node_errors import prepare_node_check
+    from npubuild.verify.tosa_check import graph_runner, reference_model_runs
+
+    qdq = quantize_model(_model(), calib("x", [1, 4, 12, 12], n=16))
+    io, _ = lower_families(qdq, "int", tmp_path, [])
+    samples = calib("x", [1, 4, 12, 12], n=3, seed=9)
+    feeds_of = [{"x": samples["x"][i]} for i in range(3)]
+    made = {}
+    for workers in ("1", "2"):
+        monkeypatch.setenv(WORKERS_ENV, workers)
+        check = prepare_node_check(qdq, PASSES, samples)
+        made[workers] = reference_model_runs(graph_runner(io, tmp_path), feeds_of, True, {}, check, 1.0)
+    alone, spread = made["1"], made["2"]
+    assert len(spread.samples) == 3 and spread.nodes is not None
+    for a, b in zip(alone.samples, spread.samples, strict=True):
+        assert a.keys() == b.keys() and all(np.array_equal(a[k], b[k]) for k in a)
+    assert spread.nodes.to_json() == alone.nodes.to_json() and len(alone.nodes.nodes) == 4
+    (out,) = alone.samples[0]
+    assert not np.array_equal(alone.samples[0][out], alone.samples[1][out])  # three samples, three answers
