@@ -20,6 +20,7 @@ import os
 from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
+from pathlib import Path
 from typing import TypeVar
 
 T = TypeVar("T")
@@ -33,10 +34,34 @@ _in_worker = False
 
 
 def available_cores() -> int:
+    """The cores this process may run on: its CPU affinity, capped by a container's CPU quota (a CI runner's
+    cgroup of 2 CPUs on a 64-core host must not start 64 workers)."""
     try:
-        return len(os.sched_getaffinity(0))
+        cores = len(os.sched_getaffinity(0))
     except AttributeError:  # not Linux
-        return os.cpu_count() or 1
+        cores = os.cpu_count() or 1
+    quota = cgroup_cpu_quota()
+    return max(1, min(cores, int(quota))) if quota is not None else cores
+
+
+CGROUP_FILES = (("/sys/fs/cgroup/cpu.max", None),  # v2: "QUOTA PERIOD" or "max PERIOD"
+                ("/sys/fs/cgroup/cpu/cpu.cfs_quota_us", "/sys/fs/cgroup/cpu/cpu.cfs_period_us"))  # v1
+
+
+def cgroup_cpu_quota(files: tuple[tuple[str, str | None], ...] = CGROUP_FILES) -> float | None:
+    """CPUs the cgroup's quota allows (quota / period), or None where there is no quota."""
+    for quota_file, period_file in files:
+        try:
+            fields = Path(quota_file).read_text().split()
+            if period_file is not None:
+                fields.append(Path(period_file).read_text().strip())
+        except OSError:
+            continue
+        if len(fields) >= 2 and fields[0].lstrip("-").isdigit() and fields[1].isdigit():
+            quota, period = int(fields[0]), int(fields[1])
+            return quota / period if quota > 0 and period > 0 else None
+        return None
+    return None
 
 
 def stage_workers() -> int:

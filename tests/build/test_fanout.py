@@ -82,6 +82,25 @@ def test_how_many_workers(monkeypatch):
     assert [doit_jobs(a) for a in (["-n", "4"], ["-n4"], ["--process=3"], ["run"], ["-n", "x"])] == [4, 4, 3, 1, 1]
 
 
+def test_a_containers_cpu_quota_caps_the_workers(tmp_path):
+    def files(v2: str | None = None, v1: tuple[str, str] | None = None):
+        out = []
+        if v2 is not None:
+            (tmp_path / "cpu.max").write_text(v2)
+            out.append((str(tmp_path / "cpu.max"), None))
+        if v1 is not None:
+            (tmp_path / "quota").write_text(v1[0])
+            (tmp_path / "period").write_text(v1[1])
+            out.append((str(tmp_path / "quota"), str(tmp_path / "period")))
+        return tuple(out)
+
+    assert fanout.cgroup_cpu_quota(files(v2="200000 100000\n")) == 2.0
+    assert fanout.cgroup_cpu_quota(files(v2="max 100000\n")) is None
+    assert fanout.cgroup_cpu_quota(files(v1=("-1\n", "100000\n"))) is None
+    assert fanout.cgroup_cpu_quota(files(v1=("150000\n", "100000\n"))) == 1.5
+    assert fanout.cgroup_cpu_quota(((str(tmp_path / "none"), None),)) is None
+
+
 def _model():
     g = GraphBuilder("chain", seed=4)
     y = g.relu(g.conv(g.input("x", [1, 4, 12, 12]), 4, 8, (3, 3)))
