@@ -214,9 +214,11 @@ FAMILY_OPTIONS: dict[LoweringFamily, LoweringOptions] = {
     # U85-128/256/512: the order with the MAXIMUM copy saves 3% and 30 KiB on the U-Nets; zero kernel taps
     # and the int32 softmax for short rows are faster on every U85 size; a 3-channel image input with rows of
     # 128 bytes or more is staged into SRAM (every U85 size: MobileNetV1 96x96 U85-256 0.2384 -> 0.1863 ms,
-    # the MobileNetV3 block 0.1263 -> 0.1063; 32x32x3 inputs gain on U85-256 only, 1-channel ones lose).
+    # the MobileNetV3 block 0.1263 -> 0.1063; 32x32x3 inputs gain on U85-256 only, 1-channel ones lose); the
+    # row sums of a plane mean only from 16384 elements: below it they gain 0.2-3.5% (DS-CNN, the KWS and TCN
+    # heads) for 0.2-0.7 KiB of DRAM constants, the 32x32x64 MobileNetV3 pool 34% (bench/perf_choices.md).
     "u85": LoweringOptions(**EVERY_FAMILY, norm_affine_one_row=True, concat_order=True, concat_max_copy=True, conv_stride_taps=True, softmax_wide=True,
-                           dilation_taps=True, dilation_phase_min=4, plane_rows=PlaneRowsLimits(4, 49, 1024, 256),
+                           dilation_taps=True, dilation_phase_min=4, plane_rows=PlaneRowsLimits(4, 49, 16384, 256),
                            staged_input_min_row=128),
     # U85-1024/2048: the skip-first order makes Vela keep the Concat NHWC, which the reader conv reads slower
     # there, and the MAXIMUM copy loses to Vela's own: neither; the taps and the int32 softmax still win.
