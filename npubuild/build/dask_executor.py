@@ -20,8 +20,10 @@ elsewhere as a daemon (Dask's default) runs tasks in process.
 
 from __future__ import annotations
 
+import logging
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -69,6 +71,32 @@ def require_shared_cache(cache_url: str | None, scheduler: str | None, own_clust
                          "or file:///path on a filesystem every worker mounts)")
 
 
+# Dask's own log lines (a worker's heartbeat that timed out on a loaded machine, with its traceback; a comm
+# closed at shutdown) are not the build's: npubuild reports every task's outcome and an unreachable scheduler
+# itself. They show with --debug.
+DASK_LOG_LEVEL, DASK_LOG_LEVEL_DEBUG = logging.CRITICAL, logging.WARNING
+
+
+@contextmanager
+def quiet_distributed(debug: bool) -> Iterator[None]:
+    """distributed's loggers in this process at DASK_LOG_LEVEL for the run (its workers': LocalCluster's
+    silence_logs), restored after. Its config gives some child loggers levels of their own, and a record
+    passes the handlers of the loggers above its own whatever their levels: each is set."""
+    import distributed  # noqa: F401 - configures its loggers on import: set them after that
+
+    loggers = [logging.getLogger("distributed")] + [
+        logger for name, logger in logging.root.manager.loggerDict.items()
+        if name.startswith("distributed.") and isinstance(logger, logging.Logger) and logger.level]
+    saved = [logger.level for logger in loggers]
+    for logger in loggers:
+        logger.setLevel(DASK_LOG_LEVEL_DEBUG if debug else DASK_LOG_LEVEL)
+    try:
+        yield
+    finally:
+        for logger, level in zip(loggers, saved, strict=True):
+            logger.setLevel(level)
+
+
 class DaskExecutor:
     """Ready tasks submitted as their upstream tasks settle; outcomes reported to the session as they come."""
 
@@ -89,7 +117,7 @@ class DaskExecutor:
 
         # Workers that may have children, so each task runs isolated in one (build/isolate.py); the nanny
         # reads this whenever it (re)starts a worker, so it holds for the whole run.
-        with dask.config.set({"distributed.worker.daemon": False}):
+        with dask.config.set({"distributed.worker.daemon": False}), quiet_distributed(self.debug):
             return self._run(plan, session)
 
     def _run(self, plan: BuildPlan, session: Session) -> int:
@@ -120,7 +148,8 @@ class DaskExecutor:
                                                f"{str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__}") from None
             else:
                 self._cluster = LocalCluster(n_workers=self.workers, threads_per_worker=1, processes=True,
-                                             host="127.0.0.1", dashboard_address="127.0.0.1:0")
+                                             host="127.0.0.1", dashboard_address="127.0.0.1:0",
+                                             silence_logs=DASK_LOG_LEVEL_DEBUG if self.debug else DASK_LOG_LEVEL)
                 self._own = Client(self._cluster)
             self.client = self._own
         return self.client

@@ -126,3 +126,33 @@ def test_a_worker_killed_mid_stage_costs_a_retry_and_corrupts_nothing(project: P
     total, bad = StageCache(str(cache_dir)).verify()
     assert bad == [] and total >= 7
     cluster.wait_for_workers(2, timeout=60)
+
+
+def test_dasks_own_log_lines_stay_off_the_users_screen_unless_debug():
+    """A worker's heartbeat that times out on a loaded machine made distributed print a traceback to stderr
+    (CI saw it beside the one-line stage error); npubuild reports tasks itself, so distributed's loggers are
+    quiet for the run, loud again after it and under --debug."""
+    import logging
+
+    from npubuild.build.dask_executor import quiet_distributed
+
+    seen: list[str] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            seen.append(f"{record.name}: {record.getMessage()}")
+
+    top = logging.getLogger("distributed")
+    keep = Keep()
+    top.addHandler(keep)
+    try:
+        with quiet_distributed(debug=False):
+            logging.getLogger("distributed.worker").error("Failed to communicate with scheduler during heartbeat.")
+            logging.getLogger("distributed.client").error("comm closed")
+        assert seen == []
+        with quiet_distributed(debug=True):
+            logging.getLogger("distributed.worker").warning("shown with --debug")
+        logging.getLogger("distributed.client").error("shown after the run")
+        assert seen == ["distributed.worker: shown with --debug", "distributed.client: shown after the run"]
+    finally:
+        top.removeHandler(keep)
