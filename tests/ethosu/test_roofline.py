@@ -108,3 +108,28 @@ def test_u85_roofline_uses_its_wide_bus_and_bytes_add_up_to_vela_totals(tmp_path
     assert roof["mac_bound_ms"] == pytest.approx(131072 / 256 / 1e9 * 1e3, abs=1e-6)
     assert 0 < m["bound_ms"] <= m["inference_ms"]
     assert m["efficiency"] == pytest.approx(m["bound_ms"] / m["inference_ms"], abs=1e-4)
+
+
+def test_the_debug_database_is_read_by_column_with_vela_s_gaps(tmp_path: Path):
+    """parse_layer_bytes reads only the perf and perf_debug tables, by column: a byte count or efficiency Vela
+    leaves empty is 0 bytes / efficiency 1, an efficiency of 0 makes no data bytes, one above 1 counts as 1,
+    and a layer perf_debug does not list has no bytes."""
+    from npubuild.ethosu.perf import parse_layer_bytes
+
+    debug = ("id,SramFeatureMap_read,SramFeatureMap_write,SramWeights_read,Sram_read_efficiency,"
+             "Sram_write_efficiency,OffChipFlashWeights_read,OffChipFlash_read_efficiency,other\n"
+             "7,100,50,,0.5,,,,x\n"
+             "8,,,,,,64,0,y\n"
+             "9,10,,20,2.75,,,,z\n")
+    perf = "id,name,cycles\n7,layer-a,10\n8,layer-b,20\n9,layer-c,30\n10,layer-d,40\n"
+    xml = tmp_path / "m_debug.xml"
+    xml.write_text('<?xml version="1.0"?>\n<debug>\n'
+                   f'<table name="perf_debug">\n<![CDATA[\n{debug}]]>\n</table>\n'
+                   '<table name="queue">\n<![CDATA[\noffset,id\n0,1\n]]>\n</table>\n'
+                   f'<table name="perf">\n<![CDATA[\n{perf}]]>\n</table>\n</debug>\n')
+    assert parse_layer_bytes(xml) == [
+        {"tensor": "layer-a", "bytes": {"Sram": 150}, "useful_bytes": {"Sram": 100}},  # 100 * 0.5 + 50 * 1
+        {"tensor": "layer-b", "bytes": {"OffChipFlash": 64}, "useful_bytes": {"OffChipFlash": 0}},
+        {"tensor": "layer-c", "bytes": {"Sram": 30}, "useful_bytes": {"Sram": 30}},
+        {"tensor": "layer-d", "bytes": {}, "useful_bytes": {}},
+    ]
