@@ -20,7 +20,6 @@ it in io.json (`portable`) and in the TOSA check; each family splits further by 
 
 from __future__ import annotations
 
-import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -43,7 +42,7 @@ from npubuild.lowering.options import LoweringOptions
 from npubuild.stages.records import FamilyRecord, LowerRecord, NodeRecord, PartitionRecord
 from npubuild.tosa.graph import ops_by_node, read_tosa, tensor_nodes
 from npubuild.tosa.iospec import IOSpec
-from npubuild.tosa.run import REFERENCE_MODEL_PER_ONNXRUNTIME, OnnxSession
+from npubuild.tosa.run import REFERENCE_MODEL_PER_ONNXRUNTIME, OnnxSession, timed_runs
 from npubuild.verify.partitioned import PartitionedModel, worst_error
 
 QDQ_OPS = {"QuantizeLinear", "DequantizeLinear"}
@@ -198,10 +197,8 @@ class CheckCache:
         own_model = PartitionedModel(out_dir, [own], io.outputs)
         if self.whole is not None:
             return self.whole, own_model(feeds)
-        reference = OnnxSession(qdq_path)
-        start = time.perf_counter()
-        ref = reference(feeds)
-        expected_s = 2 * REFERENCE_MODEL_PER_ONNXRUNTIME * (time.perf_counter() - start)
+        (ref,), onnxruntime_s = timed_runs(OnnxSession(qdq_path), [feeds])
+        expected_s = 2 * REFERENCE_MODEL_PER_ONNXRUNTIME * onnxruntime_s
         whole_model = PartitionedModel(out_dir, [io.whole_partition([])], io.outputs)
         models = (whole_model, own_model)  # model.tosa first: its error, if any, is raised as it was before
         whole_outputs, own_outputs = fan_out(lambda i: models[i](feeds), 2, expected_s)

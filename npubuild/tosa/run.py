@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import time
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -77,6 +78,18 @@ class OnnxSession:
 
     def __call__(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         return dict(zip(self.names, self.sess.run(self.names, feeds), strict=True))
+
+
+def timed_runs(session: OnnxSession, feeds_of: list[dict[str, np.ndarray]]) -> tuple[list[dict[str, np.ndarray]], float]:
+    """onnxruntime's outputs on every sample, and its fastest run's seconds: what says whether the reference
+    model's runs of the same samples are worth worker processes (the first run also pays for onnxruntime's lazy
+    set-up: 4x a DS-CNN run)."""
+    outputs, fastest = [], float("inf")
+    for feeds in feeds_of:
+        start = time.perf_counter()
+        outputs.append(session(feeds))
+        fastest = min(fastest, time.perf_counter() - start)
+    return outputs, fastest if outputs else 0.0
 
 
 def bfloat16_outputs_as_float(model: str | Path | bytes) -> bytes:

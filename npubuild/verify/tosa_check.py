@@ -15,7 +15,6 @@ are kept (reference.npz) so that later stages (the FVP) compare against them.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
@@ -31,7 +30,7 @@ from npubuild.fileio import atomic_path, write_json
 from npubuild.frontend.data import load_arrays, sample_arrays
 from npubuild.stages.records import LowerRecord
 from npubuild.tosa.iospec import IOSpec
-from npubuild.tosa.run import REFERENCE_MODEL_PER_ONNXRUNTIME, OnnxSession, run_tosa
+from npubuild.tosa.run import REFERENCE_MODEL_PER_ONNXRUNTIME, OnnxSession, run_tosa, timed_runs
 from npubuild.verify.node_errors import NodeCheck, NodeErrors, prepare_node_check
 from npubuild.verify.numerics import accuracy, compare_output
 from npubuild.verify.partitioned import (
@@ -155,17 +154,6 @@ def run(task: StageTask) -> dict:
 NODE_CHECK_RUNS = 1.2  # the per-node check's reference-model time, in whole-graph runs per sample (measured)
 
 
-def timed_runs(session: OnnxSession, feeds_of: list[dict[str, np.ndarray]]) -> tuple[list[dict[str, np.ndarray]], float]:
-    """onnxruntime's outputs on every sample, and its fastest run's seconds (the first run also pays for
-    onnxruntime's lazy set-up: 4x a DS-CNN run)."""
-    outputs, fastest = [], float("inf")
-    for feeds in feeds_of:
-        start = time.perf_counter()
-        outputs.append(session(feeds))
-        fastest = min(fastest, time.perf_counter() - start)
-    return outputs, fastest if outputs else 0.0
-
-
 @dataclass(frozen=True)
 class ReferenceRuns:
     """What the TOSA reference model gave the check: the graph's outputs per sample, the bit-identical families'
@@ -180,9 +168,9 @@ def reference_model_runs(runner: GraphRunner, feeds_of: list[dict[str, np.ndarra
                          families: dict[str, PartitionedModel], node_check: NodeCheck | None,
                          onnxruntime_s: float) -> ReferenceRuns:
     """Every reference-model run of the check, made at once: model.tosa on each sample, each family the lower
-    stage found bit-identical to it (`families`) on the first (partitioned_numerics), and the per-node cuts, in that order,
-    over worker processes (build/fanout.py) when onnxruntime's time on the QDQ model (`onnxruntime_s` a
-    sample) says they are worth it. An error is the first run's in that order, as the runs one by one give
+    stage found bit-identical to it (`families`) on the first (partitioned_numerics), and the per-node cuts,
+    in that order, over worker processes (build/fanout.py) when onnxruntime's time on the QDQ model
+    (`onnxruntime_s` a sample) says they are worth it. An error is the first run's in that order, as the runs one by one give
     it. A portable split runs host partitions on onnxruntime, whose threads a fork does not carry: here."""
     if not whole_graph:
         return ReferenceRuns([runner(feeds) for feeds in feeds_of], {}, None)
