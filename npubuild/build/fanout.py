@@ -1,7 +1,7 @@
 """A stage's independent runs spread over forked worker processes: the TOSA check's arithmetic on several cores.
 
 Most of a large model's compile is the TOSA reference model doing arithmetic the checks need (MobileViT-xxs:
-~29 of its tosa-check stage's ~40 CPU s, in 4 whole-graph runs and 1372 per-node runs), one run after
+~29 of its tosa-check stage's ~40 CPU s, in 5 whole-graph runs and 1372 per-node runs), one run after
 another on one core. The reference model holds the GIL while it runs, so threads do not help; forked workers
 do: each is a copy of the stage's process (its model, its onnxruntime results), so nothing is pickled but an
 index and a result.
