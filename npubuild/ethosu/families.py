@@ -20,7 +20,7 @@ it in io.json (`portable`) and in the TOSA check; each family splits further by 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Literal
@@ -35,6 +35,7 @@ from npubuild.config.accelerator import LOWERING_FAMILIES
 from npubuild.errors import StageError
 from npubuild.ethosu.partition import PartitionPlan, plan_partitions, split_io, write_partitions
 from npubuild.fileio import write_bytes
+from npubuild.frontend.data import integer_ranges
 from npubuild.frontend.passes import run_passes
 from npubuild.lowering.driver import LoweredGraph, lower_model
 from npubuild.lowering.fallback import PartialLowering, lower_lowerable
@@ -81,20 +82,28 @@ def _input_range(spec: IOSpec) -> tuple[float, float]:
     return spec.representable_range() or (-1.0, 1.0)
 
 
-def check_feeds(io: LowerRecord, seed: int = 0) -> list[dict[str, np.ndarray]]:
-    """The partition check's CHECK_SAMPLES inputs: seeded, uniform over each input's calibrated range."""
+def check_feeds(io: LowerRecord, seed: int = 0,
+                integers: Mapping[str, tuple[int, int]] | None = None) -> list[dict[str, np.ndarray]]:
+    """The partition check's CHECK_SAMPLES inputs: seeded, uniform over each input's calibrated range; an
+    integer or bool graph input (token ids, a mask) takes integers in `integers[name]` (frontend.data.integer_ranges)."""
     rng = np.random.default_rng(seed)
-    return [{s.onnx_name: rng.uniform(*_input_range(s), s.onnx_shape).astype(np.float32) for s in io.inputs}
-            for _ in range(CHECK_SAMPLES)]
+    integers = integers or {}
+
+    def one(s: IOSpec) -> np.ndarray:
+        if s.onnx_name in integers and not s.quantized:
+            return rng.integers(*integers[s.onnx_name], size=s.onnx_shape, endpoint=True).astype(s.dtype)
+        return rng.uniform(*_input_range(s), s.onnx_shape).astype(np.float32)
+
+    return [{s.onnx_name: one(s) for s in io.inputs} for _ in range(CHECK_SAMPLES)]
 
 
 def check_partitioned(qdq_path: Path, out_dir: Path, partitions: Sequence[PartitionRecord], io: LowerRecord,
-                      seed: int = 0) -> float:
+                      seed: int = 0, integers: Mapping[str, tuple[int, int]] | None = None) -> float:
     """Max error (output LSB) of the partitioned model against the whole QDQ model on onnxruntime."""
     reference = OnnxSession(qdq_path)  # the QDQ model's own semantics, as the TOSA check compares against
     worst = 0.0
     model = PartitionedModel(out_dir, partitions, io.outputs)
-    for feeds in check_feeds(io, seed):
+    for feeds in check_feeds(io, seed, integers):
         worst = worst_error(model, feeds, reference(feeds), worst)
     return worst
 
@@ -175,7 +184,8 @@ def lower_families(model: onnx.ModelProto, profile: Literal["int", "fp"], out_di
     records: dict[str, FamilyRecord] = {}
     if profile == "int":
         qdq_path = out_dir / "model_partitioning.onnx"
-        cache = CheckCache()  # model.tosa's (or the portable split's) own runs: measured once, for every family
+        # model.tosa's (or the portable split's) own runs: measured once, for every family
+        cache = CheckCache(integers=integer_ranges(model))
         for fam in families:
             records[fam] = family_split(model, partial, io, fam, out_dir, qdq_path, cache)
     return replace(io, families=records), tosa_ops
@@ -186,6 +196,7 @@ class CheckCache:
     """What the partition check measured of the portable graph, kept for the families after the first."""
 
     baseline_error: dict[str, float] = field(default_factory=dict)  # "whole" / "portable" -> its own error
+    integers: dict[str, tuple[int, int]] = field(default_factory=dict)  # integer inputs' values (check_feeds)
     whole: WholeGraphRun | None = None
 
     def with_own_run(self, qdq_path: Path, out_dir: Path, io: LowerRecord,
@@ -193,7 +204,7 @@ class CheckCache:
         """model.tosa's run (measured once) and the family's own whole graph's outputs on the first check
         sample: what same_as_whole compares. The first time both graphs are run at once on two workers
         (build/fanout.py) when onnxruntime's time on the sample says the reference model's is worth it."""
-        feeds = check_feeds(io)[0]
+        feeds = check_feeds(io, integers=self.integers)[0]
         own_model = PartitionedModel(out_dir, [own], io.outputs)
         if self.whole is not None:
             return self.whole, own_model(feeds)
@@ -240,12 +251,12 @@ def family_split(model: onnx.ModelProto, partial: PartialLowering, io: LowerReco
         baseline = list(io.portable.partitions) if io.portable is not None else None
     if not qdq_path.exists():
         onnx.save(model, qdq_path)
-    err = check_partitioned(qdq_path, out_dir, rec.partitions, io)
+    err = check_partitioned(qdq_path, out_dir, rec.partitions, io, integers=cache.integers)
     rec = replace(rec, max_error_lsb=err)
     if err > MAX_PARTITION_LSB:
         key = "whole" if partial.whole else "portable"
         if baseline and key not in cache.baseline_error:
-            cache.baseline_error[key] = check_partitioned(qdq_path, out_dir, baseline, io)
+            cache.baseline_error[key] = check_partitioned(qdq_path, out_dir, baseline, io, integers=cache.integers)
         base = cache.baseline_error.get(key, 0.0) if baseline else 0.0
         if err > base + MAX_PARTITION_LSB:
             raise StageError(f"the {fam} partitioned model differs from the whole model by {err:g} LSB")

@@ -14,7 +14,8 @@ import onnx
 from npubuild.errors import InputError
 
 ONNX_TO_NP = {onnx.TensorProto.FLOAT: np.float32, onnx.TensorProto.INT8: np.int8, onnx.TensorProto.UINT8: np.uint8,
-              onnx.TensorProto.INT32: np.int32, onnx.TensorProto.INT64: np.int64}
+              onnx.TensorProto.INT16: np.int16, onnx.TensorProto.INT32: np.int32, onnx.TensorProto.INT64: np.int64,
+              onnx.TensorProto.BOOL: np.bool_}
 
 
 def graph_inputs(model: onnx.ModelProto) -> list[tuple[str, tuple[int, ...], np.dtype]]:
@@ -53,6 +54,8 @@ def check_values(name: str, a: np.ndarray, dtype: np.dtype, where: str) -> None:
         if not finite.all():
             sample = int(np.argwhere(~finite)[0][0])
             raise InputError(f"array for '{name}' has NaN or Inf values (sample {sample})", where)
+    if dtype == np.bool_ and a.dtype != np.bool_ and not np.isin(a, (0, 1)).all():
+        raise InputError(f"array for '{name}' has values other than 0 and 1 (the input's type is bool)", where)
     if dtype.kind in "iu":
         info = np.iinfo(dtype)
         lo, hi = a.min(), a.max()
@@ -118,15 +121,71 @@ def model_inputs(model_path: Path, input_shapes: dict[str, list[int]]) -> onnx.M
     return model
 
 
+def _table_rows(model: onnx.ModelProto, name: str) -> int | None:
+    """Rows of the constant table `name` holds (an initializer, a Constant, or the DequantizeLinear of either)."""
+    inits = {i.name: i for i in model.graph.initializer}
+    producers = {o: n for n in model.graph.node for o in n.output}
+    for _ in range(2):
+        if name in inits:
+            return int(inits[name].dims[0]) if inits[name].dims else None
+        node = producers.get(name)
+        if node is None:
+            return None
+        if node.op_type == "Constant":
+            value = next((a.t for a in node.attribute if a.name == "value"), None)
+            return int(value.dims[0]) if value is not None and value.dims else None
+        if node.op_type != "DequantizeLinear":
+            return None
+        name = node.input[0]
+    return None
+
+
+def integer_ranges(model: onnx.ModelProto, low: float = -1.0, high: float = 1.0) -> dict[str, tuple[int, int]]:
+    """The values random samples of each integer graph input take (inclusive bounds). An input that only
+    indexes constant tables along their first axis (an embedding's token ids into Gather) takes the rows
+    every table has, [0, rows - 1]: a uniform float cast to int64 would make every sample row 0, the only
+    row calibration would see. A bool input takes 0 and 1; any other integer input the integers of the
+    calibration range [low, high]."""
+    consumers: dict[str, list[tuple[onnx.NodeProto, int]]] = {}
+    for n in model.graph.node:
+        for i, name in enumerate(n.input):
+            consumers.setdefault(name, []).append((n, i))
+    out = {}
+    for name, _, dtype in graph_inputs(model):
+        if dtype == np.bool_:
+            out[name] = (0, 1)
+            continue
+        if not np.issubdtype(dtype, np.integer):
+            continue
+        rows = []
+        for node, i in consumers.get(name, []):
+            axis = next((a.i for a in node.attribute if a.name == "axis"), 0)
+            if node.op_type == "Gather" and i == 1 and axis == 0:
+                rows.append(_table_rows(model, node.input[0]))
+            else:
+                rows.append(None)
+        info = np.iinfo(dtype)
+        if rows and all(r for r in rows):
+            out[name] = (0, min(rows) - 1)
+        else:
+            out[name] = (max(int(np.ceil(low)), int(info.min)), min(int(np.floor(high)), int(info.max)))
+    return out
+
+
 def random_arrays(model: onnx.ModelProto, samples: int, seed: int, low: float, high: float) -> dict[str, np.ndarray]:
     """Seeded uniform samples. Drawn one sample at a time into the final dtype: the same numbers as one
-    float64 draw of all of them (the generator's stream is the same), at a quarter of the peak memory."""
+    float64 draw of all of them (the generator's stream is the same), at a quarter of the peak memory.
+    Integer and bool inputs take integers (integer_ranges)."""
     rng = np.random.default_rng(seed)
+    ranges = integer_ranges(model, low, high)
     out = {}
     for name, shape, dtype in graph_inputs(model):
         a = np.empty((samples, *shape), dtype)
         for i in range(samples):
-            a[i] = rng.uniform(low, high, size=shape)
+            if name in ranges:
+                a[i] = rng.integers(*ranges[name], size=shape, endpoint=True)
+            else:
+                a[i] = rng.uniform(low, high, size=shape)
         out[name] = a
     return out
 

@@ -341,6 +341,9 @@ class LoweringContext:
         v = self.value(name)
         if isinstance(v, GraphInput):
             if self.profile == "int":
+                if v.elem_type != onnx.TensorProto.FLOAT:  # token ids, a mask: no int8 form to feed the NPU
+                    kind = onnx.TensorProto.DataType.Name(v.elem_type).lower()
+                    raise self.unsupported(f"input '{name}' is a graph input of type {kind}, not an int8 activation")
                 raise self.unsupported(f"input '{name}' is a float graph input without QuantizeLinear")
             v = self.placeholder(v, np.float32, None)
             self.values[name] = v

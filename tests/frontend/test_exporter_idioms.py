@@ -1,0 +1,66 @@
+"""Exporters' spellings of one function, rewritten at import (frontend/passes/exporter_idioms.py).
+
+torch.export writes F.softplus (and Mish through it) as Where(Greater(x, 20), x, Softplus(x)). On U55 and U65
+Vela has no GREATER or SELECT, so the graph split around them onto the host; as the one Softplus it is a
+TABLE on the NPU."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from npbtest import run_cli
+from onnx import TensorProto, helper, numpy_helper
+
+from npubuild.frontend.normalise import normalise
+from npubuild.tosa.run import OnnxSession
+
+
+def mish_model(threshold: float = 20.0, taken: str = "x") -> onnx.ModelProto:
+    """Mish as torch.export writes it: x * tanh(softplus(x)), softplus with torch's threshold branch."""
+    w = numpy_helper.from_array(np.random.default_rng(0).normal(size=(8, 8)).astype(np.float32), "w")
+    t = numpy_helper.from_array(np.array(threshold, np.float32), "threshold")
+    nodes = [helper.make_node("MatMul", ["a", "w"], ["x"], name="fc"),
+             helper.make_node("Softplus", ["x"], ["sp"], name="softplus"),
+             helper.make_node("Greater", ["x", "threshold"], ["big"], name="greater"),
+             helper.make_node("Where", ["big", taken, "sp"], ["softplus_x"], name="where"),
+             helper.make_node("Tanh", ["softplus_x"], ["t"], name="tanh"),
+             helper.make_node("Mul", ["x", "t"], ["y"], name="mul")]
+    graph = helper.make_graph(nodes, "mish", [helper.make_tensor_value_info("a", TensorProto.FLOAT, [1, 8])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8])], [w, t])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_the_threshold_branch_becomes_the_softplus_it_stands_for():
+    model = mish_model()
+    out = normalise(model, {"a": [1, 8]}, "m.onnx")
+    ops = [n.op_type for n in out.graph.node]
+    assert "Where" not in ops and "Greater" not in ops and ops.count("Softplus") == 1
+    tanh = next(n for n in out.graph.node if n.op_type == "Tanh")
+    assert tanh.input[0] == "sp"
+    rng = np.random.default_rng(1)
+    before, after = OnnxSession(model.SerializeToString()), OnnxSession(out.SerializeToString())
+    for scale in (0.1, 1.0, 10.0):  # x = a @ w reaches past the threshold at the largest scale
+        a = (rng.normal(size=(1, 8)) * scale).astype(np.float32)
+        np.testing.assert_allclose(after({"a": a})["y"], before({"a": a})["y"], rtol=1e-6, atol=0)
+
+
+@pytest.mark.parametrize("threshold, taken", [(5.0, "x"), (20.0, "sp")])
+def test_a_branch_that_changes_values_stays(threshold: float, taken: str):
+    """Below 15 the branch changes float32 values; a Where that does not pick x is not the idiom."""
+    out = normalise(mish_model(threshold, taken), {"a": [1, 8]}, "m.onnx")
+    assert "Where" in [n.op_type for n in out.graph.node]
+
+
+def test_torch_export_mish_builds_wholly_on_the_u55(tmp_path: Path, capsys):
+    path = tmp_path / "mish.onnx"
+    onnx.save(mish_model(), path)
+    code, out, err = run_cli(["compile", str(path), "--target", "ethos-u55-128", "--build-dir", str(tmp_path / "b")],
+                             capsys)
+    assert code == 0, out + err
+    build = json.loads((tmp_path / "b" / "compile" / "report.json").read_text())["builds"][0]
+    assert build["status"] == "passed"
+    assert build["metrics"]["host_ops"] == 0 and build["metrics"]["npu_offload"] == 1.0
