@@ -242,6 +242,15 @@ class LoweringContext:
         windows = [u for u in users if u.op_type in WINDOW_OPS and self.index.source(u.input[0]) == name]
         return bool(windows) and all(u in windows or u.op_type in ROW_ELEMENTWISE for u in users)
 
+    def nhwc_image(self, name: str) -> bool:
+        """Whether graph input `name` (through Q/DQ) is read only by Transposes from NHWC to NCHW (perm
+        0, 3, 1, 2): an NHWC image, as tf2onnx and onnx2tf export one, or a torch model that permutes its
+        input. Laid out as it is, every reader sees the NCHW tensor in the NHWC bytes the NPU reads."""
+        users = self.index.uses(name, [])
+        return bool(users) and all(
+            u.op_type == "Transpose" and [int(p) for a in u.attribute if a.name == "perm" for p in a.ints] == [0, 3, 1, 2]
+            for u in users)
+
     @staticmethod
     def _io(onnx_name: str, t: TTensor) -> IOSpec:
         return IOSpec(
@@ -260,6 +269,9 @@ class LoweringContext:
         perm = NHWC if len(gi.shape) == 4 else identity(len(gi.shape))
         if len(gi.shape) == 4 and 2 <= gi.shape[1] <= self.options.planar_input_channels:
             perm = identity(4)  # planar: the family reads it faster so (LoweringOptions.planar_input_channels)
+        elif len(gi.shape) == 4 and not 2 <= gi.shape[3] <= self.options.planar_input_channels and \
+                self.nhwc_image(gi.name):
+            perm = identity(4)  # its ONNX layout is NHWC already: the Transpose to NCHW moves no byte
         if len(gi.shape) == 3 and self._feeds_windows_only(gi.name) and \
                 not 2 <= gi.shape[1] <= self.options.planar_1d_input_channels:
             perm = (0, 2, 1)  # [N, L, C]: what 1-D convolutions and pools read (lowering/spatial.py)

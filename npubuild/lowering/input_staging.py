@@ -21,13 +21,16 @@ def staged_input(ctx: LoweringContext, t: TTensor, onnx_name: str) -> TTensor:
     """Graph input `t` (ONNX `onnx_name`), copied as long rows when the family's options say it pays; else
     `t` itself."""
     least = ctx.options.staged_input_min_row
-    if not least or len(t.shape) != 4 or t.perm != NHWC or not fits_max_copy(t):
+    if not least or len(t.shape) != 4 or not fits_max_copy(t):
+        return t
+    # NHWC bytes: an NCHW input laid out NHWC, or an NHWC image as it is (LoweringContext.nhwc_image)
+    if t.perm != NHWC and not (t.perm == identity(4) and ctx.nhwc_image(onnx_name)):
         return t
     n, h, w, c = t.shape
     if c > MAX_CHANNELS or w * c < least or _folded_by_a_reader(ctx, onnx_name, c):
         return t
     rows = reshape(ctx, t, (n, h, 1, w * c), identity(4))
-    return reshape(ctx, max_copy(ctx, rows), (n, h, w, c), NHWC)
+    return reshape(ctx, max_copy(ctx, rows), (n, h, w, c), t.perm)
 
 
 def _folded_by_a_reader(ctx: LoweringContext, onnx_name: str, channels: int) -> bool:
