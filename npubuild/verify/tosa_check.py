@@ -7,7 +7,8 @@ An output whose shape differs from onnxruntime's fails the check with one line; 
 onnxruntime has them (the rest is measured by value); bool and index outputs are measured in their own
 units. Each node's own error (verify/node_errors: the node fed the QDQ model's own inputs, the comparison
 that rounds where the hardware does) gives `tosa_node_max_error_lsb` and `tosa_worst_node`; the output
-with the largest error is `tosa_worst_output`. A model with nodes no lowering takes has no model.tosa: its portable split is run instead.
+with the largest error is `tosa_worst_output`. A model with nodes no lowering takes has no model.tosa: its portable split is run
+instead, and its per-node check measures every node whose cut lowers (the others are listed unchecked).
 With an evaluation set, top-1 accuracy of the float model and of the TOSA
 graph (what the NPU runs) on its labels. The TOSA outputs of the first sample
 are kept (reference.npz) so that later stages (the FVP) compare against them.
@@ -87,7 +88,7 @@ def run(task: StageTask) -> dict:
     feeds_of = [{k: v[i] for k, v in samples.items()} for i in range(n)]
     refs, onnxruntime_s = timed_runs(reference, feeds_of)
     node_check = None
-    if is_int and io.whole_graph:
+    if is_int:  # a split model's nodes too: each cut is lowered and run on its own, on the reference model
         node_check = prepare_node_check(onnx.load(str(task.inputs["reference"])), task.config.get("passes", []),
                                         samples)
     families = bitexact_families(lower_dir, io) if is_int and io.whole_graph and n else {}
@@ -171,9 +172,14 @@ def reference_model_runs(runner: GraphRunner, feeds_of: list[dict[str, np.ndarra
     stage found bit-identical to it (`families`) on the first (partitioned_numerics), and the per-node cuts,
     in that order, over worker processes (build/fanout.py) when onnxruntime's time on the QDQ model
     (`onnxruntime_s` a sample) says they are worth it. An error is the first run's in that order, as the runs one by one give
-    it. A portable split runs host partitions on onnxruntime, whose threads a fork does not carry: here."""
+    it. A portable split runs host partitions on onnxruntime, whose threads a fork does not carry: here, and
+    its per-node cuts (pure TOSA work) after it, over the workers."""
     if not whole_graph:
-        return ReferenceRuns([runner(feeds) for feeds in feeds_of], {}, None)
+        samples = [runner(feeds) for feeds in feeds_of]
+        if node_check is None:
+            return ReferenceRuns(samples, {}, None)
+        expected_s = NODE_CHECK_RUNS * len(feeds_of) * REFERENCE_MODEL_PER_ONNXRUNTIME * onnxruntime_s
+        return ReferenceRuns(samples, {}, node_check.collect(fan_out(node_check.check, len(node_check.cuts), expected_s)))
     graphs = [*(partial(runner, feeds) for feeds in feeds_of), *(partial(m, feeds_of[0]) for m in families.values())]
     cuts = len(node_check.cuts) if node_check is not None else 0
 

@@ -80,3 +80,29 @@ def test_a_bias_quantised_before_the_concat_scale_moved_is_requantised():
     assert len(convs) >= 7 and res.unchecked == []
     for e in convs:
         assert e.max_error_lsb <= 1 and abs(e.bias_lsb) < 0.01 and e.mismatched < 0.01, e
+
+
+def test_a_split_model_is_measured_node_by_node_too(project: Path, capsys):
+    """Conv -> int8 LRN (no int lowering: the host) -> Conv: no single TOSA graph, but every node whose cut
+    lowers is measured (the convs), the LRN counted unchecked, and the gate applies."""
+    import json
+
+    import onnx
+
+    g = GraphBuilder("split", seed=3)
+    y = g.relu(g.conv(g.input("x", [1, 4, 8, 8]), 4, 8, (3, 3), pads=[1, 1, 1, 1]))
+    y = g.node("LRN", [y], hint="lrn", size=3)
+    g.output(g.conv(y, 8, 4, (3, 3), pads=[1, 1, 1, 1]), [1, 4, 8, 8])
+    onnx.save(g.model(), project / "configs" / "models" / "split.onnx")
+    spec = write_spec(project, "split", "split.onnx", [1, 4, 8, 8], "[ethos-u55-128]",
+                      "{max_tosa_node_error_lsb: 1, host_ops: 1}")
+    code, _, err = run_cli(["build", str(spec), "--build-dir", str(project / "build"), "-q"], capsys)
+    assert code == 0, err
+    (b,) = read_report(project / "build")["builds"]
+    m = b["metrics"]
+    assert m["host_ops"] == 1 and m["tosa_worst_node"]["op_type"] == "Conv"
+    gate = next(x for x in b["gates"] if x["name"] == "max_tosa_node_error_lsb")
+    assert gate["ok"] and gate["value"] == m["tosa_node_max_error_lsb"] <= 1
+    numerics = json.loads(next((project / "build" / "stages" / "tosa-check").glob("*/numerics.json")).read_text())
+    assert sorted(e["op_type"] for e in numerics["node_errors"]["nodes"]) == ["Conv", "Conv"]
+    assert numerics["node_errors"]["unchecked"] == ["lrn_5"]
