@@ -150,6 +150,20 @@ def integer_ranges(model: onnx.ModelProto, low: float = -1.0, high: float = 1.0)
     for n in model.graph.node:
         for i, name in enumerate(n.input):
             consumers.setdefault(name, []).append((n, i))
+
+    def rows_indexed(value: str, depth: int = 0) -> list[int | None]:
+        """The rows of each table `value` indexes (None for a reader that is no such Gather), through Casts."""
+        found: list[int | None] = []
+        for node, i in consumers.get(value, []):
+            axis = next((a.i for a in node.attribute if a.name == "axis"), 0)
+            if node.op_type == "Gather" and i == 1 and axis == 0:
+                found.append(_table_rows(model, node.input[0]))
+            elif node.op_type == "Cast" and depth < 2:  # int32 ids cast to int64 first, as exporters write
+                found += rows_indexed(node.output[0], depth + 1) or [None]
+            else:
+                found.append(None)
+        return found
+
     out = {}
     for name, _, dtype in graph_inputs(model):
         if dtype == np.bool_:
@@ -157,13 +171,7 @@ def integer_ranges(model: onnx.ModelProto, low: float = -1.0, high: float = 1.0)
             continue
         if not np.issubdtype(dtype, np.integer):
             continue
-        rows = []
-        for node, i in consumers.get(name, []):
-            axis = next((a.i for a in node.attribute if a.name == "axis"), 0)
-            if node.op_type == "Gather" and i == 1 and axis == 0:
-                rows.append(_table_rows(model, node.input[0]))
-            else:
-                rows.append(None)
+        rows = rows_indexed(name)
         info = np.iinfo(dtype)
         if rows and all(r for r in rows):
             out[name] = (0, min(rows) - 1)

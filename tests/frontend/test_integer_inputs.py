@@ -70,6 +70,13 @@ def test_a_table_behind_dequantize_linear_counts_its_rows_too():
     assert integer_ranges(model) == {"ids": (0, ROWS - 1)}
 
 
+def test_ids_cast_to_int64_before_the_gather_take_the_rows_too():
+    model = embedding_model(TensorProto.INT32)
+    model.graph.node.insert(0, helper.make_node("Cast", ["ids"], ["ids64"], name="to_int64", to=TensorProto.INT64))
+    model.graph.node[1].input[1] = "ids64"
+    assert integer_ranges(model) == {"ids": (0, ROWS - 1)}
+
+
 def test_an_index_into_another_axis_or_a_computed_table_takes_the_plain_range():
     model = embedding_model()
     model.graph.node[0].attribute[0].i = 1  # Gather along axis 1: not rows of the table
