@@ -3,7 +3,8 @@
 - torch's softplus (F.softplus, and Mish through it) exported by torch.export / dynamo as
   Where(Greater(x, 20), x, Softplus(x)): torch's own threshold branch, x where softplus(x) = x. For a
   threshold T >= 15 the branch changes nothing a float32 tensor can hold (softplus(x) - x = log1p(exp(-x))
-  < exp(-15) = 3.1e-7, under half a float32 step at 15, 9.5e-7), so the Where is Softplus(x). Left as it is,
+  < exp(-15) = 3.1e-7, under half the float32 step at 15, which is 9.5e-7; onnxruntime's Softplus and the
+  lowering's are computed so that exp never overflows), so the Where is Softplus(x). Left as it is,
   U55 and U65 run the GREATER and SELECT on the host (Vela has neither there): the graph splits around them.
 """
 
