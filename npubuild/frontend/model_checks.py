@@ -27,8 +27,8 @@ POSITIVE_SCALAR = {"group": 1, "blocksize": 1}  # Conv group, DepthToSpace/Space
 FLOAT_TYPES = {TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.DOUBLE, TensorProto.BFLOAT16}
 MAX_ABS_WEIGHT = 1e30  # beyond this a float32 quantisation scale overflows on the way (range / 255)
 MIN_SCALE = 1e-30
-FEEDABLE = {TensorProto.FLOAT, TensorProto.INT8, TensorProto.UINT8, TensorProto.INT16, TensorProto.INT32, TensorProto.INT64,
-            TensorProto.BOOL}
+FEEDABLE = {TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.BFLOAT16, TensorProto.INT8, TensorProto.UINT8,
+            TensorProto.INT16, TensorProto.INT32, TensorProto.INT64, TensorProto.BOOL}  # half: as float32 (float32_compute)
 
 
 def check_model(model: onnx.ModelProto, where: str) -> None:
@@ -52,8 +52,8 @@ def _check_inputs(graph: onnx.GraphProto, where: str) -> None:
         elem = vi.type.tensor_type.elem_type
         if elem not in FEEDABLE:
             name = TensorProto.DataType.Name(elem) if elem in TensorProto.DataType.values() else str(elem)
-            raise InputError(f"input '{vi.name}' has type {name}; npubuild feeds float, int8, uint8, int16, int32, "
-                             "int64 and bool inputs", where)
+            raise InputError(f"input '{vi.name}' has type {name}; npubuild feeds float (float16 and bfloat16 as "
+                             "float32), int8, uint8, int16, int32, int64 and bool inputs", where)
 
 
 def _ints(node: onnx.NodeProto, name: str) -> list[int] | None:

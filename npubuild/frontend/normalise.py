@@ -26,9 +26,9 @@ from npubuild.frontend.qoperator import to_qdq
 if TYPE_CHECKING:
     from npubuild.build.plan import StageTask
 
-NORMALISE = ["unroll_recurrent", "castlike_to_cast", "fold_constants", "exporter_idioms", "fold_batchnorm",
-             "fold_pad_into_conv", "quantiser_forms", "eliminate_identity", "eliminate_dropout", "remove_unused",
-             "topological_sort"]
+NORMALISE = ["float32_compute", "unroll_recurrent", "castlike_to_cast", "fold_constants", "exporter_idioms",
+             "fold_batchnorm", "fold_pad_into_conv", "quantiser_forms", "eliminate_identity", "eliminate_dropout",
+             "remove_unused", "topological_sort"]
 MIN_OPSET = 13
 MAX_FOLD_ROUNDS = 8
 
