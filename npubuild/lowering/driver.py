@@ -11,6 +11,7 @@ from npubuild.errors import UncomputedOutputError, UnsupportedOpError
 from npubuild.frontend.concat_order import copied_inputs_first
 from npubuild.lowering import load_all
 from npubuild.lowering.context import LoweringContext, TTensor
+from npubuild.lowering.emit import Op, attr
 from npubuild.lowering.options import LoweringOptions
 from npubuild.lowering.quant import UnrepresentableScale
 from npubuild.lowering.registry import LOWERINGS, op_key
@@ -30,6 +31,13 @@ class LoweredGraph:
     @property
     def tosa_op_count(self) -> int:
         return sum(len(v) for v in self.node_ops.values())
+
+
+def copy_to_output(ctx: LoweringContext, x: TTensor, name: str) -> None:
+    """Graph output `name` as a copy of `x`: a TOSA graph output is written by an operator, never an input."""
+    out = ctx.new_tensor(x.shape, x.dtype, x.perm, x.q, output_of=name)
+    ctx.op(Op.IDENTITY, [x.name], [out.name], attr("Identity"))
+    ctx.values[name] = out
 
 
 def lower_model(model: onnx.ModelProto, profile: Literal["int", "fp"], family: str | None = None,
@@ -63,7 +71,10 @@ def lower_model(model: onnx.ModelProto, profile: Literal["int", "fp"], family: s
         ctx.current = None
     for name in ctx.graph_outputs:
         v = ctx.values.get(name)
-        if not isinstance(v, TTensor) or name not in {o.onnx_name for o in ctx.outputs}:
+        if isinstance(v, TTensor) and v.name in {i.tosa_name for i in ctx.inputs} and \
+                name not in {o.onnx_name for o in ctx.outputs}:
+            copy_to_output(ctx, v, name)  # a graph input passed through (an Identity the passes dropped)
+        elif not isinstance(v, TTensor) or name not in {o.onnx_name for o in ctx.outputs}:
             raise UncomputedOutputError(name)
     return LoweredGraph(
         tosa=ctx.ser.serialize(),
