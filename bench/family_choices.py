@@ -60,7 +60,7 @@ BIG = 1 << 30
 Changes = dict[str, object]  # LoweringOptions fields to set; "unshared" replaces ops_conv.unshared
 CHOICES = ("concat_order", "dw_requantize", "concat_dw_copy", "concat_max_copy", "bilinear_channel_split",
            "plane_sum", "plane_rows", "norm_widen_add", "norm_index_rescale", "conv_stride_taps", "softmax_wide",
-           "row_stats_channels", "norm_raw_squares", "norm_affine_one_row")
+           "row_stats_channels", "norm_raw_squares", "norm_affine_one_row", "transpose_conv_phases")
 
 
 def dw_limits(channels: int, plane: int = 0) -> Changes:

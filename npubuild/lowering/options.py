@@ -107,6 +107,10 @@ class LoweringOptions:
     norm_raw_squares: bool = False
     # a layer norm's gamma / beta depthwise conv on its rows as [1, 1, rows, K] instead of [1, rows, 1, K] (ops_norm)
     norm_affine_one_row: bool = False
+    # a transposed conv whose kernel equals its stride (no two taps meet: a U-Net's 2x2 / 2 upsampling) as one
+    # 1x1 CONV2D of every phase as channels, then the depth-to-space shuffle (ops_conv.phases_conv: the same
+    # integers): Vela 5.2 leaves a TRANSPOSE_CONV2D's per-channel RESCALE unfused, an int32 MUL
+    transpose_conv_phases: bool = False
     # fold INT bias Adds behind a Q/DQ pair into the conv bias too (epilogue: exact per op to 1 LSB but drifts
     # from the QDQ reference, transformer TOSA SNR 32.8 -> 27.6 dB; off everywhere)
     int_bias_add: bool = False
@@ -196,7 +200,10 @@ FAMILY_OPTIONS: dict[LoweringFamily, LoweringOptions] = {
                            norm_widen_add=True, norm_index_rescale=True, dilation_taps=True,
                            dilation_phase_min=4,
                            plane_rows=PlaneRowsLimits(min_side=8, min_plane=64, min_elements=3072, max_channels=256),
-                           space_to_depth_channels=1),
+                           space_to_depth_channels=1, transpose_conv_phases=True),
+    # U55 and U65: a transposed conv whose kernel is its stride as a 1x1 conv of its phases and a depth-to-space
+    # shuffle (a 16x16x16 -> 32x32x8 2x2/2 upsample between convs: U55-128 0.568 -> 0.085 ms, U65-256 0.095 ->
+    # 0.044; U85-256 loses, 0.056 -> 0.076: its TRANSPOSE_CONV2D's RESCALE is cheap there).
     # U65: U55's TOSA op set on a wider MAC array and bus: the depthwise form wins only for <= 16 channels
     # on >= 16x16 planes, the upsample halves cost 3-6% there (kept whole), the sum wins from 8x8 x 32 ch;
     # a 3-channel image input kept planar and transposed on the NPU saves 33% on MobileNetV1 96x96 (its
@@ -210,7 +217,7 @@ FAMILY_OPTIONS: dict[LoweringFamily, LoweringOptions] = {
                            planar_input_channels=4, planar_1d_input_channels=8, dilation_taps=True,
                            dilation_phase_min=8,
                            plane_rows=PlaneRowsLimits(min_side=5, min_plane=100, min_elements=3072, max_channels=256),
-                           space_to_depth_channels=1),
+                           space_to_depth_channels=1, transpose_conv_phases=True),
     # U85-128/256/512: the order with the MAXIMUM copy saves 3% and 30 KiB on the U-Nets; zero kernel taps
     # and the int32 softmax for short rows are faster on every U85 size; a 3-channel image input with rows of
     # 128 bytes or more is staged into SRAM (every U85 size: MobileNetV1 96x96 U85-256 0.2384 -> 0.1863 ms,
