@@ -64,3 +64,35 @@ def test_torch_export_mish_builds_wholly_on_the_u55(tmp_path: Path, capsys):
     build = json.loads((tmp_path / "b" / "compile" / "report.json").read_text())["builds"][0]
     assert build["status"] == "passed"
     assert build["metrics"]["host_ops"] == 0 and build["metrics"]["npu_offload"] == 1.0
+
+
+def sub_pixel_model(mode: str = "CRD", extra_reader: bool = False) -> onnx.ModelProto:
+    """ESPCN's upsampler: Conv to 3 * 2 * 2 channels -> Relu -> DepthToSpace(2), as torch's pixel_shuffle (CRD)."""
+    rng = np.random.default_rng(2)
+    w = numpy_helper.from_array(rng.normal(size=(12, 4, 3, 3)).astype(np.float32), "w")
+    b = numpy_helper.from_array(rng.normal(size=12).astype(np.float32), "b")
+    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c"], pads=[1, 1, 1, 1], name="conv"),
+             helper.make_node("Relu", ["c"], ["r"], name="relu"),
+             helper.make_node("DepthToSpace", ["r"], ["y"], blocksize=2, mode=mode, name="shuffle")]
+    outputs = [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 3, 16, 16])]
+    if extra_reader:
+        outputs.append(helper.make_tensor_value_info("r", TensorProto.FLOAT, [1, 12, 8, 8]))
+    graph = helper.make_graph(nodes, "espcn", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, 8, 8])],
+                              outputs, [w, b])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_pixel_shuffle_after_its_conv_becomes_dcr_with_the_conv_channels_reordered():
+    model = sub_pixel_model()
+    out = normalise(model, {"x": [1, 4, 8, 8]}, "m.onnx")
+    d2s = next(n for n in out.graph.node if n.op_type == "DepthToSpace")
+    assert helper.get_attribute_value(next(a for a in d2s.attribute if a.name == "mode")) == b"DCR"
+    x = np.random.default_rng(4).normal(size=(1, 4, 8, 8)).astype(np.float32)
+    want = OnnxSession(model.SerializeToString())({"x": x})["y"]
+    np.testing.assert_allclose(OnnxSession(out.SerializeToString())({"x": x})["y"], want, rtol=1e-6, atol=1e-6)
+
+
+def test_a_conv_output_read_elsewhere_keeps_its_channel_order():
+    out = normalise(sub_pixel_model(extra_reader=True), {"x": [1, 4, 8, 8]}, "m.onnx")
+    d2s = next(n for n in out.graph.node if n.op_type == "DepthToSpace")
+    assert helper.get_attribute_value(next(a for a in d2s.attribute if a.name == "mode")) == b"CRD"

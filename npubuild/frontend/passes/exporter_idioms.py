@@ -1,5 +1,11 @@
 """Rewrite, at import, exporters' spellings of one function into the op the lowering runs on the NPU.
 
+- torch's pixel_shuffle, exported as DepthToSpace mode CRD, after the Conv that feeds it (a sub-pixel
+  convolution, ESPCN's upsampler): the Conv's output channels reordered to DCR order and the DepthToSpace
+  made DCR, the same function (each channel's weights, bias and so its quantisation move with it). DCR is
+  the order whose rows are whole channel ranges: U85 runs it with no TRANSPOSE (LoweringOptions.
+  depth_to_space_rows), and CRD needed a rank-5 one everywhere.
+
 - torch's softplus (F.softplus, and Mish through it) exported by torch.export / dynamo as
   Where(Greater(x, 20), x, Softplus(x)): torch's own threshold branch, x where softplus(x) = x. For a
   threshold T >= 15 the branch changes nothing a float32 tensor can hold (softplus(x) - x = log1p(exp(-x))
@@ -48,11 +54,56 @@ def _softplus_threshold(graph: ir.Graph, where: ir.Node) -> bool:
     return True
 
 
+CHANNELWISE = {"Relu", "Sigmoid", "Tanh", "LeakyRelu", "HardSigmoid", "HardSwish", "Elu", "Selu", "Softplus"}
+
+
+def _pixel_shuffle_dcr(depth_to_space: ir.Node) -> bool:
+    """Conv (-> per-element activations) -> DepthToSpace(CRD) -> the Conv's output channels in DCR order, DCR."""
+    if depth_to_space.attributes.get_string("mode", "DCR") != "CRD":
+        return False
+    b = depth_to_space.attributes.get_int("blocksize", 0)
+    value = depth_to_space.inputs[0]
+    chain: list[ir.Node] = []
+    producer = value.producer() if value is not None else None
+    while producer is not None and producer.op_type in CHANNELWISE and len(producer.inputs) == 1:
+        chain.append(producer)
+        producer = producer.inputs[0].producer() if producer.inputs[0] is not None else None
+    conv = producer
+    if conv is None or conv.op_type != "Conv" or conv.domain not in ("", "ai.onnx") or b < 1:
+        return False
+    for n in [conv, *chain]:
+        out = n.outputs[0]
+        if out.is_graph_output() or len(out.uses()) != 1:
+            return False  # another reader sees the channels in their first order
+    w = conv.inputs[1]
+    bias = conv.inputs[2] if len(conv.inputs) > 2 else None
+    if w is None or w.const_value is None or (bias is not None and bias.const_value is None):
+        return False
+    if len(w.uses()) != 1 or (bias is not None and len(bias.uses()) != 1):
+        return False  # a shared initializer keeps its order
+    weights = w.const_value.numpy()
+    c = weights.shape[0]
+    if c % (b * b):
+        return False
+    co = c // (b * b)
+    dcr = np.arange(c)
+    crd_of = (dcr % co) * b * b + dcr // co  # DCR channel (i * b + j) * co + k is CRD channel k * b * b + i * b + j
+    w.const_value = ir.tensor(np.ascontiguousarray(weights[crd_of]), name=w.const_value.name)
+    if bias is not None:
+        bias.const_value = ir.tensor(np.ascontiguousarray(bias.const_value.numpy()[crd_of]), name=bias.const_value.name)
+    depth_to_space.attributes["mode"] = ir.AttrString("mode", "DCR")
+    return True
+
+
 @register("exporter_idioms")
 class ExporterIdioms(ir.passes.InPlacePass):
     def call(self, model: ir.Model) -> ir.passes.PassResult:
         modified = False
         for node in list(model.graph):
-            if node.domain in ("", "ai.onnx") and node.op_type == "Where":
+            if node.domain not in ("", "ai.onnx"):
+                continue
+            if node.op_type == "Where":
                 modified |= _softplus_threshold(model.graph, node)
+            elif node.op_type == "DepthToSpace":
+                modified |= _pixel_shuffle_dcr(node)
         return ir.passes.PassResult(model, modified)

@@ -300,6 +300,9 @@ def _unscale(ctx: LoweringContext, acc: TTensor, factor: int, x: TTensor) -> TTe
     return rescale(ctx, acc, 1.0 / factor, x.dtype, 0, 0, x.q, output_of=out_of)
 
 
+MAX_ROW = 65536  # Vela's largest tensor dimension: a depth-to-space row of more elements keeps the TRANSPOSE
+
+
 def _blocksize(ctx: LoweringContext, x: TTensor) -> int:
     b = int(ctx.attr("blocksize"))
     if len(x.shape) != 4 or b < 1:
@@ -315,7 +318,14 @@ def lower_depth_to_space(ctx: LoweringContext) -> None:
     if c % (b * b):
         raise ctx.unsupported(f"{c} channels do not divide by blocksize^2 = {b * b}")
     co = c // (b * b)
-    if _str_attr(ctx, "mode", "DCR") == "DCR":  # channel = (i * b + j) * co + k
+    dcr = _str_attr(ctx, "mode", "DCR") == "DCR"
+    if dcr and ctx.options.depth_to_space_rows and w * b * co <= MAX_ROW:
+        # output row h * b + i is channels [i * b * co, (i + 1) * b * co) of input row h, read as w * b pixels:
+        # b channel SLICEs stacked along a new axis, no TRANSPOSE (LoweringOptions.depth_to_space_rows)
+        rows = [phys_reshape(ctx, slice_phys(ctx, x, [0, 0, 0, i * b * co], [n, h, w, b * co]), (n, h, 1, w * b * co))
+                for i in range(b)]
+        t = concat_phys(ctx, rows, 2)
+    elif dcr:  # channel = (i * b + j) * co + k
         v = phys_reshape(ctx, x, (n * h, w, b, b * co))
         t = transpose(ctx, v, (0, 2, 1, 3), (0, 1, 2, 3))
     else:  # CRD: channel = (k * b + i) * b + j
