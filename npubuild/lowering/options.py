@@ -111,6 +111,9 @@ class LoweringOptions:
     # 1x1 CONV2D of every phase as channels, then the depth-to-space shuffle (ops_conv.phases_conv: the same
     # integers): Vela 5.2 leaves a TRANSPOSE_CONV2D's per-channel RESCALE unfused, an int32 MUL
     transpose_conv_phases: bool = False
+    # an int8 conv whose kernel equals its stride, from this stride on, as a 1x1 conv of the input's patch view
+    # (space_to_depth.patch_view: the same integers); Vela runs a stride past 3 as one conv per output (0: never)
+    patch_conv_min_stride: int = 0
     # DepthToSpace (DCR) as one channel SLICE per output row phase, stacked by a CONCAT, no TRANSPOSE (ops_resize)
     depth_to_space_rows: bool = False
     # fold INT bias Adds behind a Q/DQ pair into the conv bias too (epilogue: exact per op to 1 LSB but drifts
@@ -175,7 +178,7 @@ PORTABLE = LoweringOptions()
 # 45799 -> 45803, not taken there). U55 and U65: the layer norm's variance from the int8 squares (K <= 128; an int8
 # MUL for an int32 one, one REDUCE_SUM of c fewer): U55-128 207344 -> 203424, U65-256 226921 -> 224001; on U85-256
 # 61616 -> 62008 and U85-1024 44879 -> 45803 it loses (measured with the other two forms on).
-EVERY_FAMILY = {"row_stats_channels": True}
+EVERY_FAMILY = {"row_stats_channels": True, "patch_conv_min_stride": 4}
 NORM_U55_U65 = {"norm_raw_squares": True, "norm_affine_one_row": True}
 FAMILY_OPTIONS: dict[LoweringFamily, LoweringOptions] = {
     # every family: a dilation past 2 as zero kernel taps (TCN d = 4, 8: U55-128 0.1522 -> 0.0911 ms, U65-256

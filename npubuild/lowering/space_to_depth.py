@@ -79,3 +79,25 @@ def _kernel(w_oihw: np.ndarray, rows: _Axis, cols: _Axis) -> np.ndarray:
     grid[:, :, rows.shift:rows.shift + kh, cols.shift:cols.shift + kw] = w_oihw
     blocks = grid.reshape(o, c, rows.kernel, 2, cols.kernel, 2).transpose(0, 3, 5, 1, 2, 4)
     return blocks.reshape(o, 4 * c, rows.kernel, cols.kernel)
+
+
+def patch_view(ctx: LoweringContext, x: TTensor, w_oihw: np.ndarray, pads: list[int], stride, dilation,
+               min_stride: int) -> tuple[TTensor, np.ndarray] | None:
+    """(the input's patch view, the kernel as 1x1) for a conv whose kernel is its stride (ConvNeXt's and a
+    ViT's patch embedding): each sh x sw patch is one position of sh * sw * C channels, channel
+    (ph * sw + pw) * C + c, and the kernel the same way, so the int32 sums are the same integers; or None.
+
+    Ethos-U convolves at strides up to 3: Vela 5.2 runs a stride-4 conv as one small conv per output position
+    (ConvNeXt's 4x4 / 4 stem on a 64x64x3 image: 256 convs, 623k of the network's 774k cycles on U55-128).
+    The view costs one TRANSPOSE of the input (LoweringOptions.patch_conv_min_stride)."""
+    n, h, w, c = x.shape
+    sh, sw = stride
+    kh, kw = w_oihw.shape[2], w_oihw.shape[3]
+    if (not min_stride or max(sh, sw) < min_stride or (kh, kw) != (sh, sw) or tuple(dilation) != (1, 1)
+            or any(pads) or h % sh or w % sw or n != 1 or x.q is None or x.dtype != np.int8):
+        return None
+    rows = reshape(ctx, x, (h // sh, sh, w // sw, sw * c), identity(4))
+    patches = transpose(ctx, rows, (0, 2, 1, 3), identity(4))
+    view = reshape(ctx, patches, (1, h // sh, w // sw, sh * sw * c), NHWC)
+    o = w_oihw.shape[0]
+    return view, np.ascontiguousarray(w_oihw.transpose(0, 2, 3, 1).reshape(o, sh * sw * c, 1, 1))

@@ -34,7 +34,7 @@ from npubuild.lowering.fusion import epilogue
 from npubuild.lowering.movement import phys_reshape
 from npubuild.lowering.quant import QParams
 from npubuild.lowering.registry import lowers
-from npubuild.lowering.space_to_depth import fold_stride
+from npubuild.lowering.space_to_depth import fold_stride, patch_view
 from npubuild.lowering.spatial import (
     CHANNELS_LAST_1D,
     Window,
@@ -133,7 +133,11 @@ def lower_conv(ctx: LoweringContext) -> None:
     x = slice_hw(ctx, x, keep)
     if ctx.options.dilation_taps and max(dilation) > MAX_HW_DILATION:
         w, dilation = taps_for_dilation(w, dilation)
-    if group == 1 and ctx.profile == "int" and ctx.options.space_to_depth_channels:
+    patched = patch_view(ctx, x, w, pads, stride, dilation, ctx.options.patch_conv_min_stride) \
+        if group == 1 and ctx.profile == "int" else None
+    if patched is not None:  # a patch embedding (kernel = stride > 3) as a 1x1 conv of its patch view
+        (x, w), stride = patched, (1, 1)
+    elif group == 1 and ctx.profile == "int" and ctx.options.space_to_depth_channels:
         folded = fold_stride(ctx, x, w, pads, stride, dilation, ctx.options.space_to_depth_channels)
         if folded is not None:  # a narrow stride-2 conv on its 2x2 space-to-depth view (space_to_depth.py)
             (x, w, pads), stride = folded, (1, 1)
