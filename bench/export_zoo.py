@@ -7,7 +7,9 @@ op types, TOSA max error (LSB), the worst node's own error, quantisation SNR, Ve
 transposes left. The first run of this (2026-12-01) found six defects, each now fixed and tested: int64 and
 bool inputs (an internal error; token ids calibrated on row 0 only), torch.export's softplus threshold branch
 (host GREATER/SELECT on U55), an NHWC image input (a real TRANSPOSE), no per-node check on a split model, a
-float16 model (an unloadable host partition), a graph input passed through to an output (exit 2).
+float16 model (an unloadable host partition), a graph input passed through to an output (exit 2); and three
+Vela performance traps, each now a lowering form (bench/perf_choices.md): a 2x2/2 ConvTranspose on U55/U65,
+pixel_shuffle's DepthToSpace, a stride-4 patch-embedding conv (ConvNeXt U55-128 1.548 -> 0.373 ms).
 
     PYTHONPATH=. python bench/export_zoo.py [--only NAME ...] [--work DIR] [--out bench/export_zoo.md]
 
