@@ -92,7 +92,14 @@ def test_pixel_shuffle_after_its_conv_becomes_dcr_with_the_conv_channels_reorder
     np.testing.assert_allclose(OnnxSession(out.SerializeToString())({"x": x})["y"], want, rtol=1e-6, atol=1e-6)
 
 
-def test_a_conv_output_read_elsewhere_keeps_its_channel_order():
-    out = normalise(sub_pixel_model(extra_reader=True), {"x": [1, 4, 8, 8]}, "m.onnx")
+@pytest.mark.parametrize("grouped", [False, True])
+def test_a_conv_output_read_elsewhere_or_grouped_keeps_its_channel_order(grouped: bool):
+    model = sub_pixel_model(extra_reader=not grouped)
+    if grouped:  # a grouped conv's output channels read their own group's inputs: no reordering
+        conv = model.graph.node[0]
+        conv.attribute.append(helper.make_attribute("group", 2))
+        w = next(i for i in model.graph.initializer if i.name == "w")
+        w.CopyFrom(numpy_helper.from_array(np.random.default_rng(5).normal(size=(12, 2, 3, 3)).astype(np.float32), "w"))
+    out = normalise(model, {"x": [1, 4, 8, 8]}, "m.onnx")
     d2s = next(n for n in out.graph.node if n.op_type == "DepthToSpace")
     assert helper.get_attribute_value(next(a for a in d2s.attribute if a.name == "mode")) == b"CRD"

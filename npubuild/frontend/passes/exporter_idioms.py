@@ -69,7 +69,8 @@ def _pixel_shuffle_dcr(depth_to_space: ir.Node) -> bool:
         chain.append(producer)
         producer = producer.inputs[0].producer() if producer.inputs[0] is not None else None
     conv = producer
-    if conv is None or conv.op_type != "Conv" or conv.domain not in ("", "ai.onnx") or b < 1:
+    if conv is None or conv.op_type != "Conv" or conv.domain not in ("", "ai.onnx") or b < 1 or \
+            conv.attributes.get_int("group", 1) != 1:  # a grouped conv's output channels belong to their groups
         return False
     for n in [conv, *chain]:
         out = n.outputs[0]
