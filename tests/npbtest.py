@@ -41,6 +41,14 @@ def run_cli(args: list[str], capsys, cwd: Path | None = None) -> tuple[int, str,
     return code, out.out, out.err
 
 
+def compile_builds(model: Path, targets: list[str], build_dir: Path, capsys) -> list[dict]:
+    """`npubuild compile MODEL --target T ...` in process: asserts exit 0, returns its report's build entries."""
+    args = ["compile", str(model), *[a for t in targets for a in ("--target", t)], "--build-dir", str(build_dir)]
+    code, out, err = run_cli(args, capsys)
+    assert code == 0, out + err
+    return read_report(build_dir / "compile")["builds"]
+
+
 def run_subprocess(args: list[str], cwd: Path) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "npubuild", *args], cwd=cwd, capture_output=True, text=True,
                           timeout=600)

@@ -6,13 +6,12 @@ TABLE on the NPU."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
 import onnx
 import pytest
-from npbtest import run_cli
+from npbtest import compile_builds
 from onnx import TensorProto, helper, numpy_helper
 
 from npubuild.frontend.normalise import normalise
@@ -58,10 +57,7 @@ def test_a_branch_that_changes_values_stays(threshold: float, taken: str):
 def test_torch_export_mish_builds_wholly_on_the_u55(tmp_path: Path, capsys):
     path = tmp_path / "mish.onnx"
     onnx.save(mish_model(), path)
-    code, out, err = run_cli(["compile", str(path), "--target", "ethos-u55-128", "--build-dir", str(tmp_path / "b")],
-                             capsys)
-    assert code == 0, out + err
-    build = json.loads((tmp_path / "b" / "compile" / "report.json").read_text())["builds"][0]
+    (build,) = compile_builds(path, ["ethos-u55-128"], tmp_path / "b", capsys)
     assert build["status"] == "passed"
     assert build["metrics"]["host_ops"] == 0 and build["metrics"]["npu_offload"] == 1.0
 
