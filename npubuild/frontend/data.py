@@ -121,10 +121,8 @@ def model_inputs(model_path: Path, input_shapes: dict[str, list[int]]) -> onnx.M
     return model
 
 
-def _table_rows(model: onnx.ModelProto, name: str) -> int | None:
+def _table_rows(inits: dict[str, onnx.TensorProto], producers: dict[str, onnx.NodeProto], name: str) -> int | None:
     """Rows of the constant table `name` holds (an initializer, a Constant, or the DequantizeLinear of either)."""
-    inits = {i.name: i for i in model.graph.initializer}
-    producers = {o: n for n in model.graph.node for o in n.output}
     for _ in range(2):
         if name in inits:
             return int(inits[name].dims[0]) if inits[name].dims else None
@@ -150,6 +148,8 @@ def integer_ranges(model: onnx.ModelProto, low: float = -1.0, high: float = 1.0)
     for n in model.graph.node:
         for i, name in enumerate(n.input):
             consumers.setdefault(name, []).append((n, i))
+    inits = {i.name: i for i in model.graph.initializer}
+    producers = {o: n for n in model.graph.node for o in n.output}
 
     def rows_indexed(value: str, depth: int = 0) -> list[int | None]:
         """The rows of each table `value` indexes (None for a reader that is no such Gather), through Casts."""
@@ -157,7 +157,7 @@ def integer_ranges(model: onnx.ModelProto, low: float = -1.0, high: float = 1.0)
         for node, i in consumers.get(value, []):
             axis = next((a.i for a in node.attribute if a.name == "axis"), 0)
             if node.op_type == "Gather" and i == 1 and axis == 0:
-                found.append(_table_rows(model, node.input[0]))
+                found.append(_table_rows(inits, producers, node.input[0]))
             elif node.op_type == "Cast" and depth < 2:  # int32 ids cast to int64 first, as exporters write
                 found += rows_indexed(node.output[0], depth + 1) or [None]
             else:

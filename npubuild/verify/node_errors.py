@@ -118,6 +118,10 @@ class NodeCheck:
         return NodeError(node, op_type, tensor, float(np.abs(e).max()), float(np.abs(e).mean()),
                          float(np.mean(e != 0)), float(e.mean()))
 
+    def run_all(self, expected_s: float) -> NodeErrors:
+        """Every cut, over worker processes when `expected_s` (their reference-model time) is worth it."""
+        return self.collect(fan_out(self.check, len(self.cuts), expected_s))
+
     def collect(self, checked: list[NodeError | None]) -> NodeErrors:
         return NodeErrors([e for e in checked if e is not None],
                           [cut[0] for cut, e in zip(self.cuts, checked, strict=True) if e is None])
@@ -152,5 +156,4 @@ def node_errors(lower_input: onnx.ModelProto, passes: list[str], samples: dict[s
     """Every quantised compute node's own error (INT profile) over the samples (arrays stacked on axis 0).
     The cuts are lowered and run in worker processes (build/fanout.py) when `expected_s`, the caller's
     estimate of their reference-model time, is worth it."""
-    check = prepare_node_check(lower_input, passes, samples, options)
-    return check.collect(fan_out(check.check, len(check.cuts), expected_s))
+    return prepare_node_check(lower_input, passes, samples, options).run_all(expected_s)
