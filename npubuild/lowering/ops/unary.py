@@ -32,8 +32,6 @@ from npubuild.lowering.quant import multiplier_shift
 from npubuild.lowering.registry import lowers, quantize_also
 from npubuild.lowering.table import lower_via_table
 
-HEADROOM_BITS = 20  # as elementwise.py's int8 Add: operands at 2**19 on the output's scale
-
 quantize_also("Tanh", "HardSigmoid", "HardSwish", "Gelu", "Erf", "Exp", "Log", "Sqrt", "Reciprocal", "Abs", "Neg",
               "PRelu", "Pow")
 
@@ -243,14 +241,28 @@ def _int_prelu_branches(ctx: LoweringContext, x: TTensor, slope: np.ndarray) -> 
                                  ctx.zp(zp, np.int8), ctx.zp(0, np.int8)], [acc.name],
            attr("DepthwiseConv2d", [0, 0, 0, 0], [1, 1], [1, 1], False, ts.DType.INT32))
     neg = rescale(ctx, acc, scales, np.int8, 0, zp_y, out_q)
-    # the sum: both on the output's scale, one of them at its zero point, so the int32 sum is exact
-    shift = 1 << (HEADROOM_BITS - 1)
-    p32 = rescale(ctx, pos, float(shift), np.int32, zp_y, 0, None)
-    n32 = rescale(ctx, neg, float(shift), np.int32, zp_y, 0, None)
+    # the sum, as an int8 Add: both operands widened by ~2**19 (one of them is always 0), back by 2**-19.
+    # The second operand's factor is 2**19 - 1/2 (multiplier 2**30 - 2**10, shift 11): Vela 5.2 fuses the
+    # widening RESCALEs into its ADD only when the two differ (with equal ones it ran each as an int32 ADD
+    # and MUL: 3x the Add's cycles). The result is the same: for |v| <= 255 the sum is v * 2**19 - d,
+    # |d| <= 128, which the final RESCALE (round half up) brings back to v exactly.
+    p32 = _rescale_fixed(ctx, pos, 1 << 30, 11, np.int32, zp_y, 0)
+    n32 = _rescale_fixed(ctx, neg, (1 << 30) - (1 << 10), 11, np.int32, zp_y, 0)
     acc2 = ctx.new_tensor(x.shape, np.int32, x.perm)
     ctx.op(Op.ADD, [p32.name, n32.name], [acc2.name], attr("Add"))
-    ctx.set_output(0, rescale(ctx, acc2, 1.0 / shift, np.int8, 0, zp_y, out_q, output_of=_out(ctx)))
+    ctx.set_output(0, _rescale_fixed(ctx, acc2, 1 << 30, 49, np.int8, 0, zp_y, out_q, output_of=_out(ctx)))
     return True
+
+
+def _rescale_fixed(ctx: LoweringContext, x: TTensor, multiplier: int, shift: int, out_dtype: type, in_zp: int,
+                   out_zp: int, out_q=None, output_of: str | None = None) -> TTensor:
+    """A RESCALE by multiplier * 2**-shift exactly as given (emit.rescale normalises a float scale)."""
+    out = ctx.new_tensor(x.shape, np.dtype(out_dtype), x.perm, out_q, output_of=output_of)
+    ctx.op(Op.RESCALE, [x.name, ctx.const(np.array([multiplier], np.int32), "multiplier"),
+                        ctx.const(np.array([shift], np.int8), "shift"), ctx.zp(in_zp, x.dtype),
+                        ctx.zp(out_zp, np.dtype(out_dtype))], [out.name],
+           attr("Rescale", True, ts.RoundingMode.SINGLE_ROUND, False, False, False))
+    return out
 
 
 def _int_prelu_per_channel(ctx: LoweringContext, x: TTensor, slope: np.ndarray) -> None:
