@@ -5,6 +5,17 @@ from __future__ import annotations
 from npubuild.build.stage import Chain, Stage, TaskSpec, run_of
 from npubuild.config.load import Build
 
+# gates on what the whole-graph check measures: one that falls short runs the per-node check to find the node
+WHOLE_GRAPH_GATES = ("max_tosa_error_lsb", "min_tosa_snr_db", "min_quant_snr_db", "min_accuracy", "max_accuracy_drop")
+
+
+def node_check_policy(b: Build) -> dict:
+    """When the per-node check runs: always where a spec gates a node's error (max_tosa_node_error_lsb), else
+    only where a whole-graph gate falls short (the first bad node is then found as before)."""
+    expect = b.spec.expect.model_dump()
+    return {"gated": expect.get("max_tosa_node_error_lsb") is not None,
+            "whole_graph_expect": {k: expect[k] for k in WHOLE_GRAPH_GATES if expect.get(k) is not None}}
+
 
 def plan(b: Build, chain: Chain) -> TaskSpec | None:
     if not b.spec.verify.tosa:
@@ -20,7 +31,8 @@ def plan(b: Build, chain: Chain) -> TaskSpec | None:
     config = {"lower": lower.key, "verify": b.spec.verify.model_dump(exclude={"fvp"}),
               "passes": list(b.pipeline.passes),  # node errors cut the model as the lower stage sees it
               "input_shapes": model.input_shapes, "calibration": model.calibration.model_dump(),
-              "evaluation": model.evaluation.model_dump() if model.evaluation else None}
+              "evaluation": model.evaluation.model_dump() if model.evaluation else None,
+              "node_check": node_check_policy(b)}
     return TaskSpec(b.model_name, config, inputs, {"numerics": "numerics.json", "reference": "reference.npz"},
                     ("lower",))
 
