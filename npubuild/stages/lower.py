@@ -19,7 +19,8 @@ def plan(b: Build, chain: Chain) -> TaskSpec:
                     {"onnx": prev.outputs["onnx"]}, {"io": "io.json"}, (prev.stage,), union={"families": families})
 
 
-STAGE = Stage("lower", "npubuild.ethosu.families", ("onnx", "onnx-ir", "tosa-tools"), plan,
+# Vela too: the measured family choices (ethosu/measured.py) compile with it, so a new Vela decides them again
+STAGE = Stage("lower", "npubuild.ethosu.families", ("onnx", "onnx-ir", "tosa-tools", "ethos-u-vela"), plan,
               run_of("npubuild.ethosu.families"),
               preload=("numpy.random", "tosa_reference_model", "npubuild.frontend.passes:load_all",
                        "npubuild.lowering:load_all"))  # the pipeline's passes, the op lowerings, the families' runs

@@ -1,0 +1,117 @@
+"""Family choices decided per build by measurement, not by a threshold tuned on the examples.
+
+A choice applies to some models only (`applies`); where it does, the family's lowering is made once per variant
+of its options and each variant's whole graph compiled by Vela on the family's reference target (its shipped
+profile, REFERENCE_TARGET), and the variant with Vela's shortest inference time is the one the family lowers
+with. Every variant gives the same integers (a layout, a form of the same sums), so the choice moves time and
+memory only. The lower stage's key holds Vela's version (stages/lower.py): the choice is made again when Vela
+changes, and cached like any stage output otherwise.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import onnx
+
+from npubuild.frontend.graph_index import GraphIndex
+from npubuild.lowering.driver import LoweredGraph
+from npubuild.lowering.options import LoweringOptions
+
+# the profile each family's choices are measured on: the shipped targets/ profile of that name
+REFERENCE_TARGET = {"u55": "ethos-u55-128", "u65": "ethos-u65-256", "u85": "ethos-u85-256",
+                    "u85wide": "ethos-u85-1024"}
+
+
+def narrow_nhwc_image(model: onnx.ModelProto, max_channels: int = 4) -> bool:
+    """A rank-4 graph input of 2..max_channels channels in its last axis that the model reads only through
+    Transposes to NCHW (perm 0, 3, 1, 2): an NHWC image as tf2onnx and onnx2tf export one."""
+    index = GraphIndex(model)
+    inits = {i.name for i in model.graph.initializer}
+    for vi in model.graph.input:
+        dims = [d.dim_value for d in vi.type.tensor_type.shape.dim]
+        if vi.name in inits or len(dims) != 4 or not 2 <= dims[3] <= max_channels:
+            continue
+        users = index.uses(vi.name, [])
+        if users and all(u.op_type == "Transpose" and [int(p) for a in u.attribute if a.name == "perm"
+                                                        for p in a.ints] == [0, 3, 1, 2] for u in users):
+            return True
+    return False
+
+
+@dataclass(frozen=True)
+class Choice:
+    """One measured choice: its name, when it applies, and the options of each variant besides the family's."""
+
+    name: str
+    applies: Callable[[onnx.ModelProto, LoweringOptions], bool]
+    variants: Callable[[LoweringOptions], list[LoweringOptions]]
+
+
+# U65 reads a narrow NCHW image planar and TRANSPOSEs it on the NPU (its first conv read 3-byte pieces from
+# DRAM); an NHWC image goes through the same planar form. That wins on MediaPipe face detection (128x128x3:
+# 1.311 ms planar against 1.559 as it is) and loses on hand landmarks (224x224x3: 3.549 against 3.067, the two
+# TRANSPOSEs 482k cycles where the first conv costs the same): measured per model.
+CHOICES: dict[str, tuple[Choice, ...]] = {
+    "u65": (Choice("narrow NHWC image input planar", lambda m, o: o.planar_input_channels > 0 and narrow_nhwc_image(m),
+                   lambda o: [replace(o, planar_input_channels=0)]),),
+}
+
+
+def vela_inference_ms(tosa: bytes, accelerator: str) -> float | None:
+    """Vela's estimate for one whole TOSA graph on the shipped profile of `accelerator` (None if Vela fails)."""
+    from npubuild.config.load import SHIPPED_ROOT, default_search_path, load_target
+    from npubuild.ethosu.vela import parse_summary_csv, vela_command
+    from npubuild.ethosu.vela_ini import render_ini
+
+    profile, _ = load_target(accelerator, default_search_path(SHIPPED_ROOT), None)
+    with tempfile.TemporaryDirectory(prefix="npubuild-choice-") as tmp:
+        src, ini, out = Path(tmp) / "m.tosa", Path(tmp) / "system.ini", Path(tmp) / "out"
+        src.write_bytes(tosa)
+        ini.write_text(render_ini(profile))
+        cmd = vela_command(src, ini, out, profile, profile.vela)
+        proc = subprocess.run(cmd, capture_output=True, text=True, check=False, timeout=600)
+        summaries = sorted(out.glob("*_summary_*.csv")) if proc.returncode == 0 else []
+        if not summaries:
+            return None
+        return float(parse_summary_csv(summaries[0])["inference_time"]) * 1e3
+
+
+def choose(model: onnx.ModelProto, fam: str, lower: Callable[[LoweringOptions], LoweredGraph | None],
+           measure: Callable[[bytes, str], float | None] = vela_inference_ms) -> tuple[LoweringOptions, list[dict]]:
+    """The family's options with each applicable choice decided by Vela's estimate, and what was measured.
+
+    `lower(options)` lowers the whole model with those options (None: no single graph, nothing to compare)."""
+    options = LoweringOptions.for_family(fam)
+    record = []
+    for choice in CHOICES.get(fam, ()):
+        if not choice.applies(model, options):
+            continue
+        candidates = [options, *choice.variants(options)]
+        times = []
+        for opts in candidates:
+            lowered = lower(opts)
+            times.append(measure(lowered.tosa, REFERENCE_TARGET[fam]) if lowered is not None else None)
+        if any(t is None for t in times):
+            record.append({"choice": choice.name, "ms": times, "taken": 0})
+            continue
+        best = min(range(len(candidates)), key=lambda i: (times[i], i))  # ties keep the family's own form
+        record.append({"choice": choice.name, "target": REFERENCE_TARGET[fam], "ms": times, "taken": best})
+        options = candidates[best]
+    return options, record
+
+
+def _main() -> None:  # pragma: no cover - a debugging aid: python -m npubuild.ethosu.measured MODEL.onnx FAMILY
+    from npubuild.lowering.driver import lower_model
+
+    model = onnx.load(sys.argv[1])
+    print(choose(model, sys.argv[2], lambda o: lower_model(model, "int", options=o))[1])
+
+
+if __name__ == "__main__":  # pragma: no cover
+    _main()
