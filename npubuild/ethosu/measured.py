@@ -44,6 +44,15 @@ def narrow_nhwc_image(model: onnx.ModelProto, max_channels: int = 4) -> bool:
     return False
 
 
+def narrow_image(model: onnx.ModelProto, max_channels: int = 4) -> bool:
+    """A rank-4 graph input of at most max_channels channels, NCHW or an NHWC image (narrow_nhwc_image)."""
+    inits = {i.name for i in model.graph.initializer}
+    return narrow_nhwc_image(model, max_channels) or any(
+        len(dims) == 4 and 0 < dims[1] <= max_channels
+        for vi in model.graph.input if vi.name not in inits
+        for dims in [[d.dim_value for d in vi.type.tensor_type.shape.dim]])
+
+
 @dataclass(frozen=True)
 class Choice:
     """One measured choice: its name, when it applies, and the options of each variant besides the family's."""
@@ -57,9 +66,16 @@ class Choice:
 # DRAM); an NHWC image goes through the same planar form. That wins on MediaPipe face detection (128x128x3:
 # 1.311 ms planar against 1.559 as it is) and loses on hand landmarks (224x224x3: 3.549 against 3.067, the two
 # TRANSPOSEs 482k cycles where the first conv costs the same): measured per model.
+# U85 copies a narrow image input into SRAM in long rows before the first conv reads it (input_staging.py):
+# MobileNetV1 96x96 U85-256 0.2384 -> 0.1863 ms, but MediaPipe hand landmarks (224x224x3) 3.380 -> 3.255 without
+# it (its MAXIMUM copy 125k cycles, the conv no faster): measured per model.
+STAGED_INPUT = Choice("narrow image input staged into SRAM", lambda m, o: o.staged_input_min_row > 0 and narrow_image(m),
+                      lambda o: [replace(o, staged_input_min_row=0)])
 CHOICES: dict[str, tuple[Choice, ...]] = {
     "u65": (Choice("narrow NHWC image input planar", lambda m, o: o.planar_input_channels > 0 and narrow_nhwc_image(m),
                    lambda o: [replace(o, planar_input_channels=0)]),),
+    "u85": (STAGED_INPUT,),
+    "u85wide": (STAGED_INPUT,),
 }
 
 
@@ -93,10 +109,10 @@ def choose(model: onnx.ModelProto, fam: str, lower: Callable[[LoweringOptions], 
         if not choice.applies(model, options):
             continue
         candidates = [options, *choice.variants(options)]
-        times = []
-        for opts in candidates:
-            lowered = lower(opts)
-            times.append(measure(lowered.tosa, REFERENCE_TARGET[fam]) if lowered is not None else None)
+        graphs = [lower(opts) for opts in candidates]
+        if any(g is None for g in graphs) or len({g.tosa for g in graphs}) == 1:
+            continue  # no single graph to compare, or the choice changes nothing in this model
+        times = [measure(g.tosa, REFERENCE_TARGET[fam]) for g in graphs]
         if any(t is None for t in times):
             record.append({"choice": choice.name, "ms": times, "taken": 0})
             continue

@@ -57,3 +57,14 @@ def test_u65_takes_the_form_vela_estimates_faster_for_this_model(side: int, tmp_
     (part,) = io.families["u65"].partitions
     written = (tmp_path / part.file).read_bytes()
     assert written == forms[options]
+
+
+def test_u85_stages_a_narrow_image_input_where_vela_estimates_it_faster(tmp_path: Path):
+    model = nhwc_image_model(224)
+    own = FAMILY_OPTIONS["u85"]
+    forms = [lower_model(model, "int", options=o).tosa for o in (own, replace(own, staged_input_min_row=0))]
+    assert forms[0] != forms[1]  # the staged form copies the input with a MAXIMUM first
+    ms = [vela_inference_ms(t, REFERENCE_TARGET["u85"]) for t in forms]
+    _, record = choose(model, "u85", lambda o: lower_model(model, "int", options=o))
+    assert record == [{"choice": "narrow image input staged into SRAM", "target": "ethos-u85-256", "ms": ms,
+                       "taken": int(ms[1] < ms[0])}]
