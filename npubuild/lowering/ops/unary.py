@@ -231,10 +231,14 @@ def _int_prelu_branches(ctx: LoweringContext, x: TTensor, slope: np.ndarray) -> 
         return False
     c = x.shape[3]
     zp, zp_y = int(x.q.zp), int(out_q.zp)
-    # positive branch: x requantised, then everything below the output's zero point clamped to it
-    pos = clamp(ctx, rescale(ctx, x, a, np.int8, zp, zp_y, out_q), zp_y, 127)
-    # negative branch: min(x, zp) times slope per channel: weight sign(slope), scale |slope| a
-    neg_in = clamp(ctx, x, -128, zp)
+    if ctx.options.prelu_elementwise:
+        pos = _min_max(ctx, Op.MAXIMUM, x, zp, a, out_q)  # max(R(a (x - zp)), 0) + zp_y: one rounding
+        neg_in = _min_max(ctx, Op.MINIMUM, x, zp)
+    else:
+        # positive branch: x requantised, then everything below the output's zero point clamped to it
+        pos = clamp(ctx, rescale(ctx, x, a, np.int8, zp, zp_y, out_q), zp_y, 127)
+        # negative branch: min(x, zp) times slope per channel: weight sign(slope), scale |slope| a
+        neg_in = clamp(ctx, x, -128, zp)
     acc = ctx.new_tensor(x.shape, np.int32, x.perm)
     weights = np.sign(per_c).astype(np.int8).reshape(1, 1, c, 1)
     ctx.op(Op.DEPTHWISE_CONV2D, [neg_in.name, ctx.const(weights, "prelu_sign"), ctx.const(np.zeros(c, np.int32), "bias"),
@@ -252,6 +256,21 @@ def _int_prelu_branches(ctx: LoweringContext, x: TTensor, slope: np.ndarray) -> 
     ctx.op(Op.ADD, [p32.name, n32.name], [acc2.name], attr("Add"))
     ctx.set_output(0, _rescale_fixed(ctx, acc2, 1 << 30, 49, np.int8, 0, zp_y, out_q, output_of=_out(ctx)))
     return True
+
+
+def _min_max(ctx: LoweringContext, op, x: TTensor, value: int, scale: float = 1.0, out_q=None) -> TTensor:
+    """MINIMUM / MAXIMUM of int8 x - zp and int8 value - zp, both times `scale` and rounded once (RESCALE to
+    int32), on `out_q` (default x's): TOSA has them on int32 only, and Vela fuses the RESCALEs into its
+    elementwise op (U85 runs it at 4 elements a cycle, a CLAMP as a 1x1 pool at 2)."""
+    assert x.q is not None
+    out_q = out_q or x.q
+    a = rescale(ctx, x, scale, np.int32, x.q.zp, 0, None)
+    bound = ctx.const(np.full((1,) * len(x.shape), value, np.int8), "bound")
+    b = rescale(ctx, TTensor(bound, (1,) * len(x.shape), np.dtype(np.int8), x.perm, x.q), scale, np.int32, x.q.zp, 0,
+                None)
+    acc = ctx.new_tensor(x.shape, np.int32, x.perm)
+    ctx.op(op, [a.name, b.name], [acc.name], attr("Minimum" if op == Op.MINIMUM else "Maximum", fp.NAN_MODE))
+    return rescale(ctx, acc, 1.0, out_q.dtype, 0, out_q.zp, out_q)
 
 
 def _rescale_fixed(ctx: LoweringContext, x: TTensor, multiplier: int, shift: int, out_dtype: type, in_zp: int,
