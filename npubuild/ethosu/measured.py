@@ -77,7 +77,8 @@ def has_op(model: onnx.ModelProto, op_type: str) -> bool:
 
 # U85 keeps a TRANSPOSE_CONV2D whose kernel is its stride (a 2x2/2 U-Net upsample between small convs: 0.0557
 # against 0.0756 ms as phases), but PP-OCRv4 det's FPN upsamples cost 1.46M of its 5.06M U85-256 cycles so:
-# measured per model.
+# measured per model. (U55 / U65 keep the phases: the transposed conv measured slower on every model tried,
+# selfie segmentation U65-256 included: 4.648 ms as phases, 4.802 as TRANSPOSE_CONV2D.)
 PHASES = Choice("transposed conv as a 1x1 conv of its phases", lambda m, o: not o.transpose_conv_phases and
                 has_op(m, "ConvTranspose"), lambda o: [replace(o, transpose_conv_phases=True)])
 CHOICES: dict[str, tuple[Choice, ...]] = {
