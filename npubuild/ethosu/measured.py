@@ -69,8 +69,10 @@ class Choice:
 # U85 copies a narrow image input into SRAM in long rows before the first conv reads it (input_staging.py):
 # MobileNetV1 96x96 U85-256 0.2384 -> 0.1863 ms, but MediaPipe hand landmarks (224x224x3) 3.380 -> 3.255 without
 # it (its MAXIMUM copy 125k cycles, the conv no faster): measured per model.
-STAGED_INPUT = Choice("narrow image input staged into SRAM", lambda m, o: o.staged_input_min_row > 0 and narrow_image(m),
-                      lambda o: [replace(o, staged_input_min_row=0)])
+# U65 did not stage (digits and the U-Nets gained, 1-channel stems lost: bench/perf_choices.md); its planar or
+# as-is reads of a 3-channel image from DRAM cost MediaPipe selfie segmentation's first conv 1.08M cycles.
+STAGED_INPUT = Choice("narrow image input staged into SRAM", lambda m, o: narrow_image(m),
+                      lambda o: [replace(o, staged_input_min_row=0 if o.staged_input_min_row else 128)])
 def has_op(model: onnx.ModelProto, op_type: str) -> bool:
     return any(n.op_type == op_type for n in model.graph.node)
 
@@ -83,7 +85,7 @@ PHASES = Choice("transposed conv as a 1x1 conv of its phases", lambda m, o: not 
                 has_op(m, "ConvTranspose"), lambda o: [replace(o, transpose_conv_phases=True)])
 CHOICES: dict[str, tuple[Choice, ...]] = {
     "u65": (Choice("narrow NHWC image input planar", lambda m, o: o.planar_input_channels > 0 and narrow_nhwc_image(m),
-                   lambda o: [replace(o, planar_input_channels=0)]),),
+                   lambda o: [replace(o, planar_input_channels=0)]), STAGED_INPUT),
     "u85": (STAGED_INPUT, PHASES),
     "u85wide": (STAGED_INPUT, PHASES),
 }
