@@ -106,6 +106,9 @@ class TargetProfile(Strict):
     pools: dict[Name, MemoryPool]
     placement: Placement
     vela: VelaOptions = VelaOptions()
+    optimise: Literal["performance", "size"] | None = Field(
+        default=None, description="What the build minimises: inference time (default) or SRAM and off-chip memory "
+        "(Vela's --optimise Size, and npubuild's forms chosen by memory); a spec's optimise overrides it")
     mirrors: VelaMirror | None = Field(
         default=None, description="The Vela bundled system config + memory mode this profile reproduces"
     )
@@ -228,6 +231,9 @@ class CompileSpec(Strict):
     expect: Expect = Expect()
     fvp: FvpOptions = FvpOptions()
     vela: VelaOptions | None = Field(default=None, description="Overrides, field by field, the target profiles' Vela options")
+    optimise: Literal["performance", "size"] | None = Field(
+        default=None, description="What the builds minimise: inference time (default) or SRAM and off-chip memory "
+        "(Vela's --optimise Size, and npubuild's forms chosen by memory); overrides the target profiles' optimise")
     search_paths: list[str] = Field(
         default=[], description="Extra directories (relative to this file) holding targets/ and pipelines/"
     )

@@ -149,7 +149,8 @@ def run(task: StageTask) -> dict:
     model = ir.serde.serialize_model(ir_model)
     io_path = task.outputs["io"]
     choices: dict[str, list[dict]] = {}
-    io, tosa_ops = lower_families(model, pipeline["profile"], io_path.parent, task.config["families"], choices)
+    io, tosa_ops = lower_families(model, pipeline["profile"], io_path.parent, task.config["families"], choices,
+                                  task.config.get("optimise", "performance"))
     io.write(io_path)
     families = io.families
     compute_nodes = [n for n in model.graph.node if n.op_type not in QDQ_OPS]
@@ -165,10 +166,12 @@ def run(task: StageTask) -> dict:
 
 def lower_families(model: onnx.ModelProto, profile: Literal["int", "fp"], out_dir: Path,
                    families: Sequence[str] = LOWERING_FAMILIES,
-                   choices: dict[str, list[dict]] | None = None) -> tuple[LowerRecord, dict[str, int]]:
+                   choices: dict[str, list[dict]] | None = None,
+                   optimise: str = "performance") -> tuple[LowerRecord, dict[str, int]]:
     """The lower stage's work on a model already through the pipeline's passes: model.tosa (when one TOSA
     graph runs the whole model) or the portable split, and for an INT model each family's split, all
-    written to `out_dir`. Returns io.json's record (with the families) and the count of each TOSA op."""
+    written to `out_dir`. Returns io.json's record (with the families) and the count of each TOSA op.
+    `optimise` "size": the families' measured choices go by SRAM and off-chip memory (ethosu/measured.py)."""
     partial = lower_lowerable(model, profile)
     lowered = partial.lowered
     node_ops = lowered.node_ops if lowered is not None else {}
@@ -190,7 +193,7 @@ def lower_families(model: onnx.ModelProto, profile: Literal["int", "fp"], out_di
     if profile == "int":
         qdq_path = out_dir / "model_partitioning.onnx"
         # model.tosa's (or the portable split's) own runs: measured once, for every family
-        cache = CheckCache(integers=integer_ranges(model))
+        cache = CheckCache(integers=integer_ranges(model), optimise=optimise)
         for fam in families:
             records[fam] = family_split(model, partial, io, fam, out_dir, qdq_path, cache)
         if choices is not None:  # what ethosu/measured.py measured, for the stage's metrics
@@ -205,6 +208,7 @@ class CheckCache:
     baseline_error: dict[str, float] = field(default_factory=dict)  # "whole" / "portable" -> its own error
     integers: dict[str, tuple[int, int]] = field(default_factory=dict)  # integer inputs' values (check_feeds)
     choices: dict[str, list[dict]] = field(default_factory=dict)  # per family: what ethosu/measured.py measured
+    optimise: str = "performance"  # what the measured choices minimise
     whole: WholeGraphRun | None = None
 
     def with_own_run(self, qdq_path: Path, out_dir: Path, io: LowerRecord,
@@ -241,7 +245,8 @@ def family_split(model: onnx.ModelProto, partial: PartialLowering, io: LowerReco
         return tried[opts]
 
     # the family's forms, with the choices a measurement decides for this model (ethosu/measured.py)
-    options, measured = choose(model, fam, lambda o: lower(o).lowered if lower(o).whole else None) \
+    options, measured = choose(model, fam, lambda o: lower(o).lowered if lower(o).whole else None,
+                               optimise=cache.optimise) \
         if profile == "int" and partial.whole else (LoweringOptions.for_family(fam), [])
     cache.choices[fam] = measured
     fam_partial = lower(options)  # forms only this family runs

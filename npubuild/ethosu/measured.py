@@ -91,45 +91,87 @@ CHOICES: dict[str, tuple[Choice, ...]] = {
 }
 
 
-def vela_inference_ms(tosa: bytes, accelerator: str) -> float | None:
-    """Vela's estimate for one whole TOSA graph on the shipped profile of `accelerator` (None if Vela fails)."""
+def _off(field: str) -> Choice:
+    """A form that trades memory for time (constants, a copy), off: decided by memory in size mode."""
+    off = getattr(LoweringOptions(), field)  # the portable lowering's value: the form not taken
+    return Choice(f"{field} off (for memory)", lambda m, o: getattr(o, field) != off,
+                  lambda o: [replace(o, **{field: off})])
+
+
+# optimise: size. The forms bench/perf_choices.md measured as buying time with memory: the row sums' ones
+# weights and scales, the depthwise requantise and copies' per-channel constants, the layer norm's gamma / beta
+# depthwise scales, zero kernel taps (weights), the staged input copy, the concat orders' copies; each tried off
+# and kept off where neither SRAM nor off-chip grows and one shrinks.
+SIZE_CHOICES: tuple[Choice, ...] = tuple(_off(f) for f in (
+    "plane_rows", "dw_requantize", "concat_dw_copy", "concat_max_copy", "norm_affine_one_row", "dilation_taps",
+    "conv_stride_taps", "staged_input_min_row", "concat_order"))
+
+
+def vela_figures(tosa: bytes, accelerator: str, optimise: str = "performance") -> dict | None:
+    """Vela's estimate for one whole TOSA graph on the shipped profile of `accelerator`: inference ms, SRAM and
+    off-chip KiB (None if Vela fails). `optimise` "size" compiles with Vela's --optimise Size."""
     from npubuild.config.load import SHIPPED_ROOT, default_search_path, load_target
     from npubuild.ethosu.vela import parse_summary_csv, vela_command
     from npubuild.ethosu.vela_ini import render_ini
 
     profile, _ = load_target(accelerator, default_search_path(SHIPPED_ROOT), None)
+    opts = profile.vela.model_copy(update={"optimise": "Size"}) if optimise == "size" else profile.vela
     with tempfile.TemporaryDirectory(prefix="npubuild-choice-") as tmp:
         src, ini, out = Path(tmp) / "m.tosa", Path(tmp) / "system.ini", Path(tmp) / "out"
         src.write_bytes(tosa)
         ini.write_text(render_ini(profile))
-        cmd = vela_command(src, ini, out, profile, profile.vela)
-        proc = subprocess.run(cmd, capture_output=True, text=True, check=False, timeout=600)
+        proc = subprocess.run(vela_command(src, ini, out, profile, opts), capture_output=True, text=True,
+                              check=False, timeout=600)
         summaries = sorted(out.glob("*_summary_*.csv")) if proc.returncode == 0 else []
         if not summaries:
             return None
-        return float(parse_summary_csv(summaries[0])["inference_time"]) * 1e3
+        row = parse_summary_csv(summaries[0])
+        return {"ms": round(float(row["inference_time"]) * 1e3, 6), "sram_kib": round(float(row["sram_memory_used"]), 3),
+                "offchip_kib": round(float(row["off_chip_flash_memory_used"]) + float(row["dram_memory_used"]), 3)}
+
+
+def vela_inference_ms(tosa: bytes, accelerator: str) -> float | None:
+    figures = vela_figures(tosa, accelerator)
+    return figures["ms"] if figures else None
+
+
+def better(a: dict, b: dict, optimise: str) -> bool:
+    """Whether figures `a` beat `b`: performance by time; size by memory, a variant taken only where neither
+    SRAM nor off-chip grows and one of them shrinks (or both are equal and it is faster)."""
+    if optimise != "size":
+        return a["ms"] < b["ms"]
+    mem_a, mem_b = (a["sram_kib"], a["offchip_kib"]), (b["sram_kib"], b["offchip_kib"])
+    if mem_a == mem_b:
+        return a["ms"] < b["ms"]
+    return all(x <= y for x, y in zip(mem_a, mem_b, strict=True))
 
 
 def choose(model: onnx.ModelProto, fam: str, lower: Callable[[LoweringOptions], LoweredGraph | None],
-           measure: Callable[[bytes, str], float | None] = vela_inference_ms) -> tuple[LoweringOptions, list[dict]]:
+           measure: Callable[..., dict | None] = vela_figures,
+           optimise: str = "performance") -> tuple[LoweringOptions, list[dict]]:
     """The family's options with each applicable choice decided by Vela's estimate, and what was measured.
 
-    `lower(options)` lowers the whole model with those options (None: no single graph, nothing to compare)."""
+    `lower(options)` lowers the whole model with those options (None: no single graph, nothing to compare).
+    `optimise` "size" adds the choices that trade memory for time (SIZE_CHOICES) and decides by memory."""
     options = LoweringOptions.for_family(fam)
     record = []
-    for choice in CHOICES.get(fam, ()):
+    choices = (*CHOICES.get(fam, ()), *(SIZE_CHOICES if optimise == "size" else ()))
+    for choice in choices:
         if not choice.applies(model, options):
             continue
         candidates = [options, *choice.variants(options)]
         graphs = [lower(opts) for opts in candidates]
         if any(g is None for g in graphs) or len({g.tosa for g in graphs}) == 1:
             continue  # no single graph to compare, or the choice changes nothing in this model
-        times = [measure(g.tosa, REFERENCE_TARGET[fam]) for g in graphs]
-        if any(t is None for t in times):
-            record.append({"choice": choice.name, "ms": times, "taken": 0})
+        figures = [measure(g.tosa, REFERENCE_TARGET[fam], optimise) for g in graphs]
+        if any(f is None for f in figures):
+            record.append({"choice": choice.name, "figures": figures, "taken": 0})
             continue
-        best = min(range(len(candidates)), key=lambda i: (times[i], i))  # ties keep the family's own form
-        record.append({"choice": choice.name, "target": REFERENCE_TARGET[fam], "ms": times, "taken": best})
+        best = 0
+        for i in range(1, len(candidates)):  # ties keep the family's own form
+            if better(figures[i], figures[best], optimise):
+                best = i
+        record.append({"choice": choice.name, "target": REFERENCE_TARGET[fam], "figures": figures, "taken": best})
         options = candidates[best]
     return options, record
 

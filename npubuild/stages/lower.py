@@ -15,7 +15,10 @@ def plan(b: Build, chain: Chain) -> TaskSpec:
     prev = chain.get("quantize") or chain["import"]
     own = (Accelerator.parse(b.target.accelerator).lowering_family,)
     families = (b.spec_families or own) if b.pipeline.profile == "int" else ()
-    return TaskSpec(b.model_name, {"input": prev.key, "pipeline": b.pipeline.model_dump()},
+    config = {"input": prev.key, "pipeline": b.pipeline.model_dump()}
+    if b.optimise == "size":  # its own task: the families' measured choices go by memory (ethosu/measured.py)
+        config["optimise"] = "size"
+    return TaskSpec(b.model_name, config,
                     {"onnx": prev.outputs["onnx"]}, {"io": "io.json"}, (prev.stage,), union={"families": families})
 
 

@@ -12,7 +12,7 @@ from onnx import TensorProto, helper, numpy_helper
 from ophelpers import calib, quantize_model
 
 from npubuild.ethosu.families import lower_families
-from npubuild.ethosu.measured import REFERENCE_TARGET, choose, narrow_nhwc_image, vela_inference_ms
+from npubuild.ethosu.measured import REFERENCE_TARGET, choose, narrow_nhwc_image, vela_figures
 from npubuild.lowering.driver import lower_model
 from npubuild.lowering.options import FAMILY_OPTIONS
 from npubuild.tosa.graph import read_tosa
@@ -49,9 +49,10 @@ def test_u65_takes_the_form_vela_estimates_faster_for_this_model(side: int, tmp_
     forms = {opts: lower_model(model, "int", options=opts).tosa for opts in (own, replace(own, planar_input_channels=0))}
     planar, as_is = forms.values()
     assert transposes(planar) > transposes(as_is) == 0  # the planar form reads the image through a TRANSPOSE
-    ms = [vela_inference_ms(t, REFERENCE_TARGET["u65"]) for t in forms.values()]
+    figures = [vela_figures(t, REFERENCE_TARGET["u65"]) for t in forms.values()]
+    ms = [f["ms"] for f in figures]
     options, record = choose(model, "u65", lambda o: lower_model(model, "int", options=o))
-    assert record[0] == {"choice": "narrow NHWC image input planar", "target": "ethos-u65-256", "ms": ms,
+    assert record[0] == {"choice": "narrow NHWC image input planar", "target": "ethos-u65-256", "figures": figures,
                          "taken": int(ms[1] < ms[0])}
     assert (options.planar_input_channels == 0) == (ms[1] < ms[0])
     io, _ = lower_families(model, "int", tmp_path, ["u65"])  # the lower stage writes the form taken
@@ -64,7 +65,21 @@ def test_u85_stages_a_narrow_image_input_where_vela_estimates_it_faster(tmp_path
     own = FAMILY_OPTIONS["u85"]
     forms = [lower_model(model, "int", options=o).tosa for o in (own, replace(own, staged_input_min_row=0))]
     assert forms[0] != forms[1]  # the staged form copies the input with a MAXIMUM first
-    ms = [vela_inference_ms(t, REFERENCE_TARGET["u85"]) for t in forms]
+    figures = [vela_figures(t, REFERENCE_TARGET["u85"]) for t in forms]
+    ms = [f["ms"] for f in figures]
     _, record = choose(model, "u85", lambda o: lower_model(model, "int", options=o))
-    assert record[0] == {"choice": "narrow image input staged into SRAM", "target": "ethos-u85-256", "ms": ms,
-                         "taken": int(ms[1] < ms[0])}
+    assert record[0] == {"choice": "narrow image input staged into SRAM", "target": "ethos-u85-256",
+                         "figures": figures, "taken": int(ms[1] < ms[0])}
+
+
+def test_size_mode_decides_by_memory(tmp_path: Path):
+    """optimise: size measures the forms that trade memory for time too, and keeps a variant only where neither
+    SRAM nor off-chip grows: U85's staged input copy (an SRAM buffer) is dropped for memory on this stem."""
+    model = nhwc_image_model(224)
+    options, record = choose(model, "u85", lambda o: lower_model(model, "int", options=o), optimise="size")
+    staged = next(r for r in record if r["choice"] == "narrow image input staged into SRAM")
+    own, off = staged["figures"]
+    assert (staged["taken"] == 1) == (off["sram_kib"] <= own["sram_kib"] and off["offchip_kib"] <= own["offchip_kib"]
+                                      and (off["sram_kib"], off["offchip_kib"]) != (own["sram_kib"], own["offchip_kib"])
+                                      or (off["sram_kib"], off["offchip_kib"]) == (own["sram_kib"], own["offchip_kib"])
+                                      and off["ms"] < own["ms"])
