@@ -153,6 +153,7 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--real", type=Path, required=True, help="writable copy of shared/models/real, calib/ made")
     ap.add_argument("--work", type=Path, default=Path("/work/scratch/perf/rr"))
     ap.add_argument("--out", type=Path, help="write the Markdown here (bench/real_routes.md)")
+    ap.add_argument("--build-dir", type=Path, help="npubuild's build dir (default: --real/build)")
     ap.add_argument("--raw", type=Path, default=RAW, help="the originals as extracted from the wheels")
     ap.add_argument("--tf-python", default="/work/scratch/realgen/s/tfvenv/bin/python")
     ap.add_argument("--onnx2tf-python", default="/work/scratch/perf/o2tvenv/bin/python")
@@ -163,7 +164,7 @@ def main(argv: list[str]) -> int:
     args = ap.parse_args(argv)
     real, work = args.real.resolve(), args.work.resolve()
     work.mkdir(parents=True, exist_ok=True)
-    build_dir = real / "build"
+    build_dir = (args.build_dir or real / "build").resolve()
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     if "build" not in args.skip:
         specs = [str(real / "specs" / f"{m}.yaml") for m in args.only] if args.only else ["specs"]
