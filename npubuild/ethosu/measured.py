@@ -62,10 +62,10 @@ class Choice:
     variants: Callable[[LoweringOptions], list[LoweringOptions]]
 
 
-# U65 reads a narrow NCHW image planar and TRANSPOSEs it on the NPU (its first conv read 3-byte pieces from
-# DRAM); an NHWC image goes through the same planar form. That wins on MediaPipe face detection (128x128x3:
-# 1.311 ms planar against 1.559 as it is) and loses on hand landmarks (224x224x3: 3.549 against 3.067, the two
-# TRANSPOSEs 482k cycles where the first conv costs the same): measured per model.
+# U65 reads a narrow image planar and TRANSPOSEs it on the NPU (its first conv read 3-byte pieces from DRAM).
+# That wins on MobileNetV1 96x96 (33%) and MediaPipe face detection (128x128x3: 1.311 ms planar against 1.559
+# as it is) and loses on hand landmarks (224x224x3 NHWC: 3.549 against 3.067) and the PP-LCNet orientation
+# classifier (224x224x3 NCHW: its two TRANSPOSEs 482k cycles, the first conv the same): measured per model.
 # U85 copies a narrow image input into SRAM in long rows before the first conv reads it (input_staging.py):
 # MobileNetV1 96x96 U85-256 0.2384 -> 0.1863 ms, but MediaPipe hand landmarks (224x224x3) 3.380 -> 3.255 without
 # it (its MAXIMUM copy 125k cycles, the conv no faster): measured per model.
@@ -84,7 +84,7 @@ def has_op(model: onnx.ModelProto, op_type: str) -> bool:
 PHASES = Choice("transposed conv as a 1x1 conv of its phases", lambda m, o: not o.transpose_conv_phases and
                 has_op(m, "ConvTranspose"), lambda o: [replace(o, transpose_conv_phases=True)])
 CHOICES: dict[str, tuple[Choice, ...]] = {
-    "u65": (Choice("narrow NHWC image input planar", lambda m, o: o.planar_input_channels > 0 and narrow_nhwc_image(m),
+    "u65": (Choice("narrow image input planar", lambda m, o: o.planar_input_channels > 0 and narrow_image(m),
                    lambda o: [replace(o, planar_input_channels=0)]), STAGED_INPUT),
     "u85": (STAGED_INPUT, PHASES),
     "u85wide": (STAGED_INPUT, PHASES),

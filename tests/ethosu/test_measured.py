@@ -52,7 +52,7 @@ def test_u65_takes_the_form_vela_estimates_faster_for_this_model(side: int, tmp_
     figures = [vela_figures(t, REFERENCE_TARGET["u65"]) for t in forms.values()]
     ms = [f["ms"] for f in figures]
     options, record = choose(model, "u65", lambda o: lower_model(model, "int", options=o))
-    assert record[0] == {"choice": "narrow NHWC image input planar", "target": "ethos-u65-256", "figures": figures,
+    assert record[0] == {"choice": "narrow image input planar", "target": "ethos-u65-256", "figures": figures,
                          "taken": int(ms[1] < ms[0])}
     assert (options.planar_input_channels == 0) == (ms[1] < ms[0])
     io, _ = lower_families(model, "int", tmp_path, ["u65"])  # the lower stage writes the form taken
