@@ -338,11 +338,10 @@ def vela_options(target: VelaOptions, spec: VelaOptions | None, optimise: str | 
 
     Field by field, so a spec asking for one extra flag keeps what the target
     chose elsewhere (its output format, say). `optimise: size` (spec or profile) asks Vela for
-    `--optimise Size` unless a `vela: {optimise: ...}` says otherwise.
+    `--optimise Size` over the profile's Vela options, unless the spec's own `vela: {optimise: ...}` says otherwise.
     """
     opts = target if spec is None else target.model_copy(update={k: getattr(spec, k) for k in spec.model_fields_set})
-    explicit = "optimise" in target.model_fields_set or (spec is not None and "optimise" in spec.model_fields_set)
-    if optimise == "size" and not explicit:
+    if optimise == "size" and not (spec is not None and "optimise" in spec.model_fields_set):
         opts = opts.model_copy(update={"optimise": "Size"})
     return opts
 
