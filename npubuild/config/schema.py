@@ -180,8 +180,12 @@ class ModelSpec(Strict):
 
 
 class Quantization(Strict):
+    """How the float model is quantised. `auto` (the default) tries each activation range estimator with and
+    without bias correction and keeps what measures closest to float on the calibration data."""
+
     per_channel: bool = True
-    method: Literal["minmax", "entropy", "percentile"] = "minmax"
+    method: Literal["auto", "minmax", "mean_minmax", "mse", "percentile", "entropy"] = "auto"
+    bias_correction: Literal["auto"] | bool = "auto"
     symmetric_activations: bool = False
 
 

@@ -23,6 +23,7 @@ from npubuild.errors import InputError, NpubuildError, StageError, is_out_of_mem
 from npubuild.fileio import write_bytes
 from npubuild.frontend.calibration import entropy_options
 from npubuild.frontend.data import calibration_arrays, graph_inputs
+from npubuild.frontend.ptq.choose import Choice, choose
 from npubuild.frontend.qdq_concat import share_concat_scales
 from npubuild.frontend.qdq_linear import fold_linear_bias
 from npubuild.frontend.qoperator import is_quantized
@@ -164,6 +165,7 @@ def check_calibration_size(model: onnx.ModelProto, calibration: dict) -> None:
 
 
 def _quantize_static(path: Path, out: Path, arrays: dict[str, np.ndarray], q: dict, op_types: list[str]) -> None:
+    ranges = q.get("_ranges")  # chosen activation ranges (ptq/ranges.py): onnxruntime's calibration is then moot
     ortq.quantize_static(
         str(path),
         str(out),
@@ -172,7 +174,7 @@ def _quantize_static(path: Path, out: Path, arrays: dict[str, np.ndarray], q: di
         per_channel=q["per_channel"],
         activation_type=ortq.QuantType.QInt8,
         weight_type=ortq.QuantType.QInt8,
-        calibrate_method=METHODS[q["method"]],
+        calibrate_method=METHODS.get(q["method"], ortq.CalibrationMethod.MinMax),
         op_types_to_quantize=op_types,
         extra_options={
             "ActivationSymmetric": q["symmetric_activations"],
@@ -181,7 +183,7 @@ def _quantize_static(path: Path, out: Path, arrays: dict[str, np.ndarray], q: di
             # quantize data-movement ops (MaxPool, Transpose...) even where their input is float:
             # everything the NPU runs is int8.
             "ForceQuantizeNoInputCheck": True,
-            **entropy_options(path, arrays, q),
+            **({"TensorQuantOverrides": ranges} if ranges else entropy_options(path, arrays, q)),
         },
     )
 
@@ -254,11 +256,23 @@ def run(task: StageTask) -> dict:
                 **{op: sum(n.op_type == op for n in model.graph.node) for op in ("QuantizeLinear", "DequantizeLinear")}}
     check_calibration_size(model, task.config["calibration"])
     arrays = calibration_arrays(model, task.config["calibration"], task.inputs.get("calibration"))
-    qdq = quantize(float_model, arrays, task.config["quantization"])
-    share_concat_scales(qdq, task.config["quantization"]["symmetric_activations"])  # TFLite-style concat scales
+    qdq, choice = quantize_chosen(float_model, model, arrays, task.config["quantization"])
     write_bytes(task.outputs["onnx"], qdq.SerializeToString())
     counts = {"QuantizeLinear": 0, "DequantizeLinear": 0}
     for n in qdq.graph.node:
         if n.op_type in counts:
             counts[n.op_type] += 1
-    return {"calibration_samples": int(next(iter(arrays.values())).shape[0]), **counts}
+    return {"calibration_samples": int(next(iter(arrays.values())).shape[0]), "quantization": choice.to_json(),
+            **counts}
+
+
+def quantize_chosen(float_model: Path, model: onnx.ModelProto, arrays: dict[str, np.ndarray],
+                    q: dict) -> tuple[onnx.ModelProto, Choice]:
+    """The QDQ model of the recipe the spec asks for, or (method/bias_correction "auto") of the one that measures
+    closest to float on the calibration data (ptq/choose.py)."""
+    def build(settings: dict) -> onnx.ModelProto:
+        qdq = quantize(float_model, arrays, settings)
+        share_concat_scales(qdq, settings["symmetric_activations"])  # TFLite-style concat scales
+        return qdq
+
+    return choose(model, arrays, q, build)

@@ -1,0 +1,111 @@
+"""The per-model choice of post-training quantisation, by measurement against the float model.
+
+Every candidate recipe (an activation range estimator, with or without bias correction) is applied and
+the resulting QDQ model run on the calibration samples beside the float model; the one whose outputs are
+closest to float (the worst output's SNR, then the mean over outputs) is kept. Which recipe wins differs
+per model and is not predictable from its shape (bench/ptq_real.md): MediaPipe's models need outlier-robust
+ranges, a sigmoid head wants its whole range, some models lose nothing to MinMax. The choice is part of the
+quantize stage's work, so it is cached with it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+import onnx
+
+from npubuild.frontend.ptq import ranges
+from npubuild.frontend.ptq.bias_correction import correct_biases
+from npubuild.frontend.ptq.stats import collect
+
+AUTO_ESTIMATORS = ("minmax", "percentile", "mean_minmax", "mse")
+MAX_SCORE_SAMPLES = 16  # calibration samples the candidates are scored on
+SNR_CAP_DB = 200.0
+
+
+@dataclass
+class Choice:
+    """What the quantize stage chose and what every candidate measured (SNR vs float, dB, worst output)."""
+
+    method: str
+    bias_correction: bool
+    snr_db: float | None
+    candidates: dict[str, float] = field(default_factory=dict)
+    corrected_layers: int = 0
+
+    def to_json(self) -> dict:
+        return {"method": self.method, "bias_correction": self.bias_correction, "snr_db": self.snr_db,
+                "candidates": self.candidates, "corrected_layers": self.corrected_layers}
+
+
+def _snr(ref: np.ndarray, got: np.ndarray) -> float:
+    ref, got = np.asarray(ref, np.float64), np.asarray(got, np.float64)
+    noise = float(((ref - got) ** 2).sum())
+    signal = float((ref ** 2).sum())
+    if noise == 0:
+        return SNR_CAP_DB
+    return float(min(SNR_CAP_DB, 10 * np.log10(max(signal, 1e-30) / noise)))
+
+
+class Scorer:
+    """The float model's outputs on the scoring samples, computed once; `score(qdq)` compares a candidate."""
+
+    def __init__(self, float_model: onnx.ModelProto, arrays: dict[str, np.ndarray]):
+        import onnxruntime as ort
+
+        self.opts = ort.SessionOptions()
+        self.opts.log_severity_level = 3
+        session = ort.InferenceSession(float_model.SerializeToString(), self.opts, providers=["CPUExecutionProvider"])
+        names = {i.name for i in session.get_inputs()}
+        n = min(MAX_SCORE_SAMPLES, next(iter(arrays.values())).shape[0])
+        self.feeds = [{k: np.asarray(v[i]) for k, v in arrays.items() if k in names} for i in range(n)]
+        self.outputs = [o.name for o in session.get_outputs()]
+        self.reference = [session.run(self.outputs, fd) for fd in self.feeds]
+
+    def score(self, qdq: onnx.ModelProto) -> tuple[float, float]:
+        """(worst output's SNR, mean output SNR) of `qdq` against float, dB."""
+        import onnxruntime as ort
+
+        session = ort.InferenceSession(qdq.SerializeToString(), self.opts, providers=["CPUExecutionProvider"])
+        got = [session.run(self.outputs, fd) for fd in self.feeds]
+        per_output = []
+        for j, _ in enumerate(self.outputs):
+            ref = [r[j] for r in self.reference]
+            out = [g[j] for g in got]
+            if np.asarray(ref[0]).dtype.kind != "f":
+                continue
+            per_output.append(_snr(np.stack(ref), np.stack(out)))
+        if not per_output:
+            return SNR_CAP_DB, SNR_CAP_DB
+        return min(per_output), float(np.mean(per_output))
+
+
+def choose(float_model: onnx.ModelProto, arrays: dict[str, np.ndarray], q: dict,
+           build: Callable[[dict], onnx.ModelProto]) -> tuple[onnx.ModelProto, Choice]:
+    """The QDQ model of the best recipe and the record of the choice. `build(q)` quantises with the settings
+    `q` (its `_ranges`, when set, fixing every activation's range) and returns the finished QDQ model."""
+    method, bc = q.get("method", "auto"), q.get("bias_correction", "auto")
+    estimators = AUTO_ESTIMATORS if method == "auto" else (method,)
+    needs_stats = any(e in ranges.ESTIMATORS for e in estimators)
+    stats = collect(float_model, arrays) if needs_stats else None
+    scorer = Scorer(float_model, arrays) if len(estimators) > 1 or bc == "auto" else None
+    tried: list[tuple[tuple[float, float], str, bool, onnx.ModelProto, int]] = []
+    for est in estimators:
+        settings = dict(q, method=est)
+        if est in ranges.ESTIMATORS and stats is not None:
+            settings["_ranges"] = ranges.overrides(stats, est, q["symmetric_activations"])
+        model = build(settings)
+        if bc is not True:
+            tried.append((scorer.score(model) if scorer else (0.0, 0.0), est, False, model, 0))
+        if bc is not False:
+            corrected = onnx.ModelProto()
+            corrected.CopyFrom(model)
+            count = correct_biases(corrected, float_model, arrays)
+            if count or bc is True:
+                tried.append((scorer.score(corrected) if scorer else (0.0, 0.0), est, True, corrected, count))
+    best = max(tried, key=lambda t: t[0])
+    candidates = {f"{est}{'+bias_correction' if corr else ''}": round(s[0], 2) for s, est, corr, _, _ in tried}
+    return best[3], Choice(best[1], best[2], round(best[0][0], 2) if scorer else None, candidates if scorer else {},
+                           best[4])
