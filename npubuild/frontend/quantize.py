@@ -174,7 +174,7 @@ def _quantize_static(path: Path, out: Path, arrays: dict[str, np.ndarray], q: di
         per_channel=q["per_channel"],
         activation_type=ortq.QuantType.QInt8,
         weight_type=ortq.QuantType.QInt8,
-        calibrate_method=METHODS.get(q["method"], ortq.CalibrationMethod.MinMax),
+        calibrate_method=ortq.CalibrationMethod.MinMax if ranges else METHODS[q["method"]],
         op_types_to_quantize=op_types,
         extra_options={
             "ActivationSymmetric": q["symmetric_activations"],

@@ -66,6 +66,9 @@ def mse(s: TensorStats, symmetric: bool = False) -> tuple[float, float]:
     else:
         f, g = np.meshgrid(SHRINK if lo < 0 else np.ones(1), SHRINK if hi > 0 else np.ones(1), indexing="ij")
         los, his = (lo * f).ravel(), (hi * g).ravel()
+        others = [percentile(s), mean_minmax(s)]  # so that no other estimator's range can have less error
+        los = np.concatenate([los, [min(o[0], 0.0) for o in others]])
+        his = np.concatenate([his, [max(o[1], 0.0) for o in others]])
     best = int(np.argmin(quant_mse(s, los, his)))
     return float(los[best]), float(his[best])
 

@@ -38,6 +38,11 @@ class TensorStats:
 
 def float_tensors(model: onnx.ModelProto) -> list[str]:
     """Graph inputs and node outputs of float type (the tensors onnxruntime's quantiser may give a Q/DQ pair)."""
+    if len(model.graph.value_info) < len(model.graph.node) // 2:  # types of the intermediate tensors
+        try:
+            model = onnx.shape_inference.infer_shapes(model)
+        except Exception:  # noqa: BLE001 - the model's own value_info is all there is to go on
+            pass
     typed = {vi.name: vi.type.tensor_type.elem_type for vi in (*model.graph.value_info, *model.graph.input,
                                                                  *model.graph.output)}
     inits = {t.name for t in model.graph.initializer}
