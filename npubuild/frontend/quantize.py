@@ -84,9 +84,25 @@ def quantize(float_model: Path, arrays: dict[str, np.ndarray], q: dict) -> onnx.
             if not _without_one_op_type(model, path, out, arrays, q, op_types):
                 raise quantisation_error(exc, float_model, arrays) from None
         qdq = onnx.load(str(out))
+        if _uncalibrated(qdq, q):  # a tensor the statistics did not see: calibrate it on every sample
+            _quantize_static(path, out, arrays, {**q, "_all_samples": True}, op_types)
+            qdq = onnx.load(str(out))
     _check_scales(qdq)
     fold_linear_bias(qdq, model)  # MatMul + bias Add as one layer, as TFLite's FullyConnected
     return qdq
+
+
+def _uncalibrated(qdq: onnx.ModelProto, q: dict) -> str | None:
+    """The first activation onnxruntime quantised that `q`'s chosen ranges do not cover, if any."""
+    ranges = q.get("_ranges")
+    if not ranges:
+        return None
+    inits = {t.name for t in qdq.graph.initializer}
+    for n in qdq.graph.node:
+        name = n.input[0].removesuffix("_QuantizeLinear_Input")  # a graph output's producer, renamed
+        if n.op_type == "QuantizeLinear" and n.input[0] not in inits and name not in ranges:
+            return n.input[0]
+    return None
 
 
 def _clean(text: str) -> str:
@@ -165,11 +181,12 @@ def check_calibration_size(model: onnx.ModelProto, calibration: dict) -> None:
 
 
 def _quantize_static(path: Path, out: Path, arrays: dict[str, np.ndarray], q: dict, op_types: list[str]) -> None:
-    ranges = q.get("_ranges")  # chosen activation ranges (ptq/ranges.py): onnxruntime's calibration is then moot
+    ranges = q.get("_ranges")  # chosen activation ranges (ptq/ranges.py): onnxruntime's calibration is then moot,
+    # so it runs on one sample (a tensor the ranges miss would get that sample's range: quantize() checks)
     ortq.quantize_static(
         str(path),
         str(out),
-        ArrayReader(arrays),
+        ArrayReader({k: v[:1] for k, v in arrays.items()} if ranges and not q.get("_all_samples") else arrays),
         quant_format=ortq.QuantFormat.QDQ,
         per_channel=q["per_channel"],
         activation_type=ortq.QuantType.QInt8,

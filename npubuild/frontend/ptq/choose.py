@@ -98,14 +98,16 @@ def choose(float_model: onnx.ModelProto, arrays: dict[str, np.ndarray], q: dict,
         if est in ranges.ESTIMATORS and stats is not None:
             settings["_ranges"] = ranges.overrides(stats, est, q["symmetric_activations"])
         model = build(settings)
-        if bc is not True:
-            tried.append((scorer.score(model) if scorer else (0.0, 0.0), est, False, model, 0))
-        if bc is not False:
-            corrected = onnx.ModelProto()
-            corrected.CopyFrom(model)
-            count = correct_biases(corrected, float_model, arrays)
-            if count or bc is True:
-                tried.append((scorer.score(corrected) if scorer else (0.0, 0.0), est, True, corrected, count))
+        tried.append((scorer.score(model) if scorer else (0.0, 0.0), est, False, model, 0))
+    if bc is not False:  # on the best estimator's model only: it shifts means, it does not reorder the ranges
+        base = max(tried, key=lambda t: t[0])
+        corrected = onnx.ModelProto()
+        corrected.CopyFrom(base[3])
+        count = correct_biases(corrected, float_model, arrays)
+        if count or bc is True:
+            tried.append((scorer.score(corrected) if scorer else (0.0, 0.0), base[1], True, corrected, count))
+        if bc is True:
+            tried = [t for t in tried if t[2]]
     best = max(tried, key=lambda t: t[0])
     candidates = {f"{est}{'+bias_correction' if corr else ''}": round(s[0], 2) for s, est, corr, _, _ in tried}
     return best[3], Choice(best[1], best[2], round(best[0][0], 2) if scorer else None, candidates if scorer else {},
