@@ -91,12 +91,13 @@ def choose(float_model: onnx.ModelProto, arrays: dict[str, np.ndarray], q: dict,
     estimators = AUTO_ESTIMATORS if method == "auto" else (method,)
     needs_stats = any(e in ranges.ESTIMATORS for e in estimators)
     stats = collect(float_model, arrays) if needs_stats else None
+    fixed = ranges.fixed_ranges(float_model)
     scorer = Scorer(float_model, arrays) if len(estimators) > 1 or bc == "auto" else None
     tried: list[tuple[tuple[float, float], str, bool, onnx.ModelProto, int]] = []
     for est in estimators:
         settings = dict(q, method=est)
         if est in ranges.ESTIMATORS and stats is not None:
-            settings["_ranges"] = ranges.overrides(stats, est, q["symmetric_activations"])
+            settings["_ranges"] = ranges.overrides(stats, est, q["symmetric_activations"], fixed)
         model = build(settings)
         tried.append((scorer.score(model) if scorer else (0.0, 0.0), est, False, model, 0))
     if bc is not False:  # on the best estimator's model only: it shifts means, it does not reorder the ranges

@@ -73,14 +73,26 @@ def mse(s: TensorStats, symmetric: bool = False) -> tuple[float, float]:
     return float(los[best]), float(his[best])
 
 
+FIXED_RANGES = {"Softmax": (0.0, 1.0)}  # onnxruntime's own rule for a Softmax output (exactly 1/255 per step)
+
+
+def fixed_ranges(model) -> dict[str, tuple[float, float]]:
+    """Tensors whose range is the op's, not the data's."""
+    return {n.output[0]: FIXED_RANGES[n.op_type] for n in model.graph.node if n.op_type in FIXED_RANGES}
+
+
 ESTIMATORS = {"minmax": minmax, "percentile": percentile, "mean_minmax": mean_minmax, "mse": mse}
 
 
-def overrides(stats: dict[str, TensorStats], estimator: str, symmetric: bool) -> dict[str, list[dict]]:
-    """onnxruntime TensorQuantOverrides giving every calibrated tensor the estimator's range."""
+def overrides(stats: dict[str, TensorStats], estimator: str, symmetric: bool,
+              fixed: dict[str, tuple[float, float]] | None = None) -> dict[str, list[dict]]:
+    """onnxruntime TensorQuantOverrides giving every calibrated tensor the estimator's range, or its `fixed` one."""
     out = {}
     for name, s in stats.items():
-        lo, hi = mse(s, symmetric) if estimator == "mse" else ESTIMATORS[estimator](s)
+        if fixed and name in fixed:
+            lo, hi = fixed[name]
+        else:
+            lo, hi = mse(s, symmetric) if estimator == "mse" else ESTIMATORS[estimator](s)
         lo, hi = min(lo, 0.0), max(hi, 0.0)
         if symmetric:
             lo, hi = -max(-lo, hi), max(-lo, hi)
