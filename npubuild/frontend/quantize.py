@@ -285,10 +285,16 @@ def run(task: StageTask) -> dict:
 
 def quantize_chosen(float_model: Path, model: onnx.ModelProto, arrays: dict[str, np.ndarray],
                     q: dict) -> tuple[onnx.ModelProto, Choice]:
-    """The QDQ model of the recipe the spec asks for, or (method/bias_correction "auto") of the one that measures
+    """The QDQ model of the recipe the spec asks for, or (each choice "auto") of the one that measures
     closest to float on the calibration data (ptq/choose.py)."""
-    def build(settings: dict) -> onnx.ModelProto:
-        qdq = quantize(float_model, arrays, settings)
+    def build(settings: dict, candidate: onnx.ModelProto) -> onnx.ModelProto:
+        if candidate is model:
+            qdq = quantize(float_model, arrays, settings)
+        else:  # an equalised float model
+            with tempfile.TemporaryDirectory(prefix="npubuild-eq-") as tmp:
+                path = Path(tmp) / "float.onnx"
+                onnx.save(candidate, path)
+                qdq = quantize(path, arrays, settings)
         share_concat_scales(qdq, settings["symmetric_activations"])  # TFLite-style concat scales
         return qdq
 

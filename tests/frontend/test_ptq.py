@@ -49,7 +49,8 @@ def test_outlier_robust_ranges_beat_minmax_when_one_sample_spikes(tmp_path: Path
     model = onnx.load(path)
     scorer = Scorer(model, {"x": np.delete(calib, 3, axis=0)})
     minmax = quantize(path, arrays, {**Q, "method": "minmax"})
-    chosen, choice = quantize_chosen(path, model, arrays, {**Q, "method": "auto", "bias_correction": False})
+    chosen, choice = quantize_chosen(path, model, arrays, {**Q, "method": "auto", "bias_correction": False,
+                                                           "equalization": False})
     assert choice.method != "minmax"
     assert set(choice.candidates) == {"minmax", "percentile", "mean_minmax", "mse"}
     assert choice.candidates[choice.method] == max(choice.candidates.values())
@@ -99,8 +100,50 @@ def test_bias_correction_removes_the_shift_weight_rounding_puts_in_a_depthwise_o
     arrays = {"x": rng.uniform(0.5, 1.5, (16, 1, 16, 12, 12)).astype(np.float32)}
     held_out = {"x": rng.uniform(0.5, 1.5, (8, 1, 16, 12, 12)).astype(np.float32)}
     model = onnx.load(path)
-    plain, _ = quantize_chosen(path, model, arrays, {**Q, "method": "minmax", "bias_correction": False})
-    corrected, choice = quantize_chosen(path, model, arrays, {**Q, "method": "minmax", "bias_correction": True})
+    plain, _ = quantize_chosen(path, model, arrays, {**Q, "method": "minmax", "bias_correction": False, "equalization": False})
+    corrected, choice = quantize_chosen(path, model, arrays, {**Q, "method": "minmax", "bias_correction": True, "equalization": False})
     assert choice.bias_correction and choice.corrected_layers >= 1
     scorer = Scorer(model, held_out)
     assert scorer.score(corrected)[0] > scorer.score(plain)[0] + 3.0
+
+
+def _unequal_channels_model(c=16) -> onnx.ModelProto:
+    """conv 3x3 -> relu -> depthwise 3x3 -> conv 1x1: the first conv's output channels span 300x in range (its
+    rows scaled so, the depthwise weights scaled back: the float function of a trained net whose channels
+    drifted apart), so the per-tensor activation between them leaves the small channels a few levels."""
+    rng = np.random.default_rng(5)
+    gain = np.geomspace(0.02, 6.0, c)
+    w1 = (rng.normal(0, 0.4, (c, 3, 3, 3)) * gain[:, None, None, None]).astype(np.float32)
+    wd = (rng.normal(0, 0.4, (c, 1, 3, 3)) / gain[:, None, None, None]).astype(np.float32)
+    w2 = rng.normal(0, 0.4, (8, c, 1, 1)).astype(np.float32)
+    nodes = [helper.make_node("Conv", ["x", "w1", "b1"], ["h"], pads=[1, 1, 1, 1], name="conv1"),
+             helper.make_node("Relu", ["h"], ["r"], name="relu"),
+             helper.make_node("Conv", ["r", "wd", "bd"], ["d"], group=c, pads=[1, 1, 1, 1], name="dw"),
+             helper.make_node("Conv", ["d", "w2", "b2"], ["y"], name="pw")]
+    inits = [numpy_helper.from_array(w1, "w1"), numpy_helper.from_array((0.01 * gain).astype(np.float32), "b1"),
+             numpy_helper.from_array(wd, "wd"), numpy_helper.from_array(np.zeros(c, np.float32), "bd"),
+             numpy_helper.from_array(w2, "w2"), numpy_helper.from_array(np.zeros(8, np.float32), "b2")]
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 12, 12])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8, 12, 12])], inits)
+    return helper.make_model(g)
+
+
+def test_equalisation_evens_out_channels_a_per_tensor_activation_grid_starves(tmp_path: Path):
+    from npubuild.frontend.ptq.equalize import equalise, pairs
+
+    path = _save(_unequal_channels_model(), tmp_path, "uneq")
+    model = onnx.load(path)
+    assert [(p.first.name, p.second.name, p.depthwise_second) for p in pairs(model)] == \
+        [("conv1", "dw", True), ("dw", "pw", False)]
+    rng = np.random.default_rng(6)
+    arrays = {"x": rng.uniform(-1, 1, (16, 1, 3, 12, 12)).astype(np.float32)}
+    held_out = {"x": rng.uniform(-1, 1, (8, 1, 3, 12, 12)).astype(np.float32)}
+    equalised, count = equalise(model, arrays)
+    assert count == 2
+    scorer = Scorer(model, held_out)
+    assert scorer.score(equalised)[0] > 100  # the same float function
+    fixed = {**Q, "method": "minmax", "bias_correction": False}
+    plain, _ = quantize_chosen(path, model, arrays, {**fixed, "equalization": False})
+    chosen, choice = quantize_chosen(path, model, arrays, {**fixed, "equalization": True})
+    assert choice.equalization
+    assert scorer.score(chosen)[0] > scorer.score(plain)[0] + 6.0

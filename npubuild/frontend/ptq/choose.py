@@ -18,6 +18,7 @@ import onnx
 
 from npubuild.frontend.ptq import ranges
 from npubuild.frontend.ptq.bias_correction import correct_biases
+from npubuild.frontend.ptq.equalize import equalise
 from npubuild.frontend.ptq.stats import collect
 
 AUTO_ESTIMATORS = ("minmax", "percentile", "mean_minmax", "mse")
@@ -34,10 +35,11 @@ class Choice:
     snr_db: float | None
     candidates: dict[str, float] = field(default_factory=dict)
     corrected_layers: int = 0
+    equalization: bool = False
 
     def to_json(self) -> dict:
-        return {"method": self.method, "bias_correction": self.bias_correction, "snr_db": self.snr_db,
-                "candidates": self.candidates, "corrected_layers": self.corrected_layers}
+        return {"method": self.method, "bias_correction": self.bias_correction, "equalization": self.equalization,
+                "snr_db": self.snr_db, "candidates": self.candidates, "corrected_layers": self.corrected_layers}
 
 
 def _snr(ref: np.ndarray, got: np.ndarray) -> float:
@@ -84,32 +86,61 @@ class Scorer:
 
 
 def choose(float_model: onnx.ModelProto, arrays: dict[str, np.ndarray], q: dict,
-           build: Callable[[dict], onnx.ModelProto]) -> tuple[onnx.ModelProto, Choice]:
-    """The QDQ model of the best recipe and the record of the choice. `build(q)` quantises with the settings
-    `q` (its `_ranges`, when set, fixing every activation's range) and returns the finished QDQ model."""
-    method, bc = q.get("method", "auto"), q.get("bias_correction", "auto")
+           build: Callable[[dict, onnx.ModelProto], onnx.ModelProto]) -> tuple[onnx.ModelProto, Choice]:
+    """The QDQ model of the best recipe and the record of the choice. `build(q, model)` quantises `model` (the
+    float model, or its equalised form) with the settings `q` (its `_ranges`, when set, fixing every
+    activation's range) and returns the finished QDQ model."""
+    method, bc, eq = q.get("method", "auto"), q.get("bias_correction", "auto"), q.get("equalization", "auto")
     estimators = AUTO_ESTIMATORS if method == "auto" else (method,)
-    needs_stats = any(e in ranges.ESTIMATORS for e in estimators)
-    stats = collect(float_model, arrays) if needs_stats else None
+    choosing = len(estimators) > 1 or bc == "auto" or eq == "auto"
+    scorer = Scorer(float_model, arrays) if choosing else None
     fixed = ranges.fixed_ranges(float_model)
-    scorer = Scorer(float_model, arrays) if len(estimators) > 1 or bc == "auto" else None
-    tried: list[tuple[tuple[float, float], str, bool, onnx.ModelProto, int]] = []
-    for est in estimators:
-        settings = dict(q, method=est)
-        if est in ranges.ESTIMATORS and stats is not None:
-            settings["_ranges"] = ranges.overrides(stats, est, q["symmetric_activations"], fixed)
-        model = build(settings)
-        tried.append((scorer.score(model) if scorer else (0.0, 0.0), est, False, model, 0))
-    if bc is not False:  # on the best estimator's model only: it shifts means, it does not reorder the ranges
-        base = max(tried, key=lambda t: t[0])
-        corrected = onnx.ModelProto()
-        corrected.CopyFrom(base[3])
-        count = correct_biases(corrected, float_model, arrays)
-        if count or bc is True:
-            tried.append((scorer.score(corrected) if scorer else (0.0, 0.0), base[1], True, corrected, count))
-        if bc is True:
-            tried = [t for t in tried if t[2]]
-    best = max(tried, key=lambda t: t[0])
-    candidates = {f"{est}{'+bias_correction' if corr else ''}": round(s[0], 2) for s, est, corr, _, _ in tried}
-    return best[3], Choice(best[1], best[2], round(best[0][0], 2) if scorer else None, candidates if scorer else {},
-                           best[4])
+
+    def recipes(model: onnx.ModelProto, names: tuple[str, ...], equalised: bool) -> list[_Tried]:
+        stats = collect(model, arrays) if any(e in ranges.ESTIMATORS for e in names) else None
+        tried = []
+        for est in names:
+            settings = dict(q, method=est)
+            if est in ranges.ESTIMATORS and stats is not None:
+                settings["_ranges"] = ranges.overrides(stats, est, q["symmetric_activations"], fixed)
+            qdq = build(settings, model)
+            tried.append(_Tried(scorer.score(qdq) if scorer else (0.0, 0.0), est, False, equalised, qdq, 0))
+        if bc is not False:  # on the best estimator's model only: it shifts means, it does not reorder the ranges
+            base = max(tried, key=lambda t: t.score)
+            corrected = onnx.ModelProto()
+            corrected.CopyFrom(base.model)
+            count = correct_biases(corrected, model, arrays)  # the float layers this model was quantised from
+            if count or bc is True:
+                tried.append(_Tried(scorer.score(corrected) if scorer else (0.0, 0.0), base.method, True, equalised,
+                                    corrected, count))
+            if bc is True:
+                tried = [t for t in tried if t.bias_correction]
+        return tried
+
+    tried = recipes(float_model, estimators, False) if eq is not True else []
+    if eq is not False:
+        equalised, pairs = equalise(float_model, arrays)
+        if pairs:
+            names = (max(tried, key=lambda t: t.score).method,) if tried else estimators
+            tried += recipes(equalised, names, True)
+        elif not tried:
+            tried = recipes(float_model, estimators, False)
+    best = max(tried, key=lambda t: t.score)
+    candidates = {t.name: round(t.score[0], 2) for t in tried} if scorer else {}
+    return best.model, Choice(best.method, best.bias_correction, round(best.score[0], 2) if scorer else None,
+                              candidates, best.corrected, best.equalised)
+
+
+@dataclass
+class _Tried:
+    score: tuple[float, float]
+    method: str
+    bias_correction: bool
+    equalised: bool
+    model: onnx.ModelProto
+    corrected: int
+
+    @property
+    def name(self) -> str:
+        return self.method + ("+equalization" if self.equalised else "") + \
+            ("+bias_correction" if self.bias_correction else "")
