@@ -273,7 +273,8 @@ def run(task: StageTask) -> dict:
                 **{op: sum(n.op_type == op for n in model.graph.node) for op in ("QuantizeLinear", "DequantizeLinear")}}
     check_calibration_size(model, task.config["calibration"])
     arrays = calibration_arrays(model, task.config["calibration"], task.inputs.get("calibration"))
-    qdq, choice = quantize_chosen(float_model, model, arrays, task.config["quantization"])
+    qdq, choice = quantize_chosen(float_model, model, arrays, resolve_auto(task.config["quantization"],
+                                                                           task.config["calibration"]))
     write_bytes(task.outputs["onnx"], qdq.SerializeToString())
     counts = {"QuantizeLinear": 0, "DequantizeLinear": 0}
     for n in qdq.graph.node:
@@ -281,6 +282,18 @@ def run(task: StageTask) -> dict:
             counts[n.op_type] += 1
     return {"calibration_samples": int(next(iter(arrays.values())).shape[0]), "quantization": choice.to_json(),
             **counts}
+
+
+RANDOM_CALIBRATION = {"method": "minmax", "bias_correction": False, "equalization": False}
+
+
+def resolve_auto(q: dict, calibration: dict) -> dict:
+    """The spec's quantisation settings, with each `auto` choice fixed to MinMax, no bias correction and no
+    equalisation when the calibration is random: seeded noise says nothing about the inputs the model
+    will see, so there is nothing to choose by (and such a build stays what it was, as fast)."""
+    if not calibration.get("random"):
+        return q
+    return {**q, **{k: v for k, v in RANDOM_CALIBRATION.items() if q.get(k, "auto") == "auto"}}
 
 
 def quantize_chosen(float_model: Path, model: onnx.ModelProto, arrays: dict[str, np.ndarray],

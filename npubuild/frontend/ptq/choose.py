@@ -22,6 +22,7 @@ from npubuild.frontend.ptq.equalize import equalise
 from npubuild.frontend.ptq.stats import collect
 
 AUTO_ESTIMATORS = ("minmax", "percentile", "mean_minmax", "mse")
+ORT_METHODS = ("minmax", "percentile", "entropy")
 MAX_SCORE_SAMPLES = 16  # calibration samples the candidates are scored on
 SNR_CAP_DB = 200.0
 
@@ -96,12 +97,16 @@ def choose(float_model: onnx.ModelProto, arrays: dict[str, np.ndarray], q: dict,
     scorer = Scorer(float_model, arrays) if choosing else None
     fixed = ranges.fixed_ranges(float_model)
 
+    # a method the spec names that onnxruntime's calibrator has is its; under auto every range comes from the
+    # one pass of statistics (ptq/stats.py) that all the candidates share
+    ours = set(ranges.ESTIMATORS) if method == "auto" else set(ranges.ESTIMATORS) - set(ORT_METHODS)
+
     def recipes(model: onnx.ModelProto, names: tuple[str, ...], equalised: bool) -> list[_Tried]:
-        stats = collect(model, arrays) if any(e in ranges.ESTIMATORS for e in names) else None
+        stats = collect(model, arrays) if any(e in ours for e in names) else None
         tried = []
         for est in names:
             settings = dict(q, method=est)
-            if est in ranges.ESTIMATORS and stats is not None:
+            if est in ours and stats is not None:
                 settings["_ranges"] = ranges.overrides(stats, est, q["symmetric_activations"], fixed)
             qdq = build(settings, model)
             tried.append(_Tried(scorer.score(qdq) if scorer else (0.0, 0.0), est, False, equalised, qdq, 0))
