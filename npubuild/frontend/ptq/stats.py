@@ -75,19 +75,19 @@ def collect(model: onnx.ModelProto, arrays: dict[str, np.ndarray]) -> dict[str, 
     maxs = {k: np.empty(n) for k in names}
     for i, fd in enumerate(feeds):
         for k, v in zip(names, _run(session, names, fd, graph_in), strict=True):
-            finite = v[np.isfinite(v)] if v.size else v
-            mins[k][i] = float(finite.min()) if finite.size else 0.0
-            maxs[k][i] = float(finite.max()) if finite.size else 0.0
+            mins[k][i], maxs[k][i] = (float(v.min()), float(v.max())) if v.size else (0.0, 0.0)
     stats = {k: TensorStats(mins[k], maxs[k]) for k in names}
     for fd in feeds:
         for k, v in zip(names, _run(session, names, fd, graph_in), strict=True):
             s = stats[k]
             if s.hi > s.lo:
-                s.hist += np.histogram(v[np.isfinite(v)], bins=BINS, range=(s.lo, s.hi))[0]
+                s.hist += np.histogram(v, bins=BINS, range=(s.lo, s.hi))[0]
     return stats
 
 
 def _run(session, names: list[str], feeds: dict[str, np.ndarray], graph_in: set[str]) -> list[np.ndarray]:
+    """Each tensor's finite values, flat (float32: converting every activation to float64 cost as much as the run)."""
     run_names = [k for k in names if k not in graph_in]
     outs = dict(zip(run_names, session.run(run_names, feeds), strict=True))
-    return [np.asarray(feeds[k] if k in graph_in else outs[k], np.float64).ravel() for k in names]
+    flat = [np.asarray(feeds[k] if k in graph_in else outs[k]).ravel() for k in names]
+    return [v if v.size == 0 or np.isfinite(v.sum(dtype=np.float64)) else v[np.isfinite(v)] for v in flat]
