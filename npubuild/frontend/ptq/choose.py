@@ -2,7 +2,8 @@
 
 Every candidate recipe (an activation range estimator, with or without bias correction) is applied and
 the resulting QDQ model run on the calibration samples beside the float model; the one whose outputs are
-closest to float (the worst output's SNR, then the mean over outputs) is kept. Which recipe wins differs
+closest to float (the worst output's SNR plus the mean over outputs: an output no recipe can hold, such
+as hand landmarks' presence score on crops without a hand, must not decide alone) is kept. Which recipe wins differs
 per model and is not predictable from its shape (bench/ptq_real.md): MediaPipe's models need outlier-robust
 ranges, a sigmoid head wants its whole range, some models lose nothing to MinMax. The choice is part of the
 quantize stage's work, so it is cached with it.
@@ -111,7 +112,7 @@ def choose(float_model: onnx.ModelProto, arrays: dict[str, np.ndarray], q: dict,
             qdq = build(settings, model)
             tried.append(_Tried(scorer.score(qdq) if scorer else (0.0, 0.0), est, False, equalised, qdq, 0))
         if bc is not False:  # on the best estimator's model only: it shifts means, it does not reorder the ranges
-            base = max(tried, key=lambda t: t.score)
+            base = max(tried, key=lambda t: sum(t.score))
             corrected = onnx.ModelProto()
             corrected.CopyFrom(base.model)
             count = correct_biases(corrected, model, arrays)  # the float layers this model was quantised from
@@ -126,11 +127,11 @@ def choose(float_model: onnx.ModelProto, arrays: dict[str, np.ndarray], q: dict,
     if eq is not False:
         equalised, pairs = equalise(float_model, arrays)
         if pairs:
-            names = (max(tried, key=lambda t: t.score).method,) if tried else estimators
+            names = (max(tried, key=lambda t: sum(t.score)).method,) if tried else estimators
             tried += recipes(equalised, names, True)
         elif not tried:
             tried = recipes(float_model, estimators, False)
-    best = max(tried, key=lambda t: t.score)
+    best = max(tried, key=lambda t: sum(t.score))
     candidates = {t.name: round(t.score[0], 2) for t in tried} if scorer else {}
     return best.model, Choice(best.method, best.bias_correction, round(best.score[0], 2) if scorer else None,
                               candidates, best.corrected, best.equalised)
