@@ -3,7 +3,7 @@
 - `minmax`: the whole calibration range (onnxruntime's default); one outlier sample sets the grid.
 - `mean_minmax`: the mean over samples of each sample's own min and max, as TFLite's and NNCF's
   activation ranges (an outlier in one sample moves the range by 1/N of its excess).
-- `percentile`: all but 0.001% of the values at each end (onnxruntime's Percentile, from the histogram).
+- `percentile`: all but 0.001% of the magnitudes (onnxruntime's Percentile, from the histogram).
 - `mse`: the range whose int8 grid gives the least expected squared error over the tensor's histogram
   (rounding noise scale^2/12 inside, the clipped distance outside): the per-tensor error-optimal clip.
 """
@@ -28,16 +28,18 @@ def mean_minmax(s: TensorStats) -> tuple[float, float]:
 
 
 def percentile(s: TensorStats, keep: float = 99.999) -> tuple[float, float]:
-    """The range holding all but (100 - keep)% of the values at each end, onnxruntime's Percentile (99.999)."""
+    """onnxruntime's Percentile at its defaults: the magnitude t that all but (100 - keep)% of |x| stay within,
+    the range [-t, t] bounded by the calibration min and max (so a Relu output keeps [0, t])."""
     total = s.hist.sum()
     if total == 0:
         return s.lo, s.hi
-    cdf = np.cumsum(s.hist) / total
     edges = s.edges()
-    tail = (100.0 - keep) / 100.0
-    lo = edges[int(np.searchsorted(cdf, tail))]
-    hi = edges[int(np.searchsorted(cdf, 1.0 - tail)) + 1]
-    return float(lo), float(hi)
+    centres = np.abs((edges[:-1] + edges[1:]) / 2)
+    order = np.argsort(centres, kind="stable")
+    cdf = np.cumsum(s.hist[order]) / total
+    k = min(int(np.searchsorted(cdf, keep / 100.0)), len(order) - 1)
+    t = float(centres[order[k]] + (edges[1] - edges[0]) / 2)
+    return max(-t, s.lo), min(t, s.hi)
 
 
 def quant_mse(s: TensorStats, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
