@@ -93,8 +93,8 @@ def blind_workers(hidden: Path, scratch: Path, n: int):
 
 
 def run(executor: str, specs: Path, build_dir: Path, cache: Path, workers: int, client=None) -> dict:
-    from npubuild.build.session import build
     from npubuild.config.load import load_specs
+    from npubuild.engine.session import build
 
     os.environ["NPUBUILD_CACHE"] = str(cache)
     builds = load_specs([specs])

@@ -41,9 +41,9 @@ import onnx
 import onnx_ir as ir
 from onnx import TensorProto, helper, numpy_helper
 
-from npubuild.build.execute import run_stage
-from npubuild.build.plan import make_plan
 from npubuild.config.load import default_search_path, load_specs, load_target, vela_options
+from npubuild.engine.execute import run_stage
+from npubuild.engine.plan import make_plan
 from npubuild.ethosu.vela import vela_command
 from npubuild.ethosu.vela_ini import render_ini
 from npubuild.frontend.normalise import normalise

@@ -23,8 +23,8 @@ from pathlib import Path
 import onnx
 from onnx import TensorProto, helper
 
-from npubuild.build.execute import stage_modules
-from npubuild.build.isolate import run_isolated
+from npubuild.engine.execute import stage_modules
+from npubuild.engine.isolate import run_isolated
 from npubuild.frontend.data import random_arrays
 from npubuild.frontend.normalise import import_model
 from npubuild.frontend.quantize import quantize

@@ -17,8 +17,8 @@ from pathlib import Path
 import numpy as np
 import onnx
 
-from npubuild.build.plan import StageTask
 from npubuild.config.accelerator import LOWERING_FAMILIES
+from npubuild.engine.plan import StageTask
 from npubuild.ethosu import families
 from npubuild.ethosu.partition import plan_partitions
 from npubuild.lowering.driver import lower_model

@@ -9,8 +9,8 @@ from npubuild.errors import InputError
 
 
 def cmd_build(args) -> int:
-    from npubuild.build.session import build
     from npubuild.config.load import load_specs, spec_paths
+    from npubuild.engine.session import build
 
     if args.jobs < 1:
         raise InputError(f"-n/--jobs must be at least 1, got {args.jobs}")

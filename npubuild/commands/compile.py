@@ -15,8 +15,8 @@ REPORT_SUBDIR = "compile"
 
 
 def cmd_compile(args) -> int:
-    from npubuild.build.session import build
     from npubuild.config.load import adhoc_builds
+    from npubuild.engine.session import build
 
     builds = adhoc_builds(Path(args.model), args.target, args.pipeline)
     build_dir = build_dir_of(args)

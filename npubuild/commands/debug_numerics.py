@@ -17,10 +17,10 @@ from npubuild.errors import InputError, StageError
 def cmd_debug_numerics(args) -> int:
     import onnx
 
-    from npubuild.build.execute import read_error
-    from npubuild.build.session import build
-    from npubuild.build.uptodate import read_record
     from npubuild.config.load import load_spec
+    from npubuild.engine.execute import read_error
+    from npubuild.engine.session import build
+    from npubuild.engine.uptodate import read_record
     from npubuild.fileio import write_json
     from npubuild.frontend.data import load_arrays, sample_arrays, subset
     from npubuild.verify.debug_numerics import layer_numerics, render_table

@@ -36,7 +36,7 @@ def _builds(source: Path, target: str, pipeline: str):
 
 
 def cmd_offloads(args) -> int:
-    from npubuild.build.session import build
+    from npubuild.engine.session import build
     from npubuild.fileio import read_json
 
     builds = _builds(Path(args.source), args.target, args.pipeline)

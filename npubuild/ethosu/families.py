@@ -29,9 +29,9 @@ import numpy as np
 import onnx
 import onnx_ir as ir
 
-from npubuild.build.fanout import fan_out
-from npubuild.build.plan import StageTask
 from npubuild.config.accelerator import LOWERING_FAMILIES
+from npubuild.engine.fanout import fan_out
+from npubuild.engine.plan import StageTask
 from npubuild.errors import StageError
 from npubuild.ethosu.partition import PartitionPlan, plan_partitions, split_io, write_partitions
 from npubuild.fileio import write_bytes

@@ -27,7 +27,7 @@ from pathlib import Path
 
 import numpy as np
 
-from npubuild.build.plan import StageTask
+from npubuild.engine.plan import StageTask
 from npubuild.errors import StageError
 from npubuild.fileio import read_json, write_json, write_text
 from npubuild.stages.records import LowerRecord

@@ -27,9 +27,9 @@ from typing import IO
 # imported with this module, so the build process's preload has it for every Vela fork (_vela_child)
 from ethosu.vela import vela as ethosu_vela
 
-from npubuild.build.plan import StageTask
 from npubuild.config.accelerator import Accelerator
 from npubuild.config.schema import TargetProfile, VelaOptions
+from npubuild.engine.plan import StageTask
 from npubuild.errors import StageError
 from npubuild.ethosu.firmware import write_deployment, write_firmware
 from npubuild.ethosu.perf import attach_bytes, parse_layer_bytes, parse_per_layer, roofline, top_layers

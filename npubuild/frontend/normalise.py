@@ -24,7 +24,7 @@ from npubuild.frontend.passes import run_passes
 from npubuild.frontend.qoperator import to_qdq
 
 if TYPE_CHECKING:
-    from npubuild.build.plan import StageTask
+    from npubuild.engine.plan import StageTask
 
 NORMALISE = ["float32_compute", "unroll_recurrent", "castlike_to_cast", "fold_constants", "exporter_idioms",
              "fold_batchnorm", "fold_pad_into_conv", "quantiser_forms", "eliminate_identity", "eliminate_dropout",

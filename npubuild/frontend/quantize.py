@@ -18,7 +18,7 @@ import onnx
 from onnx import numpy_helper
 from onnxruntime import quantization as ortq
 
-from npubuild.build.plan import StageTask
+from npubuild.engine.plan import StageTask
 from npubuild.errors import InputError, NpubuildError, StageError, is_out_of_memory
 from npubuild.fileio import write_bytes
 from npubuild.frontend.calibration import entropy_options

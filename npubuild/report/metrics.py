@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from npubuild.build.plan import StageTask
 from npubuild.config.accelerator import Accelerator
 from npubuild.config.metrics import METRICS
+from npubuild.engine.plan import StageTask
 from npubuild.fileio import read_json, write_json
 from npubuild.report.gates import evaluate
 from npubuild.stages.records import PartitionedCheck

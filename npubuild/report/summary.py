@@ -12,13 +12,13 @@ import subprocess
 import time
 from pathlib import Path
 
-from npubuild.build.execute import read_error
-from npubuild.build.plan import BuildPlan
-from npubuild.build.uptodate import INPUTS_NAME, read_json_cached, read_record
-from npubuild.build.versions import all_versions
 from npubuild.config.accelerator import Accelerator
 from npubuild.config.load import Build
 from npubuild.config.metrics import GATE_BY_KEY
+from npubuild.engine.execute import read_error
+from npubuild.engine.plan import BuildPlan
+from npubuild.engine.uptodate import INPUTS_NAME, read_json_cached, read_record
+from npubuild.engine.versions import all_versions
 from npubuild.ethosu.vela import placement_metrics
 from npubuild.fileio import _json_default, stable_hash, write_text
 from npubuild.report.brief import failure_cause, num, pools_text

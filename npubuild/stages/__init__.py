@@ -1,4 +1,4 @@
-"""The stages of a build, in run order: each module here defines one `STAGE` (npubuild.build.stage.Stage).
+"""The stages of a build, in run order: each module here defines one `STAGE` (npubuild.engine.stage.Stage).
 
 A stage module is the glue between the build graph and the code that does the work: what the stage's
 task reads and writes for a build (its `plan`), and which implementation module runs it. Planning imports
@@ -8,7 +8,7 @@ when a task runs. records.py is the typed contract between the stages (io.json).
 
 from __future__ import annotations
 
-from npubuild.build.stage import Stage
+from npubuild.engine.stage import Stage
 from npubuild.stages import fvp, importer, lower, npu_sim, quantize, report, tosa_check, vela
 
 STAGES: tuple[Stage, ...] = tuple(m.STAGE for m in (importer, quantize, lower, tosa_check, vela, npu_sim, fvp, report))

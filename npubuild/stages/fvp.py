@@ -7,8 +7,8 @@ runner are found or the stage is skipped with the reason (`verify.fvp: auto`), o
 
 from __future__ import annotations
 
-from npubuild.build.stage import Chain, Skip, Stage, TaskSpec, run_of
 from npubuild.config.load import Build
+from npubuild.engine.stage import Chain, Skip, Stage, TaskSpec, run_of
 
 
 def plan(b: Build, chain: Chain) -> TaskSpec | Skip:

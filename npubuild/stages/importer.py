@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from npubuild.build.stage import Chain, Stage, TaskSpec, run_of
 from npubuild.config.load import Build
+from npubuild.engine.stage import Chain, Stage, TaskSpec, run_of
 
 
 def _rel(path: Path, root: Path) -> str:

@@ -4,9 +4,9 @@ model, which is why it is not a declared output: io.json says which files exist)
 
 from __future__ import annotations
 
-from npubuild.build.stage import Chain, Stage, TaskSpec, run_of
 from npubuild.config.accelerator import Accelerator
 from npubuild.config.load import Build
+from npubuild.engine.stage import Chain, Stage, TaskSpec, run_of
 
 
 def plan(b: Build, chain: Chain) -> TaskSpec:

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from npubuild.build.stage import Chain, Skip, Stage, TaskSpec, run_of
 from npubuild.config.load import Build
+from npubuild.engine.stage import Chain, Skip, Stage, TaskSpec, run_of
 
 
 def skip_reason(output_format: str) -> str | None:

@@ -3,8 +3,8 @@
 
 from __future__ import annotations
 
-from npubuild.build.stage import Chain, Stage, TaskSpec, run_of
 from npubuild.config.load import Build
+from npubuild.engine.stage import Chain, Stage, TaskSpec, run_of
 
 
 def plan(b: Build, chain: Chain) -> TaskSpec | None:

@@ -22,7 +22,7 @@ import numpy as np
 import onnx
 from onnx.utils import Extractor
 
-from npubuild.build.fanout import fan_out
+from npubuild.engine.fanout import fan_out
 from npubuild.errors import NpubuildError
 from npubuild.frontend.graph_index import GraphIndex
 from npubuild.lowering.driver import lower_model

@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 
-from npubuild.build.plan import StageTask
+from npubuild.engine.plan import StageTask
 from npubuild.errors import StageError
 from npubuild.fileio import read_json, write_json
 from npubuild.frontend.data import sample_arrays

@@ -24,8 +24,8 @@ from pathlib import Path
 import numpy as np
 import onnx
 
-from npubuild.build.fanout import fan_out
-from npubuild.build.plan import StageTask
+from npubuild.engine.fanout import fan_out
+from npubuild.engine.plan import StageTask
 from npubuild.errors import InputError, StageError
 from npubuild.fileio import atomic_path, write_json
 from npubuild.frontend.data import load_arrays, sample_arrays

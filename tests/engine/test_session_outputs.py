@@ -11,9 +11,9 @@ from pathlib import Path
 
 from npbtest import read_report, read_run, run_cli
 
-from npubuild.build.plan import make_plan
-from npubuild.build.progress import StageProgress
 from npubuild.config.load import load_specs
+from npubuild.engine.plan import make_plan
+from npubuild.engine.progress import StageProgress
 
 TINY = "{extends: ethos-u55-128, name: u55-tiny, pools: {sram: {size_kib: 1}}}"
 KWS = ("kws/ds_cnn/ethos-u55-128", "kws/ds_cnn/ethos-u65-256", "kws/ds_cnn/ethos-u85-256")

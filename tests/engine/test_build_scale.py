@@ -92,7 +92,7 @@ def _npubuild(args: list[str], cwd: Path) -> subprocess.Popen:
 def test_a_busy_build_dir_stops_a_second_build_with_one_line(project: Path):
     build_dir = project / "build"
     holder = subprocess.Popen([sys.executable, "-c", "import sys, time; from pathlib import Path; "
-                               "from npubuild.build.lock import acquire; acquire(Path(sys.argv[1])); "
+                               "from npubuild.engine.lock import acquire; acquire(Path(sys.argv[1])); "
                                "print('locked', flush=True); time.sleep(60)", str(build_dir)],
                               stdout=subprocess.PIPE, text=True)
     try:
@@ -124,7 +124,7 @@ def test_two_concurrent_builds_in_one_dir_run_one_after_the_other(project: Path)
 
 
 def _complete(stage_dir: Path) -> bool:
-    """A stage dir whose stage.json and inputs.json carry the key its name ends with (see npubuild.build.uptodate)."""
+    """A stage dir whose stage.json and inputs.json carry the key its name ends with (see npubuild.engine.uptodate)."""
     try:
         rec = json.loads((stage_dir / "stage.json").read_text())
         inputs = json.loads((stage_dir / "inputs.json").read_text())

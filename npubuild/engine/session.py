@@ -19,10 +19,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
-from npubuild.build.lock import locked
-from npubuild.build.plan import BuildPlan, make_plan
-from npubuild.build.progress import LiveDisplay, StageProgress, format_seconds
 from npubuild.config.load import Build
+from npubuild.engine.lock import locked
+from npubuild.engine.plan import BuildPlan, make_plan
+from npubuild.engine.progress import LiveDisplay, StageProgress, format_seconds
 from npubuild.fileio import write_json
 from npubuild.longlived import long_lived
 from npubuild.report.brief import plain_message
@@ -279,18 +279,18 @@ def build(builds: list[Build], build_dir: Path, jobs: int = 1, keep_going: bool 
     """Plan and run builds. `live`: the per-stage progress table (None: when stdout is a terminal);
     `cache`: --cache (a URL, 'off', or None for $NPUBUILD_CACHE / the project's .npubuild/cache);
     `reports`, `selection`, `summary`: see Session."""
-    from npubuild.build.cache import resolve_cache
+    from npubuild.engine.cache import resolve_cache
 
     try:
         with long_lived():  # the plan and the executor's modules (with the report's, and Vela): kept for the run
             plan = make_plan(builds, build_dir)
             cache_url = resolve_cache(cache, plan.build_dir)
             if executor == "dask":
-                from npubuild.build.dask_executor import DaskExecutor
+                from npubuild.engine.dask_executor import DaskExecutor
 
                 ex: Executor = DaskExecutor(cache_url, debug, scheduler, jobs if jobs > 1 else 2, client, keep_going)
             else:
-                from npubuild.build.doit_executor import DoitExecutor
+                from npubuild.engine.doit_executor import DoitExecutor
 
                 ex = DoitExecutor(cache_url, debug, jobs, keep_going)
         return run_build(plan, ex, wait, quiet, live, reports, selection, summary, verbose)

@@ -1,6 +1,6 @@
 """The client's half of a share-nothing Dask build: inputs into the shared cache, stage outputs back out.
 
-A worker gets only content addresses (npubuild.build.worker), so before a task leaves the client every
+A worker gets only content addresses (npubuild.engine.worker), so before a task leaves the client every
 file it reads must be a cache entry: a user input (a model with the external data beside it, calibration
 and evaluation arrays, the FVP runner) becomes an entry of its own, keyed by its name and content, when the
 build starts; an upstream stage's outputs are the entry its run published (or, for a stage up to date in
@@ -16,10 +16,10 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from npubuild.build.cache import KEY_ENV, StageCache, cache_key
-from npubuild.build.execute import error_path, write_record
-from npubuild.build.plan import BuildPlan, StageTask
-from npubuild.build.uptodate import (
+from npubuild.engine.cache import KEY_ENV, StageCache, cache_key
+from npubuild.engine.execute import error_path, write_record
+from npubuild.engine.plan import BuildPlan, StageTask
+from npubuild.engine.uptodate import (
     BOOKKEEPING,
     check_producers,
     clear_debris,
@@ -27,7 +27,7 @@ from npubuild.build.uptodate import (
     read_record,
     write_inputs,
 )
-from npubuild.build.worker import Address, RemoteResult, RemoteTask
+from npubuild.engine.worker import Address, RemoteResult, RemoteTask
 from npubuild.errors import StageError
 from npubuild.fileio import file_hash, stable_hash, write_json
 

@@ -4,7 +4,7 @@ The client sends a `RemoteTask`: the stage, its config and each input as a conte
 cache entry and a file inside it), never a path of the client's. The worker restores those entries into a
 temporary directory of its own, runs the stage there through the same `execute` as doit's processes
 (which publishes the outputs to the cache under the task's cache key), and returns that key with the
-metrics; the client then restores the outputs into its build dir (npubuild.build.shipping).
+metrics; the client then restores the outputs into its build dir (npubuild.engine.shipping).
 
 An upstream entry is restored whole, not just the file named: a stage reads files beside its input
 (tosa-check reads the partitions io.json lists, fvp the Vela model beside summary.json), as it does in
@@ -17,10 +17,10 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from npubuild.build.cache import StageCache
-from npubuild.build.execute import execute, read_error
-from npubuild.build.plan import StageTask
-from npubuild.build.uptodate import RECORD_NAME
+from npubuild.engine.cache import StageCache
+from npubuild.engine.execute import execute, read_error
+from npubuild.engine.plan import StageTask
+from npubuild.engine.uptodate import RECORD_NAME
 from npubuild.errors import NpubuildError, StageError
 
 

@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 from npbtest import REPO, read_report, read_run, run_cli
 
-from npubuild.build.dask_executor import is_loopback, require_shared_cache
 from npubuild.config.load import load_specs
+from npubuild.engine.dask_executor import is_loopback, require_shared_cache
 from npubuild.errors import InputError
 
 # the worker's own mount namespace: an empty tmpfs over the client's directory, then the worker in its cwd
@@ -97,7 +97,7 @@ def test_workers_that_see_only_the_cache_build_what_doit_builds_and_a_second_cli
         hidden_cluster, monkeypatch):
     from dask.distributed import get_task_stream
 
-    from npubuild.build.session import build
+    from npubuild.engine.session import build
 
     client, client_dir, cache = hidden_cluster
     project = _example_project(client_dir / "product")
@@ -224,11 +224,11 @@ def test_a_worker_task_needs_no_client_path_even_for_a_model_with_external_data(
     moved away (no path of the client's exists), its outputs restored into the stage dir afterwards."""
     import onnx
 
-    from npubuild.build.cache import StageCache
-    from npubuild.build.plan import make_plan
-    from npubuild.build.shipping import Shipping
-    from npubuild.build.uptodate import is_done
-    from npubuild.build.worker import run_remote
+    from npubuild.engine.cache import StageCache
+    from npubuild.engine.plan import make_plan
+    from npubuild.engine.shipping import Shipping
+    from npubuild.engine.uptodate import is_done
+    from npubuild.engine.worker import run_remote
 
     project = tmp_path / "product"
     (project / "configs" / "models").mkdir(parents=True)

@@ -10,7 +10,7 @@ becomes one error line naming what it was doing. execute.py runs every stage
 task this way (one fork per task, ~20 ms; never one per node).
 
 The child is a fork, not a fresh interpreter: the modules are already imported,
-and it inherits the build-dir lock's fd like a doit worker (npubuild.build.lock
+and it inherits the build-dir lock's fd like a doit worker (npubuild.engine.lock
 binds both to the parent's life). Forking is only safe from a process whose
 only thread is the one forking: a caller off the main thread (a Dask worker
 runs tasks in a thread pool beside its event loop) gets its child from a
@@ -139,7 +139,7 @@ def _child(fn: Callable[..., Any], args: tuple, write_fd: int, memory_bytes: int
 def _served_child(fn: Callable[..., Any], args: tuple, conn, memory_bytes: int, what: str,
                   prepare: Callable[[], Any] | None) -> None:
     """Runs in a child of the forkserver: dies with the server (which dies with the process that asked)."""
-    from npubuild.build.lock import die_with_parent
+    from npubuild.engine.lock import die_with_parent
 
     die_with_parent()
     code = 0

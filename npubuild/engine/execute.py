@@ -4,7 +4,7 @@
 runs the stage, and writes `stage.json` (config, metrics, seconds, run id, the
 size and sha256 of every file the stage wrote) last, so a task killed
 mid-stage has no record and is never taken as done, and a later change to an
-output is seen (npubuild.build.uptodate).
+output is seen (npubuild.engine.uptodate).
 """
 
 from __future__ import annotations
@@ -16,10 +16,10 @@ import traceback
 from collections.abc import Callable
 from pathlib import Path
 
-from npubuild.build.cache import StageCache, cache_key
-from npubuild.build.isolate import isolation_possible, run_isolated
-from npubuild.build.plan import StageTask
-from npubuild.build.uptodate import (
+from npubuild.engine.cache import StageCache, cache_key
+from npubuild.engine.isolate import isolation_possible, run_isolated
+from npubuild.engine.plan import StageTask
+from npubuild.engine.uptodate import (
     ERROR_NAME,
     INPUTS_NAME,
     check_producers,
@@ -78,7 +78,7 @@ def stage_modules() -> tuple[str, ...]:
     """Every stage's implementation module (what a forkserver preloads for all the tasks it will serve)."""
     from npubuild.stages import STAGES
 
-    return ("npubuild.build.execute", *(s.module for s in STAGES))
+    return ("npubuild.engine.execute", *(s.module for s in STAGES))
 
 
 def run_in_child(task: StageTask) -> dict:

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from npbtest import read_run
 
-from npubuild.build.cache import StageCache
+from npubuild.engine.cache import StageCache
 
 KEY = "team-secret-0123456789"
 
@@ -43,7 +43,7 @@ def _killed_writer(cache: Path, src: Path, key: str, at: str) -> None:
     code = f"""
 import os, signal
 from pathlib import Path
-from npubuild.build.cache import StageCache
+from npubuild.engine.cache import StageCache
 c = StageCache({str(cache)!r})
 if {at!r} == "manifest":
     c.fs.mv = lambda *a, **k: os.kill(os.getpid(), signal.SIGKILL)

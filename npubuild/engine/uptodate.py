@@ -25,8 +25,8 @@ import os
 import shutil
 from pathlib import Path
 
-from npubuild.build.notice import warn
-from npubuild.build.plan import StageTask
+from npubuild.engine.notice import warn
+from npubuild.engine.plan import StageTask
 from npubuild.fileio import file_hash, read_json, write_json
 
 INPUTS_NAME = "inputs.json"

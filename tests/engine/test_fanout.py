@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 from ophelpers import calib, quantize_model
 
-from npubuild.build import fanout
-from npubuild.build.doit_executor import doit_jobs, share_cores
-from npubuild.build.fanout import WORKERS_ENV, fan_out, stage_workers
+from npubuild.engine import fanout
+from npubuild.engine.doit_executor import doit_jobs, share_cores
+from npubuild.engine.fanout import WORKERS_ENV, fan_out, stage_workers
 from npubuild.errors import Location, StageError
 from npubuild.models.builder import GraphBuilder
 from npubuild.verify.node_errors import node_errors

@@ -39,7 +39,7 @@ from pathlib import Path
 
 import fsspec
 
-from npubuild.build.notice import warn
+from npubuild.engine.notice import warn
 from npubuild.errors import InputError
 from npubuild.fileio import atomic_path, file_hash, stable_hash
 

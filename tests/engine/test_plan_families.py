@@ -7,8 +7,8 @@ from pathlib import Path
 
 from npbtest import REPO, run_subprocess
 
-from npubuild.build.plan import make_plan
 from npubuild.config.load import adhoc_builds, load_spec
+from npubuild.engine.plan import make_plan
 
 MODEL = REPO / "configs" / "models" / "ds_cnn.onnx"
 

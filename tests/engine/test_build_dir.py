@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from npbtest import read_report, run_cli
 
-from npubuild.build.lock import BuildDirBusy, acquire, release
+from npubuild.engine.lock import BuildDirBusy, acquire, release
 
 
 def _env() -> dict[str, str]:

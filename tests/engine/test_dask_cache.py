@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 from npbtest import read_report, read_run
 
-from npubuild.build.cache import StageCache
 from npubuild.config.load import load_specs
+from npubuild.engine.cache import StageCache
 
 
 def _stage_records(build_dir: Path) -> dict[str, dict]:
@@ -45,7 +45,7 @@ def cluster():
 
 def test_doit_and_dask_give_identical_metrics_and_a_second_machine_takes_everything_from_cache(
         project: Path, cluster, monkeypatch):
-    from npubuild.build.session import build
+    from npubuild.engine.session import build
 
     doit_dir, dask_dir, third_dir = project / "b-doit", project / "b-dask", project / "b-third"
     proc = _build(project, doit_dir, project / "cache-doit")
@@ -98,7 +98,7 @@ def test_corrupt_entry_is_detected_discarded_and_recomputed(project: Path):
 
 
 def test_a_worker_killed_mid_stage_costs_a_retry_and_corrupts_nothing(project: Path, cluster, monkeypatch):
-    from npubuild.build.session import build
+    from npubuild.engine.session import build
 
     cache_dir = project / "cache-kill"
     monkeypatch.setenv("NPUBUILD_CACHE", str(cache_dir))
@@ -134,7 +134,7 @@ def test_dasks_own_log_lines_stay_off_the_users_screen_unless_debug():
     quiet for the run, loud again after it and under --debug."""
     import logging
 
-    from npubuild.build.dask_executor import quiet_distributed
+    from npubuild.engine.dask_executor import quiet_distributed
 
     seen: list[str] = []
 

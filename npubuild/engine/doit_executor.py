@@ -1,7 +1,7 @@
 """The plan as doit tasks, run by doit in local processes: `npubuild build` and plain `doit` (dodo.py).
 
 Both load the same task dicts and share the same stage dirs, so the same cache:
-a task is up to date when its stage dir says so (npubuild.build.uptodate),
+a task is up to date when its stage dir says so (npubuild.engine.uptodate),
 whoever ran it. doit's reporter only forwards task events to the build
 session, which writes the reports when doit ends the run.
 """
@@ -15,11 +15,11 @@ from pathlib import Path
 
 from doit.exceptions import TaskFailed, UnmetDependency
 
-from npubuild.build.execute import run_stage, was_restored
-from npubuild.build.fanout import WORKERS_ENV, workers_for_jobs
-from npubuild.build.plan import BuildPlan, StageTask
-from npubuild.build.session import Session
-from npubuild.build.uptodate import is_done
+from npubuild.engine.execute import run_stage, was_restored
+from npubuild.engine.fanout import WORKERS_ENV, workers_for_jobs
+from npubuild.engine.plan import BuildPlan, StageTask
+from npubuild.engine.session import Session
+from npubuild.engine.uptodate import is_done
 from npubuild.errors import NpubuildError
 from npubuild.stages import STAGE_NAMES
 
@@ -34,7 +34,7 @@ def doit_action(task: StageTask, run_id: str, debug: bool, cache_url: str | None
 
 
 def stage_done(stage_task: StageTask) -> bool:
-    """doit uptodate check (npubuild.build.uptodate: survives a killed run, unlike doit's database).
+    """doit uptodate check (npubuild.engine.uptodate: survives a killed run, unlike doit's database).
 
     Not named `task`: doit would pass its own Task object for a first argument of that name.
     """
@@ -194,7 +194,7 @@ The same plan, stage dirs, shared cache and reports as `npubuild build configs/`
 with which shared cache; NPUBUILD_WAIT=1 waits for a build dir another build holds.
 """
 
-from npubuild.build.doit_executor import dodo_namespace
+from npubuild import dodo_namespace
 
 globals().update(dodo_namespace(__file__))
 '''
@@ -206,10 +206,10 @@ def dodo_namespace(dodo_file: str) -> dict:
     Builds every spec in configs/ next to dodo.py into build/ there. NPUBUILD_SPECS (paths separated by
     ':'), NPUBUILD_BUILD_DIR, NPUBUILD_CACHE and NPUBUILD_WAIT=1 (wait for a busy build dir) change that.
     """
-    from npubuild.build.cache import resolve_cache
-    from npubuild.build.lock import acquire
-    from npubuild.build.plan import make_plan
     from npubuild.config.load import load_specs
+    from npubuild.engine.cache import resolve_cache
+    from npubuild.engine.lock import acquire
+    from npubuild.engine.plan import make_plan
 
     here = Path(dodo_file).resolve().parent
     specs = [Path(p) for p in os.environ.get("NPUBUILD_SPECS", str(here / "configs")).split(":")]

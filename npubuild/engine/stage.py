@@ -15,8 +15,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from npubuild.build.plan import StageTask
     from npubuild.config.load import Build
+    from npubuild.engine.plan import StageTask
 
 
 @dataclass(frozen=True)

@@ -4,7 +4,7 @@ A stage task is identified by the hash of its resolved config (which embeds
 its upstream task's hash and the versions of the tools it calls), so builds
 that share a model, quantisation and pipeline share their import, quantize,
 lower and tosa-check tasks, and a target change touches only that target's
-vela and report tasks. Each stage plans its own tasks (npubuild.build.stage);
+vela and report tasks. Each stage plans its own tasks (npubuild.engine.stage);
 executors (doit, Dask) only run this plan.
 """
 
@@ -15,9 +15,9 @@ from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from npubuild.build.stage import Skip, Stage, TaskSpec
-from npubuild.build.versions import versions
 from npubuild.config.load import Build
+from npubuild.engine.stage import Skip, Stage, TaskSpec
+from npubuild.engine.versions import versions
 from npubuild.fileio import stable_hash
 from npubuild.stages import STAGES
 

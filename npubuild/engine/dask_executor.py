@@ -3,9 +3,9 @@
 The client walks the plan in dependency order. A task whose upstream tasks are settled is decided here
 as doit decides it: blocked if one failed, cached if up to date in the build dir, restored if the shared
 cache has its entry; the report stage (this build dir's records) runs here. Every other task goes to a
-worker as content addresses (npubuild.build.worker): the worker fetches its inputs from the cache, runs
+worker as content addresses (npubuild.engine.worker): the worker fetches its inputs from the cache, runs
 the stage in a temporary dir of its own and publishes the outputs; the client restores them into the
-stage dir as each result arrives (npubuild.build.shipping). So a worker needs no path of the client's:
+stage dir as each result arrives (npubuild.engine.shipping). So a worker needs no path of the client's:
 autoscaled workers, containers, a Kubernetes or SLURM deployment with only an object store in common.
 
 Without a scheduler address a LocalCluster (loopback, no dashboard) is started, once a task needs a
@@ -27,13 +27,13 @@ from contextlib import contextmanager
 from typing import Any
 from urllib.parse import urlsplit
 
-from npubuild.build.cache import StageCache
-from npubuild.build.execute import run_stage
-from npubuild.build.plan import BuildPlan
-from npubuild.build.session import Session
-from npubuild.build.shipping import Prepared, Shipping
-from npubuild.build.uptodate import is_done
-from npubuild.build.worker import run_remote
+from npubuild.engine.cache import StageCache
+from npubuild.engine.execute import run_stage
+from npubuild.engine.plan import BuildPlan
+from npubuild.engine.session import Session
+from npubuild.engine.shipping import Prepared, Shipping
+from npubuild.engine.uptodate import is_done
+from npubuild.engine.worker import run_remote
 from npubuild.errors import InputError, NpubuildError
 
 TASK_RETRIES = 3

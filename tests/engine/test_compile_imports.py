@@ -18,7 +18,7 @@ from npubuild.stages import STAGES
 # runs `npubuild compile` after wrapping what each forked child runs, to write the modules it imported
 DRIVER = """
 import gc, json, sys
-import npubuild.build.execute as execute
+import npubuild.engine.execute as execute
 log, args = sys.argv[1], sys.argv[2:]
 run = execute.run_in_child
 

@@ -29,9 +29,9 @@ PACKAGE_ROOT = Path(npubuild.__file__).parent
 REGISTRY_PACKAGES = ("npubuild.lowering.ops", "npubuild.frontend.passes")
 # Orchestration, not computation: stage implementations import these for types and plumbing only, and a
 # change there (a new stage in the plan, a new executor) must not invalidate every cached result: the
-# npubuild.build package, the stage registry (npubuild.stages itself; records.py is part of the contract).
+# npubuild.engine package, the stage registry (npubuild.stages itself; records.py is part of the contract).
 ORCHESTRATION = frozenset({"npubuild", "npubuild.stages"})
-ORCHESTRATION_PACKAGE = "npubuild.build"
+ORCHESTRATION_PACKAGE = "npubuild.engine"
 
 
 def _orchestration(name: str) -> bool:

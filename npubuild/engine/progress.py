@@ -12,7 +12,7 @@ import time
 from collections import deque
 from typing import IO
 
-from npubuild.build.plan import BuildPlan
+from npubuild.engine.plan import BuildPlan
 from npubuild.stages import STAGE_NAMES
 
 STATES = ("running", "ran", "restored", "cached", "failed", "blocked")  # blocked: not run, an upstream task failed

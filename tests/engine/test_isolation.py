@@ -18,7 +18,7 @@ from npbtest import read_report, read_run
 from onnx import TensorProto, helper, numpy_helper
 from onnx_cases import conv
 
-from npubuild.build.isolate import run_isolated
+from npubuild.engine.isolate import run_isolated
 from npubuild.errors import InputError
 
 LIMIT_MIB = 512  # kws's stages add ~150 MiB of address space; 60 calibration samples of 16 MiB do not fit

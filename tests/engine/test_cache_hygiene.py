@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from npbtest import REPO, read_report, read_run, run_cli
 
-import npubuild.build.versions
+import npubuild.engine.versions
 
 # tool -> stages that must stay cached when only that tool's version changes (they neither call it nor
 # consume anything that did)
@@ -26,8 +26,8 @@ UNTOUCHED = {
 
 def _affected(project: Path, tool: str) -> set[str]:
     """Tasks of the plan whose stage calls `tool` (Stage.tools), and every task downstream of one."""
-    from npubuild.build.plan import make_plan
     from npubuild.config.load import load_specs
+    from npubuild.engine.plan import make_plan
     from npubuild.stages import BY_NAME
 
     plan = make_plan(load_specs([project / "configs"]), project / "build")
@@ -76,9 +76,9 @@ def test_a_tool_upgrade_reruns_exactly_the_stages_that_call_it(project: Path, ca
     first = set(read_run(project / "build")["executed"])
     affected = _affected(project, tool)
     assert affected and affected < first
-    real = npubuild.build.versions.tool_version
+    real = npubuild.engine.versions.tool_version
     assert real(tool) != "99.0.0"
-    monkeypatch.setattr(npubuild.build.versions, "tool_version", lambda t: "99.0.0" if t == tool else real(t))
+    monkeypatch.setattr(npubuild.engine.versions, "tool_version", lambda t: "99.0.0" if t == tool else real(t))
 
     code, _, err = run_cli(["build", "-q"], capsys, cwd=project)
     assert code == 0, err

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from npbtest import REPO, read_report, read_run, run_cli
 
-from npubuild.build.uptodate import INPUTS_NAME, stat_signature
+from npubuild.engine.uptodate import INPUTS_NAME, stat_signature
 
 
 @pytest.fixture(scope="module")
