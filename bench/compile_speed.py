@@ -104,8 +104,8 @@ out = {"npubuild.cli": time.perf_counter() - t0}
 from npubuild.stages import STAGES
 for s in STAGES:
     t = time.perf_counter()
-    importlib.import_module(s.module)
-    out[s.name + " (" + s.module + ")"] = time.perf_counter() - t
+    importlib.import_module(s.implementation)
+    out[s.name + " (" + s.implementation + ")"] = time.perf_counter() - t
 import json; print(json.dumps(out))
 """
 

@@ -53,6 +53,7 @@ from npubuild.frontend.quantize import quantize
 from npubuild.lowering.driver import lower_model
 from npubuild.lowering.ops import conv as ops_conv
 from npubuild.lowering.options import FAMILY_OPTIONS, DepthwiseLimits, PlaneSumLimits
+from npubuild.stages import STAGES
 
 ROOT = Path(__file__).resolve().parents[1]
 TARGETS = ["ethos-u55-32", "ethos-u55-64", "ethos-u55-128", "ethos-u55-256"]
@@ -167,7 +168,7 @@ def variants(fam: str) -> dict[str, Changes]:
 def qdq_models(build_dir: Path) -> list[tuple[str, onnx.ModelProto, object]]:
     """(model name, its QDQ model after the pipeline's passes, the spec's Vela options) per example model."""
     builds = load_specs([ROOT / "configs"])
-    plan = make_plan(builds, build_dir)
+    plan = make_plan(builds, build_dir, STAGES)
     seen, out = set(), []
     for b in builds:
         if b.model_name in seen or b.pipeline.profile != "int":

@@ -28,6 +28,7 @@ from npubuild.engine.isolate import run_isolated
 from npubuild.frontend.data import random_arrays
 from npubuild.frontend.normalise import import_model
 from npubuild.frontend.quantize import quantize
+from npubuild.stages import STAGES
 
 REPO = Path(__file__).resolve().parents[1]
 CHAIN_SIZES = (250, 500, 1000, 2000)
@@ -88,7 +89,7 @@ def served_overhead(tmp: Path, repeats: int = 5) -> tuple[float, float]:
         for i in range(repeats + 1):
             t = time.perf_counter()
             run_isolated(import_model, src, shapes, tmp / f"s{i}.onnx", what="import", where=str(src),
-                         preload=stage_modules())
+                         preload=stage_modules(STAGES))
             times.append(time.perf_counter() - t)
 
     thread = threading.Thread(target=calls)

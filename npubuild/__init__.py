@@ -14,5 +14,6 @@ def dodo_namespace(dodo_file: str) -> dict:
     `import npubuild` stays light. See npubuild.engine.doit_executor.dodo_namespace.
     """
     from npubuild.engine.doit_executor import dodo_namespace as namespace
+    from npubuild.stages import STAGES
 
-    return namespace(dodo_file)
+    return namespace(dodo_file, STAGES)

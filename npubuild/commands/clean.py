@@ -66,8 +66,9 @@ def cmd_clean(args) -> int:
     if args.stale:
         from npubuild.config.load import load_specs, spec_paths
         from npubuild.engine.plan import make_plan
+        from npubuild.stages import STAGES
 
-        plan = make_plan(load_specs(spec_paths(args.specs)), build_dir)
+        plan = make_plan(load_specs(spec_paths(args.specs)), build_dir, STAGES)
         keep = {t.dir for t in plan.tasks.values()}
         with locked(build_dir, args.wait):
             dirs, plots = stale_dirs(build_dir, keep), stale_plots(build_dir)

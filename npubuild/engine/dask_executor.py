@@ -28,7 +28,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from npubuild.engine.cache import StageCache
-from npubuild.engine.execute import run_stage
+from npubuild.engine.execute import run_stage, stage_modules
 from npubuild.engine.plan import BuildPlan
 from npubuild.engine.session import Session
 from npubuild.engine.shipping import Prepared, Shipping
@@ -228,7 +228,8 @@ class _Walk:
             self._settle(name, "from-cache")
             return None
         future = self.connect().submit(run_remote, prepared.remote, self.cache_url, self.session.run_id, self.debug,
-                                    key=f"{name}@{self.session.run_id}", pure=False, retries=TASK_RETRIES)
+                                       stage_modules(self.plan.stages), key=f"{name}@{self.session.run_id}",
+                                       pure=False, retries=TASK_RETRIES)
         self.running[future.key] = (name, prepared)
         return future
 

@@ -15,19 +15,20 @@ from pathlib import Path
 
 from doit.exceptions import TaskFailed, UnmetDependency
 
-from npubuild.engine.execute import run_stage, was_restored
+from npubuild.engine.execute import run_stage, stage_modules, was_restored
 from npubuild.engine.fanout import WORKERS_ENV, workers_for_jobs
 from npubuild.engine.plan import BuildPlan, StageTask
 from npubuild.engine.session import Session
+from npubuild.engine.stage import Stage
 from npubuild.engine.uptodate import is_done
 from npubuild.errors import NpubuildError
-from npubuild.stages import STAGE_NAMES
 
 
-def doit_action(task: StageTask, run_id: str, debug: bool, cache_url: str | None) -> TaskFailed | None:
+def doit_action(task: StageTask, run_id: str, debug: bool, cache_url: str | None,
+                preload: tuple[str, ...] = ()) -> TaskFailed | None:
     """doit python-action: run the stage; a failure is one line, never a traceback."""
     try:
-        run_stage(task, run_id, debug, cache_url)
+        run_stage(task, run_id, debug, cache_url, preload)
     except NpubuildError as exc:
         return TaskFailed(str(exc))
     return None
@@ -60,21 +61,23 @@ def depth_first(plan: BuildPlan) -> list[str]:
     return [*order, *(n for n in plan.tasks if n not in reached)]
 
 
-def doit_config(build_dir: Path, reporter: type, default_tasks: list[str] | None = None) -> dict:
+def doit_config(plan: BuildPlan, reporter: type) -> dict:
     return {
         "backend": "sqlite3",
-        "dep_file": str(build_dir / ".doit.db"),
+        "dep_file": str(plan.build_dir / ".doit.db"),
         "reporter": reporter,
         "verbosity": 0,
-        "default_tasks": default_tasks or list(STAGE_NAMES),
+        "default_tasks": depth_first(plan) or [s.name for s in plan.stages],
     }
 
 
 def task_dicts(plan: BuildPlan, run_id: str, debug: bool, cache_url: str | None) -> dict[str, Iterator[dict]]:
     """doit task generators keyed by stage (`task_<stage>` functions for a loader namespace)."""
-    by_stage: dict[str, list[StageTask]] = {s: [] for s in STAGE_NAMES}
+    names = [s.name for s in plan.stages]
+    by_stage: dict[str, list[StageTask]] = {s: [] for s in names}
     for t in plan.tasks.values():
         by_stage[t.stage].append(t)
+    preload = stage_modules(plan.stages)
 
     def generator(stage: str):
         def gen() -> Iterator[dict]:
@@ -83,7 +86,7 @@ def task_dicts(plan: BuildPlan, run_id: str, debug: bool, cache_url: str | None)
                 yield {
                     "basename": stage,
                     "name": t.sub,
-                    "actions": [(doit_action, [t, run_id, debug, cache_url])],
+                    "actions": [(doit_action, [t, run_id, debug, cache_url, preload])],
                     "targets": [str(p) for p in t.outputs.values()],
                     "task_dep": list(t.deps),
                     "uptodate": [(stage_done, [t], {})],
@@ -94,7 +97,7 @@ def task_dicts(plan: BuildPlan, run_id: str, debug: bool, cache_url: str | None)
         gen.basename = stage
         return gen
 
-    return {f"task_{s.replace('-', '_')}": generator(s) for s in STAGE_NAMES}
+    return {f"task_{s.replace('-', '_')}": generator(s) for s in names}
 
 
 def make_reporter(session: Session) -> type:
@@ -160,7 +163,7 @@ def make_reporter(session: Session) -> type:
 def namespace(plan: BuildPlan, session: Session, debug: bool, cache_url: str | None) -> dict:
     """What a doit loader reads: the task generators and DOIT_CONFIG with the session's reporter."""
     ns: dict = dict(task_dicts(plan, session.run_id, debug, cache_url))
-    ns["DOIT_CONFIG"] = doit_config(plan.build_dir, make_reporter(session), depth_first(plan))
+    ns["DOIT_CONFIG"] = doit_config(plan, make_reporter(session))
     return ns
 
 
@@ -200,8 +203,9 @@ globals().update(dodo_namespace(__file__))
 '''
 
 
-def dodo_namespace(dodo_file: str) -> dict:
-    """The whole body of a project's dodo.py: plain `doit` runs the same plan and session as `npubuild build`.
+def dodo_namespace(dodo_file: str, stages: tuple[Stage, ...]) -> dict:
+    """The whole body of a project's dodo.py (through npubuild.dodo_namespace, which hands it the stages):
+    plain `doit` runs the same plan and session as `npubuild build`.
 
     Builds every spec in configs/ next to dodo.py into build/ there. NPUBUILD_SPECS (paths separated by
     ':'), NPUBUILD_BUILD_DIR, NPUBUILD_CACHE and NPUBUILD_WAIT=1 (wait for a busy build dir) change that.
@@ -215,7 +219,7 @@ def dodo_namespace(dodo_file: str) -> dict:
     specs = [Path(p) for p in os.environ.get("NPUBUILD_SPECS", str(here / "configs")).split(":")]
     try:
         builds = load_specs(specs)
-        plan = make_plan(builds, Path(os.environ.get("NPUBUILD_BUILD_DIR", here / "build")))
+        plan = make_plan(builds, Path(os.environ.get("NPUBUILD_BUILD_DIR", here / "build")), stages)
         lock_fd = acquire(plan.build_dir, wait=os.environ.get("NPUBUILD_WAIT") == "1")
     except NpubuildError as exc:
         print(exc, file=sys.stderr)

@@ -13,12 +13,12 @@ import functools
 import importlib
 import time
 import traceback
-from collections.abc import Callable
 from pathlib import Path
 
 from npubuild.engine.cache import StageCache, cache_key
 from npubuild.engine.isolate import isolation_possible, run_isolated
 from npubuild.engine.plan import StageTask
+from npubuild.engine.stage import Stage, companion_inputs, stage_named, stage_of
 from npubuild.engine.uptodate import (
     ERROR_NAME,
     INPUTS_NAME,
@@ -33,57 +33,49 @@ from npubuild.errors import InputError, NpubuildError, StageError, is_out_of_mem
 from npubuild.fileio import read_json, write_json
 from npubuild.longlived import long_lived
 
-StageFn = Callable[[StageTask], dict]
 
-
-def stage_function(stage: str) -> StageFn:
-    from npubuild.stages import BY_NAME
-
-    prepare_stage(stage)
-    return BY_NAME[stage].run
-
-
-def prepare_stage(stage: str) -> None:
-    """Import the stage's implementation (and what its run imports: Stage.preload) and quiet onnxruntime: done before the
-    isolated child's memory limit, so that a tight limit fails the stage's work, not its imports, and a
-    forked child finds them loaded instead of importing them again for every task."""
-    from npubuild.stages import BY_NAME
-
+def prepare_stage(module: str) -> None:
+    """Import the stage's implementation (and what its run imports: Stage.preload) and quiet onnxruntime: done
+    before the isolated child's memory limit, so that a tight limit fails the stage's work, not its imports, and
+    a forked child finds them loaded instead of importing them again for every task."""
+    stage = stage_named(module)
     with long_lived():  # imports: objects for the life of the process, not for the collector to walk
-        importlib.import_module(BY_NAME[stage].module)
-        for entry in BY_NAME[stage].preload:
-            module, _, function = entry.partition(":")
-            loaded = importlib.import_module(module)
+        importlib.import_module(stage.implementation)
+        for entry in stage.preload:
+            name, _, function = entry.partition(":")
+            loaded = importlib.import_module(name)
             if function:
                 getattr(loaded, function)()
-    if "onnxruntime" in BY_NAME[stage].tools:
+    if "onnxruntime" in stage.tools:
         quiet_onnxruntime()
 
 
-def run_stage_function(task: StageTask) -> dict:
-    """The stage's own work, in a child process (build/isolate.py): a native crash, the memory limit or a hang
+def run_stage_function(task: StageTask, preload: tuple[str, ...] = ()) -> dict:
+    """The stage's own work, in a child process (engine/isolate.py): a native crash, the memory limit or a hang
     in onnx, onnxruntime, the TOSA reference model or Vela is one error for this task, not the end of the
-    build. doit's processes fork it; a Dask worker's thread gets it from a forkserver. The report stage
-    (records only) runs in process, and so does a task in a daemonic process (one that may not have
-    children: a Dask worker started without `distributed.worker.daemon: False`)."""
+    build. doit's processes fork it; a Dask worker's thread gets it from a forkserver started with `preload`
+    (the plan's stage modules: stage_modules). The report stage (records only) runs in process, and so does a
+    task in a daemonic process (one that may not have children: a Dask worker started without
+    `distributed.worker.daemon: False`). A stage with an `untrusted_input` has a crash blamed on that file."""
+    stage = stage_of(task)
     if task.per_build or not isolation_possible():
-        return stage_function(task.stage)(task)
-    model = task.inputs.get("model") if task.stage == "import" else None
-    return run_isolated(run_in_child, task, what=f"the {task.stage} stage", where=str(model) if model else None,
-                        failure=InputError if task.stage == "import" else StageError,
-                        prepare=functools.partial(prepare_stage, task.stage), preload=stage_modules())
+        prepare_stage(task.module)
+        return stage.run(task)
+    blamed = task.inputs.get(stage.untrusted_input) if stage.untrusted_input else None
+    return run_isolated(run_in_child, task, what=f"the {task.stage} stage", where=str(blamed) if blamed else None,
+                        failure=InputError if blamed else StageError,
+                        prepare=functools.partial(prepare_stage, task.module), preload=preload)
 
 
-def stage_modules() -> tuple[str, ...]:
-    """Every stage's implementation module (what a forkserver preloads for all the tasks it will serve)."""
-    from npubuild.stages import STAGES
-
-    return ("npubuild.engine.execute", *(s.module for s in STAGES))
+def stage_modules(stages: tuple[Stage, ...]) -> tuple[str, ...]:
+    """What a forkserver preloads for all the tasks it will serve: this module, every stage's module and its
+    implementation."""
+    return ("npubuild.engine.execute", *(m for s in stages for m in (s.module, s.implementation)))
 
 
 def run_in_child(task: StageTask) -> dict:
     """What the isolated child runs (module level: a forkserver's child receives it pickled)."""
-    return stage_function(task.stage)(task)
+    return stage_of(task).run(task)
 
 
 def quiet_onnxruntime() -> None:
@@ -98,18 +90,20 @@ def error_path(task: StageTask) -> Path:
     return task.dir / ERROR_NAME
 
 
-def run_stage(task: StageTask, run_id: str, debug: bool = False, cache_url: str | None = None) -> dict:
+def run_stage(task: StageTask, run_id: str, debug: bool = False, cache_url: str | None = None,
+              preload: tuple[str, ...] = ()) -> dict:
     """What every executor runs for a task: clear a killed run's debris, run (or restore) the stage, and
-    record the inputs it was built from (the up-to-date check reads them). Raises NpubuildError (one line)."""
+    record the inputs it was built from, with the files they name beside them (Stage.companions; the
+    up-to-date check reads them). Raises NpubuildError (one line)."""
     clear_debris(task)
     try:
-        fp = fingerprint(task.inputs)
+        fp = fingerprint({**task.inputs, **companion_inputs(task)})
         hashes = {name: v[2] for name, v in fp.items()}
         corrupted = check_producers(task, hashes)
         if corrupted is not None:
             raise StageError(f"stage {task.stage}: {corrupted}")
-        cache = StageCache(cache_url) if cache_url and task.stage != "report" else None
-        record = execute(task, run_id, debug, cache, hashes)
+        cache = StageCache(cache_url) if cache_url and stage_of(task).cached else None
+        record = execute(task, run_id, debug, cache, hashes, preload=preload)
     except OSError as exc:  # an input vanished under us (another process, a clean)
         raise StageError(f"stage {task.stage}: cannot read an input: {exc}") from None
     write_inputs(task, fp, record.get("outputs"))
@@ -117,11 +111,12 @@ def run_stage(task: StageTask, run_id: str, debug: bool = False, cache_url: str 
 
 
 def execute(task: StageTask, run_id: str, debug: bool = False, cache: StageCache | None = None,
-            input_hashes: dict[str, str] | None = None) -> dict:
+            input_hashes: dict[str, str] | None = None, key: str | None = None,
+            preload: tuple[str, ...] = ()) -> dict:
     """Run one stage task (or restore it from the shared cache); returns its record.
 
-    Raises NpubuildError (one line) on failure. The report stage is never
-    cached: it only gathers the other stages' records of this build dir.
+    `input_hashes`: the sha256 of every input and companion (computed here if None); `key`: the task's cache
+    key where the caller has it (a Dask worker: the client's). Raises NpubuildError (one line) on failure.
     """
     record_path = task.outputs["record"]
     err_path = error_path(task)
@@ -129,13 +124,15 @@ def execute(task: StageTask, run_id: str, debug: bool = False, cache: StageCache
         p.unlink(missing_ok=True)
     task.dir.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
-    key = cache_key(task.config, task.inputs, input_hashes)  # config + input contents
+    if key is None:
+        inputs = {**task.inputs, **companion_inputs(task)}
+        key = cache_key(task.config, inputs, input_hashes)  # config + input contents
     required = {p.name for n, p in task.outputs.items() if n != "record"}
     entry = cache.get(key, task.dir, required) if cache is not None else None
     if entry is not None:
         return write_record(task, run_id, start, entry.metrics, key, from_cache=True)
     try:
-        metrics = run_stage_function(task)
+        metrics = run_stage_function(task, preload)
     except NpubuildError as exc:
         write_json(err_path, {"kind": "input" if exc.exit_code == 2 else "stage", "message": str(exc),
                               "run_id": run_id})

@@ -13,7 +13,6 @@ from collections import deque
 from typing import IO
 
 from npubuild.engine.plan import BuildPlan
-from npubuild.stages import STAGE_NAMES
 
 STATES = ("running", "ran", "restored", "cached", "failed", "blocked")  # blocked: not run, an upstream task failed
 BAR_WIDTH = 28
@@ -31,7 +30,7 @@ class StageProgress:
     """Per-stage counts of tasks running / ran / restored / cached / failed, the builds done, and an ETA."""
 
     def __init__(self, plan: BuildPlan):
-        self.total = {s: 0 for s in STAGE_NAMES}
+        self.total = {s.name: 0 for s in plan.stages}
         for t in plan.tasks.values():
             self.total[t.stage] = self.total.get(t.stage, 0) + 1
         self.counts = {s: dict.fromkeys(STATES, 0) for s in self.total}

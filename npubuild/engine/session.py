@@ -23,6 +23,7 @@ from npubuild.config.load import Build
 from npubuild.engine.lock import locked
 from npubuild.engine.plan import BuildPlan, make_plan
 from npubuild.engine.progress import LiveDisplay, StageProgress, format_seconds
+from npubuild.engine.stage import Stage
 from npubuild.fileio import write_json
 from npubuild.longlived import long_lived
 from npubuild.report.brief import plain_message
@@ -271,19 +272,20 @@ def run_build(plan: BuildPlan, executor: Executor, wait: bool = False, quiet: bo
         return session.close(code)
 
 
-def build(builds: list[Build], build_dir: Path, jobs: int = 1, keep_going: bool = False, quiet: bool = False,
-          debug: bool = False, wait: bool = False, live: bool | None = None, cache: str | None = None,
+def build(builds: list[Build], build_dir: Path, stages: tuple[Stage, ...], jobs: int = 1, keep_going: bool = False,
+          quiet: bool = False, debug: bool = False, wait: bool = False, live: bool | None = None, cache: str | None = None,
           executor: str = "doit", scheduler: str | None = None, client=None,
           reports: Path | str | None = BUILD_DIR, selection: dict | None = None, summary: bool = True,
           verbose: bool = False) -> RunResult:
-    """Plan and run builds. `live`: the per-stage progress table (None: when stdout is a terminal);
+    """Plan and run builds through `stages` (npubuild.stages.STAGES, in run order). `live`: the per-stage
+    progress table (None: when stdout is a terminal);
     `cache`: --cache (a URL, 'off', or None for $NPUBUILD_CACHE / the project's .npubuild/cache);
     `reports`, `selection`, `summary`: see Session."""
     from npubuild.engine.cache import resolve_cache
 
     try:
         with long_lived():  # the plan and the executor's modules (with the report's, and Vela): kept for the run
-            plan = make_plan(builds, build_dir)
+            plan = make_plan(builds, build_dir, stages)
             cache_url = resolve_cache(cache, plan.build_dir)
             if executor == "dask":
                 from npubuild.engine.dask_executor import DaskExecutor

@@ -1,9 +1,9 @@
 """The client's half of a share-nothing Dask build: inputs into the shared cache, stage outputs back out.
 
 A worker gets only content addresses (npubuild.engine.worker), so before a task leaves the client every
-file it reads must be a cache entry: a user input (a model with the external data beside it, calibration
-and evaluation arrays, the FVP runner) becomes an entry of its own, keyed by its name and content, when the
-build starts; an upstream stage's outputs are the entry its run published (or, for a stage up to date in
+file it reads must be a cache entry: a user input (a model with its companions, the external data beside it:
+Stage.companions; calibration and evaluation arrays, the FVP runner) becomes an entry of its own, keyed by
+its name and content, when the build starts; an upstream stage's outputs are the entry its run published (or, for a stage up to date in
 the build dir from a run without this cache, one published from its stage dir on first use). When a
 worker is done the client restores the task's entry into the stage dir and writes stage.json and
 inputs.json as `run_stage` does for doit, so the build dir, the up-to-date checks and the reports cannot
@@ -19,6 +19,7 @@ from pathlib import Path
 from npubuild.engine.cache import KEY_ENV, StageCache, cache_key
 from npubuild.engine.execute import error_path, write_record
 from npubuild.engine.plan import BuildPlan, StageTask
+from npubuild.engine.stage import Companions, companion_inputs, stage_of
 from npubuild.engine.uptodate import (
     BOOKKEEPING,
     check_producers,
@@ -41,32 +42,6 @@ class Prepared:
     remote: RemoteTask | None  # None: restored from the cache here, nothing to run
 
 
-def external_data_files(model: Path) -> dict[str, Path]:
-    """The files an ONNX model's external tensors name beside it (entry path -> file); {} for anything else.
-    The import stage reads them from the model's directory only (frontend/external_data.py), so they travel
-    in the model's entry; a location it would refuse is left out and the stage says why on the worker."""
-    if model.suffix != ".onnx":
-        return {}
-    import onnx
-
-    from npubuild.frontend.external_data import model_tensors
-
-    try:
-        proto = onnx.load(str(model), load_external_data=False)
-    except Exception:  # noqa: BLE001 - not a model the import stage accepts: it says so on the worker
-        return {}
-    base = model.parent.resolve()
-    out: dict[str, Path] = {}
-    for t, _ in model_tensors(proto):
-        if t.data_location != onnx.TensorProto.EXTERNAL:
-            continue
-        loc = {e.key: e.value for e in t.external_data}.get("location", "")
-        path = (base / loc).resolve() if loc else base
-        if loc and base in path.parents and path.is_file():
-            out[path.relative_to(base).as_posix()] = path
-    return out
-
-
 class Shipping:
     """Content addresses for a plan's task inputs, and the tasks' outputs restored from the shared cache."""
 
@@ -85,13 +60,15 @@ class Shipping:
         for t in self.plan.tasks.values():
             if t.per_build:
                 continue  # the report stage runs on the client, from this build dir's records
-            for p in t.inputs.values():
+            companions = stage_of(t).companions
+            for name, p in t.inputs.items():
                 if p not in self.producer and p not in self.user:
-                    self.user[p] = self._publish_file(p)
+                    self.user[p] = self._publish_file(p, companions.get(name))
         return len(self.user)
 
-    def _publish_file(self, path: Path) -> Address:
-        files = {path.name: path, **external_data_files(path)}
+    def _publish_file(self, path: Path, companions: Companions | None = None) -> Address:
+        """One user input as a cache entry, with the files it names beside it (an ONNX model's external data)."""
+        files = {path.name: path, **(companions(path) if companions is not None else {})}
         digests = {name: file_hash(f) for name, f in files.items()}
         key = stable_hash({"user-input": path.name, "files": digests}, 40)
         if key not in self.published and not self.cache.has(key, set(files)):
@@ -118,7 +95,7 @@ class Shipping:
         producers, restore a cache hit; else the worker's task. Raises NpubuildError (one line)."""
         clear_debris(task)
         try:
-            fp = fingerprint(task.inputs)
+            fp = fingerprint({**task.inputs, **companion_inputs(task)})
         except OSError as exc:
             raise StageError(f"stage {task.stage}: cannot read an input: {exc}") from None
         hashes = {name: v[2] for name, v in fp.items()}
@@ -128,7 +105,7 @@ class Shipping:
         for p in (task.outputs["record"], error_path(task)):
             p.unlink(missing_ok=True)
         task.dir.mkdir(parents=True, exist_ok=True)
-        key = cache_key(task.config, task.inputs, hashes)
+        key = cache_key(task.config, {**task.inputs, **companion_inputs(task)}, hashes)
         start = time.perf_counter()
         entry = self.cache.get(key, task.dir, self._required(task))
         if entry is not None:
@@ -136,19 +113,20 @@ class Shipping:
             write_inputs(task, fp, record["outputs"])
             self.published.add(key)
             return Prepared(fp, key, None)
-        inputs = {name: self._address(p, hashes[name]) for name, p in task.inputs.items()}
-        remote = RemoteTask(task.name, task.stage, task.label, task.config, inputs,
+        companions = stage_of(task).companions
+        inputs = {name: self._address(p, hashes[name], companions.get(name)) for name, p in task.inputs.items()}
+        remote = RemoteTask(task.name, task.stage, task.module, task.label, task.config, inputs,
                             {n: p.relative_to(task.dir).as_posix() for n, p in task.outputs.items() if n != "record"},
-                            list(task.builds), list(task.fit_targets))
+                            key, list(task.builds))
         return Prepared(fp, key, remote)
 
-    def _address(self, path: Path, sha256: str) -> Address:
+    def _address(self, path: Path, sha256: str, companions: Companions | None = None) -> Address:
         if path in self.producer:
             producer, rel = self.producer[path]
             return Address(self._entry_of(producer), rel, sha256)
         addr = self.user.get(path)
         if addr is None or addr.sha256 != sha256:  # not published yet, or edited since: publish what is there
-            addr = self.user[path] = self._publish_file(path)
+            addr = self.user[path] = self._publish_file(path, companions)
         return addr
 
     # ------------------------------------------------------------------ out of the cache

@@ -171,10 +171,11 @@ def _is_done(task: StageTask) -> bool:
     if not isinstance(saved, dict) or saved.get("key") != task.key:
         return False
     fp = saved.get("inputs", {})
-    if not isinstance(fp, dict) or set(fp) != set(task.inputs):
+    paths = recorded_inputs(task, fp) if isinstance(fp, dict) else None
+    if paths is None:
         return False
     new_inputs: dict[str, list] = {}
-    for name, p in task.inputs.items():
+    for name, p in paths.items():
         same, refreshed = _input_same(p, fp[name])
         if not same:
             return False
@@ -195,6 +196,22 @@ def _is_done(task: StageTask) -> bool:
         write_json(task.dir / INPUTS_NAME, {**saved, "inputs": {**fp, **new_inputs},
                                             "outputs": {**sigs, **new_sigs}})
     return True
+
+
+def recorded_inputs(task: StageTask, fp: dict) -> dict[str, Path] | None:
+    """The files inputs.json recorded, by name: the declared inputs and the companions a run found beside them
+    (`<input>/<relative path>`, Stage.companions: an ONNX model's external data, so that an edit to one reruns
+    the stage); None if the record is not of these inputs."""
+    if not set(task.inputs) <= set(fp):
+        return None
+    paths = dict(task.inputs)
+    for name in fp:
+        if name not in paths:
+            base, sep, rel = name.partition("/")
+            if not sep or base not in task.inputs:
+                return None
+            paths[name] = task.inputs[base].parent / rel
+    return paths
 
 
 def check_producers(task: StageTask, hashes: dict[str, str]) -> str | None:

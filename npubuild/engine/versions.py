@@ -60,6 +60,9 @@ def _module_file(name: str) -> Path | None:
     return None
 
 
+# a module-level `if TYPE_CHECKING:` block: imports for type hints only, which never run (a stage module's
+# plan-time types, e.g. config.load's Build, are not what its tasks compute)
+_TYPE_ONLY_RE = re.compile(r"^if TYPE_CHECKING:[ \t]*\n(?:[ \t]+.*\n|[ \t]*\n)*", re.MULTILINE)
 # `from npubuild.x import a, b` (or a parenthesised list) / `import npubuild.x`, at any indentation
 _IMPORT_RE = re.compile(r"^[ \t]*(?:from[ \t]+(npubuild[\w.]*)[ \t]+import[ \t]+(\([^)]*\)|[^\n#]+)"
                         r"|import[ \t]+(npubuild[\w.]*))", re.MULTILINE)
@@ -67,13 +70,13 @@ _IMPORT_RE = re.compile(r"^[ \t]*(?:from[ \t]+(npubuild[\w.]*)[ \t]+import[ \t]+
 
 @functools.cache
 def _imports(path: Path) -> frozenset[str]:
-    """npubuild modules a file imports anywhere (top level or inside functions).
+    """npubuild modules a file imports anywhere (top level or inside functions), but for type hints only.
 
     A line scan rather than ast: parsing every module made planning cost a second on each build (the
     no-op rebuild's largest part). An import-like line inside a string only adds a dependency (safe).
     """
     names: set[str] = set()
-    for m in _IMPORT_RE.finditer(path.read_text(encoding="utf-8")):
+    for m in _IMPORT_RE.finditer(_TYPE_ONLY_RE.sub("", path.read_text(encoding="utf-8"))):
         if m.group(3):
             names.add(m.group(3))
             continue

@@ -39,12 +39,13 @@ class RemoteTask:
 
     name: str
     stage: str
+    module: str  # the stage module (npubuild.engine.stage.stage_of)
     label: str
     config: dict
-    inputs: dict[str, Address]
+    inputs: dict[str, Address]  # an input's companions (Stage.companions) travel in its entry, beside it
     outputs: dict[str, str]  # output name -> file name in the stage dir
+    cache_key: str  # the client's: config + the content of every input and companion
     builds: list[str] = field(default_factory=list)
-    fit_targets: list = field(default_factory=list)  # the import stage's early pool check (TargetProfile)
 
 
 @dataclass
@@ -60,8 +61,10 @@ class RemoteResult:
     worker_paths: dict[str, str] = field(default_factory=dict)  # worker path -> input name ("" the stage dir)
 
 
-def run_remote(task: RemoteTask, cache_url: str, run_id: str, debug: bool = False) -> RemoteResult:
-    """Worker side: restore the inputs from the cache, run the stage in a temporary dir, publish its outputs."""
+def run_remote(task: RemoteTask, cache_url: str, run_id: str, debug: bool = False,
+               preload: tuple[str, ...] = ()) -> RemoteResult:
+    """Worker side: restore the inputs from the cache, run the stage in a temporary dir, publish its outputs.
+    `preload`: what the worker's forkserver imports for every task (execute.stage_modules)."""
     cache = StageCache(cache_url)
     with tempfile.TemporaryDirectory(prefix="npubuild-task-") as tmp:
         root = Path(tmp)
@@ -72,11 +75,11 @@ def run_remote(task: RemoteTask, cache_url: str, run_id: str, debug: bool = Fals
         except StageError as exc:
             return RemoteResult(task.name, "failed", error={"kind": "stage", "message": str(exc), "run_id": run_id})
         paths.update({str(p): name for name, p in inputs.items()})
-        local = StageTask(task.stage, task.label, task.config, inputs,
+        local = StageTask(task.stage, task.module, task.label, task.config, inputs,
                           {**{n: out / f for n, f in task.outputs.items()}, "record": out / RECORD_NAME},
-                          builds=list(task.builds), fit_targets=list(task.fit_targets))
+                          builds=list(task.builds))
         try:
-            record = execute(local, run_id, debug, cache, {n: a.sha256 for n, a in task.inputs.items()})
+            record = execute(local, run_id, debug, cache, key=task.cache_key, preload=preload)
         except NpubuildError as exc:
             error = read_error(local) or {"kind": "stage", "message": str(exc), "run_id": run_id}
             return RemoteResult(task.name, "failed", error={**error, "message": str(exc)}, worker_paths=paths)

@@ -31,7 +31,6 @@ import onnx_ir as ir
 
 from npubuild.config.accelerator import LOWERING_FAMILIES
 from npubuild.engine.fanout import fan_out
-from npubuild.engine.plan import StageTask
 from npubuild.errors import StageError
 from npubuild.ethosu.partition import PartitionPlan, plan_partitions, split_io, write_partitions
 from npubuild.fileio import write_bytes
@@ -139,14 +138,14 @@ def exact_forms_only(model: onnx.ModelProto, fam: str, fam_lowered: LoweredGraph
     return lower_model(model, fam_lowered.profile, options=options.exact_only()).tosa == fam_lowered.tosa
 
 
-def run(task: StageTask) -> dict:
-    src = task.inputs["onnx"]
-    pipeline = task.config["pipeline"]
+def lower_stage(src: Path, passes: Sequence[str], profile: Literal["int", "fp"], families: Sequence[str],
+                io_path: Path) -> dict:
+    """The lower stage's work: the model through the pipeline's passes, lowered (lower_families) into the
+    directory of `io_path`, and io.json written there; its metrics."""
     model = onnx.load(str(src))
-    ir_model = run_passes(ir.serde.deserialize_model(model), pipeline["passes"])
+    ir_model = run_passes(ir.serde.deserialize_model(model), list(passes))
     model = ir.serde.serialize_model(ir_model)
-    io_path = task.outputs["io"]
-    io, tosa_ops = lower_families(model, pipeline["profile"], io_path.parent, task.config["families"])
+    io, tosa_ops = lower_families(model, profile, io_path.parent, families)
     io.write(io_path)
     families = io.families
     compute_nodes = [n for n in model.graph.node if n.op_type not in QDQ_OPS]

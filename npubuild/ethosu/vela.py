@@ -29,7 +29,6 @@ from ethosu.vela import vela as ethosu_vela
 
 from npubuild.config.accelerator import Accelerator
 from npubuild.config.schema import TargetProfile, VelaOptions
-from npubuild.engine.plan import StageTask
 from npubuild.errors import StageError
 from npubuild.ethosu.firmware import write_deployment, write_firmware
 from npubuild.ethosu.perf import attach_bytes, parse_layer_bytes, parse_per_layer, roofline, top_layers
@@ -229,13 +228,12 @@ def placement_metrics(io: LowerRecord, fam: str) -> dict:
             "partition_graph": [p.graph_entry() for p in rec.partitions]}
 
 
-def run(task: StageTask) -> dict:
-    profile = TargetProfile.model_validate(task.config["target"])
-    opts = VelaOptions.model_validate(task.config["vela"])
-    ini = task.outputs["ini"]
+def compile_model(io_path: Path, profile: TargetProfile, opts: VelaOptions, stage_dir: Path, ini: Path,
+                  summary_out: Path) -> dict:
+    """The vela stage's work: every NPU partition of the target's family (io.json) compiled by Vela into
+    `stage_dir` with the .ini written from the profile, pools checked, firmware written; summary.json (returned,
+    the stage's metrics). A pool that does not fit fails the stage after the summary is written."""
     write_text(ini, render_ini(profile))
-    stage_dir = task.dir
-    io_path = task.inputs["io"]
     lower_dir = io_path.parent
     io = LowerRecord.read(io_path)
     fam = Accelerator.parse(profile.accelerator).lowering_family
@@ -265,7 +263,7 @@ def run(task: StageTask) -> dict:
     metrics["deployment"] = write_deployment(stage_dir / "firmware", profile, graph,
                                              {r["index"]: r["firmware"] for r in results})
     metrics.update({"pools": pools, "layers": layers, "top_layers": top_layers(layers)})
-    write_json(task.outputs["summary"], metrics)
+    write_json(summary_out, metrics)
     if failure:
         raise StageError(failure)
     return metrics

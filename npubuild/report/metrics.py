@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from pathlib import Path
+
 from npubuild.config.accelerator import Accelerator
 from npubuild.config.metrics import METRICS
-from npubuild.engine.plan import StageTask
 from npubuild.fileio import read_json, write_json
 from npubuild.report.gates import evaluate
 from npubuild.stages.records import PartitionedCheck
@@ -31,10 +33,11 @@ def build_metrics(records: dict[str, dict]) -> dict:
             for m in METRICS}
 
 
-def run(task: StageTask) -> dict:
-    records = {stage: read_json(path) for stage, path in task.inputs.items()}
-    metrics = build_metrics(records)
-    gates = evaluate(task.config["expect"], metrics)
+def build_entry(records: Mapping[str, Path], expect: Mapping[str, object], entry_out: Path) -> dict:
+    """The report stage's work: the build's metrics from its stages' records (stage name -> stage.json) and its
+    gates checked against `expect`; entry.json (returned, the stage's metrics)."""
+    metrics = build_metrics({stage: read_json(path) for stage, path in records.items()})
+    gates = evaluate(dict(expect), metrics)
     entry = {"metrics": metrics, "gates": gates}
-    write_json(task.outputs["entry"], entry)
+    write_json(entry_out, entry)
     return entry

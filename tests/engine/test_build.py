@@ -28,15 +28,15 @@ def test_example_builds_pass_and_rebuild_is_fully_cached(project: Path, capsys):
         assert m["sram_kib"] > 0 and m["npu_cycles"] > 0 and m["macs"] > 0
         assert all(g["ok"] for g in b["gates"])
         assert {s: v["status"] for s, v in b["stages"].items() if s not in ("fvp", "npu-sim")} == dict.fromkeys(
-            ("import", "quantize", "lower", "tosa-check", "vela", "report"), "passed")
+            ("import", "early-fit", "quantize", "lower", "tosa-check", "vela", "report"), "passed")
     first = read_run(build_dir)
-    # import, quantize, lower and tosa-check are shared by the three targets: 4 + 3 vela + 3 report
-    assert len(first["executed"]) == 10 and not first["cached"]
+    # import, early-fit, quantize, lower and tosa-check are shared by the three targets: 5 + 3 vela + 3 report
+    assert len(first["executed"]) == 11 and not first["cached"]
 
     code, _, _ = run_cli(["build", "--build-dir", str(build_dir), "-q"], capsys, cwd=project)
     assert code == 0
     again = read_run(build_dir)
-    assert again["executed"] == [] and len(again["cached"]) == 10
+    assert again["executed"] == [] and len(again["cached"]) == 11
     for b in read_report(build_dir)["builds"]:
         assert all(s["cached"] for k, s in b["stages"].items() if k not in ("fvp", "npu-sim"))
 
@@ -87,7 +87,7 @@ def test_doit_runs_the_same_graph_and_shares_the_cache(project: Path, capsys):
                           env=env, timeout=600)
     assert proc.returncode == 0, proc.stderr
     run = read_run(build_dir)
-    assert run["executed"] == [] and len(run["cached"]) == 10
+    assert run["executed"] == [] and len(run["cached"]) == 11
 
 
 def test_parallel_cold_build_with_doit_jobs(project: Path, capsys):

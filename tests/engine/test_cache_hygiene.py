@@ -28,9 +28,9 @@ def _affected(project: Path, tool: str) -> set[str]:
     """Tasks of the plan whose stage calls `tool` (Stage.tools), and every task downstream of one."""
     from npubuild.config.load import load_specs
     from npubuild.engine.plan import make_plan
-    from npubuild.stages import BY_NAME
+    from npubuild.stages import BY_NAME, STAGES
 
-    plan = make_plan(load_specs([project / "configs"]), project / "build")
+    plan = make_plan(load_specs([project / "configs"]), project / "build", STAGES)
     hit = {n for n, t in plan.tasks.items() if tool in BY_NAME[t.stage].tools}
     changed = True
     while changed:

@@ -15,6 +15,7 @@ from npbtest import read_report, read_run
 
 from npubuild.config.load import load_specs
 from npubuild.engine.cache import StageCache
+from npubuild.stages import STAGES
 
 
 def _stage_records(build_dir: Path) -> dict[str, dict]:
@@ -52,7 +53,7 @@ def test_doit_and_dask_give_identical_metrics_and_a_second_machine_takes_everyth
     assert proc.returncode == 0, proc.stderr
     monkeypatch.setenv("NPUBUILD_CACHE", str(project / "cache-dask"))
     monkeypatch.chdir(project)
-    result = build(load_specs([project / "configs"]), dask_dir, client=cluster, quiet=True, executor="dask")
+    result = build(load_specs([project / "configs"]), dask_dir, STAGES, client=cluster, quiet=True, executor="dask")
     assert result.exit_code == 0
     by_doit = {(b["model"], b["target"]): b["metrics"] for b in read_report(doit_dir)["builds"]}
     by_dask = {(b["model"], b["target"]): b["metrics"] for b in read_report(dask_dir)["builds"]}
@@ -118,7 +119,7 @@ def test_a_worker_killed_mid_stage_costs_a_retry_and_corrupts_nothing(project: P
 
     t = threading.Thread(target=killer)
     t.start()
-    result = build(load_specs([project / "configs"]), project / "b", client=cluster, quiet=True, executor="dask")
+    result = build(load_specs([project / "configs"]), project / "b", STAGES, client=cluster, quiet=True, executor="dask")
     t.join()
     assert killed, "no task was ever seen running"
     assert result.exit_code == 0

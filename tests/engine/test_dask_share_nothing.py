@@ -20,6 +20,7 @@ from npbtest import REPO, read_report, read_run, run_cli
 from npubuild.config.load import load_specs
 from npubuild.engine.dask_executor import is_loopback, require_shared_cache
 from npubuild.errors import InputError
+from npubuild.stages import STAGES
 
 # the worker's own mount namespace: an empty tmpfs over the client's directory, then the worker in its cwd
 HIDE_AND_RUN = 'mount -t tmpfs tmpfs "$1" && cd "$2" && shift 2 && exec "$@"'
@@ -114,7 +115,7 @@ def test_workers_that_see_only_the_cache_build_what_doit_builds_and_a_second_cli
     monkeypatch.chdir(project)
     builds = load_specs([project / "configs"])
     with get_task_stream(client) as stream:
-        result = build(builds, dask_dir, client=client, cache=str(cache), executor="dask", quiet=True)
+        result = build(builds, dask_dir, STAGES, client=client, cache=str(cache), executor="dask", quiet=True)
     assert result.exit_code == 0, result.failed
     assert _metrics(dask_dir) == _metrics(doit_dir) and len(_metrics(doit_dir)) == 5
     assert _files(dask_dir) == _files(doit_dir)  # every stage output and firmware file is in the build dir
@@ -132,7 +133,7 @@ def test_workers_that_see_only_the_cache_build_what_doit_builds_and_a_second_cli
                                "dask", "--scheduler", client.scheduler.address, "--cache", str(cache), "--progress",
                                "plain"], cwd=project, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr
-    assert "5 ran, 0 cached, 0 failed, 13 restored from the shared cache; builds: 5 passed" in proc.stdout
+    assert "5 ran, 0 cached, 0 failed, 15 restored from the shared cache; builds: 5 passed" in proc.stdout
     assert read_run(second_dir)["from_cache"] == sorted(remote)
     assert _metrics(second_dir) == _metrics(doit_dir) and _files(second_dir) == _files(doit_dir)
     for p in second_dir.glob("stages/*/*/stage.json"):
@@ -144,7 +145,7 @@ def test_workers_that_see_only_the_cache_build_what_doit_builds_and_a_second_cli
                            "dask", "--scheduler", "tcp://127.0.0.1:1", "--cache", str(cache)], cwd=project,
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.startswith("0 ran, 18 cached, 0 failed, 0 restored")
+    assert proc.stdout.startswith("0 ran, 20 cached, 0 failed, 0 restored")
 
 
 def test_no_reachable_cache_is_one_line_and_exit_2(tmp_path: Path, capsys, project: Path):
@@ -208,7 +209,7 @@ def test_failures_progress_summary_and_run_json_are_the_doits(project: Path, cap
     assert seen["doit"]["code"] == 2  # the model that is not ONNX is bad input
     assert any("bad.onnx" in ln and str(project) in ln for ln in seen["dask"]["errors"]), seen["dask"]["errors"]
     assert not any("npubuild-task-" in ln for ln in seen["dask"]["errors"])
-    assert seen["dask"]["summary"].startswith("10 ran, 0 cached, 2 failed, 0 restored from the shared cache; builds: "
+    assert seen["dask"]["summary"].startswith("11 ran, 0 cached, 2 failed, 0 restored from the shared cache; builds: "
                                               "3 passed, 2 failed")
 
     # without --keep-going, as doit without it: the tasks already running finish, no other one starts
@@ -239,7 +240,7 @@ def test_a_worker_task_needs_no_client_path_even_for_a_model_with_external_data(
     (project / "configs" / "ext.yaml").write_text(
         "version: 1\nname: ext\nmodels:\n  ext: {path: models/ext.onnx, input_shapes: {input: [1, 1, 49, 10]}}\n"
         "targets: [ethos-u55-128]\n")
-    plan = make_plan(load_specs([project / "configs"]), project / "build")
+    plan = make_plan(load_specs([project / "configs"]), project / "build", STAGES)
     cache = StageCache(str(tmp_path / "cache"))
     shipping = Shipping(plan, cache)
     assert shipping.publish_user_inputs() == 1

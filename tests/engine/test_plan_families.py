@@ -9,12 +9,13 @@ from npbtest import REPO, run_subprocess
 
 from npubuild.config.load import adhoc_builds, load_spec
 from npubuild.engine.plan import make_plan
+from npubuild.stages import STAGES
 
 MODEL = REPO / "configs" / "models" / "ds_cnn.onnx"
 
 
 def _plan(targets: list[str], build_dir: Path):
-    return make_plan(adhoc_builds(MODEL, targets, project_root=REPO), build_dir)
+    return make_plan(adhoc_builds(MODEL, targets, project_root=REPO), build_dir, STAGES)
 
 
 def _lower(plan) -> list:
@@ -45,8 +46,8 @@ def test_one_build_of_a_spec_plans_the_same_lower_task_as_the_whole_spec(tmp_pat
     """debug-numerics and offloads plan one build of a spec: its lower task must be the spec build's own."""
     builds = load_spec(REPO / "configs" / "kws.yaml")
     assert [b.target.name for b in builds] == ["ethos-u55-128", "ethos-u65-256", "ethos-u85-256"]
-    (whole,) = _lower(make_plan(builds, tmp_path))
-    (alone,) = _lower(make_plan(builds[2:], tmp_path))
+    (whole,) = _lower(make_plan(builds, tmp_path, STAGES))
+    (alone,) = _lower(make_plan(builds[2:], tmp_path, STAGES))
     assert alone.config["families"] == ["u55", "u65", "u85"] and alone.key == whole.key
 
 
@@ -54,9 +55,9 @@ def test_tasks_stay_in_build_order(tmp_path: Path):
     plan = _plan(["ethos-u55-128", "ethos-u85-256"], tmp_path)
     stages = [t.stage for t in plan.tasks.values()]
     # the first build's whole chain, then what the second adds (its vela and report)
-    assert stages == ["import", "quantize", "lower", "tosa-check", "vela", "report", "vela", "report"]
+    assert stages == ["import", "early-fit", "quantize", "lower", "tosa-check", "vela", "report", "vela", "report"]
     first, second = plan.build_tasks.values()
-    assert list(first) == list(second) == ["import", "quantize", "lower", "tosa-check", "vela", "report"]
+    assert list(first) == list(second) == ["import", "early-fit", "quantize", "lower", "tosa-check", "vela", "report"]
     assert first["lower"] == second["lower"] and first["vela"] != second["vela"]
 
 
