@@ -60,7 +60,7 @@ def vela_alone(entry: dict, work: Path) -> tuple[float, float]:
     from npubuild.config.accelerator import Accelerator
     from npubuild.config.schema import TargetProfile, VelaOptions
     from npubuild.ethosu.vela import npu_partitions, vela_command
-    from npubuild.stages.records import LowerRecord
+    from npubuild.records.lower import LowerRecord
 
     vela_dir = Path(entry["artifacts"]["vela"]).parent
     if vela_dir.name == "raw":

@@ -16,9 +16,10 @@ from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from npubuild.engine.stage import Skip, Stage, TaskSpec, union_order
+from npubuild.engine.stage import Stage, TaskSpec, union_order
 from npubuild.engine.versions import versions
 from npubuild.fileio import stable_hash
+from npubuild.records.build import Skip
 
 if TYPE_CHECKING:
     from npubuild.config.load import Build

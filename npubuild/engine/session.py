@@ -26,9 +26,10 @@ from npubuild.engine.progress import LiveDisplay, StageProgress, format_seconds
 from npubuild.engine.stage import Stage
 from npubuild.fileio import write_json
 from npubuild.longlived import long_lived
+from npubuild.records.build import Outcome
 from npubuild.report.brief import plain_message
 
-OUTCOMES = ("ran", "from-cache", "cached", "failed", "blocked")
+OUTCOMES = tuple(o.value for o in Outcome)
 BUILD_DIR = "build-dir"  # `reports=`: the project's reports in the build dir (every other value is a path or None)
 
 

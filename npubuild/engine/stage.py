@@ -18,6 +18,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from npubuild.records.build import Skip
+
 if TYPE_CHECKING:
     from npubuild.config.load import Build
     from npubuild.engine.plan import StageTask
@@ -41,13 +43,6 @@ class TaskSpec:
 def union_order(value: Any) -> str:
     """The order of a merged `union` entry's values: a string by itself, anything else by its canonical JSON."""
     return value if isinstance(value, str) else json.dumps(value, sort_keys=True, separators=(",", ":"))
-
-
-@dataclass(frozen=True)
-class Skip:
-    """The stage does not run for this build, for a reason the report shows."""
-
-    reason: str
 
 
 Chain = dict[str, "StageTask"]

@@ -39,9 +39,9 @@ from npubuild.frontend.passes import run_passes
 from npubuild.lowering.driver import LoweredGraph, lower_model
 from npubuild.lowering.fallback import PartialLowering, lower_lowerable
 from npubuild.lowering.options import LoweringOptions
-from npubuild.stages.records import FamilyRecord, LowerRecord, NodeRecord, PartitionRecord
+from npubuild.records.iospec import IOSpec
+from npubuild.records.lower import FamilyRecord, LowerRecord, NodeRecord, PartitionRecord
 from npubuild.tosa.graph import ops_by_node, read_tosa, tensor_nodes
-from npubuild.tosa.iospec import IOSpec
 from npubuild.tosa.run import REFERENCE_MODEL_PER_ONNXRUNTIME, OnnxSession, timed_runs
 from npubuild.verify.partitioned import PartitionedModel, worst_error
 

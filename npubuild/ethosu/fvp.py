@@ -29,9 +29,12 @@ import numpy as np
 
 from npubuild.config.schema import FvpOptions
 from npubuild.errors import StageError
-from npubuild.fileio import read_json, write_json, write_text
-from npubuild.stages.records import LowerRecord
-from npubuild.tosa.iospec import GraphIO
+from npubuild.fileio import write_json, write_text
+from npubuild.records.build import Skip
+from npubuild.records.fvp import FvpRecord
+from npubuild.records.iospec import GraphIO
+from npubuild.records.lower import LowerRecord
+from npubuild.records.vela import VelaRecord
 
 # the platform's board prefix for -C parameters, and where --data loads files
 BOARD = {"corstone-300": "mps3_board", "corstone-320": "mps4_board"}
@@ -162,18 +165,18 @@ def run_on_fvp(setup: FvpSetup, files: FvpFiles, stage_dir: Path, log_out: Path,
     platform, macs, exe = setup.platform, setup.macs, setup.executable
     if platform not in BOARD:
         raise StageError(f"verify.fvp: no FVP command line known for platform '{platform}'")
-    vela = read_json(files.vela_summary)
-    if vela.get("host_partitions") or (vela.get("npu_partitions") or 1) > 1:
+    vela = VelaRecord.read(files.vela_summary)
+    if not vela.whole_graph:
         why = (f"the FVP stage runs models that are one NPU partition; this one has "
-               f"{vela.get('npu_partitions')} NPU and {vela.get('host_partitions')} host partitions")
+               f"{vela.npu_partitions} NPU and {vela.host_partitions} host partitions")
         if setup.required:
             raise StageError(f"verify.fvp is required but {why}")
-        return {"skipped": True, "reason": why}
+        return Skip(why).to_json()
     # the whole graph's Vela model: model_vela.tflite, or <family>_model_vela.tflite where the target's family
     # lowers the graph its own way
-    tflites = [a for a in vela.get("artifacts", []) if a.endswith("_vela.tflite")]
-    model = files.vela_summary.parent / (tflites[0] if tflites else "model_vela.tflite")
-    if not model.is_file():
+    tflite = vela.partitions[0].tflite if vela.partitions else None
+    model = files.vela_summary.parent / (tflite or "model_vela.tflite")
+    if tflite is None or not model.is_file():
         raise StageError("the FVP runs the Vela .tflite: set vela output_format to tflite")
     io = LowerRecord.read(files.io)
     with np.load(files.reference, allow_pickle=False) as z:
@@ -198,15 +201,8 @@ def run_on_fvp(setup: FvpSetup, files: FvpFiles, stage_dir: Path, log_out: Path,
     if proc.returncode != 0:
         raise StageError(f"FVP exited with status {proc.returncode} (log: {log_out})")
     errors = compare(io, reference, log.outputs)
-    metrics = {
-        "fvp": exe.name,
-        "fvp_npu_cycles": log.npu_cycles,
-        "vela_npu_cycles": vela.get("npu_cycles"),
-        "fvp_vs_vela_cycles": (log.npu_cycles / vela["npu_cycles"]) if log.npu_cycles and vela.get("npu_cycles")
-        else None,
-        "pmu": log.pmu,
-        "fvp_max_error_lsb": max(errors.values()) if errors else None,
-        "fvp_outputs": errors,
-    }
+    ratio = (log.npu_cycles / vela.npu_cycles) if log.npu_cycles and vela.npu_cycles else None
+    metrics = FvpRecord(None, exe.name, log.npu_cycles, vela.npu_cycles, ratio, log.pmu,
+                        max(errors.values()) if errors else None, errors).to_json()
     write_json(result_out, metrics)
     return metrics

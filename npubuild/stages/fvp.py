@@ -13,7 +13,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from npubuild.config.schema import FvpOptions
-from npubuild.engine.stage import Chain, Skip, Stage, TaskSpec
+from npubuild.engine.stage import Chain, Stage, TaskSpec
+from npubuild.records.build import Skip
 
 if TYPE_CHECKING:
     from npubuild.config.load import Build

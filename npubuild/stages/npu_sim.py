@@ -7,7 +7,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from npubuild.config.schema import Calibration, Verify
-from npubuild.engine.stage import Chain, Skip, Stage, TaskSpec
+from npubuild.engine.stage import Chain, Stage, TaskSpec
+from npubuild.records.build import Skip
 
 if TYPE_CHECKING:
     from npubuild.config.load import Build

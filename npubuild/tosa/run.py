@@ -11,7 +11,7 @@ import numpy as np
 import onnxruntime as ort
 
 from npubuild.errors import StageError
-from npubuild.tosa.iospec import GraphIO
+from npubuild.records.iospec import GraphIO
 
 
 @contextmanager

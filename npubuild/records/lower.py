@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from npubuild.fileio import read_json, write_json
-from npubuild.tosa.iospec import GraphSpecs, IOSpec, specs_from_json, specs_to_json
+from npubuild.records.iospec import GraphSpecs, IOSpec, specs_from_json, specs_to_json
 
 
 @dataclass
@@ -121,6 +121,15 @@ class FamilyRecord:
     def runs_model_tosa(self) -> bool:
         """The family runs model.tosa itself (nothing split, no lowering of its own)."""
         return len(self.partitions) < 2 and self.partitions[0].file == "model.tosa"
+
+    def placement_metrics(self) -> dict[str, Any]:
+        """Where every ONNX node runs on this family (the offload report) and the gateable counts: the vela
+        stage's figures of placement (summary.json), which a build whose Vela did not finish reports from here."""
+        return {"npu_partitions": self.npu_partitions, "host_partitions": self.host_partitions,
+                "host_ops": self.host_ops, "npu_nodes": self.npu_nodes,
+                "partitioned_max_error_lsb": self.max_error_lsb,
+                "offloads": [asdict(p) for p in self.placements],
+                "partition_graph": [p.graph_entry() for p in self.partitions]}
 
     def to_json(self) -> dict[str, Any]:
         d: dict[str, Any] = {"partitions": [p.to_json(self.whole_graph) for p in self.partitions],
