@@ -5,7 +5,7 @@ Prints one Markdown table:
   time grows with N squared, and cProfile names where (onnxruntime's calibrate.augment_graph and
   base_quantizer.adjust_tensor_ranges rebuild whole-graph maps once per tensor / per node), which is why
   frontend/quantize.py refuses models past MAX_QUANTIZE_NODES instead of sitting in quantize for minutes;
-- the import stage in a forked child (build/isolate.py) against in-process, on the kws DS-CNN;
+- the import stage in a forked child (engine/isolate.py) against in-process, on the kws DS-CNN;
 - how long a model too big for its only target takes to fail (the early pool check at import).
 """
 

@@ -115,7 +115,7 @@ class DaskExecutor:
     def run(self, plan: BuildPlan, session: Session) -> int:
         import dask
 
-        # Workers that may have children, so each task runs isolated in one (build/isolate.py); the nanny
+        # Workers that may have children, so each task runs isolated in one (engine/isolate.py); the nanny
         # reads this whenever it (re)starts a worker, so it holds for the whole run.
         with dask.config.set({"distributed.worker.daemon": False}), quiet_distributed(self.debug):
             return self._run(plan, session)

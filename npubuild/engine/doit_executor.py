@@ -234,7 +234,7 @@ def dodo_namespace(dodo_file: str, stages: tuple[Stage, ...]) -> dict:
 
 
 def share_cores(jobs: int) -> None:
-    """Tasks run `jobs` at a time share the cores: each stage's worker processes (build/fanout.py) are the
+    """Tasks run `jobs` at a time share the cores: each stage's worker processes (engine/fanout.py) are the
     cores divided by the jobs, unless the user set $NPUBUILD_STAGE_WORKERS."""
     if jobs > 1:
         os.environ.setdefault(WORKERS_ENV, workers_for_jobs(jobs))

@@ -10,7 +10,7 @@ How many: $NPUBUILD_STAGE_WORKERS, else the cores this process may run on, divid
 at once (`-n JOBS`: the executor sets the variable so). One worker, a daemonic process (a Dask worker's
 forkserver child: it may not fork) or a worker of this module itself: the runs are made in process, as
 before. A worker that dies (a native crash, the memory limit) makes the stage make every run again in its
-own process, so the crash is reported exactly as it is without workers (build/isolate.py's one line).
+own process, so the crash is reported exactly as it is without workers (engine/isolate.py's one line).
 """
 
 from __future__ import annotations

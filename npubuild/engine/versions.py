@@ -29,7 +29,7 @@ PACKAGE_ROOT = Path(npubuild.__file__).parent
 REGISTRY_PACKAGES = ("npubuild.lowering.ops", "npubuild.frontend.passes")
 # Orchestration, not computation: stage implementations import these for types and plumbing only, and a
 # change there (a new stage in the plan, a new executor) must not invalidate every cached result: the
-# npubuild.engine package, the stage registry (npubuild.stages itself; records.py is part of the contract).
+# npubuild.engine package, the stage registry (npubuild.stages itself; npubuild.records is the contract).
 ORCHESTRATION = frozenset({"npubuild", "npubuild.stages"})
 ORCHESTRATION_PACKAGE = "npubuild.engine"
 

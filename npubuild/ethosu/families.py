@@ -202,7 +202,7 @@ class CheckCache:
                      own: PartitionRecord) -> tuple[WholeGraphRun, dict[str, np.ndarray]]:
         """model.tosa's run (measured once) and the family's own whole graph's outputs on the first check
         sample: what same_as_whole compares. The first time both graphs are run at once on two workers
-        (build/fanout.py) when onnxruntime's time on the sample says the reference model's is worth it."""
+        (engine/fanout.py) when onnxruntime's time on the sample says the reference model's is worth it."""
         feeds = check_feeds(io, integers=self.integers)[0]
         own_model = PartitionedModel(out_dir, [own], io.outputs)
         if self.whole is not None:

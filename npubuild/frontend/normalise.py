@@ -2,7 +2,7 @@
 
 The import stage's work, also used by tests and tools that start from a model file. External data is read
 only from beside the model and folded in (frontend/external_data.py); what would crash or mislead native
-code is refused first (frontend/model_checks.py); and the stage runs in a forked child (build/isolate.py,
+code is refused first (frontend/model_checks.py); and the stage runs in a forked child (engine/isolate.py,
 as every stage does), so a crash inside onnx's C++ is one error for this model, not the end of the build."""
 
 from __future__ import annotations

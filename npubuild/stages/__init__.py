@@ -5,7 +5,7 @@ A stage module holds the stage's `plan` (what its task reads and writes for a bu
 and config to the typed implementation function, imported inside `run` so that planning stays light) and
 its `STAGE` (npubuild.engine.stage.Stage). The implementations stay where their domain is (the lowering,
 Vela, npu-sim...); the engine is handed STAGES by its caller (the commands, npubuild.dodo_namespace).
-records.py is the typed contract between the stages (io.json).
+The typed records between the stages are npubuild/records/.
 """
 
 from __future__ import annotations

@@ -48,7 +48,7 @@ def test_a_stage_error_in_a_worker_is_raised_as_itself():
 
 def test_a_worker_that_dies_makes_every_run_again_in_process():
     """A native crash (here a real SIGKILL of the worker) must not hang the stage nor lose a run: the map is
-    made again in the stage's own process, where a crash is the one line build/isolate.py reports."""
+    made again in the stage's own process, where a crash is the one line engine/isolate.py reports."""
     parent = os.getpid()
 
     def run(i: int) -> tuple[int, int]:
