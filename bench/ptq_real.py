@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 
-from npubuild.stages.records import LowerRecord
+from npubuild.records.lower import LowerRecord
 from npubuild.tosa.run import OnnxSession, run_tosa
 from npubuild.verify.numerics import snr_db
 
