@@ -17,7 +17,7 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
-from npubuild.frontend.ptq.stats import _exposed
+from npubuild.frontend.ptq.stats import exposing
 
 HOMOGENEOUS = {"Relu", "PRelu", "LeakyRelu"}  # f(s x) = s f(x) for s > 0, per channel
 SCALE_BOUNDS = (1e-3, 1e3)
@@ -86,7 +86,7 @@ def channel_ranges(model: onnx.ModelProto, names: list[str], arrays: dict[str, n
 
     opts = ort.SessionOptions()
     opts.log_severity_level = 3
-    session = ort.InferenceSession(_exposed(model, names), opts, providers=["CPUExecutionProvider"])
+    session = ort.InferenceSession(exposing(model, names), opts, providers=["CPUExecutionProvider"])
     feeds_names = {i.name for i in session.get_inputs()}
     out: dict[str, np.ndarray] = {}
     for i in range(next(iter(arrays.values())).shape[0]):

@@ -51,7 +51,7 @@ def float_tensors(model: onnx.ModelProto) -> list[str]:
     return [n for n in dict.fromkeys(names) if typed.get(n) == TensorProto.FLOAT]
 
 
-def _exposed(model: onnx.ModelProto, names: list[str]) -> bytes:
+def exposing(model: onnx.ModelProto, names: list[str]) -> bytes:
     m = onnx.ModelProto()
     m.CopyFrom(model)
     have = {o.name for o in m.graph.output}
@@ -66,7 +66,7 @@ def collect(model: onnx.ModelProto, arrays: dict[str, np.ndarray]) -> dict[str, 
     names = float_tensors(model)
     opts = ort.SessionOptions()
     opts.log_severity_level = 3
-    session = ort.InferenceSession(_exposed(model, names), opts, providers=["CPUExecutionProvider"])
+    session = ort.InferenceSession(exposing(model, names), opts, providers=["CPUExecutionProvider"])
     feeds_names = {i.name for i in session.get_inputs()}
     n = next(iter(arrays.values())).shape[0]
     feeds = [{k: np.asarray(v[i]) for k, v in arrays.items() if k in feeds_names} for i in range(n)]
