@@ -80,7 +80,7 @@ def float_outputs(onnx_path: Path, held: dict[str, np.ndarray]) -> dict[str, np.
 def npubuild_outputs(entry: dict, held: dict[str, np.ndarray], cache: dict) -> dict[str, np.ndarray] | None:
     """The target family's deployed integer graph on the held-back inputs, dequantised (None: nothing lowered)."""
     from npubuild.config.accelerator import Accelerator
-    from npubuild.stages.records import LowerRecord
+    from npubuild.records.lower import LowerRecord
     from npubuild.verify.partitioned import PartitionedModel
 
     io_path = next(iter(Path(p).parent / "io.json" for k, p in entry.get("artifacts", {}).items() if k == "tosa"),
@@ -231,7 +231,7 @@ def named_ms(entry: dict, build_dir: Path, work: Path) -> float | None:
     """Vela's inference ms on npubuild's own TOSA through Vela's bundled .ini and named config."""
     from npubuild.config.accelerator import Accelerator
     from npubuild.ethosu.vela import npu_partitions
-    from npubuild.stages.records import LowerRecord
+    from npubuild.records.lower import LowerRecord
 
     if "tosa" not in entry.get("artifacts", {}) or entry["status"] != "passed":
         return None

@@ -183,8 +183,14 @@ class ModelSpec(Strict):
 
 
 class Quantization(Strict):
+    """How the float model is quantised. `auto` (the default of each) tries every activation range estimator,
+    bias correction and cross-layer equalisation and keeps what measures closest to float on the calibration
+    data (frontend/ptq/choose.py); a value fixes that choice."""
+
     per_channel: bool = True
-    method: Literal["minmax", "entropy", "percentile"] = "minmax"
+    method: Literal["auto", "minmax", "mean_minmax", "mse", "percentile", "entropy"] = "auto"
+    bias_correction: Literal["auto"] | bool = "auto"
+    equalization: Literal["auto"] | bool = "auto"
     symmetric_activations: bool = False
 
 

@@ -8,8 +8,9 @@ from pathlib import Path
 
 from npbtest import REPO
 
-from npubuild.build.plan import make_plan
 from npubuild.config.load import load_specs
+from npubuild.engine.plan import make_plan
+from npubuild.stages import STAGES
 
 
 def _plan(project: Path, extra: str, targets: str = "[ethos-u55-128]"):
@@ -18,7 +19,7 @@ def _plan(project: Path, extra: str, targets: str = "[ethos-u55-128]"):
     lines = [ln for ln in text.splitlines() if not ln.startswith("targets:")]
     spec.write_text("\n".join(lines) + f"\ntargets: {targets}\n{extra}")
     builds = load_specs([spec])
-    return builds, make_plan(builds, project / "build")
+    return builds, make_plan(builds, project / "build", STAGES)
 
 
 def _configs(plan, stage: str) -> list[dict]:
