@@ -104,9 +104,26 @@ class NodeChoice:
 PRELU_SELECT = NodeChoice("PRelu as max / min of its pieces",
                           lambda m, o: [] if o.prelu_select else [n.name for n in m.graph.node if n.op_type == "PRelu"],
                           lambda o, nodes: replace(o, prelu_select_nodes=nodes))
+
+
+def feature_map_matmuls(model: onnx.ModelProto) -> list[str]:
+    """MatMul nodes whose second operand is not a constant (an initializer, or one dequantised)."""
+    inits = {i.name for i in model.graph.initializer}
+    const = inits | {n.output[0] for n in model.graph.node if n.op_type == "DequantizeLinear" and n.input[0] in inits}
+    return [n.name for n in model.graph.node if n.op_type == "MatMul" and n.input[1] not in const]
+
+
+# U65 runs a MatMul of two feature maps (Vela 5.2's MATMUL: a long command sequence, 36.9k cycles for the
+# transformer's [4, 16, 16] x [4, 16, 16]) faster as one broadcast MUL of every product and a REDUCE_SUM (~25k:
+# transformer U65-256 0.224 -> 0.178 ms), for the int32 products' SRAM (12.5 -> 83 KiB); U55-128 and U85-256
+# lose (0.407 -> 0.643, 0.062 -> 0.091 ms): U65 only, per node, so size mode keeps MATMUL where memory grows.
+MATMUL_PRODUCTS = NodeChoice("MatMul of feature maps as products and a sum",
+                             lambda m, o: [] if o.matmul_products else feature_map_matmuls(m),
+                             lambda o, nodes: replace(o, matmul_products_nodes=nodes))
 CHOICES: dict[str, tuple[Choice | NodeChoice, ...]] = {
-    "u65": (Choice("narrow image input planar", lambda m, o: o.planar_input_channels > 0 and narrow_image(m),
-                   lambda o: [replace(o, planar_input_channels=0)]), STAGED_INPUT),
+    "u65": (MATMUL_PRODUCTS, Choice("narrow image input planar",
+                                    lambda m, o: o.planar_input_channels > 0 and narrow_image(m),
+                                    lambda o: [replace(o, planar_input_channels=0)]), STAGED_INPUT),
     "u85": (PRELU_SELECT, STAGED_INPUT, PHASES),
     "u85wide": (PRELU_SELECT, STAGED_INPUT, PHASES),
 }
