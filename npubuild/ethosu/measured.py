@@ -73,6 +73,14 @@ class Choice:
 # as-is reads of a 3-channel image from DRAM cost MediaPipe selfie segmentation's first conv 1.08M cycles.
 STAGED_INPUT = Choice("narrow image input staged into SRAM", lambda m, o: narrow_image(m),
                       lambda o: [replace(o, staged_input_min_row=0 if o.staged_input_min_row else 128)])
+# U85-256 sums a small changing-scale plane (DS-CNN's 25x5x64 mean) in one REDUCE_SUM by its threshold (plane_rows'
+# min_elements 16384: the row sums' ones weights cost 0.2-0.7 KiB of DRAM for 0.2-3.5% there, bench/perf_choices.md).
+# Performance mode takes the time, size mode the memory: measured per model, the row sums for every plane they fit.
+SMALL_PLANE_ROWS = Choice("row sums for small plane means",
+                          lambda m, o: o.plane_rows is not None and o.plane_rows.min_elements > 0,
+                          lambda o: [replace(o, plane_rows=replace(o.plane_rows, min_elements=0))])
+
+
 def has_op(model: onnx.ModelProto, op_type: str) -> bool:
     return any(n.op_type == op_type for n in model.graph.node)
 
@@ -124,8 +132,8 @@ CHOICES: dict[str, tuple[Choice | NodeChoice, ...]] = {
     "u65": (MATMUL_PRODUCTS, Choice("narrow image input planar",
                                     lambda m, o: o.planar_input_channels > 0 and narrow_image(m),
                                     lambda o: [replace(o, planar_input_channels=0)]), STAGED_INPUT),
-    "u85": (PRELU_SELECT, STAGED_INPUT, PHASES),
-    "u85wide": (PRELU_SELECT, STAGED_INPUT, PHASES),
+    "u85": (PRELU_SELECT, STAGED_INPUT, PHASES, SMALL_PLANE_ROWS),
+    "u85wide": (PRELU_SELECT, STAGED_INPUT, PHASES, SMALL_PLANE_ROWS),
 }
 
 
