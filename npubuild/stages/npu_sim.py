@@ -8,9 +8,11 @@ from npubuild.config.load import Build
 
 def skip_reason(output_format: str) -> str | None:
     """Why a build with a Vela stage gets no npu-sim run, or None. Every accelerator Vela targets (U55, U65,
-    U85) is modelled; a feature an artifact uses that is not is reported at run time (npusim.NotModelled)."""
-    if output_format != "raw":
-        return "Vela wrote tflite; npu-sim runs raw artifacts (set the target's vela.output_format: raw)"
+    U85) is modelled, in either output format: a .tflite's ethos-u operators carry the same command stream and
+    constants as the raw .npz (npusim/tflite.py), and npu-sim runs what is deployed. A feature an artifact
+    uses that is not modelled is reported at run time (npusim.NotModelled)."""
+    if output_format not in ("raw", "tflite"):
+        return f"Vela wrote {output_format}, which npu-sim does not read"
     return None
 
 

@@ -6,8 +6,9 @@ Vela's command stream and weights. Any differing element fails the build,
 naming the output, the count and the first NPU op writing a wrong value (npusim.verify.localise
 traces the first TOSA result npu-sim does not reproduce). A graph split around host operators has each NPU partition's
 artifact checked against its TOSA partition. U55, U65 and U85 artifacts run
-alike (npusim.sim.run picks the generation); tflite-format builds, a model
-with no NPU partition at all (every node on the host) and features npu-sim does not model (npusim.NotModelled) are reported as skipped
+alike (npusim.sim.run picks the generation). A tflite-format build is run from its .tflite's ethos-u
+operator (the deployed bytes; npusim/tflite.py), a raw one from its .npz. A model with no NPU partition at all
+(every node on the host) and features npu-sim does not model (npusim.NotModelled) are reported as skipped
 with the reason. A command stream Vela got wrong (npusim.VelaMiscompile: e.g. a U55 elementwise IFM smaller
 than its OFM) fails the build with what is wrong in it.
 """
@@ -24,7 +25,8 @@ from npubuild.errors import StageError
 from npubuild.fileio import read_json, write_json
 from npubuild.frontend.data import sample_arrays
 from npubuild.npusim import NotModelled
-from npubuild.npusim.npz import load_raw
+from npubuild.npusim.npz import RawModel, load_raw
+from npubuild.npusim.tflite import load_tflite
 from npubuild.npusim.tosa_probe import graph_io
 from npubuild.npusim.verify import compare
 from npubuild.stages.records import LowerRecord
@@ -87,23 +89,35 @@ def _jobs(task: StageTask, vela: dict, io: LowerRecord) -> list[tuple[str, objec
     verify = task.config["verify"]
     parts = [p for p in vela.get("partition_graph") or [] if p["kind"] == "npu"]
     if len(vela.get("partition_graph") or []) <= 1:
-        npzs = [a for a in vela.get("artifacts", []) if a.endswith(".npz")]
-        if not npzs:
-            raise StageError("the vela stage wrote no raw .npz artifact")
+        arts = [a for a in vela.get("artifacts", []) if a.endswith((".npz", ".tflite"))]
+        if not arts:
+            raise StageError("the vela stage wrote no .tflite or raw .npz artifact")
         float_model = onnx.load(str(task.inputs["float"]))
         arrays = sample_arrays(float_model, task.config["calibration"], task.inputs.get("calibration"),
                                verify["samples"], verify["seed"])
         n = next(iter(arrays.values())).shape[0]
         samples = [[spec.to_tosa(arrays[spec.onnx_name][i]) for spec in io.inputs] for i in range(n)]
         tosa = lower_dir / (parts[0]["file"] if parts else "model.tosa")
-        return [("", load_raw(vela_dir / npzs[0]), tosa.read_bytes(), samples, [o.onnx_name for o in io.outputs])]
+        return [("", _artifact(vela_dir / arts[0]), tosa.read_bytes(), samples, [o.onnx_name for o in io.outputs])]
     jobs = []
     rng = np.random.default_rng(verify["seed"])
     for p in parts:
         tosa = (lower_dir / p["file"]).read_bytes()
-        model = load_raw(vela_dir / f"{Path(p['file']).stem}_vela.npz")
+        stem = Path(p["file"]).stem
+        tflite = vela_dir / f"{stem}_vela.tflite"
+        model = _artifact(tflite if tflite.is_file() else vela_dir / f"{stem}_vela.npz")
         inputs, outputs = graph_io(tosa)
         samples = [[rng.integers(np.iinfo(t).min, np.iinfo(t).max + 1, shape).astype(t) for _, shape, t in inputs]
                    for _ in range(verify["samples"])]
         jobs.append((f"{Path(p['file']).stem}/", model, tosa, samples, outputs))
     return jobs
+
+
+def _artifact(path: Path) -> RawModel:
+    """The NPU artifact Vela wrote: a raw .npz, or the one ethos-u operator of its .tflite (what is deployed)."""
+    if path.suffix == ".npz":
+        return load_raw(path)
+    models = load_tflite(path)
+    if len(models) != 1:
+        raise StageError(f"{path.name} holds {len(models)} ethos-u operators; Vela writes one per TOSA graph")
+    return models[0]
