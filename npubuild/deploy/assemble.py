@@ -43,6 +43,7 @@ class PartitionResult:
     builtins: list[str] = field(default_factory=list)
     not_deployable: str | None = None  # why TensorFlow Lite Micro cannot run this host partition
     arena_bytes: int | None = None  # an NPU partition's block (Vela's scratch and I/O)
+    ops: range = range(0)  # its operators' positions in the deployable
 
 
 @dataclass
@@ -109,9 +110,11 @@ def assemble(partitions: Sequence[PartitionRecord], inputs: Sequence[IOSpec], ou
     results: list[PartitionResult] = []
     blocks: list[_Block] = []
     for part in partitions:
+        first = len(g.sg.operators)
         if part.kind == "npu":
             blocks.append(_npu_partition(g, part, values, vela_tflite[part.index]))
-            results.append(PartitionResult(part.index, "npu", ["ethos-u"], arena_bytes=blocks[-1].size))
+            results.append(PartitionResult(part.index, "npu", ["ethos-u"], arena_bytes=blocks[-1].size,
+                                           ops=range(first, len(g.sg.operators))))
             continue
         model = onnx.load(str(lower_dir / part.file))
         ins = {n: values[n] for n in part.inputs}
@@ -126,7 +129,7 @@ def assemble(partitions: Sequence[PartitionRecord], inputs: Sequence[IOSpec], ou
             return Deployable(None, results + [PartitionResult(p.index, p.kind) for p in partitions
                                                if p.index > part.index], list(outputs), list(inputs))
         values.update(outs)
-        results.append(PartitionResult(part.index, "host", sorted(used)))
+        results.append(PartitionResult(part.index, "host", sorted(used), ops=range(first, len(g.sg.operators))))
     graph_out = [values[s.onnx_name] for s in outputs]
     g.sg.inputs, g.sg.outputs = graph_in, [v.tensor for v in graph_out]
     npu_arena = _plan(g, blocks)

@@ -27,6 +27,8 @@ def plan(b: Build, chain: Chain) -> TaskSpec | Skip | None:
     vela, lower, model = chain["vela"], chain["lower"], b.model
     inputs = {"vela": vela.outputs["summary"], "io": lower.outputs["io"],
               "float": chain["import"].outputs["onnx"]}
+    if "quantize" in chain:  # the QDQ model, which the virtual device's output is held to
+        inputs["reference"] = chain["quantize"].outputs["onnx"]
     if b.calibration_npy is not None:
         inputs["calibration"] = b.calibration_npy
     return TaskSpec(f"{b.model_name}-{b.target.name}",

@@ -64,6 +64,8 @@ def run(task: StageTask) -> dict:
         "first_bad_sample": first[1].first_bad_sample if first else None,
         "first_bad_op": f"{first[0]}{first[1].first_bad_op.describe()}" if first and first[1].first_bad_op else None,
     }
+    if not bad:
+        metrics.update(_device_check(task, vela, io))
     write_json(task.outputs["result"], metrics)
     if bad:
         text = ", ".join(f"'{k}' {m['elements']}/{m['of']}" for k, m in mismatches.items() if m["elements"])
@@ -121,3 +123,33 @@ def _artifact(path: Path) -> RawModel:
     if len(models) != 1:
         raise StageError(f"{path.name} holds {len(models)} ethos-u operators; Vela writes one per TOSA graph")
     return models[0]
+
+
+def _device_check(task: StageTask, vela: dict, io: LowerRecord) -> dict:
+    """A build with host partitions: its deployable .tflite on the virtual device (host operators in TensorFlow
+    Lite Micro, ethos-u operators in npu-sim), on tosa-check's samples, against the whole QDQ model; the max
+    LSB error (`device_max_error_lsb`). A whole-graph build's deployable is the artifact checked above."""
+    from npubuild.deploy.virtual_device import VirtualDevice
+    from npubuild.tosa.iospec import specs_from_json
+    from npubuild.tosa.run import OnnxSession
+
+    deployable = vela.get("deployable") or {}
+    graph = vela.get("partition_graph") or []
+    if not deployable or "reference" not in task.inputs or not any(p["kind"] == "host" for p in graph):
+        return {"device_max_error_lsb": None}
+    device = VirtualDevice((task.inputs["vela"].parent / deployable["tflite"]).read_bytes(), deployable["tflite"])
+    ins, outs = specs_from_json(deployable["inputs"]), specs_from_json(deployable["outputs"])
+    verify = task.config["verify"]
+    arrays = sample_arrays(onnx.load(str(task.inputs["float"])), task.config["calibration"],
+                           task.inputs.get("calibration"), verify["samples"], verify["seed"])
+    reference = OnnxSession(task.inputs["reference"])
+    worst = 0.0
+    for i in range(next(iter(arrays.values())).shape[0]):
+        feeds = {s.onnx_name: arrays[s.onnx_name][i] for s in ins}
+        got = device.run([s.to_tosa(feeds[s.onnx_name]) for s in ins])
+        want = reference({k: v for k, v in feeds.items()})
+        for spec, y in zip(outs, got, strict=True):
+            y = spec.from_tosa(np.asarray(y).reshape(spec.shape))
+            worst = max(worst, float(spec.lsb_error(want[spec.onnx_name], y).max()) if spec.quantized
+                        else float(np.abs(want[spec.onnx_name] - y).max()))
+    return {"device_max_error_lsb": worst, "device_samples": i + 1, "tflm_arena_bytes": device.host_arena_bytes}
