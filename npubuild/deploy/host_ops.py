@@ -224,8 +224,8 @@ def _binary(t: HostTranslation) -> None:
         raise t.unsupported("both operands constant")
     like = t.as_float(t.value(a_name if a_name not in t.consts else b_name))
     a, b = _operand(t, a_name, like), _operand(t, b_name, like)
-    shape = tuple(int(d) for d in np.broadcast_shapes(like.shape, *(
-        (np.asarray(t.consts[n]).shape,) if n in t.consts else (t.value(n).shape,) for n in (a_name, b_name))))
+    shapes = [np.asarray(t.consts[n]).shape if n in t.consts else t.value(n).shape for n in (a_name, b_name)]
+    shape = tuple(int(d) for d in np.broadcast_shapes(like.shape, *shapes))
     out = t.new(shape, like.perm)
     kind = BINARY_OPTIONS.get(t.node.op_type)
     t.op(BINARY[t.node.op_type], [a, b], [out.tensor], options(kind) if kind else None)
