@@ -76,6 +76,18 @@ def test_host_fallback_deploys_as_one_tflite(project: Path, capsys):
             ref = session.run(None, {src.onnx_name: src.dequantize(src.from_tosa(codes), np.float32)})[0]
             assert np.abs(dst.to_tosa(ref).astype(np.int64) - got.reshape(dst.shape)).max() <= 1
 
+    # `npubuild simulate` on the whole build runs its deployable on the virtual device; a float input in ONNX
+    # layout is quantised as the deployable's input is
+    x = project / "x.npy"
+    np.save(x, np.random.default_rng(2).uniform(-1, 1, (1, 3, 32, 32)).astype(np.float32))
+    code, out, err = run_cli(["simulate", str(build), "--build", "ethos-u55-128", "--input", str(x)], capsys)
+    assert code == 0, err
+    assert "the deployable on the virtual device" in out and "TFLite Micro: operators" in out
+    assert out.count("Ethos-U (npu-sim)") == 2 and "gemm_16_out: shape [1, 10]" in out
+    tflite = _stage_dir(build, "vela", "alexnet_lrn-ethos-u55-128") / "firmware" / "npubuild_deployable.tflite"
+    code, out, err = run_cli(["simulate", str(tflite)], capsys)
+    assert code == 0 and "random input, seed 0" in out, err
+
 
 def test_a_host_op_with_no_tflite_builtin_is_not_deployable_on_a_cortex_m(project: Path, capsys):
     onnx.save(_foo_model("com.microsoft", "Trilu"), project / "configs" / "models" / "trilu.onnx")
