@@ -26,7 +26,7 @@ import onnx
 from tflite_micro.tensorflow.lite.micro.compression import model_editor as me
 
 from npubuild.deploy.host_ops import HostTranslation, NotDeployable, Value, emit_host_partition, write_into
-from npubuild.deploy.tflite_graph import Quant, TflGraph
+from npubuild.deploy.tflite_graph import NP_TYPES, Quant, TflGraph
 from npubuild.npusim.tflite import ETHOS_U, OFFLINE_PLAN, offline_offsets
 from npubuild.stages.records import PartitionRecord
 from npubuild.tosa.iospec import IOSpec
@@ -65,7 +65,7 @@ class _Block:
 def _spec_value(g: TflGraph, spec: IOSpec, name: str | None = None) -> Value:
     q = Quant(float(spec.scale), int(spec.zero_point)) if spec.scale is not None else None
     t = g.tensor(name or spec.onnx_name, spec.shape, np.dtype(spec.dtype), q)
-    return Value(t, tuple(spec.onnx_shape), tuple(spec.perm), q)
+    return Value(t, tuple(spec.onnx_shape), tuple(spec.perm), q, None if q else np.dtype(spec.dtype))
 
 
 def _same_form(v: Value, spec: IOSpec) -> bool:
@@ -213,7 +213,7 @@ def _convert(g: TflGraph, v: Value, spec: IOSpec, name: str) -> Value:
 
 
 def _nbytes(t: me.Tensor) -> int:
-    return int(np.prod(t.shape)) * np.dtype(t.numpy_dtype).itemsize
+    return int(np.prod(t.shape)) * NP_TYPES[t.dtype].itemsize
 
 
 def _align(n: int) -> int:

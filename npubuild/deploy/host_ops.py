@@ -45,6 +45,11 @@ class Value:
     shape: tuple[int, ...]  # the ONNX shape
     perm: tuple[int, ...]
     quant: Quant | None = None
+    kind: np.dtype | None = None  # the tensor's type when it is not int8 codes: float32 (default) or bool
+
+    @property
+    def dtype(self) -> np.dtype:
+        return np.dtype(np.int8) if self.quant is not None else np.dtype(self.kind or np.float32)
 
     @property
     def physical_shape(self) -> tuple[int, ...]:
@@ -78,7 +83,7 @@ class HostTranslation:
 
     def new(self, shape: tuple[int, ...], perm: tuple[int, ...], dtype=np.float32, quant: Quant | None = None,
             hint: str = "t") -> Value:
-        v = Value(None, tuple(shape), tuple(perm), quant)  # type: ignore[arg-type]
+        v = Value(None, tuple(shape), tuple(perm), quant, None if quant else np.dtype(dtype))  # type: ignore[arg-type]
         t = self.g.tensor(self.g.fresh(hint), v.physical_shape, dtype, quant)
         return replace(v, tensor=t)
 
@@ -103,14 +108,14 @@ class HostTranslation:
         perm = tuple(perm)
         if v.perm == perm:
             return v
-        out = self.new(v.shape, perm, np.float32 if v.quant is None else np.int8, v.quant, "transposed")
+        out = self.new(v.shape, perm, v.dtype, v.quant, "transposed")
         # physical out[i] = onnx[perm[i]] = physical v[v.perm.index(perm[i])]
         order = np.array([v.perm.index(p) for p in perm], np.int32)
         self.op(B.TRANSPOSE, [v.tensor, self.const(order, "perm")], [out.tensor])
         return out
 
     def as_float(self, v: Value) -> Value:
-        """The float value (DEQUANTIZE of int8 codes, once per tensor)."""
+        """The float value (DEQUANTIZE of int8 codes, once per tensor); a bool stays as it is."""
         if v.quant is None:
             return v
         key = id(v.tensor)
@@ -212,12 +217,19 @@ def _operand(t: HostTranslation, name: str, like: Value) -> me.Tensor:
         c = c.reshape((1,) * (len(like.shape) - c.ndim) + c.shape)
         return t.const(np.transpose(c, like.perm), "operand")
     v = t.as_float(t.value(name))
+    if v.dtype == np.bool_ and like.dtype != np.bool_:
+        raise t.unsupported("a boolean operand of an arithmetic op")
     if len(v.shape) != len(like.shape):
         raise t.unsupported("operands of different rank")
     return t.in_layout(v, like.perm).tensor
 
 
-@host_op(*BINARY)
+COMPARE = {"Greater": B.GREATER, "Less": B.LESS, "Equal": B.EQUAL, "GreaterOrEqual": B.GREATER_EQUAL,
+           "LessOrEqual": B.LESS_EQUAL}
+LOGICAL = {"And": B.LOGICAL_AND, "Or": B.LOGICAL_OR}
+
+
+@host_op(*BINARY, *COMPARE, *LOGICAL)
 def _binary(t: HostTranslation) -> None:
     a_name, b_name = t.node.input[0], t.node.input[1]
     if a_name in t.consts and b_name in t.consts:
@@ -226,9 +238,35 @@ def _binary(t: HostTranslation) -> None:
     a, b = _operand(t, a_name, like), _operand(t, b_name, like)
     shapes = [np.asarray(t.consts[n]).shape if n in t.consts else t.value(n).shape for n in (a_name, b_name)]
     shape = tuple(int(d) for d in np.broadcast_shapes(like.shape, *shapes))
-    out = t.new(shape, like.perm)
+    code = {**BINARY, **COMPARE, **LOGICAL}[t.node.op_type]  # (ADD is builtin code 0)
+    out = t.new(shape, like.perm, np.float32 if t.node.op_type in BINARY else np.bool_)
     kind = BINARY_OPTIONS.get(t.node.op_type)
-    t.op(BINARY[t.node.op_type], [a, b], [out.tensor], options(kind) if kind else None)
+    t.op(code, [a, b], [out.tensor], options(kind) if kind else None)
+    t.set_output(out)
+
+
+@host_op("Not")
+def _not(t: HostTranslation) -> None:
+    x = t.value(t.node.input[0])
+    out = t.new(x.shape, x.perm, np.bool_)
+    t.op(B.LOGICAL_NOT, [x.tensor], [out.tensor])
+    t.set_output(out)
+
+
+@host_op("Where")
+def _where(t: HostTranslation) -> None:
+    """SELECT_V2(cond, x, y), every operand in the layout of the first tensor among x and y."""
+    cond_name, x_name, y_name = t.node.input
+    tensor_name = next((n for n in (x_name, y_name) if n not in t.consts), None)
+    if tensor_name is None or cond_name in t.consts:
+        raise t.unsupported("a Where whose condition or both branches are constant")
+    like = t.as_float(t.value(tensor_name))
+    cond = t.value(cond_name)
+    if len(cond.shape) != len(like.shape):
+        raise t.unsupported("a condition of another rank")
+    x, y = _operand(t, x_name, like), _operand(t, y_name, like)
+    out = t.new(like.shape, like.perm)
+    t.op(B.SELECT_V2, [t.in_layout(cond, like.perm).tensor, x, y], [out.tensor])
     t.set_output(out)
 
 

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 from tflite_micro.tensorflow.lite.micro.compression import model_editor as me
 
+from npubuild.deploy.tflite_graph import NP_TYPES
 from npubuild.errors import StageError
 from npubuild.npusim.sim import run as run_npu
 from npubuild.npusim.tflite import ETHOS_U, OFFLINE_PLAN, NpuOperator, npu_operators
@@ -87,7 +88,7 @@ class VirtualDevice:
         self.graph_inputs = [index[id(t)] for t in sg.inputs]
         self.graph_outputs = [index[id(t)] for t in sg.outputs]
         self.shapes = {i: tuple(int(d) for d in t.shape) for i, t in enumerate(sg.tensors)}
-        self.dtypes = {i: t.numpy_dtype for i, t in enumerate(sg.tensors)}
+        self.dtypes = {i: NP_TYPES[t.dtype] for i, t in enumerate(sg.tensors)}
         npu = {op.op_index: op for op in npu_operators(data, where)}
         steps: list[list[int] | NpuOperator] = []
         for k, op in enumerate(sg.operators):

@@ -1,4 +1,4 @@
-"""fvp stage: run the Vela-compiled model on a Corstone FVP with a user's runner application.
+"""fvp stage: run the build's deployable .tflite on a Corstone FVP with a user's runner application.
 
 No FVP ships with npubuild (Arm distributes them separately): the stage runs
 when one is on PATH or named by `fvp.executable`, and the spec names a runner
@@ -6,9 +6,10 @@ ELF (`fvp.runner`). `verify.fvp: auto` then skips with the reason; `required`
 fails the build.
 
 The runner protocol (what the runner ELF must do):
-- the FVP loads the Vela model (`*_vela.tflite`) at `fvp.model_address` and
-  the input (raw int8 bytes, in the TOSA graph's NHWC layout, one input after
-  the other) at `fvp.input_address`, with `--data`;
+- the FVP loads the build's deployable (`firmware/npubuild_deployable.tflite`: Vela's ethos-u operators,
+  and TFLite builtins for the host partitions, so the runner is a TensorFlow Lite Micro application with
+  the Ethos-U driver and the builtins the manifest lists) at `fvp.model_address` and the input (raw int8
+  bytes, in the deployable's input layout, one input after the other) at `fvp.input_address`, with `--data`;
 - the runner prints each output on the UART as `npubuild-output <index> <hex bytes>`;
 - it prints the NPU PMU counters as the Ethos-U driver's PMU report does
   (`ethosu_pmu_cycle_cntr : N`, `ethosu_pmu_cntr<i> : N`) or as
@@ -30,8 +31,7 @@ import numpy as np
 from npubuild.build.plan import StageTask
 from npubuild.errors import StageError
 from npubuild.fileio import read_json, write_json, write_text
-from npubuild.stages.records import LowerRecord
-from npubuild.tosa.iospec import GraphIO
+from npubuild.tosa.iospec import GraphIO, GraphSpecs, specs_from_json
 
 # the platform's board prefix for -C parameters, and where --data loads files
 BOARD = {"corstone-300": "mps3_board", "corstone-320": "mps4_board"}
@@ -141,19 +141,14 @@ def run(task: StageTask) -> dict:
     if platform not in BOARD:
         raise StageError(f"verify.fvp: no FVP command line known for platform '{platform}'")
     vela = read_json(task.inputs["vela_summary"])
-    if vela.get("host_partitions") or (vela.get("npu_partitions") or 1) > 1:
-        why = (f"the FVP stage runs models that are one NPU partition; this one has "
-               f"{vela.get('npu_partitions')} NPU and {vela.get('host_partitions')} host partitions")
+    deployable = vela.get("deployable")
+    if not deployable:
+        why = "the build has no deployable .tflite (a host partition TFLite Micro cannot run)"
         if cfg.get("mode") == "required":
             raise StageError(f"verify.fvp is required but {why}")
         return {"skipped": True, "reason": why}
-    # the whole graph's Vela model: model_vela.tflite, or <family>_model_vela.tflite where the target's family
-    # lowers the graph its own way
-    tflites = [a for a in vela.get("artifacts", []) if a.endswith("_vela.tflite")]
-    model = task.inputs["vela_summary"].parent / (tflites[0] if tflites else "model_vela.tflite")
-    if not model.is_file():
-        raise StageError("the FVP runs the Vela .tflite: set vela output_format to tflite")
-    io = LowerRecord.read(task.inputs["io"])
+    model = task.inputs["vela_summary"].parent / deployable["tflite"]
+    io = GraphSpecs(tuple(specs_from_json(deployable["inputs"])), tuple(specs_from_json(deployable["outputs"])))
     with np.load(task.inputs["reference"], allow_pickle=False) as z:
         reference = {k: z[k] for k in z.files}
     inputs = task.dir / "input.bin"

@@ -105,6 +105,16 @@ def test_transpose_and_reshape_keep_values():
     assert run_both(model, {"x": Quant(0.02, 3)}, Quant(0.02, 3)) == 0
 
 
+def test_a_comparison_and_a_where_match_onnxruntime():
+    """Greater and Where: what Ethos-U55/U65 leave to the host (no GREATER or SELECT there)."""
+    thr = numpy_helper.from_array(np.array(0.25, np.float32), "thr")
+    nodes = [helper.make_node("Greater", ["x", "thr"], ["g"], name="gt"),
+             helper.make_node("Relu", ["x"], ["r"], name="relu"),
+             helper.make_node("Where", ["g", "x", "r"], ["y"], name="sel")]
+    model = host_partition(nodes, {"x": [1, 8, 4, 4]}, [1, 8, 4, 4], Quant(0.02, -10), [thr])
+    assert run_both(model, {"x": Quant(0.02, -10)}, Quant(0.02, -10)) <= 1
+
+
 def test_an_op_with_no_builtin_is_not_deployable_naming_node_and_op():
     node = helper.make_node("Trilu", ["x"], ["y"], name="upper", domain="com.microsoft")
     model = host_partition([node], {"x": [1, 4, 4]}, [1, 4, 4], Quant(0.02, 0), domain="com.microsoft")
