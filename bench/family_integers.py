@@ -25,8 +25,24 @@ from npubuild.npusim.tflite import load_tflite
 from npubuild.stages.records import LowerRecord
 
 
+def _vela_stage(build_dir: Path, build: dict) -> Path | None:
+    return next((build_dir / "stages" / "vela").glob(f"{build['model']}-{build['target']}-*"), None)
+
+
+def _lower_io(build_dir: Path, build: dict) -> Path:
+    """The io.json this build's vela stage was made from (by its sha256 in the stage's inputs.json): a build dir
+    may hold several lower stages of one model (other target sets lower other families)."""
+    import hashlib
+
+    want = json.loads((_vela_stage(build_dir, build) / "inputs.json").read_text())["inputs"]["io"][2]
+    for io in (build_dir / "stages" / "lower").glob(f"{build['model']}-*/io.json"):
+        if hashlib.sha256(io.read_bytes()).hexdigest() == want:
+            return io
+    raise SystemExit(f"no lower stage matches {build['model']}/{build['target']}")
+
+
 def _artifact(build_dir: Path, build: dict):
-    stage = next((build_dir / "stages" / "vela").glob(f"{build['model']}-{build['target']}-*"), None)
+    stage = _vela_stage(build_dir, build)
     if stage is None:
         return None
     npzs = sorted(stage.glob("*_vela.npz"))
@@ -56,9 +72,8 @@ def main() -> None:
         arts = [(a, m) for a, m in arts if m is not None]
         if len(arts) < 2:
             continue
-        lower = next((args.build_dir / "stages" / "lower").glob(f"{model}-*/io.json"))
-        io = LowerRecord.read(lower)
-        specs = {a: io.npu_partitions(Accelerator.parse(a).lowering_family)[0] for a, _ in arts}
+        specs = {b["accelerator"]: LowerRecord.read(_lower_io(args.build_dir, b)).npu_partitions(
+            Accelerator.parse(b["accelerator"]).lowering_family)[0] for b in builds}
         rng = np.random.default_rng(0)
         first = specs[arts[0][0]]
         diffs = {a: 0 for a, _ in arts[1:]}
