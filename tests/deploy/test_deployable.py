@@ -18,7 +18,7 @@ from test_host_fallback import _foo_model
 
 from npubuild.deploy.virtual_device import HostRun, VirtualDevice
 from npubuild.models.zoo import alexnet_lrn
-from npubuild.npusim.tflite import npu_operators
+from npubuild.npusim.tflite import load_tflite, npu_operators
 from npubuild.stages.records import LowerRecord
 
 TARGETS = "[ethos-u55-128, {extends: ethos-u85-256, name: u85-raw, vela: {output_format: raw}}]"
@@ -44,7 +44,14 @@ def test_host_fallback_deploys_as_one_tflite(project: Path, capsys):
         assert m["device_max_error_lsb"] is not None and m["device_max_error_lsb"] <= m["deployed_max_error_lsb"] + 1
         vela_dir = _stage_dir(build, "vela", f"alexnet_lrn-{b['target']}")
         data = (vela_dir / "firmware" / "npubuild_deployable.tflite").read_bytes()
-        assert len(npu_operators(data)) == 2  # both NPU partitions, Vela's ethos-u operators
+        ops = npu_operators(data)
+        assert len(ops) == 2  # both NPU partitions, Vela's ethos-u operators
+        # the arena plan keeps each command stream's addressing: I/O at Vela's offsets from its scratch tensor
+        for op, stem in zip(ops, ("part0", "part2"), strict=True):
+            (vela_op,) = load_tflite(next(vela_dir.glob(f"*_{stem}_vela.tflite")))
+            assert op.model.weights == vela_op.weights and np.array_equal(op.model.commands, vela_op.commands)
+            assert [(p.region, p.offset) for p in op.model.inputs + op.model.outputs] == \
+                   [(p.region, p.offset) for p in vela_op.inputs + vela_op.outputs]
 
         # the manifest: per partition what runs it and its arena, the deployable's I/O quantisation
         manifest = json.loads((vela_dir / "firmware" / "npubuild_deployment.json").read_text())
