@@ -48,7 +48,7 @@ def test_host_fallback_deploys_as_one_tflite(project: Path, capsys):
         assert len(ops) == 2  # both NPU partitions, Vela's ethos-u operators
         # the arena plan keeps each command stream's addressing: I/O at Vela's offsets from its scratch tensor
         for op, stem in zip(ops, ("part0", "part2"), strict=True):
-            (vela_op,) = load_tflite(next(vela_dir.glob(f"*_{stem}_vela.tflite")))
+            (vela_op,) = load_tflite(next(vela_dir.rglob(f"*_{stem}_vela.tflite")))
             assert op.model.weights == vela_op.weights and np.array_equal(op.model.commands, vela_op.commands)
             assert [(p.region, p.offset) for p in op.model.inputs + op.model.outputs] == \
                    [(p.region, p.offset) for p in vela_op.inputs + vela_op.outputs]
