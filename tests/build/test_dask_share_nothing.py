@@ -132,7 +132,7 @@ def test_workers_that_see_only_the_cache_build_what_doit_builds_and_a_second_cli
                                "dask", "--scheduler", client.scheduler.address, "--cache", str(cache), "--progress",
                                "plain"], cwd=project, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr
-    assert "5 ran, 0 cached, 0 failed, 13 restored from the shared cache; builds: 5 passed" in proc.stdout
+    assert "5 ran, 0 cached, 0 failed, 18 restored from the shared cache; builds: 5 passed" in proc.stdout
     assert read_run(second_dir)["from_cache"] == sorted(remote)
     assert _metrics(second_dir) == _metrics(doit_dir) and _files(second_dir) == _files(doit_dir)
     for p in second_dir.glob("stages/*/*/stage.json"):
