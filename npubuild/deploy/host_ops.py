@@ -181,6 +181,11 @@ def _quantize(t: HostTranslation) -> None:
 
 @host_op("DequantizeLinear")
 def _dequantize(t: HostTranslation) -> None:
+    if t.node.input[0] in t.consts:  # a quantised constant (a table, an operand): its real values, a constant
+        zp = t.consts[t.node.input[2]] if len(t.node.input) > 2 else 0
+        q = t.consts[t.node.input[0]].astype(np.float64) - np.asarray(zp, np.float64)
+        t.consts[t.node.output[0]] = (q * np.asarray(t.consts[t.node.input[1]], np.float64)).astype(np.float32)
+        return
     v = t.value(t.node.input[0])
     scale, zp = _scalar(t, t.node.input[1]), _scalar(t, t.node.input[2]) if len(t.node.input) > 2 else 0
     if v.quant != Quant(float(scale), int(zp)):
