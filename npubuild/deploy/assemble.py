@@ -174,6 +174,7 @@ def _npu_partition(g: TflGraph, part: PartitionRecord, values: dict[str, Value],
     if fast is not scratch:
         block.append((new_fast, offsets[index[id(fast)]]))
     in_tensors = []
+    ifms, ofms = _by_name(ifms, part.inputs_io or ()), _by_name(op.outputs, part.outputs_io or ())
     for spec, t in zip(part.inputs_io or (), ifms, strict=True):
         v = values[spec.onnx_name]
         if not _same_form(v, spec) or any(v.tensor is b for b, _ in block) or _in_a_block(g, v.tensor):
@@ -181,7 +182,7 @@ def _npu_partition(g: TflGraph, part: PartitionRecord, values: dict[str, Value],
         in_tensors.append(v.tensor)
         block.append((v.tensor, offsets[index[id(t)]]))
     out_tensors = []
-    for spec, t in zip(part.outputs_io or (), op.outputs, strict=True):
+    for spec, t in zip(part.outputs_io or (), ofms, strict=True):
         v = _spec_value(g, spec, f"{spec.onnx_name}")
         values[spec.onnx_name] = v
         out_tensors.append(v.tensor)
@@ -195,6 +196,14 @@ def _npu_partition(g: TflGraph, part: PartitionRecord, values: dict[str, Value],
     lo = min((off for _, off in planned), default=0)
     size = max((off - lo + _nbytes(t) for t, off in planned), default=0)
     return _Block([(t, off - lo) for t, off in planned], _align(size))
+
+
+def _by_name(tensors: list[me.Tensor], specs) -> list[me.Tensor]:
+    """Vela's operator I/O in the order of the partition's specs: by TOSA tensor name (Vela may reorder them)."""
+    named = {t.name: t for t in tensors}
+    if all(s.tosa_name in named for s in specs):
+        return [named[s.tosa_name] for s in specs]
+    return list(tensors)
 
 
 def _in_a_block(g: TflGraph, t: me.Tensor) -> bool:

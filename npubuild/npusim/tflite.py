@@ -80,6 +80,12 @@ def npu_operators(data: bytes, where: str = "<tflite>") -> list[NpuOperator]:
             raise InputError(f"ethos-u operator {op.index} has {len(op.inputs)} inputs; Vela writes the command "
                              "stream, constants, scratch and fast scratch first", where)
         cms, const, scratch, fast, *ifms = op.inputs
+        ofms = list(op.outputs)
+        # Vela may list its operator's outputs in another order than the graph's (a graph input passed through
+        # beside a computed output): graph order, which the TOSA graph and the raw .npz use, where they are its own
+        for io, graph_io in ((ifms, sg.inputs), (ofms, sg.outputs)):
+            if all(any(t is g for g in graph_io) for t in io):
+                io.sort(key=lambda t, g=graph_io: next(k for k, x in enumerate(g) if x is t))
         commands, product, macs, shram = parse_driver_payload(bytes(cms.buffer or b""), where)
         if (product, macs) not in ACCELERATORS:
             raise InputError(f"unsupported accelerator in driver header (product {product}, 2^{macs} MACs)", where)
@@ -87,13 +93,12 @@ def npu_operators(data: bytes, where: str = "<tflite>") -> list[NpuOperator]:
         scratch_at = offsets[index[id(scratch)]]
         fast_size = 0 if fast is scratch else int(np.prod(fast.shape))
         n_in = 4 + len(ifms)
-        ins = [_place(t, offsets, index[id(t)], scratch_at, 3 + k) for k, t in enumerate(ifms)]
-        outs = [_place(t, offsets, index[id(t)], scratch_at, n_in - 1 + k) for k, t in enumerate(op.outputs)]
+        ins = [_place(t, offsets, index[id(t)], scratch_at, 3 + op.inputs.index(t) - 4) for t in ifms]
+        outs = [_place(t, offsets, index[id(t)], scratch_at, n_in - 1 + op.outputs.index(t)) for t in ofms]
         raw = RawModel(f"{where}#op{op.index}", accel, ncores, commands, bytes(const.buffer or b""), READ_ONLY,
                        SCRATCH, int(np.prod(scratch.shape)), SCRATCH_FAST, fast_size, max(shram // ncores, 16),
                        ins, outs)
-        found.append(NpuOperator(op.index, tuple(index[id(t)] for t in ifms),
-                                 tuple(index[id(t)] for t in op.outputs), raw))
+        found.append(NpuOperator(op.index, tuple(index[id(t)] for t in ifms), tuple(index[id(t)] for t in ofms), raw))
     return found
 
 
