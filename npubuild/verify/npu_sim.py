@@ -146,7 +146,8 @@ def _device_check(task: StageTask, vela: dict, io: LowerRecord) -> dict:
     worst = 0.0
     for i in range(next(iter(arrays.values())).shape[0]):
         feeds = {s.onnx_name: arrays[s.onnx_name][i] for s in ins}
-        got = device.run([s.to_tosa(feeds[s.onnx_name]) for s in ins])
+        got = device.run([s.to_tosa(feeds[s.onnx_name]) if s.quantized else  # a bool or index input as it is
+                          np.transpose(np.asarray(feeds[s.onnx_name]), s.perm).astype(s.dtype) for s in ins])
         want = reference({k: v for k, v in feeds.items()})
         for spec, y in zip(outs, got, strict=True):
             y = spec.from_tosa(np.asarray(y).reshape(spec.shape))
