@@ -62,10 +62,17 @@ class _Block:
     base: int = 0
 
 
+def device_dtype(dtype: str) -> np.dtype:
+    """The type a tensor has on the device: TensorFlow Lite Micro has no int64 kernels (GATHER positions, CAST), so
+    an int64 graph input (token ids) is int32 there."""
+    return np.dtype(np.int32) if np.dtype(dtype) == np.int64 else np.dtype(dtype)
+
+
 def _spec_value(g: TflGraph, spec: IOSpec, name: str | None = None) -> Value:
     q = Quant(float(spec.scale), int(spec.zero_point)) if spec.scale is not None else None
-    t = g.tensor(name or spec.onnx_name, spec.shape, np.dtype(spec.dtype), q)
-    return Value(t, tuple(spec.onnx_shape), tuple(spec.perm), q, None if q else np.dtype(spec.dtype))
+    dtype = device_dtype(spec.dtype)
+    t = g.tensor(name or spec.onnx_name, spec.shape, dtype, q)
+    return Value(t, tuple(spec.onnx_shape), tuple(spec.perm), q, None if q else dtype)
 
 
 def _same_form(v: Value, spec: IOSpec) -> bool:
@@ -136,8 +143,8 @@ def assemble(partitions: Sequence[PartitionRecord], inputs: Sequence[IOSpec], ou
     out_io = [IOSpec(s.onnx_name, s.onnx_name, v.physical_shape, v.perm, s.dtype,
                      v.quant.scale if v.quant else None, v.quant.zero_point if v.quant else None)
               for s, v in zip(outputs, graph_out, strict=True)]
-    in_io = [IOSpec(s.onnx_name, s.onnx_name, values[s.onnx_name].physical_shape, values[s.onnx_name].perm, s.dtype,
-                    s.scale, s.zero_point) for s in inputs]
+    in_io = [IOSpec(s.onnx_name, s.onnx_name, values[s.onnx_name].physical_shape, values[s.onnx_name].perm,
+                    device_dtype(s.dtype).name, s.scale, s.zero_point) for s in inputs]
     return Deployable(g.build(), results, out_io, in_io, npu_arena)
 
 

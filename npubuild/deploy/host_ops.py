@@ -338,6 +338,30 @@ def _reshape(t: HostTranslation) -> None:
     t.set_output(out)
 
 
+@host_op("Gather")
+def _gather(t: HostTranslation) -> None:
+    """GATHER of a (dequantised) constant table or a tensor by int32 indices, in the ONNX layout."""
+    data_name, idx_name = t.node.input[0], t.node.input[1]
+    if idx_name in t.consts:
+        raise t.unsupported("constant indices (a slice, left to the NPU lowering)")
+    idx = t.value(idx_name)
+    if idx.dtype != np.int32:
+        raise t.unsupported(f"{idx.dtype} indices: TensorFlow Lite Micro's GATHER takes int32 positions")
+    if data_name in t.consts:
+        data = np.asarray(t.consts[data_name], np.float32)
+        params, rank = t.const(data, "table"), data.ndim
+        shape_d = data.shape
+    else:
+        v = t.in_layout(t.as_float(t.value(data_name)), identity(len(t.value(data_name).shape)))
+        params, rank, shape_d = v.tensor, len(v.shape), v.shape
+    axis = int(t.attr("axis", 0)) % rank
+    idx = t.in_layout(idx, identity(len(idx.shape)))
+    shape = (*shape_d[:axis], *idx.shape, *shape_d[axis + 1:])
+    out = t.new(shape, identity(len(shape)))
+    t.op(B.GATHER, [params, idx.tensor], [out.tensor], options("Gather", axis=axis, batchDims=0))
+    t.set_output(out)
+
+
 @host_op("Transpose")
 def _transpose(t: HostTranslation) -> None:
     x = t.value(t.node.input[0])
