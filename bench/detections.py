@@ -19,7 +19,7 @@ import numpy as np
 import onnxruntime as ort
 
 from npubuild.deploy.virtual_device import VirtualDevice
-from npubuild.tosa.iospec import specs_from_json
+from npubuild.records.iospec import specs_from_json
 
 
 def _iou(a: np.ndarray, b: np.ndarray) -> np.ndarray:

@@ -22,7 +22,7 @@ from npubuild.config.accelerator import Accelerator
 from npubuild.npusim.npz import load_raw
 from npubuild.npusim.sim import run
 from npubuild.npusim.tflite import load_tflite
-from npubuild.stages.records import LowerRecord
+from npubuild.records.lower import LowerRecord
 
 
 def _vela_stage(build_dir: Path, build: dict) -> Path | None:

@@ -13,8 +13,8 @@ import numpy as np
 from npubuild.errors import InputError
 
 if TYPE_CHECKING:
-    from npubuild.stages.records import LowerRecord
-    from npubuild.tosa.iospec import IOSpec
+    from npubuild.records.iospec import IOSpec
+    from npubuild.records.lower import LowerRecord
 
 
 def _load_input(path: str) -> np.ndarray:
@@ -69,7 +69,7 @@ def simulate_device(tflite: Path, label: str, summary: dict | None, args) -> int
     """The whole deployable on the virtual device: host operators in TensorFlow Lite Micro, ethos-u in npu-sim."""
     from npubuild.deploy.virtual_device import HostRun, VirtualDevice
     from npubuild.npusim.artifact import prepare_input
-    from npubuild.tosa.iospec import specs_from_json
+    from npubuild.records.iospec import specs_from_json
 
     device = VirtualDevice(tflite.read_bytes(), str(tflite))
     deployable = (summary or {}).get("deployable") or {}

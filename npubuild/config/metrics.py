@@ -37,6 +37,7 @@ METRICS: tuple[Metric, ...] = (
     *_m("tosa-check", "tosa_mean_error_lsb", "tosa_cosine", "accuracy", "float_accuracy", "accuracy_drop",
         "outputs", "io"),
     Metric("tosa_ops", "lower", "tosa_op_count"),
+    Metric("quantization", "quantize"),  # the recipe the quantize stage chose and each candidate's SNR vs float
     Metric("transposes", "lower"),
     *_m("vela", "vela_npu_ops", "vela_cpu_ops", "memory_mode", "pools", "npu_partitions", "host_ops", "offloads",
         "partition_graph", "memory", "layers", "top_layers", "firmware", "deployment"),

@@ -28,8 +28,8 @@ from tflite_micro.tensorflow.lite.micro.compression import model_editor as me
 from npubuild.deploy.host_ops import HostTranslation, NotDeployable, Value, emit_host_partition, write_into
 from npubuild.deploy.tflite_graph import NP_TYPES, Quant, TflGraph
 from npubuild.npusim.tflite import ETHOS_U, OFFLINE_PLAN, offline_offsets
-from npubuild.stages.records import PartitionRecord
-from npubuild.tosa.iospec import IOSpec
+from npubuild.records.iospec import IOSpec
+from npubuild.records.lower import PartitionRecord
 
 ALIGN = 16
 

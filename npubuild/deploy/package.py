@@ -18,8 +18,8 @@ from npubuild.config.schema import TargetProfile
 from npubuild.deploy.assemble import Deployable, assemble
 from npubuild.deploy.virtual_device import HostRun, VirtualDevice
 from npubuild.fileio import write_text
-from npubuild.stages.records import PartitionRecord
-from npubuild.tosa.iospec import IOSpec
+from npubuild.records.iospec import IOSpec
+from npubuild.records.lower import PartitionRecord
 
 DEPLOYABLE = "npubuild_deployable"
 

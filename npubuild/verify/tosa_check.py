@@ -6,7 +6,9 @@ FP profile: float TOSA against the float model (proves the lowering alone).
 An output whose shape differs from onnxruntime's fails the check with one line; NaN and inf must sit where
 onnxruntime has them (the rest is measured by value); bool and index outputs are measured in their own
 units. Each node's own error (verify/node_errors: the node fed the QDQ model's own inputs, the comparison
-that rounds where the hardware does) gives `tosa_node_max_error_lsb` and `tosa_worst_node`; the output
+that rounds where the hardware does) gives `tosa_node_max_error_lsb` and `tosa_worst_node`, measured where
+the spec gates it (max_tosa_node_error_lsb) or a whole-graph gate falls short (numerics.json `node_check`
+says which; the cuts are ~1.2 whole-graph runs a sample of the reference model's time); the output
 with the largest error is `tosa_worst_output`. A model with nodes no lowering takes has no model.tosa: its portable split is run
 instead, and its per-node check measures every node whose cut lowers (the others are listed unchecked).
 With an evaluation set, top-1 accuracy of the float model and of the TOSA
@@ -16,21 +18,23 @@ are kept (reference.npz) so that later stages (the FVP) compare against them.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import onnx
 
-from npubuild.build.fanout import fan_out
-from npubuild.build.plan import StageTask
+from npubuild.config.schema import Calibration, Evaluation
+from npubuild.engine.fanout import fan_out
 from npubuild.errors import InputError, StageError
 from npubuild.fileio import atomic_path, write_json
 from npubuild.frontend.data import load_arrays, sample_arrays
-from npubuild.stages.records import LowerRecord
-from npubuild.tosa.iospec import IOSpec
+from npubuild.records.iospec import IOSpec
+from npubuild.records.lower import LowerRecord
+from npubuild.report.gates import evaluate as evaluate_gates
 from npubuild.tosa.run import REFERENCE_MODEL_PER_ONNXRUNTIME, OnnxSession, run_tosa, timed_runs
 from npubuild.verify.node_errors import NodeCheck, NodeErrors, prepare_node_check
 from npubuild.verify.numerics import accuracy, compare_output
@@ -66,18 +70,44 @@ def graph_runner(io: LowerRecord, lower_dir: Path) -> GraphRunner:
     return lambda feeds: run_tosa(tosa, io, feeds)
 
 
-def run(task: StageTask) -> dict:
-    io = LowerRecord.read(task.inputs["io"])
-    lower_dir = task.inputs["io"].parent
+@dataclass(frozen=True)
+class CheckFiles:
+    """What the check reads: the lower stage's io.json (the graphs beside it), the model it is held to (the QDQ
+    model; the float one for an FP pipeline), the float model, and the user's data files."""
+
+    io: Path
+    reference: Path
+    float_model: Path
+    calibration: Path | None = None
+    evaluation: tuple[Path, Path] | None = None  # (inputs, labels)
+
+
+@dataclass(frozen=True)
+class CheckOptions:
+    """How the check samples and what else it measures."""
+
+    samples: int
+    seed: int
+    calibration: Calibration  # the random samples' range where there is no calibration file
+    passes: tuple[str, ...] = ()  # the pipeline's: the per-node check cuts the model as the lower stage sees it
+    evaluation: Evaluation | None = None
+    # when the per-node cuts run (stages/tosa_check.node_check_policy): None is always, as a gated spec
+    node_check: Mapping[str, Any] | None = None
+
+
+def check_tosa(files: CheckFiles, options: CheckOptions, numerics_out: Path, reference_out: Path | None) -> dict:
+    """The tosa-check stage's work: numerics.json (returned, the stage's metrics) and, with `reference_out`,
+    the first sample's inputs and TOSA outputs (reference.npz, which the FVP stage compares against)."""
+    io = LowerRecord.read(files.io)
+    lower_dir = files.io.parent
     runner = graph_runner(io, lower_dir)
     what = "the TOSA graph" if io.whole_graph else "the partitioned model"
-    verify = task.config["verify"]
     is_int = io.profile == "int"
-    float_model = onnx.load(str(task.inputs["float"]))
-    samples = sample_arrays(float_model, task.config["calibration"], task.inputs.get("calibration"),
-                            verify["samples"], verify["seed"])
+    float_model = onnx.load(str(files.float_model))
+    samples = sample_arrays(float_model, options.calibration.model_dump(), files.calibration, options.samples,
+                            options.seed)
     n = next(iter(samples.values())).shape[0]
-    reference, flt_runner = OnnxSession(task.inputs["reference"]), OnnxSession(task.inputs["float"])
+    reference, flt_runner = OnnxSession(files.reference), OnnxSession(files.float_model)
     names = [o.onnx_name for o in io.outputs]
     got: dict[str, list] = {k: [] for k in names}
     ref: dict[str, list] = {k: [] for k in names}
@@ -87,12 +117,16 @@ def run(task: StageTask) -> dict:
     partitioned_error = 0.0  # model.tosa's error as the partitioned check measures it (WholeGraphCheck)
     feeds_of = [{k: v[i] for k, v in samples.items()} for i in range(n)]
     refs, onnxruntime_s = timed_runs(reference, feeds_of)
-    node_check = None
-    if is_int:  # a split model's nodes too: each cut is lowered and run on its own, on the reference model
-        node_check = prepare_node_check(onnx.load(str(task.inputs["reference"])), task.config.get("passes", []),
-                                        samples)
+    policy = options.node_check if options.node_check is not None else {"gated": True}
+
+    def node_check() -> NodeCheck:  # a split model's nodes too: each cut is lowered and run on its own
+        return prepare_node_check(onnx.load(str(files.reference)), list(options.passes), samples)
+
     families = bitexact_families(lower_dir, io) if is_int and io.whole_graph and n else {}
-    runs = reference_model_runs(runner, feeds_of, io.whole_graph, families, node_check, onnxruntime_s)
+    # a gated per-node check runs in the same map as the whole graphs (the workers stay busy); else it waits
+    # for the whole-graph figures and runs only where a whole-graph gate falls short
+    runs = reference_model_runs(runner, feeds_of, io.whole_graph, families,
+                                node_check() if is_int and policy.get("gated") else None, onnxruntime_s)
     for i, feeds in enumerate(feeds_of):
         r, f, t = refs[i], flt_runner(feeds), runs.samples[i]
         bad = shape_mismatch(io.outputs, t, r, what)
@@ -130,8 +164,19 @@ def run(task: StageTask) -> dict:
         "outputs": per_output,
         "io": io_summary(io),
     }
-    if runs.nodes is not None:
-        nodes = runs.nodes
+    if files.evaluation is not None and options.evaluation is not None:
+        summary.update(evaluate(options.evaluation, files.evaluation, io, runner, float_model, flt_runner))
+    nodes = runs.nodes
+    if nodes is None and is_int:
+        short = [g["name"] for g in evaluate_gates(policy.get("whole_graph_expect") or {}, summary) if not g["ok"]]
+        summary["node_check"] = f"run: {', '.join(short)} fell short" if short else \
+            "not run: no max_tosa_node_error_lsb gate and every whole-graph gate held"
+        if short:
+            check = node_check()
+            nodes = check.run_all(NODE_CHECK_RUNS * n * REFERENCE_MODEL_PER_ONNXRUNTIME * onnxruntime_s)
+    elif is_int:
+        summary["node_check"] = "run: max_tosa_node_error_lsb gates it"
+    if nodes is not None:
         worst = nodes.worst
         summary["tosa_node_max_error_lsb"] = worst.max_error_lsb if worst else None
         summary["tosa_worst_node"] = worst.to_json() if worst else None
@@ -142,11 +187,9 @@ def run(task: StageTask) -> dict:
         whole = WholeGraphCheck(first_raw, partitioned_error) if io.whole_graph else None
         checks = partitioned_numerics(lower_dir, io, samples, reference, whole, runs.first_runs)
         summary["partitioned"] = {fam: c.to_json() for fam, c in checks.items()}
-    if task.inputs.get("eval_inputs") is not None:
-        summary.update(evaluate(task, io, runner, float_model, flt_runner))
-    write_json(task.outputs["numerics"], summary)
-    if "reference" in task.outputs:
-        with atomic_path(task.outputs["reference"]) as tmp, open(tmp, "wb") as fh:
+    write_json(numerics_out, summary)
+    if reference_out is not None:
+        with atomic_path(reference_out) as tmp, open(tmp, "wb") as fh:
             np.savez(fh, **{f"input_{k}": v[0] for k, v in samples.items()},
                      **{f"output_{k}": v for k, v in first_raw.items()})
     return summary
@@ -170,7 +213,7 @@ def reference_model_runs(runner: GraphRunner, feeds_of: list[dict[str, np.ndarra
                          onnxruntime_s: float) -> ReferenceRuns:
     """Every reference-model run of the check, made at once: model.tosa on each sample, each family the lower
     stage found bit-identical to it (`families`) on the first (partitioned_numerics), and the per-node cuts,
-    in that order, over worker processes (build/fanout.py) when onnxruntime's time on the QDQ model
+    in that order, over worker processes (engine/fanout.py) when onnxruntime's time on the QDQ model
     (`onnxruntime_s` a sample) says they are worth it. An error is the first run's in that order, as the runs one by one give
     it. A portable split runs host partitions on onnxruntime, whose threads a fork does not carry: here, and
     its per-node cuts (pure TOSA work) after it, over the workers."""
@@ -203,23 +246,24 @@ def output_lsb_error(spec: IOSpec, ref: np.ndarray, got: np.ndarray) -> np.ndarr
     return np.where(both, np.abs(r - g), 0.0)
 
 
-def evaluate(task: StageTask, io: LowerRecord, runner: GraphRunner, float_model: onnx.ModelProto,
-             flt_runner: OnnxSession) -> dict:
-    """Top-1 accuracy on the evaluation set: the float model, and the TOSA graph the NPU will run."""
-    cfg = task.config["evaluation"]
-    inputs = load_arrays(task.inputs["eval_inputs"], float_model)
+def evaluate(evaluation: Evaluation, files: tuple[Path, Path], io: LowerRecord, runner: GraphRunner,
+             float_model: onnx.ModelProto, flt_runner: OnnxSession) -> dict:
+    """Top-1 accuracy on the evaluation set (`files`: inputs, labels): the float model, and the TOSA graph the
+    NPU will run."""
+    inputs_path, labels_path = files
+    inputs = load_arrays(inputs_path, float_model)
     try:
-        labels = np.load(task.inputs["eval_labels"], allow_pickle=False)
+        labels = np.load(labels_path, allow_pickle=False)
     except (OSError, ValueError) as exc:
-        raise InputError(f"cannot load labels: {exc}", str(task.inputs["eval_labels"])) from None
+        raise InputError(f"cannot load labels: {exc}", str(labels_path)) from None
     n = next(iter(inputs.values())).shape[0]
     if labels.ndim != 1 or labels.shape[0] != n or not np.issubdtype(labels.dtype, np.integer):
         raise InputError(f"labels must be {n} integers (one per input sample), got {labels.dtype} "
-                         f"{list(labels.shape)}", str(task.inputs["eval_labels"]))
-    if cfg.get("samples"):
-        n = min(n, cfg["samples"])
+                         f"{list(labels.shape)}", str(labels_path))
+    if evaluation.samples:
+        n = min(n, evaluation.samples)
     names = [o.onnx_name for o in io.outputs]
-    out = cfg.get("output") or names[0]
+    out = evaluation.output or names[0]
     if out not in names:
         raise InputError(f"evaluation output '{out}' is not a graph output (outputs: {', '.join(names)})")
     spec = io.outputs[names.index(out)]

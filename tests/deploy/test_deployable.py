@@ -19,7 +19,7 @@ from test_host_fallback import _foo_model
 from npubuild.deploy.virtual_device import HostRun, VirtualDevice
 from npubuild.models.zoo import alexnet_lrn
 from npubuild.npusim.tflite import load_tflite, npu_operators
-from npubuild.stages.records import LowerRecord
+from npubuild.records.lower import LowerRecord
 
 TARGETS = "[ethos-u55-128, {extends: ethos-u85-256, name: u85-raw, vela: {output_format: raw}}]"
 
