@@ -95,6 +95,14 @@ class VelaMirror(Strict):
     memory_mode: str
 
 
+class HostCpu(Strict):
+    """The CPU beside the NPU, which runs the host partitions: a Cortex-M runs them in TensorFlow Lite Micro (TFLite
+    builtin operators only: the deployable .tflite), a Cortex-A running Linux in onnxruntime (any ONNX operator)."""
+
+    kind: Literal["cortex-m", "cortex-a"] = "cortex-m"
+    cpu: str = Field(default="cortex-m55", description="e.g. cortex-m55, cortex-m85, cortex-a55")
+
+
 class TargetProfile(Strict):
     """An accelerator plus the system it sits in: clock, memories and their use."""
 
@@ -106,6 +114,7 @@ class TargetProfile(Strict):
     pools: dict[Name, MemoryPool]
     placement: Placement
     vela: VelaOptions = VelaOptions()
+    host: HostCpu = Field(default_factory=HostCpu, description="The CPU that runs host partitions")
     optimise: Literal["performance", "size"] | None = Field(
         default=None, description="What the build minimises: inference time (default) or SRAM and off-chip memory "
         "(Vela's --optimise Size, and npubuild's forms chosen by memory); a spec's optimise overrides it")
