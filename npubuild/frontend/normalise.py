@@ -29,6 +29,8 @@ if TYPE_CHECKING:
 NORMALISE = ["float32_compute", "unroll_recurrent", "castlike_to_cast", "fold_constants", "exporter_idioms",
              "fold_batchnorm", "fold_pad_into_conv", "quantiser_forms", "eliminate_identity", "eliminate_dropout",
              "remove_unused", "topological_sort"]
+CONTROL_FLOW = frozenset({"If", "Loop"})
+CONTROL_FLOW_PASSES = ["fold_constants", "fold_control_flow"]
 MIN_OPSET = 13
 MAX_FOLD_ROUNDS = 8
 
@@ -80,6 +82,23 @@ def set_static_shapes(model: onnx.ModelProto, shapes: dict[str, list[int]], wher
                     label = d.dim_param or "?"
                     raise InputError(f"input '{vi.name}' has dynamic dim '{label}' at axis {axis}: "
                                      f"set input_shapes for it in the spec", where)
+    _forget_symbolic_dims(model.graph)
+
+
+def _forget_symbolic_dims(graph: onnx.GraphProto) -> None:
+    """Drop the exporter's symbolic dims ('batch', 'p2o.DynamicDimension.3') from the declared outputs and
+    value_info of the graph and its subgraphs: with the inputs fixed, shape inference computes them, but it
+    keeps a declared name over a computed size in a subgraph's outputs (Silero VAD's branches stayed
+    [batch, 1] where the input made them [1, 1])."""
+    for vi in [*graph.output, *graph.value_info]:
+        if vi.type.HasField("tensor_type") and vi.type.tensor_type.HasField("shape"):
+            for d in vi.type.tensor_type.shape.dim:
+                if d.HasField("dim_param"):
+                    d.Clear()
+    for node in graph.node:
+        for a in node.attribute:
+            for sub in ([a.g] if a.type == onnx.AttributeProto.GRAPH else list(a.graphs)):
+                _forget_symbolic_dims(sub)
 
 
 def normalise(model: onnx.ModelProto, shapes: dict[str, list[int]], where: str) -> onnx.ModelProto:
@@ -99,6 +118,7 @@ def normalise(model: onnx.ModelProto, shapes: dict[str, list[int]], where: str) 
             raise InputError(f"opset {opset} could not be converted to {MIN_OPSET}: {exc}", where) from None
     set_static_shapes(model, shapes, where)
     model = _infer(model, where)
+    model = fold_control_flow(model, where)
     for _ in range(MAX_FOLD_ROUNDS):  # folding makes more shapes static, which lets more Shape chains fold
         before = len(model.graph.node)
         ir_model = _step("reading the model into onnx-ir", ir.serde.deserialize_model, model, where=where)
@@ -112,6 +132,32 @@ def normalise(model: onnx.ModelProto, shapes: dict[str, list[int]], where: str) 
     model = infer_custom_shapes(model)
     check_onnxruntime_runs(model, where)
     return model
+
+
+def fold_control_flow(model: onnx.ModelProto, where: str) -> onnx.ModelProto:
+    """If and Loop nodes that constants and static shapes decide, replaced by the path they take, before any
+    other pass looks at the graph (frontend/passes/control_flow.py); then each data-dependent If with cheap
+    branches of one shape as both branches and a select (if_select.py). Constants are folded and shapes
+    inferred again after each round: a folded Pad width or an inlined branch makes the shapes behind the next
+    condition static (Silero VAD's). Each round removes a control-flow node or ends the loop."""
+    while any(n.op_type in CONTROL_FLOW for n in model.graph.node):
+        ir_model = _step("reading the model into onnx-ir", ir.serde.deserialize_model, model, where=where)
+        changed = _step("folding control flow", _run_modified, ir_model, CONTROL_FLOW_PASSES, where=where)
+        if changed is None:  # nothing static left: the data-dependent Ifs that can become a select
+            changed = _step("If to select", _run_modified, ir_model, ["if_select"], where=where)
+        if changed is None:
+            break
+        model = ir.serde.serialize_model(changed)
+        del model.graph.value_info[:]
+        model = _infer(model, where)
+    return model
+
+
+def _run_modified(model: ir.Model, names: list[str]) -> ir.Model | None:
+    """The model after the passes, or None if they changed nothing."""
+    from npubuild.frontend.passes import run_passes_modified
+
+    return run_passes_modified(model, names)
 
 
 def _infer(model: onnx.ModelProto, where: str) -> onnx.ModelProto:

@@ -65,3 +65,12 @@ def run_passes(model: ir.Model, names: list[str]) -> ir.Model:
     load_all()
     manager = ir.passes.PassManager([PASSES[n]() for n in names])
     return manager(model).model
+
+
+def run_passes_modified(model: ir.Model, names: list[str]) -> ir.Model | None:
+    """The passes `names` run on `model`; None if none of them changed it."""
+    import onnx_ir as ir
+
+    load_all()
+    result = ir.passes.PassManager([PASSES[n]() for n in names])(model)
+    return result.model if result.modified else None
