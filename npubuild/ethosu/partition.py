@@ -67,6 +67,38 @@ def place_nodes(model: onnx.ModelProto, by_node: dict[str, list[TosaOpInfo]], gr
     return out
 
 
+HOST_VALUE_RULE = "host-value"
+
+
+def follow_host_values(model: onnx.ModelProto, placed: dict[str, Placement]) -> None:
+    """An NPU node that reads a bool or integer tensor a host node computes goes to the host as well: an NPU
+    partition takes int8 activations at its boundary (a float tensor quantized by its Q/DQ pair), and the
+    lowering has no int8 form of a bool or an index (a Reshape or a Where of a comparison's result, when the
+    comparison is on the host: U55/U65 run no GREATER). Repeated until nothing moves."""
+    types = {vi.name: vi.type.tensor_type.elem_type for vi in [*model.graph.value_info, *model.graph.input]
+             if vi.type.HasField("tensor_type")}
+    producer = {o: n for n in model.graph.node for o in n.output}
+    floats = {onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16, onnx.TensorProto.DOUBLE}
+    moved = True
+    while moved:
+        moved = False
+        for n in model.graph.node:
+            p = placed.get(n.name)
+            if p is None or p.kind != "npu":
+                continue
+            for v in node_inputs(n):
+                src = producer.get(v)
+                if src is None or src.op_type in QDQ or types.get(v, onnx.TensorProto.FLOAT) in floats:
+                    continue
+                if placed.get(src.name) is not None and placed[src.name].kind == "cpu":
+                    kind = onnx.TensorProto.DataType.Name(types[v]).lower()
+                    placed[n.name] = Placement(n.name, n.op_type, "cpu", p.tosa_ops, HOST_VALUE_RULE,
+                                               f"reads '{v}' ({kind}), which node '{src.name}' computes on the host:"
+                                               " an NPU partition takes int8 activations only")
+                    moved = True
+                    break
+
+
 def _label_nodes(model: onnx.ModelProto, placed: dict[str, Placement], host: Collection[str] = ()) -> dict[str, str]:
     """npu/host for every node, Q/DQ included (they follow their input's producer, else their consumers: the
     host if any of them is there; a Q/DQ node the lowering itself refused, in `host`, runs on the host)."""
@@ -241,6 +273,7 @@ def plan_partitions(model: onnx.ModelProto, lowered: LoweredGraph | None, fam: s
                 raise StageError(f"cannot partition for {fam}: {exc}; and {verdict[1]}") from None
             by_node = {n: [] for n in lowered.node_ops}
     placed = place_nodes(model, by_node, graph, fam, host)
+    follow_host_values(model, placed)
     if not host and all(p.kind == "npu" for p in placed.values()):
         return PartitionPlan(placed, [Partition(0, "npu", list(model.graph.node), [], [])])
     labels = _label_nodes(model, placed, set(host))

@@ -7,6 +7,7 @@ as every stage does), so a crash inside onnx's C++ is one error for this model, 
 
 from __future__ import annotations
 
+import traceback
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -14,19 +15,22 @@ import onnx
 import onnx_ir as ir
 from google.protobuf.message import DecodeError
 
-from npubuild.errors import InputError, NpubuildError, StageError, is_out_of_memory
+from npubuild.errors import InputError, InternalError, NpubuildError, StageError, is_out_of_memory, one_line
 from npubuild.ethosu.early_fit import MemoryBounds, early_failure, lower_bounds
 from npubuild.fileio import write_bytes
+from npubuild.frontend import input_shapes
 from npubuild.frontend.external_data import fold_external_data
 from npubuild.frontend.host_runnable import check_onnxruntime_runs, check_runnable, infer_custom_shapes
-from npubuild.frontend.model_checks import check_model, check_scales
+from npubuild.frontend.input_shapes import InputShape
+from npubuild.frontend.model_checks import check_finite, check_model, check_scales, check_value_types
 from npubuild.frontend.passes import run_passes
 from npubuild.frontend.qoperator import to_qdq
+from npubuild.frontend.tflite_custom import rewrite_tflite_custom_ops
 
 if TYPE_CHECKING:
     from npubuild.build.plan import StageTask
 
-NORMALISE = ["float32_compute", "unroll_recurrent", "castlike_to_cast", "fold_constants", "exporter_idioms",
+NORMALISE = ["infinite_bounds", "float32_compute", "unroll_recurrent", "castlike_to_cast", "fold_constants", "exporter_idioms",
              "fold_batchnorm", "fold_pad_into_conv", "quantiser_forms", "eliminate_identity", "eliminate_dropout",
              "remove_unused", "topological_sort"]
 CONTROL_FLOW = frozenset({"If", "Loop"})
@@ -53,36 +57,13 @@ def load_onnx(path: Path) -> onnx.ModelProto:
     return model
 
 
-def set_static_shapes(model: onnx.ModelProto, shapes: dict[str, list[int]], where: str) -> None:
-    """Fix every graph input's dims: from the spec, else a dynamic batch dim becomes 1."""
-    inits = {i.name for i in model.graph.initializer}
-    inputs = [i for i in model.graph.input if i.name not in inits]
-    names = {i.name for i in inputs}
-    for name in shapes:
-        if name not in names:
-            raise InputError(f"input_shapes names '{name}', but the model's inputs are {sorted(names)}", where)
-    for vi in inputs:
-        dims = vi.type.tensor_type.shape.dim
-        given = shapes.get(vi.name)
-        if given is not None:
-            if len(given) != len(dims):
-                raise InputError(f"input '{vi.name}' has rank {len(dims)}, input_shapes gives {len(given)} dims", where)
-            for d, v in zip(dims, given, strict=True):
-                if d.HasField("dim_value") and d.dim_value != v:
-                    raise InputError(f"input '{vi.name}': dim {d.dim_value} is fixed in the model, spec says {v}", where)
-                d.Clear()
-                d.dim_value = v
-            continue
-        for axis, d in enumerate(dims):
-            if not d.HasField("dim_value") or d.dim_value <= 0:
-                if axis == 0:
-                    d.Clear()
-                    d.dim_value = 1
-                else:
-                    label = d.dim_param or "?"
-                    raise InputError(f"input '{vi.name}' has dynamic dim '{label}' at axis {axis}: "
-                                     f"set input_shapes for it in the spec", where)
+def set_static_shapes(model: onnx.ModelProto, shapes: dict[str, list[int]], where: str) -> list[InputShape]:
+    """Fix every graph input's dims (frontend/input_shapes.py: the spec's input_shapes, a named dim the same
+    size throughout, an open batch dim 1); the exporter's symbolic dims elsewhere are dropped for inference."""
+    resolved = input_shapes.resolve(model, shapes, where)
+    input_shapes.apply(model, resolved)
     _forget_symbolic_dims(model.graph)
+    return resolved
 
 
 def _forget_symbolic_dims(graph: onnx.GraphProto) -> None:
@@ -93,7 +74,7 @@ def _forget_symbolic_dims(graph: onnx.GraphProto) -> None:
     for vi in [*graph.output, *graph.value_info]:
         if vi.type.HasField("tensor_type") and vi.type.tensor_type.HasField("shape"):
             for d in vi.type.tensor_type.shape.dim:
-                if d.HasField("dim_param"):
+                if d.HasField("dim_param") or d.HasField("dim_value") and d.dim_value <= 0:
                     d.Clear()
     for node in graph.node:
         for a in node.attribute:
@@ -103,6 +84,7 @@ def _forget_symbolic_dims(graph: onnx.GraphProto) -> None:
 
 def normalise(model: onnx.ModelProto, shapes: dict[str, list[int]], where: str) -> onnx.ModelProto:
     model = _step("QOperator -> QDQ rewrite", to_qdq, model, where=where)  # the same QDQ form as onnxruntime's
+    model = _step("TFLite custom ops", rewrite_tflite_custom_ops, model, where=where)  # before the checker
     check_scales(model.graph, where)
     try:
         onnx.checker.check_model(model)
@@ -118,6 +100,7 @@ def normalise(model: onnx.ModelProto, shapes: dict[str, list[int]], where: str) 
             raise InputError(f"opset {opset} could not be converted to {MIN_OPSET}: {exc}", where) from None
     set_static_shapes(model, shapes, where)
     model = _infer(model, where)
+    check_value_types(model, where)
     model = fold_control_flow(model, where)
     for _ in range(MAX_FOLD_ROUNDS):  # folding makes more shapes static, which lets more Shape chains fold
         before = len(model.graph.node)
@@ -129,6 +112,7 @@ def normalise(model: onnx.ModelProto, shapes: dict[str, list[int]], where: str) 
         model = _infer(model, where)
         if len(model.graph.node) == before:
             break
+    check_finite(model, where)
     model = infer_custom_shapes(model)
     check_onnxruntime_runs(model, where)
     return model
@@ -171,8 +155,7 @@ def _infer(model: onnx.ModelProto, where: str) -> onnx.ModelProto:
 
 
 def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {text[0] if text else ''}".rstrip(": ")
+    return one_line(f"{type(exc).__name__}: {str(exc).strip()}".rstrip(": "))
 
 
 def _root_cause(exc: BaseException) -> BaseException:
@@ -196,8 +179,9 @@ def _node_in_traceback(exc: BaseException) -> str:
 
 
 def _step(what: str, fn, *args, where: str):
-    """One import step on the user's model: an exception from it is a problem of the model (exit 2), one
-    line naming the node it was working on where that is known."""
+    """One of npubuild's own import steps (a rewrite, a pass, reading into onnx-ir) on a model the checks
+    before it accepted: an exception from it is npubuild's fault, never the user's (InternalError, exit 1,
+    kind 'internal'), one line naming the node it was working on where that is known."""
     try:
         return fn(*args)
     except NpubuildError:
@@ -208,7 +192,8 @@ def _step(what: str, fn, *args, where: str):
         if is_out_of_memory(exc):  # the machine's or the stage's memory limit, not the model's fault
             raise MemoryError from None
         root = _root_cause(exc)
-        raise InputError(f"{_node_in_traceback(root)}{what} failed: {_first_line(root)}", where) from None
+        raise InternalError(f"{_node_in_traceback(root)}{what} failed: {_first_line(root)}", where,
+                            detail=traceback.format_exc()) from None
 
 
 def import_model(src: Path, input_shapes: dict[str, list[int]], out: Path) -> tuple[dict, MemoryBounds]:

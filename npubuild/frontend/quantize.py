@@ -19,7 +19,7 @@ from onnx import numpy_helper
 from onnxruntime import quantization as ortq
 
 from npubuild.build.plan import StageTask
-from npubuild.errors import InputError, NpubuildError, StageError, is_out_of_memory
+from npubuild.errors import InputError, NpubuildError, StageError, is_out_of_memory, one_line
 from npubuild.fileio import write_bytes
 from npubuild.frontend.calibration import entropy_options
 from npubuild.frontend.data import calibration_arrays, graph_inputs
@@ -93,8 +93,7 @@ def _clean(text: str) -> str:
     for pattern in ORT_NOISE:
         text = pattern.sub("", text)
     lines = [ln.strip() for ln in text.strip().splitlines() if ln.strip()]
-    line = lines[0] if lines else ""
-    return line if len(line) <= 300 else line[:297] + "..."
+    return one_line(lines[0] if lines else "", 320)
 
 
 def quantisation_error(exc: Exception, float_model: Path, arrays: dict[str, np.ndarray]) -> NpubuildError:

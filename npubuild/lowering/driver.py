@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import traceback
 from dataclasses import dataclass
 from typing import Literal
 
 import onnx
 
-from npubuild.errors import UncomputedOutputError, UnsupportedOpError
+from npubuild.errors import InternalError, NpubuildError, UncomputedOutputError, UnsupportedOpError, one_line
 from npubuild.frontend.concat_order import copied_inputs_first
 from npubuild.lowering import load_all
 from npubuild.lowering.context import LoweringContext, TTensor
@@ -68,6 +69,13 @@ def lower_model(model: onnx.ModelProto, profile: Literal["int", "fp"], family: s
             fn(ctx)
         except UnrepresentableScale as exc:
             raise ctx.unsupported(str(exc)) from None
+        except NpubuildError:
+            raise
+        except Exception as exc:  # a bug in this op's lowering: ours, named by its node, never the model's
+            if isinstance(exc, MemoryError):
+                raise
+            raise InternalError(f"node '{node.name}' ({node.op_type}): its lowering failed: "
+                                f"{one_line(f'{type(exc).__name__}: {exc}')}", detail=traceback.format_exc()) from None
         ctx.current = None
     for name in ctx.graph_outputs:
         v = ctx.values.get(name)

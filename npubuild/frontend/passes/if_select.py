@@ -89,9 +89,12 @@ def why_not_select(node: ir.Node) -> str | None:
 
 
 def _scalar_condition(graph: ir.Graph, node: ir.Node, namer: _Namer) -> ir.Value:
-    """The condition as a rank-0 bool (Where broadcasts it to every output's shape unchanged)."""
+    """The condition in a shape Where broadcasts to every output's shape unchanged: as it is if its rank is at
+    most theirs (a [1] or [1, 1] comparison result), else a rank-0 bool."""
     cond = node.inputs[0]
-    if cond.shape is not None and len(cond.shape) == 0:
+    ranks = [len(o.shape) for o in node.outputs if o.shape is not None]
+    if cond.shape is not None and (len(cond.shape) == 0 or len(ranks) == len(node.outputs)
+                                   and len(cond.shape) <= min(ranks)):
         return cond
     empty = ir.Value(name=namer.claim(f"{node.name}_cond_shape", namer.values, node.name or "If"),
                      const_value=ir.tensor([], dtype=ir.DataType.INT64), shape=ir.Shape([0]),
