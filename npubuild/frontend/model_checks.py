@@ -194,8 +194,8 @@ def check_scales(graph: onnx.GraphProto, where: str) -> None:
                                      f"[{MIN_SCALE:g}, {MAX_ABS_WEIGHT:g}]", where)
 
 
-NO_TENSOR_TYPES = frozenset({TensorProto.INT2, TensorProto.UINT2, TensorProto.INT4, TensorProto.UINT4,
-                             TensorProto.FLOAT4E2M1, TensorProto.FLOAT8E8M0})  # no numpy type: the quantiser fails
+NO_TENSOR_TYPES = frozenset(getattr(TensorProto, t) for t in ("INT2", "UINT2", "INT4", "UINT4", "FLOAT4E2M1", "FLOAT8E8M0")
+                            if hasattr(TensorProto, t))  # no numpy type: the quantiser fails (older onnx: no such type)
 
 
 def check_value_types(model: onnx.ModelProto, where: str) -> None:
