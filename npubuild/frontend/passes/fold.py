@@ -130,7 +130,7 @@ def _localise_small_constants(graph: ir.Graph) -> bool:
 
 @register("fold_batchnorm")
 class FoldBatchNorm(ir.passes.InPlacePass):
-    """Fold an inference BatchNormalization into the Conv or Gemm that alone feeds it."""
+    """Fold an inference BatchNormalization into the Conv, ConvTranspose or Gemm that alone feeds it."""
 
     def call(self, model: ir.Model) -> ir.passes.PassResult:
         modified = False
@@ -138,7 +138,7 @@ class FoldBatchNorm(ir.passes.InPlacePass):
             if bn.op_type != "BatchNormalization" or len(bn.outputs) != 1 and any(o.uses() for o in bn.outputs[1:]):
                 continue
             prod = bn.inputs[0].producer()
-            if prod is None or prod.op_type not in ("Conv", "Gemm") or len(bn.inputs[0].uses()) != 1:
+            if prod is None or prod.op_type not in ("Conv", "ConvTranspose", "Gemm") or len(bn.inputs[0].uses()) != 1:
                 continue
             if bn.inputs[0].is_graph_output() or bn.outputs[0].is_graph_output():
                 continue
@@ -159,6 +159,11 @@ class FoldBatchNorm(ir.passes.InPlacePass):
             bias = np.zeros(n_out) if bias is None else np.broadcast_to(bias.astype(np.float64), (n_out,))
             if prod.op_type == "Conv":
                 new_w = w.astype(np.float64) * k.reshape(-1, *([1] * (w.ndim - 1)))
+            elif prod.op_type == "ConvTranspose":  # weights [C_in, C_out / group, k...]: output channel g * n + j
+                group = prod.attributes.get_int("group", 1)
+                per_in, per_out = w.shape[0] // group, w.shape[1]
+                scale = k.reshape(group, 1, per_out).repeat(per_in, axis=1).reshape(w.shape[0], per_out)
+                new_w = w.astype(np.float64) * scale.reshape(*scale.shape, *([1] * (w.ndim - 2)))
             elif prod.attributes.get_int("transB", 0):
                 new_w = w.astype(np.float64) * k[:, None]
             else:

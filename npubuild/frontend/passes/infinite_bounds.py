@@ -17,7 +17,7 @@ import numpy as np
 import onnx_ir as ir
 
 from npubuild.frontend.passes import register
-from npubuild.frontend.passes._rewrite import replace_value
+from npubuild.frontend.passes._rewrite import broadcasts_into, replace_value
 
 BOUND_OPS = frozenset({"Min", "Max", "Clip"})
 
@@ -34,19 +34,6 @@ def identity_bound(op_type: str, index: int, values: np.ndarray) -> bool:
     return False
 
 
-def _broadcasts_into(small: ir.Value, big: ir.Value | None) -> bool:
-    """Whether broadcasting `small` against `big` leaves `big`'s shape as it is."""
-    if small.const_value is not None and small.const_value.size == 1 and (small.shape is None or len(small.shape) <= (
-            len(big.shape) if big is not None and big.shape is not None else 0)):
-        return True
-    if big is None or big.shape is None or small.shape is None or len(small.shape) > len(big.shape):
-        return False
-    for s, b in zip(reversed(list(small.shape)), reversed(list(big.shape)), strict=False):
-        if s != 1 and s != b:
-            return False
-    return True
-
-
 def _drop_bounds(graph: ir.Graph, node: ir.Node) -> bool:
     infinite = [i for i, v in enumerate(node.inputs) if v is not None and v.const_value is not None
                 and identity_bound(node.op_type, i, v.const_value.numpy())]
@@ -54,7 +41,7 @@ def _drop_bounds(graph: ir.Graph, node: ir.Node) -> bool:
     if not infinite or node.op_type == "Clip" and 0 in infinite:
         return False
     kept = [v for i, v in enumerate(node.inputs) if i not in infinite and v is not None]
-    if not kept or not all(_broadcasts_into(node.inputs[i], data if node.op_type == "Clip" else kept[0])
+    if not kept or not all(broadcasts_into(node.inputs[i], data if node.op_type == "Clip" else kept[0])
                            for i in infinite):
         return False
     if node.op_type == "Clip":
