@@ -47,6 +47,16 @@ class Partition:
     outputs: list[str] = field(default_factory=list)
 
 
+def held_nodes(node: onnx.NodeProto) -> int:
+    """The node and every node of its subgraphs (an If's branches, a Loop's body), recursively: the work it
+    stands for when it runs whole on the host."""
+    count = 1
+    for a in node.attribute:
+        for sub in ([a.g] if a.type == onnx.AttributeProto.GRAPH else list(a.graphs)):
+            count += sum(held_nodes(n) for n in sub.node)
+    return count
+
+
 def place_nodes(model: onnx.ModelProto, by_node: dict[str, list[TosaOpInfo]], graph: TosaGraphInfo | None,
                 fam: str | None, host: Mapping[str, HostNode] | None = None) -> dict[str, Placement]:
     """Where each compute node runs on this family, and the rule that decided a CPU placement: a node with no
@@ -58,7 +68,7 @@ def place_nodes(model: onnx.ModelProto, by_node: dict[str, list[TosaOpInfo]], gr
             continue
         if n.name in host:
             h = host[n.name]
-            out[n.name] = Placement(n.name, n.op_type, "cpu", [], h.rule, h.reason)
+            out[n.name] = Placement(n.name, n.op_type, "cpu", [], h.rule, h.reason, nodes=held_nodes(n))
             continue
         ops = by_node.get(n.name, [])
         verdict = check_node(ops, graph, fam) if fam is not None and graph is not None else None

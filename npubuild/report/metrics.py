@@ -7,6 +7,7 @@ from npubuild.config.accelerator import Accelerator
 from npubuild.config.metrics import METRICS
 from npubuild.fileio import read_json, write_json
 from npubuild.report.gates import evaluate
+from npubuild.report.status import host_warning
 from npubuild.stages.records import PartitionedCheck
 
 
@@ -35,6 +36,7 @@ def run(task: StageTask) -> dict:
     records = {stage: read_json(path) for stage, path in task.inputs.items()}
     metrics = build_metrics(records)
     gates = evaluate(task.config["expect"], metrics)
-    entry = {"metrics": metrics, "gates": gates}
+    warning = host_warning(metrics, task.config.get("warn_below_npu_offload"))
+    entry = {"metrics": metrics, "gates": gates, "warnings": [warning] if warning else []}
     write_json(task.outputs["entry"], entry)
     return entry

@@ -26,6 +26,7 @@ from npubuild.report.html import write_html
 from npubuild.report.metrics import build_metrics
 from npubuild.report.numerics import numerics_markdown, stored_layers
 from npubuild.report.offloads import placement_markdown
+from npubuild.report.status import Status, placement_status
 from npubuild.stages.records import LowerRecord
 
 
@@ -38,6 +39,7 @@ def build_entries(plan: BuildPlan, run_id: str) -> list[dict]:
         error_kinds: set[str] = set()
         entry_metrics: dict = {}
         gates: list[dict] = []
+        warnings: list[str] = []
         records: dict[str, dict] = {}
         for stage, name in chain.items():
             task = plan.tasks[name]
@@ -48,6 +50,7 @@ def build_entries(plan: BuildPlan, run_id: str) -> list[dict]:
                                  "from_cache": bool(rec.get("from_cache"))}
                 if stage == "report":
                     entry_metrics, gates = rec["metrics"]["metrics"], rec["metrics"]["gates"]
+                    warnings = list(rec["metrics"].get("warnings") or [])
                 if isinstance(rec.get("metrics"), dict) and rec["metrics"].get("skipped") is True:
                     stages[stage].update(status="skipped", reason=rec["metrics"].get("reason", ""))
                 continue
@@ -63,24 +66,25 @@ def build_entries(plan: BuildPlan, run_id: str) -> list[dict]:
         for stage, reason in plan.skipped.get(b.id, {}).items():  # decided when the plan was made
             stages[stage] = {"status": "skipped", "seconds": None, "cached": False, "reason": reason}
         if errors:
-            status = "failed"
+            status = Status.FAILED
         elif any(s["status"] == "skipped" for k, s in stages.items() if k != "fvp" and "reason" not in s):
-            status = "skipped"
+            status = Status.SKIPPED
         elif any(not g["ok"] for g in gates):
-            status = "failed"
+            status = Status.FAILED
         else:
-            status = "passed"
+            status = placement_status(entry_metrics)
         entries.append({
             "spec": b.spec.name,
             "model": b.model_name,
             "target": b.target.name,
             "accelerator": b.target.accelerator,
-            "status": status,
+            "status": str(status),
             "stages": stages,
             "metrics": entry_metrics,
             "gates": gates,
             "errors": errors,
             "error_kinds": sorted(error_kinds),
+            "warnings": warnings,
             "artifacts": artifacts(plan, b.id, records),
             "clock_mhz": b.target.clock_mhz,
             "inputs": build_inputs(plan, b),
@@ -226,6 +230,10 @@ def render_markdown(report: dict) -> str:
     lines += numerics_markdown(builds)
     failures = [(b, g) for b in builds for g in b["gates"] if not g["ok"]]
     errors = [(b, e) for b in builds for e in b["errors"]]
+    warned = [(b, w) for b in builds for w in b.get("warnings") or []]
+    if warned:
+        lines += ["", "## Warnings", ""]
+        lines += [f"- {b['spec']}/{b['model']}/{b['target']}: {w}" for b, w in warned]
     if failures or errors:
         lines += ["", "## Problems", ""]
         for b, g in failures:

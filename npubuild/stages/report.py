@@ -10,6 +10,7 @@ from npubuild.config.load import Build
 def plan(b: Build, chain: Chain) -> TaskSpec:
     return TaskSpec(f"{b.spec.name}/{b.model_name}/{b.target.name}",
                     {"build": b.id, "expect": b.spec.expect.model_dump(),
+                     "warn_below_npu_offload": b.pipeline.warn_below_npu_offload,
                      "stages": {s: t.key for s, t in chain.items()}},
                     {s: t.outputs["record"] for s, t in chain.items()}, {"entry": "entry.json"}, tuple(chain))
 

@@ -25,11 +25,19 @@ from __future__ import annotations
 import numpy as np
 import onnx_ir as ir
 
-from npubuild.frontend.passes import register
+from npubuild.frontend.passes import HOST_REASON, register
 from npubuild.frontend.passes.fold import MAX_FOLDED_ELEMENTS, NON_DETERMINISTIC, evaluate_node
 
 CONTROL_FLOW_OPS = frozenset({"If", "Loop", "Scan"})
-MAX_UNROLLED_NODES = 2500  # a bigger unrolled Loop is refused by the quantiser anyway (frontend/quantize.py)
+MAX_UNROLLED_NODES = 2500
+def mark_host(node: ir.Node, reason: str) -> bool:
+    """Say, on the node itself, why it stays control flow: the lowering names it as the node's host reason.
+    Whether that changed the node (a pass reports a change once, so the import's rounds end)."""
+    text = f"{HOST_REASON}{reason}"
+    if node.doc_string == text:
+        return False
+    node.doc_string = text
+    return True  # a bigger unrolled Loop is refused by the quantiser anyway (frontend/quantize.py)
 
 
 def _has_subgraph(node: ir.Node) -> bool:
@@ -123,7 +131,7 @@ def _condition(values: StaticValues, cond: ir.Value | None) -> bool | None:
     return bool(arr.reshape(-1)[0])
 
 
-class _Namer:
+class Namer:
     """Unique names for the nodes and values moved out of a subgraph into the graph around it."""
 
     def __init__(self, graph: ir.Graph):
@@ -150,7 +158,7 @@ class _Namer:
                 out.name = self.claim(out.name, self.values, prefix)
 
 
-def _splice(graph: ir.Graph, anchor: ir.Node, body: ir.Graph, namer: _Namer, prefix: str) -> list[ir.Value]:
+def splice(graph: ir.Graph, anchor: ir.Node, body: ir.Graph, namer: Namer, prefix: str) -> list[ir.Value]:
     """Move `body`'s nodes and initializers into `graph` before `anchor`; `body`'s outputs, freed to be used."""
     outputs = list(body.outputs)
     body.outputs.clear()
@@ -165,7 +173,7 @@ def _splice(graph: ir.Graph, anchor: ir.Node, body: ir.Graph, namer: _Namer, pre
     return outputs
 
 
-def _connect(graph: ir.Graph, anchor: ir.Node, old: ir.Value, new: ir.Value, namer: _Namer) -> None:
+def connect(graph: ir.Graph, anchor: ir.Node, old: ir.Value, new: ir.Value, namer: Namer) -> None:
     """Readers of `old` (an output of the control-flow node) read `new`; a graph output keeps its name, through
     an Identity when `new` cannot take the name (an input, an initializer, another output, an outer value)."""
     if not old.is_graph_output():
@@ -184,16 +192,16 @@ def _connect(graph: ir.Graph, anchor: ir.Node, old: ir.Value, new: ir.Value, nam
     new.type = new.type or old.type
 
 
-def _inline_if(graph: ir.Graph, node: ir.Node, taken: bool, namer: _Namer) -> bool:
+def _inline_if(graph: ir.Graph, node: ir.Node, taken: bool, namer: Namer) -> bool:
     attr = node.attributes.get("then_branch" if taken else "else_branch")
     if attr is None or attr.type != ir.AttributeType.GRAPH:
         return False
     branch = attr.as_graph()
     if len(branch.outputs) != len(node.outputs):
         return False
-    formal = _splice(graph, node, branch, namer, node.name or "If")
+    formal = splice(graph, node, branch, namer, node.name or "If")
     for old, new in zip(node.outputs, formal, strict=True):
-        _connect(graph, node, old, new, namer)
+        connect(graph, node, old, new, namer)
     graph.remove(node, safe=True)
     return True
 
@@ -215,7 +223,7 @@ def _loop_trip_count(values: StaticValues, node: ir.Node, body: ir.Graph) -> int
     return int(trip.reshape(-1)[0])
 
 
-def _unroll_loop(graph: ir.Graph, node: ir.Node, values: StaticValues, namer: _Namer) -> bool:
+def _unroll_loop(graph: ir.Graph, node: ir.Node, values: StaticValues, namer: Namer) -> bool:
     attr = node.attributes.get("body")
     if attr is None or attr.type != ir.AttributeType.GRAPH:
         return False
@@ -244,12 +252,12 @@ def _unroll_loop(graph: ir.Graph, node: ir.Node, values: StaticValues, namer: _N
         copy.inputs.clear()
         for formal, actual in zip(formal_in, [step, true, *carried], strict=True):
             ir.convenience.replace_all_uses_with(formal, actual)
-        outs = _splice(graph, node, copy, namer, f"{prefix}/iter{i}")
+        outs = splice(graph, node, copy, namer, f"{prefix}/iter{i}")
         carried = outs[1:1 + n_carried]
         for k in range(n_scan):
             scans[k].append(outs[1 + n_carried + k])
     for old, new in zip(node.outputs[:n_carried], carried, strict=True):
-        _connect(graph, node, old, new, namer)
+        connect(graph, node, old, new, namer)
     for k, old in enumerate(node.outputs[n_carried:]):
         axis0 = ir.Value(name=namer.claim(f"{prefix}_scan_axis", namer.values, prefix),
                          const_value=ir.tensor(np.asarray([0], np.int64)), shape=ir.Shape([1]),
@@ -263,12 +271,12 @@ def _unroll_loop(graph: ir.Graph, node: ir.Node, values: StaticValues, namer: _N
         concat = ir.node("Concat", rows, attributes={"axis": 0},
                          name=namer.claim(f"{prefix}_scan{k}_concat", namer.nodes, prefix))
         graph.insert_before(node, concat)
-        _connect(graph, node, old, concat.outputs[0], namer)
+        connect(graph, node, old, concat.outputs[0], namer)
     graph.remove(node, safe=True)
     return True
 
 
-def fold_graph(graph: ir.Graph, values: StaticValues, namer: _Namer) -> bool:
+def fold_graph(graph: ir.Graph, values: StaticValues, namer: Namer) -> bool:
     """One sweep over `graph` (in order, so an If inlined early can make a later condition static)."""
     modified = False
     for node in list(graph):
@@ -278,8 +286,12 @@ def fold_graph(graph: ir.Graph, values: StaticValues, namer: _Namer) -> bool:
             taken = _condition(values, node.inputs[0] if node.inputs else None)
             if taken is not None and _inline_if(graph, node, taken, namer):
                 modified = True
-        elif node.op_type == "Loop" and _unroll_loop(graph, node, values, namer):
-            modified = True
+        elif node.op_type == "Loop":
+            if _unroll_loop(graph, node, values, namer):
+                modified = True
+            else:
+                modified |= mark_host(node, "a Loop whose trip count or condition depends on the data (or past "
+                                            f"{MAX_UNROLLED_NODES} nodes unrolled): it runs whole on the host")
     return modified
 
 
@@ -289,7 +301,7 @@ class FoldControlFlow(ir.passes.InPlacePass):
 
     def call(self, model: ir.Model) -> ir.passes.PassResult:
         values = StaticValues(model.opset_imports.get("", 13))
-        namer = _Namer(model.graph)
+        namer = Namer(model.graph)
         modified = fold_graph(model.graph, values, namer)
         for sub in list(model.graph.subgraphs()):  # control flow inside a branch that stays (data-dependent)
             modified |= fold_graph(sub, values, namer)

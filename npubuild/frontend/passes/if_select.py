@@ -28,7 +28,14 @@ import math
 import onnx_ir as ir
 
 from npubuild.frontend.passes import register
-from npubuild.frontend.passes.control_flow import CONTROL_FLOW_OPS, StaticValues, _connect, _Namer, _splice
+from npubuild.frontend.passes.control_flow import (
+    CONTROL_FLOW_OPS,
+    Namer,
+    StaticValues,
+    connect,
+    mark_host,
+    splice,
+)
 
 SELECT_MAX_MACS = 50_000_000
 
@@ -88,7 +95,7 @@ def why_not_select(node: ir.Node) -> str | None:
     return None
 
 
-def _scalar_condition(graph: ir.Graph, node: ir.Node, namer: _Namer) -> ir.Value:
+def _scalar_condition(graph: ir.Graph, node: ir.Node, namer: Namer) -> ir.Value:
     """The condition in a shape Where broadcasts to every output's shape unchanged: as it is if its rank is at
     most theirs (a [1] or [1, 1] comparison result), else a rank-0 bool."""
     cond = node.inputs[0]
@@ -107,19 +114,19 @@ def _scalar_condition(graph: ir.Graph, node: ir.Node, namer: _Namer) -> ir.Value
     return reshape.outputs[0]
 
 
-def select_if(graph: ir.Graph, node: ir.Node, namer: _Namer) -> None:
+def select_if(graph: ir.Graph, node: ir.Node, namer: Namer) -> None:
     then_g, else_g = _branch(node, "then_branch"), _branch(node, "else_branch")
     assert then_g is not None and else_g is not None
     cond = _scalar_condition(graph, node, namer)
     prefix = node.name or "If"
-    then_out = _splice(graph, node, then_g, namer, f"{prefix}/then")
-    else_out = _splice(graph, node, else_g, namer, f"{prefix}/else")
+    then_out = splice(graph, node, then_g, namer, f"{prefix}/then")
+    else_out = splice(graph, node, else_g, namer, f"{prefix}/else")
     for i, (old, a, b) in enumerate(zip(node.outputs, then_out, else_out, strict=True)):
         where = ir.node("Where", [cond, a, b], name=namer.claim(f"{prefix}_select{i}", namer.nodes, prefix))
         where.outputs[0].shape = a.shape
         where.outputs[0].type = a.type
         graph.insert_before(node, where)
-        _connect(graph, node, old, where.outputs[0], namer)
+        connect(graph, node, old, where.outputs[0], namer)
     graph.remove(node, safe=True)
 
 
@@ -129,14 +136,18 @@ class IfSelect(ir.passes.InPlacePass):
 
     def call(self, model: ir.Model) -> ir.passes.PassResult:
         values = StaticValues(model.opset_imports.get("", 13))
-        namer = _Namer(model.graph)
+        namer = Namer(model.graph)
         modified = False
         for node in list(model.graph):
             if node.op_type != "If" or node.domain not in ("", "ai.onnx") or not node.inputs:
                 continue
             if values.value(node.inputs[0]) is not None:
                 continue  # a static condition: fold_control_flow's
-            if why_not_select(node) is None:
+            why = why_not_select(node)
+            if why is None:
                 select_if(model.graph, node, namer)
                 modified = True
+            else:
+                modified |= mark_host(node, f"an If whose condition depends on the data, and no select can run both branches: "
+                                f"{why}; it runs whole on the host")
         return ir.passes.PassResult(model, modified)
