@@ -74,9 +74,10 @@ def test_statuses_by_placement_and_their_regressions():
     assert reg.metric == "status" and "most of the model runs on the host" in reg.line()
 
 
-def test_an_output_whose_shape_the_data_decides_is_one_line_not_an_internal_error(tmp_path: Path, capsys):
+def test_an_output_whose_shape_the_data_decides_builds_on_the_host(tmp_path: Path, capsys):
     """Branches of different shapes on an input flag: the samples' outputs differ in shape (was: internal error,
-    'all the input array dimensions except for the concatenation axis must match')."""
+    'all the input array dimensions except for the concatenation axis must match'). onnxruntime runs it, so
+    npubuild does: on the host, compared element by element."""
     model = wholly_gated_model()
     gate = model.graph.node[0]
     else_g = next(a for a in gate.attribute if a.name == "else_branch").g
@@ -88,5 +89,4 @@ def test_an_output_whose_shape_the_data_decides_is_one_line_not_an_internal_erro
     code, out, err = run_cli(["compile", str(path), "--target", "ethos-u85-256", "--build-dir", str(tmp_path / "b")],
                              capsys)
     (build,) = read_report(tmp_path / "b" / "compile")["builds"]
-    assert code == 1 and build["error_kinds"] == ["stage"], out + err
-    assert "output 'y' has 2 different shapes over the" in build["errors"][0]
+    assert code == 0 and build["status"] == "passed (host only)", out + err
