@@ -81,14 +81,13 @@ HOST_VALUE_RULE = "host-value"
 
 
 def follow_host_values(model: onnx.ModelProto, placed: dict[str, Placement]) -> None:
-    """An NPU node that reads a bool or integer tensor a host node computes goes to the host as well: an NPU
-    partition takes int8 activations at its boundary (a float tensor quantized by its Q/DQ pair), and the
-    lowering has no int8 form of a bool or an index (a Reshape or a Where of a comparison's result, when the
-    comparison is on the host: U55/U65 run no GREATER). Repeated until nothing moves."""
+    """An NPU node that reads a bool tensor a host node computes goes to the host as well: an NPU partition
+    takes quantized activations at its boundary (and integer ids for a Gather), and the lowering has no form
+    of a bool graph input (a Reshape or a Where of a comparison's result, when the comparison is on the host:
+    U55/U65 run no GREATER). Repeated until nothing moves."""
     types = {vi.name: vi.type.tensor_type.elem_type for vi in [*model.graph.value_info, *model.graph.input]
              if vi.type.HasField("tensor_type")}
     producer = {o: n for n in model.graph.node for o in n.output}
-    floats = {onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16, onnx.TensorProto.DOUBLE}
     moved = True
     while moved:
         moved = False
@@ -98,13 +97,13 @@ def follow_host_values(model: onnx.ModelProto, placed: dict[str, Placement]) -> 
                 continue
             for v in node_inputs(n):
                 src = producer.get(v)
-                if src is None or src.op_type in QDQ or types.get(v, onnx.TensorProto.FLOAT) in floats:
+                if src is None or src.op_type in QDQ or types.get(v) != onnx.TensorProto.BOOL:
                     continue
                 if placed.get(src.name) is not None and placed[src.name].kind == "cpu":
                     kind = onnx.TensorProto.DataType.Name(types[v]).lower()
                     placed[n.name] = Placement(n.name, n.op_type, "cpu", p.tosa_ops, HOST_VALUE_RULE,
                                                f"reads '{v}' ({kind}), which node '{src.name}' computes on the host:"
-                                               " an NPU partition takes int8 activations only")
+                                               " an NPU partition takes no bool input")
                     moved = True
                     break
 
