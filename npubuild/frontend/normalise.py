@@ -23,16 +23,16 @@ from npubuild.frontend.external_data import fold_external_data
 from npubuild.frontend.host_runnable import check_onnxruntime_runs, check_runnable, infer_custom_shapes
 from npubuild.frontend.input_shapes import InputShape
 from npubuild.frontend.model_checks import check_finite, check_model, check_scales, check_value_types
-from npubuild.frontend.passes import run_passes
+from npubuild.frontend.passes import run_passes, run_passes_modified
 from npubuild.frontend.qoperator import to_qdq
 from npubuild.frontend.tflite_custom import rewrite_tflite_custom_ops
 
 if TYPE_CHECKING:
     from npubuild.build.plan import StageTask
 
-NORMALISE = ["infinite_bounds", "float32_compute", "unroll_recurrent", "castlike_to_cast", "fold_constants", "zero_terms",
-             "exporter_idioms", "conv_bias", "fold_batchnorm", "fold_pad_into_conv", "quantiser_forms", "eliminate_identity", "eliminate_dropout",
-             "remove_unused", "topological_sort"]
+NORMALISE = ["infinite_bounds", "float32_compute", "unroll_recurrent", "castlike_to_cast", "fold_constants",
+             "zero_terms", "exporter_idioms", "conv_bias", "fold_batchnorm", "fold_pad_into_conv", "quantiser_forms",
+             "eliminate_identity", "eliminate_dropout", "remove_unused", "topological_sort"]
 CONTROL_FLOW = frozenset({"If", "Loop"})
 CONTROL_FLOW_PASSES = ["fold_constants", "fold_control_flow"]
 MIN_OPSET = 13
@@ -123,25 +123,19 @@ def fold_control_flow(model: onnx.ModelProto, where: str) -> onnx.ModelProto:
     other pass looks at the graph (frontend/passes/control_flow.py); then each data-dependent If with cheap
     branches of one shape as both branches and a select (if_select.py). Constants are folded and shapes
     inferred again after each round: a folded Pad width or an inlined branch makes the shapes behind the next
-    condition static (Silero VAD's). Each round removes a control-flow node or ends the loop."""
+    condition static (Silero VAD's). Each round changes the graph or ends the loop, and nothing a round does is
+    undone by the next (folding removes nodes, a host note is written once), so it ends."""
     while any(n.op_type in CONTROL_FLOW for n in model.graph.node):
         ir_model = _step("reading the model into onnx-ir", ir.serde.deserialize_model, model, where=where)
-        changed = _step("folding control flow", _run_modified, ir_model, CONTROL_FLOW_PASSES, where=where)
+        changed = _step("folding control flow", run_passes_modified, ir_model, CONTROL_FLOW_PASSES, where=where)
         if changed is None:  # nothing static left: the data-dependent Ifs that can become a select
-            changed = _step("If to select", _run_modified, ir_model, ["if_select"], where=where)
+            changed = _step("If to select", run_passes_modified, ir_model, ["if_select"], where=where)
         if changed is None:
             break
         model = ir.serde.serialize_model(changed)
         del model.graph.value_info[:]
         model = _infer(model, where)
     return model
-
-
-def _run_modified(model: ir.Model, names: list[str]) -> ir.Model | None:
-    """The model after the passes, or None if they changed nothing."""
-    from npubuild.frontend.passes import run_passes_modified
-
-    return run_passes_modified(model, names)
 
 
 def _infer(model: onnx.ModelProto, where: str) -> onnx.ModelProto:
