@@ -172,7 +172,7 @@ def _input_changes(old: dict, new: dict) -> list[str]:
 
 def compare(new: dict, old: dict, thresholds: dict[str, Threshold]) -> Comparison:
     from npubuild.report.brief import failure_cause
-    from npubuild.report.status import passed, worse
+    from npubuild.report.status import passed, worse_status
 
     old_by = {build_id(b): b for b in old.get("builds", [])}
     new_by = {build_id(b): b for b in new.get("builds", [])}
@@ -188,7 +188,7 @@ def compare(new: dict, old: dict, thresholds: dict[str, Threshold]) -> Compariso
         inputs = _input_changes(ob, b)
         if inputs:
             changes[bid] = inputs
-        if worse(ob.get("status"), b.get("status")):  # failed, or the host took over work the NPU did
+        if worse_status(ob.get("status"), b.get("status")):  # failed, or the host took over the NPU's work
             regressions.append(Delta(bid, "status", ob["status"], b.get("status"), "", True,
                                      failure_cause(b) or "; ".join(b.get("warnings") or [])))
         changed = False

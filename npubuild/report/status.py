@@ -33,7 +33,7 @@ MOSTLY_HOST_BELOW = 0.5  # npu_offload under this: the host runs most of the mod
 RANK = {Status.FAILED: 0, Status.SKIPPED: 1, Status.HOST_ONLY: 2, Status.MOSTLY_HOST: 3, Status.PASSED: 4}
 
 
-def worse(old: str | None, new: str | None) -> bool:
+def worse_status(old: str | None, new: str | None) -> bool:
     """Whether a build that passed (in any form) now passes less well or not at all (a baseline regression)."""
     return passed(old) and RANK.get(new, 0) < RANK[Status(old)]
 

@@ -13,7 +13,7 @@ from npbtest import read_report, run_cli
 from onnx import TensorProto, helper, numpy_helper
 
 from npubuild.report.regress import compare
-from npubuild.report.status import Status, host_warning, placement_status, worse
+from npubuild.report.status import Status, host_warning, placement_status, worse_status
 
 
 def wholly_gated_model() -> onnx.ModelProto:
@@ -64,8 +64,8 @@ def test_statuses_by_placement_and_their_regressions():
     assert placement_status({"npu_partitions": 0, "npu_offload": 0.0}) == Status.HOST_ONLY
     assert placement_status({"npu_partitions": 2, "npu_ops": 4, "npu_offload": 0.4}) == Status.MOSTLY_HOST
     assert placement_status({"npu_partitions": 1, "npu_ops": 9, "npu_offload": 0.9}) == Status.PASSED
-    assert worse("passed", "passed (mostly host)") and worse("passed (mostly host)", "failed")
-    assert not worse("failed", "passed (host only)") and not worse("passed (host only)", "passed (host only)")
+    assert worse_status("passed", "passed (mostly host)") and worse_status("passed (mostly host)", "failed")
+    assert not worse_status("failed", "passed (host only)") and not worse_status("passed (host only)", "passed (host only)")
     assert host_warning({"npu_offload": 0.6}, 0.5) is None and host_warning({"npu_offload": 0.1}, None) is None
     old = {"builds": [{"spec": "s", "model": "m", "target": "t", "status": "passed", "metrics": {}}]}
     new = {"builds": [{"spec": "s", "model": "m", "target": "t", "status": "passed (host only)", "metrics": {},
