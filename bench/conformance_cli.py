@@ -1,12 +1,15 @@
 """ONNX's backend node tests through the command line: `npubuild build` on one spec per test, and what
 each build ends as (passed, failed with a one-line error of kind input / stage / internal).
 
-    python bench/conformance_cli.py --work /tmp/conf-cli [--only SUBSTRING] [--targets ethos-u85-256 ...]
-                                    [-n 2] [--out bench/conformance_cli.md]
+    python bench/conformance_cli.py --work /tmp/conf-cli [--selection conformance|all] [--only SUBSTRING]
+                                    [--targets ethos-u85-256 ...] [-n 2] [--out bench/conformance_cli.md]
 
 Where bench/conformance.py runs the stages' functions in process on the embedded ops' tests (and
-checks their numbers), this drives the CLI as a user would, over every test under
-onnx/backend/test/data/node: the test's model copied into a project in --work, calibrated on the test's
+checks their numbers), this drives the CLI as a user would. `--selection conformance` (the default): the
+same 699 tests as tests/conformance (embedded ops, float inputs), each prepared as it prepares them (the
+op's parameters and int64 inputs made constants: nodetests.load), which is the suite the issue's five
+Cast crashes came from. `--selection all`: every test under onnx/backend/test/data/node as it is (shapes,
+scales and indices left as graph inputs). Each test's model goes into a project in --work, calibrated on the test's
 own input data (an .npz keyed by input name; seeded random samples where that data holds NaN/inf, which
 calibration refuses, or a type numpy cannot hold), built with `npubuild build --keep-going`. It counts the
 builds by status and error kind from report.json and lists every internal error (kind `internal`: an
@@ -53,27 +56,46 @@ def _inputs(test: Path) -> dict[str, np.ndarray] | None:
     return arrays
 
 
-def assemble(work: Path, only: str, targets: list[str]) -> int:
+def _cases(selection: str, only: str) -> list[tuple[str, onnx.ModelProto | Path, dict | None]]:
+    """(name, model or its file, input arrays or None) per test of the selection."""
+    if selection == "all":
+        return [(t.name, t / "model.onnx", _inputs(t)) for t in sorted(NODE_DIR.iterdir())
+                if (t / "model.onnx").is_file() and only in t.name]
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "conformance"))
+    from nodetests import load, select
+
+    out = []
+    for case in select():
+        if only in case.name:
+            loaded = load(case)
+            finite = all(np.isfinite(a).all() for a in loaded.inputs.values() if a.dtype.kind == "f")
+            out.append((case.name, loaded.model, dict(loaded.inputs) if finite and loaded.inputs else None))
+    return out
+
+
+def assemble(work: Path, selection: str, only: str, targets: list[str]) -> int:
     for sub in ("models", "data", "specs"):
         if (work / sub).exists():
             shutil.rmtree(work / sub)
         (work / sub).mkdir(parents=True)
     (work / "pyproject.toml").touch()
     count = 0
-    for test in sorted(p for p in NODE_DIR.iterdir() if (p / "model.onnx").is_file() and only in p.name):
-        if not NAME_OK.match(test.name):
+    for name, model, arrays in _cases(selection, only):
+        if not NAME_OK.match(name):
             continue
-        shutil.copy2(test / "model.onnx", work / "models" / f"{test.name}.onnx")
-        arrays = _inputs(test)
+        if isinstance(model, Path):
+            shutil.copy2(model, work / "models" / f"{name}.onnx")
+        else:
+            onnx.save(model, work / "models" / f"{name}.onnx")
         calibration = "{random: {samples: 2, seed: 0}}"
         if arrays:
             try:
-                np.savez(work / "data" / f"{test.name}.npz", **arrays)
-                calibration = f"{{npy: ../data/{test.name}.npz}}"
+                np.savez(work / "data" / f"{name}.npz", **arrays)
+                calibration = f"{{npy: ../data/{name}.npz}}"
             except (TypeError, ValueError):
                 pass
-        (work / "specs" / f"{test.name}.yaml").write_text(
-            f"version: 1\nname: {test.name}\nmodels:\n  model:\n    path: ../models/{test.name}.onnx\n"
+        (work / "specs" / f"{name}.yaml").write_text(
+            f"version: 1\nname: {name}\nmodels:\n  model:\n    path: ../models/{name}.onnx\n"
             f"    calibration: {calibration}\ntargets: [{', '.join(targets)}]\nverify: {{tosa: true, samples: 2}}\n")
         count += 1
     return count
@@ -101,20 +123,21 @@ def summarise(report: dict) -> tuple[str, list[str]]:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--work", type=Path, required=True)
+    ap.add_argument("--selection", choices=["conformance", "all"], default="conformance")
     ap.add_argument("--only", default="")
     ap.add_argument("--targets", nargs="+", default=["ethos-u85-256"])
     ap.add_argument("-n", "--jobs", default="2")
     ap.add_argument("--out", type=Path)
     args = ap.parse_args()
     work = args.work.resolve()
-    n = assemble(work, args.only, args.targets)
+    n = assemble(work, args.selection, args.only, args.targets)
     cmd = ["npubuild", "build", str(work / "specs"), "--build-dir", str(work / "build"), "--keep-going", "-q",
            "-n", args.jobs]
     print(f"{n} node tests; $ {' '.join(cmd)}", flush=True)
     run = subprocess.run(cmd, cwd=work, check=False, capture_output=True, text=True)
     report = json.loads((work / "build" / "report.json").read_text())
     table, internal = summarise(report)
-    text = (f"{n} ONNX node tests (onnx {onnx.__version__}) through `npubuild build`, targets "
+    text = (f"{n} ONNX node tests ({args.selection}; onnx {onnx.__version__}) through `npubuild build`, targets "
             f"{', '.join(args.targets)}; exit code {run.returncode}\n\n{table}\n\ninternal errors: {len(internal)}\n"
             + "".join(f"- {line}\n" for line in internal))
     print(text)

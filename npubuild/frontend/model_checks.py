@@ -94,6 +94,11 @@ def _check_inputs(graph: onnx.GraphProto, where: str) -> None:
     inputs = [vi for vi in graph.input if vi.name not in inits]
     if not inputs:
         raise InputError("the model has no graph inputs: there is nothing to feed or calibrate", where)
+    for vo in graph.output:  # a sequence or map output (SplitToSequence...): nothing downstream holds one
+        if vo.type.WhichOneof("value") not in (None, "tensor_type"):
+            kind = vo.type.WhichOneof("value").removesuffix("_type")
+            raise InputError(f"output '{vo.name}' is a {kind}, not a tensor: npubuild builds models whose "
+                             "outputs are tensors", where)
     for vi in inputs:
         if not vi.type.HasField("tensor_type"):
             raise InputError(f"input '{vi.name}' is not a tensor", where)
