@@ -147,12 +147,12 @@ def execute(task: StageTask, run_id: str, debug: bool = False, cache: StageCache
             write_json(err_path, {"kind": "stage", "message": str(oom), "run_id": run_id})
             raise oom from None
         detail = getattr(exc, "child_traceback", None) or traceback.format_exc()  # run_isolated's child
-        write_json(err_path, {"kind": "internal", "message": f"error: {type(exc).__name__}: {exc}",
-                              "traceback": detail, "run_id": run_id})
+        internal = InternalError(f"stage {task.stage}: {one_line(f'{type(exc).__name__}: {exc}')} (traceback in "
+                                 f"{err_path})")
+        write_json(err_path, {"kind": "internal", "message": str(internal), "traceback": detail, "run_id": run_id})
         if debug:
             raise
-        raise InternalError(f"stage {task.stage}: {one_line(f'{type(exc).__name__}: {exc}')} (traceback in "
-                            f"{err_path})") from exc
+        raise internal from exc
     if cache is not None:
         cache.put(key, task.dir, metrics, exclude={record_path.name, err_path.name, INPUTS_NAME})
     return write_record(task, run_id, start, metrics, key, from_cache=False)
