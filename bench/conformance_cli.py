@@ -89,8 +89,8 @@ def assemble(work: Path, selection: str, only: str, targets: list[str]) -> int:
             onnx.save(model, work / "models" / f"{name}.onnx")
         calibration = "{random: {samples: 2, seed: 0}}"
         if arrays:
-            try:
-                np.savez(work / "data" / f"{name}.npz", **arrays)
+            try:  # one sample each: a leading axis (a rank-0 input's value alone reads as no samples)
+                np.savez(work / "data" / f"{name}.npz", **{k: np.asarray(v)[None] for k, v in arrays.items()})
                 calibration = f"{{npy: ../data/{name}.npz}}"
             except (TypeError, ValueError):
                 pass

@@ -24,7 +24,7 @@ from typing import Literal
 import onnx
 from onnx import helper
 
-from npubuild.errors import InputError, StageError
+from npubuild.errors import StageError
 from npubuild.ethosu.support import check_node
 from npubuild.frontend.graph_index import GraphIndex, node_inputs
 from npubuild.frontend.host_runnable import onnxruntime_reason
@@ -326,13 +326,15 @@ def write_partitions(model: onnx.ModelProto, plan: PartitionPlan, profile: Liter
 
 
 def check_host_partition(path: Path, part: Partition) -> None:
-    """onnxruntime must load a host partition as it will run it (its graph optimisation on): else one line,
-    exit 2, naming the partition's first compute node."""
+    """onnxruntime must load a host partition as it will run it (its graph optimisation on): else one line naming
+    the partition's first compute node. A stage failure (exit 1), not the model's: the import checked that
+    onnxruntime runs the whole model; what it refuses is the partition npubuild made (onnxruntime's optimiser
+    fusing a dilated QDQ AveragePool into a QLinearAveragePool it then rejects)."""
     try:
         OnnxSession(path, qdq_semantics=False)
     except Exception as exc:  # noqa: BLE001 - onnxruntime's error types differ by cause: any refusal counts
         node = next((n for n in part.nodes if n.op_type not in QDQ), part.nodes[0])
-        raise InputError(f"node '{node.name}' ({node.op_type}) runs on the host, but onnxruntime cannot run its "
+        raise StageError(f"node '{node.name}' ({node.op_type}) runs on the host, but onnxruntime cannot run its "
                          f"host partition: {onnxruntime_reason(exc)}") from None
 
 
