@@ -2,23 +2,21 @@
 
 The import stage's work, also used by tests and tools that start from a model file. External data is read
 only from beside the model and folded in (frontend/external_data.py); what would crash or mislead native
-code is refused first (frontend/model_checks.py); and the stage runs in a forked child (build/isolate.py,
+code is refused first (frontend/model_checks.py); and the stage runs in a forked child (engine/isolate.py,
 as every stage does), so a crash inside onnx's C++ is one error for this model, not the end of the build."""
 
 from __future__ import annotations
 
 import traceback
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import onnx
 import onnx_ir as ir
 from google.protobuf.message import DecodeError
 
-from npubuild.errors import InputError, InternalError, NpubuildError, StageError, is_out_of_memory, one_line
-from npubuild.ethosu.early_fit import MemoryBounds, early_failure, lower_bounds
+from npubuild.errors import InputError, InternalError, NpubuildError, is_out_of_memory, one_line
 from npubuild.fileio import write_bytes
-from npubuild.frontend import input_shapes
+from npubuild.frontend import input_shapes as shapes_of
 from npubuild.frontend.external_data import fold_external_data
 from npubuild.frontend.host_runnable import check_onnxruntime_runs, check_runnable, infer_custom_shapes
 from npubuild.frontend.input_shapes import InputShape
@@ -26,9 +24,6 @@ from npubuild.frontend.model_checks import check_finite, check_model, check_scal
 from npubuild.frontend.passes import run_passes, run_passes_modified
 from npubuild.frontend.qoperator import to_qdq
 from npubuild.frontend.tflite_custom import rewrite_tflite_custom_ops
-
-if TYPE_CHECKING:
-    from npubuild.build.plan import StageTask
 
 NORMALISE = ["infinite_bounds", "float32_compute", "unroll_recurrent", "castlike_to_cast", "fold_constants",
              "zero_terms", "exporter_idioms", "conv_bias", "fold_batchnorm", "fold_pad_into_conv", "quantiser_forms",
@@ -60,8 +55,8 @@ def load_onnx(path: Path) -> onnx.ModelProto:
 def set_static_shapes(model: onnx.ModelProto, shapes: dict[str, list[int]], where: str) -> list[InputShape]:
     """Fix every graph input's dims (frontend/input_shapes.py: the spec's input_shapes, a named dim the same
     size throughout, an open batch dim 1); the exporter's symbolic dims elsewhere are dropped for inference."""
-    resolved = input_shapes.resolve(model, shapes, where)
-    input_shapes.apply(model, resolved)
+    resolved = shapes_of.resolve(model, shapes, where)
+    shapes_of.apply(model, resolved)
     _forget_symbolic_dims(model.graph)
     return resolved
 
@@ -190,9 +185,8 @@ def _step(what: str, fn, *args, where: str):
                             detail=traceback.format_exc()) from None
 
 
-def import_model(src: Path, input_shapes: dict[str, list[int]], out: Path) -> tuple[dict, MemoryBounds]:
-    """The import stage's work: the model file, checked and normalised, written to `out`; its metrics and
-    the lower bounds of its arena and constants (for the early pool check)."""
+def import_model(src: Path, input_shapes: dict[str, list[int]], out: Path) -> dict:
+    """The import stage's work: the model file, checked and normalised, written to `out`; its metrics."""
     model = load_onnx(src)
     before = len(model.graph.node)
     model = normalise(model, input_shapes, str(src))
@@ -200,18 +194,4 @@ def import_model(src: Path, input_shapes: dict[str, list[int]], out: Path) -> tu
     ops: dict[str, int] = {}
     for n in model.graph.node:
         ops[n.op_type] = ops.get(n.op_type, 0) + 1
-    return {"nodes_in": before, "nodes_out": len(model.graph.node), "op_types": ops}, lower_bounds(model)
-
-
-def run(task: StageTask) -> dict:
-    """The import stage (run in a forked child, like every stage: build/execute.py). Then, if no target this
-    model is compiled for can hold even its lower bounds, the pool check's line now (ethosu/early_fit.py)
-    rather than after quantisation, tosa-check and Vela."""
-    src = task.inputs["model"]
-    metrics, bounds = import_model(src, task.config["input_shapes"], task.outputs["onnx"])
-    failures = [early_failure(t, bounds) for t in task.fit_targets]
-    if failures and all(failures):
-        task.outputs["onnx"].unlink(missing_ok=True)
-        others = f" (and {len(failures) - 1} other targets)" if len(failures) > 1 else ""
-        raise StageError(f"{failures[0]}{others}: a lower bound from the model's shapes, before compiling it")
-    return metrics
+    return {"nodes_in": before, "nodes_out": len(model.graph.node), "op_types": ops}

@@ -1,4 +1,5 @@
-"""A build's status, the one vocabulary report.json, report.md/html, the summary line, JUnit and baselines use.
+"""A build's status (records/build.py's Status), the one vocabulary report.json, report.md/html, the summary
+line, JUnit and baselines use, and what decides it.
 
 - `passed`: built, every check and gate held, and the NPU does the work (at least half the model's nodes).
 - `passed (mostly host)`: built and checked, but fewer than half its nodes run on the NPU: the host's CPU
@@ -15,18 +16,9 @@ host is a regression through npu_offload's threshold and the status change it li
 
 from __future__ import annotations
 
-from enum import StrEnum
+from npubuild.records.build import Status
 
-
-class Status(StrEnum):
-    PASSED = "passed"
-    MOSTLY_HOST = "passed (mostly host)"
-    HOST_ONLY = "passed (host only)"
-    FAILED = "failed"
-    SKIPPED = "skipped"
-
-
-PASSING = frozenset({Status.PASSED, Status.MOSTLY_HOST, Status.HOST_ONLY})
+PASSING = frozenset(s for s in Status if s.ok)
 MOSTLY_HOST_BELOW = 0.5  # npu_offload under this: the host runs most of the model
 
 
