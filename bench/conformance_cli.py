@@ -131,8 +131,8 @@ def main() -> int:
     args = ap.parse_args()
     work = args.work.resolve()
     n = assemble(work, args.selection, args.only, args.targets)
-    cmd = [sys.executable, "-m", "npubuild", "build", str(work / "specs"), "--build-dir", str(work / "build"), "--keep-going", "-q",
-           "-n", args.jobs]
+    cmd = [sys.executable, "-m", "npubuild", "build", str(work / "specs"), "--build-dir", str(work / "build"),
+           "--keep-going", "-q", "-n", args.jobs]
     print(f"{n} node tests; $ {' '.join(cmd)}", flush=True)
     run = subprocess.run(cmd, cwd=work, check=False, capture_output=True, text=True)
     report = json.loads((work / "build" / "report.json").read_text())

@@ -111,8 +111,8 @@ def main() -> int:
     ap.add_argument("-n", "--jobs", default="2")
     args = ap.parse_args()
     dirs = assemble(args.real.resolve(), args.originals.resolve(), args.work.resolve())
-    cmd = [sys.executable, "-m", "npubuild", "build", *map(str, dirs), "--build-dir", str(args.work / "build"), "--keep-going", "-q",
-           "-n", args.jobs]
+    cmd = [sys.executable, "-m", "npubuild", "build", *map(str, dirs), "--build-dir", str(args.work / "build"),
+           "--keep-going", "-q", "-n", args.jobs]
     print("$", " ".join(cmd), flush=True)
     subprocess.run(cmd, cwd=args.work, check=False)
     report = json.loads((args.work / "build" / "report.json").read_text())
