@@ -1,8 +1,8 @@
 """The sixteen real trained models (../shared/models/real), fixed copies and original files, built for
 U55-128, U65-256 and U85-256: what each build's status, NPU share and host work are.
 
-    python bench/real_models.py --real /work/real --originals /work/scratch/realgen/s/work \\
-        --work /tmp/real-bench [--baseline /work/real/build/report.json] [--out bench/real_models.md]
+    python bench/real_import.py --real /work/real --originals /work/scratch/realgen/s/work \\
+        --work /tmp/real-bench [--baseline /work/real/build/report.json] [--out bench/real_import.md]
 
 --real is a copy of the model set with its calibration made (`calib/`, README there); --originals the
 `work/` dir of a make_real.sh run (`raw/`: the files as extracted from the wheels, dynamic dims as
