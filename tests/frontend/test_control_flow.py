@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
-from npbtest import compile_builds
+from npbtest import compile_builds, read_report, run_cli
 from onnx import TensorProto, helper, numpy_helper
 
 from npubuild.frontend.normalise import normalise
@@ -141,12 +141,26 @@ def test_an_if_whose_branches_differ_in_shape_stays_and_runs_on_the_host(tmp_pat
     model.graph.output[0].CopyFrom(helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, "width"]))
     out = normalise(onnx.ModelProto.FromString(model.SerializeToString()), {}, "m.onnx")
     assert "If" in _ops(out)
-    path = tmp_path / "shapes.onnx"
-    onnx.save(model, path)
-    (build,) = compile_builds(path, ["ethos-u85-256"], tmp_path / "b", capsys)
-    assert build["status"] != "failed"
-    placed = {o["node"]: o for o in build["metrics"]["offloads"]}
+    (tmp_path / "pyproject.toml").write_text("")
+    onnx.save(model, tmp_path / "shapes.onnx")
+    spec = tmp_path / "shapes.yaml"
+    spec.write_text("""version: 1
+name: shapes
+models:
+  shapes: {path: shapes.onnx, calibration: {random: {samples: 8, seed: 0}}}
+targets:
+  - ethos-u85-256
+  - {extends: ethos-u85-256, name: u85-linux, host: {kind: cortex-a, cpu: cortex-a55}}
+""")
+    code, out, err = run_cli(["build", str(spec), "--build-dir", str(tmp_path / "b"), "-q", "--keep-going"], capsys)
+    builds = {b["target"]: b for b in read_report(tmp_path / "b")["builds"]}
+    linux = builds["u85-linux"]  # a Cortex-A host runs the If in onnxruntime: the model builds
+    assert linux["status"] != "failed", out + err
+    placed = {o["node"]: o for o in linux["metrics"]["offloads"]}
     assert placed["gate"]["kind"] != "npu" and placed["stage1_fc"]["kind"] == "npu"
+    m85 = builds["ethos-u85-256"]  # TFLite Micro has no translation of it: one line saying so, not a refusal
+    assert code == 1 and m85["status"] == "failed" and m85["error_kinds"] == ["stage"]
+    assert "not deployable on a Cortex-M (cortex-m85): node 'gate' (If)" in m85["stages"]["vela"]["error"]
 
 
 def loop_model(trips: int = 3) -> onnx.ModelProto:
