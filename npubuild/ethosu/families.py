@@ -30,9 +30,9 @@ import onnx
 import onnx_ir as ir
 
 from npubuild.config.accelerator import LOWERING_FAMILIES
-from npubuild.engine.fanout import fan_out
 from npubuild.errors import StageError
 from npubuild.ethosu.partition import PartitionPlan, plan_partitions, split_io, write_partitions
+from npubuild.fanout import fan_out
 from npubuild.fileio import write_bytes
 from npubuild.frontend.data import integer_ranges
 from npubuild.frontend.passes import run_passes
@@ -202,7 +202,7 @@ class CheckCache:
                      own: PartitionRecord) -> tuple[WholeGraphRun, dict[str, np.ndarray]]:
         """model.tosa's run (measured once) and the family's own whole graph's outputs on the first check
         sample: what same_as_whole compares. The first time both graphs are run at once on two workers
-        (engine/fanout.py) when onnxruntime's time on the sample says the reference model's is worth it."""
+        (npubuild/fanout.py) when onnxruntime's time on the sample says the reference model's is worth it."""
         feeds = check_feeds(io, integers=self.integers)[0]
         own_model = PartitionedModel(out_dir, [own], io.outputs)
         if self.whole is not None:

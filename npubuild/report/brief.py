@@ -6,6 +6,8 @@ same thing about a build, in the same words.
 
 from __future__ import annotations
 
+from npubuild.errors import plain_message
+
 
 def num(v, digits: int = 4) -> str:
     """A figure as people read it: `0.2719`, `271856`, `37.1`; `-` when absent."""
@@ -22,14 +24,6 @@ def num(v, digits: int = 4) -> str:
             return f"{v:.2e}"
         return f"{v:.{digits}g}"
     return str(v)
-
-
-def plain_message(text: str) -> str:
-    """An error's first line without its `error: ` tag (a position in front of it is kept):
-    `error: target 'x': pool ...` -> `target 'x': pool ...`; `a.yaml:3:5: error: m` -> `a.yaml:3:5: m`."""
-    first = str(text).strip().splitlines()[0] if str(text).strip() else "failed"
-    where, sep, rest = first.partition("error: ")
-    return f"{where}{rest}" if sep else first
 
 
 def gate_text(g: dict) -> str:

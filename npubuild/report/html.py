@@ -12,8 +12,9 @@ from __future__ import annotations
 from html import escape
 from pathlib import Path
 
+from npubuild.errors import plain_message
 from npubuild.fileio import write_text
-from npubuild.report.brief import failure_cause, num, plain_message
+from npubuild.report.brief import failure_cause, num
 from npubuild.report.history import TREND_METRICS, moved, run_labels, series
 from npubuild.report.markup import CSS, SCRIPT, cell, fmt, img, link, meter, table
 from npubuild.report.numerics import worst_node_text

@@ -25,8 +25,8 @@ import numpy as np
 import onnx
 
 from npubuild.config.schema import Calibration, Evaluation
-from npubuild.engine.fanout import fan_out
 from npubuild.errors import InputError, StageError
+from npubuild.fanout import fan_out
 from npubuild.fileio import atomic_path, write_json
 from npubuild.frontend.data import load_arrays, sample_arrays
 from npubuild.records.iospec import IOSpec
@@ -193,7 +193,7 @@ def reference_model_runs(runner: GraphRunner, feeds_of: list[dict[str, np.ndarra
                          onnxruntime_s: float) -> ReferenceRuns:
     """Every reference-model run of the check, made at once: model.tosa on each sample, each family the lower
     stage found bit-identical to it (`families`) on the first (partitioned_numerics), and the per-node cuts,
-    in that order, over worker processes (engine/fanout.py) when onnxruntime's time on the QDQ model
+    in that order, over worker processes (npubuild/fanout.py) when onnxruntime's time on the QDQ model
     (`onnxruntime_s` a sample) says they are worth it. An error is the first run's in that order, as the runs one by one give
     it. A portable split runs host partitions on onnxruntime, whose threads a fork does not carry: here, and
     its per-node cuts (pure TOSA work) after it, over the workers."""

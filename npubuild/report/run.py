@@ -1,0 +1,150 @@
+"""A run's reports: what the layer above the engine makes of the engine's outcome.
+
+The engine (engine/run.py, engine/session.py) runs the plan, shows progress and hands back a `RunOutcome`,
+what became of every task. `RunReports`, the session's reporter, turns it into report.json/md/html and run.json
+where the run's reports go, names each gate that fell short, prints the closing summary and gives the caller
+a `RunResult` (the report and the exit code). `compile` writes its reports elsewhere and the side commands
+(`offloads`, `debug-numerics`) none: they read what they need from the result.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from npubuild.engine.plan import BuildPlan
+from npubuild.engine.progress import format_seconds
+from npubuild.engine.run import RunOptions, build
+from npubuild.engine.session import RunOutcome
+from npubuild.fileio import read_json, write_json
+from npubuild.report.brief import failure_cause, gate_text, headline
+from npubuild.report.summary import make_report, write_reports
+
+if TYPE_CHECKING:
+    from npubuild.config.load import Build
+    from npubuild.config.selection import Selection
+    from npubuild.engine.stage import Stage
+
+BUILD_DIR = "build-dir"  # `where`: the project's reports in the build dir (every other value is a path or None)
+REPORT_STAGE = "report"  # the stage whose task writes a build's report entry (stages/report.py)
+
+
+@dataclass
+class RunResult:
+    """A run with its report: the outcome of every task, report.json's content, where the reports went."""
+
+    outcome: RunOutcome
+    report: dict
+    report_dir: Path | None  # None: not written
+
+    @property
+    def plan(self) -> BuildPlan:
+        return self.outcome.plan
+
+    @property
+    def run_id(self) -> str:
+        return self.outcome.run_id
+
+    @property
+    def executed(self) -> list[str]:
+        return self.outcome.executed
+
+    @property
+    def failed(self) -> list[str]:
+        return self.outcome.failed
+
+    @property
+    def exit_code(self) -> int:
+        """2 if any failure was bad input, 1 for any other failure or failed gate, else 0."""
+        builds = self.report["builds"]
+        if any("input" in b.get("error_kinds", []) for b in builds):
+            return 2
+        if self.outcome.executor_code != 0 or self.outcome.failed or any(b["status"] != "passed" for b in builds):
+            return 1
+        return 0
+
+
+class RunReports:
+    """The session's reporter: a finished build's result line, and the reports once the run is over.
+
+    `where`: BUILD_DIR (the project's, for `build` and plain doit), another directory (`compile`'s own), or None
+    (side commands: the report is made for the exit code, nothing written). `selection`: what was asked for,
+    kept in report.json so that a baseline comparison can tell a build not asked for from one lost.
+    `summary=False`: no closing summary on stdout (the command prints its own output); the lines naming each
+    gate that fell short go to stderr whatever it says.
+    """
+
+    def __init__(self, where: Path | str | None = BUILD_DIR, selection: Selection | None = None,
+                 summary: bool = True):
+        self.where = where
+        self.selection = selection
+        self.summary = summary
+        self.result: RunResult | None = None
+
+    def build_done(self, plan: BuildPlan, build_id: str) -> tuple[str | None, str]:
+        """From the build's report-stage entry: the gates that fell short (None if none), its headline figures."""
+        entry = self._entry(plan, build_id)
+        bad = [g for g in entry.get("gates", []) if not g.get("ok")]
+        return ("; ".join(gate_text(g) for g in bad) if bad else None), headline(entry.get("metrics", {}))
+
+    @staticmethod
+    def _entry(plan: BuildPlan, build_id: str) -> dict:
+        """The build's report-stage entry (metrics and gates), {} if it is not there."""
+        name = plan.build_tasks[build_id].get(REPORT_STAGE)
+        path = plan.tasks[name].outputs.get("entry") if name else None
+        try:
+            return read_json(path) if path is not None else {}
+        except (OSError, ValueError):
+            return {}
+
+    def close(self, outcome: RunOutcome) -> None:
+        """Write the reports and run.json once; name each build that failed and why, print the closing line."""
+        plan = outcome.plan
+        report_dir = plan.build_dir if self.where == BUILD_DIR else (None if self.where is None else Path(self.where))
+        report = make_report(plan, outcome.run_id, self.selection.to_json() if self.selection else None)
+        if report_dir is not None:
+            write_reports(report, report_dir, plot_cache=plan.build_dir / ".cache" / "plots")
+            write_json(report_dir / "run.json", outcome.run_json())
+            if report_dir == plan.build_dir:
+                from npubuild.config.schema import write_schemas
+
+                write_schemas(plan.build_dir)
+        for b in report["builds"]:  # a gate that fell short is a failure: say which, its limit and value
+            for g in b["gates"]:
+                if not g["ok"]:
+                    sys.stderr.write(f"{b['spec']}/{b['model']}/{b['target']}: gate {g['name']} failed: "
+                                     f"limit {g['limit']}, value {g['value']}\n")
+        sys.stderr.flush()
+        if self.summary:
+            self._closing_summary(outcome, report, report_dir)
+        self.result = RunResult(outcome, report, report_dir)
+
+    @staticmethod
+    def _closing_summary(outcome: RunOutcome, report: dict, report_dir: Path | None) -> None:
+        out = sys.stdout
+        failed_builds = [(f"{b['spec']}/{b['model']}/{b['target']}", failure_cause(b)) for b in report["builds"]
+                         if b["status"] == "failed"]
+        if failed_builds:
+            out.write(f"failed builds ({len(failed_builds)}):\n"
+                      + "".join(f"  {bid}: {cause}\n" for bid, cause in failed_builds))
+        counts = {s: sum(1 for b in report["builds"] if b["status"] == s) for s in ("passed", "failed", "skipped")}
+        where = f"report: {report_dir / 'report.json'}" if report_dir is not None else "no report written"
+        t = outcome.tasks
+        out.write(f"{len(t['ran'])} ran, {len(t['cached'])} cached, {len(t['failed'])} failed, "
+                  f"{len(t['from-cache'])} restored from the shared cache; builds: {counts['passed']} "
+                  f"passed, {counts['failed']} failed, {counts['skipped']} skipped "
+                  f"({format_seconds(time.perf_counter() - outcome.started)}); {where}\n")
+        out.flush()
+
+
+def build_and_report(builds: list[Build], build_dir: Path, stages: tuple[Stage, ...],
+                     options: RunOptions | None = None, reports: RunReports | None = None,
+                     client: Any = None) -> RunResult:
+    """Run the builds (engine.run.build) and make their reports (`reports`: the project's, by default)."""
+    reports = reports if reports is not None else RunReports()
+    build(builds, build_dir, stages, options or RunOptions(), reports, client)
+    assert reports.result is not None  # the session hands every run's outcome to its reporter
+    return reports.result
