@@ -17,7 +17,8 @@ from pathlib import Path
 
 import numpy as np
 
-FAMILY_NAMES = {"u55": "Ethos-U55", "u65": "Ethos-U65", "u85": "Ethos-U85 128-512", "u85wide": "Ethos-U85 1024/2048"}
+from npubuild.config.accelerator import FAMILIES
+
 # op types the frontend removes or absorbs before lowering: no node of their own reaches a family
 STRUCTURAL = {
     "QuantizeLinear": "absorbed: int8 scales and zero points of the integer ops around it",
@@ -226,7 +227,7 @@ def conditions(row: dict) -> list[str]:
 
 
 def table(rows: list[dict]) -> str:
-    fams = list(FAMILY_NAMES)
+    fams = list(FAMILIES)
     lines = [f"{'ONNX op':<30}" + "".join(f"{f:<9}" for f in fams) + f"{'TOSA ops (u55)':<31}notes",
              f"{'':<30}" + "".join(f"{'-' * 7:<9}" for _ in fams)]
     for r in rows:
@@ -247,7 +248,7 @@ def table(rows: list[dict]) -> str:
         ops = ops if len(ops) <= 30 else ops[:29] + "…"
         lines.append(f"{r['label']:<30}" + "".join(cells) + f"{ops:<31}" + "; ".join(notes))
     lines.append("")
-    lines.append("Families: " + ", ".join(f"{k} = {v}" for k, v in FAMILY_NAMES.items()) + ". NPU: compiled by Vela; "
+    lines.append("Families: " + ", ".join(f"{k} = {f.display}" for k, f in FAMILIES.items()) + ". NPU: compiled by Vela; "
                  "CPU: a host partition run by onnxruntime (the rule says why).")
     lines.append("An ONNX op type not listed has no lowering: a build runs it on the host (rule no-lowering).")
     return "\n".join(lines)
