@@ -61,11 +61,12 @@ def plan(b: Build, chain: Chain) -> TaskSpec | Skip | None:
 
 
 def run(task: StageTask) -> dict:
-    from npubuild.verify.npu_sim import SimFiles, SimSamples, simulate_build
+    from npubuild.frontend.samples import SampleSource
+    from npubuild.verify.npu_sim import SimFiles, simulate_build
 
     config = NpuSimConfig.from_json(task.config)
     files = SimFiles(task.inputs["vela"], task.inputs["io"], task.inputs["float"], task.inputs.get("calibration"))
-    return simulate_build(files, SimSamples(config.verify.samples, config.verify.seed, config.calibration),
+    return simulate_build(files, SampleSource(config.verify.samples, config.verify.seed), config.calibration,
                           task.outputs["result"])
 
 

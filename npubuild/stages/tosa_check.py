@@ -55,13 +55,14 @@ def plan(b: Build, chain: Chain) -> TaskSpec | None:
 
 
 def run(task: StageTask) -> dict:
+    from npubuild.frontend.samples import SampleSource
     from npubuild.verify.tosa_check import CheckFiles, CheckOptions, check_tosa
 
     config = TosaCheckConfig.from_json(task.config)
     evaluation = (task.inputs["eval_inputs"], task.inputs["eval_labels"]) if "eval_inputs" in task.inputs else None
     files = CheckFiles(task.inputs["io"], task.inputs["reference"], task.inputs["float"],
                        task.inputs.get("calibration"), evaluation)
-    options = CheckOptions(config.verify.samples, config.verify.seed, config.calibration, config.passes,
+    options = CheckOptions(SampleSource(config.verify.samples, config.verify.seed), config.calibration, config.passes,
                            config.evaluation)
     return check_tosa(files, options, task.outputs["numerics"], task.outputs.get("reference"))
 

@@ -23,7 +23,7 @@ import onnx
 from npubuild.config.schema import Calibration
 from npubuild.errors import StageError
 from npubuild.fileio import write_json
-from npubuild.frontend.data import sample_arrays
+from npubuild.frontend.samples import SampleSource
 from npubuild.npusim import NotModelled
 from npubuild.npusim.npz import load_raw
 from npubuild.npusim.tosa_probe import graph_io
@@ -45,16 +45,7 @@ class SimFiles:
     calibration: Path | None = None
 
 
-@dataclass(frozen=True)
-class SimSamples:
-    """tosa-check's samples: how many, their seed, and the random range where there is no calibration file."""
-
-    samples: int
-    seed: int
-    calibration: Calibration
-
-
-def simulate_build(files: SimFiles, draw: SimSamples, result_out: Path) -> dict:
+def simulate_build(files: SimFiles, draw: SampleSource, calibration: Calibration, result_out: Path) -> dict:
     """The npu-sim stage's work (planned for raw builds: stages/npu_sim.py says why not otherwise):
     npusim.json, returned as the stage's metrics; a difference from the TOSA reference model fails it."""
     vela = VelaRecord.read(files.vela_summary)
@@ -67,7 +58,7 @@ def simulate_build(files: SimFiles, draw: SimSamples, result_out: Path) -> dict:
         return _skip(result_out, f"Vela left {vela.vela_cpu_ops} operators on the CPU inside an NPU partition; "
                      "npu-sim verifies what runs on the NPU only")
     try:
-        jobs = _jobs(files, draw, vela, io)
+        jobs = _jobs(files, draw, calibration, vela, io)
         results = [(label, compare(model, tosa, samples, names)) for label, model, tosa, samples, names in jobs]
     except NotModelled as exc:
         return _skip(result_out, f"the artifact uses what npu-sim does not model yet: {exc.message}")
@@ -96,7 +87,7 @@ def _skip(result_out: Path, reason: str) -> dict:
     return metrics
 
 
-def _jobs(files: SimFiles, draw: SimSamples, vela: VelaRecord,
+def _jobs(files: SimFiles, draw: SampleSource, calibration: Calibration, vela: VelaRecord,
           io: LowerRecord) -> list[tuple[str, object, bytes, list, list[str]]]:
     """(label, artifact, TOSA graph, integer samples, output names) per NPU partition (one for a whole graph).
 
@@ -109,7 +100,7 @@ def _jobs(files: SimFiles, draw: SimSamples, vela: VelaRecord,
             raise StageError("the vela stage wrote no raw .npz artifact")
         whole = vela.partitions[0]
         float_model = onnx.load(str(files.float_model))
-        arrays = sample_arrays(float_model, draw.calibration.model_dump(), files.calibration, draw.samples, draw.seed)
+        arrays = draw.verification(float_model, calibration.model_dump(), files.calibration)
         n = next(iter(arrays.values())).shape[0]
         samples = [[spec.to_tosa(arrays[spec.onnx_name][i]) for spec in io.inputs] for i in range(n)]
         tosa = lower_dir / whole.tosa

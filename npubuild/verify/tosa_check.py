@@ -28,7 +28,9 @@ from npubuild.config.schema import Calibration, Evaluation
 from npubuild.errors import InputError, StageError
 from npubuild.fanout import fan_out
 from npubuild.fileio import atomic_path, write_json
-from npubuild.frontend.data import load_arrays, sample_arrays
+from npubuild.frontend.data import load_arrays
+from npubuild.frontend.samples import SampleSource
+from npubuild.records.check import CheckRecord, EvaluationAccuracy
 from npubuild.records.iospec import IOSpec
 from npubuild.records.lower import LowerRecord
 from npubuild.tosa.run import REFERENCE_MODEL_PER_ONNXRUNTIME, OnnxSession, run_tosa, timed_runs
@@ -82,8 +84,7 @@ class CheckFiles:
 class CheckOptions:
     """How the check samples and what else it measures."""
 
-    samples: int
-    seed: int
+    samples: SampleSource
     calibration: Calibration  # the random samples' range where there is no calibration file
     passes: tuple[str, ...] = ()  # the pipeline's: the per-node check cuts the model as the lower stage sees it
     evaluation: Evaluation | None = None
@@ -98,8 +99,7 @@ def check_tosa(files: CheckFiles, options: CheckOptions, numerics_out: Path, ref
     what = "the TOSA graph" if io.whole_graph else "the partitioned model"
     is_int = io.profile == "int"
     float_model = onnx.load(str(files.float_model))
-    samples = sample_arrays(float_model, options.calibration.model_dump(), files.calibration, options.samples,
-                            options.seed)
+    samples = options.samples.verification(float_model, options.calibration.model_dump(), files.calibration)
     n = next(iter(samples.values())).shape[0]
     reference, flt_runner = OnnxSession(files.reference), OnnxSession(files.float_model)
     names = [o.onnx_name for o in io.outputs]
@@ -141,32 +141,23 @@ def check_tosa(files: CheckFiles, options: CheckOptions, numerics_out: Path, ref
     if unmatched:
         raise StageError(f"NaN/inf where onnxruntime has none, or the other way round ({what}): "
                          f"{', '.join(unmatched)} elements of {n} samples")
-    summary: dict = {
-        "samples": n,
-        "profile": io.profile,
-        "tosa_snr_db": min(e["snr_db"] for e in per_output.values()),
-        "tosa_max_error_lsb": max(e["max_error_lsb"] for e in per_output.values()) if is_int else None,
-        "tosa_mean_error_lsb": max(e["mean_error_lsb"] for e in per_output.values()) if is_int else None,
-        "tosa_worst_output": max(per_output, key=lambda k: per_output[k]["max_error_lsb"]) if is_int else None,
-        "tosa_cosine": min(e["cosine"] for e in per_output.values()),
-        "quant_snr_db": min(e["quant_snr_db"] for e in per_output.values()) if is_int else None,
-        "outputs": per_output,
-        "io": io_summary(io),
-    }
-    if runs.nodes is not None:
-        nodes = runs.nodes
-        worst = nodes.worst
-        summary["tosa_node_max_error_lsb"] = worst.max_error_lsb if worst else None
-        summary["tosa_worst_node"] = worst.to_json() if worst else None
-        summary["node_errors"] = nodes.to_json()
-    if not io.whole_graph:
-        summary["checked"] = "partitioned"  # no single TOSA graph: the portable split was run
+    checks = None
     if is_int:  # split builds (a family that cannot run some node): the partitioned model, same samples
         whole = WholeGraphCheck(first_raw, partitioned_error) if io.whole_graph else None
         checks = partitioned_numerics(lower_dir, io, samples, reference, whole, runs.first_runs)
-        summary["partitioned"] = {fam: c.to_json() for fam, c in checks.items()}
+    evaluation = None
     if files.evaluation is not None and options.evaluation is not None:
-        summary.update(evaluate(options.evaluation, files.evaluation, io, runner, float_model, flt_runner))
+        evaluation = evaluate(options.evaluation, files.evaluation, io, runner, float_model, flt_runner)
+    record = CheckRecord(
+        n, io.profile, min(e["snr_db"] for e in per_output.values()),
+        max(e["max_error_lsb"] for e in per_output.values()) if is_int else None,
+        min(e["quant_snr_db"] for e in per_output.values()) if is_int else None,
+        tosa_mean_error_lsb=max(e["mean_error_lsb"] for e in per_output.values()) if is_int else None,
+        tosa_worst_output=max(per_output, key=lambda k: per_output[k]["max_error_lsb"]) if is_int else None,
+        tosa_cosine=min(e["cosine"] for e in per_output.values()), outputs=per_output, io=io_summary(io),
+        node_errors=runs.nodes.to_json() if runs.nodes is not None else None,
+        checked_partitioned=not io.whole_graph, partitioned=checks, evaluation=evaluation)
+    summary = record.to_json()
     write_json(numerics_out, summary)
     if reference_out is not None:
         with atomic_path(reference_out) as tmp, open(tmp, "wb") as fh:
@@ -227,7 +218,7 @@ def output_lsb_error(spec: IOSpec, ref: np.ndarray, got: np.ndarray) -> np.ndarr
 
 
 def evaluate(evaluation: Evaluation, files: tuple[Path, Path], io: LowerRecord, runner: GraphRunner,
-             float_model: onnx.ModelProto, flt_runner: OnnxSession) -> dict:
+             float_model: onnx.ModelProto, flt_runner: OnnxSession) -> EvaluationAccuracy:
     """Top-1 accuracy on the evaluation set (`files`: inputs, labels): the float model, and the TOSA graph the
     NPU will run."""
     inputs_path, labels_path = files
@@ -254,4 +245,4 @@ def evaluate(evaluation: Evaluation, files: tuple[Path, Path], io: LowerRecord, 
     t_scores = [spec.dequantize(t[out]).reshape(-1) for t in runs]
     fa = accuracy(np.stack(f_scores), labels[:n])
     ta = accuracy(np.stack(t_scores), labels[:n])
-    return {"eval_samples": n, "float_accuracy": fa, "accuracy": ta, "accuracy_drop": fa - ta}
+    return EvaluationAccuracy(n, fa, ta)
