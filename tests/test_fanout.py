@@ -8,7 +8,7 @@ import signal
 
 import numpy as np
 import pytest
-from ophelpers import calib, quantize_model
+from npbtest.ops import calib, quantize_model
 
 from npubuild import fanout
 from npubuild.engine.doit_executor import doit_jobs, share_cores

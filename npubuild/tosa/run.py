@@ -111,8 +111,3 @@ def bfloat16_outputs_as_float(model: str | Path | bytes) -> bytes:
                                             name=f"{out.name}__as_float"))
         tt.elem_type = onnx.TensorProto.FLOAT
     return proto.SerializeToString()
-
-
-def run_onnx(model_path: str, feeds: dict[str, np.ndarray], qdq_semantics: bool = False) -> dict[str, np.ndarray]:
-    """One run of a model file (see OnnxSession; default: onnxruntime's own graph optimisation)."""
-    return OnnxSession(model_path, qdq_semantics)(feeds)

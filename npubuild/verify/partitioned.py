@@ -55,12 +55,6 @@ class PartitionedModel:
                 for s in self.outputs}
 
 
-def run_partitions(lower_dir: Path, partitions: Sequence[PartitionRecord], outputs: Sequence[IOSpec],
-                   feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """Every partition in order, once (PartitionedModel keeps its sessions across samples)."""
-    return PartitionedModel(lower_dir, partitions, outputs)(feeds)
-
-
 def shape_mismatch(outputs: Sequence[IOSpec], got: dict[str, np.ndarray], ref: dict[str, np.ndarray],
                    what: str) -> str | None:
     """One line naming the first output whose shape differs from onnxruntime's, with both shapes, or None."""

@@ -193,7 +193,7 @@ def test_configured_executable_relative_to_the_spec_is_used(project: Path, tmp_p
 
 @pytest.mark.parametrize("mode", ["auto", "required"])
 def test_a_split_model_is_not_run_on_the_fvp(project: Path, stand_in: Path, capsys, mode: str):
-    from buildhelpers import add_compare_model
+    from npbtest.builds import add_compare_model
 
     (project / "configs" / "runner.elf").write_text(json.dumps({"uart": []}))
     spec = add_compare_model(project, targets="[ethos-u55-128]")  # Greater/Where run on the host on U55

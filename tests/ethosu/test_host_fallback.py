@@ -9,8 +9,8 @@ from pathlib import Path
 
 import numpy as np
 import onnx
-from buildhelpers import write_spec
 from npbtest import REPO, read_report, run_cli
+from npbtest.builds import write_spec
 from onnx import TensorProto, helper, numpy_helper
 
 from npubuild.lowering.fallback import LOWERING_REFUSED, NO_LOWERING, cut_model, lower_lowerable

@@ -13,22 +13,23 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
-from onnx import TensorProto, helper
-from ophelpers import (
+from npbtest.ops import (
     calib,
     check_fp,
     check_int,
     prepare,
     quantize_model,
     rand,
+    run_onnx,
     single_op_model,
     vela_op_counts,
 )
+from onnx import TensorProto, helper
 
 from npubuild.ethosu.support import check_node
 from npubuild.lowering.driver import lower_model
 from npubuild.tosa.graph import CONST_OPS, read_tosa
-from npubuild.tosa.run import run_onnx, run_tosa
+from npubuild.tosa.run import run_tosa
 
 ACCELS = ("ethos-u55-128", "ethos-u85-256")
 BIG = np.iinfo(np.int64).max

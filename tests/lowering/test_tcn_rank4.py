@@ -13,8 +13,8 @@ from dataclasses import replace
 
 import numpy as np
 import pytest
+from npbtest.ops import calib, check_fp, check_int, quantize_model, vela_run
 from onnx import TensorProto, helper, numpy_helper
-from ophelpers import calib, check_fp, check_int, quantize_model, vela_run
 
 from npubuild.lowering.driver import lower_model
 from npubuild.lowering.options import FAMILY_OPTIONS

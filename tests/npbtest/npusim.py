@@ -9,8 +9,8 @@ from pathlib import Path
 
 import numpy as np
 import onnx
-from ophelpers import calib, io_dict, quantize_model
 
+from npbtest.ops import calib, io_dict, quantize_model
 from npubuild.lowering.driver import lower_model
 from npubuild.lowering.options import LoweringOptions
 from npubuild.npusim.npz import RawModel, load_raw

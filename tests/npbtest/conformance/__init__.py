@@ -54,7 +54,7 @@ from npubuild.frontend.quantize import quantize
 from npubuild.records.iospec import IOSpec
 from npubuild.tosa.run import OnnxSession, run_tosa
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 NODE_DIR = Path(onnx.__file__).parent / "backend" / "test" / "data" / "node"
 EXPANDED = "_expanded"
 
