@@ -116,7 +116,7 @@ FpBuild = Callable[[LoweringContext, TTensor, str | None], TTensor]  # the fp32 
 
 def table_or_fp(build: FpBuild) -> Callable[[LoweringContext], None]:
     """A unary op's lowering: a TABLE in int8 (onnxruntime's own evaluation of the node, so exact to its
-    rounding), `build(ctx, x, output)` in fp32."""
+    rounding), `build(ctx, x, output)` in fp32. A decorator on the fp32 builder, under `@lowers(...)`."""
 
     def lower(ctx: LoweringContext) -> None:
         if ctx.profile == "int":

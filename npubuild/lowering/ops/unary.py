@@ -34,14 +34,6 @@ quantize_also("Tanh", "HardSigmoid", "HardSwish", "Gelu", "Erf", "Exp", "Log", "
 FMAX = 3.4e38
 
 
-def _erf(x: np.ndarray) -> np.ndarray:
-    return np.vectorize(math.erf)(np.asarray(x, np.float64))
-
-
-def _sigmoid(x: np.ndarray) -> np.ndarray:
-    return 1.0 / (1.0 + np.exp(-np.asarray(x, np.float64)))
-
-
 def _hard_sigmoid(alpha: float, beta: float) -> Callable[[np.ndarray], np.ndarray]:
     return lambda x: np.clip(alpha * np.asarray(x, np.float64) + beta, 0.0, 1.0)
 
@@ -68,19 +60,56 @@ def _unary(ctx: LoweringContext, fn: Callable[[np.ndarray], np.ndarray], build_f
     ctx.set_output(0, build_fp(ctx.tensor(0), _out(ctx)))
 
 
-def _direct(op, kind: str, fn: Callable[[np.ndarray], np.ndarray]):
-    def lower(ctx: LoweringContext) -> None:
-        _unary(ctx, fn, lambda x, out: fp.unary(ctx, op, kind, x, output_of=out))
-    return fusable(lower)
+def _direct(op, kind: str) -> Callable[[Callable[[np.ndarray], np.ndarray]], Callable[[LoweringContext], None]]:
+    """A decorator on a function of the values: the op's lowering, a TABLE of it in int8 and TOSA's own
+    elementwise `op` in fp32."""
+    def lowering(fn: Callable[[np.ndarray], np.ndarray]) -> Callable[[LoweringContext], None]:
+        def lower(ctx: LoweringContext) -> None:
+            _unary(ctx, fn, lambda x, out: fp.unary(ctx, op, kind, x, output_of=out))
+        return fusable(lower)
+    return lowering
 
 
-lowers("Sigmoid")(_direct(Op.SIGMOID, "Sigmoid", _sigmoid))
-lowers("Tanh")(_direct(Op.TANH, "Tanh", np.tanh))
-lowers("Exp")(_direct(Op.EXP, "Exp", np.exp))
-lowers("Log")(_direct(Op.LOG, "Log", np.log))
-lowers("Erf")(_direct(Op.ERF, "Erf", _erf))
-lowers("Abs")(_direct(Op.ABS, "Abs", np.abs))
-lowers("Reciprocal")(_direct(Op.RECIPROCAL, "Reciprocal", lambda x: 1.0 / np.asarray(x, np.float64)))
+@lowers("Sigmoid")
+@_direct(Op.SIGMOID, "Sigmoid")
+def _sigmoid(x: np.ndarray) -> np.ndarray:
+    return 1.0 / (1.0 + np.exp(-np.asarray(x, np.float64)))
+
+
+@lowers("Tanh")
+@_direct(Op.TANH, "Tanh")
+def _tanh(x: np.ndarray) -> np.ndarray:
+    return np.tanh(x)
+
+
+@lowers("Exp")
+@_direct(Op.EXP, "Exp")
+def _exp(x: np.ndarray) -> np.ndarray:
+    return np.exp(x)
+
+
+@lowers("Log")
+@_direct(Op.LOG, "Log")
+def _log(x: np.ndarray) -> np.ndarray:
+    return np.log(x)
+
+
+@lowers("Erf")
+@_direct(Op.ERF, "Erf")
+def _erf(x: np.ndarray) -> np.ndarray:
+    return np.vectorize(math.erf)(np.asarray(x, np.float64))
+
+
+@lowers("Abs")
+@_direct(Op.ABS, "Abs")
+def _abs(x: np.ndarray) -> np.ndarray:
+    return np.abs(x)
+
+
+@lowers("Reciprocal")
+@_direct(Op.RECIPROCAL, "Reciprocal")
+def _reciprocal(x: np.ndarray) -> np.ndarray:
+    return 1.0 / np.asarray(x, np.float64)
 
 
 @lowers("Neg")
