@@ -185,6 +185,7 @@ def probe(p: Probe) -> dict:
     from npubuild.frontend.qdq_concat import share_concat_scales
     from npubuild.frontend.quantize import quantize
     from npubuild.lowering.driver import lower_model
+    from npubuild.records.lower import PLACEMENT_WORD, Where
 
     row: dict = {"op": p.op, "label": p.label, "families": {}}
     try:
@@ -204,7 +205,7 @@ def probe(p: Probe) -> dict:
             try:
                 lowered = lower_model(qdq, "int", family=fam)
             except UnsupportedOpError as exc:  # in an int8 model it has no lowering: a build runs it on the host
-                row["families"][fam] = {"where": "cpu", "tosa_ops": [], "rule": "no-lowering",
+                row["families"][fam] = {"where": PLACEMENT_WORD[Where.HOST], "tosa_ops": [], "rule": "no-lowering",
                                         "reason": exc.reason}
                 continue
             placed = plan_partitions(qdq, lowered, fam).placements.get("probe")
@@ -213,7 +214,7 @@ def probe(p: Probe) -> dict:
                 row["families"][fam] = {"where": "fused", "tosa_ops": sorted(set(pre.tosa_ops)) if pre else [],
                                         "rule": pre.rule if pre else None, "reason": pre.reason if pre else None}
                 continue
-            row["families"][fam] = {"where": placed.kind, "tosa_ops": sorted(set(placed.tosa_ops)),
+            row["families"][fam] = {"where": PLACEMENT_WORD[placed.kind], "tosa_ops": sorted(set(placed.tosa_ops)),
                                     "rule": placed.rule, "reason": placed.reason}
     except (NpubuildError, ValueError, RuntimeError) as exc:
         row["error"] = str(exc).splitlines()[0]
@@ -227,6 +228,8 @@ def conditions(row: dict) -> list[str]:
 
 
 def table(rows: list[dict]) -> str:
+    from npubuild.records.lower import PLACEMENT_WORD, Where
+
     fams = list(FAMILIES)
     lines = [f"{'ONNX op':<30}" + "".join(f"{f:<9}" for f in fams) + f"{'TOSA ops (u55)':<31}notes",
              f"{'':<30}" + "".join(f"{'-' * 7:<9}" for _ in fams)]
@@ -239,7 +242,7 @@ def table(rows: list[dict]) -> str:
         for f in fams:
             v = r["families"][f]
             cells.append(f"{v['where'].upper() if v['where'] != 'fused' else 'fused':<9}")
-            if v["where"] == "cpu" and f"{v['rule']}: {v['reason']}" not in notes:
+            if v["where"] == PLACEMENT_WORD[Where.HOST] and f"{v['rule']}: {v['reason']}" not in notes:
                 notes.append(f"{v['rule']}: {v['reason']}")
             if v["where"] == "fused" and "fused into the op before it (its epilogue)" not in notes:
                 notes.append("fused into the op before it (its epilogue)")

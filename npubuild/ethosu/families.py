@@ -21,7 +21,7 @@ it in io.json (`portable`) and in the TOSA check; each family splits further by 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Literal
 
@@ -40,7 +40,7 @@ from npubuild.lowering.driver import LoweredGraph, lower_model
 from npubuild.lowering.fallback import PartialLowering, lower_lowerable
 from npubuild.lowering.options import LoweringOptions
 from npubuild.records.iospec import IOSpec
-from npubuild.records.lower import FamilyRecord, LowerRecord, NodeRecord, PartitionRecord
+from npubuild.records.lower import FamilyRecord, LowerRecord, NodeRecord, PartitionRecord, Where
 from npubuild.tosa.graph import ops_by_node, read_tosa, tensor_nodes
 from npubuild.tosa.run import REFERENCE_MODEL_PER_ONNXRUNTIME, OnnxSession, timed_runs
 from npubuild.verify.partitioned import PartitionedModel, worst_error
@@ -61,7 +61,7 @@ def node_tensors(lowered: LoweredGraph) -> dict[str, str]:
 def family_record(model: onnx.ModelProto, lowered: LoweredGraph, io: LowerRecord, plan: PartitionPlan, fam: str,
                   out_dir: Path) -> FamilyRecord:
     placements = tuple(plan.placements.values())
-    if len(plan.partitions) == 1 and plan.partitions[0].kind == "npu":
+    if len(plan.partitions) == 1 and plan.partitions[0].kind == Where.NPU:
         parts = (io.whole_partition([p.node for p in placements]),)
     else:
         parts = tuple(write_partitions(model, plan, lowered.profile, out_dir, f"{fam}_", family=fam))
@@ -154,7 +154,7 @@ def lower_stage(src: Path, passes: Sequence[str], profile: Literal["int", "fp"],
                "partitioning": {f: {"npu_partitions": r.npu_partitions, "host_partitions": r.host_partitions,
                                     "host_ops": r.host_ops} for f, r in families.items()}}
     if io.portable is not None:
-        metrics["host_nodes"] = [asdict(p) for p in io.portable.placements if p.kind == "cpu"]
+        metrics["host_nodes"] = [p.to_json() for p in io.portable.placements if p.kind == Where.HOST]
     return metrics
 
 

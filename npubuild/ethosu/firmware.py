@@ -19,7 +19,7 @@ from npubuild.config.schema import TargetProfile, VelaOptions
 from npubuild.ethosu.vela_ini import arena_cache_bytes, memory_mode_name
 from npubuild.fileio import write_json, write_text
 from npubuild.records.iospec import GraphIO, IOSpec
-from npubuild.records.lower import PartitionRecord
+from npubuild.records.lower import PartitionRecord, Where
 
 # The Ethos-U driver's base-pointer regions as Vela's raw output numbers them.
 REGION_ROLES = {0: "constants", 1: "arena", 2: "fast_scratch"}
@@ -193,7 +193,7 @@ def write_deployment(out_dir: Path, profile: TargetProfile, partitions: Sequence
     for p in partitions:
         entry: dict = {"index": p.index, "kind": p.kind, "inputs": list(p.inputs), "outputs": list(p.outputs),
                        "nodes": list(p.nodes)}
-        if p.kind == "npu":
+        if p.kind == Where.NPU:
             fw = firmware.get(p.index, {})
             entry.update({"prefix": fw.get("prefix"), "manifest": fw.get("manifest"), "header": fw.get("header"),
                           "source": fw.get("source")})

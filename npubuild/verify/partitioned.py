@@ -15,7 +15,7 @@ import numpy as np
 
 from npubuild.errors import StageError
 from npubuild.records.iospec import IOSpec
-from npubuild.records.lower import LowerRecord, PartitionedCheck, PartitionRecord
+from npubuild.records.lower import LowerRecord, PartitionedCheck, PartitionRecord, Where
 from npubuild.tosa.run import OnnxSession, run_tosa
 
 
@@ -31,7 +31,7 @@ class PartitionedModel:
         if part.file not in self._graphs:
             path = self.lower_dir / part.file
             # a host partition runs as deployed: onnxruntime's own graph optimisation
-            self._graphs[part.file] = OnnxSession(path, qdq_semantics=False) if part.kind == "host" else path.read_bytes()
+            self._graphs[part.file] = OnnxSession(path, qdq_semantics=False) if part.kind == Where.HOST else path.read_bytes()
         return self._graphs[part.file]
 
     def __call__(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:

@@ -28,6 +28,7 @@ from onnx import TensorProto, helper
 
 from npubuild.ethosu.support import check_node
 from npubuild.lowering.driver import lower_model
+from npubuild.records.lower import Where
 from npubuild.tosa.graph import CONST_OPS, read_tosa
 from npubuild.tosa.run import run_tosa
 
@@ -489,7 +490,7 @@ def test_u55_family_lowering_keeps_bilinear_resize_on_the_npu():
                             mode="linear")
     qdq = quantize_model(model, calib("x", shape))
     portable = plan_partitions(qdq, lower_model(qdq, "int"), "u55")
-    assert [p.kind for p in portable.placements.values() if p.node == "the_resize"] == ["cpu"]
+    assert [p.kind for p in portable.placements.values() if p.node == "the_resize"] == [Where.HOST]
     own = plan_partitions(qdq, lower_model(qdq, "int", family="u55"), "u55")
     assert all(p.kind == "npu" for p in own.placements.values())
 
