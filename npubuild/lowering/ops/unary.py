@@ -60,56 +60,32 @@ def _unary(ctx: LoweringContext, fn: Callable[[np.ndarray], np.ndarray], build_f
     ctx.set_output(0, build_fp(ctx.tensor(0), _out(ctx)))
 
 
-def _direct(op, kind: str) -> Callable[[Callable[[np.ndarray], np.ndarray]], Callable[[LoweringContext], None]]:
-    """A decorator on a function of the values: the op's lowering, a TABLE of it in int8 and TOSA's own
-    elementwise `op` in fp32."""
-    def lowering(fn: Callable[[np.ndarray], np.ndarray]) -> Callable[[LoweringContext], None]:
-        def lower(ctx: LoweringContext) -> None:
-            _unary(ctx, fn, lambda x, out: fp.unary(ctx, op, kind, x, output_of=out))
-        return fusable(lower)
-    return lowering
-
-
-@lowers("Sigmoid")
-@_direct(Op.SIGMOID, "Sigmoid")
-def _sigmoid(x: np.ndarray) -> np.ndarray:
-    return 1.0 / (1.0 + np.exp(-np.asarray(x, np.float64)))
-
-
-@lowers("Tanh")
-@_direct(Op.TANH, "Tanh")
-def _tanh(x: np.ndarray) -> np.ndarray:
-    return np.tanh(x)
-
-
-@lowers("Exp")
-@_direct(Op.EXP, "Exp")
-def _exp(x: np.ndarray) -> np.ndarray:
-    return np.exp(x)
-
-
-@lowers("Log")
-@_direct(Op.LOG, "Log")
-def _log(x: np.ndarray) -> np.ndarray:
-    return np.log(x)
-
-
-@lowers("Erf")
-@_direct(Op.ERF, "Erf")
 def _erf(x: np.ndarray) -> np.ndarray:
     return np.vectorize(math.erf)(np.asarray(x, np.float64))
 
 
-@lowers("Abs")
-@_direct(Op.ABS, "Abs")
-def _abs(x: np.ndarray) -> np.ndarray:
-    return np.abs(x)
+def _sigmoid(x: np.ndarray) -> np.ndarray:
+    return 1.0 / (1.0 + np.exp(-np.asarray(x, np.float64)))
 
 
-@lowers("Reciprocal")
-@_direct(Op.RECIPROCAL, "Reciprocal")
 def _reciprocal(x: np.ndarray) -> np.ndarray:
     return 1.0 / np.asarray(x, np.float64)
+
+
+# ONNX ops TOSA has as one elementwise op of the same name: the op, and the function of the values an int8
+# TABLE samples
+DIRECT: dict[str, tuple[Op, Callable[[np.ndarray], np.ndarray]]] = {
+    "Sigmoid": (Op.SIGMOID, _sigmoid), "Tanh": (Op.TANH, np.tanh), "Exp": (Op.EXP, np.exp), "Log": (Op.LOG, np.log),
+    "Erf": (Op.ERF, _erf), "Abs": (Op.ABS, np.abs), "Reciprocal": (Op.RECIPROCAL, _reciprocal)}
+
+
+@lowers(*DIRECT)
+@fusable
+def lower_direct(ctx: LoweringContext) -> None:
+    """A TABLE of the function in int8; TOSA's own elementwise op in fp32."""
+    kind = ctx.current.op_type
+    op, fn = DIRECT[kind]
+    _unary(ctx, fn, lambda x, out: fp.unary(ctx, op, kind, x, output_of=out))
 
 
 @lowers("Neg")
