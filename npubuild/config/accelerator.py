@@ -57,6 +57,7 @@ class FamilyFacts:
     name: LoweringFamily
     display: str  # `npubuild ops`' column names
     generation: Generation
+    measured_on: str  # the shipped target profile its measured lowering choices are measured on (ethosu/measured.py)
 
     @property
     def rules(self) -> Rules:
@@ -64,10 +65,10 @@ class FamilyFacts:
 
 
 FAMILIES: Mapping[LoweringFamily, FamilyFacts] = {
-    "u55": FamilyFacts("u55", "Ethos-U55", "u55"),
-    "u65": FamilyFacts("u65", "Ethos-U65", "u65"),
-    "u85": FamilyFacts("u85", "Ethos-U85 128-512", "u85"),
-    "u85wide": FamilyFacts("u85wide", "Ethos-U85 1024/2048", "u85"),
+    "u55": FamilyFacts("u55", "Ethos-U55", "u55", "ethos-u55-128"),
+    "u65": FamilyFacts("u65", "Ethos-U65", "u65", "ethos-u65-256"),
+    "u85": FamilyFacts("u85", "Ethos-U85 128-512", "u85", "ethos-u85-256"),
+    "u85wide": FamilyFacts("u85wide", "Ethos-U85 1024/2048", "u85", "ethos-u85-1024"),
 }
 LOWERING_FAMILIES: tuple[LoweringFamily, ...] = tuple(FAMILIES)
 

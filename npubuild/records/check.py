@@ -44,6 +44,7 @@ class CheckRecord:
     outputs: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)  # per output: verify.numerics' figures
     io: Mapping[str, Any] = field(default_factory=dict)  # the graph's inputs and outputs as deployed
     node_errors: Mapping[str, Any] | None = None  # the per-node check (verify/node_errors.py), None if not run
+    node_check: str | None = None  # whether the per-node check ran, and why (an integer check's)
     # no single TOSA graph (nodes no lowering takes): the portable split was run instead ("checked": "partitioned")
     checked_partitioned: bool = False
     # family -> its deployed graph's check (an integer check's; None for FP)
@@ -70,6 +71,10 @@ class CheckRecord:
             "tosa_max_error_lsb": self.tosa_max_error_lsb, "tosa_mean_error_lsb": self.tosa_mean_error_lsb,
             "tosa_worst_output": self.tosa_worst_output, "tosa_cosine": self.tosa_cosine,
             "quant_snr_db": self.quant_snr_db, "outputs": self.outputs, "io": self.io}
+        if self.evaluation is not None:
+            d.update(self.evaluation.to_json())
+        if self.node_check is not None:
+            d["node_check"] = self.node_check
         if self.node_errors is not None:
             d.update(tosa_node_max_error_lsb=self.tosa_node_max_error_lsb, tosa_worst_node=self.tosa_worst_node,
                      node_errors=self.node_errors)
@@ -77,8 +82,6 @@ class CheckRecord:
             d["checked"] = "partitioned"
         if self.partitioned is not None:
             d["partitioned"] = {fam: c.to_json() for fam, c in self.partitioned.items()}
-        if self.evaluation is not None:
-            d.update(self.evaluation.to_json())
         return d
 
     @classmethod
@@ -90,7 +93,7 @@ class CheckRecord:
         return cls(int(d.get("samples") or 0), str(d.get("profile", "")), d.get("tosa_snr_db"),
                    d.get("tosa_max_error_lsb"), d.get("quant_snr_db"), d.get("tosa_mean_error_lsb"),
                    d.get("tosa_worst_output"), d.get("tosa_cosine"), d.get("outputs") or {}, d.get("io") or {},
-                   d.get("node_errors"), d.get("checked") == "partitioned",
+                   d.get("node_errors"), d.get("node_check"), d.get("checked") == "partitioned",
                    None if partitioned is None else
                    {f: PartitionedCheck.from_json(c) for f, c in partitioned.items() if c},
                    evaluation)

@@ -29,7 +29,7 @@ def _run_op(mem: dict, cmd: Command, model: RawModel) -> OpResult:
     if cmd.kind in ("CONV", "DEPTHWISE"):
         return ops.run_conv(mem, cmd, model.accelerator, model.ncores)
     if cmd.kind == "POOL":
-        return ops.run_pool(mem, cmd)
+        return ops.run_pool(mem, cmd, model.ncores)
     return ops.run_elementwise(mem, cmd)
 
 
