@@ -69,7 +69,7 @@ class Choice:
 # U65 did not stage (digits and the U-Nets gained, 1-channel stems lost: bench/perf_choices.md); its planar or
 # as-is reads of a 3-channel image from DRAM cost MediaPipe selfie segmentation's first conv 1.08M cycles.
 STAGED_INPUT = Choice("narrow image input staged into SRAM", lambda m, o: narrow_image(m),
-                      lambda o: [replace(o, staged_input_min_row=0 if o.staged_input_min_row else 128)])
+                      lambda o: [replace(o, staged_input_min_row=None if o.staged_input_min_row is not None else 128)])
 def has_op(model: onnx.ModelProto, op_type: str) -> bool:
     return any(n.op_type == op_type for n in model.graph.node)
 
@@ -81,8 +81,8 @@ def has_op(model: onnx.ModelProto, op_type: str) -> bool:
 PHASES = Choice("transposed conv as a 1x1 conv of its phases", lambda m, o: not o.transpose_conv_phases and
                 has_op(m, "ConvTranspose"), lambda o: [replace(o, transpose_conv_phases=True)])
 CHOICES: dict[str, tuple[Choice, ...]] = {
-    "u65": (Choice("narrow image input planar", lambda m, o: o.planar_input_channels > 0 and narrow_image(m),
-                   lambda o: [replace(o, planar_input_channels=0)]), STAGED_INPUT),
+    "u65": (Choice("narrow image input planar", lambda m, o: o.planar_input_channels is not None and narrow_image(m),
+                   lambda o: [replace(o, planar_input_channels=None)]), STAGED_INPUT),
     "u85": (STAGED_INPUT, PHASES),
     "u85wide": (STAGED_INPUT, PHASES),
 }
@@ -100,7 +100,7 @@ def _off(field: str) -> Choice:
 # depthwise scales, zero kernel taps (weights), the staged input copy, the concat orders' copies; each tried off
 # and kept off where neither SRAM nor off-chip grows and one shrinks.
 SIZE_CHOICES: tuple[Choice, ...] = tuple(_off(f) for f in (
-    "plane_rows", "dw_requantize", "concat_dw_copy", "concat_max_copy", "norm_affine_one_row", "dilation_taps",
+    "plane_rows", "dw_requantize", "concat_copy", "norm_affine_one_row", "dilation_taps",
     "conv_stride_taps", "staged_input_min_row", "concat_order"))
 
 

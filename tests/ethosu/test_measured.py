@@ -47,7 +47,7 @@ def test_u65_takes_the_form_vela_estimates_faster_for_this_model(side: int, tmp_
     model = nhwc_image_model(side)
     assert narrow_nhwc_image(model)
     own = FAMILY_OPTIONS["u65"]
-    forms = {opts: lower_model(model, "int", options=opts).tosa for opts in (own, replace(own, planar_input_channels=0))}
+    forms = {opts: lower_model(model, "int", options=opts).tosa for opts in (own, replace(own, planar_input_channels=None))}
     planar, as_is = forms.values()
     assert transposes(planar) > transposes(as_is) == 0  # the planar form reads the image through a TRANSPOSE
     figures = [vela_figures(t, FAMILIES["u65"].measured_on) for t in forms.values()]
@@ -55,7 +55,7 @@ def test_u65_takes_the_form_vela_estimates_faster_for_this_model(side: int, tmp_
     options, record = choose(model, "u65", lambda o: lower_model(model, "int", options=o))
     assert record[0] == {"choice": "narrow image input planar", "target": "ethos-u65-256", "figures": figures,
                          "taken": int(ms[1] < ms[0])}
-    assert (options.planar_input_channels == 0) == (ms[1] < ms[0])
+    assert (options.planar_input_channels is None) == (ms[1] < ms[0])
     io, _ = lower_families(model, "int", tmp_path, ["u65"])  # the lower stage writes the form taken
     (part,) = io.families["u65"].partitions
     assert (tmp_path / part.file).read_bytes() == lower_model(model, "int", options=options).tosa
@@ -64,7 +64,7 @@ def test_u65_takes_the_form_vela_estimates_faster_for_this_model(side: int, tmp_
 def test_u85_stages_a_narrow_image_input_where_vela_estimates_it_faster(tmp_path: Path):
     model = nhwc_image_model(224)
     own = FAMILY_OPTIONS["u85"]
-    forms = [lower_model(model, "int", options=o).tosa for o in (own, replace(own, staged_input_min_row=0))]
+    forms = [lower_model(model, "int", options=o).tosa for o in (own, replace(own, staged_input_min_row=None))]
     assert forms[0] != forms[1]  # the staged form copies the input with a MAXIMUM first
     figures = [vela_figures(t, FAMILIES["u85"].measured_on) for t in forms]
     ms = [f["ms"] for f in figures]

@@ -24,7 +24,7 @@ from onnx import numpy_helper
 from npubuild.frontend import concat_order
 from npubuild.frontend.qdq_concat import union_params
 from npubuild.lowering.driver import LoweredGraph, lower_model
-from npubuild.lowering.options import FAMILY_OPTIONS
+from npubuild.lowering.options import FAMILY_OPTIONS, ConcatCopy
 from npubuild.tosa.graph import read_tosa
 from npubuild.tosa.run import run_tosa
 
@@ -173,8 +173,8 @@ def test_u85_copies_the_skip_with_a_maximum(models) -> None:  # noqa: F811
     _, _, shared = models
     maxed = lowered_ok(shared, "u85")
     assert max_copies(maxed.tosa) == [0]  # the skip, copied first
-    dw = lowered_ok(shared, "u85", concat_max_copy=False, concat_dw_copy=True)  # first, by a 1x1 depthwise of ones
-    plain = lowered_ok(shared, "u85", concat_max_copy=False, concat_order=False)  # Vela's own copy, last
+    dw = lowered_ok(shared, "u85", concat_copy=ConcatCopy.DEPTHWISE)  # first, by a 1x1 depthwise of ones
+    plain = lowered_ok(shared, "u85", concat_copy=ConcatCopy.VELA, concat_order=False)  # Vela's own copy, last
     assert max_copies(plain.tosa) == []
     a, b, c = (vela_run(g.tosa, "ethos-u85-256").summary for g in (maxed, plain, dw))
     assert float(a["cycles_total"]) < float(b["cycles_total"])

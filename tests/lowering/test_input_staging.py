@@ -35,7 +35,7 @@ def _first_conv(channels: int, h: int, w: int, stride: int = 2) -> onnx.ModelPro
 
 
 def _direct(family: str):
-    return replace(FAMILY_OPTIONS[family], staged_input_min_row=0)
+    return replace(FAMILY_OPTIONS[family], staged_input_min_row=None)
 
 
 @pytest.mark.parametrize("family,target", [("u85", "ethos-u85-256"), ("u85wide", "ethos-u85-1024")])

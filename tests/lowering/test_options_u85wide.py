@@ -22,7 +22,7 @@ from npbtest.support import compare, rule_verdict, vela_compiles
 
 from npubuild.config.accelerator import Accelerator, rules_of
 from npubuild.lowering.driver import lower_model
-from npubuild.lowering.options import FAMILY_OPTIONS
+from npubuild.lowering.options import FAMILY_OPTIONS, ConcatCopy
 
 U85, WIDE = "ethos-u85-256", "ethos-u85-2048"
 
@@ -42,7 +42,7 @@ def test_wide_u85_is_placed_by_u85_rules_as_vela_agrees():
 def test_wide_u85_keeps_velas_concat_copy(models):  # noqa: F811
     """The U-Net step: U85 copies the skip first by a MAXIMUM; the wide family lowers it portably, faster there."""
     _, _, shared = models
-    assert not FAMILY_OPTIONS["u85wide"].concat_order and not FAMILY_OPTIONS["u85wide"].concat_max_copy
+    assert not FAMILY_OPTIONS["u85wide"].concat_order and FAMILY_OPTIONS["u85wide"].concat_copy == ConcatCopy.VELA
     u85 = lower_model(copy.deepcopy(shared), "int", family="u85")
     wide = lower_model(copy.deepcopy(shared), "int", family="u85wide")
     assert max_copies(u85.tosa) == [0] and max_copies(wide.tosa) == []

@@ -33,7 +33,7 @@ def _stem(h: int, w: int, kernel: tuple[int, int], pads: list[int], channels: in
 
 
 def _direct(family: str):
-    return replace(FAMILY_OPTIONS[family], space_to_depth_channels=0)
+    return replace(FAMILY_OPTIONS[family], space_to_depth_channels=None)
 
 
 # DS-CNN's stem (odd H, asymmetric pads), an even input with symmetric pads, odd kernel and no padding,

@@ -29,6 +29,7 @@ from npubuild.lowering.movement import (
     result_q,
     slice_axis,
 )
+from npubuild.lowering.options import ConcatCopy
 from npubuild.lowering.quant import QParams
 from npubuild.lowering.registry import lowers
 
@@ -80,9 +81,10 @@ def _operand(ctx: LoweringContext, t: TTensor, q: QParams | None, copied: bool) 
         return t
     if not t.q.same_as(q):
         return requantize(ctx, t, q)  # int8 operands with other scales move to the output's
-    if copied and ctx.options.concat_dw_copy and ctx.options.depthwise_pays(t, q):
+    how = ctx.options.concat_copy
+    if copied and how == ConcatCopy.DEPTHWISE and ctx.options.depthwise_pays(t, q):
         return requantize_dw(ctx, t, q)
-    if copied and ctx.options.concat_max_copy and fits_max_copy(t):
+    if copied and how == ConcatCopy.MAXIMUM and fits_max_copy(t):
         return max_copy(ctx, t)
     return t
 
