@@ -51,6 +51,15 @@ class RawModel:
         return Accelerator.parse(self.accelerator).facts.command_stream
 
 
+def accelerator_of(product: int, log2_macs: int, where: str) -> tuple[str, int]:
+    """The accelerator and core count a driver header names (config/accelerator.py: U65-512 two cores; U85:
+    weight decoders, a weight stream each), or bad input."""
+    acc = from_driver_header(product, log2_macs)
+    if acc is None:
+        raise InputError(f"unsupported accelerator in driver header (product {product}, 2^{log2_macs} MACs)", where)
+    return acc.name, acc.cores
+
+
 def parse_driver_payload(data: bytes, where: str) -> tuple[np.ndarray, int, int, int]:
     """Split the COP1 driver payload: (command words, product, log2 MACs/cycle, SHRAM KiB of all cores)."""
     if len(data) < 8 or data[:4] != b"COP1":
@@ -101,11 +110,7 @@ def load_raw(path: str | Path) -> RawModel:
     if missing:
         raise InputError(f"not a Vela raw .npz: missing {', '.join(missing)}", where)
     words, product, macs, shram = parse_driver_payload(_bytes(z, "cmd_data"), where)
-    acc = from_driver_header(product, macs)
-    if acc is None:
-        raise InputError(f"unsupported accelerator in driver header (product {product}, 2^{macs} MACs)", where)
-    # the core count (config/accelerator.py: U65-512 two cores; U85: weight decoders, a weight stream each)
-    ncores = acc.cores
-    return RawModel(where, acc.name, ncores, words, _bytes(z, "weight_data"), int(z["weight_region"]),
+    accel, ncores = accelerator_of(product, macs, where)
+    return RawModel(where, accel, ncores, words, _bytes(z, "weight_data"), int(z["weight_region"]),
                     int(z["scratch_region"]), int(z["scratch_size"]), int(z["scratch_fast_region"]),
                     int(z["scratch_fast_size"]), max(shram // ncores, 16), _places(z, "input"), _places(z, "output"))
