@@ -11,9 +11,17 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from enum import StrEnum
 from typing import Any
 
 from npubuild.records.lower import PartitionedCheck
+
+
+class Checked(StrEnum):
+    """What the check ran where there is no single TOSA graph."""
+
+    PARTITIONED = "partitioned"  # nodes no lowering takes: the portable split (host partitions on onnxruntime)
+    HOST_ONLY = "host only"  # no NPU partition: onnxruntime against itself, so no TOSA figure
 
 
 @dataclass(frozen=True)
@@ -45,8 +53,7 @@ class CheckRecord:
     io: Mapping[str, Any] = field(default_factory=dict)  # the graph's inputs and outputs as deployed
     node_errors: Mapping[str, Any] | None = None  # the per-node check (verify/node_errors.py), None if not run
     node_check: str | None = None  # whether the per-node check ran, and why (an integer check's)
-    # no single TOSA graph (nodes no lowering takes): the portable split was run instead ("checked": "partitioned")
-    checked_partitioned: bool = False
+    checked: Checked | None = None  # not the one TOSA graph (None): the portable split, or nothing of TOSA
     # family -> its deployed graph's check (an integer check's; None for FP)
     partitioned: Mapping[str, PartitionedCheck] | None = None
     evaluation: EvaluationAccuracy | None = None
@@ -78,8 +85,8 @@ class CheckRecord:
         if self.node_errors is not None:
             d.update(tosa_node_max_error_lsb=self.tosa_node_max_error_lsb, tosa_worst_node=self.tosa_worst_node,
                      node_errors=self.node_errors)
-        if self.checked_partitioned:
-            d["checked"] = "partitioned"
+        if self.checked is not None:
+            d["checked"] = self.checked.value
         if self.partitioned is not None:
             d["partitioned"] = {fam: c.to_json() for fam, c in self.partitioned.items()}
         return d
@@ -93,7 +100,7 @@ class CheckRecord:
         return cls(int(d.get("samples") or 0), str(d.get("profile", "")), d.get("tosa_snr_db"),
                    d.get("tosa_max_error_lsb"), d.get("quant_snr_db"), d.get("tosa_mean_error_lsb"),
                    d.get("tosa_worst_output"), d.get("tosa_cosine"), d.get("outputs") or {}, d.get("io") or {},
-                   d.get("node_errors"), d.get("node_check"), d.get("checked") == "partitioned",
+                   d.get("node_errors"), d.get("node_check"), Checked(d["checked"]) if d.get("checked") else None,
                    None if partitioned is None else
                    {f: PartitionedCheck.from_json(c) for f, c in partitioned.items() if c},
                    evaluation)

@@ -43,6 +43,7 @@ class Placement:
     rule: str | None = None
     reason: str | None = None
     partition: int = 0
+    nodes: int = 1  # the ONNX nodes it stands for: an If or Loop left whole on the host holds its branches' too
 
     def to_json(self) -> dict[str, Any]:
         d = asdict(self)
@@ -128,11 +129,11 @@ class FamilyRecord:
 
     @property
     def host_ops(self) -> int:
-        return sum(1 for p in self.placements if p.kind == Where.HOST)
+        return sum(p.nodes for p in self.placements if p.kind == Where.HOST)
 
     @property
     def npu_nodes(self) -> int:
-        return sum(1 for p in self.placements if p.kind == Where.NPU)
+        return sum(p.nodes for p in self.placements if p.kind == Where.NPU)
 
     @property
     def whole_graph(self) -> bool:

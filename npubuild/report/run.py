@@ -20,7 +20,9 @@ from npubuild.engine.progress import format_seconds
 from npubuild.engine.run import RunOptions, build
 from npubuild.engine.session import RunOutcome
 from npubuild.fileio import read_json, write_json
+from npubuild.records.build import Status
 from npubuild.report.brief import failure_cause, gate_text, headline
+from npubuild.report.status import passed, placement_status
 from npubuild.report.summary import make_report, write_reports
 
 if TYPE_CHECKING:
@@ -62,7 +64,7 @@ class RunResult:
         builds = self.report["builds"]
         if any("input" in b.get("error_kinds", []) for b in builds):
             return 2
-        if self.outcome.executor_code != 0 or self.outcome.failed or any(b["status"] != "passed" for b in builds):
+        if self.outcome.executor_code != 0 or self.outcome.failed or any(not passed(b["status"]) for b in builds):
             return 1
         return 0
 
@@ -88,7 +90,8 @@ class RunReports:
         """From the build's report-stage entry: the gates that fell short (None if none), its headline figures."""
         entry = self._entry(plan, build_id)
         bad = [g for g in entry.get("gates", []) if not g.get("ok")]
-        return ("; ".join(gate_text(g) for g in bad) if bad else None), headline(entry.get("metrics", {}))
+        metrics = entry.get("metrics", {})
+        return ("; ".join(gate_text(g) for g in bad) if bad else None), headline(metrics, placement_status(metrics))
 
     @staticmethod
     def _entry(plan: BuildPlan, build_id: str) -> dict:
@@ -127,15 +130,22 @@ class RunReports:
         out = sys.stdout
         failed_builds = [(f"{b['spec']}/{b['model']}/{b['target']}", failure_cause(b)) for b in report["builds"]
                          if b["status"] == "failed"]
+        warned = [(build_id, w) for b in report["builds"] for w in b.get("warnings") or []
+                  for build_id in [f"{b['spec']}/{b['model']}/{b['target']}"]]
+        if warned:  # what passed but is not what it seems (most of it on the host): said even with -q
+            out.write(f"warnings ({len(warned)}):\n" + "".join(f"  warning: {bid}: {w}\n" for bid, w in warned))
         if failed_builds:
             out.write(f"failed builds ({len(failed_builds)}):\n"
                       + "".join(f"  {bid}: {cause}\n" for bid, cause in failed_builds))
-        counts = {s: sum(1 for b in report["builds"] if b["status"] == s) for s in ("passed", "failed", "skipped")}
+        counts = {s: sum(1 for b in report["builds"] if b["status"] == s) for s in Status}
+        hosted = counts[Status.HOST_ONLY] + counts[Status.MOSTLY_HOST]
+        host_note = f" ({counts[Status.HOST_ONLY]} host only, {counts[Status.MOSTLY_HOST]} mostly host)" if hosted else ""
         where = f"report: {report_dir / 'report.json'}" if report_dir is not None else "no report written"
         t = outcome.tasks
         out.write(f"{len(t['ran'])} ran, {len(t['cached'])} cached, {len(t['failed'])} failed, "
-                  f"{len(t['from-cache'])} restored from the shared cache; builds: {counts['passed']} "
-                  f"passed, {counts['failed']} failed, {counts['skipped']} skipped "
+                  f"{len(t['from-cache'])} restored from the shared cache; builds: "
+                  f"{counts[Status.PASSED] + hosted} passed{host_note}, {counts[Status.FAILED]} failed, "
+                  f"{counts[Status.SKIPPED]} skipped "
                   f"({format_seconds(time.perf_counter() - outcome.started)}); {where}\n")
         out.flush()
 

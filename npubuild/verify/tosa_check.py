@@ -34,9 +34,9 @@ from npubuild.fanout import fan_out
 from npubuild.fileio import atomic_path, write_json
 from npubuild.frontend.data import load_arrays
 from npubuild.frontend.samples import SampleSource
-from npubuild.records.check import CheckRecord, EvaluationAccuracy
+from npubuild.records.check import Checked, CheckRecord, EvaluationAccuracy
 from npubuild.records.iospec import IOSpec
-from npubuild.records.lower import LowerRecord
+from npubuild.records.lower import LowerRecord, Where
 from npubuild.tosa.run import REFERENCE_MODEL_PER_ONNXRUNTIME, OnnxSession, run_tosa, timed_runs
 from npubuild.verify.node_errors import NodeCheck, NodeErrors, prepare_node_check
 from npubuild.verify.numerics import accuracy, compare_output
@@ -142,6 +142,10 @@ def check_tosa(files: CheckFiles, options: CheckOptions, numerics_out: Path, ref
             if is_int:
                 lsb[name].append(output_lsb_error(spec, r[name], t[name]).ravel())
                 partitioned_error = max(partitioned_error, max_error(spec, r[name], t[name]))
+    for name in names:  # an If the host runs whole may return a shape the data decides: compare element by element
+        if len({r.shape for r in ref[name]}) > 1:
+            for rows in (ref, got, flt, lsb):
+                rows[name] = [r.ravel() for r in rows[name]]
     per_output = {
         name: compare_output(np.concatenate(ref[name]), np.concatenate(got[name]),
                              np.concatenate(flt[name]) if is_int else None,
@@ -162,7 +166,7 @@ def check_tosa(files: CheckFiles, options: CheckOptions, numerics_out: Path, ref
         tosa_mean_error_lsb=max(e["mean_error_lsb"] for e in per_output.values()) if is_int else None,
         tosa_worst_output=max(per_output, key=lambda k: per_output[k]["max_error_lsb"]) if is_int else None,
         tosa_cosine=min(e["cosine"] for e in per_output.values()), outputs=per_output, io=io_summary(io),
-        checked_partitioned=not io.whole_graph, evaluation=evaluation)
+        checked=None if io.whole_graph else Checked.PARTITIONED, evaluation=evaluation)
     nodes, why = runs.nodes, None
     if nodes is None and is_int:
         short = [g["name"] for g in evaluate_gates(policy.get("whole_graph_expect") or {}, record.to_json())
@@ -174,6 +178,12 @@ def check_tosa(files: CheckFiles, options: CheckOptions, numerics_out: Path, ref
             nodes = check.run_all(NODE_CHECK_RUNS * n * REFERENCE_MODEL_PER_ONNXRUNTIME * onnxruntime_s)
     elif is_int:
         why = "run: max_tosa_node_error_lsb gates it"
+    if io.portable is not None and not any(p.kind == Where.NPU for p in io.portable.partitions):
+        # the host runs every node: onnxruntime was compared with itself, nothing of TOSA: no figure, not 200 dB
+        record = replace(record, checked=Checked.HOST_ONLY, tosa_snr_db=None, tosa_max_error_lsb=None,
+                         tosa_mean_error_lsb=None, tosa_worst_output=None, tosa_cosine=None)
+    if is_int and not _quantizes(files.reference):
+        record = replace(record, quant_snr_db=None)  # no Q/DQ node in the reference: the float model compared with itself
     checks = None
     if is_int:  # split builds (a family that cannot run some node): the partitioned model, same samples
         whole = WholeGraphCheck(first_raw, partitioned_error) if io.whole_graph else None
@@ -187,6 +197,11 @@ def check_tosa(files: CheckFiles, options: CheckOptions, numerics_out: Path, ref
             np.savez(fh, **{f"input_{k}": v[0] for k, v in samples.items()},
                      **{f"output_{k}": v for k, v in first_raw.items()})
     return summary
+
+
+def _quantizes(qdq_model: Path) -> bool:
+    """Whether the QDQ reference quantizes anything (a model the host runs whole keeps no Q/DQ pair)."""
+    return any(n.op_type == "QuantizeLinear" for n in onnx.load(str(qdq_model), load_external_data=False).graph.node)
 
 
 NODE_CHECK_RUNS = 1.2  # the per-node check's reference-model time, in whole-graph runs per sample (measured)
