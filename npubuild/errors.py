@@ -32,6 +32,7 @@ class NpubuildError(Exception):
     """Base class: carries a one-line message and an optional location."""
 
     exit_code = 1
+    detail: dict = {}  # what the failure measured, beside its line: kept in the stage's error.json for the report
 
     def __init__(self, message: str, location: Location | str | Path | None = None):
         super().__init__(message)
@@ -83,6 +84,16 @@ class StageError(NpubuildError):
     """A stage failed on valid input (a tool error, a check that fell short): exit 1."""
 
     exit_code = 1
+
+
+class PoolsTooSmall(StageError):
+    """A pool check that failed (ethosu/pools.py): its one line, and per target every pool's need and size, so
+    the report's fit table shows the builds that do not fit with what they need. `lower_bound`: the needs are
+    the early check's lower bounds from the model's shapes (ethosu/early_fit.py), not Vela's exact sizes."""
+
+    def __init__(self, message: str, pools: dict[str, list[dict]], lower_bound: bool = False):
+        super().__init__(message)
+        self.detail = {"pools": pools, "lower_bound": lower_bound}
 
 
 _NO_MEMORY_TEXT = ("Cannot allocate memory", "bad_alloc", "failed to map segment", "Failed to allocate memory")

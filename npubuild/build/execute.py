@@ -138,7 +138,7 @@ def execute(task: StageTask, run_id: str, debug: bool = False, cache: StageCache
         metrics = run_stage_function(task)
     except NpubuildError as exc:
         write_json(err_path, {"kind": "input" if exc.exit_code == 2 else "stage", "message": str(exc),
-                              "run_id": run_id})
+                              "run_id": run_id, **exc.detail})
         raise
     except Exception as exc:  # a bug or a tool crash: keep the traceback on disk, one line on screen
         if is_out_of_memory(exc):  # a model whose tensors do not fit this machine: the traceback is no help

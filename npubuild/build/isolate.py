@@ -71,6 +71,7 @@ def _rebuild(kind: str, payload: dict, failure: type[NpubuildError], where: str 
         exc = (InputError if payload["exit_code"] == 2 else NpubuildError)(
             payload["message"], Location(*loc) if loc is not None else None)
         exc.exit_code = payload["exit_code"]
+        exc.detail = payload.get("detail") or {}
         return exc
     if kind == "memory":
         return failure(f"{payload['what']} needs more than {payload['limit_mib']} MiB of memory "
@@ -112,7 +113,7 @@ def _outcome(fn: Callable[..., Any], args: tuple, memory_bytes: int, what: str) 
         result: tuple[str, Any] = ("ok", fn(*args))
     except NpubuildError as exc:
         loc = exc.location
-        result = ("npubuild", {"message": exc.message, "exit_code": exc.exit_code,
+        result = ("npubuild", {"message": exc.message, "exit_code": exc.exit_code, "detail": exc.detail,
                                "location": (loc.file, loc.line, loc.col) if loc is not None else None})
     except Exception as exc:  # a bug (the parent records it as an internal error with this traceback), or
         if is_out_of_memory(exc) or _near(limit):  # the limit: a MemoryError, ENOMEM, an unmappable library,

@@ -77,8 +77,12 @@ def lower_bounds(model: onnx.ModelProto) -> MemoryBounds:
     return MemoryBounds(arena, constants)
 
 
+def early_pools(profile: TargetProfile, bounds: MemoryBounds) -> list[dict]:
+    """The target's pools charged with the lower bounds (pools.pool_usage's rows; no arena cache row)."""
+    sizes = {"arena_bytes": bounds.arena_bytes, "fast_scratch_bytes": 0, "constants_bytes": bounds.constants_bytes}
+    return [p for p in pool_usage(profile, sizes) if not p["pool"].endswith("(arena cache)")]
+
+
 def early_failure(profile: TargetProfile, bounds: MemoryBounds) -> str | None:
     """The pool check's one line if even the lower bounds do not fit the target's pools, else None."""
-    sizes = {"arena_bytes": bounds.arena_bytes, "fast_scratch_bytes": 0, "constants_bytes": bounds.constants_bytes}
-    pools = [p for p in pool_usage(profile, sizes) if not p["pool"].endswith("(arena cache)")]
-    return pool_failure(profile.name, pools)
+    return pool_failure(profile.name, early_pools(profile, bounds))

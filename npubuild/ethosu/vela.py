@@ -30,7 +30,7 @@ from ethosu.vela import vela as ethosu_vela
 from npubuild.build.plan import StageTask
 from npubuild.config.accelerator import Accelerator
 from npubuild.config.schema import TargetProfile, VelaOptions
-from npubuild.errors import StageError
+from npubuild.errors import PoolsTooSmall, StageError
 from npubuild.ethosu.firmware import write_deployment, write_firmware
 from npubuild.ethosu.perf import attach_bytes, parse_layer_bytes, parse_per_layer, roofline, top_layers
 from npubuild.ethosu.pools import npz_sizes, pool_failure, pool_usage
@@ -267,7 +267,7 @@ def run(task: StageTask) -> dict:
     metrics.update({"pools": pools, "layers": layers, "top_layers": top_layers(layers)})
     write_json(task.outputs["summary"], metrics)
     if failure:
-        raise StageError(failure)
+        raise PoolsTooSmall(failure, {profile.name: pools})
     return metrics
 
 

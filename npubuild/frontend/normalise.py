@@ -14,8 +14,8 @@ import onnx
 import onnx_ir as ir
 from google.protobuf.message import DecodeError
 
-from npubuild.errors import InputError, NpubuildError, StageError, is_out_of_memory
-from npubuild.ethosu.early_fit import MemoryBounds, early_failure, lower_bounds
+from npubuild.errors import InputError, NpubuildError, PoolsTooSmall, is_out_of_memory
+from npubuild.ethosu.early_fit import MemoryBounds, early_failure, early_pools, lower_bounds
 from npubuild.fileio import write_bytes
 from npubuild.frontend.external_data import fold_external_data
 from npubuild.frontend.host_runnable import check_onnxruntime_runs, check_runnable, infer_custom_shapes
@@ -188,5 +188,6 @@ def run(task: StageTask) -> dict:
     if failures and all(failures):
         task.outputs["onnx"].unlink(missing_ok=True)
         others = f" (and {len(failures) - 1} other targets)" if len(failures) > 1 else ""
-        raise StageError(f"{failures[0]}{others}: a lower bound from the model's shapes, before compiling it")
+        raise PoolsTooSmall(f"{failures[0]}{others}: a lower bound from the model's shapes, before compiling it",
+                            {t.name: early_pools(t, bounds) for t in task.fit_targets}, lower_bound=True)
     return metrics

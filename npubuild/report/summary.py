@@ -39,6 +39,7 @@ def build_entries(plan: BuildPlan, run_id: str) -> list[dict]:
         entry_metrics: dict = {}
         gates: list[dict] = []
         records: dict[str, dict] = {}
+        failed_pools: list[dict] | None = None  # a pool check that failed: what each pool needs and has
         for stage, name in chain.items():
             task = plan.tasks[name]
             rec = read_record(task)
@@ -56,10 +57,13 @@ def build_entries(plan: BuildPlan, run_id: str) -> list[dict]:
                 stages[stage] = {"status": "failed", "seconds": None, "cached": False, "error": err["message"]}
                 errors.append(err["message"])
                 error_kinds.add(err.get("kind", "stage"))
+                failed_pools = failed_pools or failure_pools(err, b.target.name)
             else:
                 stages[stage] = {"status": "skipped", "seconds": None, "cached": False}
         if "report" not in records and any(s != "report" for s in records):
             entry_metrics = known_metrics(plan, b, records)  # a stage failed: what the finished ones measured
+        if failed_pools is not None:
+            entry_metrics = {**entry_metrics, "pools": failed_pools}
         for stage, reason in plan.skipped.get(b.id, {}).items():  # decided when the plan was made
             stages[stage] = {"status": "skipped", "seconds": None, "cached": False, "reason": reason}
         if errors:
@@ -88,6 +92,16 @@ def build_entries(plan: BuildPlan, run_id: str) -> list[dict]:
             **stored_layers(plan.build_dir, b.id, records.get("lower", {}).get("cache_key")),
         })
     return entries
+
+
+def failure_pools(err: dict, target: str) -> list[dict] | None:
+    """The pools of a failed pool check (errors.PoolsTooSmall's detail in error.json) for `target`: each with
+    its need and size, `lower_bound` set when the need is the early check's bound from the model's shapes."""
+    pools = (err.get("pools") or {}).get(target) if isinstance(err.get("pools"), dict) else None
+    if not isinstance(pools, list):
+        return None
+    bound = bool(err.get("lower_bound"))
+    return [{**p, "lower_bound": bound} for p in pools if isinstance(p, dict)]
 
 
 def unchecked_gates(b: Build) -> list[dict]:
@@ -194,11 +208,24 @@ def make_report(plan: BuildPlan, run_id: str, selection: dict | None = None) -> 
 
 
 def write_reports(report: dict, out_dir: Path, plot_cache: Path | None = None) -> None:
-    """report.json, report.md and report.html into `out_dir`."""
+    """report.json, report.md and report.html into `out_dir`; the HTML's change column against the report this
+    one replaces (the previous run in this build dir), when it can be read."""
+    previous = previous_report(out_dir / "report.json")
     # compact: json's C encoder only runs without indent, and report.json of a nightly matrix is megabytes
     write_text(out_dir / "report.json", json.dumps(report, default=_json_default) + "\n")
     write_text(out_dir / "report.md", render_markdown(report))
-    write_html(out_dir / "report.html", report, cache_dir=plot_cache)
+    write_html(out_dir / "report.html", report, cache_dir=plot_cache, previous=previous)
+
+
+def previous_report(path: Path) -> dict | None:
+    """The report.json a run is about to replace, if it is a well-formed report (else None: nothing to say)."""
+    from npubuild.commands.report import load_report
+    from npubuild.errors import InputError
+
+    try:
+        return load_report(path) if path.is_file() else None
+    except (InputError, OSError):
+        return None
 
 
 def render_markdown(report: dict) -> str:

@@ -1,0 +1,75 @@
+"""report.html read as a page (tests/report/htmlpage.py parses it): what a reader sees in its charts and tables.
+
+Synthetic report entries, built in memory: the page is a pure function of report.json, and these are the cases
+a nightly of real builds meets (many op types in one model, a metric that regressed while another improved).
+"""
+
+from __future__ import annotations
+
+from htmlpage import Page, legend
+
+from npubuild.report.html import render_html
+from npubuild.report.plots import BETTER, WORSE
+from npubuild.report.regress import DEFAULTS, compare
+
+OPS = ("Conv", "MaxPool", "Gelu", "MatMul", "Transpose", "Add", "Softmax", "Relu", "Concat", "Resize", "Mul",
+       "LayerNormalization", "Sigmoid", "AveragePool")
+
+
+def _entry(target: str, ops: tuple[str, ...], **metrics) -> dict:
+    layers = [{"onnx_node": f"{op.lower()}_{i}", "npu_op": op.upper(), "cycles": 1000 * (i + 1), "npu_cycles": 900,
+               "sram_access_cycles": 100, "macs": 10} for i, op in enumerate(ops)]
+    offloads = [{"node": f"{op.lower()}_{i}", "op_type": op, "kind": "npu", "partition": 0} for i, op in enumerate(ops)]
+    return {"spec": "s", "model": "m", "target": target, "status": "passed", "stages": {}, "gates": [], "errors": [],
+            "metrics": {"layers": layers, "offloads": offloads, "npu_partitions": 1, **metrics}}
+
+
+def test_every_per_node_chart_gives_each_op_type_its_own_colour():
+    """Per-node cycle charts shared colours between op types in 33 of 37 charts (issue 35: Conv and MaxPool one
+    red in digits; Gelu, MatMul and Transpose one green in the transformer): a colour came from a hash of the
+    op type into 10 colours. Now every chart's op types are told apart, and an op type keeps one colour
+    across the page's charts."""
+    report = {"versions": {}, "builds": [_entry("ethos-u55-128", OPS), _entry("ethos-u85-256", OPS[:5]),
+                                         _entry("ethos-u65-256", ("Gelu", "MatMul", "Transpose"))]}
+    charts = Page(render_html(report)).charts("cycles per ONNX node")
+    assert len(charts) == 3
+    seen: dict[str, set[str]] = {}
+    for chart in charts:
+        colours = {op: c for op, c in legend(chart).items() if op != "memory-bound"}
+        assert len(colours) >= 3
+        assert len(set(colours.values())) == len(colours), colours  # distinct within the chart
+        for op, c in colours.items():
+            seen.setdefault(op, set()).add(c)
+    assert all(len(c) == 1 for c in seen.values()), seen  # and the same op type the same colour on the page
+
+
+def _report(**metrics) -> dict:
+    entry = {"spec": "kws", "model": "ds_cnn", "target": "ethos-u55-128", "status": "passed", "stages": {},
+             "gates": [], "errors": [], "metrics": metrics}
+    return {"versions": {}, "builds": [entry]}
+
+
+def test_the_delta_chart_draws_every_regressed_metric_coloured_by_its_direction():
+    """The baseline-delta chart drew a figure title over two panel titles, an SNR improvement red (higher is
+    better there) and left out the metric that regressed (quant_snr_db, -36%: only a fixed list was drawn)."""
+    old = _report(inference_ms=1.0, sram_kib=100.0, tosa_snr_db=30.0, quant_snr_db=25.0)
+    new = _report(inference_ms=0.9, sram_kib=110.0, tosa_snr_db=34.0, quant_snr_db=16.0)
+    comparison = compare(new, old, dict(DEFAULTS))
+    assert {r.metric for r in comparison.regressions} == {"sram_kib", "quant_snr_db"}
+    page = Page(render_html(new, comparison, "old/report.json"))
+    chart = page.charts("change against the baseline")[0]
+    panels = [t for a, t in chart.texts if a.get("font-weight") == "bold"]
+    assert set(panels[:2]) == {"quant_snr_db", "sram_kib"}  # the regressions first, each drawn
+    assert set(panels) == {"quant_snr_db", "sram_kib", "inference_ms", "tosa_snr_db"}
+    assert min(float(a["y"]) for a, _ in chart.texts) >= 12  # nothing above the panel titles
+    bars = {t.split(": ", 1)[1].split(" ")[0]: r for t, r in zip(chart.titles, [
+        r for r in chart.rects if r.get("height") == "13"], strict=True)}
+    assert bars["tosa_snr_db"]["fill"] == BETTER and bars["inference_ms"]["fill"] == BETTER  # higher / lower: better
+    assert bars["quant_snr_db"]["fill"] == WORSE and bars["sram_kib"]["fill"] == WORSE
+    assert bars["quant_snr_db"].get("stroke") == "black"  # a regression past its threshold, outlined
+    units = [t for a, t in chart.texts if a.get("y") == "26"]
+    assert "dB change, higher is better" in units and "% change, lower is better" in units
+    # the Builds table's change column names the regression in the metric's words, worse first
+    _, rows = page.table("builds-table")
+    assert rows[0].cells[8].text == "SRAM +10.0%, float SNR -9.0 dB, +2 more"
+    assert "bad" in rows[0].cells[8].attrs["class"]
