@@ -88,7 +88,24 @@ def load_thresholds(path: Path | None, project_root: Path) -> dict[str, Threshol
         path = candidate
     data, marks = load_yaml(path)
     parsed = validate(Thresholds, data if data is not None else {}, marks, path)
+    check_metric_names(parsed, marks, path)
     return {**DEFAULTS, **parsed.metrics}
+
+
+def check_metric_names(parsed: Thresholds, marks, path: Path) -> None:
+    """A threshold for a metric report.json does not have would never be checked: a typo (`acuracy:`) is an
+    error at its position, with the closest metric name, not a silently ignored line."""
+    from npubuild.config.metrics import METRICS
+    from npubuild.config.yamlfile import KEY, locate
+    from npubuild.errors import InputError, Location
+    from npubuild.suggest import did_you_mean
+
+    known = [m.name for m in METRICS]
+    for name in parsed.metrics:
+        if name not in known:
+            where = marks.get(("metrics", name, KEY)) or locate(marks, ("metrics", name), Location(str(path), 1, 1))
+            hint = did_you_mean(name, known) or " (`npubuild report` compares the metrics of report.json)"
+            raise InputError(f"metrics: unknown metric '{name}'{hint}", where)
 
 
 @dataclass(frozen=True)
