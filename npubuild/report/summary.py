@@ -21,7 +21,7 @@ from npubuild.config.load import Build
 from npubuild.config.metrics import GATE_BY_KEY
 from npubuild.ethosu.vela import placement_metrics
 from npubuild.fileio import _json_default, stable_hash, write_text
-from npubuild.report.brief import failure_cause, num, pools_text
+from npubuild.report.brief import failure_cause, gate_text, num, pools_text
 from npubuild.report.html import write_html
 from npubuild.report.metrics import build_metrics
 from npubuild.report.numerics import numerics_markdown, stored_layers
@@ -256,7 +256,7 @@ def render_markdown(report: dict) -> str:
     if failures or errors:
         lines += ["", "## Problems", ""]
         for b, g in failures:
-            lines.append(f"- {b['spec']}/{b['model']}/{b['target']}: gate `{g['name']}` limit {g['limit']}, value {g['value']}")
+            lines.append(f"- {b['spec']}/{b['model']}/{b['target']}: {gate_text(g)}")
         for b, e in errors:
             lines.append(f"- {b['spec']}/{b['model']}/{b['target']}: {e}")
     lines += placement_markdown(builds)

@@ -193,7 +193,14 @@ def first_jump(rows: list[dict]) -> dict:
 
 def render_table(result: dict) -> str:
     """The per-node table the command prints, the first jump marked with '<<'."""
-    lines = [f"{'node':<24} {'op':<18} {'SNR vs QDQ dB':>13} {'max LSB':>8} {'SNR vs float dB':>15}"]
+    def cut(text: str, width: int) -> str:
+        return text if len(text) <= width else text[:width - 1] + "\u2026"
+
+    node_w = min(48, max([4, *(len(r["node"]) for r in result["layers"])]))
+    op_w = min(24, max([2, *(len(r["op_type"]) for r in result["layers"])]))
+    gap = "   "  # columns apart: a header of several words must not read into the next one
+    lines = [f"{'node':<{node_w}}{gap}{'op':<{op_w}}{gap}{'SNR vs QDQ dB':>13}{gap}{'max LSB':>7}{gap}"
+             f"{'SNR vs float dB':>15}"]
     for r in result["layers"]:
         mark = ""
         if r["node"] == result["first_jump"]:
@@ -202,7 +209,8 @@ def render_table(result: dict) -> str:
             mark += "  << integer graph leaves the QDQ model here"
         lsb = "-" if r["max_error_lsb"] is None else f"{r['max_error_lsb']:.0f}"
         q = "-" if r["quant_snr_db"] is None else f"{r['quant_snr_db']:.1f}"
-        lines.append(f"{r['node'][:24]:<24} {r['op_type'][:18]:<18} {r['tosa_snr_db']:>13.1f} {lsb:>8} {q:>15}{mark}")
+        lines.append(f"{cut(r['node'], node_w):<{node_w}}{gap}{cut(r['op_type'], op_w):<{op_w}}{gap}"
+                     f"{r['tosa_snr_db']:>13.1f}{gap}{lsb:>7}{gap}{q:>15}{mark}")
     if result["first_jump"] is None and result["first_lowering_error"] is None:
         lines.append("no jump: the error grows smoothly through the graph")
     elif result["first_jump"] is not None:

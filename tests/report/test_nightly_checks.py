@@ -62,6 +62,13 @@ def test_a_failed_build_is_a_regression_with_its_cause_and_junit_keeps_its_gates
     assert "n/a" not in err
     assert "2 build(s) with unchanged metrics." in out and f"1 build(s) did not pass: {U55}" in out
     assert "target profile changed" in out  # what changed, beside the regression
+    # a summary before the baseline section, not the whole report.md (~680 lines for 40 builds)
+    summary = out[:out.index("## Against the baseline")].splitlines()
+    assert summary[0].startswith("3 builds: 2 passed, 1 failed, 0 skipped")
+    assert summary[1].startswith(f"FAILED  {U55}: vela: target 'ethos-u55-128': pool 'sram'")
+    assert summary[2].startswith("full report: ") and len(summary) == 4 and not summary[3]
+    code, full, _ = _report(project, capsys, "--markdown")
+    assert code == 1 and "## Gates and memory" in full and "## Gates and memory" not in out
     # JUnit: the same testcases as on the passing night, the failed build's gates as errors (not evaluated)
     run_cli(["report", "--build-dir", "build", "--junit", "night2.xml"], capsys, cwd=project)
     shutil.copy(night1, project / "build" / "report.json")

@@ -73,3 +73,23 @@ def test_the_delta_chart_draws_every_regressed_metric_coloured_by_its_direction(
     _, rows = page.table("builds-table")
     assert rows[0].cells[8].text == "SRAM +10.0%, float SNR -9.0 dB, +2 more"
     assert "bad" in rows[0].cells[8].attrs["class"]
+
+
+def test_gate_values_and_fvp_skips_read_as_figures_once():
+    """Gate values were raw floats (`value 0.30362116991643456`, also in JUnit), and the FVP column repeated its
+    skip reason in every row of report.md."""
+    from npubuild.report.junit import junit_tree
+    from npubuild.report.summary import render_markdown
+
+    gate = {"name": "min_accuracy", "metric": "accuracy", "limit": 0.5, "value": 0.30362116991643456, "ok": False}
+    skipped = {"fvp": {"status": "skipped", "reason": "no FVP found (FVP_X is not on PATH)"}}
+    builds = [{"spec": "s", "model": "m", "target": f"ethos-u55-{n}", "status": "failed", "stages": skipped,
+               "gates": [gate], "errors": [], "metrics": {"tosa_snr_db": 40.0, "npu_cycles": 10}}
+              for n in (64, 128, 256)]
+    report = {"versions": {}, "builds": builds}
+    failures = [c.find("failure").get("message") for c in junit_tree(report).getroot().iter("testcase")
+                if c.find("failure") is not None and c.get("name").startswith("gate ")]
+    assert failures and all(f.endswith("gate min_accuracy failed: accuracy = 0.3036, limit 0.5") for f in failures)
+    md = render_markdown(report)
+    assert "0.30362116991643456" not in md and "accuracy = 0.3036, limit 0.5" in md
+    assert md.count("no FVP found") == 1 and md.count("| skipped [1] |") == 3
