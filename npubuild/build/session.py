@@ -87,15 +87,17 @@ class Session:
     `debug-numerics`: they read what they need from the result and leave the project's reports alone).
     `quiet`: no per-task lines or live table, the closing summary still; `summary=False`: no closing summary
     either, nothing on stdout (the command prints its own output). Errors go to stderr whatever these say:
-    one line per failed task naming its builds, one per gate that fell short. `selection`: what was asked
-    for (the spec arguments and --only), kept in report.json so that a baseline comparison can tell a build
-    not asked for from one lost.
+    one line per failed task naming its builds, one per gate that fell short, unless `per_build=False` (no
+    line per build at all, neither those nor the result lines: `advise`, whose table says it for dozens of
+    configurations). `selection`: what was asked for (the spec arguments and --only), kept in report.json so
+    that a baseline comparison can tell a build not asked for from one lost.
     """
 
     def __init__(self, plan: BuildPlan, run_id: str | None = None, quiet: bool = False, live: bool | None = None,
                  executor: str = "doit", reports: Path | str | None = BUILD_DIR, selection: dict | None = None,
-                 summary: bool = True, verbose: bool = False):
+                 summary: bool = True, verbose: bool = False, per_build: bool = True):
         self.plan = plan
+        self.per_build = per_build
         self.run_id = run_id or new_run_id()
         self.quiet = quiet
         self.summary = summary
@@ -163,7 +165,7 @@ class Session:
             self._gates_said.add(build_id)
             where = ", ".join(f"gate {g['name']}" for g in bad) or None
         self.progress.build_finished(build_id, where)
-        if build_id not in self._worked and not self.verbose:
+        if (build_id not in self._worked and not self.verbose) or not self.per_build:
             return  # up to date: the closing summary counts it, no line each
         text = result_line(build_id, {"status": "passed", **entry}, where)
         if self.live is not None:
@@ -174,6 +176,8 @@ class Session:
     def _error(self, line: str) -> None:
         """A failure's one line: on stderr, or above the live table when that is where stderr shows (the same
         terminal), whole rather than cut at its width."""
+        if not self.per_build:
+            return
         if self.live is not None and _same_terminal(self.out, sys.stderr):
             self.live.print(line, "red")
             return
@@ -287,11 +291,11 @@ def _ids(builds: list[str], shown: int = 3) -> str:
 
 def run_build(plan: BuildPlan, executor: Executor, wait: bool = False, quiet: bool = False,
               live: bool | None = None, reports: Path | str | None = BUILD_DIR, selection: dict | None = None,
-              summary: bool = True, verbose: bool = False) -> RunResult:
+              summary: bool = True, verbose: bool = False, per_build: bool = True) -> RunResult:
     """Run the plan with `executor`, holding the build dir's lock (`wait` for it, else fail at once if busy)."""
     with locked(plan.build_dir, wait):
         session = Session(plan, quiet=quiet, live=live, executor=executor.name, reports=reports,
-                          selection=selection, summary=summary, verbose=verbose)
+                          selection=selection, summary=summary, verbose=verbose, per_build=per_build)
         code = executor.run(plan, session)
         sys.stdout.flush()
         return session.close(code)
@@ -301,7 +305,7 @@ def build(builds: list[Build], build_dir: Path, jobs: int = 1, keep_going: bool 
           debug: bool = False, wait: bool = False, live: bool | None = None, cache: str | None = None,
           executor: str = "doit", scheduler: str | None = None, client=None,
           reports: Path | str | None = BUILD_DIR, selection: dict | None = None, summary: bool = True,
-          verbose: bool = False) -> RunResult:
+          verbose: bool = False, per_build: bool = True) -> RunResult:
     """Plan and run builds. `live`: the per-stage progress table (None: when stdout is a terminal);
     `cache`: --cache (a URL, 'off', or None for $NPUBUILD_CACHE / the project's .npubuild/cache);
     `reports`, `selection`, `summary`: see Session."""
@@ -319,6 +323,6 @@ def build(builds: list[Build], build_dir: Path, jobs: int = 1, keep_going: bool 
                 from npubuild.build.doit_executor import DoitExecutor
 
                 ex = DoitExecutor(cache_url, debug, jobs, keep_going)
-        return run_build(plan, ex, wait, quiet, live, reports, selection, summary, verbose)
+        return run_build(plan, ex, wait, quiet, live, reports, selection, summary, verbose, per_build)
     finally:
         gc.unfreeze()  # what long_lived froze for this build's forks: collectable again in a process that goes on

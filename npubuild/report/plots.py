@@ -235,7 +235,13 @@ def history_chart(metric: str, runs: list[str], series: list[tuple[str, list[flo
     return _png(fig)
 
 
-DRAW = {"history": history_chart}
+def _advice_chart(data: dict) -> bytes:
+    from npubuild.report.advice import draw_chart
+
+    return draw_chart(data)
+
+
+DRAW = {"history": history_chart, "advice": _advice_chart}
 
 
 def cached_png(cache_dir: Path | None, kind: str, args: tuple) -> bytes:
