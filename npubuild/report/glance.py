@@ -117,14 +117,14 @@ def accuracy(m: dict) -> Accuracy:
     _, agree = _first(m, VS_FLOAT_AGREEMENT)
     if agree is not None:
         parts.append(f"agree {agree:.0%}")
-    acc, flt = m.get("accuracy"), m.get("float_accuracy")
+    acc = m.get("accuracy")
     if isinstance(acc, (int, float)):
-        parts.append(f"top-1 {flt:.1%}\u2192{acc:.1%}" if isinstance(flt, (int, float)) else f"top-1 {acc:.1%}")
+        parts.append(f"{acc:.1%}")  # int8 top-1 (float -> int8 in the build's panel)
     tosa, lsb = m.get("tosa_snr_db"), m.get("tosa_max_error_lsb")
     qdq = [f"{tosa:.1f} dB"] if isinstance(tosa, (int, float)) else []
     if isinstance(lsb, (int, float)):
         qdq.append(f"{lsb:.0f} LSB")
-    return Accuracy(", ".join(parts) or "-", snr, snr is not None and snr < LOW_SNR_DB, ", ".join(qdq) or "-",
+    return Accuracy(" \u00b7 ".join(parts) or "-", snr, snr is not None and snr < LOW_SNR_DB, ", ".join(qdq) or "-",
                     float(tosa) if isinstance(tosa, (int, float)) else None)
 
 
@@ -137,6 +137,7 @@ class Change:
     worse: bool
     better: bool
     regression: bool
+    full: str = ""  # every metric that moved, for the cell's tooltip
 
 
 def _delta_words(d: Delta) -> str:
@@ -161,7 +162,7 @@ def change(build: str, comparison: Comparison | None, shown: int = 2) -> Change:
         return Change("new", False, False, False)
     status = [r for r in comparison.regressions if r.build == build and r.metric == "status"]
     if status:
-        return Change(f"{status[0].old} \u2192 {status[0].new}", True, False, True)
+        return Change(f"{status[0].old} \u2192 {status[0].new}", True, False, True, status[0].line())
     mine = [d for d in comparison.deltas if d.build == build]
     if not mine:
         return Change("=", False, False, False)
@@ -170,7 +171,9 @@ def change(build: str, comparison: Comparison | None, shown: int = 2) -> Change:
     worse = [d for d in mine if _is_worse(d)]
     better = [d for d in mine if _is_better(d)]
     words = [_delta_words(d) for d in mine[:shown]] + ([f"+{len(mine) - shown} more"] if len(mine) > shown else [])
-    return Change(", ".join(words), bool(worse), bool(better), any(d.regression for d in mine))
+    full = "; ".join(f"{d.metric} {num(d.old)} \u2192 {num(d.new)}" + (" (regression)" if d.regression else "")
+                     for d in mine)
+    return Change(", ".join(words), bool(worse), bool(better), any(d.regression for d in mine), full)
 
 
 def _is_worse(d: Delta) -> bool:

@@ -126,7 +126,15 @@ def _problem(b: dict, comparison: Comparison | None) -> str:
             changed = comparison.what_changed(bid)
             parts.append('<span class="muted">changed: ' + escape(", ".join(changed) or "nothing recorded")
                          + "</span>")
-    return "<br>".join(parts) or "-"
+    return " &middot; ".join(parts) or "-"
+
+
+def _problem_text(b: dict, comparison: Comparison | None) -> str:
+    """The problem cell's whole text, for its tooltip (the cell is one line, cut at its width)."""
+    import re
+    from html import unescape
+
+    return unescape(re.sub(r"<[^>]+>", "", _problem(b, comparison)))
 
 
 def _delta_text(d) -> str:
@@ -165,7 +173,21 @@ def _accuracy_cells(m: dict) -> str:
 def _change_cell(bid: str, comparison: Comparison | None) -> str:
     c = glance.change(bid, comparison)
     cls = "bad" if c.regression else "worse" if c.worse else "better" if c.better else "muted"
-    return f'<td class="change {cls}">{escape(c.text or "-")}</td>'
+    return f'<td class="change {cls}" title="{escape(c.full)}">{escape(c.text or "-")}</td>'
+
+
+def _num_cell(value, text: str, title: str = "") -> str:
+    """A numeric cell (its raw value to sort by) with a tooltip saying more than its few characters."""
+    v = value if isinstance(value, (int, float)) and not isinstance(value, bool) else ""
+    tip = f' title="{escape(title)}"' if title else ""
+    return f'<td class="n" data-v="{v}"{tip}>{escape(text)}</td>'
+
+
+def _ms_cell(m: dict) -> str:
+    ms = m.get("inference_ms")
+    if not isinstance(ms, (int, float)) or ms <= 0:
+        return _num_cell(None, "-")
+    return _num_cell(ms, glance.milliseconds(ms), glance.speed_text(m))
 
 
 def _main_table(builds: list[dict], comparison: Comparison | None, change_against: str) -> str:
@@ -177,29 +199,28 @@ def _main_table(builds: list[dict], comparison: Comparison | None, change_agains
     for i, b in enumerate(builds):
         m = b.get("metrics") or {}
         bid = build_id(b)
-        name = b["model"] if b["model"] == b["spec"] else f"{b['spec']}/{b['model']}"
-        ms = m.get("inference_ms")
+        # the model first (what tells builds apart), its spec after it in grey where the names differ
+        name = escape(b["model"]) + ("" if b["model"] == b["spec"] else f' <span class="muted">{escape(b["spec"])}</span>')
         off = m.get("npu_offload")
         parts = m.get("npu_partitions")
-        npu = (f"{off:.0%}" + (f" ({parts} parts)" if isinstance(parts, int) and parts > 1 else "")
-               if isinstance(off, (int, float)) else "-")
-        cause = _problem(b, comparison)
+        npu_title = (f"{off:.1%} of the ops on the NPU" + (f", in {parts} NPU partitions" if isinstance(parts, int)
+                                                           and parts > 1 else "")) if isinstance(off, (int, float)) else ""
         cells = [f'<td class="id" title="{escape(bid)}"><a href="#{_anchor(i)}" onclick="openPanel(\'{_anchor(i)}\')">'
-                 f"{escape(name)}</a></td>",
+                 f"{name}</a></td>",
                  f'<td class="id">{escape(b["target"])}</td>',
                  f'<td class="{b["status"]}">{b["status"]}</td>',
                  _fit_cell(m, b),
-                 cell(ms, escape(glance.speed_text(m))),
-                 cell(off, escape(npu)),
+                 _ms_cell(m),
+                 _num_cell(off, f"{off:.0%}" if isinstance(off, (int, float)) else "-", npu_title),
                  _accuracy_cells(m),
                  _change_cell(bid, comparison),
-                 f'<td class="problem" title="{escape(failure_cause(b) or "")}">{cause}</td>']
+                 f'<td class="problem" title="{escape(_problem_text(b, comparison))}">{_problem(b, comparison)}</td>']
         problem = b["status"] != "passed" or bid in regressed
         cls = ' class="regressed"' if bid in regressed else ""
         rows.append(f'<tr{cls} data-problem="{int(problem)}" data-build="{escape(bid)}">' + "".join(cells) + "</tr>")
     head = [("build", "spec/model: opens its panel below"), ("target", ""), ("status", ""),
             ("fit", "the fullest memory pool: share used (need/size where it does not fit)"),
-            ("time", "Vela's estimated inference time, inferences per second"),
+            ("ms", "Vela's estimated inference time in ms (inferences per second in the tooltip)"),
             ("NPU", "share of the model's ops on the NPU"),
             ("vs float", "accuracy against the float model"),
             ("TOSA vs QDQ", "the integer graph against the QDQ model: SNR, largest error"),
@@ -316,9 +337,8 @@ def _figures(b: dict) -> str:
     acc, acc_text = _accuracy(m)
     ms = m.get("inference_ms")
     off = m.get("npu_offload")
-    pairs = [("inference ms", cell(ms)), ("inferences/s", cell(1000 / ms if isinstance(ms, (int, float)) and ms > 0
-                                                                 else None, glance.speed_text(m).split("(")[-1].rstrip(")/s")
-                                                                 if isinstance(ms, (int, float)) and ms > 0 else "-")),
+    rate = 1000 / ms if isinstance(ms, (int, float)) and ms > 0 else None
+    pairs = [("inference ms", cell(ms)), ("inferences/s", cell(rate, f"{rate:,.0f}" if rate else "-")),
              ("clock MHz", cell(b.get("clock_mhz"))), ("NPU cycles", cell(m.get("npu_cycles"))),
              ("MACs", cell(m.get("macs"))),
              ("on NPU", cell(off, f"{off:.0%}" if isinstance(off, (int, float)) else "-")),
@@ -399,13 +419,16 @@ def _baseline_section(report: dict, comparison: Comparison, baseline: str | None
     h.append(f"<p>{c.unchanged} build(s) with unchanged metrics; {len(c.failed)} did not pass"
              + (f"; {len(c.new_builds)} new" if c.new_builds else "")
              + (f"; {len(c.not_asked)} not asked for in this run" if c.not_asked else "") + ".</p>")
-    if c.deltas:
-        h.append(table(["build", "metric", "old", "new", "change", "allowed", "regression"], [
-            [escape(d.build), escape(d.metric), cell(d.old), cell(d.new), escape(d.change), escape(d.limit or "-"),
-             '<td class="bad">yes</td>' if d.regression else "<td>no</td>"] for d in c.deltas], sortable=True))
     panels, rows, regressed = _delta_rows(c)
-    if rows:
+    if rows:  # the picture first; the table of every delta behind it (a tool upgrade moves hundreds)
         h.append("<h3>What moved, per metric</h3>" + deltas_svg(panels, rows, regressed))
+    if c.deltas:
+        h.append(f"<details{' open' if len(c.deltas) <= 12 else ''}><summary>every metric that moved "
+                 f"({len(c.deltas)})</summary>" + table(["build", "metric", "old", "new", "change", "allowed",
+                                                         "regression"], [
+            [escape(d.build), escape(d.metric), cell(d.old), cell(d.new), escape(d.change), escape(d.limit or "-"),
+             '<td class="bad">yes</td>' if d.regression else "<td>no</td>"] for d in c.deltas], sortable=True)
+                 + "</details>")
     return h
 
 
@@ -476,28 +499,41 @@ def render_html(report: dict, comparison: Comparison | None = None, baseline: st
     return "\n".join(h) + "\n"
 
 
+ABSOLUTE_UNITS = {"_lsb": "LSB change", "_ops": "change", "transposes": "change", "npu_partitions": "change",
+                  "host_ops": "change"}
+
+
+def _delta_unit(metric: str, deltas: list) -> str:
+    """A panel's unit: dB for a `_db` metric, points for the NPU share, the metric's own for counts and LSBs,
+    else percent of the old value (its own unit where an old value was 0: a percent of 0 would be no bar)."""
+    if metric.endswith("_db"):
+        return "dB change"
+    if metric == "npu_offload":
+        return "points"
+    for suffix, unit in ABSOLUTE_UNITS.items():
+        if metric.endswith(suffix):
+            return unit
+    return "change" if any(not d.old for d in deltas) else "% change"
+
+
 def _delta_rows(c: Comparison) -> tuple[list[tuple[str, str, str | None]], list[tuple[str, list[float | None]]],
                                          set[tuple[str, str]]]:
     """The delta chart's panels (every metric that moved for some build, the regressed ones first: a metric
-    that regressed is always drawn), its rows (per build that moved, each panel's change: dB for a `_db`
-    metric, points for the NPU share, else percent of the old value) and the regressed (build, metric)s."""
-    def change(d) -> float | None:
-        if not (isinstance(d.old, (int, float)) and isinstance(d.new, (int, float))):
-            return None
-        if d.metric.endswith("_db") or d.metric == "npu_offload":
-            return round((d.new - d.old) * (100 if d.metric == "npu_offload" else 1), 4)
-        return round((d.new - d.old) / abs(d.old) * 100, 4) if d.old else None
-
+    that regressed is always drawn), its rows (per build that moved, each panel's change in the panel's unit)
+    and the regressed (build, metric)s."""
+    numeric = [d for d in c.deltas if isinstance(d.old, (int, float)) and isinstance(d.new, (int, float))]
+    by_metric: dict[str, list] = {}
+    for d in numeric:
+        by_metric.setdefault(d.metric, []).append(d)
+    unit = {m: _delta_unit(m, ds) for m, ds in by_metric.items()}
     vals: dict[str, dict[str, float]] = {}
-    for d in c.deltas:
-        v = change(d)
-        if v is not None:
-            vals.setdefault(d.build, {})[d.metric] = v
+    for d in numeric:
+        u = unit[d.metric]
+        v = (d.new - d.old) * (100 if u == "points" else 1) if u != "% change" else (d.new - d.old) / abs(d.old) * 100
+        vals.setdefault(d.build, {})[d.metric] = round(v, 4)
     regressed = {(r.build, r.metric) for r in c.regressions if r.metric != "status"}
     order = {m: i for i, m in enumerate(glance.CHANGE_METRICS)}
-    metrics = sorted({m for row in vals.values() for m in row},
-                     key=lambda m: (not any(r[1] == m for r in regressed), order.get(m, len(order)), m))
-    unit = {m: "dB change" if m.endswith("_db") else "points" if m == "npu_offload" else "% change" for m in metrics}
+    metrics = sorted(by_metric, key=lambda m: (not any(r[1] == m for r in regressed), order.get(m, len(order)), m))
     panels = [(m, unit[m], better_direction(m)) for m in metrics]
     return panels, [(bid, [row.get(m) for m in metrics]) for bid, row in vals.items()], regressed
 

@@ -24,8 +24,8 @@ td.id{white-space:nowrap}td.problem{min-width:22em;max-width:34em}
 #builds-table td{white-space:nowrap;overflow:hidden;text-overflow:ellipsis;max-width:none;min-width:0}
 #builds-table th{white-space:nowrap;overflow:hidden;text-overflow:ellipsis}
 #builds-table td.problem{font-weight:normal}#builds-table td.problem span.bad{font-weight:normal}
-col.c-build{width:13%}col.c-target{width:7.5%}col.c-status{width:5%}col.c-fit{width:17%}col.c-time{width:9%}
-col.c-npu{width:4%}col.c-vs{width:7%}col.c-tosa{width:8.5%}col.c-change{width:9.5%}col.c-problem{width:auto}
+col.c-build{width:15%}col.c-target{width:7.5%}col.c-status{width:5%}col.c-fit{width:17%}col.c-ms{width:5.5%}
+col.c-npu{width:4%}col.c-vs{width:9%}col.c-tosa{width:8.5%}col.c-change{width:10%}col.c-problem{width:auto}
 td.warn{background:#fff1cc}td.better{color:#1a7f1a}td.worse{color:#b35900}td.change.bad{color:#a00}
 td.fit.bad{color:#a00;font-weight:bold}
 .passed{background:#dff0d8}.failed{background:#f2dede}.skipped{background:#fcf8e3}

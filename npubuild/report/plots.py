@@ -169,7 +169,8 @@ def deltas_svg(panels: list[tuple[str, str, str | None]], rows: list[tuple[str, 
 
     `panels`: (metric, unit, 'lower'/'higher'/None); `rows`: (build, the change per panel or None);
     `regressed`: the (build, metric) pairs that are regressions."""
-    label_w, panel_w, gap, row, top = 260, 190, 14, 17, 34
+    label_w = min(440, 12 + 7 * max((len(bid) for bid, _ in rows), default=10))  # the build ids whole
+    panel_w, gap, row, top = 190, 14, 17, 34
     per_row = max(1, (width - label_w) // (panel_w + gap))
     out = []
     for first in range(0, len(panels), per_row):

@@ -52,26 +52,27 @@ def _report(**metrics) -> dict:
 def test_the_delta_chart_draws_every_regressed_metric_coloured_by_its_direction():
     """The baseline-delta chart drew a figure title over two panel titles, an SNR improvement red (higher is
     better there) and left out the metric that regressed (quant_snr_db, -36%: only a fixed list was drawn)."""
-    old = _report(inference_ms=1.0, sram_kib=100.0, tosa_snr_db=30.0, quant_snr_db=25.0)
-    new = _report(inference_ms=0.9, sram_kib=110.0, tosa_snr_db=34.0, quant_snr_db=16.0)
+    old = _report(inference_ms=1.0, sram_kib=100.0, tosa_snr_db=30.0, quant_snr_db=25.0, tosa_max_error_lsb=0)
+    new = _report(inference_ms=0.9, sram_kib=110.0, tosa_snr_db=34.0, quant_snr_db=16.0, tosa_max_error_lsb=1)
     comparison = compare(new, old, dict(DEFAULTS))
-    assert {r.metric for r in comparison.regressions} == {"sram_kib", "quant_snr_db"}
+    assert {r.metric for r in comparison.regressions} == {"sram_kib", "quant_snr_db", "tosa_max_error_lsb"}
     page = Page(render_html(new, comparison, "old/report.json"))
     chart = page.charts("change against the baseline")[0]
     panels = [t for a, t in chart.texts if a.get("font-weight") == "bold"]
-    assert set(panels[:2]) == {"quant_snr_db", "sram_kib"}  # the regressions first, each drawn
-    assert set(panels) == {"quant_snr_db", "sram_kib", "inference_ms", "tosa_snr_db"}
+    assert set(panels[:3]) == {"quant_snr_db", "sram_kib", "tosa_max_error_lsb"}  # the regressions first, each
+    assert set(panels) == {"quant_snr_db", "sram_kib", "inference_ms", "tosa_snr_db", "tosa_max_error_lsb"}  # drawn
     assert min(float(a["y"]) for a, _ in chart.texts) >= 12  # nothing above the panel titles
     bars = {t.split(": ", 1)[1].split(" ")[0]: r for t, r in zip(chart.titles, [
         r for r in chart.rects if r.get("height") == "13"], strict=True)}
     assert bars["tosa_snr_db"]["fill"] == BETTER and bars["inference_ms"]["fill"] == BETTER  # higher / lower: better
     assert bars["quant_snr_db"]["fill"] == WORSE and bars["sram_kib"]["fill"] == WORSE
     assert bars["quant_snr_db"].get("stroke") == "black"  # a regression past its threshold, outlined
+    assert bars["tosa_max_error_lsb"]["fill"] == WORSE  # 0 -> 1 LSB: drawn in LSB (a percent of 0 is no bar)
     units = [t for a, t in chart.texts if a.get("y") == "26"]
-    assert "dB change, higher is better" in units and "% change, lower is better" in units
+    assert {"dB change, higher is better", "% change, lower is better", "LSB change, lower is better"} <= set(units)
     # the Builds table's change column names the regression in the metric's words, worse first
     _, rows = page.table("builds-table")
-    assert rows[0].cells[8].text == "SRAM +10.0%, float SNR -9.0 dB, +2 more"
+    assert rows[0].cells[8].text == "SRAM +10.0%, float SNR -9.0 dB, +3 more"
     assert "bad" in rows[0].cells[8].attrs["class"]
 
 

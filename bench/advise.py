@@ -1,0 +1,68 @@
+"""`npubuild advise` on the DS-CNN and real trained models: its answer, and what it costs cold and cached.
+
+    python bench/advise.py [--real /work/scratch/<you>/real] [--specs mp_selfie_segmentation ...] [-n 2]
+
+For each model: `npubuild advise SOURCE --fps F` in a fresh build dir with the shared cache off (cold: every
+configuration compiled), then the same command again (the cached rerun: every task up to date, the chart
+from the plot cache), each in a child process, wall seconds measured around it. Prints one Markdown table of
+the timings and, per model, the table `advise` printed. `--real` is a copy of ../shared/models/real with its
+calibration made (never build inside /work/real itself); the DS-CNN comes from configs/models.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def advise(source: Path, cwd: Path, build_dir: Path, fps: float, jobs: str) -> tuple[float, str, dict]:
+    start = time.perf_counter()
+    proc = subprocess.run([sys.executable, "-m", "npubuild", "advise", str(source), "--fps", f"{fps:g}", "-n", jobs,
+                           "--build-dir", str(build_dir), "--cache", "off"], cwd=cwd, capture_output=True, text=True)
+    seconds = time.perf_counter() - start
+    if proc.returncode not in (0, 1):
+        raise SystemExit(f"advise {source}: exit {proc.returncode}\n{proc.stdout}\n{proc.stderr}")
+    label = next(iter(sorted((build_dir / "advise").iterdir())))
+    report = json.loads((label / "report.json").read_text())
+    return seconds, proc.stdout, report["advice"]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--real", type=Path, help="a copy of ../shared/models/real (with calib/)")
+    ap.add_argument("--specs", nargs="*", default=["mp_selfie_segmentation"], help="real specs to advise on")
+    ap.add_argument("-n", "--jobs", default="2")
+    args = ap.parse_args()
+    cases = [("ds_cnn", ROOT / "configs" / "models" / "ds_cnn.onnx", ROOT, 10000.0)]
+    if args.real:
+        cases += [(s, args.real / "specs" / f"{s}.yaml", args.real, 30.0) for s in args.specs]
+    rows, tables = [], []
+    for name, source, cwd, fps in cases:
+        with tempfile.TemporaryDirectory(prefix="npubuild-advise-") as tmp:
+            build_dir = Path(tmp) / "build"
+            cold, out, advice = advise(source, cwd, build_dir, fps, args.jobs)
+            warm, _, again = advise(source, cwd, build_dir, fps, args.jobs)
+            assert again == advice, "the cached rerun must give the same answer"
+            n = len(advice["configurations"])
+            fits = sum(p["fits"] for p in advice["configurations"])
+            rows.append(f"| {name} | {n} ({fits} fit) | {fps:g} fps | {advice['chosen'] or 'none'} | "
+                        f"{cold:.1f} | {warm:.1f} |")
+            tables.append(f"### {name}\n\n```\n{out.rstrip()}\n```\n")
+    print(f"load average {os.getloadavg()[0]:.2f}, -n {args.jobs}, cache off (cold), then the same command\n")
+    print("| model | configurations | budget | smallest within budget | cold s | cached rerun s |")
+    print("|---|---:|---|---|---:|---:|")
+    print("\n".join(rows))
+    print()
+    print("\n".join(tables))
+
+
+if __name__ == "__main__":
+    main()
