@@ -168,6 +168,8 @@ class Point:
     efficiency: float | None = None  # the model's MACs over the MAC array's cycles x size (MAC utilisation)
     pareto: bool = False
     meets_budget: bool | None = None  # None: no budget asked
+    misfit_key: str | None = None  # a pool that did not fit: the Vela task's full key (config + input contents)
+    reused_from: str | None = None  # that misfit taken from this earlier run: same key, so the same answer
 
 
 def point(c: Config, entry: dict | None) -> Point:
@@ -175,7 +177,7 @@ def point(c: Config, entry: dict | None) -> Point:
 
     acc = c.accelerator
     p = Point(c.name, c.profile, acc.name, acc.generation, acc.macs, c.sram_kib, c.target.clock_mhz,
-              (entry or {}).get("status", "missing"), False, None)
+              (entry or {}).get("status", "missing"), False, None, reused_from=(entry or {}).get("reused_from"))
     if entry is None:
         p.cause = "not built"
         return p
@@ -228,6 +230,42 @@ def choose(points: list[Point], budget: float | None) -> Point | None:
                                        p.inference_ms, p.config)) if meeting else None
 
 
+def vela_key(plan, build: Build) -> str | None:
+    """The content key of a build's Vela task (its config and the contents of its inputs, as the shared cache
+    keys it), or None while its inputs are not there."""
+    from npubuild.build.cache import cache_key
+
+    task = plan.tasks[plan.build_tasks[build.id]["vela"]]
+    try:
+        return cache_key(task.config, task.inputs)
+    except OSError:
+        return None
+
+
+def is_misfit(entry: dict) -> bool:
+    """A build whose only failure is a pool that does not fit (errors.PoolsTooSmall's pools in its entry)."""
+    pools = (entry.get("metrics") or {}).get("pools") or []
+    failed = [k for k, s in (entry.get("stages") or {}).items() if s.get("status") == "failed"]
+    return failed == ["vela"] and any(not p.get("fits", True) for p in pools)
+
+
+def known_misfits(previous: dict | None) -> dict[str, tuple[str, dict]]:
+    """From the previous advise report in the same place: each configuration that did not fit, with its Vela
+    task's key then and its report entry. A rerun with the same key would only fail the same way (Vela's
+    output is a function of its inputs), so advise takes the answer instead of compiling it again: a misfit is
+    never cached as a task (a failed task reruns), and a sweep has dozens."""
+    if not isinstance(previous, dict) or not isinstance(previous.get("advice"), dict):
+        return {}
+    entries = {b.get("target"): b for b in previous.get("builds", []) if isinstance(b, dict)}
+    out = {}
+    for p in previous["advice"].get("configurations", []):
+        entry = entries.get(p.get("config"))
+        if p.get("misfit_key") and entry is not None and is_misfit(entry):
+            out[p["config"]] = (p["misfit_key"], {**entry, "reused_from": entry.get("reused_from")
+                                                  or previous.get("run_id")})
+    return out
+
+
 @dataclass
 class Advice:
     model: str
@@ -242,8 +280,11 @@ class Advice:
                 "energy_proxy": "NPU cycles x MACs per cycle", "efficiency": "model MACs / (NPU cycles x MACs per cycle)"}
 
 
-def analyse(model: str, configs: list[Config], entries: dict[str, dict], budget: float | None) -> Advice:
+def analyse(model: str, configs: list[Config], entries: dict[str, dict], budget: float | None,
+            misfit_keys: dict[str, str | None] | None = None) -> Advice:
     points = [point(c, entries.get(c.name)) for c in configs]
+    for p in points:
+        p.misfit_key = (misfit_keys or {}).get(p.config)
     for p in pareto_front(points):
         p.pareto = True
     return Advice(model, budget, points, choose(points, budget))

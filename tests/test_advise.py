@@ -78,7 +78,16 @@ def test_advise_sweeps_the_dscnn_and_names_the_smallest_configuration_within_the
     assert (out_dir / "advice.png").read_bytes().startswith(b"\x89PNG")
     page = (out_dir / "advice.html").read_text()
     assert f'<tr class="chosen"><td>{smallest["config"]}</td>' in page and "data:image/png;base64," in page
-    # the same sweep again comes from the build dir: nothing runs; a budget nothing meets is exit 1
+    # the same sweep again comes from the build dir: nothing runs, not even Vela for the misfit (its inputs are
+    # the same, so is the answer); a budget nothing meets is exit 1
     code, out, err = run_cli([*args, "--fps", "1000000"], capsys, cwd=project)
     assert code == 1 and "no configuration meets 0.001 ms" in out
-    assert out.splitlines()[-1].startswith("0 ran, ")
+    assert out.splitlines()[-1].startswith("0 ran, ") and ", 1 known not to fit (the same Vela inputs" in out
+    again = json.loads((out_dir / "report.json").read_text())
+    reused = next(p for p in again["advice"]["configurations"] if p["config"] == "ethos-u55-64-sram4")
+    assert reused["reused_from"] == report["run_id"] and not reused["fits"] and reused["misfit_key"]
+    # a misfit whose Vela inputs are not those of then is compiled again
+    again["advice"]["configurations"] = [dict(p, misfit_key="0" * 40) for p in again["advice"]["configurations"]]
+    (out_dir / "report.json").write_text(json.dumps(again))
+    code, out, err = run_cli([*args, "--latency-ms", "0.2"], capsys, cwd=project)
+    assert code == 0 and "known not to fit" not in out and ", 1 failed, " in out.splitlines()[-1], out

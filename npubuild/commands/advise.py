@@ -64,12 +64,36 @@ def cmd_advise(args) -> int:
     out_dir = build_dir / REPORT_SUBDIR / re.sub(r"[^A-Za-z0-9_.-]", "_", label)
     import sys
 
+    from npubuild.advise import is_misfit, known_misfits, vela_key
+    from npubuild.build.plan import make_plan
+    from npubuild.report.summary import previous_report
+
     # the live table on a terminal; in a pipe or a log no line per task (a sweep has a hundred and more)
-    result = build(builds, build_dir, jobs, keep_going=True, quiet=args.json or not sys.stdout.isatty(),
-                   debug=args.debug, cache=args.cache, reports=out_dir, summary=False, per_build=False)
-    entries = {b["target"]: b for b in result.report["builds"]}
-    advice = analyse(b0.model_name, configs, entries, budget)
-    report = {**result.report, "advice": advice.as_json()}
+    quiet = args.json or not sys.stdout.isatty()
+    known = known_misfits(previous_report(out_dir / "report.json"))
+
+    def run(some: list) -> list:
+        result = build(some, build_dir, jobs, keep_going=True, quiet=quiet, debug=args.debug, cache=args.cache,
+                       reports=out_dir, summary=False, per_build=False)
+        results.append(result)
+        return result.report["builds"]
+
+    results: list = []
+    # first every configuration not known to misfit (and so every task they share); then the Vela key of each
+    # known misfit, now that its inputs are there: the same key is the same answer, a new one is compiled
+    first = [b for b in builds if b.target.name not in known] or builds[:1]
+    entries = {e["target"]: e for e in run(first)}
+    rest = [b for b in builds if b.target.name not in entries]
+    plan = make_plan(builds, build_dir)
+    reused = {b.target.name: known[b.target.name][1] for b in rest if vela_key(plan, b) == known[b.target.name][0]}
+    again = [b for b in rest if b.target.name not in reused]
+    if again:
+        entries.update({e["target"]: e for e in run(again)})
+    entries.update(reused)
+    keys = {b.target.name: vela_key(plan, b) for b in builds if is_misfit(entries.get(b.target.name) or {})}
+    advice = analyse(b0.model_name, configs, entries, budget, keys)
+    report = {**results[-1].report, "builds": [entries[c.name] for c in configs if c.name in entries],
+              "advice": advice.as_json()}
     write_text(out_dir / "report.json", json.dumps(report) + "\n")
     png = chart_png(advice, build_dir / ".cache" / "plots")
     write_bytes(out_dir / "advice.png", png)
@@ -78,10 +102,15 @@ def cmd_advise(args) -> int:
         print(json.dumps(report["advice"], indent=2))
     else:
         print(text_table(advice))
-        print(f"{result.summary_line()}; chart: {out_dir / 'advice.png'}, page: {out_dir / 'advice.html'}")
-    if any("input" in b.get("error_kinds", []) for b in result.report["builds"]) and not any(
-            p.fits for p in advice.points):
-        first = next(b for b in result.report["builds"] if b.get("errors"))
+        ran = sum(len(r.executed) - len(r.from_cache) for r in results)
+        print(f"{ran} ran, {sum(len(r.cached) for r in results)} cached, "
+              f"{sum(len(r.failed) for r in results)} failed, {sum(len(r.from_cache) for r in results)} restored "
+              f"from the shared cache" + (f", {len(reused)} known not to fit (the same Vela inputs as the last "
+                                          f"advise)" if reused else "")
+              + f" ({sum(r.seconds for r in results):.0f} s); report: {out_dir / 'report.json'}, chart: "
+              f"{out_dir / 'advice.png'}, page: {out_dir / 'advice.html'}")
+    if any("input" in b.get("error_kinds", []) for b in report["builds"]) and not any(p.fits for p in advice.points):
+        first = next(b for b in report["builds"] if b.get("errors"))
         raise InputError(first["errors"][0].partition("error: ")[2] or first["errors"][0])
     if not any(p.fits for p in advice.points) or (budget is not None and advice.chosen is None):
         if args.json:
