@@ -50,15 +50,20 @@ def main() -> None:
             build_dir = Path(tmp) / "build"
             cold, out, advice = advise(source, cwd, build_dir, fps, args.jobs)
             warm, _, again = advise(source, cwd, build_dir, fps, args.jobs)
-            assert again == advice, "the cached rerun must give the same answer"
+            def answer(a: dict) -> tuple:
+                return a["chosen"], [(p["config"], p["fits"], p["inference_ms"]) for p in a["configurations"]]
+
+            assert answer(again) == answer(advice), "the cached rerun must give the same answer"
+            reused = sum(1 for p in again["configurations"] if p.get("reused_from"))
             n = len(advice["configurations"])
             fits = sum(p["fits"] for p in advice["configurations"])
             rows.append(f"| {name} | {n} ({fits} fit) | {fps:g} fps | {advice['chosen'] or 'none'} | "
-                        f"{cold:.1f} | {warm:.1f} |")
+                        f"{cold:.1f} | {warm:.1f} | {reused} |")
             tables.append(f"### {name}\n\n```\n{out.rstrip()}\n```\n")
     print(f"load average {os.getloadavg()[0]:.2f}, -n {args.jobs}, cache off (cold), then the same command\n")
-    print("| model | configurations | budget | smallest within budget | cold s | cached rerun s |")
-    print("|---|---:|---|---|---:|---:|")
+    print("| model | configurations | budget | smallest within budget | cold s | cached rerun s | misfits not "
+          "recompiled |")
+    print("|---|---:|---|---|---:|---:|---:|")
     print("\n".join(rows))
     print()
     print("\n".join(tables))

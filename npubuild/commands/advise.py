@@ -73,8 +73,10 @@ def cmd_advise(args) -> int:
     known = known_misfits(previous_report(out_dir / "report.json"))
 
     def run(some: list) -> list:
+        # reports=None: advise writes its own report.json, page and chart (a build's report.md/html of every
+        # configuration would be most of a cached rerun's time)
         result = build(some, build_dir, jobs, keep_going=True, quiet=quiet, debug=args.debug, cache=args.cache,
-                       reports=out_dir, summary=False, per_build=False)
+                       reports=None, summary=False, per_build=False)
         results.append(result)
         return result.report["builds"]
 
