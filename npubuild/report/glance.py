@@ -13,18 +13,19 @@ from npubuild.report.brief import num
 from npubuild.report.regress import Comparison, Delta, better_direction
 
 # Accuracy against the float model, most telling first: the deployed graph's SNR and agreement against float
-# on held-back samples (the accuracy work adds these names to report.json's metrics), then the QDQ model's SNR
-# against float on the TOSA check's samples. The first present is shown; the others are in the build's panel.
-VS_FLOAT_SNR = ("deployed_float_snr_db", "float_snr_db", "quant_snr_db")
-VS_FLOAT_AGREEMENT = ("deployed_float_agreement", "float_agreement")
+# on held-back samples (issue 30's `float_*` metrics), then the QDQ model's SNR against float on the TOSA
+# check's samples (`quant_snr_db`). The first present is shown; the others are in the build's panel.
+VS_FLOAT_SNR = ("float_snr_db", "quant_snr_db")
+VS_FLOAT_AGREEMENT = (("float_top1_agreement", "top-1"), ("float_mask_iou", "IoU"),
+                      ("float_decision_agreement", "agree"))
 # SNR against float below this is marked: the int8 model may have collapsed (issue 30's bar is 20 dB)
 LOW_SNR_DB = 20.0
 # the few metrics the change column names, in this order; the full list is in the baseline section
 CHANGE_METRICS = ("inference_ms", "sram_kib", "offchip_kib", "npu_offload", *VS_FLOAT_SNR, "tosa_snr_db",
                   "tosa_max_error_lsb", "accuracy", "npu_cycles", "macs")
 SHORT = {"inference_ms": "ms", "sram_kib": "SRAM", "offchip_kib": "off-chip", "npu_offload": "NPU",
-         "quant_snr_db": "float SNR", "deployed_float_snr_db": "float SNR", "float_snr_db": "float SNR",
-         "tosa_snr_db": "SNR", "tosa_max_error_lsb": "LSB", "accuracy": "top-1", "npu_cycles": "cycles",
+         "quant_snr_db": "QDQ SNR", "float_snr_db": "float SNR",
+         "tosa_snr_db": "TOSA SNR", "tosa_max_error_lsb": "LSB", "accuracy": "top-1", "npu_cycles": "cycles",
          "macs": "MACs"}
 
 
@@ -114,9 +115,10 @@ class Accuracy:
 def accuracy(m: dict) -> Accuracy:
     name, snr = _first(m, VS_FLOAT_SNR)
     parts = [f"{snr:.1f} dB"] if snr is not None else []
-    _, agree = _first(m, VS_FLOAT_AGREEMENT)
+    found, agree = _first(m, tuple(n for n, _ in VS_FLOAT_AGREEMENT))
     if agree is not None:
-        parts.append(f"agree {agree:.0%}")
+        parts.append(f"{dict(VS_FLOAT_AGREEMENT)[found]} {agree:.0%}")
+    collapsed = m.get("collapsed_outputs")
     acc = m.get("accuracy")
     if isinstance(acc, (int, float)):
         parts.append(f"{acc:.1%}")  # int8 top-1 (float -> int8 in the build's panel)
@@ -124,7 +126,8 @@ def accuracy(m: dict) -> Accuracy:
     qdq = [f"{tosa:.1f} dB"] if isinstance(tosa, (int, float)) else []
     if isinstance(lsb, (int, float)):
         qdq.append(f"{lsb:.0f} LSB")
-    return Accuracy(" \u00b7 ".join(parts) or "-", snr, snr is not None and snr < LOW_SNR_DB, ", ".join(qdq) or "-",
+    low = (snr is not None and snr < LOW_SNR_DB) or (isinstance(collapsed, int) and collapsed > 0)
+    return Accuracy(" \u00b7 ".join(parts) or "-", snr, low, ", ".join(qdq) or "-",
                     float(tosa) if isinstance(tosa, (int, float)) else None)
 
 

@@ -351,7 +351,8 @@ def _figures(b: dict) -> str:
              ("TOSA max LSB", cell(m.get("tosa_max_error_lsb"))),
              ("worst node (own LSB)", f"<td>{escape(worst_node_text(m))}</td>"),
              ("top-1 float &rarr; int8", cell(acc, acc_text)), ("first bad layer", f"<td>{_first_bad_layer(b)}</td>")]
-    extra = [n for n in (*glance.VS_FLOAT_SNR, *glance.VS_FLOAT_AGREEMENT) if n != "quant_snr_db" and n in m]
+    extra = [n for n in (*glance.VS_FLOAT_SNR, *(a for a, _ in glance.VS_FLOAT_AGREEMENT), "collapsed_outputs")
+             if n != "quant_snr_db" and n in m]
     pairs += [(n, cell(m[n], fmt(m[n], 3))) for n in extra]
     half = (len(pairs) + 1) // 2
     rows = [[pairs[i][0], pairs[i][1], *(pairs[i + half] if i + half < len(pairs) else ("", "<td></td>"))]

@@ -72,7 +72,7 @@ def test_the_delta_chart_draws_every_regressed_metric_coloured_by_its_direction(
     assert {"dB change, higher is better", "% change, lower is better", "LSB change, lower is better"} <= set(units)
     # the Builds table's change column names the regression in the metric's words, worse first
     _, rows = page.table("builds-table")
-    assert rows[0].cells[8].text == "SRAM +10.0%, float SNR -9.0 dB, +3 more"
+    assert rows[0].cells[8].text == "SRAM +10.0%, QDQ SNR -9.0 dB, +3 more"
     assert "bad" in rows[0].cells[8].attrs["class"]
 
 
@@ -94,3 +94,18 @@ def test_gate_values_and_fvp_skips_read_as_figures_once():
     md = render_markdown(report)
     assert "0.30362116991643456" not in md and "accuracy = 0.3036, limit 0.5" in md
     assert md.count("no FVP found") == 1 and md.count("| skipped [1] |") == 3
+
+
+def test_the_builds_table_reads_accuracy_against_float_where_the_report_has_it():
+    """The slot for the accuracy work's figures: the deployed graph against float on held-back samples
+    (`float_snr_db`, `float_top1_agreement`, `collapsed_outputs`) when present, else the QDQ model's SNR
+    against float; a collapsed or low one is marked."""
+    report = {"versions": {}, "builds": [
+        dict(_report(quant_snr_db=35.0, float_snr_db=12.0, float_top1_agreement=0.9, collapsed_outputs=0,
+                     tosa_snr_db=40.0, tosa_max_error_lsb=2)["builds"][0], target="ethos-u55-128"),
+        dict(_report(quant_snr_db=35.0, tosa_snr_db=40.0)["builds"][0], target="ethos-u85-256")]}
+    _, rows = Page(render_html(report)).table("builds-table")
+    cells = {r.cells[1].text: r.cells for r in rows}
+    assert cells["ethos-u55-128"][6].text == "12.0 dB \u00b7 top-1 90%" and "warn" in cells["ethos-u55-128"][6].attrs["class"]
+    assert cells["ethos-u55-128"][7].text == "40.0 dB, 2 LSB"
+    assert cells["ethos-u85-256"][6].text == "35.0 dB" and "warn" not in cells["ethos-u85-256"][6].attrs["class"]
