@@ -23,16 +23,23 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def advise(source: Path, cwd: Path, build_dir: Path, fps: float, jobs: str) -> tuple[float, str, dict]:
+def advise(source: Path, cwd: Path, build_dir: Path, fps: float, jobs: str) -> tuple[float, float, str, dict]:
+    """Wall and CPU seconds (user + system of the whole process tree: what the machine's load inflates
+    least), what it printed, and report.json's advice."""
+    import resource
+
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.perf_counter()
     proc = subprocess.run([sys.executable, "-m", "npubuild", "advise", str(source), "--fps", f"{fps:g}", "-n", jobs,
                            "--build-dir", str(build_dir), "--cache", "off"], cwd=cwd, capture_output=True, text=True)
     seconds = time.perf_counter() - start
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
     if proc.returncode not in (0, 1):
         raise SystemExit(f"advise {source}: exit {proc.returncode}\n{proc.stdout}\n{proc.stderr}")
     label = next(iter(sorted((build_dir / "advise").iterdir())))
     report = json.loads((label / "report.json").read_text())
-    return seconds, proc.stdout, report["advice"]
+    return seconds, cpu, proc.stdout, report["advice"]
 
 
 def main() -> None:
@@ -48,8 +55,8 @@ def main() -> None:
     for name, source, cwd, fps in cases:
         with tempfile.TemporaryDirectory(prefix="npubuild-advise-") as tmp:
             build_dir = Path(tmp) / "build"
-            cold, out, advice = advise(source, cwd, build_dir, fps, args.jobs)
-            warm, _, again = advise(source, cwd, build_dir, fps, args.jobs)
+            cold, cold_cpu, out, advice = advise(source, cwd, build_dir, fps, args.jobs)
+            warm, warm_cpu, _, again = advise(source, cwd, build_dir, fps, args.jobs)
             def answer(a: dict) -> tuple:
                 return a["chosen"], [(p["config"], p["fits"], p["inference_ms"]) for p in a["configurations"]]
 
@@ -58,11 +65,11 @@ def main() -> None:
             n = len(advice["configurations"])
             fits = sum(p["fits"] for p in advice["configurations"])
             rows.append(f"| {name} | {n} ({fits} fit) | {fps:g} fps | {advice['chosen'] or 'none'} | "
-                        f"{cold:.1f} | {warm:.1f} | {reused} |")
+                        f"{cold:.1f} ({cold_cpu:.1f} CPU) | {warm:.1f} ({warm_cpu:.1f} CPU) | {reused} |")
             tables.append(f"### {name}\n\n```\n{out.rstrip()}\n```\n")
     print(f"load average {os.getloadavg()[0]:.2f}, -n {args.jobs}, cache off (cold), then the same command\n")
     print("| model | configurations | budget | smallest within budget | cold s | cached rerun s | misfits not "
-          "recompiled |")
+          "recompiled |")  # wall (CPU) seconds
     print("|---|---:|---|---|---:|---:|---:|")
     print("\n".join(rows))
     print()

@@ -1,18 +1,21 @@
 """The progress bar's ETA against the time a cold build really took.
 
-    python bench/eta.py [--specs kws digits anomaly_detection image_classification] [-n 1 2]
+    python bench/eta.py [--specs kws digits anomaly_detection image_classification] [-n 1 2] [--save DIR]
+    python bench/eta.py --replay DIR/*.json      # the estimators again on recorded runs
 
 Builds the example specs cold (a scratch product repo, shared cache off) with each -n, recording every task
 event of the progress display, then replays the events through two estimators: `before` (every stage not
 seen yet at the mean of the stages seen, from the first finished task on; npubuild before issue 35) and
-`now` (build/progress.StageProgress.eta: nothing until a stage that scales with the model has finished a
-task, unseen stages at their STAGE_WEIGHTS share). Prints, per run, the predicted total (elapsed + ETA) at
-the first estimate and at 10/25/50/75% of the build's real time, beside that real time.
+`now` (build/progress.StageProgress.eta: nothing until every stage with work left has finished a task in
+this run; then the longer of the work left spread over the parallel tasks and the longest chain of
+dependent tasks left). Prints, per run, the predicted total (elapsed + ETA) at the first estimate and at
+10/25/50/75% of the build's real time, beside that real time.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shutil
 import tempfile
@@ -23,18 +26,19 @@ from types import SimpleNamespace
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def record(repo: Path, jobs: int) -> tuple[list[str], list[tuple[float, str, str]], float]:
-    """A cold build's plan stages and (seconds, task, state) events, and its wall time."""
+def record(repo: Path, jobs: int) -> tuple[list[list], list[tuple[float, str, str]], float]:
+    """A cold build's plan ([name, stage, deps] per task, in order), its (seconds, task, state) events, and its
+    wall time."""
     from npubuild.build import progress
     from npubuild.cli import main
 
     events: list[tuple[float, str, str]] = []
-    stages: list[str] = []
+    stages: list[list] = []
     original_init, original_mark = progress.StageProgress.__init__, progress.StageProgress.mark
 
     def init(self, plan):
         original_init(self, plan)
-        stages.extend(t.stage for t in plan.tasks.values())
+        stages.extend([name, t.stage, list(t.deps)] for name, t in plan.tasks.items())
 
     def mark(self, name, state):
         original_mark(self, name, state)
@@ -72,32 +76,29 @@ class Before:
         return left / p._max_parallel
 
 
-def replay(stages: list[str], events: list[tuple[float, str, str]], total: float) -> dict[str, dict]:
+def replay(stages: list[list], events: list[tuple[float, str, str]], total: float) -> dict[str, dict]:
     from npubuild.build import progress
 
     clock = [0.0]
     real = progress.time.perf_counter
     progress.time.perf_counter = lambda: clock[0]
     try:
-        plan = SimpleNamespace(tasks={f"{s}:{i}": SimpleNamespace(stage=s) for i, s in enumerate(stages)}, builds=[0])
+        plan = SimpleNamespace(tasks={n: SimpleNamespace(stage=s, deps=d) for n, s, d in stages}, builds=[0])
         p = progress.StageProgress(plan)
         p.now = lambda: clock[0]
         before = Before(p)
-        names: dict[str, str] = {}
-        free = {s: [k for k in plan.tasks if k.startswith(f"{s}:")] for s in set(stages)}
         out: dict[str, dict] = {"before": {}, "now": {}}
         marks = [("first", None), *((f"{q:.0%}", q * total) for q in (0.1, 0.25, 0.5, 0.75))]
         for t, name, state in events:
             clock[0] = t
-            if name not in names:
-                names[name] = free[name.split(":", 1)[0]].pop(0)
-            p.mark(names[name], state)
+            p.mark(name, state)
             for label, est in (("before", before.eta()), ("now", p.eta())):
                 if est is None:
                     continue
                 for mark, at in marks:
                     if mark not in out[label] and (at is None or t >= at):
                         out[label][mark] = t + est
+                        out[label].setdefault("first_at", t)
         return out
     finally:
         progress.time.perf_counter = real
@@ -107,9 +108,19 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--specs", nargs="*", default=["kws", "digits", "anomaly_detection", "image_classification"])
     ap.add_argument("-n", "--jobs", nargs="*", type=int, default=[1, 2])
+    ap.add_argument("--save", type=Path, help="keep each run's events here (eta-n<jobs>.json)")
+    ap.add_argument("--replay", nargs="*", type=Path, help="recorded runs to replay instead of building")
     args = ap.parse_args()
     rows = []
-    for jobs in args.jobs:
+    runs = [(json.loads(f.read_text()), f.stem) for f in args.replay or []]
+    for run in runs:
+        data, name = run
+        est = replay(data["stages"], [tuple(e) for e in data["events"]], data["total"])
+        for label in ("before", "now"):
+            cells = [est[label].get(m) for m in ("first_at", "first", "10%", "25%", "50%", "75%")]
+            rows.append(f"| {name} | {len(data['stages'])} | {data['total']:.1f} | {label} | "
+                        + " | ".join("-" if c is None else f"{c:.1f}" for c in cells) + " |")
+    for jobs in [] if args.replay else args.jobs:
         with tempfile.TemporaryDirectory(prefix="npubuild-eta-") as tmp:
             repo = Path(tmp)
             (repo / "configs").mkdir()
@@ -119,14 +130,19 @@ def main() -> None:
             shutil.copytree(ROOT / "configs" / "models", repo / "configs" / "models")
             shutil.copytree(ROOT / "configs" / "data", repo / "configs" / "data")
             stages, events, total = record(repo, jobs)
+        if args.save:
+            args.save.mkdir(parents=True, exist_ok=True)
+            (args.save / f"eta-n{jobs}.json").write_text(json.dumps({"stages": stages, "events": events,
+                                                                      "total": total}))
         est = replay(stages, events, total)
         for label in ("before", "now"):
-            cells = [est[label].get(m) for m in ("first", "10%", "25%", "50%", "75%")]
-            rows.append(f"| -n {jobs} | {len(stages)} | {total:.1f} | {label} | "
+            cells = [est[label].get(m) for m in ("first_at", "first", "10%", "25%", "50%", "75%")]
+            rows.append(f"| {'+'.join(args.specs) if len(args.specs) < 3 else len(args.specs)} specs, -n {jobs} | {len(stages)} | {total:.1f} | {label} | "
                         + " | ".join("-" if c is None else f"{c:.1f}" for c in cells) + " |")
     print(f"load average {os.getloadavg()[0]:.2f}; specs: {', '.join(args.specs)}; cold, shared cache off\n")
-    print("| jobs | tasks | real s | estimator | predicted total s at first ETA | at 10% | at 25% | at 50% | at 75% |")
-    print("|---|---:|---:|---|---:|---:|---:|---:|---:|")
+    print("| run | tasks | real s | estimator | first ETA at s | predicted total s then | at 10% | at 25% | "
+          "at 50% | at 75% |")
+    print("|---|---:|---:|---|---:|---:|---:|---:|---:|---:|")
     print("\n".join(rows))
 
 

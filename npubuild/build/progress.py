@@ -16,14 +16,9 @@ from npubuild.stages import STAGE_NAMES
 
 STATES = ("running", "ran", "restored", "cached", "failed", "blocked")  # blocked: not run, an upstream task failed
 BAR_WIDTH = 28
-# Each stage's usual time relative to import's, for the ETA of stages no task of this run has finished yet:
-# the mean stage seconds of the examples (kws, digits, anomaly, ResNet-8) and of the 16 real models
-# (/work/real) were import 0.47/0.20, quantize 0.53/1.45, lower 0.79/2.30, tosa-check 1.8/5.5, vela 0.59/0.45,
-# report 0.014/0.008 s (bench/eta.md). Without it an unseen stage was taken at the mean of the seen ones:
-# 20 s predicted after the first task of a 14 s build.
-STAGE_WEIGHTS = {"import": 0.3, "quantize": 1.0, "lower": 1.6, "tosa-check": 3.6, "vela": 0.8, "npu-sim": 0.8,
-                 "fvp": 1.5, "report": 0.01}
-FIXED_COST_STAGES = frozenset({"import", "report"})  # their time is mostly the task's start-up, not the model
+# The ETA waits for a measured time of every stage with work left: extrapolating an unseen stage from the
+# seen ones (the mean of them, or a fixed share per stage) was 1.2-2.4x off at its first figure on the
+# example builds, each stage's first task carrying start-up and one model's size (bench/eta.md).
 RUNNING_WIDTH = 44  # the running column's fixed width; longer lists are cut with "+N"
 
 
@@ -49,6 +44,8 @@ class StageProgress:
         self.builds_failed = 0
         self._seconds: dict[str, list[float]] = {}  # stage -> durations of the tasks that ran here
         self._max_parallel = 1
+        self._deps = {name: list(getattr(t, "deps", [])) for name, t in plan.tasks.items()}  # in the plan's order
+        self._finished: set[str] = set()
 
     @staticmethod
     def stage_of(task_name: str) -> str:
@@ -64,6 +61,8 @@ class StageProgress:
             self.counts[stage]["running"] -= 1
             if state in ("ran", "restored"):
                 self._seconds.setdefault(stage, []).append(now - began)
+        if state != "running":
+            self._finished.add(task_name)
         if state == "running":
             self.running[task_name] = now
             self._max_parallel = max(self._max_parallel, len(self.running))
@@ -83,27 +82,29 @@ class StageProgress:
         return sum(self._done(c) for c in self.counts.values())
 
     def eta(self) -> float | None:
-        """Seconds left: each stage's tasks still to do at the mean time of that stage's tasks so far; a stage
-        not seen yet at its STAGE_WEIGHTS share of the seen stages' time (a report task is not a TOSA check);
-        spread over the parallel tasks seen; None before any task ran."""
+        """Seconds left, once it can be said from this run's own figures: None until every stage with work
+        left has finished a task here (the depth-first schedule finishes a first build early). Then each task
+        left takes its stage's mean so far, and the time left is the longer of that work spread over the
+        parallel tasks seen and the longest chain of dependent tasks left (a lower bound on any schedule; a
+        model's TOSA check cannot start before its lowering, whatever the jobs)."""
         means = {s: sum(v) / len(v) for s, v in self._seconds.items() if v}
-        scaled = [s for s in means if s not in FIXED_COST_STAGES]
-        if not scaled:  # import alone is mostly start-up: it says little of how long the rest takes
+        pending = {s for s, total in self.total.items()
+                   if total - self._done(self.counts[s]) > 0}
+        if not pending or not pending <= set(means):
             return None
-        scale = sum(means[s] for s in scaled) / sum(STAGE_WEIGHTS.get(s, 1.0) for s in scaled)  # seconds per unit
-
-        def expected(stage: str) -> float:
-            return means.get(stage, STAGE_WEIGHTS.get(stage, 1.0) * scale)
-
         now = time.perf_counter()
-        left = 0.0
-        for stage, total in self.total.items():
-            c = self.counts[stage]
-            todo = total - (self._done(c) + c["running"])
-            left += todo * expected(stage)
-        for name, began in self.running.items():
-            left += max(0.0, expected(self.stage_of(name)) - (now - began))
-        return left / self._max_parallel
+
+        def left_of(name: str) -> float:
+            mean = means[self.stage_of(name)]
+            began = self.running.get(name)
+            return mean if began is None else max(0.0, mean - (now - began))
+
+        todo = [n for n in self._deps if n not in self._finished]
+        work = sum(left_of(n) for n in todo)
+        finish: dict[str, float] = {}
+        for n in todo:  # the plan's order is a topological one: a task's deps come before it
+            finish[n] = max((finish.get(d, 0.0) for d in self._deps[n]), default=0.0) + left_of(n)
+        return max(work / self._max_parallel, max(finish.values(), default=0.0))
 
     def bar(self) -> str:
         """`[=====>      ] 57/106 tasks, 12/27 builds, 3 failed, 41.2 s, ETA 12 s`"""
