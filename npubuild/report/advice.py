@@ -107,7 +107,7 @@ def draw_chart(data: dict) -> bytes:
     """Time against MAC array size for every configuration that fits (log scales): colour by generation, size
     by SRAM, the Pareto front joined, the budget a line, the choice ringed; beside it, energy proxy against
     time. `data`: Advice.as_json()."""
-    from matplotlib.ticker import FuncFormatter, NullFormatter
+    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
     from npubuild.report.plots import _png, _pyplot
 
@@ -137,23 +137,21 @@ def draw_chart(data: dict) -> bytes:
                    linewidths=1.8, label=f"smallest within budget: {chosen['config']}")
         ax2.scatter([chosen["inference_ms"]], [chosen["energy_proxy"]], s=280, facecolors="none", edgecolors="black",
                     linewidths=1.8)
+    ax.set_xscale("log", base=2)
+    for a in (ax, ax2):
+        a.set_yscale("log")
+    ax2.set_xscale("log")
     plain = FuncFormatter(lambda v, _: f"{v:g}")
-    for axis in (ax.xaxis, ax.yaxis, ax2.xaxis):
+    for axis in (ax.xaxis, ax.yaxis, ax2.xaxis):  # 0.05, 0.1, 0.2 rather than 5 x 10^-2
+        if axis is not ax.xaxis:
+            axis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
         axis.set_major_formatter(plain)
         axis.set_minor_formatter(NullFormatter())
-    ax.set_xscale("log", base=2)
-    ax.set_yscale("log")
-    ax.xaxis.set_major_formatter(plain)
-    ax.yaxis.set_major_formatter(plain)
     ax.set_xlabel("MACs per cycle")
     ax.set_ylabel("inference time, ms (Vela's estimate)")
     ax.set_title(f"{data['model']}: time per configuration (marker size: SRAM)")
     ax.legend(loc="upper right", fontsize=8)
     ax.grid(color="#eeeeee", which="both")
-    ax2.set_xscale("log")
-    ax2.set_yscale("log")
-    ax2.xaxis.set_major_formatter(plain)
-    ax2.xaxis.set_minor_formatter(NullFormatter())
     ax2.set_xlabel("inference time, ms")
     ax2.set_ylabel("energy proxy: NPU cycles x MACs per cycle")
     ax2.set_title("energy proxy against time (lower left is better)")

@@ -20,7 +20,7 @@ from npubuild.fileio import stable_hash, write_bytes
 
 FONT = 9
 DPI = 96
-STYLE = 2  # part of each cached plot's key: bump it when a chart's drawing changes
+STYLE = 3  # part of each cached plot's key: bump it when a chart's drawing changes
 # 20 colours told apart at a glance (matplotlib's tab10 then its light pairs, reordered so neighbours differ)
 PALETTE = ("#4878d0", "#ee854a", "#6acc64", "#d65f5f", "#956cb4", "#8c613c", "#dc7ec0", "#797979", "#d5bb67",
            "#82c6e2", "#1f3f8f", "#a8dd8f", "#b30000", "#f5b971", "#4b2d7f", "#c49c94", "#005f5f", "#c7c7c7",
