@@ -307,7 +307,7 @@ def cache_path() -> Path | None:
 
 
 def cached_rows(fresh: bool = False) -> list[dict]:
-    """The rows from the cache (0.1 s) or computed and kept there (cold: ~7 s on one core, bench/ops_speed.md)."""
+    """The rows from the cache (well under a second) or computed and kept there (cold: 7-9 s, bench/ops_speed.md)."""
     from npubuild.fileio import write_text
 
     path = cache_path()

@@ -120,7 +120,7 @@ def test_report_html_answers_fit_cause_placement_time_and_history(project: Path,
     assert "http://" not in page and "https://" not in page  # self-contained
     html = Page(page)
     head, rows = html.table("builds-table")
-    assert head == ["build", "target", "status", "fit", "time", "NPU", "vs float", "TOSA vs QDQ", "change", "problem"]
+    assert head == ["build", "target", "status", "fit", "ms", "NPU", "vs float", "TOSA vs QDQ", "change", "problem"]
     by_target = {r.cells[1].text: r for r in rows}
     first = rows[0]
     assert first.attrs["data-problem"] == "1" and first.attrs["data-build"] == U55  # failed builds first
