@@ -156,8 +156,9 @@ class Point:
     sram_kib: float
     clock_mhz: float
     status: str
-    fits: bool
+    fits: bool  # compiled, every pool holds what it needs
     cause: str | None
+    misfit: bool = False  # not compiled because a pool is too small (else `cause` is another failure)
     inference_ms: float | None = None
     inferences_per_s: float | None = None
     sram_used_kib: float | None = None
@@ -185,6 +186,7 @@ def point(c: Config, entry: dict | None) -> Point:
     vela = (entry.get("stages") or {}).get("vela", {})
     p.fits = vela.get("status") == "passed"
     p.cause = None if p.fits else (failure_cause(entry) or "not compiled")
+    p.misfit = is_misfit(entry)
     if not p.fits:
         return p
     ms, cycles, macs = m.get("inference_ms"), m.get("npu_cycles"), m.get("macs")

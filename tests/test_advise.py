@@ -91,3 +91,15 @@ def test_advise_sweeps_the_dscnn_and_names_the_smallest_configuration_within_the
     (out_dir / "report.json").write_text(json.dumps(again))
     code, out, err = run_cli([*args, "--latency-ms", "0.2"], capsys, cwd=project)
     assert code == 0 and "known not to fit" not in out and ", 1 failed, " in out.splitlines()[-1], out
+
+
+def test_a_model_no_configuration_can_take_is_one_line_exit_2(tmp_path: Path, capsys):
+    bad = tmp_path / "bad.onnx"
+    bad.write_bytes(b"not a model")
+    code, out, err = run_cli(["advise", str(bad), "--targets", "ethos-u55-128", "--sram", "64",
+                              "--build-dir", str(tmp_path / "build")], capsys)
+    assert code == 2 and not out and err.strip() == f"{bad}: error: not an ONNX model (DecodeError)"
+    code, _, err = run_cli(["advise", str(bad), "--sram", "1,2"], capsys)
+    assert code == 2 and err.strip() == "error: --sram 1: sizes from 4 to 65536 KiB"
+    code, _, err = run_cli(["advise", str(bad), "-n", "100000"], capsys)
+    assert code == 2 and "-n/--jobs must be from 1 to" in err

@@ -97,6 +97,11 @@ def cmd_advise(args) -> int:
     report = {**results[-1].report, "builds": [entries[c.name] for c in configs if c.name in entries],
               "advice": advice.as_json()}
     write_text(out_dir / "report.json", json.dumps(report) + "\n")
+    if not any(p.fits for p in advice.points):  # nothing compiled: bad input is one line, exit 2, no table
+        bad = next((b for b in report["builds"] if "input" in b.get("error_kinds", [])), None)
+        if bad is not None:
+            where, sep, rest = bad["errors"][0].partition("error: ")
+            raise InputError(rest, where.rstrip(": ") or None) if sep else InputError(bad["errors"][0])
     png = chart_png(advice, build_dir / ".cache" / "plots")
     write_bytes(out_dir / "advice.png", png)
     write_text(out_dir / "advice.html", html_page(advice, png))
@@ -111,9 +116,7 @@ def cmd_advise(args) -> int:
                                           f"advise)" if reused else "")
               + f" ({sum(r.seconds for r in results):.0f} s); report: {out_dir / 'report.json'}, chart: "
               f"{out_dir / 'advice.png'}, page: {out_dir / 'advice.html'}")
-    if any("input" in b.get("error_kinds", []) for b in report["builds"]) and not any(p.fits for p in advice.points):
-        first = next(b for b in report["builds"] if b.get("errors"))
-        raise InputError(first["errors"][0].partition("error: ")[2] or first["errors"][0])
+
     if not any(p.fits for p in advice.points) or (budget is not None and advice.chosen is None):
         if args.json:
             print(verdict(advice), file=sys.stderr)

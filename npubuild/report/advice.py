@@ -19,7 +19,7 @@ def _energy(p: Point, least: float | None) -> str:
 def _row(p: Point, least: float | None) -> list[str]:
     if not p.fits:
         return [p.config, f"{p.macs_per_cycle}", kib(p.sram_kib), "-", "-", "-", "-", "-", "-",
-                "does not fit: " + (p.cause or "")]
+                ("does not fit: " if p.misfit else "failed: ") + (p.cause or "")]
     return [p.config, f"{p.macs_per_cycle}", kib(p.sram_kib), milliseconds(p.inference_ms or 0),
             f"{p.inferences_per_s:,.0f}" if p.inferences_per_s else "-",
             kib(p.sram_used_kib) if p.sram_used_kib is not None else "-",
