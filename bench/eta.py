@@ -29,8 +29,8 @@ ROOT = Path(__file__).resolve().parents[1]
 def record(repo: Path, jobs: int) -> tuple[list[list], list[tuple[float, str, str]], float]:
     """A cold build's plan ([name, stage, deps] per task, in order), its (seconds, task, state) events, and its
     wall time."""
-    from npubuild.build import progress
     from npubuild.cli import main
+    from npubuild.engine import progress
 
     events: list[tuple[float, str, str]] = []
     stages: list[list] = []
@@ -77,7 +77,7 @@ class Before:
 
 
 def replay(stages: list[list], events: list[tuple[float, str, str]], total: float) -> dict[str, dict]:
-    from npubuild.build import progress
+    from npubuild.engine import progress
 
     clock = [0.0]
     real = progress.time.perf_counter

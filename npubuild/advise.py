@@ -235,7 +235,7 @@ def choose(points: list[Point], budget: float | None) -> Point | None:
 def vela_key(plan, build: Build) -> str | None:
     """The content key of a build's Vela task (its config and the contents of its inputs, as the shared cache
     keys it), or None while its inputs are not there."""
-    from npubuild.build.cache import cache_key
+    from npubuild.engine.cache import cache_key
 
     task = plan.tasks[plan.build_tasks[build.id]["vela"]]
     try:

@@ -23,7 +23,7 @@ REPORT_SUBDIR = "advise"
 
 def _jobs(value: int | None) -> int:
     """-n: default the cores this process may use; at most 4 per core (each job is a process with a model)."""
-    from npubuild.build.fanout import available_cores
+    from npubuild.engine.fanout import available_cores
 
     cores = available_cores()
     if value is None:
@@ -44,9 +44,10 @@ def cmd_advise(args) -> int:
         parse_sizes,
         template_builds,
     )
-    from npubuild.build.session import build
+    from npubuild.engine.session import build
     from npubuild.fileio import write_bytes, write_text
     from npubuild.report.advice import chart_png, html_page, text_table, verdict
+    from npubuild.stages import STAGES
 
     source = Path(args.source)
     if not source.is_file():
@@ -65,7 +66,7 @@ def cmd_advise(args) -> int:
     import sys
 
     from npubuild.advise import is_misfit, known_misfits, vela_key
-    from npubuild.build.plan import make_plan
+    from npubuild.engine.plan import make_plan
     from npubuild.report.summary import previous_report
 
     # the live table on a terminal; in a pipe or a log no line per task (a sweep has a hundred and more)
@@ -75,7 +76,7 @@ def cmd_advise(args) -> int:
     def run(some: list) -> list:
         # reports=None: advise writes its own report.json, page and chart (a build's report.md/html of every
         # configuration would be most of a cached rerun's time)
-        result = build(some, build_dir, jobs, keep_going=True, quiet=quiet, debug=args.debug, cache=args.cache,
+        result = build(some, build_dir, STAGES, jobs, keep_going=True, quiet=quiet, debug=args.debug, cache=args.cache,
                        reports=None, summary=False, per_build=False)
         results.append(result)
         return result.report["builds"]
@@ -86,7 +87,7 @@ def cmd_advise(args) -> int:
     first = [b for b in builds if b.target.name not in known] or builds[:1]
     entries = {e["target"]: e for e in run(first)}
     rest = [b for b in builds if b.target.name not in entries]
-    plan = make_plan(builds, build_dir)
+    plan = make_plan(builds, build_dir, STAGES)
     reused = {b.target.name: known[b.target.name][1] for b in rest if vela_key(plan, b) == known[b.target.name][0]}
     again = [b for b in rest if b.target.name not in reused]
     if again:

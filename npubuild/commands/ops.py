@@ -268,7 +268,7 @@ def compute_rows() -> list[dict]:
 
     import onnxruntime
 
-    from npubuild.build.fanout import fan_out
+    from npubuild.engine.fanout import fan_out
     from npubuild.lowering.registry import supported_op_types
 
     logging.getLogger().setLevel(logging.ERROR)
@@ -295,7 +295,7 @@ def cache_path() -> Path | None:
     onnx-ir, so any change that could move a row computes it again. None: no home to keep it in."""
     import os
 
-    from npubuild.build.versions import source_fingerprint, tool_version
+    from npubuild.engine.versions import source_fingerprint, tool_version
     from npubuild.fileio import stable_hash
 
     base = os.environ.get("XDG_CACHE_HOME") or (str(Path.home() / ".cache") if Path.home().is_dir() else "")

@@ -2,8 +2,38 @@
 
 from __future__ import annotations
 
-from npubuild.build.stage import Chain, Skip, Stage, TaskSpec, run_of
-from npubuild.config.load import Build
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from npubuild.config.schema import Calibration, Verify
+from npubuild.engine.stage import Chain, Stage, TaskSpec
+from npubuild.records.build import Skip
+
+if TYPE_CHECKING:
+    from npubuild.config.load import Build
+    from npubuild.engine.plan import StageTask
+
+
+@dataclass(frozen=True)
+class NpuSimConfig:
+    """The npu-sim task's config (its key): the vela task's key, the accelerator and output format, and how
+    tosa-check draws its samples (`verify` without `fvp`, the calibration range)."""
+
+    vela_key: str
+    accelerator: str
+    output_format: str
+    verify: Verify
+    calibration: Calibration
+
+    def to_json(self) -> dict[str, Any]:
+        return {"vela": self.vela_key, "accelerator": self.accelerator, "output_format": self.output_format,
+                "verify": self.verify.model_dump(exclude={"fvp"}), "calibration": self.calibration.model_dump()}
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> NpuSimConfig:
+        return cls(d["vela"], d["accelerator"], d["output_format"], Verify.model_validate(d["verify"]),
+                   Calibration.model_validate(d["calibration"]))
 
 
 def skip_reason(output_format: str) -> str | None:
@@ -27,11 +57,17 @@ def plan(b: Build, chain: Chain) -> TaskSpec | Skip | None:
               "float": chain["import"].outputs["onnx"]}
     if b.calibration_npy is not None:
         inputs["calibration"] = b.calibration_npy
-    return TaskSpec(f"{b.model_name}-{b.target.name}",
-                    {"vela": vela.key, "accelerator": b.target.accelerator, "output_format": b.vela.output_format,
-                     "verify": b.spec.verify.model_dump(exclude={"fvp"}), "calibration": model.calibration.model_dump()},
-                    inputs, {"result": "npusim.json"}, ("vela",))
+    config = NpuSimConfig(vela.key, b.target.accelerator, b.vela.output_format, b.spec.verify, model.calibration)
+    return TaskSpec(f"{b.model_name}-{b.target.name}", config.to_json(), inputs, {"result": "npusim.json"}, ("vela",))
 
 
-STAGE = Stage("npu-sim", "npubuild.verify.npu_sim", ("ethos-u-vela", "tosa-tools"), plan,
-              run_of("npubuild.verify.npu_sim"))
+def run(task: StageTask) -> dict:
+    from npubuild.verify.npu_sim import SimFiles, SimSamples, simulate_build
+
+    config = NpuSimConfig.from_json(task.config)
+    files = SimFiles(task.inputs["vela"], task.inputs["io"], task.inputs["float"], task.inputs.get("calibration"))
+    return simulate_build(files, SimSamples(config.verify.samples, config.verify.seed, config.calibration),
+                          task.outputs["result"])
+
+
+STAGE = Stage("npu-sim", __name__, "npubuild.verify.npu_sim", ("ethos-u-vela", "tosa-tools"), plan, run)

@@ -2,8 +2,40 @@
 
 from __future__ import annotations
 
-from npubuild.build.stage import Chain, Stage, TaskSpec, run_of
-from npubuild.config.load import Build
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from npubuild.config.schema import Calibration, Evaluation, Verify
+from npubuild.engine.stage import Chain, Stage, TaskSpec
+
+if TYPE_CHECKING:
+    from npubuild.config.load import Build
+    from npubuild.engine.plan import StageTask
+
+
+@dataclass(frozen=True)
+class TosaCheckConfig:
+    """The tosa-check task's config (its key). `verify.fvp` is not part of it: it changes no number here."""
+
+    lower_key: str
+    verify: Verify
+    passes: tuple[str, ...]  # the per-node check cuts the model as the lower stage sees it
+    input_shapes: Mapping[str, list[int]]
+    calibration: Calibration
+    evaluation: Evaluation | None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"lower": self.lower_key, "verify": self.verify.model_dump(exclude={"fvp"}),
+                "passes": list(self.passes), "input_shapes": dict(self.input_shapes),
+                "calibration": self.calibration.model_dump(),
+                "evaluation": self.evaluation.model_dump() if self.evaluation else None}
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> TosaCheckConfig:
+        return cls(d["lower"], Verify.model_validate(d["verify"]), tuple(d.get("passes", ())), d["input_shapes"],
+                   Calibration.model_validate(d["calibration"]),
+                   Evaluation.model_validate(d["evaluation"]) if d.get("evaluation") else None)
 
 
 def plan(b: Build, chain: Chain) -> TaskSpec | None:
@@ -17,15 +49,24 @@ def plan(b: Build, chain: Chain) -> TaskSpec | None:
         inputs["calibration"] = b.calibration_npy
     if b.evaluation is not None:
         inputs.update(eval_inputs=b.evaluation[0], eval_labels=b.evaluation[1])
-    config = {"lower": lower.key, "verify": b.spec.verify.model_dump(exclude={"fvp"}),
-              "passes": list(b.pipeline.passes),  # node errors cut the model as the lower stage sees it
-              "input_shapes": model.input_shapes, "calibration": model.calibration.model_dump(),
-              "evaluation": model.evaluation.model_dump() if model.evaluation else None}
-    return TaskSpec(b.model_name, config, inputs, {"numerics": "numerics.json", "reference": "reference.npz"},
+    config = TosaCheckConfig(lower.key, b.spec.verify, tuple(b.pipeline.passes), model.input_shapes,
+                             model.calibration, model.evaluation)
+    return TaskSpec(b.model_name, config.to_json(), inputs, {"numerics": "numerics.json", "reference": "reference.npz"},
                     ("lower",))
 
 
-STAGE = Stage("tosa-check", "npubuild.verify.tosa_check", ("onnx", "onnxruntime", "tosa-tools"), plan,
-              run_of("npubuild.verify.tosa_check"),
+def run(task: StageTask) -> dict:
+    from npubuild.verify.tosa_check import CheckFiles, CheckOptions, check_tosa
+
+    config = TosaCheckConfig.from_json(task.config)
+    evaluation = (task.inputs["eval_inputs"], task.inputs["eval_labels"]) if "eval_inputs" in task.inputs else None
+    files = CheckFiles(task.inputs["io"], task.inputs["reference"], task.inputs["float"],
+                       task.inputs.get("calibration"), evaluation)
+    options = CheckOptions(config.verify.samples, config.verify.seed, config.calibration, config.passes,
+                           config.evaluation)
+    return check_tosa(files, options, task.outputs["numerics"], task.outputs.get("reference"))
+
+
+STAGE = Stage("tosa-check", __name__, "npubuild.verify.tosa_check", ("onnx", "onnxruntime", "tosa-tools"), plan, run,
               preload=("numpy.random", "tosa_reference_model", "npubuild.frontend.passes:load_all",
                        "npubuild.lowering:load_all"))  # the per-node check cuts and lowers the model again

@@ -24,13 +24,13 @@ from pathlib import Path
 import numpy as np
 import onnx
 
-from npubuild.build.fanout import fan_out
-from npubuild.build.plan import StageTask
+from npubuild.config.schema import Calibration, Evaluation
+from npubuild.engine.fanout import fan_out
 from npubuild.errors import InputError, StageError
 from npubuild.fileio import atomic_path, write_json
 from npubuild.frontend.data import load_arrays, sample_arrays
-from npubuild.stages.records import LowerRecord
-from npubuild.tosa.iospec import IOSpec
+from npubuild.records.iospec import IOSpec
+from npubuild.records.lower import LowerRecord
 from npubuild.tosa.run import REFERENCE_MODEL_PER_ONNXRUNTIME, OnnxSession, run_tosa, timed_runs
 from npubuild.verify.node_errors import NodeCheck, NodeErrors, prepare_node_check
 from npubuild.verify.numerics import accuracy, compare_output
@@ -66,18 +66,42 @@ def graph_runner(io: LowerRecord, lower_dir: Path) -> GraphRunner:
     return lambda feeds: run_tosa(tosa, io, feeds)
 
 
-def run(task: StageTask) -> dict:
-    io = LowerRecord.read(task.inputs["io"])
-    lower_dir = task.inputs["io"].parent
+@dataclass(frozen=True)
+class CheckFiles:
+    """What the check reads: the lower stage's io.json (the graphs beside it), the model it is held to (the QDQ
+    model; the float one for an FP pipeline), the float model, and the user's data files."""
+
+    io: Path
+    reference: Path
+    float_model: Path
+    calibration: Path | None = None
+    evaluation: tuple[Path, Path] | None = None  # (inputs, labels)
+
+
+@dataclass(frozen=True)
+class CheckOptions:
+    """How the check samples and what else it measures."""
+
+    samples: int
+    seed: int
+    calibration: Calibration  # the random samples' range where there is no calibration file
+    passes: tuple[str, ...] = ()  # the pipeline's: the per-node check cuts the model as the lower stage sees it
+    evaluation: Evaluation | None = None
+
+
+def check_tosa(files: CheckFiles, options: CheckOptions, numerics_out: Path, reference_out: Path | None) -> dict:
+    """The tosa-check stage's work: numerics.json (returned, the stage's metrics) and, with `reference_out`,
+    the first sample's inputs and TOSA outputs (reference.npz, which the FVP stage compares against)."""
+    io = LowerRecord.read(files.io)
+    lower_dir = files.io.parent
     runner = graph_runner(io, lower_dir)
     what = "the TOSA graph" if io.whole_graph else "the partitioned model"
-    verify = task.config["verify"]
     is_int = io.profile == "int"
-    float_model = onnx.load(str(task.inputs["float"]))
-    samples = sample_arrays(float_model, task.config["calibration"], task.inputs.get("calibration"),
-                            verify["samples"], verify["seed"])
+    float_model = onnx.load(str(files.float_model))
+    samples = sample_arrays(float_model, options.calibration.model_dump(), files.calibration, options.samples,
+                            options.seed)
     n = next(iter(samples.values())).shape[0]
-    reference, flt_runner = OnnxSession(task.inputs["reference"]), OnnxSession(task.inputs["float"])
+    reference, flt_runner = OnnxSession(files.reference), OnnxSession(files.float_model)
     names = [o.onnx_name for o in io.outputs]
     got: dict[str, list] = {k: [] for k in names}
     ref: dict[str, list] = {k: [] for k in names}
@@ -89,8 +113,7 @@ def run(task: StageTask) -> dict:
     refs, onnxruntime_s = timed_runs(reference, feeds_of)
     node_check = None
     if is_int:  # a split model's nodes too: each cut is lowered and run on its own, on the reference model
-        node_check = prepare_node_check(onnx.load(str(task.inputs["reference"])), task.config.get("passes", []),
-                                        samples)
+        node_check = prepare_node_check(onnx.load(str(files.reference)), list(options.passes), samples)
     families = bitexact_families(lower_dir, io) if is_int and io.whole_graph and n else {}
     runs = reference_model_runs(runner, feeds_of, io.whole_graph, families, node_check, onnxruntime_s)
     for i, feeds in enumerate(feeds_of):
@@ -142,11 +165,11 @@ def run(task: StageTask) -> dict:
         whole = WholeGraphCheck(first_raw, partitioned_error) if io.whole_graph else None
         checks = partitioned_numerics(lower_dir, io, samples, reference, whole, runs.first_runs)
         summary["partitioned"] = {fam: c.to_json() for fam, c in checks.items()}
-    if task.inputs.get("eval_inputs") is not None:
-        summary.update(evaluate(task, io, runner, float_model, flt_runner))
-    write_json(task.outputs["numerics"], summary)
-    if "reference" in task.outputs:
-        with atomic_path(task.outputs["reference"]) as tmp, open(tmp, "wb") as fh:
+    if files.evaluation is not None and options.evaluation is not None:
+        summary.update(evaluate(options.evaluation, files.evaluation, io, runner, float_model, flt_runner))
+    write_json(numerics_out, summary)
+    if reference_out is not None:
+        with atomic_path(reference_out) as tmp, open(tmp, "wb") as fh:
             np.savez(fh, **{f"input_{k}": v[0] for k, v in samples.items()},
                      **{f"output_{k}": v for k, v in first_raw.items()})
     return summary
@@ -170,7 +193,7 @@ def reference_model_runs(runner: GraphRunner, feeds_of: list[dict[str, np.ndarra
                          onnxruntime_s: float) -> ReferenceRuns:
     """Every reference-model run of the check, made at once: model.tosa on each sample, each family the lower
     stage found bit-identical to it (`families`) on the first (partitioned_numerics), and the per-node cuts,
-    in that order, over worker processes (build/fanout.py) when onnxruntime's time on the QDQ model
+    in that order, over worker processes (engine/fanout.py) when onnxruntime's time on the QDQ model
     (`onnxruntime_s` a sample) says they are worth it. An error is the first run's in that order, as the runs one by one give
     it. A portable split runs host partitions on onnxruntime, whose threads a fork does not carry: here, and
     its per-node cuts (pure TOSA work) after it, over the workers."""
@@ -203,23 +226,24 @@ def output_lsb_error(spec: IOSpec, ref: np.ndarray, got: np.ndarray) -> np.ndarr
     return np.where(both, np.abs(r - g), 0.0)
 
 
-def evaluate(task: StageTask, io: LowerRecord, runner: GraphRunner, float_model: onnx.ModelProto,
-             flt_runner: OnnxSession) -> dict:
-    """Top-1 accuracy on the evaluation set: the float model, and the TOSA graph the NPU will run."""
-    cfg = task.config["evaluation"]
-    inputs = load_arrays(task.inputs["eval_inputs"], float_model)
+def evaluate(evaluation: Evaluation, files: tuple[Path, Path], io: LowerRecord, runner: GraphRunner,
+             float_model: onnx.ModelProto, flt_runner: OnnxSession) -> dict:
+    """Top-1 accuracy on the evaluation set (`files`: inputs, labels): the float model, and the TOSA graph the
+    NPU will run."""
+    inputs_path, labels_path = files
+    inputs = load_arrays(inputs_path, float_model)
     try:
-        labels = np.load(task.inputs["eval_labels"], allow_pickle=False)
+        labels = np.load(labels_path, allow_pickle=False)
     except (OSError, ValueError) as exc:
-        raise InputError(f"cannot load labels: {exc}", str(task.inputs["eval_labels"])) from None
+        raise InputError(f"cannot load labels: {exc}", str(labels_path)) from None
     n = next(iter(inputs.values())).shape[0]
     if labels.ndim != 1 or labels.shape[0] != n or not np.issubdtype(labels.dtype, np.integer):
         raise InputError(f"labels must be {n} integers (one per input sample), got {labels.dtype} "
-                         f"{list(labels.shape)}", str(task.inputs["eval_labels"]))
-    if cfg.get("samples"):
-        n = min(n, cfg["samples"])
+                         f"{list(labels.shape)}", str(labels_path))
+    if evaluation.samples:
+        n = min(n, evaluation.samples)
     names = [o.onnx_name for o in io.outputs]
-    out = cfg.get("output") or names[0]
+    out = evaluation.output or names[0]
     if out not in names:
         raise InputError(f"evaluation output '{out}' is not a graph output (outputs: {', '.join(names)})")
     spec = io.outputs[names.index(out)]
