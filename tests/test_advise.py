@@ -15,7 +15,8 @@ from npubuild.errors import InputError
 
 def _point(name: str, macs: int, sram: float, ms: float | None, gen: str = "u55", fits: bool = True) -> Point:
     return Point(name, name.split("-sram")[0], f"ethos-{gen}-{macs}", gen, macs, sram, 500.0,
-                 "passed" if fits else "failed", fits, None if fits else "pool 'sram' needs more", ms)
+                 "passed" if fits else "failed", fits, None if fits else "pool 'sram' needs more", misfit=not fits,
+                 inference_ms=ms)
 
 
 def test_the_smallest_configuration_within_the_budget_is_chosen():
@@ -82,7 +83,9 @@ def test_advise_sweeps_the_dscnn_and_names_the_smallest_configuration_within_the
     # the same, so is the answer); a budget nothing meets is exit 1
     code, out, err = run_cli([*args, "--fps", "1000000"], capsys, cwd=project)
     assert code == 1 and "no configuration meets 0.001 ms" in out
-    assert out.splitlines()[-1].startswith("0 ran, ") and ", 1 known not to fit (the same Vela inputs" in out
+    # (its five others' early-fit check and report entries run again: the early-fit task's key holds the
+    # targets of the builds sharing it, one fewer now; no Vela, no stage before it)
+    assert out.splitlines()[-1].startswith("6 ran, 9 cached, 0 failed") and ", 1 known not to fit (the same Vela" in out
     again = json.loads((out_dir / "report.json").read_text())
     reused = next(p for p in again["advice"]["configurations"] if p["config"] == "ethos-u55-64-sram4")
     assert reused["reused_from"] == report["run_id"] and not reused["fits"] and reused["misfit_key"]

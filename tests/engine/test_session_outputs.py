@@ -202,7 +202,8 @@ def test_the_eta_comes_from_this_runs_own_figures_and_the_chains_left(project: P
         clock[0] += seconds
         p.mark(name, "ran")
 
-    for stage, seconds in (("import", 1.0), ("quantize", 2.0), ("lower", 3.2), ("tosa-check", 7.2)):
+    for stage, seconds in (("import", 1.0), ("early-fit", 0.1), ("quantize", 2.0), ("lower", 3.2),
+                           ("tosa-check", 7.2)):
         run(stage, seconds)
         assert p.eta() is None  # Vela and the report not timed yet: no guess
     run("vela", 0.5)
