@@ -50,7 +50,7 @@ def test_plain_progress_names_each_failed_build_and_prints_results_as_builds_fin
     first_result = next(i for i, ln in enumerate(lines) if ln.startswith(("ok ", "FAILED ")))
     last_start = max(i for i, ln in enumerate(lines) if "] run     " in ln)
     assert first_result < last_start
-    assert lines[-1].startswith("11 ran, 0 cached, 1 failed, 0 restored from the shared cache; builds: 3 passed, "
+    assert lines[-1].startswith("14 ran, 0 cached, 1 failed, 0 restored from the shared cache; builds: 3 passed, "
                                 "1 failed, 0 skipped")
 
     # -q: no per-task or per-build lines: the failure's one error line and the closing summary with the report
@@ -58,7 +58,7 @@ def test_plain_progress_names_each_failed_build_and_prints_results_as_builds_fin
     assert code == 1
     assert err.splitlines() == [errors[0]]
     lines = out.splitlines()
-    assert len(lines) == 1 and lines[0].startswith("0 ran, 11 cached, 1 failed") and lines[0].endswith(
+    assert len(lines) == 1 and lines[0].startswith("0 ran, 14 cached, 1 failed") and lines[0].endswith(
         f"report: {project / 'build' / 'report.json'}")
 
 
@@ -80,7 +80,7 @@ def test_on_a_terminal_each_failure_is_said_once_and_a_noop_build_leaves_one_lin
         "FAILED kws/ds_cnn/ethos-u55-128 (gate max_npu_cycles)", "FAILED kws/ds_cnn/ethos-u65-256 (gate max_npu_cycles)",
         "FAILED kws/ds_cnn/ethos-u85-256 (gate max_npu_cycles)", "FAILED kws/ds_cnn/u55-tiny (vela)"]
     assert not any("stage" in ln and "running" in ln for ln in seen)  # the table went with the run
-    assert seen[-1].startswith("11 ran, 0 cached, 1 failed")
+    assert seen[-1].startswith("14 ran, 0 cached, 1 failed")
     spec.write_text(spec.read_text().replace(f"{TINY}, ", "").replace("  max_npu_cycles: 100\n", ""))
     assert run_cli(["build", "-q"], capsys, cwd=project)[0] == 0
     code, raw = run_on_terminal(["build"], project, columns=300)
@@ -92,10 +92,10 @@ def test_on_a_terminal_each_failure_is_said_once_and_a_noop_build_leaves_one_lin
 def test_a_noop_build_prints_one_line_and_verbose_lists_what_was_up_to_date(project: Path, capsys):
     assert run_cli(["build", "-q"], capsys, cwd=project)[0] == 0
     code, out, _ = run_cli(["build", "--progress", "plain"], capsys, cwd=project)
-    assert code == 0 and len(out.splitlines()) == 1 and out.startswith("0 ran, 11 cached, 0 failed")
+    assert code == 0 and len(out.splitlines()) == 1 and out.startswith("0 ran, 14 cached, 0 failed")
     code, out, _ = run_cli(["build", "--progress", "plain", "-v"], capsys, cwd=project)
     lines = out.splitlines()
-    assert sum(" cached  " in ln for ln in lines) == 11 and sum(ln.startswith("ok ") for ln in lines) == 3
+    assert sum(" cached  " in ln for ln in lines) == 14 and sum(ln.startswith("ok ") for ln in lines) == 3
 
 
 def test_clean_keeps_the_shared_cache_and_restores_are_counted_apart_from_ran(project: Path, capsys):
@@ -107,9 +107,9 @@ def test_clean_keeps_the_shared_cache_and_restores_are_counted_apart_from_ran(pr
     code, out, _ = run_cli(["build", "--progress", "plain"], capsys, cwd=project)
     assert code == 0
     run = read_run(project / "build")
-    assert len(run["from_cache"]) == 8 and set(run["executed"]) - set(run["from_cache"]) == {
+    assert len(run["from_cache"]) == 11 and set(run["executed"]) - set(run["from_cache"]) == {
         f"report:{b}" for b in KWS}  # the per-build report tasks are never in the shared cache
-    assert out.splitlines()[-1].startswith("3 ran, 0 cached, 0 failed, 8 restored from the shared cache")
+    assert out.splitlines()[-1].startswith("3 ran, 0 cached, 0 failed, 11 restored from the shared cache")
 
 
 def test_side_commands_leave_the_projects_reports_alone(project: Path, capsys):
@@ -149,7 +149,7 @@ def test_progress_bar_counts_builds_and_failures_and_estimates_the_time_left(pro
 
     plan = make_plan(load_specs([project / "configs"]), project / "build", STAGES)
     progress = StageProgress(plan)
-    assert progress.bar().startswith("[>") and "0/11 tasks, 0/3 builds" in progress.bar()
+    assert progress.bar().startswith("[>") and "0/14 tasks, 0/3 builds" in progress.bar()
     assert "ETA" not in progress.bar()  # nothing ran yet: no estimate
     names = list(plan.tasks)
     for name in names[:5]:  # the shared import, early-fit, quantize, lower, tosa-check tasks
@@ -157,14 +157,14 @@ def test_progress_bar_counts_builds_and_failures_and_estimates_the_time_left(pro
         progress.mark(name, "ran")
     progress.build_finished(KWS[0], "vela: target 'ethos-u55-128': pool 'sram' needs 9.0 KiB but has 1.0 KiB")
     bar = progress.bar()
-    assert "5/11 tasks, 1/3 builds, 1 failed" in bar and "ETA " not in bar  # no Vela or report timed yet
-    for stage in ("vela", "report"):
+    assert "5/14 tasks, 1/3 builds, 1 failed" in bar and "ETA " not in bar  # no Vela or report timed yet
+    for stage in ("vela", "npu-sim", "report"):
         name = next(n for n, t in plan.tasks.items() if t.stage == stage)
         progress.mark(name, "running")
         progress.mark(name, "ran")
     assert "ETA " in progress.bar() and progress.eta() >= 0
     progress.mark(names[-1], "blocked")  # not run, an upstream task failed: done all the same
-    assert progress.tasks_done == 8
+    assert progress.tasks_done == 9
     console = Console(record=True, width=160, file=open("/dev/null", "w"))  # noqa: SIM115
     console.print(progress.table())
     text = console.export_text()
@@ -207,11 +207,12 @@ def test_the_eta_comes_from_this_runs_own_figures_and_the_chains_left(project: P
         run(stage, seconds)
         assert p.eta() is None  # Vela and the report not timed yet: no guess
     run("vela", 0.5)
+    run("npu-sim", 0.1)
     assert p.eta() is None
     run("report", 0.01)
-    assert p.eta() == pytest.approx(2 * 0.5 + 2 * 0.01)  # two Velas and two reports, one job
-    name = by_stage["vela"][1]
-    p.mark(name, "running")
+    assert p.eta() == pytest.approx(2 * (0.5 + 0.1 + 0.01))  # two builds' Vela, npu-sim and report, one job
+    p.mark(by_stage["vela"][1], "running")
     p.mark(by_stage["vela"][2], "running")  # two at once: the work left is spread over both ...
     clock[0] += 0.2
-    assert p.eta() == pytest.approx(max((0.3 + 0.3 + 0.02) / 2, 0.3 + 0.01))  # ... or the chain vela -> report
+    work = (0.3 + 0.3 + 2 * 0.1 + 2 * 0.01) / 2
+    assert p.eta() == pytest.approx(max(work, 0.3 + 0.1 + 0.01))  # ... or the chain vela -> npu-sim -> report
