@@ -47,7 +47,6 @@ def cmd_advise(args) -> int:
     from npubuild.engine.session import build
     from npubuild.fileio import write_bytes, write_text
     from npubuild.report.advice import chart_png, html_page, text_table, verdict
-    from npubuild.stages import STAGES
 
     source = Path(args.source)
     if not source.is_file():
@@ -65,18 +64,19 @@ def cmd_advise(args) -> int:
     out_dir = build_dir / REPORT_SUBDIR / re.sub(r"[^A-Za-z0-9_.-]", "_", label)
     import sys
 
-    from npubuild.advise import is_misfit, known_misfits, vela_key
+    from npubuild.advise import advise_stages, is_misfit, known_misfits, vela_key
     from npubuild.engine.plan import make_plan
     from npubuild.report.summary import previous_report
 
     # the live table on a terminal; in a pipe or a log no line per task (a sweep has a hundred and more)
     quiet = args.json or not sys.stdout.isatty()
+    stages = advise_stages()
     known = known_misfits(previous_report(out_dir / "report.json"))
 
     def run(some: list) -> list:
         # reports=None: advise writes its own report.json, page and chart (a build's report.md/html of every
         # configuration would be most of a cached rerun's time)
-        result = build(some, build_dir, STAGES, jobs, keep_going=True, quiet=quiet, debug=args.debug, cache=args.cache,
+        result = build(some, build_dir, stages, jobs, keep_going=True, quiet=quiet, debug=args.debug, cache=args.cache,
                        reports=None, summary=False, per_build=False)
         results.append(result)
         return result.report["builds"]
@@ -87,7 +87,7 @@ def cmd_advise(args) -> int:
     first = [b for b in builds if b.target.name not in known] or builds[:1]
     entries = {e["target"]: e for e in run(first)}
     rest = [b for b in builds if b.target.name not in entries]
-    plan = make_plan(builds, build_dir, STAGES)
+    plan = make_plan(builds, build_dir, stages)
     reused = {b.target.name: known[b.target.name][1] for b in rest if vela_key(plan, b) == known[b.target.name][0]}
     again = [b for b in rest if b.target.name not in reused]
     if again:

@@ -123,7 +123,8 @@ def test_side_commands_leave_the_projects_reports_alone(project: Path, capsys):
                              capsys, cwd=project)
     assert code == 0, err
     header = out.splitlines()[1]  # its columns apart (two ran together: `max LSB SNR vs float dB`)
-    assert re.split(r"\s{2,}", header.strip()) == ["node", "op", "SNR vs QDQ dB", "max LSB", "SNR vs float dB"]
+    assert re.split(r"\s{2,}", header.strip()) == ["node", "op", "SNR vs QDQ dB", "max LSB", "SNR vs float dB",
+                                                    "QDQ vs float dB"]
     code, out, err = run_cli(["compile", "configs/models/ds_cnn.onnx", "--target", "ethos-u65-256", "--json"],
                              capsys, cwd=project)
     assert code == 0, err
