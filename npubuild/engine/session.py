@@ -28,6 +28,7 @@ from npubuild.engine.stage import Stage
 from npubuild.fileio import write_json
 from npubuild.longlived import long_lived
 from npubuild.records.build import Outcome
+from npubuild.report.status import Status, passed
 
 OUTCOMES = tuple(o.value for o in Outcome)
 BUILD_DIR = "build-dir"  # `reports=`: the project's reports in the build dir (every other value is a path or None)
@@ -53,12 +54,15 @@ class RunResult:
 
     def summary_line(self) -> str:
         """The closing line: `10 ran, 0 cached, 0 failed, 0 restored from the shared cache; builds: 3 passed, ...`"""
-        counts = {s: sum(1 for b in self.report["builds"] if b["status"] == s) for s in ("passed", "failed", "skipped")}
+        counts = {s: sum(1 for b in self.report["builds"] if b["status"] == s) for s in Status}
+        hosted = counts[Status.HOST_ONLY] + counts[Status.MOSTLY_HOST]
+        host_note = f" ({counts[Status.HOST_ONLY]} host only, {counts[Status.MOSTLY_HOST]} mostly host)" if hosted else ""
         where = f"report: {self.report_dir / 'report.json'}" if self.report_dir is not None else "no report written"
         ran = len(self.executed) - len(self.from_cache)
         return (f"{ran} ran, {len(self.cached)} cached, {len(self.failed)} failed, {len(self.from_cache)} restored "
-                f"from the shared cache; builds: {counts['passed']} passed, {counts['failed']} failed, "
-                f"{counts['skipped']} skipped ({format_seconds(self.seconds)}); {where}")
+                f"from the shared cache; builds: {counts[Status.PASSED] + hosted} passed{host_note}, "
+                f"{counts[Status.FAILED]} failed, {counts[Status.SKIPPED]} skipped ({format_seconds(self.seconds)}); "
+                f"{where}")
 
     @property
     def exit_code(self) -> int:
@@ -66,7 +70,7 @@ class RunResult:
         builds = self.report["builds"]
         if any("input" in b.get("error_kinds", []) for b in builds):
             return 2
-        if self.executor_code != 0 or self.failed or any(b["status"] != "passed" for b in builds):
+        if self.executor_code != 0 or self.failed or any(not passed(b["status"]) for b in builds):
             return 1
         return 0
 
@@ -231,6 +235,11 @@ class Session:
                 for g in b["gates"]:
                     if not g["ok"]:
                         self._error(f"error: {bid}: {gate_text(g)}")
+        if self.summary:
+            warned = [(f"{b['spec']}/{b['model']}/{b['target']}", w) for b in report["builds"]
+                      for w in b.get("warnings") or []]
+            if warned:  # what passed but is not what it seems (most of it on the host): said even with -q
+                self.out.write(f"warnings ({len(warned)}):\n" + "".join(f"  warning: {bid}: {w}\n" for bid, w in warned))
         self.result = RunResult(self.plan, self.run_id, report, executed, sorted(o["cached"]), o["failed"],
                                 sorted(o["from-cache"]), sorted(o["blocked"]), executor_code, self.report_dir,
                                 time.perf_counter() - self.progress.start)

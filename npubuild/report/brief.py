@@ -6,6 +6,8 @@ same thing about a build, in the same words.
 
 from __future__ import annotations
 
+from npubuild.report.status import Status, passed, placement_status
+
 
 def num(v, digits: int = 4) -> str:
     """A figure as people read it: `0.2719`, `271856`, `37.1`; `-` when absent."""
@@ -50,7 +52,7 @@ def gate_text(g: dict) -> str:
 def failure_cause(entry: dict) -> str | None:
     """Why a report entry did not pass: the failed stage and its first error line, else the gates that fell
     short, else what kept it from being built; None for a passed build."""
-    if entry.get("status") == "passed":
+    if passed(entry.get("status")):
         return None
     for stage, s in entry.get("stages", {}).items():
         if s.get("status") == "failed" and s.get("error"):
@@ -83,19 +85,21 @@ def result_line(build_id: str, entry: dict, where: str | None = None) -> str:
     """A finished build's one line: `ok     kws/ds_cnn/ethos-u55-128  0.2719 ms (3,678 inf/s), sram ...`, or
     `FAILED kws/ds_cnn/ethos-u55-128 (vela)` naming where it failed (its error line says why). `where`: the
     failed stage or gates when known; else read from the report entry."""
-    if where is None and entry.get("status") not in (None, "passed"):
+    if where is None and entry.get("status") is not None and not passed(entry["status"]):
         failed = [k for k, s in entry.get("stages", {}).items() if s.get("status") == "failed"]
         where = ", ".join(failed or [f"gate {g['name']}" for g in entry.get("gates", []) if not g.get("ok")]) or \
             str(entry.get("status"))
     if where:
         return f"FAILED {build_id} ({where})"
-    figures = headline(entry.get("metrics") or {})
+    metrics = entry.get("metrics") or {}
+    figures = headline(metrics, placement_status(metrics))
     return f"ok     {build_id}" + (f"  {figures}" if figures else "")
 
 
-def headline(metrics: dict) -> str:
-    """A passed build's figures for its result line: time, rate, memory, offload."""
-    parts = []
+def headline(metrics: dict, status: str | None = None) -> str:
+    """A passed build's figures for its result line: time, rate, memory, offload (and, for a build the host
+    runs wholly or mostly, that first)."""
+    parts = [status.removeprefix("passed ").strip("()")] if status in (Status.HOST_ONLY, Status.MOSTLY_HOST) else []
     ms = metrics.get("inference_ms")
     if isinstance(ms, (int, float)) and ms > 0:
         parts.append(f"{num(ms)} ms ({1000 / ms:,.0f} inf/s)")

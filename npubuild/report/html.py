@@ -20,13 +20,14 @@ from npubuild.report.markup import CSS, SCRIPT, cell, fmt, img, link, meter, tab
 from npubuild.report.numerics import worst_node_text
 from npubuild.report.plots import cached_png, deltas_svg, layers_svg, page_colours, pools_svg
 from npubuild.report.regress import Comparison, better_direction, build_id
+from npubuild.report.status import RANK, Status, passed
 
 LAYER_BARS = 30  # a per-layer chart's costliest ONNX nodes; the rest are summed into one bar
 ARTIFACT_NAMES = (("tosa", "TOSA"), ("vela", "Vela model"), ("vela_log", "vela.log"), ("per_layer_csv", "per-layer CSV"),
                   ("firmware_c", "firmware .c"), ("firmware_h", "firmware .h"), ("deployment", "deployment.json"))
 SHORT_NAMES = {"Vela model": "Vela", "per-layer CSV": "CSV", "firmware .c": ".c", "firmware .h": ".h",
                "deployment.json": "deploy", "vela.log": "log"}  # in the main table, where width is short
-STATUS_ORDER = {"failed": 0, "skipped": 1, "passed": 2}
+STATUS_ORDER = RANK  # failed first, then skipped, host only, mostly host, passed
 
 
 def ordered(builds: list[dict], regressed: set[str] | frozenset[str] = frozenset()) -> list[dict]:
@@ -119,9 +120,15 @@ def _first_bad_layer(b: dict) -> str:
     return escape(f"{node} ({ln.get('jump_reason')})") if node else "no jump"
 
 
+def status_class(status: str) -> str:
+    """The CSS class of a status cell: passed, host (passed wholly or mostly on the host), failed, skipped."""
+    return "host" if status in (Status.HOST_ONLY, Status.MOSTLY_HOST) else status if status in RANK else "failed"
+
+
 def _problem(b: dict, comparison: Comparison | None) -> str:
     cause = glance.short_cause(failure_cause(b))
     parts = [f'<span class="bad">{escape(cause)}</span>'] if cause else []
+    parts += [f'<span class="bad">{escape(w)}</span>' for w in b.get("warnings") or []]
     if comparison is not None:
         bid = build_id(b)
         regs = [r for r in comparison.regressions if r.build == bid and r.metric != "status"]
@@ -155,7 +162,7 @@ def _anchor(i: int) -> str:
 def _fit_cell(m: dict, b: dict) -> str:
     fit = glance.fullest_pool(m)
     if fit is None:
-        why = "not compiled: " + (failure_cause(b) or "no pool figures") if b["status"] != "passed" else "no pools"
+        why = "not compiled: " + (failure_cause(b) or "no pool figures") if not passed(b["status"]) else "no pools"
         return f'<td class="n" data-v="" title="{escape(why)}">-</td>'
     title = (f"fullest pool {fit.pool}: {fit.used_kib:.1f} of {fit.size_kib:g} KiB, headroom {fit.headroom_kib:.1f} KiB"
              + ("; a lower bound from the model's shapes (it failed before Vela)" if fit.lower_bound else ""))
@@ -212,14 +219,14 @@ def _main_table(builds: list[dict], comparison: Comparison | None, change_agains
         cells = [f'<td class="id" title="{escape(bid)}"><a href="#{_anchor(i)}" onclick="openPanel(\'{_anchor(i)}\')">'
                  f"{name}</a></td>",
                  f'<td class="id">{escape(b["target"])}</td>',
-                 f'<td class="{b["status"]}">{b["status"]}</td>',
+                 f'<td class="{status_class(b["status"])}">{escape(b["status"])}</td>',
                  _fit_cell(m, b),
                  _ms_cell(m),
                  _num_cell(off, f"{off:.0%}" if isinstance(off, (int, float)) else "-", npu_title),
                  _accuracy_cells(m),
                  _change_cell(bid, comparison),
                  f'<td class="problem" title="{escape(_problem_text(b, comparison))}">{_problem(b, comparison)}</td>']
-        problem = b["status"] != "passed" or bid in regressed
+        problem = b["status"] != Status.PASSED or bid in regressed
         cls = ' class="regressed"' if bid in regressed else ""
         rows.append(f'<tr{cls} data-problem="{int(problem)}" data-build="{escape(bid)}">' + "".join(cells) + "</tr>")
     head = [("build", "spec/model: opens its panel below"), ("target", ""), ("status", ""),
@@ -369,10 +376,13 @@ def _build_details(b: dict, cache_dir: Path | None, base_dir: Path | None, uid: 
     m = b.get("metrics") or {}
     opened = " open" if b["status"] == "failed" or regressed else ""  # the ones to look at
     ident = f' id="{anchor}"' if anchor else ""
-    parts = [f'<details{ident}{opened}><summary class="{b["status"]}">{escape(build_id(b))}: {b["status"]}'
-             + (f" &mdash; {escape(failure_cause(b) or '')}" if b["status"] != "passed" else "") + "</summary>"]
+    parts = [f'<details{ident}{opened}><summary class="{status_class(b["status"])}">{escape(build_id(b))}: '
+             f'{escape(b["status"])}' + (f" &mdash; {escape(failure_cause(b) or '')}" if failure_cause(b) else "")
+             + "</summary>"]
     for e in b.get("errors", []):
         parts.append(f'<p class="bad">{escape(plain_message(e))}</p>')
+    for w in b.get("warnings") or []:
+        parts.append(f'<p class="bad">warning: {escape(w)}</p>')
     parts.append(f"<p>Artifacts: {_artifacts(b, base_dir)}</p>")
     parts.append(_figures(b))
     parts.append("<h4>Stages</h4>" + table(
@@ -465,7 +475,8 @@ def render_html(report: dict, comparison: Comparison | None = None, baseline: st
     from npubuild.report.regress import compare
 
     builds = ordered(report.get("builds", []), {r.build for r in comparison.regressions} if comparison else set())
-    counts = {s: sum(1 for b in builds if b["status"] == s) for s in ("passed", "failed", "skipped")}
+    counts = {s: sum(1 for b in builds if b["status"] == s) for s in Status}
+    hosted = counts[Status.HOST_ONLY] + counts[Status.MOSTLY_HOST]
     meta = " &middot; ".join(escape(str(x)) for x in (report.get("created"), report.get("run_id"),
                                                        report.get("commit") and f"commit {report['commit']}") if x)
     if comparison is not None:
@@ -475,8 +486,10 @@ def render_html(report: dict, comparison: Comparison | None = None, baseline: st
         against = f"against the previous run in this build dir ({previous.get('created') or previous.get('run_id')})"
     else:
         changes, against = None, ""
-    summary = (f'{len(builds)} builds: {counts["passed"]} passed, <span class="{"bad" if counts["failed"] else ""}">'
-               f'{counts["failed"]} failed</span>, {counts["skipped"]} skipped'
+    summary = (f'{len(builds)} builds: {counts[Status.PASSED] + hosted} passed'
+               + (f' (<span class="bad">{hosted} wholly or mostly on the host</span>)' if hosted else "")
+               + f', <span class="{"bad" if counts[Status.FAILED] else ""}">'
+               f'{counts[Status.FAILED]} failed</span>, {counts[Status.SKIPPED]} skipped'
                + (f', <span class="bad">{len(comparison.regressions)} regression(s)</span>' if comparison and
                   comparison.regressions else "") + ".")
     sections = [("baseline", "baseline") if comparison is not None else None,

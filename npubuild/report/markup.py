@@ -28,7 +28,7 @@ col.c-build{width:15%}col.c-target{width:7.5%}col.c-status{width:5%}col.c-fit{wi
 col.c-npu{width:4%}col.c-vs{width:9%}col.c-tosa{width:8.5%}col.c-change{width:10%}col.c-problem{width:auto}
 td.warn{background:#fff1cc}td.better{color:#1a7f1a}td.worse{color:#b35900}td.change.bad{color:#a00}
 td.fit.bad{color:#a00;font-weight:bold}
-.passed{background:#dff0d8}.failed{background:#f2dede}.skipped{background:#fcf8e3}
+.passed{background:#dff0d8}.failed{background:#f2dede}.skipped{background:#fcf8e3}.host{background:#fcebd3}
 tr.regressed td{background:#fff1cc}tr.regressed td:first-child{border-left:4px solid #e69500}
 .bad{color:#a00;font-weight:bold}.muted{color:#777}
 .meter{display:inline-block;width:50px;height:9px;background:#eee;margin-right:4px;vertical-align:middle}
