@@ -16,7 +16,7 @@ REPORT_SUBDIR = "compile"
 
 def cmd_compile(args) -> int:
     from npubuild.config.load import adhoc_builds
-    from npubuild.engine.session import build
+    from npubuild.engine.session import build, warnings_block
     from npubuild.stages import STAGES
 
     builds = adhoc_builds(Path(args.model), args.target, args.pipeline)
@@ -32,7 +32,7 @@ def cmd_compile(args) -> int:
 
         for entry in entries:
             print(result_line(build_id(entry), entry))
-        print(result.summary_line())
+        print(warnings_block(result.report) + result.summary_line())
     return result.exit_code
 
 

@@ -38,6 +38,15 @@ def new_run_id() -> str:
     return f"{time.strftime('%Y%m%dT%H%M%S')}-{uuid.uuid4().hex[:8]}"
 
 
+def warnings_block(report: dict) -> str:
+    """The builds' warnings (most of the model on the host, ...) as the lines above the closing summary; ''
+    when none warns."""
+    warned = [(f"{b['spec']}/{b['model']}/{b['target']}", w) for b in report["builds"] for w in b.get("warnings") or []]
+    if not warned:
+        return ""
+    return f"warnings ({len(warned)}):\n" + "".join(f"  warning: {bid}: {w}\n" for bid, w in warned)
+
+
 @dataclass
 class RunResult:
     plan: BuildPlan
@@ -235,11 +244,8 @@ class Session:
                 for g in b["gates"]:
                     if not g["ok"]:
                         self._error(f"error: {bid}: {gate_text(g)}")
-        if self.summary:
-            warned = [(f"{b['spec']}/{b['model']}/{b['target']}", w) for b in report["builds"]
-                      for w in b.get("warnings") or []]
-            if warned:  # what passed but is not what it seems (most of it on the host): said even with -q
-                self.out.write(f"warnings ({len(warned)}):\n" + "".join(f"  warning: {bid}: {w}\n" for bid, w in warned))
+        if self.summary:  # what passed but is not what it seems (most of it on the host): said even with -q
+            self.out.write(warnings_block(report))
         self.result = RunResult(self.plan, self.run_id, report, executed, sorted(o["cached"]), o["failed"],
                                 sorted(o["from-cache"]), sorted(o["blocked"]), executor_code, self.report_dir,
                                 time.perf_counter() - self.progress.start)
