@@ -19,7 +19,7 @@ PACKAGE = Path(npubuild.__file__).resolve().parent
 # Bottom first. A unit is a package or a top-level module of npubuild (a subpackage only where it is its own
 # layer). Units in one layer are siblings: neither imports the other.
 LAYERS: tuple[tuple[str, ...], ...] = (
-    ("errors", "deferred_imports", "longlived", "version"),  # the ground: no npubuild imports
+    ("errors", "deferred_imports", "longlived", "version", "suggest"),  # the ground: no npubuild imports
     ("fileio", "fanout"),  # files written whole; a stage's work over forked workers
     ("records",),  # the typed records stages write and readers read
     ("frontend.passes",),  # the onnx-ir passes pipelines name (config checks a pipeline's names against them)
@@ -33,6 +33,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("ethosu", "engine"),  # the Ethos-U stage work; the task graph, which knows no stage
     ("report",),  # reads the engine's plan and outcome and the stages' records
     ("stages",),  # each stage's plan and run, over the domain packages and the engine
+    ("advise",),  # the configuration sweep over the stages and its table, chart and page (npubuild advise)
     ("commands",),  # the command line's subcommands (and plain doit's, commands/build.py)
     ("cli", "npubuild"),  # the command line; the package's own entry (npubuild.dodo_namespace)
     ("__main__", "build"),  # `python -m npubuild`; the engine's old import path (one release)

@@ -37,6 +37,7 @@ class RunOptions:
     quiet: bool = False  # no per-task lines or live table
     live: bool | None = None  # the per-stage progress table (None: when stdout is a terminal)
     verbose: bool = False  # a line for each task up to date too
+    per_build: bool = True  # lines per build (failed tasks, gates, results); False: none (advise's table says it)
 
 
 class Executor(Protocol):
@@ -56,7 +57,7 @@ def run_plan(plan: BuildPlan, executor: Executor, options: RunOptions | None = N
     options = options or RunOptions()
     with locked(plan.build_dir, options.wait):
         session = Session(plan, reporter, quiet=options.quiet, live=options.live, executor=executor.name,
-                          verbose=options.verbose)
+                          verbose=options.verbose, per_build=options.per_build)
         code = executor.run(plan, session)
         sys.stdout.flush()
         return session.close(code)

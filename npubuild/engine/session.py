@@ -12,15 +12,16 @@ what a report holds.
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
 from npubuild.engine.plan import BuildPlan
 from npubuild.engine.progress import LiveDisplay, StageProgress
-from npubuild.errors import plain_message
 from npubuild.records.build import Outcome
 
 OUTCOMES = tuple(o.value for o in Outcome)
@@ -72,16 +73,27 @@ class RunOutcome:
                 "blocked": self.blocked}
 
 
-class Reporter(Protocol):
-    """The layer above the engine (report/run.py's RunReports): what a finished build's result line says
-    beyond a failed task, and what becomes of the outcome (the reports). The engine only calls it."""
+@dataclass(frozen=True)
+class BuildVerdict:
+    """What the reporter says of a finished build: where it failed (its stage, or its gates; None: it passed),
+    its result line, and the error lines to print first (a gate that fell short)."""
 
-    def build_done(self, plan: BuildPlan, build_id: str) -> tuple[str | None, str]:
-        """A build whose tasks all succeeded: (why it did not pass, e.g. a gate, or None; its headline figures)."""
+    failed_at: str | None
+    line: str
+    errors: tuple[str, ...] = ()
+
+
+class Reporter(Protocol):
+    """The layer above the engine (report/run.py's RunReports): what a finished build's lines say, and what
+    becomes of the outcome (the reports). The engine only calls it."""
+
+    def build_done(self, plan: BuildPlan, build_id: str, failed_stage: str | None) -> BuildVerdict:
+        """Every task of the build has an outcome (`failed_stage`: the stage of its first failed task)."""
         ...
 
-    def close(self, outcome: RunOutcome) -> None:
-        """The run is over: write its reports, say what failed, print the closing summary."""
+    def close(self, outcome: RunOutcome, say: Callable[[str], None]) -> None:
+        """The run is over: write its reports, `say` what failed (the session's error line), print the
+        closing summary."""
         ...
 
 
@@ -89,14 +101,18 @@ class Session:
     """Progress while the executor runs; the outcome, handed to the reporter, when it is done.
 
     `quiet`: no per-task lines or live table; `verbose`: a line for each task up to date and each build with
-    nothing to do too. Errors go to stderr whatever these say: one line per failed task naming its builds.
+    nothing to do too. Errors go to stderr whatever these say: one line per failed task naming its builds,
+    one per gate that fell short (the reporter's), unless `per_build=False` (no line per build at all,
+    neither those nor the result lines: `advise`, whose table says it for dozens of configurations).
     `reporter`: the layer above that describes finished builds and writes the reports (None: neither).
     """
 
     def __init__(self, plan: BuildPlan, reporter: Reporter | None = None, run_id: str | None = None,
-                 quiet: bool = False, live: bool | None = None, executor: str = "doit", verbose: bool = False):
+                 quiet: bool = False, live: bool | None = None, executor: str = "doit", verbose: bool = False,
+                 per_build: bool = True):
         self.plan = plan
         self.reporter = reporter
+        self.per_build = per_build
         self.run_id = run_id or new_run_id()
         self.quiet = quiet
         self.verbose = verbose
@@ -110,7 +126,7 @@ class Session:
         self.outcome: RunOutcome | None = None
         self._left: dict[str, set[str]] = {bid: set(chain.values()) for bid, chain in plan.build_tasks.items()}
         self._worked: set[str] = set()  # builds with a task that ran, was restored or failed in this run
-        self._cause: dict[str, str] = {}  # build id -> why it failed (its first failed task)
+        self._cause: dict[str, str] = {}  # build id -> the stage of its first failed task
 
     # ------------------------------------------------------------------ events from the executor
 
@@ -131,10 +147,9 @@ class Session:
             self.messages[task_name] = text
             stage = task.stage if task is not None else task_name.split(":", 1)[0]
             for bid in builds:
-                self._cause.setdefault(bid, f"{stage}: {plain_message(text)}")
+                self._cause.setdefault(bid, stage)
             self._line(f"[{self._done():>3}/{len(self.plan.tasks)}] failed  {task_name}")
-            sys.stderr.write(error_line(text, _ids(builds) or task_name, stage) + "\n")
-            sys.stderr.flush()
+            self._error(error_line(text, _ids(builds) or task_name, stage))
         if outcome != "cached":
             self._worked.update(builds)
         for bid in builds:
@@ -145,19 +160,36 @@ class Session:
                     self._build_finished(bid)
 
     def _build_finished(self, build_id: str) -> None:
-        """Every task of the build has an outcome: say whether it passed and why not, as soon as it is known."""
-        cause = self._cause.get(build_id)
-        figures = ""
-        if cause is None and self.reporter is not None:
-            cause, figures = self.reporter.build_done(self.plan, build_id)
-        self.progress.build_finished(build_id, cause)
-        if build_id not in self._worked and not self.verbose:
+        """Every task of the build has an outcome: say whether it passed, as soon as it is known. Each failure's
+        text is printed once, as its `error:` line (a failed task's when it failed, naming every build it
+        stops; a gate's now, from the reporter); the result line names only where it failed."""
+        stage = self._cause.get(build_id)
+        if self.reporter is not None:
+            verdict = self.reporter.build_done(self.plan, build_id, stage)
+        else:
+            verdict = BuildVerdict(stage, f"FAILED {build_id} ({stage})" if stage else f"ok     {build_id}")
+        for line in verdict.errors:  # a failing gate fails the build even when nothing ran: always said
+            self._error(line)
+        where = verdict.failed_at
+        self.progress.build_finished(build_id, where)
+        if (build_id not in self._worked and not self.verbose) or not self.per_build:
             return  # up to date: the closing summary counts it, no line each
-        text = f"FAILED {build_id}: {cause}" if cause else f"ok     {build_id}" + (f"  {figures}" if figures else "")
+        text = verdict.line
         if self.live is not None:
-            self.live.print(text, "red" if cause else "green")
+            self.live.print(text, "red" if where else "green")
         else:
             self._line(text)
+
+    def _error(self, line: str) -> None:
+        """A failure's one line: on stderr, or above the live table when that is where stderr shows (the same
+        terminal), whole rather than cut at its width."""
+        if not self.per_build:
+            return
+        if self.live is not None and _same_terminal(self.out, sys.stderr):
+            self.live.print(line, "red")
+            return
+        sys.stderr.write(line + "\n")
+        sys.stderr.flush()
 
     # ------------------------------------------------------------------ the end of the run
 
@@ -173,7 +205,7 @@ class Session:
         self.outcome = RunOutcome(self.plan, self.run_id, self.executor, self.outcomes, self.progress.start,
                                   executor_code, self.messages)
         if self.reporter is not None:
-            self.reporter.close(self.outcome)
+            self.reporter.close(self.outcome, self._error)
         return self.outcome
 
     # ------------------------------------------------------------------ display
@@ -201,6 +233,17 @@ class Session:
         """The executor itself failed (not a task): stop the live table, say why in one line."""
         self._stop_live()
         sys.stderr.write(f"error: {text}\n")
+
+
+def _same_terminal(a, b) -> bool:
+    """Whether two streams write to the same terminal (stdout and stderr of an interactive shell)."""
+    try:
+        if not (a.isatty() and b.isatty()):
+            return False
+        sa, sb = os.fstat(a.fileno()), os.fstat(b.fileno())
+    except (OSError, ValueError, AttributeError):
+        return False
+    return (sa.st_dev, sa.st_ino, sa.st_rdev) == (sb.st_dev, sb.st_ino, sb.st_rdev)
 
 
 def error_line(text: str, builds: str, stage: str) -> str:

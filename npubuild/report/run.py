@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -18,11 +19,11 @@ from typing import TYPE_CHECKING, Any
 from npubuild.engine.plan import BuildPlan
 from npubuild.engine.progress import format_seconds
 from npubuild.engine.run import RunOptions, build
-from npubuild.engine.session import RunOutcome
+from npubuild.engine.session import BuildVerdict, RunOutcome
 from npubuild.fileio import read_json, write_json
 from npubuild.records.build import Status
-from npubuild.report.brief import failure_cause, gate_text, headline
-from npubuild.report.status import passed, placement_status
+from npubuild.report.brief import gate_text, result_line
+from npubuild.report.status import passed
 from npubuild.report.summary import make_report, write_reports
 
 if TYPE_CHECKING:
@@ -41,6 +42,7 @@ class RunResult:
     outcome: RunOutcome
     report: dict
     report_dir: Path | None  # None: not written
+    seconds: float = 0.0  # the run's wall time
 
     @property
     def plan(self) -> BuildPlan:
@@ -59,6 +61,18 @@ class RunResult:
         return self.outcome.failed
 
     @property
+    def cached(self) -> list[str]:
+        return self.outcome.cached
+
+    @property
+    def from_cache(self) -> list[str]:
+        return self.outcome.from_cache
+
+    @property
+    def blocked(self) -> list[str]:
+        return self.outcome.blocked
+
+    @property
     def exit_code(self) -> int:
         """2 if any failure was bad input, 1 for any other failure or failed gate, else 0."""
         builds = self.report["builds"]
@@ -67,6 +81,18 @@ class RunResult:
         if self.outcome.executor_code != 0 or self.outcome.failed or any(not passed(b["status"]) for b in builds):
             return 1
         return 0
+
+    def summary_line(self) -> str:
+        """The closing line: `10 ran, 0 cached, 0 failed, 0 restored from the shared cache; builds: 3 passed, ...`"""
+        counts = {s: sum(1 for b in self.report["builds"] if b["status"] == s) for s in Status}
+        hosted = counts[Status.HOST_ONLY] + counts[Status.MOSTLY_HOST]
+        host_note = f" ({counts[Status.HOST_ONLY]} host only, {counts[Status.MOSTLY_HOST]} mostly host)" if hosted else ""
+        where = f"report: {self.report_dir / 'report.json'}" if self.report_dir is not None else "no report written"
+        t = self.outcome.tasks
+        return (f"{len(t['ran'])} ran, {len(t['cached'])} cached, {len(t['failed'])} failed, {len(t['from-cache'])} "
+                f"restored from the shared cache; builds: {counts[Status.PASSED] + hosted} passed{host_note}, "
+                f"{counts[Status.FAILED]} failed, {counts[Status.SKIPPED]} skipped ({format_seconds(self.seconds)}); "
+                f"{where}")
 
 
 class RunReports:
@@ -85,13 +111,19 @@ class RunReports:
         self.selection = selection
         self.summary = summary
         self.result: RunResult | None = None
+        self._gates_said: set[str] = set()  # builds whose failed gates have had their lines
 
-    def build_done(self, plan: BuildPlan, build_id: str) -> tuple[str | None, str]:
-        """From the build's report-stage entry: the gates that fell short (None if none), its headline figures."""
+    def build_done(self, plan: BuildPlan, build_id: str, failed_stage: str | None) -> BuildVerdict:
+        """A build's result line; for one whose tasks all succeeded, from its report-stage entry: the gates
+        that fell short (an error line each) or its headline figures."""
+        if failed_stage is not None:
+            return BuildVerdict(failed_stage, result_line(build_id, {}, failed_stage))
         entry = self._entry(plan, build_id)
         bad = [g for g in entry.get("gates", []) if not g.get("ok")]
-        metrics = entry.get("metrics", {})
-        return ("; ".join(gate_text(g) for g in bad) if bad else None), headline(metrics, placement_status(metrics))
+        self._gates_said.add(build_id)
+        where = ", ".join(f"gate {g['name']}" for g in bad) or None
+        return BuildVerdict(where, result_line(build_id, {"status": "passed", **entry}, where),
+                            tuple(f"error: {build_id}: {gate_text(g)}" for g in bad))
 
     @staticmethod
     def _entry(plan: BuildPlan, build_id: str) -> dict:
@@ -103,8 +135,9 @@ class RunReports:
         except (OSError, ValueError):
             return {}
 
-    def close(self, outcome: RunOutcome) -> None:
-        """Write the reports and run.json once; name each build that failed and why, print the closing line."""
+    def close(self, outcome: RunOutcome, say: Callable[[str], None]) -> None:
+        """Write the reports and run.json once; `say` the gates that fell short in builds whose result was not
+        yet said (the run stopped before them), print the warnings and the closing line."""
         plan = outcome.plan
         report_dir = plan.build_dir if self.where == BUILD_DIR else (None if self.where is None else Path(self.where))
         report = make_report(plan, outcome.run_id, self.selection.to_json() if self.selection else None)
@@ -115,39 +148,25 @@ class RunReports:
                 from npubuild.config.schema import write_schemas
 
                 write_schemas(plan.build_dir)
-        for b in report["builds"]:  # a gate that fell short is a failure: say which, its limit and value
-            for g in b["gates"]:
-                if not g["ok"]:
-                    sys.stderr.write(f"{b['spec']}/{b['model']}/{b['target']}: gate {g['name']} failed: "
-                                     f"limit {g['limit']}, value {g['value']}\n")
-        sys.stderr.flush()
-        if self.summary:
-            self._closing_summary(outcome, report, report_dir)
-        self.result = RunResult(outcome, report, report_dir)
+        for b in report["builds"]:  # the gates of builds the run stopped before finishing (no --keep-going)
+            bid = f"{b['spec']}/{b['model']}/{b['target']}"
+            if bid not in self._gates_said:
+                for g in b["gates"]:
+                    if not g["ok"]:
+                        say(f"error: {bid}: {gate_text(g)}")
+        self.result = RunResult(outcome, report, report_dir, time.perf_counter() - outcome.started)
+        if self.summary:  # what passed but is not what it seems (most of it on the host): said even with -q
+            sys.stdout.write(warnings_block(report) + self.result.summary_line() + "\n")
+            sys.stdout.flush()
 
-    @staticmethod
-    def _closing_summary(outcome: RunOutcome, report: dict, report_dir: Path | None) -> None:
-        out = sys.stdout
-        failed_builds = [(f"{b['spec']}/{b['model']}/{b['target']}", failure_cause(b)) for b in report["builds"]
-                         if b["status"] == "failed"]
-        warned = [(build_id, w) for b in report["builds"] for w in b.get("warnings") or []
-                  for build_id in [f"{b['spec']}/{b['model']}/{b['target']}"]]
-        if warned:  # what passed but is not what it seems (most of it on the host): said even with -q
-            out.write(f"warnings ({len(warned)}):\n" + "".join(f"  warning: {bid}: {w}\n" for bid, w in warned))
-        if failed_builds:
-            out.write(f"failed builds ({len(failed_builds)}):\n"
-                      + "".join(f"  {bid}: {cause}\n" for bid, cause in failed_builds))
-        counts = {s: sum(1 for b in report["builds"] if b["status"] == s) for s in Status}
-        hosted = counts[Status.HOST_ONLY] + counts[Status.MOSTLY_HOST]
-        host_note = f" ({counts[Status.HOST_ONLY]} host only, {counts[Status.MOSTLY_HOST]} mostly host)" if hosted else ""
-        where = f"report: {report_dir / 'report.json'}" if report_dir is not None else "no report written"
-        t = outcome.tasks
-        out.write(f"{len(t['ran'])} ran, {len(t['cached'])} cached, {len(t['failed'])} failed, "
-                  f"{len(t['from-cache'])} restored from the shared cache; builds: "
-                  f"{counts[Status.PASSED] + hosted} passed{host_note}, {counts[Status.FAILED]} failed, "
-                  f"{counts[Status.SKIPPED]} skipped "
-                  f"({format_seconds(time.perf_counter() - outcome.started)}); {where}\n")
-        out.flush()
+
+def warnings_block(report: dict) -> str:
+    """The builds' warnings (most of the model on the host, ...) as the lines above the closing summary; ''
+    when none warns."""
+    warned = [(f"{b['spec']}/{b['model']}/{b['target']}", w) for b in report["builds"] for w in b.get("warnings") or []]
+    if not warned:
+        return ""
+    return f"warnings ({len(warned)}):\n" + "".join(f"  warning: {bid}: {w}\n" for bid, w in warned)
 
 
 def build_and_report(builds: list[Build], build_dir: Path, stages: tuple[Stage, ...],
