@@ -35,6 +35,7 @@ class NpubuildError(Exception):
     """Base class: carries a one-line message and an optional location."""
 
     exit_code = 1
+    detail: dict = {}  # what the failure measured, beside its line: kept in the stage's error.json for the report
     kind = "stage"
 
     def __init__(self, message: str, location: Location | str | Path | None = None):
@@ -44,12 +45,20 @@ class NpubuildError(Exception):
             location = Location(str(location))
         self.location = location
 
-    def __reduce__(self):  # pickled whole, whatever a subclass's __init__ takes (engine/fanout.py's workers)
+    def __reduce__(self):  # pickled whole, whatever a subclass's __init__ takes (npubuild/fanout.py's workers)
         return (_unpickled, (type(self), self.args, self.__dict__))
 
     def __str__(self) -> str:
         prefix = f"{self.location}: " if self.location else ""
         return f"{prefix}error: {self.message}"
+
+
+def plain_message(text: str) -> str:
+    """An error's first line without its `error: ` tag (a position in front of it is kept):
+    `error: target 'x': pool ...` -> `target 'x': pool ...`; `a.yaml:3:5: error: m` -> `a.yaml:3:5: m`."""
+    first = str(text).strip().splitlines()[0] if str(text).strip() else "failed"
+    where, sep, rest = first.partition("error: ")
+    return f"{where}{rest}" if sep else first
 
 
 def _unpickled(cls: type[NpubuildError], args: tuple, state: dict) -> NpubuildError:
@@ -90,19 +99,29 @@ class StageError(NpubuildError):
     exit_code = 1
 
 
+class PoolsTooSmall(StageError):
+    """A pool check that failed (ethosu/pools.py): its one line, and per target every pool's need and size, so
+    the report's fit table shows the builds that do not fit with what they need. `lower_bound`: the needs are
+    the early check's lower bounds from the model's shapes (ethosu/early_fit.py), not Vela's exact sizes."""
+
+    def __init__(self, message: str, pools: dict[str, list[dict]], lower_bound: bool = False):
+        super().__init__(message)
+        self.detail = {"pools": pools, "lower_bound": lower_bound}
+
+
 REPORT_REQUEST = "please report it with the model if you can; --debug or the stage's error.json has the traceback"
 
 
 class InternalError(NpubuildError):
     """An exception inside npubuild on input it accepted (a bug of ours, not the user's): exit 1, kind
-    'internal'. `detail` keeps the traceback for the stage's error.json."""
+    'internal'. `detail` keeps the traceback for the stage's error.json (`traceback`)."""
 
     exit_code = 1
     kind = "internal"
 
     def __init__(self, message: str, location: Location | str | Path | None = None, detail: str | None = None):
         super().__init__(f"internal error: {message} ({REPORT_REQUEST})", location)
-        self.detail = detail
+        self.detail = {"traceback": detail} if detail else {}
 
 
 def one_line(text: str, limit: int = 400) -> str:

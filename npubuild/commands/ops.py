@@ -17,7 +17,8 @@ from pathlib import Path
 
 import numpy as np
 
-FAMILY_NAMES = {"u55": "Ethos-U55", "u65": "Ethos-U65", "u85": "Ethos-U85 128-512", "u85wide": "Ethos-U85 1024/2048"}
+from npubuild.config.accelerator import FAMILIES
+
 # op types the frontend removes or absorbs before lowering: no node of their own reaches a family
 STRUCTURAL = {
     "QuantizeLinear": "absorbed: int8 scales and zero points of the integer ops around it",
@@ -33,6 +34,7 @@ CONDITIONAL = {
     "comparison-int32": ({"EQUAL", "GREATER", "GREATER_EQUAL"}, "Vela compares INT32 only"),
 }
 X = [1, 8, 8, 8]
+OPS_ALIGN = 36  # the TOSA ops column's alignment width (its cells are never cut)
 
 
 @dataclass(frozen=True)
@@ -184,6 +186,7 @@ def probe(p: Probe) -> dict:
     from npubuild.frontend.qdq_concat import share_concat_scales
     from npubuild.frontend.quantize import quantize
     from npubuild.lowering.driver import lower_model
+    from npubuild.records.lower import PLACEMENT_WORD, Where
 
     row: dict = {"op": p.op, "label": p.label, "families": {}}
     try:
@@ -203,7 +206,7 @@ def probe(p: Probe) -> dict:
             try:
                 lowered = lower_model(qdq, "int", family=fam)
             except UnsupportedOpError as exc:  # in an int8 model it has no lowering: a build runs it on the host
-                row["families"][fam] = {"where": "cpu", "tosa_ops": [], "rule": "no-lowering",
+                row["families"][fam] = {"where": PLACEMENT_WORD[Where.HOST], "tosa_ops": [], "rule": "no-lowering",
                                         "reason": exc.reason}
                 continue
             placed = plan_partitions(qdq, lowered, fam).placements.get("probe")
@@ -212,7 +215,7 @@ def probe(p: Probe) -> dict:
                 row["families"][fam] = {"where": "fused", "tosa_ops": sorted(set(pre.tosa_ops)) if pre else [],
                                         "rule": pre.rule if pre else None, "reason": pre.reason if pre else None}
                 continue
-            row["families"][fam] = {"where": placed.kind, "tosa_ops": sorted(set(placed.tosa_ops)),
+            row["families"][fam] = {"where": PLACEMENT_WORD[placed.kind], "tosa_ops": sorted(set(placed.tosa_ops)),
                                     "rule": placed.rule, "reason": placed.reason}
     except (NpubuildError, ValueError, RuntimeError) as exc:
         row["error"] = str(exc).splitlines()[0]
@@ -226,38 +229,50 @@ def conditions(row: dict) -> list[str]:
 
 
 def table(rows: list[dict]) -> str:
-    fams = list(FAMILY_NAMES)
-    lines = [f"{'ONNX op':<30}" + "".join(f"{f:<9}" for f in fams) + f"{'TOSA ops (u55)':<31}notes",
-             f"{'':<30}" + "".join(f"{'-' * 7:<9}" for _ in fams)]
+    """The table as text, every column as wide as its widest cell: nothing is cut (a pipe, `grep`, a file
+    get every TOSA op and note; a terminal narrower than a line wraps it)."""
+    from npubuild.records.lower import PLACEMENT_WORD, Where
+
+    fams = list(FAMILIES)
+    body = []
     for r in rows:
         if "error" in r or "note" in r:
-            lines.append(f"{r['label']:<30}" + "".join(f"{'-':<9}" for _ in fams) + f"{'':<31}"
-                         + (f"probe failed: {r['error']}" if "error" in r else r["note"]))
+            body.append((r["label"], ["-"] * len(fams), "", f"probe failed: {r['error']}" if "error" in r else r["note"]))
             continue
         cells, notes = [], []
         for f in fams:
             v = r["families"][f]
-            cells.append(f"{v['where'].upper() if v['where'] != 'fused' else 'fused':<9}")
-            if v["where"] == "cpu" and f"{v['rule']}: {v['reason']}" not in notes:
+            cells.append(v["where"].upper() if v["where"] != "fused" else "fused")
+            if v["where"] == PLACEMENT_WORD[Where.HOST] and f"{v['rule']}: {v['reason']}" not in notes:
                 notes.append(f"{v['rule']}: {v['reason']}")
             if v["where"] == "fused" and "fused into the op before it (its epilogue)" not in notes:
                 notes.append("fused into the op before it (its epilogue)")
         notes += [f"depends: {c}" for c in conditions(r)]
-        ops = ", ".join(r["families"]["u55"]["tosa_ops"]) or "-"
-        ops = ops if len(ops) <= 30 else ops[:29] + "…"
-        lines.append(f"{r['label']:<30}" + "".join(cells) + f"{ops:<31}" + "; ".join(notes))
+        body.append((r["label"], cells, ", ".join(r["families"]["u55"]["tosa_ops"]) or "-", "; ".join(notes)))
+    label_w = max([len("ONNX op"), *(len(b[0]) for b in body)]) + 2
+    fam_w = max(len(f) for f in fams) + 2
+    # aligned for the usual lists; a longer one is written whole and moves its own row's notes along
+    ops_w = min(OPS_ALIGN, max([len("TOSA ops (u55)"), *(len(b[2]) for b in body)])) + 2
+    lines = [f"{'ONNX op':<{label_w}}" + "".join(f"{f:<{fam_w}}" for f in fams) + f"{'TOSA ops (u55)':<{ops_w}}notes",
+             f"{'':<{label_w}}" + "".join(f"{'-' * (fam_w - 2):<{fam_w}}" for _ in fams)]
+    for label, cells, ops, notes in body:
+        lines.append((f"{label:<{label_w}}" + "".join(f"{c:<{fam_w}}" for c in cells) + f"{ops:<{ops_w - 2}}  "
+                      + notes).rstrip())
     lines.append("")
-    lines.append("Families: " + ", ".join(f"{k} = {v}" for k, v in FAMILY_NAMES.items()) + ". NPU: compiled by Vela; "
+    lines.append("Families: " + ", ".join(f"{k} = {f.display}" for k, f in FAMILIES.items()) + ". NPU: compiled by Vela; "
                  "CPU: a host partition run by onnxruntime (the rule says why).")
     lines.append("An ONNX op type not listed has no lowering: a build runs it on the host (rule no-lowering).")
     return "\n".join(lines)
 
 
-def cmd_ops(args) -> int:
+def compute_rows() -> list[dict]:
+    """Every op type's row, each probe lowered for real (a few seconds: ~100 quantise + 4-family lowerings),
+    spread over the cores."""
     import logging
 
     import onnxruntime
 
+    from npubuild.fanout import fan_out
     from npubuild.lowering.registry import supported_op_types
 
     logging.getLogger().setLevel(logging.ERROR)
@@ -265,14 +280,59 @@ def cmd_ops(args) -> int:
     by_op: dict[str, list[Probe]] = {}
     for p in probes():
         by_op.setdefault(p.op, []).append(p)
-    rows = []
+    plan: list[dict | Probe] = []
     for op in supported_op_types():
         if op in STRUCTURAL:
-            rows.append({"op": op, "label": op, "families": {}, "note": STRUCTURAL[op]})
+            plan.append({"op": op, "label": op, "families": {}, "note": STRUCTURAL[op]})
         elif op in by_op:
-            rows += [probe(p) for p in by_op[op]]
+            plan += by_op[op]
         else:
-            rows.append({"op": op, "label": op, "families": {}, "error": "no probe model for this op type yet"})
+            plan.append({"op": op, "label": op, "families": {}, "error": "no probe model for this op type yet"})
+    todo = [p for p in plan if isinstance(p, Probe)]
+    done = iter(fan_out(lambda i: probe(todo[i]), len(todo), expected_s=len(todo) * 0.08))
+    return [next(done) if isinstance(p, Probe) else p for p in plan]
+
+
+def cache_path() -> Path | None:
+    """Where the table is kept between runs: the user's cache dir, keyed by the source of this command and
+    everything it imports (lowering, support rules, quantiser) and the versions of onnx, onnxruntime and
+    onnx-ir, so any change that could move a row computes it again. None: no home to keep it in."""
+    import os
+
+    from npubuild.engine.versions import source_fingerprint, tool_version
+    from npubuild.fileio import stable_hash
+
+    base = os.environ.get("XDG_CACHE_HOME") or (str(Path.home() / ".cache") if Path.home().is_dir() else "")
+    if not base:
+        return None
+    key = stable_hash([source_fingerprint(__name__), [tool_version(t) for t in ("onnx", "onnxruntime", "onnx-ir",
+                                                                               "numpy")]], 16)
+    return Path(base) / "npubuild" / f"ops-{key}.json"
+
+
+def cached_rows(fresh: bool = False) -> list[dict]:
+    """The rows from the cache (well under a second) or computed and kept there (cold: 7-9 s, bench/ops_speed.md)."""
+    from npubuild.fileio import write_text
+
+    path = cache_path()
+    if path is not None and not fresh:
+        try:
+            rows = json.loads(path.read_text())
+            if isinstance(rows, list) and all(isinstance(r, dict) and "op" in r for r in rows):
+                return rows
+        except (OSError, ValueError):
+            pass
+    rows = compute_rows()
+    if path is not None:
+        try:
+            write_text(path, json.dumps(rows))
+        except OSError:  # a read-only home: computed each time, still right
+            pass
+    return rows
+
+
+def cmd_ops(args) -> int:
+    rows = cached_rows(args.fresh)
     if args.json:
         print(json.dumps([{**r, "conditions": conditions(r)} for r in rows], indent=2))
     else:
@@ -285,4 +345,6 @@ def register(sub) -> None:
                        description=__doc__.split("\n\n", 1)[1])
     o.add_argument("--json", action="store_true", help="print the table as JSON (per op: per family placement, "
                    "TOSA ops, rule and reason)")
+    o.add_argument("--fresh", action="store_true", help="probe every op type again rather than read the table "
+                   "kept in the user cache dir (kept per npubuild source and onnx/onnxruntime version)")
     o.set_defaults(func=cmd_ops)

@@ -27,6 +27,7 @@ from npubuild.config.accelerator import Accelerator
 from npubuild.config.schema import CompileSpec, Pipeline, TargetProfile, VelaOptions
 from npubuild.config.yamlfile import KEY, KeyPath, Marks, deep_merge, load_yaml, locate
 from npubuild.errors import InputError, Location
+from npubuild.suggest import allowed_keys, did_you_mean
 
 SHIPPED_DATA = "_shipped"  # npubuild/_shipped/{targets,pipelines} in a wheel (setup.py's build_py copies them)
 
@@ -89,7 +90,8 @@ def validate(model: type[M], data: Any, marks: Marks, file: Path) -> M:
         msg = err["msg"]
         if err["type"] == "extra_forbidden":
             where = marks.get((*clean, KEY), where)
-            msg = f"unknown key '{clean[-1] if clean else loc[-1]}'"
+            key = str(clean[-1] if clean else loc[-1])
+            msg = f"unknown key '{key}'" + (did_you_mean(key, allowed_keys(model, loc[:-1])) or "")
             field = ".".join(str(p) for p in clean[:-1]) or "(top level)"
         elif err["type"] == "missing":
             msg = f"missing required key '{loc[-1]}'"
@@ -210,8 +212,9 @@ def _load_named(model: type[M], kind: str, name: str, search: SearchPath, where:
     """A target profile or pipeline by name: `<dir>/<kind>/<name>.yaml` on the search path, extends merged."""
     path = search.find(kind, name, where=where)
     if path is None:
-        known = ", ".join(search.names(kind)) or "none"
-        raise InputError(f"unknown {kind[:-1]} '{name}' (known: {known})", where)
+        names = search.names(kind)
+        hint = did_you_mean(name, names) or f" (known: {', '.join(names) or 'none'})"
+        raise InputError(f"unknown {kind[:-1]} '{name}'{hint}", where)
     data, marks = load_with_extends(path, kind, search)
     data.setdefault("name", name)
     return validate(model, data, marks, path), path
@@ -239,6 +242,7 @@ class Build:
     pipeline: Pipeline
     vela: VelaOptions
     evaluation: tuple[Path, Path] | None = None  # (inputs, labels) of the model's evaluation set
+    fvp_runner: Path | None = None  # the spec's fvp.runner, resolved inside the project and present
     # the lowering families of every target of its spec: what its lower stage lowers, so that a command
     # planning this build alone (debug-numerics, offloads) shares the spec build's lower task
     spec_families: tuple[str, ...] = ()
@@ -295,9 +299,11 @@ def load_spec(path: Path) -> list[Build]:
         else:
             profile = t
         profiles.append(profile)
+    runner = None
     if spec.fvp.runner is not None:  # checked here so that `npubuild validate` names it with its position
         where = locate(marks, ("fvp", "runner"), Location(str(path)))
-        if not inside(path.parent / spec.fvp.runner, root, "fvp.runner", where).is_file():
+        runner = inside(path.parent / spec.fvp.runner, root, "fvp.runner", where)
+        if not runner.is_file():
             raise InputError(f"fvp.runner '{spec.fvp.runner}' not found", where)
 
     families = lowering_families(profiles)
@@ -327,6 +333,7 @@ def load_spec(path: Path) -> list[Build]:
                     pipeline=pipeline,
                     vela=vela_options(profile.vela, spec.vela, spec.optimise or profile.optimise),
                     evaluation=evaluation,
+                    fvp_runner=runner,
                     spec_families=families,
                 )
             )

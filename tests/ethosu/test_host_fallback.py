@@ -4,13 +4,14 @@ partitioned model is checked end to end; a node even onnxruntime cannot run is o
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from pathlib import Path
 
 import numpy as np
 import onnx
-from buildhelpers import write_spec
 from npbtest import REPO, read_report, run_cli
+from npbtest.builds import custom_op_model, write_spec
 from onnx import TensorProto, helper, numpy_helper
 
 from npubuild.lowering.fallback import LOWERING_REFUSED, NO_LOWERING, cut_model, lower_lowerable
@@ -42,6 +43,12 @@ def test_the_example_builds_with_the_int8_lrn_on_the_host_and_checks_the_split(p
         assert [p["kind"] for p in m["partition_graph"]] == ["npu", "host", "npu"]
         assert m["deployed_max_error_lsb"] <= 1 and m["tosa_snr_db"] > 30
         assert "tosa" not in b["artifacts"]
+    # the result line labels each NPU partition's pools (they were listed twice, unlabelled)
+    code, out, _ = run_cli(["build", str(spec), "--build-dir", str(project / "build"), "--progress", "plain", "-v"],
+                           capsys)
+    ok = [ln for ln in out.splitlines() if ln.startswith("ok ")]
+    assert code == 0 and len(ok) == 2
+    assert all(re.search(r"NPU part 0: sram [\d.]+/\d+ KiB \(\d+%\), .*; NPU part 2: sram ", ln) for ln in ok), ok
     lower_dir = next((project / "build" / "stages" / "lower").glob("alexnet_lrn-*/io.json")).parent
     assert not (lower_dir / "model.tosa").exists()  # no single TOSA graph: the portable split stands for it
     io = json.loads((lower_dir / "io.json").read_text())
@@ -67,19 +74,8 @@ def test_npu_offload_1_still_demands_everything_on_the_npu(project: Path, capsys
     assert "gate npu_offload failed" in err
 
 
-def _foo_model(domain: str, op: str) -> onnx.ModelProto:
-    w = numpy_helper.from_array(np.random.default_rng(0).uniform(-1, 1, (4, 4, 1, 1)).astype(np.float32), "w")
-    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], name="conv"),
-             helper.make_node(op, ["c"], ["y"], name="my_foo", domain=domain)]
-    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, 4, 4])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4, 4, 4])], [w])
-    m = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid(domain, 1)])
-    m.ir_version = 8
-    return m
-
-
 def test_a_custom_op_onnxruntime_cannot_run_is_one_line_exit_2(project: Path, capsys):
-    onnx.save(_foo_model("com.example", "Foo"), project / "configs" / "models" / "foo.onnx")
+    onnx.save(custom_op_model("com.example", "Foo"), project / "configs" / "models" / "foo.onnx")
     spec = write_spec(project, "foo", "foo.onnx", [1, 4, 4, 4], "[ethos-u55-128]")
     code, _, err = run_cli(["build", str(spec), "--build-dir", str(project / "build"), "-q"], capsys)
     assert code == 2
@@ -110,7 +106,7 @@ def test_a_standard_op_onnxruntime_rejects_is_one_line_exit_2(project: Path, cap
 
 def test_fp_profile_checks_the_partitioned_model_against_the_float_model(project: Path, capsys):
     """A contrib op onnxruntime runs and no lowering takes (com.microsoft:Trilu) goes to the host, named by domain."""
-    onnx.save(_foo_model("com.microsoft", "Trilu"), project / "configs" / "models" / "trilu.onnx")
+    onnx.save(custom_op_model("com.microsoft", "Trilu"), project / "configs" / "models" / "trilu.onnx")
     spec = write_spec(project, "trilu", "trilu.onnx", [1, 4, 4, 4], "[ethos-u55-128]", extra="pipeline: fp\n")
     code, _, err = run_cli(["build", str(spec), "--build-dir", str(project / "build"), "-q"], capsys)
     assert code == 0, err

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from npusim_helpers import assert_bitexact, reference, vela_raw
-from ophelpers import calib, io_dict, quantize_model, single_op_model
-from test_depthwise_requantize import ops
+from npbtest.lowering import ops
+from npbtest.npusim import assert_bitexact, reference, vela_raw
+from npbtest.ops import calib, io_dict, quantize_model, single_op_model
 
 from npubuild.lowering.driver import lower_model
 from npubuild.lowering.options import FAMILY_OPTIONS, PORTABLE
