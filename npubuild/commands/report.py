@@ -21,7 +21,6 @@ def summary_text(report: dict, build_dir: Path) -> str:
     its cause, and where the full reports are (report.md has every table; `--markdown` prints it)."""
     from npubuild.report.brief import failure_cause
     from npubuild.report.regress import build_id
-
     from npubuild.report.status import Status, passed
 
     builds = report["builds"]
