@@ -34,6 +34,12 @@ class PartitionedModel:
             self._graphs[part.file] = OnnxSession(path, qdq_semantics=False) if part.kind == "host" else path.read_bytes()
         return self._graphs[part.file]
 
+    def run_npu(self, part: PartitionRecord, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """One NPU partition on the TOSA reference model: ONNX-layout outputs, raw integers where quantized."""
+        graph = self._graph(part)
+        assert isinstance(graph, bytes)
+        return run_tosa(graph, part.io, feeds)
+
     def __call__(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         """Outputs as the one-graph TOSA gives them (raw integers for quantized outputs, ONNX layout)."""
         env: dict[str, np.ndarray] = {k: np.asarray(v) for k, v in feeds.items()}
@@ -47,7 +53,7 @@ class PartitionedModel:
                                      f"{' '.join(str(exc).split())[:200]}") from None
                 continue
             io = part.io
-            got = run_tosa(graph, io, {s.onnx_name: env[s.onnx_name] for s in io.inputs})
+            got = self.run_npu(part, {s.onnx_name: env[s.onnx_name] for s in io.inputs})
             for spec in io.outputs:  # float32, as the host partition's DequantizeLinear would give them
                 y = got[spec.onnx_name]
                 env[spec.onnx_name] = np.asarray(spec.dequantize(y, np.float32) if spec.quantized else y)
@@ -106,7 +112,9 @@ def bitexact_families(lower_dir: Path, io: LowerRecord) -> dict[str, Partitioned
 def partitioned_numerics(lower_dir: Path, io: LowerRecord, samples: dict[str, np.ndarray],
                          reference: Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]],
                          whole: WholeGraphCheck | None = None,
-                         first_runs: dict[str, dict[str, np.ndarray]] | None = None) -> dict[str, PartitionedCheck]:
+                         first_runs: dict[str, dict[str, np.ndarray]] | None = None,
+                         outputs_of: dict[str, list[dict[str, np.ndarray]]] | None = None,
+                         ) -> dict[str, PartitionedCheck]:
     """For every family that does not run model.tosa as is (split, or its own lowering): vs the QDQ model.
 
     `reference(feeds)` runs the QDQ model on onnxruntime. Returns family -> max error (output LSB) and samples.
@@ -115,7 +123,9 @@ def partitioned_numerics(lower_dir: Path, io: LowerRecord, samples: dict[str, np
     identical, its error over the samples is model.tosa's, measured by the same samples (3 fewer TOSA
     reference-model runs of 4; why one suffices: ethosu/families.same_as_whole); otherwise it is measured
     on every sample as a split family is. `first_runs`: such families' outputs on the first sample, when the
-    caller has run them already.
+    caller has run them already. `outputs_of`, when given, receives each family's outputs on every sample
+    (the families measured on every sample: a bit-identical one's are model.tosa's), for the check against
+    the float model (verify/accuracy.py).
     """
     out = {}
     n = next(iter(samples.values())).shape[0] if samples else 0
@@ -132,7 +142,10 @@ def partitioned_numerics(lower_dir: Path, io: LowerRecord, samples: dict[str, np
         worst = 0.0
         for i in range(n):
             feeds = {k: v[i] for k, v in samples.items()}
-            worst = worst_error(model, feeds, reference(feeds), worst)
+            got = model(feeds)
+            worst = worst_error(model, feeds, reference(feeds), worst, got)
+            if outputs_of is not None:
+                outputs_of.setdefault(fam, []).append(got)
         out[fam] = PartitionedCheck(worst, n, rec.npu_partitions, rec.host_partitions)
     return out
 
