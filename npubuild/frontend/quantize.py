@@ -27,6 +27,7 @@ from npubuild.frontend.qdq_concat import share_concat_scales
 from npubuild.frontend.qdq_linear import fold_linear_bias
 from npubuild.frontend.qoperator import is_quantized
 from npubuild.frontend.quantized_ops import quantized_op_types
+from npubuild.frontend.samples import SampleSource
 
 MAX_CALIBRATION_BYTES = 1 << 30  # random calibration arrays held in memory at once
 MAX_QUANTIZE_NODES = 2500  # onnxruntime's quantiser is quadratic in the node count (bench/hardening.md)
@@ -254,6 +255,8 @@ def run(task: StageTask) -> dict:
                 **{op: sum(n.op_type == op for n in model.graph.node) for op in ("QuantizeLinear", "DequantizeLinear")}}
     check_calibration_size(model, task.config["calibration"])
     arrays = calibration_arrays(model, task.config["calibration"], task.inputs.get("calibration"))
+    if task.config.get("held_back"):
+        arrays = SampleSource.from_json(task.config["held_back"]).calibration_rows(arrays)
     qdq = quantize(float_model, arrays, task.config["quantization"])
     share_concat_scales(qdq, task.config["quantization"]["symmetric_activations"])  # TFLite-style concat scales
     write_bytes(task.outputs["onnx"], qdq.SerializeToString())

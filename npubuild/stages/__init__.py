@@ -9,8 +9,8 @@ when a task runs. records.py is the typed contract between the stages (io.json).
 from __future__ import annotations
 
 from npubuild.build.stage import Stage
-from npubuild.stages import fvp, importer, lower, npu_sim, quantize, report, tosa_check, vela
+from npubuild.stages import evaluate, fvp, importer, lower, npu_sim, quantize, report, tosa_check, vela
 
-STAGES: tuple[Stage, ...] = tuple(m.STAGE for m in (importer, quantize, lower, tosa_check, vela, npu_sim, fvp, report))
+STAGES: tuple[Stage, ...] = tuple(m.STAGE for m in (importer, quantize, lower, tosa_check, vela, npu_sim, evaluate, fvp, report))
 STAGE_NAMES: tuple[str, ...] = tuple(s.name for s in STAGES)
 BY_NAME: dict[str, Stage] = {s.name: s for s in STAGES}

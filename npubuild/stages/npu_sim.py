@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from npubuild.build.stage import Chain, Skip, Stage, TaskSpec, run_of
 from npubuild.config.load import Build
+from npubuild.frontend.samples import SampleSource
 
 
 def skip_reason(output_format: str) -> str | None:
@@ -25,11 +26,15 @@ def plan(b: Build, chain: Chain) -> TaskSpec | Skip | None:
     vela, lower, model = chain["vela"], chain["lower"], b.model
     inputs = {"vela": vela.outputs["summary"], "io": lower.outputs["io"],
               "float": chain["import"].outputs["onnx"]}
+    source = SampleSource.of(b)
     if b.calibration_npy is not None:
         inputs["calibration"] = b.calibration_npy
+    if source.kind == "evaluation" and b.evaluation is not None:
+        inputs["eval_inputs"] = b.evaluation.inputs
     return TaskSpec(f"{b.model_name}-{b.target.name}",
                     {"vela": vela.key, "accelerator": b.target.accelerator, "output_format": b.vela.output_format,
-                     "verify": b.spec.verify.model_dump(exclude={"fvp"}), "calibration": model.calibration.model_dump()},
+                     "verify": b.spec.verify.model_dump(exclude={"fvp"}), "calibration": model.calibration.model_dump(),
+                     "samples_from": source.to_json()},
                     inputs, {"result": "npusim.json"}, ("vela",))
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from npubuild.build.stage import Chain, Stage, TaskSpec, run_of
 from npubuild.config.load import Build
+from npubuild.frontend.samples import SampleSource
 
 
 def plan(b: Build, chain: Chain) -> TaskSpec | None:
@@ -13,8 +14,12 @@ def plan(b: Build, chain: Chain) -> TaskSpec | None:
     inputs = {"float": imp.outputs["onnx"]}
     if b.calibration_npy is not None:
         inputs["calibration"] = b.calibration_npy
-    return TaskSpec(b.model_name, {"import": imp.key, "quantization": b.spec.quantization.model_dump(),
-                                   "calibration": b.model.calibration.model_dump()},
+    config = {"import": imp.key, "quantization": b.spec.quantization.model_dump(),
+              "calibration": b.model.calibration.model_dump()}
+    source = SampleSource.of(b)
+    if source.kind == "held-back":  # rows the TOSA check verifies on: not calibrated on (frontend/samples.py)
+        config["held_back"] = source.to_json()
+    return TaskSpec(b.model_name, config,
                     inputs, {"onnx": "model_qdq.onnx"}, ("import",))
 
 

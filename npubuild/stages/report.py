@@ -9,7 +9,7 @@ from npubuild.config.load import Build
 
 def plan(b: Build, chain: Chain) -> TaskSpec:
     return TaskSpec(f"{b.spec.name}/{b.model_name}/{b.target.name}",
-                    {"build": b.id, "expect": b.spec.expect.model_dump(),
+                    {"build": b.id, "expect": b.expect, "default_gates": list(b.default_gates),
                      "stages": {s: t.key for s, t in chain.items()}},
                     {s: t.outputs["record"] for s, t in chain.items()}, {"entry": "entry.json"}, tuple(chain))
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from npubuild.build.stage import Chain, Stage, TaskSpec, run_of
 from npubuild.config.load import Build
+from npubuild.frontend.samples import SampleSource
 
 
 def plan(b: Build, chain: Chain) -> TaskSpec | None:
@@ -13,14 +14,15 @@ def plan(b: Build, chain: Chain) -> TaskSpec | None:
     reference = chain["quantize"].outputs["onnx"] if "quantize" in chain else chain["import"].outputs["onnx"]
     inputs = {"io": lower.outputs["io"], "reference": reference,
               "float": chain["import"].outputs["onnx"]}
+    source = SampleSource.of(b)
     if b.calibration_npy is not None:
         inputs["calibration"] = b.calibration_npy
-    if b.evaluation is not None:
-        inputs.update(eval_inputs=b.evaluation[0], eval_labels=b.evaluation[1])
+    if source.kind == "evaluation" and b.evaluation is not None:
+        inputs["eval_inputs"] = b.evaluation.inputs
     config = {"lower": lower.key, "verify": b.spec.verify.model_dump(exclude={"fvp"}),
               "passes": list(b.pipeline.passes),  # node errors cut the model as the lower stage sees it
               "input_shapes": model.input_shapes, "calibration": model.calibration.model_dump(),
-              "evaluation": model.evaluation.model_dump() if model.evaluation else None}
+              "samples_from": source.to_json()}
     return TaskSpec(b.model_name, config, inputs, {"numerics": "numerics.json", "reference": "reference.npz"},
                     ("lower",))
 

@@ -22,7 +22,7 @@ import onnx
 from npubuild.build.plan import StageTask
 from npubuild.errors import StageError
 from npubuild.fileio import read_json, write_json
-from npubuild.frontend.data import sample_arrays
+from npubuild.frontend.samples import SampleSource
 from npubuild.npusim import NotModelled
 from npubuild.npusim.npz import load_raw
 from npubuild.npusim.tosa_probe import graph_io
@@ -91,8 +91,8 @@ def _jobs(task: StageTask, vela: dict, io: LowerRecord) -> list[tuple[str, objec
         if not npzs:
             raise StageError("the vela stage wrote no raw .npz artifact")
         float_model = onnx.load(str(task.inputs["float"]))
-        arrays = sample_arrays(float_model, task.config["calibration"], task.inputs.get("calibration"),
-                               verify["samples"], verify["seed"])
+        arrays, _ = SampleSource.from_json(task.config["samples_from"]).verification(
+            float_model, task.config["calibration"], task.inputs.get("calibration"), task.inputs.get("eval_inputs"))
         n = next(iter(arrays.values())).shape[0]
         samples = [[spec.to_tosa(arrays[spec.onnx_name][i]) for spec in io.inputs] for i in range(n)]
         tosa = lower_dir / (parts[0]["file"] if parts else "model.tosa")

@@ -9,9 +9,10 @@ units. Each node's own error (verify/node_errors: the node fed the QDQ model's o
 that rounds where the hardware does) gives `tosa_node_max_error_lsb` and `tosa_worst_node`; the output
 with the largest error is `tosa_worst_output`. A model with nodes no lowering takes has no model.tosa: its portable split is run
 instead, and its per-node check measures every node whose cut lowers (the others are listed unchecked).
-With an evaluation set, top-1 accuracy of the float model and of the TOSA
-graph (what the NPU runs) on its labels. The TOSA outputs of the first sample
-are kept (reference.npz) so that later stages (the FVP) compare against them.
+The samples are held back from calibration where the spec gives real data (frontend/samples.py), and the
+graph each family deploys is measured against the float model on them (verify/accuracy.py:
+`float_checks`). The TOSA outputs of the first sample are kept (reference.npz) so that later stages (the
+FVP) compare against them.
 """
 
 from __future__ import annotations
@@ -26,14 +27,15 @@ import onnx
 
 from npubuild.build.fanout import fan_out
 from npubuild.build.plan import StageTask
-from npubuild.errors import InputError, StageError
+from npubuild.errors import StageError
 from npubuild.fileio import atomic_path, write_json
-from npubuild.frontend.data import load_arrays, sample_arrays
+from npubuild.frontend.samples import SampleSource
 from npubuild.stages.records import LowerRecord
 from npubuild.tosa.iospec import IOSpec
 from npubuild.tosa.run import REFERENCE_MODEL_PER_ONNXRUNTIME, OnnxSession, run_tosa, timed_runs
+from npubuild.verify.accuracy import FloatChecks, float_check, probability_outputs, stacked
 from npubuild.verify.node_errors import NodeCheck, NodeErrors, prepare_node_check
-from npubuild.verify.numerics import accuracy, compare_output
+from npubuild.verify.numerics import compare_output
 from npubuild.verify.partitioned import (
     PartitionedModel,
     WholeGraphCheck,
@@ -71,11 +73,11 @@ def run(task: StageTask) -> dict:
     lower_dir = task.inputs["io"].parent
     runner = graph_runner(io, lower_dir)
     what = "the TOSA graph" if io.whole_graph else "the partitioned model"
-    verify = task.config["verify"]
     is_int = io.profile == "int"
     float_model = onnx.load(str(task.inputs["float"]))
-    samples = sample_arrays(float_model, task.config["calibration"], task.inputs.get("calibration"),
-                            verify["samples"], verify["seed"])
+    source = SampleSource.from_json(task.config["samples_from"])
+    samples, samples_from = source.verification(float_model, task.config["calibration"],
+                                                task.inputs.get("calibration"), task.inputs.get("eval_inputs"))
     n = next(iter(samples.values())).shape[0]
     reference, flt_runner = OnnxSession(task.inputs["reference"]), OnnxSession(task.inputs["float"])
     names = [o.onnx_name for o in io.outputs]
@@ -84,6 +86,7 @@ def run(task: StageTask) -> dict:
     flt: dict[str, list] = {k: [] for k in names}
     lsb: dict[str, list] = {k: [] for k in names}
     first_raw: dict[str, np.ndarray] = {}
+    per_sample: list[tuple[dict, dict, dict]] = []  # (raw graph outputs, float's, QDQ's) for the float check
     partitioned_error = 0.0  # model.tosa's error as the partitioned check measures it (WholeGraphCheck)
     feeds_of = [{k: v[i] for k, v in samples.items()} for i in range(n)]
     refs, onnxruntime_s = timed_runs(reference, feeds_of)
@@ -98,6 +101,7 @@ def run(task: StageTask) -> dict:
         bad = shape_mismatch(io.outputs, t, r, what)
         if bad:
             raise StageError(bad)
+        per_sample.append((t, f, r))
         for spec in io.outputs:
             name = spec.onnx_name
             if i == 0:
@@ -140,10 +144,10 @@ def run(task: StageTask) -> dict:
         summary["checked"] = "partitioned"  # no single TOSA graph: the portable split was run
     if is_int:  # split builds (a family that cannot run some node): the partitioned model, same samples
         whole = WholeGraphCheck(first_raw, partitioned_error) if io.whole_graph else None
-        checks = partitioned_numerics(lower_dir, io, samples, reference, whole, runs.first_runs)
+        family_outputs: dict[str, list[dict[str, np.ndarray]]] = {}
+        checks = partitioned_numerics(lower_dir, io, samples, reference, whole, runs.first_runs, family_outputs)
         summary["partitioned"] = {fam: c.to_json() for fam, c in checks.items()}
-    if task.inputs.get("eval_inputs") is not None:
-        summary.update(evaluate(task, io, runner, float_model, flt_runner))
+        summary["float_checks"] = against_float(io, float_model, per_sample, family_outputs, samples_from).to_json()
     write_json(task.outputs["numerics"], summary)
     if "reference" in task.outputs:
         with atomic_path(task.outputs["reference"]) as tmp, open(tmp, "wb") as fh:
@@ -203,31 +207,11 @@ def output_lsb_error(spec: IOSpec, ref: np.ndarray, got: np.ndarray) -> np.ndarr
     return np.where(both, np.abs(r - g), 0.0)
 
 
-def evaluate(task: StageTask, io: LowerRecord, runner: GraphRunner, float_model: onnx.ModelProto,
-             flt_runner: OnnxSession) -> dict:
-    """Top-1 accuracy on the evaluation set: the float model, and the TOSA graph the NPU will run."""
-    cfg = task.config["evaluation"]
-    inputs = load_arrays(task.inputs["eval_inputs"], float_model)
-    try:
-        labels = np.load(task.inputs["eval_labels"], allow_pickle=False)
-    except (OSError, ValueError) as exc:
-        raise InputError(f"cannot load labels: {exc}", str(task.inputs["eval_labels"])) from None
-    n = next(iter(inputs.values())).shape[0]
-    if labels.ndim != 1 or labels.shape[0] != n or not np.issubdtype(labels.dtype, np.integer):
-        raise InputError(f"labels must be {n} integers (one per input sample), got {labels.dtype} "
-                         f"{list(labels.shape)}", str(task.inputs["eval_labels"]))
-    if cfg.get("samples"):
-        n = min(n, cfg["samples"])
-    names = [o.onnx_name for o in io.outputs]
-    out = cfg.get("output") or names[0]
-    if out not in names:
-        raise InputError(f"evaluation output '{out}' is not a graph output (outputs: {', '.join(names)})")
-    spec = io.outputs[names.index(out)]
-    feeds_of = [{k: v[i] for k, v in inputs.items()} for i in range(n)]
-    floats, onnxruntime_s = timed_runs(flt_runner, feeds_of)
-    f_scores = [f[out].reshape(-1) for f in floats]
-    runs = reference_model_runs(runner, feeds_of, io.whole_graph, {}, None, onnxruntime_s).samples
-    t_scores = [spec.dequantize(t[out]).reshape(-1) for t in runs]
-    fa = accuracy(np.stack(f_scores), labels[:n])
-    ta = accuracy(np.stack(t_scores), labels[:n])
-    return {"eval_samples": n, "float_accuracy": fa, "accuracy": ta, "accuracy_drop": fa - ta}
+def against_float(io: LowerRecord, float_model: onnx.ModelProto, per_sample: list[tuple[dict, dict, dict]],
+                  family_outputs: dict[str, list[dict[str, np.ndarray]]], samples_from: str) -> FloatChecks:
+    """The checked graph and every family measured on all samples, against the float model (verify/accuracy)."""
+    probs = probability_outputs(float_model)
+    raw, flt, qdq = (stacked([s[k] for s in per_sample]) for k in range(3))
+    graph = float_check(io.outputs, flt, raw, qdq, probs, samples_from)
+    return FloatChecks(graph, {fam: float_check(io.outputs, flt, stacked(outs), qdq, probs, samples_from)
+                               for fam, outs in family_outputs.items()})
