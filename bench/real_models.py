@@ -62,6 +62,9 @@ sys.path.insert(0, str(REPO))
 import real_tasks  # noqa: E402
 
 TARGETS = ("ethos-u55-128", "ethos-u85-256")
+# in every cache key: bump when what a cached run computes changes (not for the table's layout); the
+# deployed runs' keys also hold the artifacts and verify/deployed.py, the task metrics run on every call
+MEASURE_VERSION = "1"
 ORT_METHODS = ("MinMax", "Percentile", "Entropy")
 Outputs = dict[str, np.ndarray]
 Runner = Callable[[dict[str, np.ndarray]], Outputs]
@@ -316,7 +319,7 @@ def measure_model(name: str, real: Path, cache: Cache, report: dict, tf_python: 
     model = onnx.load(str(onnx_path), load_external_data=False)
     feeds = load_arrays(ev_path, model)
     calib = load_arrays(cal_path, model)
-    versions = {"onnxruntime": onnxruntime.__version__, "bench": file_sha(HERE / "real_models.py")[:12]}
+    versions = {"onnxruntime": onnxruntime.__version__, "measure": MEASURE_VERSION}
     row: dict = {"model": name, "task": task.label, "lower_is_better": task.lower_is_better,
                  "samples": int(next(iter(feeds.values())).shape[0])}
 
@@ -524,6 +527,7 @@ def main() -> int:
     ap.add_argument("--json", type=Path, default=None, help="also write the rows as JSON")
     ap.add_argument("--no-build", action="store_true", help="measure the build dir as it is")
     ap.add_argument("--fresh", action="store_true", help="recompute everything the cache holds")
+    ap.add_argument("--rev", default=None, help="the revision to name in the table (a run from an exported tree)")
     a = ap.parse_args()
     real = a.real.resolve()
     work = (a.work or real / ".bench").resolve()
@@ -546,12 +550,17 @@ def main() -> int:
         results_path.write_text(json.dumps(results, indent=1, default=float) + "\n")
         print(f"{n}: {row['seconds']} s", file=sys.stderr)
     rows = [results[n] for n in sorted(results)]
-    rev = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
-    text = (f"# Real trained models: int8 accuracy against float (issue 30)\n\n"
-            f"`python bench/real_models.py --real DIR --tf-python TFPY --tflite-dir RAW` (see its docstring) at {rev}"
-            f"{' + local changes' if subprocess.run(['git', '-C', str(REPO), 'diff', '--quiet', 'HEAD'], capture_output=True).returncode else ''}; "
-            f"evaluation inputs from bench/real_eval_data.py (disjoint from the calibration). "
-            f"Deployed = the target's partitions as the device runs them (npu-sim on Vela's raw command stream).\n\n")
+    rev = a.rev
+    if rev is None:
+        rev = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], capture_output=True,
+                             text=True).stdout.strip() or "an exported tree"
+        if subprocess.run(["git", "-C", str(REPO), "diff", "--quiet", "HEAD"], capture_output=True).returncode == 1:
+            rev += " + local changes"
+    text = ("# Real trained models: int8 accuracy against float (issue 30)\n\n"
+            f"`python bench/real_models.py --real DIR --tf-python TFPY --tflite-dir RAW` (its docstring says what "
+            f"each is) at {rev}; evaluation inputs from bench/real_eval_data.py (disjoint from the calibration). "
+            "Deployed = the target's partitions as the device runs them (npu-sim on Vela's raw command stream). "
+            "SNR and LSB columns: the lowest output's; percentages are of the float model's decisions.\n\n")
     text += table(rows, "")
     a.md.write_text(text)
     if a.json:
