@@ -36,6 +36,26 @@ def gate_text(g: dict) -> str:
     return f"gate {g['name']} failed: {g['metric']} = {num(g['value'])}, limit {num(g['limit'])}"
 
 
+def collapse_text(metrics: dict) -> str:
+    """` ('scores' 0.4 dB, 37.2 LSB mean vs float on 4 held-back samples)`: what collapsed (verify/accuracy.py)."""
+    outs = [(k, o) for k, o in (metrics.get("float_outputs") or {}).items() if o.get("collapsed")]
+    if not outs:
+        return ""
+    parts = [f"'{k}' {o['snr_db']:.1f} dB" + (f", {o['mean_error_lsb']:.1f} LSB mean" if o.get("mean_error_lsb")
+                                               is not None else "") for k, o in outs[:3]]
+    return (f" ({'; '.join(parts)} vs float on {metrics.get('float_samples')} {metrics.get('float_samples_from')} "
+            "samples: the int8 model has collapsed)")
+
+
+def eval_text(metrics: dict) -> str | None:
+    """`top1_agreement 0.891 (QDQ 0.906)`: the spec's evaluate: metric on the deployed graph, or None."""
+    score = metrics.get("eval_score")
+    if not isinstance(score, (int, float)):
+        return None
+    qdq = metrics.get("eval_qdq_score")
+    return f"{metrics.get('eval_metric')} {num(score)}" + (f" (QDQ {num(qdq)})" if isinstance(qdq, (int, float)) else "")
+
+
 def failure_cause(entry: dict) -> str | None:
     """Why a report entry did not pass: the failed stage and its first error line, else the gates that fell
     short, else what kept it from being built; None for a passed build."""
@@ -48,7 +68,8 @@ def failure_cause(entry: dict) -> str | None:
         return plain_message(entry["errors"][0])
     bad = [g for g in entry.get("gates", []) if not g.get("ok")]
     if bad:
-        return "; ".join(gate_text(g) for g in bad)
+        return "; ".join(gate_text(g) + (collapse_text(entry.get("metrics") or {})
+                                         if g["name"] == "max_collapsed_outputs" else "") for g in bad)
     missing = [k for k, s in entry.get("stages", {}).items() if s.get("status") == "skipped" and "reason" not in s]
     if missing:
         return f"not built: stage {missing[0]} did not run (an earlier task failed or the run stopped)"
@@ -66,7 +87,8 @@ def pools_text(metrics: dict) -> str:
 
 
 def headline(metrics: dict) -> str:
-    """A passed build's figures for its result line: time, rate, memory, offload."""
+    """A passed build's figures for its result line: time, rate, memory, offload, the integer graph's SNR against
+    the QDQ model and the deployed graph's against float, the spec's evaluate: metric."""
     parts = []
     ms = metrics.get("inference_ms")
     if isinstance(ms, (int, float)) and ms > 0:
@@ -80,4 +102,10 @@ def headline(metrics: dict) -> str:
     snr = metrics.get("tosa_snr_db")
     if isinstance(snr, (int, float)):
         parts.append(f"SNR {snr:.1f} dB")
+    vs_float = metrics.get("float_snr_db")
+    if isinstance(vs_float, (int, float)):
+        parts.append(f"vs float {vs_float:.1f} dB")
+    ev = eval_text(metrics)
+    if ev:
+        parts.append(ev)
     return ", ".join(parts)

@@ -16,7 +16,7 @@ from npubuild.fileio import write_text
 from npubuild.report.brief import failure_cause, num, plain_message
 from npubuild.report.history import TREND_METRICS, moved, run_labels, series
 from npubuild.report.markup import CSS, SCRIPT, cell, fmt, img, link, meter, table
-from npubuild.report.numerics import worst_node_text
+from npubuild.report.numerics import agreement_text, evaluate_text, float_text, worst_node_text
 from npubuild.report.plots import cached_png, layers_svg, pools_svg
 from npubuild.report.regress import Comparison, build_id
 
@@ -152,13 +152,16 @@ def _main_table(builds: list[dict], comparison: Comparison | None, base_dir: Pat
                        else "-"),
                  cell(m.get("cpu_ops")), cell(m.get("sram_kib")), cell(m.get("offchip_kib")),
                  cell(m.get("tosa_snr_db"), fmt(m.get("tosa_snr_db"), 3)), cell(m.get("tosa_max_error_lsb")),
-                 f"<td>{escape(worst_node_text(m))}</td>", cell(acc, acc_text), f"<td>{_first_bad_layer(b)}</td>", f'<td class="id">{_artifacts(b, base_dir, short=True)}</td>']
+                 f"<td>{escape(worst_node_text(m))}</td>",
+                 cell(m.get("float_snr_db"), escape(float_text(m).replace("**", ""))),
+                 f"<td>{escape(agreement_text(m))}</td>", f"<td>{escape(evaluate_text(m))}</td>", cell(acc, acc_text), f"<td>{_first_bad_layer(b)}</td>", f'<td class="id">{_artifacts(b, base_dir, short=True)}</td>']
         problem = b["status"] != "passed" or bid in regressed
         cls = ' class="regressed"' if bid in regressed else ""
         rows.append(f'<tr{cls} data-problem="{int(problem)}">' + "".join(cells) + "</tr>")
     head = ["build", "status", "problem", "fit (fullest pool)", "its headroom KiB", "inference ms", "inferences/s",
             "clock MHz", "NPU cycles", "MACs", "on NPU", "CPU nodes", "SRAM KiB", "off-chip KiB", "TOSA SNR dB",
-            "max LSB", "worst node (own LSB)", "top-1 float &rarr; int8", "first bad layer", "artifacts"]
+            "max LSB", "worst node (own LSB)", "vs float: SNR dB (QDQ) / LSB max, mean / samples",
+            "agreement with float", "evaluate: deployed (QDQ, float)", "top-1 float &rarr; int8", "first bad layer", "artifacts"]
     ths = "".join(f'<th class="sort" onclick="sortBy(this)">{h}</th>' for h in head)
     return ('<p><input id="filter" placeholder="filter builds (spec, model, target, cause)" oninput="filterRows()"> '
             '<label><input type="checkbox" id="problems" onchange="filterRows()"> problems only</label> '

@@ -17,9 +17,10 @@ calibrated it):
   `decision_agreement` (one sigmoid probability per sample at 0.5). An output is a probability when the
   float graph computes it with Sigmoid, Softmax or HardSigmoid (through reshapes, transposes and
   concatenations of such);
-- `collapsed`: the output carries little of the float output: SNR below COLLAPSE_SNR_DB *and* a mean error
-  above COLLAPSE_MEAN_LSB (what the output's own resolution does not explain). The default pipeline's gate
-  `max_collapsed_outputs: 0` fails such a build (pipelines/default.yaml).
+- `collapsed`: the output carries little of the float output: SNR below COLLAPSE_SNR_DB, except a
+  probability output whose mean error stays within COLLAPSE_MEAN_LSB (faint probabilities int8 rounds to
+  zero). The int profile's default gate `max_collapsed_outputs: 0` fails such a build
+  (config/metrics.DEFAULT_GATES, pipelines/default.yaml).
 """
 
 from __future__ import annotations
@@ -36,9 +37,9 @@ from npubuild.verify.numerics import _classes, snr_db, top1_agreement
 if TYPE_CHECKING:
     import onnx
 
-# An int8 model whose output SNR against float is below 10 dB carries an error of a third of the signal's
-# amplitude (healthy int8 CNN outputs measure 20-45 dB: bench/numerics.md, bench/real_models.md); with a
-# mean error above 1 LSB as well, the output's resolution does not explain it: the quantisation collapsed.
+# An int8 output whose SNR against float is below 10 dB carries an error of a third of the signal's amplitude
+# (healthy int8 CNN outputs measure 20-45 dB: bench/numerics.md, bench/real_models.md); for a probability,
+# a mean error within 1 LSB of its [0, 1] grid is the format's own resolution, not a collapse.
 COLLAPSE_SNR_DB = 10.0
 COLLAPSE_MEAN_LSB = 1.0
 PROBABILITY_THRESHOLD = 0.5
@@ -63,9 +64,14 @@ class OutputAccuracy:
 
     @property
     def collapsed(self) -> bool:
+        """SNR under COLLAPSE_SNR_DB, unless the output is a probability whose error stays within its LSB (a
+        map of faint probabilities: int8's 1/256 steps round them to 0 and nothing is decided differently).
+        Only a probability's grid is known to be right: any other output's LSB is what calibration made it,
+        and an outlier that blew its range up puts the whole signal under one LSB."""
         if self.snr_db >= COLLAPSE_SNR_DB:
             return False
-        return self.mean_error_lsb is None or self.mean_error_lsb > COLLAPSE_MEAN_LSB
+        faint = self.probability is not None and self.mean_error_lsb is not None
+        return not (faint and self.mean_error_lsb <= COLLAPSE_MEAN_LSB)
 
     def to_json(self) -> dict:
         return {**asdict(self), "collapsed": self.collapsed}

@@ -207,12 +207,11 @@ def load_labels(path: Path, n: int, integers: bool) -> np.ndarray:
         labels = np.load(path, allow_pickle=False)
     except (OSError, ValueError, EOFError) as exc:
         raise InputError(f"cannot load labels: {' '.join(str(exc).split())[:200]}", str(path)) from None
-    if labels.ndim < 1 or labels.shape[0] != n or labels.dtype.kind not in "biuf":
-        raise InputError(f"labels must be {n} numbers (one per input sample), got {labels.dtype} {list(labels.shape)}",
+    what = "integers" if integers else "numbers"  # top1's are class indices; a user metric's anything numeric
+    wrong = labels.ndim < 1 or labels.shape[0] != n or labels.dtype.kind not in "biuf"
+    if wrong or (integers and (labels.ndim != 1 or not np.issubdtype(labels.dtype, np.integer))):
+        raise InputError(f"labels must be {n} {what} (one per input sample), got {labels.dtype} {list(labels.shape)}",
                          str(path))
-    if integers and (labels.ndim != 1 or not np.issubdtype(labels.dtype, np.integer)):
-        raise InputError(f"labels must be {n} integers (one per input sample), got {labels.dtype} "
-                         f"{list(labels.shape)}", str(path))
     return labels
 
 
