@@ -136,3 +136,36 @@ def test_metric_functions():
     logits = detection_agreement("s", None, 0.5, True, 0.5, "cxcywh")
     assert logits({"s": np.array([[[2.0], [-2.0]]])}, {"s": np.array([[[0.1], [0.2]]])}, None) == 1.0
     assert by_position({"s": np.zeros((1, 3, 1))}, {"s": np.ones((1, 3, 1))}, None) is None  # nothing to find
+
+
+def test_a_split_model_runs_its_host_partition_between_npu_sim_partitions(tmp_path: Path, capsys):
+    """AlexNet-style with an int8 LRN on the host: NPU partition, host partition, NPU partition. On a raw target
+    each NPU partition runs on npu-sim (verify/deployed.py), the LRN on onnxruntime, with the same integers
+    as the TOSA reference model's run of the same split."""
+    import onnx
+
+    from npubuild.models.zoo import alexnet_lrn
+
+    root = tmp_path / "product"
+    (root / "configs" / "models").mkdir(parents=True)
+    (root / "dodo.py").write_text("# product repo marker\n")
+    onnx.save(alexnet_lrn(), root / "configs" / "models" / "alexnet_lrn.onnx")
+    np.save(root / "configs" / "eval.npy", np.random.default_rng(7).uniform(-1, 1, (3, 3, 32, 32)).astype(np.float32))
+    (root / "configs" / "split.yaml").write_text("""version: 1
+name: split
+models:
+  alexnet_lrn:
+    path: models/alexnet_lrn.onnx
+    input_shapes: {input: [1, 3, 32, 32]}
+    calibration: {random: {samples: 16, seed: 0}}
+    evaluate: {inputs: eval.npy, metric: snr}
+targets: [ethos-u55-128, {extends: ethos-u55-128, name: u55-raw, vela: {output_format: raw}}]
+verify: {tosa: true, samples: 2}
+""")
+    code, out, err = run_cli(["build", "--build-dir", "build", "-q"], capsys, cwd=root)
+    assert code == 0, out + err
+    b = {e["target"]: e["metrics"] for e in read_report(root / "build")["builds"]}
+    tosa, raw = b["ethos-u55-128"], b["u55-raw"]
+    assert [p["kind"] for p in raw["partition_graph"]] == ["npu", "host", "npu"]
+    assert (tosa["eval_engine"], raw["eval_engine"]) == ("tosa-reference", "npu-sim")
+    assert raw["eval_score"] == tosa["eval_score"] and 20 < raw["eval_score"] < 200
