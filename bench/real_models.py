@@ -61,6 +61,8 @@ sys.path.insert(0, str(REPO))
 
 import real_tasks  # noqa: E402
 
+from npubuild.report.brief import failure_cause  # noqa: E402
+
 TARGETS = ("ethos-u55-128", "ethos-u85-256")
 # in every cache key: bump when what a cached run computes changes (not for the table's layout); the
 # deployed runs' keys also hold the artifacts and verify/deployed.py, the task metrics run on every call
@@ -338,10 +340,10 @@ def measure_model(name: str, real: Path, cache: Cache, report: dict, tf_python: 
         if b is None:
             row["npubuild"][target] = {"error": "not built"}
             continue
-        if b["status"] == "failed" or "io" not in b.get("artifacts", {}):
+        if "io" not in b.get("artifacts", {}) or "vela" not in b["artifacts"]:  # nothing was deployed
             row["npubuild"][target] = {"error": (b.get("errors") or ["failed"])[0][:160]}
             continue
-        jobs[target] = b
+        jobs[target] = b  # a build failed after Vela (npu-sim, a gate) is still measured: its cause is noted
     qdq_res = None
     for target, b in jobs.items():
         io_path, qdq_path = Path(b["artifacts"]["io"]), Path(b["artifacts"]["qdq"])
@@ -373,6 +375,7 @@ def measure_model(name: str, real: Path, cache: Cache, report: dict, tf_python: 
             res["task"] = task.measure(flt, rec)
         res["seconds"] = round(time.time() - t1, 1)
         res["npu_offload"] = b["metrics"].get("npu_offload")
+        res["status"], res["cause"] = b["status"], failure_cause(b)
         res["report_quant_snr_db"] = b["metrics"].get("quant_snr_db")
         row["npubuild"][target] = res
 
@@ -489,6 +492,8 @@ def table(rows: list[dict], tf_note: str) -> str:
         for t, d in zip(TARGETS, dep, strict=True):
             if "error" in d:
                 notes.append(f"- {name} {t}: {d['error']}")
+            elif d.get("status") == "failed":
+                notes.append(f"- {name} {t}: measured, but npubuild's build failed: {d.get('cause')}")
             elif d.get("engine") != "npu-sim":
                 notes.append(f"- {name} {t}: deployed outputs from {d.get('engine')} (not every NPU partition has a "
                              "raw artifact npu-sim models)")

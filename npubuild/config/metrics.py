@@ -94,7 +94,7 @@ GATES: tuple[Gate, ...] = (
     Gate("max_deployed_error_lsb", "deployed_max_error_lsb", "max", float, {"ge": 0},
          "Most LSB error of the graph the target runs (its partitions or lowering)"),
     Gate("max_collapsed_outputs", "collapsed_outputs", "max", int, {"ge": 0},
-         "Most outputs allowed to have collapsed against float (SNR < 10 dB and mean error > 1 LSB; "
+         "Most outputs allowed to have collapsed against float (SNR < 6 dB, but a probability within its LSB; "
          "verify/accuracy.py); the default pipeline sets 0"),
     Gate("min_float_snr_db", "float_snr_db", "min", float, {},
          "Lowest output SNR of the deployed graph against the float model (held-back samples)"),

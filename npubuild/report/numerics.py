@@ -36,7 +36,7 @@ def numerics_markdown(builds: list[dict]) -> list[str]:
     return ["", "## Numerics and accuracy", "",
             "Against float: the graph the target deploys against the float model on samples that did not calibrate "
             "it (SNR of the worst output; in brackets the QDQ model's own, then the largest and mean error in the "
-            "output's LSB); an output that has collapsed (SNR < 10 dB and mean error > 1 LSB) fails the default gate "
+            "output's LSB); an output that has collapsed (SNR < 6 dB, but a probability within its LSB) fails the default gate "
             "`max_collapsed_outputs`. TOSA: the integer graph against the QDQ model it implements.", "",
             "| build | against float: SNR dB (QDQ) / LSB max, mean / samples | agreement with float | evaluate: deployed "
             "(QDQ, float) | float top-1 | int8 top-1 | TOSA max LSB | worst node (own LSB) | TOSA SNR dB | quant SNR dB "
