@@ -14,8 +14,10 @@ Two things in the MediaPipe originals stop TFLite's calibrator (a segfault, an u
 the model is first put in the form TFLiteConverter itself gives a float model: float16 weights behind
 DEQUANTIZE ops become float32 constants (the same values: the converter's float output has no DEQUANTIZE),
 and MediaPipe's custom `Convolution2DTransposeBias` (selfie segmentation) becomes the builtin
-TRANSPOSE_CONV with its bias (same weights, OHWI, stride and SAME padding). The float outputs written are the
-rewritten model's; the bench checks them against the ONNX model's. It writes the float original's and the int8
+TRANSPOSE_CONV with its bias (same weights, OHWI, stride and SAME padding). A dynamic input (openWakeWord's)
+is fixed to the data's shape first, as the ONNX files were: TFLite's int8 model of the dynamic original
+crashes when its input is resized. The float outputs written are the rewritten model's; the bench checks
+them against the ONNX model's. It writes the float original's and the int8
 model's outputs on every evaluation sample (`float_<i>`, `int8_<i>`: output i in the interpreter's output
 order, samples stacked; `float_names`, `int8_names` the output tensors' names in that order) and `error` (a one-line reason) when the original cannot be quantised or run.
 """
@@ -33,7 +35,9 @@ import numpy as np  # noqa: E402
 def run_all(content: bytes, xs: np.ndarray) -> tuple[list[str], list[np.ndarray]]:
     import tensorflow as tf
 
-    it = tf.lite.Interpreter(model_content=content)
+    # TFLite's builtin kernels without the XNNPACK delegate, which crashes allocating the int8 log-mel model
+    it = tf.lite.Interpreter(model_content=content,
+                             experimental_op_resolver_type=tf.lite.experimental.OpResolverType.BUILTIN_WITHOUT_DEFAULT_DELEGATES)
     d = it.get_input_details()[0]
     it.resize_tensor_input(d["index"], list(xs.shape[1:]))
     it.allocate_tensors()
@@ -47,8 +51,9 @@ def run_all(content: bytes, xs: np.ndarray) -> tuple[list[str], list[np.ndarray]
     return [o["name"] for o in outs], [np.stack(g) for g in got]
 
 
-def as_converter_float(content: bytes) -> bytes:
-    """float16 weights -> float32 constants (DEQUANTIZE ops dropped); Convolution2DTransposeBias -> TRANSPOSE_CONV."""
+def as_converter_float(content: bytes, input_shape: tuple[int, ...] | None = None) -> bytes:
+    """float16 weights -> float32 constants (DEQUANTIZE ops dropped); Convolution2DTransposeBias -> TRANSPOSE_CONV;
+    a dynamic input made `input_shape` (TFLite's int8 model of a dynamic original crashes when resized)."""
     from tensorflow.lite.python import schema_py_generated as fb
     from tensorflow.lite.tools import flatbuffer_utils as fu
 
@@ -69,6 +74,9 @@ def as_converter_float(content: bytes) -> bytes:
         codes.append(c)
         return len(codes) - 1
 
+    if input_shape is not None:
+        t = m.subgraphs[0].tensors[m.subgraphs[0].inputs[0]]
+        t.shape, t.shapeSignature = list(input_shape), None
     for g in m.subgraphs:
         kept = []
         for op in g.operators:
@@ -114,9 +122,13 @@ def main(model: str, calib: str, evals: str, out: str) -> int:
     import tensorflow as tf
     from tensorflow.lite.python.optimize import calibrator
 
-    content = as_converter_float(open(model, "rb").read())
+    original = open(model, "rb").read()
     cal, ev = np.load(calib), np.load(evals)
-    shape = tf.lite.Interpreter(model_content=content).get_input_details()[0]["shape"]
+    detail = tf.lite.Interpreter(model_content=original).get_input_details()[0]
+    shape, fixed = tuple(int(d) for d in detail["shape"]), None
+    if any(d < 0 for d in detail["shape_signature"]):  # a dynamic original (openWakeWord's): the data's shape
+        shape = fixed = tuple(cal.shape[1:]) if cal.ndim - 1 == len(shape) else (1, *cal.shape[1:])
+    content = as_converter_float(original, fixed)
     cal, ev = cal.reshape(-1, *shape), ev.reshape(-1, *shape)
     result: dict[str, np.ndarray] = {}
     try:
