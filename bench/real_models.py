@@ -292,15 +292,17 @@ def deployed_outputs(entry: dict, feeds: dict[str, np.ndarray], recurrent: bool)
     return got, raws, model.engine
 
 
-def max_lsb(io_path: Path, qdq: Outputs, raw: Outputs) -> float | None:
+def lsb_vs_qdq(io_path: Path, qdq: Outputs, raw: Outputs) -> dict[str, dict[str, float]]:
+    """Per quantized output, the deployed graph's error against the QDQ model in the output's LSB: the largest,
+    the mean, and the fraction of elements more than 1 LSB off (drift shows there before the max moves)."""
     from npubuild.stages.records import LowerRecord
 
-    io = LowerRecord.read(io_path)
-    worst = 0.0
-    for s in io.outputs:
+    out = {}
+    for s in LowerRecord.read(io_path).outputs:
         if s.quantized:
-            worst = max(worst, float(s.lsb_error(qdq[s.onnx_name], raw[s.onnx_name]).max()))
-    return worst
+            e = s.lsb_error(qdq[s.onnx_name], raw[s.onnx_name])
+            out[s.onnx_name] = {"max": float(e.max()), "mean": float(e.mean()), "over_1": float(np.mean(e > 1))}
+    return out
 
 
 # --------------------------------------------------------------------------- per model
@@ -368,7 +370,8 @@ def measure_model(name: str, real: Path, cache: Cache, report: dict, tf_python: 
         dep_each, raw_each = unpack(dep), unpack(dep, "raw")
         res = compare(flt_each, dep_each, name)
         res["engine"] = str(dep["engine"])
-        res["max_lsb_vs_qdq"] = max_lsb(io_path, qdq_each, raw_each)
+        res["lsb_vs_qdq"] = lsb_vs_qdq(io_path, qdq_each, raw_each)
+        res["max_lsb_vs_qdq"] = max((v["max"] for v in res["lsb_vs_qdq"].values()), default=None)
         if task.recurrent:
             key_r = sha(io_path, *arts, ev_path, True, versions, file_sha(REPO / "npubuild/verify/deployed.py"))
             rec = unpack(cache.get("deployed", key_r, lambda: run_deployed(True)))
@@ -505,17 +508,23 @@ def table(rows: list[dict], tf_note: str) -> str:
     out = "\n".join(lines) + "\n"
     if notes:
         out += "\nNo figure, and why:\n\n" + "\n".join(notes) + "\n"
-    out += "\nPer output, SNR dB vs float (npubuild QDQ | deployed U55 | deployed U85 | onnxruntime MinMax / Percentile / Entropy | TFLite):\n\n"
+    out += ("\nPer output, SNR dB vs float: npubuild QDQ | deployed U55 | deployed U85 | onnxruntime MinMax / "
+            "Percentile / Entropy | TFLite; then the deployed graphs' LSB error vs the QDQ model, U55 / U85: "
+            "max, mean, % of elements more than 1 LSB off:\n\n")
     for r in rows:
         outs = list((r.get("qdq") or {}).get("snr_per_output") or {})
         for o in outs:
             def cell(x: dict | None, o: str = o) -> str:
                 return fmt_snr(x.get("snr_per_output", {}).get(o)) if x and "error" not in x else "—"
 
-            ort = r.get("ort", {})
-            out += (f"- {r['model']} `{o}`: {cell(r.get('qdq'))} | {cell(r['npubuild'].get(TARGETS[0]))} | "
-                    f"{cell(r['npubuild'].get(TARGETS[1]))} | {' / '.join(cell(ort.get(m)) for m in ORT_METHODS)} | "
-                    f"{cell(r.get('tflite'))}\n")
+            def lsb(x: dict | None, o: str = o) -> str:
+                e = ((x or {}).get("lsb_vs_qdq") or {}).get(o)
+                return f"{e['max']:.0f}, {e['mean']:.2f}, {100 * e['over_1']:.2f}%" if e else "—"
+
+            ort, npb = r.get("ort", {}), r.get("npubuild", {})
+            out += (f"- {r['model']} `{o}`: {cell(r.get('qdq'))} | {cell(npb.get(TARGETS[0]))} | "
+                    f"{cell(npb.get(TARGETS[1]))} | {' / '.join(cell(ort.get(m)) for m in ORT_METHODS)} | "
+                    f"{cell(r.get('tflite'))}; LSB {lsb(npb.get(TARGETS[0]))} / {lsb(npb.get(TARGETS[1]))}\n")
     return out + tf_note
 
 
