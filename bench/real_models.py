@@ -1,7 +1,8 @@
 """Accuracy of the sixteen real trained models (issue 30): npubuild's int8, as deployed, against the float model,
 beside onnxruntime's plain quantize_static and TFLite's int8 converter on the same calibration.
 
-    python bench/real_models.py --real DIR [--only NAME ...] [--tf-python PY] [--data-python PY] [-j 2]
+    python bench/real_models.py --real DIR [--only NAME ...] [--targets T ...] [--no-peers] [--tf-python PY]
+                                [--tflite-dir RAW] [--data-python PY]
 
 DIR is a copy of ../shared/models/real with its calibration made (`calib/`; its README says how), a
 project of its own for npubuild. Everything this script makes goes under DIR/.bench (the build dir, the
@@ -31,6 +32,9 @@ the three methods, TFLite's, and the task metric (bench/real_tasks.py) for each;
 is per column (the best method for SNR need not be the best for the task). SNR is over all samples and
 elements of an output (10 log10 of signal over error power, 200 when equal). A build that fails shows
 its first error line.
+
+A quick loop while changing npubuild: `--only NAME --targets ethos-u85-256 --no-peers` rebuilds and measures
+one model on one target and keeps every other figure from the last run.
 
 Caching: each result is stored under DIR/.bench/cache by the sha256 of what it depends on (model files,
 artifacts, calibration and evaluation arrays, the tool versions, this bench's measurement code), so a
@@ -237,7 +241,7 @@ def tflite_outputs(tf_python: str, original: Path, calib_npy: Path, eval_npy: Pa
 # --------------------------------------------------------------------------- npubuild
 
 
-def write_specs(real: Path, names: list[str]) -> list[Path]:
+def write_specs(real: Path, names: list[str], targets: tuple[str, ...] = TARGETS) -> list[Path]:
     """DIR/.bench-specs/<name>.yaml: DIR/specs/<name>.yaml for the two targets, raw output. A sibling of specs/:
     the parent's relative paths (../onnx, ../calib) resolve from the extending file."""
     spec_dir = real / ".bench-specs"
@@ -246,7 +250,7 @@ def write_specs(real: Path, names: list[str]) -> list[Path]:
     for n in names:
         p = spec_dir / f"{n}.yaml"
         rel = os.path.relpath(real / "specs" / f"{n}.yaml", spec_dir)
-        text = (f"version: 1\nextends: {rel}\nname: {n}\ntargets: [{', '.join(TARGETS)}]\n"
+        text = (f"version: 1\nextends: {rel}\nname: {n}\ntargets: [{', '.join(targets)}]\n"
                 "vela: {output_format: raw}   # npu-sim runs the command stream\n"
                 "# every calibration row calibrates, as for the peers: this bench measures on its own eval data\n"
                 "verify: {holdout: false}\n")
@@ -309,7 +313,7 @@ def lsb_vs_qdq(io_path: Path, qdq: Outputs, raw: Outputs) -> dict[str, dict[str,
 
 
 def measure_model(name: str, real: Path, cache: Cache, report: dict, tf_python: str | None,
-                  tflite_dir: Path | None, info: dict) -> dict:
+                  tflite_dir: Path | None, info: dict, targets: tuple[str, ...] = TARGETS, peers: bool = True) -> dict:
     import onnx
     import onnxruntime
 
@@ -337,7 +341,7 @@ def measure_model(name: str, real: Path, cache: Cache, report: dict, tf_python: 
     builds = {b["target"]: b for b in report.get("builds", []) if b["spec"] == name}
     row["npubuild"] = {}
     jobs = {}
-    for target in TARGETS:
+    for target in targets:
         b = builds.get(target)
         if b is None:
             row["npubuild"][target] = {"error": "not built"}
@@ -384,7 +388,7 @@ def measure_model(name: str, real: Path, cache: Cache, report: dict, tf_python: 
 
     # onnxruntime's quantize_static, three calibrate methods
     row["ort"] = {}
-    for method in ORT_METHODS:
+    for method in ORT_METHODS if peers else ():
         key = sha(onnx_path, cal_path, ev_path, method, versions)
 
         def run_ort(method=method) -> dict[str, np.ndarray]:
@@ -409,7 +413,7 @@ def measure_model(name: str, real: Path, cache: Cache, report: dict, tf_python: 
 
     # TFLite's int8 converter, where the model came as .tflite
     member = info.get(name, {}).get("member", "")
-    if info.get(name, {}).get("kind") == "tflite":
+    if peers and info.get(name, {}).get("kind") == "tflite":
         original = tflite_dir / member if tflite_dir else None
         if tf_python is None or original is None or not original.is_file():
             row["tflite"] = {"error": "no --tf-python / --tflite-dir"}
@@ -542,6 +546,9 @@ def main() -> int:
     ap.add_argument("--no-build", action="store_true", help="measure the build dir as it is")
     ap.add_argument("--fresh", action="store_true", help="recompute everything the cache holds")
     ap.add_argument("--rev", default=None, help="the revision to name in the table (a run from an exported tree)")
+    ap.add_argument("--targets", nargs="+", choices=TARGETS, default=list(TARGETS),
+                    help="build and measure these targets only (the others keep their last rows)")
+    ap.add_argument("--no-peers", action="store_true", help="keep the last onnxruntime/TFLite figures (npubuild only)")
     a = ap.parse_args()
     real = a.real.resolve()
     work = (a.work or real / ".bench").resolve()
@@ -553,13 +560,18 @@ def main() -> int:
     if not (real / "eval" / "summary.json").is_file():
         subprocess.run([a.data_python, str(HERE / "real_eval_data.py"), "--real", str(real)], check=True)
     build_dir = work / "build"
-    specs = write_specs(real, names)
+    targets = tuple(t for t in TARGETS if t in a.targets)
+    specs = write_specs(real, names, targets)
     report = json.loads((build_dir / "report.json").read_text()) if a.no_build else npubuild_build(specs, build_dir, a.jobs)
     cache = Cache(work / "cache", a.fresh)
     results_path = work / "results.json"
     results = json.loads(results_path.read_text()) if results_path.is_file() else {}
     for n in names:
-        row = measure_model(n, real, cache, report, a.tf_python, a.tflite_dir, info)
+        row = measure_model(n, real, cache, report, a.tf_python, a.tflite_dir, info, targets, not a.no_peers)
+        old = results.get(n, {})
+        row["npubuild"] = {**old.get("npubuild", {}), **row["npubuild"]}  # a target not rebuilt keeps its row
+        if a.no_peers:
+            row.update({k: old[k] for k in ("ort", "tflite") if k in old})
         results[n] = row
         results_path.write_text(json.dumps(results, indent=1, default=float) + "\n")
         print(f"{n}: {row['seconds']} s", file=sys.stderr)
