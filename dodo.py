@@ -5,6 +5,6 @@ The same plan, stage dirs, shared cache and reports as `npubuild build configs/`
 with which shared cache; NPUBUILD_WAIT=1 waits for a build dir another build holds.
 """
 
-from npubuild.build.doit_executor import dodo_namespace
+from npubuild import dodo_namespace
 
 globals().update(dodo_namespace(__file__))

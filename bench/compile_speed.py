@@ -60,7 +60,7 @@ def vela_alone(entry: dict, work: Path) -> tuple[float, float]:
     from npubuild.config.accelerator import Accelerator
     from npubuild.config.schema import TargetProfile, VelaOptions
     from npubuild.ethosu.vela import npu_partitions, vela_command
-    from npubuild.stages.records import LowerRecord
+    from npubuild.records.lower import LowerRecord
 
     vela_dir = Path(entry["artifacts"]["vela"]).parent
     if vela_dir.name == "raw":
@@ -104,8 +104,8 @@ out = {"npubuild.cli": time.perf_counter() - t0}
 from npubuild.stages import STAGES
 for s in STAGES:
     t = time.perf_counter()
-    importlib.import_module(s.module)
-    out[s.name + " (" + s.module + ")"] = time.perf_counter() - t
+    importlib.import_module(s.implementation)
+    out[s.name + " (" + s.implementation + ")"] = time.perf_counter() - t
 import json; print(json.dumps(out))
 """
 

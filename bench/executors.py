@@ -93,16 +93,17 @@ def blind_workers(hidden: Path, scratch: Path, n: int):
 
 
 def run(executor: str, specs: Path, build_dir: Path, cache: Path, workers: int, client=None) -> dict:
-    from npubuild.build.session import build
     from npubuild.config.load import load_specs
+    from npubuild.engine.session import build
+    from npubuild.stages import STAGES
 
     os.environ["NPUBUILD_CACHE"] = str(cache)
     builds = load_specs([specs])
     start = time.perf_counter()
     if executor == "doit":
-        result = build(builds, build_dir, jobs=workers, quiet=True)
+        result = build(builds, build_dir, STAGES, jobs=workers, quiet=True)
     else:
-        result = build(builds, build_dir, jobs=workers, quiet=True, executor="dask", client=client)
+        result = build(builds, build_dir, STAGES, jobs=workers, quiet=True, executor="dask", client=client)
     wall = time.perf_counter() - start
     assert result.exit_code == 0, f"{executor} build failed"
     tasks = len(result.plan.tasks)

@@ -41,9 +41,9 @@ import onnx
 import onnx_ir as ir
 from onnx import TensorProto, helper, numpy_helper
 
-from npubuild.build.execute import run_stage
-from npubuild.build.plan import make_plan
 from npubuild.config.load import default_search_path, load_specs, load_target, vela_options
+from npubuild.engine.execute import run_stage
+from npubuild.engine.plan import make_plan
 from npubuild.ethosu.vela import vela_command
 from npubuild.ethosu.vela_ini import render_ini
 from npubuild.frontend.normalise import normalise
@@ -53,6 +53,7 @@ from npubuild.frontend.quantize import quantize
 from npubuild.lowering.driver import lower_model
 from npubuild.lowering.ops import conv as ops_conv
 from npubuild.lowering.options import FAMILY_OPTIONS, DepthwiseLimits, PlaneSumLimits
+from npubuild.stages import STAGES
 
 ROOT = Path(__file__).resolve().parents[1]
 TARGETS = ["ethos-u55-32", "ethos-u55-64", "ethos-u55-128", "ethos-u55-256"]
@@ -167,7 +168,7 @@ def variants(fam: str) -> dict[str, Changes]:
 def qdq_models(build_dir: Path) -> list[tuple[str, onnx.ModelProto, object]]:
     """(model name, its QDQ model after the pipeline's passes, the spec's Vela options) per example model."""
     builds = load_specs([ROOT / "configs"])
-    plan = make_plan(builds, build_dir)
+    plan = make_plan(builds, build_dir, STAGES)
     seen, out = set(), []
     for b in builds:
         if b.model_name in seen or b.pipeline.profile != "int":

@@ -5,7 +5,7 @@ Prints one Markdown table:
   time grows with N squared, and cProfile names where (onnxruntime's calibrate.augment_graph and
   base_quantizer.adjust_tensor_ranges rebuild whole-graph maps once per tensor / per node), which is why
   frontend/quantize.py refuses models past MAX_QUANTIZE_NODES instead of sitting in quantize for minutes;
-- the import stage in a forked child (build/isolate.py) against in-process, on the kws DS-CNN;
+- the import stage in a forked child (engine/isolate.py) against in-process, on the kws DS-CNN;
 - how long a model too big for its only target takes to fail (the early pool check at import).
 """
 
@@ -23,11 +23,12 @@ from pathlib import Path
 import onnx
 from onnx import TensorProto, helper
 
-from npubuild.build.execute import stage_modules
-from npubuild.build.isolate import run_isolated
+from npubuild.engine.execute import stage_modules
+from npubuild.engine.isolate import run_isolated
 from npubuild.frontend.data import random_arrays
 from npubuild.frontend.normalise import import_model
 from npubuild.frontend.quantize import quantize
+from npubuild.stages import STAGES
 
 REPO = Path(__file__).resolve().parents[1]
 CHAIN_SIZES = (250, 500, 1000, 2000)
@@ -88,7 +89,7 @@ def served_overhead(tmp: Path, repeats: int = 5) -> tuple[float, float]:
         for i in range(repeats + 1):
             t = time.perf_counter()
             run_isolated(import_model, src, shapes, tmp / f"s{i}.onnx", what="import", where=str(src),
-                         preload=stage_modules())
+                         preload=stage_modules(STAGES))
             times.append(time.perf_counter() - t)
 
     thread = threading.Thread(target=calls)

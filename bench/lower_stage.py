@@ -17,7 +17,6 @@ from pathlib import Path
 import numpy as np
 import onnx
 
-from npubuild.build.plan import StageTask
 from npubuild.config.accelerator import LOWERING_FAMILIES
 from npubuild.ethosu import families
 from npubuild.ethosu.partition import plan_partitions
@@ -71,11 +70,9 @@ def main() -> None:
     runs = _count_reference_runs()
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp)
-        task = StageTask("lower", "bench", {"pipeline": {"profile": "int", "passes": DEFAULT_PASSES},
-                                          "families": list(LOWERING_FAMILIES)}, {"onnx": args.model},
-                         {"tosa": out / "model.tosa", "io": out / "io.json", "record": out / "stage.json"})
-        _, t = _timed(lambda: families.run(task))
-        rows.append(("whole lower stage (families.run)", t))
+        _, t = _timed(lambda: families.lower_stage(args.model, DEFAULT_PASSES, "int", LOWERING_FAMILIES,
+                                                   out / "io.json"))
+        rows.append(("whole lower stage (families.lower_stage)", t))
     rows.append((f"TOSA reference-model runs in the stage: {runs[0]}", 0.0))
     width = max(len(r[0]) for r in rows)
     print(f"{'step':<{width}}  seconds")

@@ -90,23 +90,24 @@ def run_json(build_dir: Path) -> dict:
 def noop_breakdown(root: Path, build_dir: Path) -> dict[str, float]:
     """The no-op path in this process, timed by part (interpreter start-up and imports excluded)."""
     import npubuild.frontend.passes
-    from npubuild.build.cache import resolve_cache
-    from npubuild.build.doit_executor import DoitExecutor
-    from npubuild.build.plan import make_plan
-    from npubuild.build.session import run_build
-    from npubuild.build.uptodate import is_done
     from npubuild.config.load import load_specs
+    from npubuild.engine.cache import resolve_cache
+    from npubuild.engine.doit_executor import DoitExecutor
+    from npubuild.engine.plan import make_plan
+    from npubuild.engine.session import run_build
+    from npubuild.engine.uptodate import is_done
     from npubuild.report.summary import make_report, write_reports
+    from npubuild.stages import STAGES
 
     npubuild.frontend.passes.load_all()  # imports are paid once per process: timed apart (the start-up row)
-    import npubuild.build.uptodate
+    import npubuild.engine.uptodate
 
-    npubuild.build.uptodate._JSON_CACHE.clear()  # each repeat reads the records afresh, like a new process
+    npubuild.engine.uptodate._JSON_CACHE.clear()  # each repeat reads the records afresh, like a new process
     os.chdir(root)
     t0 = time.perf_counter()
     builds = load_specs([root / "configs"])
     t1 = time.perf_counter()
-    plan = make_plan(builds, build_dir)
+    plan = make_plan(builds, build_dir, STAGES)
     t2 = time.perf_counter()
     checks = [is_done(t) for t in plan.tasks.values()]
     t3 = time.perf_counter()
@@ -153,7 +154,7 @@ def main(argv: list[str] | None = None) -> int:
         for _ in range(REPEATS):
             start = time.perf_counter()
             # what the no-op CLI imports before it does any work (the same modules, nothing run)
-            subprocess.run([sys.executable, "-c", "import npubuild.cli, npubuild.commands.build, npubuild.build.session, "
+            subprocess.run([sys.executable, "-c", "import npubuild.cli, npubuild.commands.build, npubuild.engine.session, "
                             "npubuild.config.load, npubuild.frontend.passes; npubuild.cli.make_parser()"], check=True)
             startups.append(time.perf_counter() - start)
         startup = min(startups)

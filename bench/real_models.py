@@ -275,14 +275,14 @@ def npubuild_build(specs: list[Path], build_dir: Path, jobs: int) -> dict:
 def deployed_outputs(entry: dict, feeds: dict[str, np.ndarray], recurrent: bool) -> tuple[Outputs, Outputs, str]:
     """(dequantized outputs, raw outputs, engine) of a build's deployment on the eval inputs."""
     from npubuild.config.accelerator import Accelerator
-    from npubuild.stages.records import LowerRecord
+    from npubuild.records.lower import LowerRecord
     from npubuild.verify.deployed import DeployedModel
 
     io_path = Path(entry["artifacts"]["io"])
     io = LowerRecord.read(io_path)
     fam = Accelerator.parse(entry["accelerator"]).lowering_family
-    vela_dir = Path(entry["artifacts"]["vela"]).parent if entry["artifacts"].get("vela") else None
-    model = DeployedModel(io_path.parent, io, fam, vela_dir)
+    summary = Path(entry["artifacts"]["vela"]).parent / "summary.json" if entry["artifacts"].get("vela") else None
+    model = DeployedModel(io_path.parent, io, fam, summary)
     specs = {s.onnx_name: s for s in io.outputs}
     raw: list[Outputs] = []
 
@@ -299,7 +299,7 @@ def deployed_outputs(entry: dict, feeds: dict[str, np.ndarray], recurrent: bool)
 def lsb_vs_qdq(io_path: Path, qdq: Outputs, raw: Outputs) -> dict[str, dict[str, float]]:
     """Per quantized output, the deployed graph's error against the QDQ model in the output's LSB: the largest,
     the mean, and the fraction of elements more than 1 LSB off (drift shows there before the max moves)."""
-    from npubuild.stages.records import LowerRecord
+    from npubuild.records.lower import LowerRecord
 
     out = {}
     for s in LowerRecord.read(io_path).outputs:

@@ -85,7 +85,7 @@ def named_config_check(report: dict, build_dir: Path, work: Path) -> dict[tuple[
     """Per build: Vela's inference ms on npubuild's own TOSA through Vela's bundled .ini and named config."""
     from npubuild.config.accelerator import Accelerator
     from npubuild.ethosu.vela import npu_partitions
-    from npubuild.stages.records import LowerRecord
+    from npubuild.records.lower import LowerRecord
 
     out = {}
     for e in report["builds"]:

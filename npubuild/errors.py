@@ -40,7 +40,7 @@ class NpubuildError(Exception):
             location = Location(str(location))
         self.location = location
 
-    def __reduce__(self):  # pickled whole, whatever a subclass's __init__ takes (build/fanout.py's workers)
+    def __reduce__(self):  # pickled whole, whatever a subclass's __init__ takes (engine/fanout.py's workers)
         return (_unpickled, (type(self), self.args, self.__dict__))
 
     def __str__(self) -> str:

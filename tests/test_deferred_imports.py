@@ -1,5 +1,5 @@
 """Code that uses sympy after npubuild deferred it (npubuild/deferred_imports.py) still gets the real one; that a
-compile never imports it is tests/build/test_compile_imports.py."""
+compile never imports it is tests/engine/test_compile_imports.py."""
 
 from __future__ import annotations
 

@@ -20,8 +20,8 @@ from pathlib import Path
 import pytest
 from fuzz_inputs import base_model, mutate_model, mutate_spec
 
-from npubuild.build.isolate import run_isolated
 from npubuild.cli import main
+from npubuild.engine.isolate import run_isolated
 from npubuild.errors import InputError
 from npubuild.frontend.normalise import import_model
 

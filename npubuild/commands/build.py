@@ -9,8 +9,9 @@ from npubuild.errors import InputError
 
 
 def cmd_build(args) -> int:
-    from npubuild.build.session import build
     from npubuild.config.load import load_specs, spec_paths
+    from npubuild.engine.session import build
+    from npubuild.stages import STAGES
 
     if args.jobs < 1:
         raise InputError(f"-n/--jobs must be at least 1, got {args.jobs}")
@@ -21,7 +22,7 @@ def cmd_build(args) -> int:
     if args.only:
         builds = select(builds, args.only)
     live = {"auto": None, "live": True, "plain": False}[args.progress]
-    result = build(builds, build_dir_of(args), args.jobs, args.keep_going, args.quiet, args.debug, args.wait, live,
+    result = build(builds, build_dir_of(args), STAGES, args.jobs, args.keep_going, args.quiet, args.debug, args.wait, live,
                    cache=args.cache, executor=args.executor, scheduler=args.scheduler, selection=selection,
                    verbose=args.verbose)
     return result.exit_code

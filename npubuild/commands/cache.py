@@ -9,7 +9,7 @@ from npubuild.errors import InputError
 
 
 def _cache(args):
-    from npubuild.build.cache import StageCache, resolve_cache
+    from npubuild.engine.cache import StageCache, resolve_cache
 
     url = resolve_cache(args.cache, build_dir_of(args))
     if url is None:
@@ -20,7 +20,7 @@ def _cache(args):
 
 
 def cmd_cache(args) -> int:
-    from npubuild.build.cache import parse_age
+    from npubuild.engine.cache import parse_age
 
     cache = _cache(args)
     if args.action == "stats":

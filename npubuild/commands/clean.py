@@ -58,16 +58,17 @@ def _prune_empty(root: Path) -> None:
 
 
 def cmd_clean(args) -> int:
-    from npubuild.build.lock import LOCK_NAME, locked
+    from npubuild.engine.lock import LOCK_NAME, locked
 
     build_dir = build_dir_of(args).resolve()
     if not build_dir.is_dir():
         raise InputError("no such build dir", str(build_dir))
     if args.stale:
-        from npubuild.build.plan import make_plan
         from npubuild.config.load import load_specs, spec_paths
+        from npubuild.engine.plan import make_plan
+        from npubuild.stages import STAGES
 
-        plan = make_plan(load_specs(spec_paths(args.specs)), build_dir)
+        plan = make_plan(load_specs(spec_paths(args.specs)), build_dir, STAGES)
         keep = {t.dir for t in plan.tasks.values()}
         with locked(build_dir, args.wait):
             dirs, plots = stale_dirs(build_dir, keep), stale_plots(build_dir)

@@ -15,12 +15,13 @@ REPORT_SUBDIR = "compile"
 
 
 def cmd_compile(args) -> int:
-    from npubuild.build.session import build
     from npubuild.config.load import adhoc_builds
+    from npubuild.engine.session import build
+    from npubuild.stages import STAGES
 
     builds = adhoc_builds(Path(args.model), args.target, args.pipeline)
     build_dir = build_dir_of(args)
-    result = build(builds, build_dir, quiet=True, debug=args.debug, reports=build_dir / REPORT_SUBDIR,
+    result = build(builds, build_dir, STAGES, quiet=True, debug=args.debug, reports=build_dir / REPORT_SUBDIR,
                    summary=not args.json)
     if args.json:
         entries = result.report["builds"]

@@ -53,7 +53,7 @@ metrics:
 
 def scaffold(root: Path, product: str) -> list[Path]:
     """Write the files; refuses to touch an existing one."""
-    from npubuild.build.doit_executor import DODO_PY
+    from npubuild.engine.doit_executor import DODO_PY
     from npubuild.fileio import write_bytes, write_text
     from npubuild.models.zoo import ds_cnn
 

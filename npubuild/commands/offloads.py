@@ -36,11 +36,12 @@ def _builds(source: Path, target: str, pipeline: str):
 
 
 def cmd_offloads(args) -> int:
-    from npubuild.build.session import build
+    from npubuild.engine.session import build
     from npubuild.fileio import read_json
+    from npubuild.stages import STAGES
 
     builds = _builds(Path(args.source), args.target, args.pipeline)
-    result = build(builds, build_dir_of(args), quiet=True, debug=args.debug, reports=None, summary=False)
+    result = build(builds, build_dir_of(args), STAGES, quiet=True, debug=args.debug, reports=None, summary=False)
     plan = result.plan
     entries = []
     for b in builds:

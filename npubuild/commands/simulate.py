@@ -12,8 +12,8 @@ import numpy as np
 from npubuild.errors import InputError
 
 if TYPE_CHECKING:
-    from npubuild.stages.records import LowerRecord
-    from npubuild.tosa.iospec import IOSpec
+    from npubuild.records.iospec import IOSpec
+    from npubuild.records.lower import LowerRecord
 
 
 def _load_input(path: str) -> np.ndarray:

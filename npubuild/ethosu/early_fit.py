@@ -1,5 +1,6 @@
-"""Lower bounds of a model's arena and constants from its ONNX shapes, checked against a target's pools at
-import, before quantisation, tosa-check and Vela spend minutes and gigabytes on a model that cannot fit.
+"""Lower bounds of a model's arena and constants from its ONNX shapes, checked against a target's pools right
+after import (the early-fit stage), before quantisation, tosa-check and Vela spend minutes and gigabytes on a
+model that cannot fit.
 
 The bounds are sound (they never exceed what Vela will need), so they fail only builds the pool check after
 Vela (pools.py) would fail too, with its same line:
@@ -15,12 +16,14 @@ Vela (pools.py) would fail too, with its same line:
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 import onnx
 
-from npubuild.config.schema import TargetProfile
-from npubuild.ethosu.pools import pool_failure, pool_usage
+from npubuild.errors import StageError
+from npubuild.ethosu.pools import TargetPools, pool_failure, pool_usage
 
 NPU_EVERYWHERE = {"Conv", "MaxPool", "AveragePool", "GlobalAveragePool", "Relu", "Clip", "Add", "Gemm",
                   "QuantizeLinear", "DequantizeLinear"}
@@ -77,8 +80,23 @@ def lower_bounds(model: onnx.ModelProto) -> MemoryBounds:
     return MemoryBounds(arena, constants)
 
 
-def early_failure(profile: TargetProfile, bounds: MemoryBounds) -> str | None:
+def early_failure(profile: TargetPools, bounds: MemoryBounds) -> str | None:
     """The pool check's one line if even the lower bounds do not fit the target's pools, else None."""
     sizes = {"arena_bytes": bounds.arena_bytes, "fast_scratch_bytes": 0, "constants_bytes": bounds.constants_bytes}
     pools = [p for p in pool_usage(profile, sizes) if not p["pool"].endswith("(arena cache)")]
     return pool_failure(profile.name, pools)
+
+
+def check_fit(model_path: Path, targets: Sequence[TargetPools]) -> dict:
+    """The early-fit stage's work: the imported model's lower bounds against every target it is compiled for.
+    Fails (the pool check's line for the first target by name) only when not one of them can hold them: a
+    build whose target alone cannot fails at the pool check after Vela, as it would anyway. Its metrics: the
+    bounds and the targets they do not fit."""
+    bounds = lower_bounds(onnx.load(str(model_path)))
+    failures = {t.name: early_failure(t, bounds) for t in sorted(targets, key=lambda t: t.name)}
+    lines = [f for f in failures.values() if f]
+    if failures and len(lines) == len(failures):
+        others = f" (and {len(lines) - 1} other targets)" if len(lines) > 1 else ""
+        raise StageError(f"{lines[0]}{others}: a lower bound from the model's shapes, before compiling it")
+    return {"arena_bytes": bounds.arena_bytes, "constants_bytes": bounds.constants_bytes,
+            "too_small": [name for name, f in failures.items() if f]}

@@ -29,9 +29,8 @@ import numpy as np
 import onnx
 import onnx_ir as ir
 
-from npubuild.build.fanout import fan_out
-from npubuild.build.plan import StageTask
 from npubuild.config.accelerator import LOWERING_FAMILIES
+from npubuild.engine.fanout import fan_out
 from npubuild.errors import StageError
 from npubuild.ethosu.partition import PartitionPlan, plan_partitions, split_io, write_partitions
 from npubuild.fileio import write_bytes
@@ -40,9 +39,9 @@ from npubuild.frontend.passes import run_passes
 from npubuild.lowering.driver import LoweredGraph, lower_model
 from npubuild.lowering.fallback import PartialLowering, lower_lowerable
 from npubuild.lowering.options import LoweringOptions
-from npubuild.stages.records import FamilyRecord, LowerRecord, NodeRecord, PartitionRecord
+from npubuild.records.iospec import IOSpec
+from npubuild.records.lower import FamilyRecord, LowerRecord, NodeRecord, PartitionRecord
 from npubuild.tosa.graph import ops_by_node, read_tosa, tensor_nodes
-from npubuild.tosa.iospec import IOSpec
 from npubuild.tosa.run import REFERENCE_MODEL_PER_ONNXRUNTIME, OnnxSession, timed_runs
 from npubuild.verify.partitioned import PartitionedModel, worst_error
 
@@ -139,14 +138,14 @@ def exact_forms_only(model: onnx.ModelProto, fam: str, fam_lowered: LoweredGraph
     return lower_model(model, fam_lowered.profile, options=options.exact_only()).tosa == fam_lowered.tosa
 
 
-def run(task: StageTask) -> dict:
-    src = task.inputs["onnx"]
-    pipeline = task.config["pipeline"]
+def lower_stage(src: Path, passes: Sequence[str], profile: Literal["int", "fp"], families: Sequence[str],
+                io_path: Path) -> dict:
+    """The lower stage's work: the model through the pipeline's passes, lowered (lower_families) into the
+    directory of `io_path`, and io.json written there; its metrics."""
     model = onnx.load(str(src))
-    ir_model = run_passes(ir.serde.deserialize_model(model), pipeline["passes"])
+    ir_model = run_passes(ir.serde.deserialize_model(model), list(passes))
     model = ir.serde.serialize_model(ir_model)
-    io_path = task.outputs["io"]
-    io, tosa_ops = lower_families(model, pipeline["profile"], io_path.parent, task.config["families"])
+    io, tosa_ops = lower_families(model, profile, io_path.parent, families)
     io.write(io_path)
     families = io.families
     compute_nodes = [n for n in model.graph.node if n.op_type not in QDQ_OPS]
@@ -203,7 +202,7 @@ class CheckCache:
                      own: PartitionRecord) -> tuple[WholeGraphRun, dict[str, np.ndarray]]:
         """model.tosa's run (measured once) and the family's own whole graph's outputs on the first check
         sample: what same_as_whole compares. The first time both graphs are run at once on two workers
-        (build/fanout.py) when onnxruntime's time on the sample says the reference model's is worth it."""
+        (engine/fanout.py) when onnxruntime's time on the sample says the reference model's is worth it."""
         feeds = check_feeds(io, integers=self.integers)[0]
         own_model = PartitionedModel(out_dir, [own], io.outputs)
         if self.whole is not None:

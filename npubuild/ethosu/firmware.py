@@ -18,8 +18,8 @@ import numpy as np
 from npubuild.config.schema import TargetProfile, VelaOptions
 from npubuild.ethosu.vela_ini import arena_cache_bytes, memory_mode_name
 from npubuild.fileio import write_json, write_text
-from npubuild.stages.records import PartitionRecord
-from npubuild.tosa.iospec import GraphIO, IOSpec
+from npubuild.records.iospec import GraphIO, IOSpec
+from npubuild.records.lower import PartitionRecord
 
 # The Ethos-U driver's base-pointer regions as Vela's raw output numbers them.
 REGION_ROLES = {0: "constants", 1: "arena", 2: "fast_scratch"}

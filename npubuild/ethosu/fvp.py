@@ -27,11 +27,14 @@ from pathlib import Path
 
 import numpy as np
 
-from npubuild.build.plan import StageTask
+from npubuild.config.schema import FvpOptions
 from npubuild.errors import StageError
-from npubuild.fileio import read_json, write_json, write_text
-from npubuild.stages.records import LowerRecord
-from npubuild.tosa.iospec import GraphIO
+from npubuild.fileio import write_json, write_text
+from npubuild.records.build import Skip
+from npubuild.records.fvp import FvpRecord
+from npubuild.records.iospec import GraphIO
+from npubuild.records.lower import LowerRecord
+from npubuild.records.vela import VelaRecord
 
 # the platform's board prefix for -C parameters, and where --data loads files
 BOARD = {"corstone-300": "mps3_board", "corstone-320": "mps4_board"}
@@ -132,60 +135,74 @@ def compare(io: GraphIO, reference: dict[str, np.ndarray], got: dict[int, bytes]
     return per_output
 
 
-def run(task: StageTask) -> dict:
-    cfg = task.config
-    if cfg.get("error"):
-        raise StageError(cfg["error"])
-    platform, macs = cfg["platform"], cfg["macs"]
-    exe = Path(cfg["fvp"]["executable"])
+@dataclass(frozen=True)
+class FvpSetup:
+    """Which FVP runs the model and how: the platform (its command line), the NPU's MAC count, the FVP
+    executable, the spec's fvp options and whether `verify.fvp` is `required` (else a model the FVP stage
+    cannot run is skipped with the reason)."""
+
+    platform: str
+    macs: int
+    executable: Path
+    options: FvpOptions
+    required: bool
+
+
+@dataclass(frozen=True)
+class FvpFiles:
+    """What the FVP stage reads: Vela's summary.json (the Vela model beside it), the lower stage's io.json,
+    tosa-check's reference.npz (the input it feeds and the outputs it compares) and the runner ELF."""
+
+    vela_summary: Path
+    io: Path
+    reference: Path
+    runner: Path
+
+
+def run_on_fvp(setup: FvpSetup, files: FvpFiles, stage_dir: Path, log_out: Path, result_out: Path) -> dict:
+    """The fvp stage's work: the Vela model and the reference input on the FVP with the runner, its outputs
+    compared with the TOSA reference model's; fvp.json (returned, the stage's metrics)."""
+    platform, macs, exe = setup.platform, setup.macs, setup.executable
     if platform not in BOARD:
         raise StageError(f"verify.fvp: no FVP command line known for platform '{platform}'")
-    vela = read_json(task.inputs["vela_summary"])
-    if vela.get("host_partitions") or (vela.get("npu_partitions") or 1) > 1:
+    vela = VelaRecord.read(files.vela_summary)
+    if not vela.whole_graph:
         why = (f"the FVP stage runs models that are one NPU partition; this one has "
-               f"{vela.get('npu_partitions')} NPU and {vela.get('host_partitions')} host partitions")
-        if cfg.get("mode") == "required":
+               f"{vela.npu_partitions} NPU and {vela.host_partitions} host partitions")
+        if setup.required:
             raise StageError(f"verify.fvp is required but {why}")
-        return {"skipped": True, "reason": why}
+        return Skip(why).to_json()
     # the whole graph's Vela model: model_vela.tflite, or <family>_model_vela.tflite where the target's family
     # lowers the graph its own way
-    tflites = [a for a in vela.get("artifacts", []) if a.endswith("_vela.tflite")]
-    model = task.inputs["vela_summary"].parent / (tflites[0] if tflites else "model_vela.tflite")
-    if not model.is_file():
+    tflite = vela.partitions[0].tflite if vela.partitions else None
+    model = files.vela_summary.parent / (tflite or "model_vela.tflite")
+    if tflite is None or not model.is_file():
         raise StageError("the FVP runs the Vela .tflite: set vela output_format to tflite")
-    io = LowerRecord.read(task.inputs["io"])
-    with np.load(task.inputs["reference"], allow_pickle=False) as z:
+    io = LowerRecord.read(files.io)
+    with np.load(files.reference, allow_pickle=False) as z:
         reference = {k: z[k] for k in z.files}
-    inputs = task.dir / "input.bin"
+    inputs = stage_dir / "input.bin"
     inputs.write_bytes(input_bytes(io, reference))
-    f = cfg["fvp"]
-    cmd = fvp_command(exe, platform, macs, task.inputs["runner"], model, inputs, f["model_address"],
-                      f["input_address"], f["timeout_s"])
-    write_json(task.dir / "command.json", cmd)
+    f = setup.options
+    cmd = fvp_command(exe, platform, macs, files.runner, model, inputs, f.model_address, f.input_address, f.timeout_s)
+    write_json(stage_dir / "command.json", cmd)
     try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, errors="replace", timeout=f["timeout_s"] + 30,
+        proc = subprocess.run(cmd, capture_output=True, text=True, errors="replace", timeout=f.timeout_s + 30,
                               stdin=subprocess.DEVNULL)
     except subprocess.TimeoutExpired:
-        raise StageError(f"FVP did not stop within {f['timeout_s'] + 30} s (runner never sent EOT?)") from None
+        raise StageError(f"FVP did not stop within {f.timeout_s + 30} s (runner never sent EOT?)") from None
     except OSError as exc:
         raise StageError(f"cannot start the FVP {exe}: {exc}") from None
     text = proc.stdout + proc.stderr
-    write_text(task.outputs["log"], text)
+    write_text(log_out, text)
     log = parse_uart(text)
     if log.faults:
-        raise StageError(f"FVP run failed: {log.faults[0]} (log: {task.outputs['log']})")
+        raise StageError(f"FVP run failed: {log.faults[0]} (log: {log_out})")
     if proc.returncode != 0:
-        raise StageError(f"FVP exited with status {proc.returncode} (log: {task.outputs['log']})")
+        raise StageError(f"FVP exited with status {proc.returncode} (log: {log_out})")
     errors = compare(io, reference, log.outputs)
-    metrics = {
-        "fvp": exe.name,
-        "fvp_npu_cycles": log.npu_cycles,
-        "vela_npu_cycles": vela.get("npu_cycles"),
-        "fvp_vs_vela_cycles": (log.npu_cycles / vela["npu_cycles"]) if log.npu_cycles and vela.get("npu_cycles")
-        else None,
-        "pmu": log.pmu,
-        "fvp_max_error_lsb": max(errors.values()) if errors else None,
-        "fvp_outputs": errors,
-    }
-    write_json(task.outputs["result"], metrics)
+    ratio = (log.npu_cycles / vela.npu_cycles) if log.npu_cycles and vela.npu_cycles else None
+    metrics = FvpRecord(None, exe.name, log.npu_cycles, vela.npu_cycles, ratio, log.pmu,
+                        max(errors.values()) if errors else None, errors).to_json()
+    write_json(result_out, metrics)
     return metrics

@@ -30,9 +30,9 @@ from npubuild.frontend.graph_index import GraphIndex, node_inputs
 from npubuild.frontend.host_runnable import onnxruntime_reason
 from npubuild.lowering.driver import LoweredGraph, lower_model
 from npubuild.lowering.fallback import HostNode
-from npubuild.stages.records import PartitionRecord, Placement
+from npubuild.records.iospec import IOSpec
+from npubuild.records.lower import PartitionRecord, Placement
 from npubuild.tosa.graph import TosaGraphInfo, TosaOpInfo, ops_by_node, read_tosa, tensor_nodes
-from npubuild.tosa.iospec import IOSpec
 from npubuild.tosa.run import OnnxSession
 
 QDQ = ("QuantizeLinear", "DequantizeLinear")

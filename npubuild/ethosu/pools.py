@@ -12,17 +12,53 @@ ResNet-8, 34 KiB for the 2-layer transformer on U55).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, Protocol
 
-import numpy as np
-
-from npubuild.config.schema import TargetProfile
+from npubuild.config.schema import MemoryPool, Placement, TargetProfile
 
 KIB = 1024.0
 
 
+class PoolLayout(Protocol):
+    """What a pool check reads of a target: its pools and where the arena, constants and cache go."""
+
+    @property
+    def pools(self) -> Mapping[str, MemoryPool]: ...
+
+    @property
+    def placement(self) -> Placement: ...
+
+
+@dataclass(frozen=True)
+class TargetPools:
+    """A target's name, pools and placement: all a pool check reads of it (the early-fit stage's key holds
+    these, so that a target's clock or Vela options do not rerun it)."""
+
+    name: str
+    pools: Mapping[str, MemoryPool]
+    placement: Placement
+
+    @classmethod
+    def of(cls, profile: TargetProfile) -> TargetPools:
+        return cls(profile.name, profile.pools, profile.placement)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"name": self.name, "pools": {k: p.model_dump() for k, p in self.pools.items()},
+                "placement": self.placement.model_dump()}
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> TargetPools:
+        return cls(d["name"], {k: MemoryPool.model_validate(p) for k, p in d["pools"].items()},
+                   Placement.model_validate(d["placement"]))
+
+
 def npz_sizes(npz: Path) -> dict[str, int]:
     """Byte sizes of what the firmware must place, straight from Vela's raw output."""
+    import numpy as np  # here: the early-fit stage's plan imports this module, and planning needs no numpy
+
     with np.load(npz) as z:
         return {
             "arena_bytes": int(z["scratch_size"]),
@@ -32,7 +68,7 @@ def npz_sizes(npz: Path) -> dict[str, int]:
         }
 
 
-def pool_usage(profile: TargetProfile, sizes: dict[str, int]) -> list[dict]:
+def pool_usage(profile: PoolLayout, sizes: dict[str, int]) -> list[dict]:
     """Per pool: which roles it holds, the KiB they need, the KiB it has, and whether they fit."""
     p = profile.placement
     roles = [("constants", p.constants, sizes["constants_bytes"]), ("arena", p.arena, sizes["arena_bytes"])]

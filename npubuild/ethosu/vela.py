@@ -20,14 +20,12 @@ import tempfile
 import threading
 import time
 from contextlib import ExitStack
-from dataclasses import asdict
 from pathlib import Path
 from typing import IO
 
 # imported with this module, so the build process's preload has it for every Vela fork (_vela_child)
 from ethosu.vela import vela as ethosu_vela
 
-from npubuild.build.plan import StageTask
 from npubuild.config.accelerator import Accelerator
 from npubuild.config.schema import TargetProfile, VelaOptions
 from npubuild.errors import StageError
@@ -36,7 +34,8 @@ from npubuild.ethosu.perf import attach_bytes, parse_layer_bytes, parse_per_laye
 from npubuild.ethosu.pools import npz_sizes, pool_failure, pool_usage
 from npubuild.ethosu.vela_ini import MEMORY_MODE, memory_mode_name, render_ini, system_config_name
 from npubuild.fileio import write_json, write_text
-from npubuild.stages.records import LowerRecord, PartitionRecord
+from npubuild.records.lower import LowerRecord, PartitionRecord
+from npubuild.records.vela import vela_stem
 
 VELA_TIMEOUT_S = 1800
 
@@ -217,31 +216,18 @@ def npu_partitions(io: LowerRecord, lower_dir: Path, fam: str) -> list[tuple[int
     return [(p.index, lower_dir / p.file, p) for p in io.npu_partitions(fam)]
 
 
-def placement_metrics(io: LowerRecord, fam: str) -> dict:
-    """Where every ONNX node runs on this family (the offload report) and the gateable counts."""
-    rec = io.families.get(fam)
-    if rec is None:
-        return {}
-    return {"npu_partitions": rec.npu_partitions, "host_partitions": rec.host_partitions,
-            "host_ops": rec.host_ops, "npu_nodes": rec.npu_nodes,
-            "partitioned_max_error_lsb": rec.max_error_lsb,
-            "offloads": [asdict(p) for p in rec.placements],
-            "partition_graph": [p.graph_entry() for p in rec.partitions]}
-
-
-def run(task: StageTask) -> dict:
-    profile = TargetProfile.model_validate(task.config["target"])
-    opts = VelaOptions.model_validate(task.config["vela"])
-    ini = task.outputs["ini"]
+def compile_model(io_path: Path, profile: TargetProfile, opts: VelaOptions, stage_dir: Path, ini: Path,
+                  summary_out: Path) -> dict:
+    """The vela stage's work: every NPU partition of the target's family (io.json) compiled by Vela into
+    `stage_dir` with the .ini written from the profile, pools checked, firmware written; summary.json (returned,
+    the stage's metrics). A pool that does not fit fails the stage after the summary is written."""
     write_text(ini, render_ini(profile))
-    stage_dir = task.dir
-    io_path = task.inputs["io"]
     lower_dir = io_path.parent
     io = LowerRecord.read(io_path)
     fam = Accelerator.parse(profile.accelerator).lowering_family
     results, layers, pools, failure = [], [], [], None
     for index, tosa, part in npu_partitions(io, lower_dir, fam):
-        stem = "model" if index == 0 and tosa.name == "model.tosa" else tosa.stem
+        stem = vela_stem(index, part.file)
         res = compile_partition(tosa, stem, ini, stage_dir, profile, opts)
         res["index"] = index
         res["sizes"] = npz_sizes(res["npz"])
@@ -258,14 +244,15 @@ def run(task: StageTask) -> dict:
         res["firmware"] = write_firmware(stage_dir / "firmware", fw_stem, res["npz"], part.io, profile, opts)
         results.append(res)
     metrics = combine(profile, results)
-    metrics.update(placement_metrics(io, fam))
+    placed = io.families.get(fam)
+    metrics.update(placed.placement_metrics() if placed is not None else {})
     metrics.update(roofline(layers, profile, metrics["inference_ms"]))
     rec = io.families.get(fam)
     graph = rec.partitions if rec is not None else [io.whole_partition([n.name for n in io.nodes])]
     metrics["deployment"] = write_deployment(stage_dir / "firmware", profile, graph,
                                              {r["index"]: r["firmware"] for r in results})
     metrics.update({"pools": pools, "layers": layers, "top_layers": top_layers(layers)})
-    write_json(task.outputs["summary"], metrics)
+    write_json(summary_out, metrics)
     if failure:
         raise StageError(failure)
     return metrics

@@ -128,3 +128,27 @@ def _read(t: TensorProto, what: str, base: Path, where: str) -> bytes:
     if len(data) != length:
         raise InputError(f"{what}: external data '{loc}' ended early", where)
     return data
+
+
+def external_data_files(model: Path) -> dict[str, Path]:
+    """The files an ONNX model's external tensors name beside it (path relative to the model's directory ->
+    file); {} for anything else. What the import stage reads besides the model (fold_external_data), found
+    without reading the tensors: the engine hashes them into the import task's key, reruns the import when
+    one changes and ships them with the model to a Dask worker. A location the import would refuse is left
+    out: the stage says why when it runs."""
+    if model.suffix != ".onnx":
+        return {}
+    try:
+        proto = onnx.load(str(model), load_external_data=False)
+    except Exception:  # noqa: BLE001 - not a model the import stage accepts: it says so when it runs
+        return {}
+    base = model.parent.resolve()
+    out: dict[str, Path] = {}
+    for t, _ in model_tensors(proto):
+        if t.data_location != TensorProto.EXTERNAL:
+            continue
+        loc = {e.key: e.value for e in t.external_data}.get("location", "")
+        path = (base / loc).resolve() if loc else base
+        if loc and base in path.parents and path.is_file():
+            out[path.relative_to(base).as_posix()] = path
+    return out

@@ -2,29 +2,24 @@
 
 The import stage's work, also used by tests and tools that start from a model file. External data is read
 only from beside the model and folded in (frontend/external_data.py); what would crash or mislead native
-code is refused first (frontend/model_checks.py); and the stage runs in a forked child (build/isolate.py,
+code is refused first (frontend/model_checks.py); and the stage runs in a forked child (engine/isolate.py,
 as every stage does), so a crash inside onnx's C++ is one error for this model, not the end of the build."""
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import onnx
 import onnx_ir as ir
 from google.protobuf.message import DecodeError
 
-from npubuild.errors import InputError, NpubuildError, StageError, is_out_of_memory
-from npubuild.ethosu.early_fit import MemoryBounds, early_failure, lower_bounds
+from npubuild.errors import InputError, NpubuildError, is_out_of_memory
 from npubuild.fileio import write_bytes
 from npubuild.frontend.external_data import fold_external_data
 from npubuild.frontend.host_runnable import check_onnxruntime_runs, check_runnable, infer_custom_shapes
 from npubuild.frontend.model_checks import check_model, check_scales
 from npubuild.frontend.passes import run_passes
 from npubuild.frontend.qoperator import to_qdq
-
-if TYPE_CHECKING:
-    from npubuild.build.plan import StageTask
 
 NORMALISE = ["float32_compute", "unroll_recurrent", "castlike_to_cast", "fold_constants", "exporter_idioms",
              "fold_batchnorm", "fold_pad_into_conv", "quantiser_forms", "eliminate_identity", "eliminate_dropout",
@@ -165,9 +160,8 @@ def _step(what: str, fn, *args, where: str):
         raise InputError(f"{_node_in_traceback(root)}{what} failed: {_first_line(root)}", where) from None
 
 
-def import_model(src: Path, input_shapes: dict[str, list[int]], out: Path) -> tuple[dict, MemoryBounds]:
-    """The import stage's work: the model file, checked and normalised, written to `out`; its metrics and
-    the lower bounds of its arena and constants (for the early pool check)."""
+def import_model(src: Path, input_shapes: dict[str, list[int]], out: Path) -> dict:
+    """The import stage's work: the model file, checked and normalised, written to `out`; its metrics."""
     model = load_onnx(src)
     before = len(model.graph.node)
     model = normalise(model, input_shapes, str(src))
@@ -175,18 +169,4 @@ def import_model(src: Path, input_shapes: dict[str, list[int]], out: Path) -> tu
     ops: dict[str, int] = {}
     for n in model.graph.node:
         ops[n.op_type] = ops.get(n.op_type, 0) + 1
-    return {"nodes_in": before, "nodes_out": len(model.graph.node), "op_types": ops}, lower_bounds(model)
-
-
-def run(task: StageTask) -> dict:
-    """The import stage (run in a forked child, like every stage: build/execute.py). Then, if no target this
-    model is compiled for can hold even its lower bounds, the pool check's line now (ethosu/early_fit.py)
-    rather than after quantisation, tosa-check and Vela."""
-    src = task.inputs["model"]
-    metrics, bounds = import_model(src, task.config["input_shapes"], task.outputs["onnx"])
-    failures = [early_failure(t, bounds) for t in task.fit_targets]
-    if failures and all(failures):
-        task.outputs["onnx"].unlink(missing_ok=True)
-        others = f" (and {len(failures) - 1} other targets)" if len(failures) > 1 else ""
-        raise StageError(f"{failures[0]}{others}: a lower bound from the model's shapes, before compiling it")
-    return metrics
+    return {"nodes_in": before, "nodes_out": len(model.graph.node), "op_types": ops}

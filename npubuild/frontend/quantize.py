@@ -18,7 +18,7 @@ import onnx
 from onnx import numpy_helper
 from onnxruntime import quantization as ortq
 
-from npubuild.build.plan import StageTask
+from npubuild.config.schema import Calibration, Quantization
 from npubuild.errors import InputError, NpubuildError, StageError, is_out_of_memory
 from npubuild.fileio import write_bytes
 from npubuild.frontend.calibration import entropy_options
@@ -242,24 +242,26 @@ def _check_scales(qdq: onnx.ModelProto) -> None:
                                  f"values): int8 cannot represent it")
 
 
-def run(task: StageTask) -> dict:
-    float_model = task.inputs["float"]
+def quantize_model(float_model: Path, quantization: Quantization, calibration: Calibration,
+                   calibration_npy: Path | None, out: Path, held_back: SampleSource | None = None) -> dict:
+    """The quantize stage's work: the float model quantised to a QDQ model at `out` (one quantised by another
+    tool kept as it is); its metrics."""
     model = onnx.load(str(float_model))
     if len(model.graph.node) > MAX_QUANTIZE_NODES and not is_quantized(model):
         raise InputError(f"the model has {len(model.graph.node)} nodes; onnxruntime's quantiser takes time "
                          f"quadratic in the node count (minutes past {MAX_QUANTIZE_NODES}): quantise it with "
                          "another tool (a QDQ model is kept as it is) or split it")
     if is_quantized(model):  # quantised by another tool (QDQ, or QOperator normalised at import): keep it
-        write_bytes(task.outputs["onnx"], model.SerializeToString())
+        write_bytes(out, model.SerializeToString())
         return {"prequantized": True, "calibration_samples": 0,
                 **{op: sum(n.op_type == op for n in model.graph.node) for op in ("QuantizeLinear", "DequantizeLinear")}}
-    check_calibration_size(model, task.config["calibration"])
-    arrays = calibration_arrays(model, task.config["calibration"], task.inputs.get("calibration"))
-    if task.config.get("held_back"):
-        arrays = SampleSource.from_json(task.config["held_back"]).calibration_rows(arrays)
-    qdq = quantize(float_model, arrays, task.config["quantization"])
-    share_concat_scales(qdq, task.config["quantization"]["symmetric_activations"])  # TFLite-style concat scales
-    write_bytes(task.outputs["onnx"], qdq.SerializeToString())
+    check_calibration_size(model, calibration.model_dump())
+    arrays = calibration_arrays(model, calibration.model_dump(), calibration_npy)
+    if held_back is not None:  # the rows the checks verify on calibrate nothing (frontend/samples.py)
+        arrays = held_back.calibration_rows(arrays)
+    qdq = quantize(float_model, arrays, quantization.model_dump())
+    share_concat_scales(qdq, quantization.symmetric_activations)  # TFLite-style concat scales
+    write_bytes(out, qdq.SerializeToString())
     counts = {"QuantizeLinear": 0, "DequantizeLinear": 0}
     for n in qdq.graph.node:
         if n.op_type in counts:

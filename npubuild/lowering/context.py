@@ -21,7 +21,7 @@ from npubuild.errors import UnsupportedOpError
 from npubuild.frontend.graph_index import GraphIndex
 from npubuild.lowering.options import PORTABLE, LoweringOptions
 from npubuild.lowering.quant import QParams
-from npubuild.tosa.iospec import IOSpec
+from npubuild.records.iospec import IOSpec
 
 NHWC = (0, 2, 3, 1)  # physical NHWC of a logical NCHW tensor
 CHANNELS_LAST_1D = (0, 2, 1)  # physical [N, L, C] of a logical [N, C, L]

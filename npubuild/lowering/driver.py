@@ -15,7 +15,7 @@ from npubuild.lowering.emit import Op, attr
 from npubuild.lowering.options import LoweringOptions
 from npubuild.lowering.quant import UnrepresentableScale
 from npubuild.lowering.registry import LOWERINGS, op_key
-from npubuild.tosa.iospec import IOSpec
+from npubuild.records.iospec import IOSpec
 
 
 @dataclass

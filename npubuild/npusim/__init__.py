@@ -6,9 +6,11 @@ NPU_OP at a time on numpy arrays, so a compiled artifact can be checked against
 the TOSA reference model on any machine, without Arm's FVP.
 
 Modules: npz (loading), cmdstream (decoding, register snapshots), weights (our
-own weight-stream decoder and hardware ordering), fmap (NHWC / NHCWB16
-addressing), ops (execution), sim (the machine; `run` takes either
-generation); u85/ the Ethos-U85 register map, weight formats and machine.
+own decoder of the standard weight stream and the U55/U65 hardware ordering),
+fmap (NHWC / NHCWB16 addressing), memory (the regions every machine runs on),
+npu_op (what every generation's ops share), sim (`run` takes either
+generation); u55/ the Ethos-U55/U65 machine and op execution; u85/ the
+Ethos-U85 register map, weight formats and machine.
 """
 
 from npubuild.errors import StageError

@@ -9,8 +9,8 @@ from pathlib import Path
 import numpy as np
 
 from npubuild.errors import InputError
-from npubuild.stages.records import LowerRecord
-from npubuild.tosa.iospec import IOSpec
+from npubuild.records.iospec import IOSpec
+from npubuild.records.lower import LowerRecord
 
 
 @dataclass

@@ -7,8 +7,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from npubuild.errors import StageError
+from npubuild.npusim.npu_op import OpResult
 from npubuild.npusim.npz import RawModel
-from npubuild.npusim.ops import OpResult
 from npubuild.npusim.sim import run
 from npubuild.npusim.tosa_probe import GraphOp, graph_ops, intermediates
 

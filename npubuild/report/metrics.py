@@ -2,56 +2,54 @@
 
 from __future__ import annotations
 
-from npubuild.build.plan import StageTask
+from collections.abc import Mapping
+from pathlib import Path
+
 from npubuild.config.accelerator import Accelerator
 from npubuild.config.metrics import METRICS
 from npubuild.fileio import read_json, write_json
+from npubuild.records.check import CheckRecord
+from npubuild.records.vela import VelaRecord
 from npubuild.report.gates import evaluate
-from npubuild.stages.records import PartitionedCheck
-
-
-def deployed_error(check: dict, vela: dict) -> float | None:
-    """Max LSB error of the graph this target really runs (its family's partitions or own lowering, else
-    model.tosa) against onnxruntime on the verify samples."""
-    fam = Accelerator.parse(str(vela.get("accelerator", "ethos-u55-128"))).lowering_family
-    own = (check.get("partitioned") or {}).get(fam)
-    return PartitionedCheck.from_json(own).max_error_lsb if own else check.get("tosa_max_error_lsb")
-
 
 FLOAT_METRICS = ("float_snr_db", "qdq_float_snr_db", "float_max_error_lsb", "float_mean_error_lsb",
                  "float_top1_agreement", "float_mask_iou", "float_decision_agreement", "collapsed_outputs",
-                 "float_samples", "float_samples_from")
+                 "float_samples", "float_samples_from", "float_outputs")
 
 
-def deployed_against_float(check: dict, vela: dict) -> dict:
-    """The target's deployed graph against the float model (verify/accuracy.py): the flat metrics and
+def deployed_against_float(check: CheckRecord, family: str) -> dict:
+    """The target's deployed graph against the float model (records/accuracy.py): the flat metrics and
     `float_outputs` per output; None for each where the TOSA check measured nothing (FP, no check)."""
-    if not check.get("float_checks"):
-        return {k: None for k in (*FLOAT_METRICS, "float_outputs")}
-    from npubuild.verify.accuracy import FloatChecks
-
-    fam = Accelerator.parse(str(vela.get("accelerator", "ethos-u55-128"))).lowering_family
-    deployed = FloatChecks.from_json(check["float_checks"]).for_family(fam)
+    deployed = check.deployed_float(family)
+    if deployed is None:
+        return dict.fromkeys(FLOAT_METRICS)
     return {**deployed.summary(), "float_outputs": deployed.to_json()["outputs"]}
 
 
-def build_metrics(records: dict[str, dict]) -> dict:
-    """The contract's metrics (config.metrics.METRICS) from the stage records (None where a stage did not run)."""
+def build_metrics(records: Mapping[str, Mapping], accelerator: str) -> dict:
+    """The contract's metrics (config.metrics.METRICS) from the stage records (None where a stage did not run)
+    of a build for `accelerator`."""
     stage_metrics = {stage: rec.get("metrics", {}) for stage, rec in records.items()}
-    lower, check, vela = (stage_metrics.get(s, {}) for s in ("lower", "tosa-check", "vela"))
-    npu_ops = vela.get("npu_nodes", lower.get("onnx_nodes", 0))  # ONNX nodes placed on the NPU
-    cpu_ops = vela.get("vela_cpu_ops", 0) + vela.get("host_ops", 0)
+    lower, check = stage_metrics.get("lower", {}), CheckRecord.from_json(stage_metrics.get("tosa-check", {}))
+    vela = VelaRecord.from_json(stage_metrics.get("vela", {}))
+    family = Accelerator.parse(accelerator).lowering_family
+    npu_ops = vela.npu_nodes if vela.npu_nodes is not None else lower.get("onnx_nodes", 0)  # nodes on the NPU
+    cpu_ops = vela.vela_cpu_ops + (vela.host_ops or 0)
     total = npu_ops + cpu_ops
     derived = {"npu_ops": npu_ops, "cpu_ops": cpu_ops, "npu_offload": round(npu_ops / total, 4) if total else 0.0,
-               "deployed_max_error_lsb": deployed_error(check, vela), **deployed_against_float(check, vela)}
+               # the error of the graph this target really runs against onnxruntime on the verify samples
+               "deployed_max_error_lsb": check.deployed_error(family), **deployed_against_float(check, family)}
     return {m.name: derived[m.name] if m.stage is None else stage_metrics.get(m.stage, {}).get(m.source_key)
             for m in METRICS}
 
 
-def run(task: StageTask) -> dict:
-    records = {stage: read_json(path) for stage, path in task.inputs.items()}
-    metrics = build_metrics(records)
-    gates = evaluate(task.config["expect"], metrics, task.config.get("default_gates", ()))
+def build_entry(records: Mapping[str, Path], accelerator: str, expect: Mapping[str, object], entry_out: Path,
+                default_gates: tuple[str, ...] = ()) -> dict:
+    """The report stage's work: the build's metrics from its stages' records (stage name -> stage.json) and its
+    gates checked against `expect` (`default_gates` only where measured: report/gates.py); entry.json (returned,
+    the stage's metrics)."""
+    metrics = build_metrics({stage: read_json(path) for stage, path in records.items()}, accelerator)
+    gates = evaluate(dict(expect), metrics, default_gates)
     entry = {"metrics": metrics, "gates": gates}
-    write_json(task.outputs["entry"], entry)
+    write_json(entry_out, entry)
     return entry

@@ -12,28 +12,29 @@ import subprocess
 import time
 from pathlib import Path
 
-from npubuild.build.execute import read_error
-from npubuild.build.plan import BuildPlan
-from npubuild.build.uptodate import INPUTS_NAME, read_json_cached, read_record
-from npubuild.build.versions import all_versions
 from npubuild.config.accelerator import Accelerator
 from npubuild.config.load import Build
 from npubuild.config.metrics import GATE_BY_KEY
-from npubuild.ethosu.vela import placement_metrics
+from npubuild.engine.execute import read_error
+from npubuild.engine.plan import BuildPlan
+from npubuild.engine.uptodate import INPUTS_NAME, read_json_cached, read_record
+from npubuild.engine.versions import all_versions
 from npubuild.fileio import _json_default, stable_hash, write_text
+from npubuild.records.build import BuildEntry, StageEntry, StageRecord, Status
+from npubuild.records.lower import LowerRecord
+from npubuild.records.vela import VelaRecord
 from npubuild.report.brief import failure_cause, num, pools_text
 from npubuild.report.html import write_html
 from npubuild.report.metrics import build_metrics
 from npubuild.report.numerics import numerics_markdown, stored_layers
 from npubuild.report.offloads import placement_markdown
-from npubuild.stages.records import LowerRecord
 
 
 def build_entries(plan: BuildPlan, run_id: str) -> list[dict]:
     entries = []
     for b in plan.builds:
         chain = plan.build_tasks[b.id]
-        stages: dict[str, dict] = {}
+        stages: dict[str, StageEntry] = {}
         errors: list[str] = []
         error_kinds: set[str] = set()
         entry_metrics: dict = {}
@@ -44,49 +45,36 @@ def build_entries(plan: BuildPlan, run_id: str) -> list[dict]:
             rec = read_record(task)
             if rec is not None:
                 records[stage] = rec
-                stages[stage] = {"status": "passed", "seconds": rec["seconds"], "cached": rec["run_id"] != run_id,
-                                 "from_cache": bool(rec.get("from_cache"))}
+                stages[stage] = StageEntry.of(StageRecord.from_json(rec), run_id)
                 if stage == "report":
                     entry_metrics, gates = rec["metrics"]["metrics"], rec["metrics"]["gates"]
-                if isinstance(rec.get("metrics"), dict) and rec["metrics"].get("skipped") is True:
-                    stages[stage].update(status="skipped", reason=rec["metrics"].get("reason", ""))
                 continue
             err = read_error(task)
             if err is not None:
-                stages[stage] = {"status": "failed", "seconds": None, "cached": False, "error": err["message"]}
+                stages[stage] = StageEntry(Status.FAILED, error=err["message"])
                 errors.append(err["message"])
                 error_kinds.add(err.get("kind", "stage"))
-            else:
-                stages[stage] = {"status": "skipped", "seconds": None, "cached": False}
+            else:  # not run: an upstream task failed, or the run stopped before it
+                stages[stage] = StageEntry(Status.SKIPPED)
         if "report" not in records and any(s != "report" for s in records):
             entry_metrics = known_metrics(plan, b, records)  # a stage failed: what the finished ones measured
         for stage, reason in plan.skipped.get(b.id, {}).items():  # decided when the plan was made
-            stages[stage] = {"status": "skipped", "seconds": None, "cached": False, "reason": reason}
+            stages[stage] = StageEntry(Status.SKIPPED, reason=reason)
         if errors:
-            status = "failed"
-        elif any(s["status"] == "skipped" for k, s in stages.items() if k != "fvp" and "reason" not in s):
-            status = "skipped"
+            status = Status.FAILED
+        elif any(s.status == Status.SKIPPED and s.reason is None for k, s in stages.items() if k != "fvp"):
+            status = Status.SKIPPED  # a stage that should have run did not (the FVP's absence never makes it so)
         elif any(not g["ok"] for g in gates):
-            status = "failed"
+            status = Status.FAILED
         else:
-            status = "passed"
-        entries.append({
-            "spec": b.spec.name,
-            "model": b.model_name,
-            "target": b.target.name,
-            "accelerator": b.target.accelerator,
-            "status": status,
-            "stages": stages,
-            "metrics": entry_metrics,
-            "gates": gates,
-            "errors": errors,
-            "error_kinds": sorted(error_kinds),
-            "artifacts": artifacts(plan, b.id, records),
-            "clock_mhz": b.target.clock_mhz,
-            "inputs": build_inputs(plan, b),
-            **({} if "report" in records else {"unchecked_gates": unchecked_gates(b)}),
-            **stored_layers(plan.build_dir, b.id, records.get("lower", {}).get("cache_key")),
-        })
+            status = Status.PASSED
+        entry = BuildEntry(b.spec.name, b.model_name, b.target.name, b.target.accelerator, status, stages,
+                           entry_metrics, tuple(gates), tuple(errors), tuple(sorted(error_kinds)),
+                           artifacts(plan, b.id, records),
+                           {"clock_mhz": b.target.clock_mhz, "inputs": build_inputs(plan, b),
+                            **({} if "report" in records else {"unchecked_gates": unchecked_gates(b)}),
+                            **stored_layers(plan.build_dir, b.id, records.get("lower", {}).get("cache_key"))})
+        entries.append(entry.to_json())
     return entries
 
 
@@ -136,10 +124,11 @@ def known_metrics(plan: BuildPlan, b: Build, records: dict[str, dict]) -> dict:
             io = LowerRecord.read(io_path)
         except (OSError, ValueError, KeyError):
             io = None
+        placed = io.families.get(Accelerator.parse(b.target.accelerator).lowering_family) if io else None
         if io is not None:
-            fam = Accelerator.parse(b.target.accelerator).lowering_family
-            records["vela"] = {"metrics": {"accelerator": b.target.accelerator, **placement_metrics(io, fam)}}
-    return build_metrics(records)
+            records["vela"] = {"metrics": {"accelerator": b.target.accelerator,
+                                           **(placed.placement_metrics() if placed is not None else {})}}
+    return build_metrics(records, b.target.accelerator)
 
 
 def artifacts(plan: BuildPlan, build_id: str, records: dict[str, dict] | None = None) -> dict[str, str]:
@@ -159,33 +148,28 @@ def artifacts(plan: BuildPlan, build_id: str, records: dict[str, dict] | None = 
     vela = plan.tasks[chain["vela"]] if "vela" in chain else None
     if vela is None:
         return out
-    vela_rec = (records or {}).get("vela") or {}
-    names = vela_rec.get("metrics", {}).get("artifacts")
-    if isinstance(names, list):
-        found = [vela.dir / n for n in sorted(n for n in names if n.endswith("_vela.tflite"))]
-        found += [vela.dir / n for n in sorted(n for n in names if n.endswith("_vela.npz"))]
-        csv = [vela.dir / n for n in sorted(names) if n.endswith("_per-layer.csv")]
-    else:
-        found = sorted(vela.dir.glob("*_vela.tflite")) + sorted(vela.dir.glob("*_vela.npz"))
-        csv = sorted(vela.dir.glob("*_per-layer.csv"))
-    for p in found:
-        out["vela"] = str(p)
+    vela_rec = (records or {}).get("vela")
+    try:  # a failed vela stage (a pool too small) still wrote its summary: its model is linked, nothing else
+        rec = VelaRecord.from_json(vela_rec["metrics"]) if vela_rec else VelaRecord.read(vela.outputs["summary"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return out
+    parts = rec.partitions
+    models = sorted(p.tflite for p in parts if p.tflite) or sorted(p.npz for p in parts if p.npz in rec.artifacts)
+    if models:
+        out["vela"] = str(vela.dir / models[-1])
     if not vela_rec:
         return out
-    # one log per compiled graph: vela.log, or <family>_model.vela.log for a family's own graph; a
-    # partitioned graph has one <part>.vela.log per NPU partition and no single log to link
-    logs = [vela.dir / "vela.log"] if (vela.dir / "vela.log").is_file() else sorted(vela.dir.glob("*.vela.log"))
-    if len(logs) == 1:
-        out["vela_log"] = str(logs[0])
+    if len(parts) == 1:  # a split graph has one log per NPU partition and no single log to link
+        out["vela_log"] = str(vela.dir / parts[0].log)
+    csv = sorted(p.per_layer_csv for p in parts if p.per_layer_csv)
     if csv:
-        out["per_layer_csv"] = str(csv[0])
-    firmware = vela_rec.get("metrics", {}).get("firmware") or []
-    if firmware and isinstance(firmware[0], dict):
-        out["firmware_c"] = str(vela.dir / firmware[0]["source"])
-        out["firmware_h"] = str(vela.dir / firmware[0]["header"])
-    deployment = vela_rec.get("metrics", {}).get("deployment")
-    if isinstance(deployment, str):
-        out["deployment"] = str(vela.dir / deployment)
+        out["per_layer_csv"] = str(vela.dir / csv[0])
+    firmware = parts[0].firmware if parts else None
+    if firmware is not None:
+        out["firmware_c"] = str(vela.dir / firmware.source)
+        out["firmware_h"] = str(vela.dir / firmware.header)
+    if rec.deployment is not None:
+        out["deployment"] = str(vela.dir / rec.deployment)
     return out
 
 

@@ -4,9 +4,40 @@ graph (targets of one family share it); one per target where npu-sim runs the ta
 
 from __future__ import annotations
 
-from npubuild.build.stage import Chain, Stage, TaskSpec, run_of
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Literal
+
 from npubuild.config.accelerator import Accelerator
-from npubuild.config.load import Build
+from npubuild.config.schema import Evaluate
+from npubuild.engine.stage import Chain, Stage, TaskSpec
+
+if TYPE_CHECKING:
+    from npubuild.config.load import Build
+    from npubuild.engine.plan import StageTask
+
+
+@dataclass(frozen=True)
+class EvaluateConfig:
+    """The evaluate task's config (its key): the lower task's key, the spec's evaluation, the family whose graph
+    runs, and what runs its NPU partitions (npu-sim: with the vela task's key, whose artifacts it runs)."""
+
+    lower_key: str
+    evaluate: Evaluate
+    family: str
+    engine: Literal["tosa-reference", "npu-sim"]
+    vela_key: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        d = {"lower": self.lower_key, "evaluate": self.evaluate.model_dump(), "family": self.family,
+             "engine": self.engine}
+        if self.vela_key is not None:
+            d["vela"] = self.vela_key
+        return d
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> EvaluateConfig:
+        return cls(d["lower"], Evaluate.model_validate(d["evaluate"]), d["family"], d["engine"], d.get("vela"))
 
 
 def plan(b: Build, chain: Chain) -> TaskSpec | None:
@@ -22,16 +53,26 @@ def plan(b: Build, chain: Chain) -> TaskSpec | None:
         inputs["metric_module"] = b.evaluation.metric_module
     if "quantize" in chain:
         inputs["qdq"] = chain["quantize"].outputs["onnx"]
-    config = {"lower": lower.key, "evaluate": ev.model_dump(), "family": family, "engine": "tosa-reference"}
+    config = EvaluateConfig(lower.key, ev, family, "tosa-reference")
     deps: tuple[str, ...] = ("lower",)
     label = f"{b.model_name}-{family}"
     if "vela" in chain and b.vela.output_format == "raw":  # the command stream itself, on npu-sim
         vela = chain["vela"]
         inputs["vela"] = vela.outputs["summary"]
-        config.update(engine="npu-sim", vela=vela.key)
+        config = EvaluateConfig(lower.key, ev, family, "npu-sim", vela.key)
         deps, label = ("lower", "vela"), f"{b.model_name}-{b.target.name}"
-    return TaskSpec(label, config, inputs, {"result": "evaluate.json"}, deps)
+    return TaskSpec(label, config.to_json(), inputs, {"result": "evaluate.json"}, deps)
 
 
-STAGE = Stage("evaluate", "npubuild.verify.evaluate", ("onnx", "onnxruntime", "tosa-tools"), plan,
-              run_of("npubuild.verify.evaluate"), preload=("tosa_reference_model",))
+def run(task: StageTask) -> dict:
+    from npubuild.verify.evaluate import EvalFiles, evaluate_build
+
+    config = EvaluateConfig.from_json(task.config)
+    i = task.inputs
+    files = EvalFiles(i["float"], i["io"], i["eval_inputs"], i.get("eval_labels"), i.get("qdq"), i.get("vela"),
+                      i.get("metric_module"))
+    return evaluate_build(files, config.evaluate, config.family, task.outputs["result"])
+
+
+STAGE = Stage("evaluate", __name__, "npubuild.verify.evaluate", ("onnx", "onnxruntime", "tosa-tools"), plan, run,
+              preload=("tosa_reference_model",))

@@ -4,9 +4,36 @@ model, which is why it is not a declared output: io.json says which files exist)
 
 from __future__ import annotations
 
-from npubuild.build.stage import Chain, Stage, TaskSpec, run_of
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
 from npubuild.config.accelerator import Accelerator
-from npubuild.config.load import Build
+from npubuild.config.schema import Pipeline
+from npubuild.engine.stage import Chain, Stage, TaskSpec
+
+if TYPE_CHECKING:
+    from npubuild.config.load import Build
+    from npubuild.engine.plan import StageTask
+
+
+@dataclass(frozen=True)
+class LowerConfig:
+    """The lower task's config (its key): the key of the task whose model it lowers (quantize, or import for
+    an FP pipeline), the pipeline, and the lowering families of every build sharing it (`families`: merged
+    over those builds by the plan, TaskSpec.union)."""
+
+    input_key: str
+    pipeline: Pipeline
+    families: tuple[str, ...] = ()
+
+    def to_json(self) -> dict[str, Any]:
+        """Without `families`: the plan writes their union over the builds."""
+        return {"input": self.input_key, "pipeline": self.pipeline.model_dump()}
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> LowerConfig:
+        return cls(d["input"], Pipeline.model_validate(d["pipeline"]), tuple(d.get("families", ())))
 
 
 def plan(b: Build, chain: Chain) -> TaskSpec:
@@ -15,11 +42,18 @@ def plan(b: Build, chain: Chain) -> TaskSpec:
     prev = chain.get("quantize") or chain["import"]
     own = (Accelerator.parse(b.target.accelerator).lowering_family,)
     families = (b.spec_families or own) if b.pipeline.profile == "int" else ()
-    return TaskSpec(b.model_name, {"input": prev.key, "pipeline": b.pipeline.model_dump()},
-                    {"onnx": prev.outputs["onnx"]}, {"io": "io.json"}, (prev.stage,), union={"families": families})
+    return TaskSpec(b.model_name, LowerConfig(prev.key, b.pipeline).to_json(), {"onnx": prev.outputs["onnx"]},
+                    {"io": "io.json"}, (prev.stage,), union={"families": families})
 
 
-STAGE = Stage("lower", "npubuild.ethosu.families", ("onnx", "onnx-ir", "tosa-tools"), plan,
-              run_of("npubuild.ethosu.families"),
+def run(task: StageTask) -> dict:
+    from npubuild.ethosu.families import lower_stage
+
+    config = LowerConfig.from_json(task.config)
+    return lower_stage(task.inputs["onnx"], config.pipeline.passes, config.pipeline.profile, config.families,
+                       task.outputs["io"])
+
+
+STAGE = Stage("lower", __name__, "npubuild.ethosu.families", ("onnx", "onnx-ir", "tosa-tools"), plan, run,
               preload=("numpy.random", "tosa_reference_model", "npubuild.frontend.passes:load_all",
                        "npubuild.lowering:load_all"))  # the pipeline's passes, the op lowerings, the families' runs

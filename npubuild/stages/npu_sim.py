@@ -2,9 +2,41 @@
 
 from __future__ import annotations
 
-from npubuild.build.stage import Chain, Skip, Stage, TaskSpec, run_of
-from npubuild.config.load import Build
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from npubuild.config.schema import Calibration, Verify
+from npubuild.engine.stage import Chain, Stage, TaskSpec
 from npubuild.frontend.samples import SampleSource
+from npubuild.records.build import Skip
+
+if TYPE_CHECKING:
+    from npubuild.config.load import Build
+    from npubuild.engine.plan import StageTask
+
+
+@dataclass(frozen=True)
+class NpuSimConfig:
+    """The npu-sim task's config (its key): the vela task's key, the accelerator and output format, and how
+    tosa-check draws its samples (`verify` without `fvp`, the calibration range)."""
+
+    vela_key: str
+    accelerator: str
+    output_format: str
+    verify: Verify
+    calibration: Calibration
+    samples_from: SampleSource  # tosa-check's samples (frontend/samples.py)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"vela": self.vela_key, "accelerator": self.accelerator, "output_format": self.output_format,
+                "verify": self.verify.model_dump(exclude={"fvp"}), "calibration": self.calibration.model_dump(),
+                "samples_from": self.samples_from.to_json()}
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> NpuSimConfig:
+        return cls(d["vela"], d["accelerator"], d["output_format"], Verify.model_validate(d["verify"]),
+                   Calibration.model_validate(d["calibration"]), SampleSource.from_json(d["samples_from"]))
 
 
 def skip_reason(output_format: str) -> str | None:
@@ -31,12 +63,18 @@ def plan(b: Build, chain: Chain) -> TaskSpec | Skip | None:
         inputs["calibration"] = b.calibration_npy
     if source.kind == "evaluation" and b.evaluation is not None:
         inputs["eval_inputs"] = b.evaluation.inputs
-    return TaskSpec(f"{b.model_name}-{b.target.name}",
-                    {"vela": vela.key, "accelerator": b.target.accelerator, "output_format": b.vela.output_format,
-                     "verify": b.spec.verify.model_dump(exclude={"fvp"}), "calibration": model.calibration.model_dump(),
-                     "samples_from": source.to_json()},
-                    inputs, {"result": "npusim.json"}, ("vela",))
+    config = NpuSimConfig(vela.key, b.target.accelerator, b.vela.output_format, b.spec.verify, model.calibration,
+                          source)
+    return TaskSpec(f"{b.model_name}-{b.target.name}", config.to_json(), inputs, {"result": "npusim.json"}, ("vela",))
 
 
-STAGE = Stage("npu-sim", "npubuild.verify.npu_sim", ("ethos-u-vela", "tosa-tools"), plan,
-              run_of("npubuild.verify.npu_sim"))
+def run(task: StageTask) -> dict:
+    from npubuild.verify.npu_sim import SimFiles, SimSamples, simulate_build
+
+    config = NpuSimConfig.from_json(task.config)
+    files = SimFiles(task.inputs["vela"], task.inputs["io"], task.inputs["float"], task.inputs.get("calibration"),
+                     task.inputs.get("eval_inputs"))
+    return simulate_build(files, SimSamples(config.samples_from, config.calibration), task.outputs["result"])
+
+
+STAGE = Stage("npu-sim", __name__, "npubuild.verify.npu_sim", ("ethos-u-vela", "tosa-tools"), plan, run)

@@ -2,9 +2,41 @@
 
 from __future__ import annotations
 
-from npubuild.build.stage import Chain, Stage, TaskSpec, run_of
-from npubuild.config.load import Build
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from npubuild.config.schema import Calibration, Quantization
+from npubuild.engine.stage import Chain, Stage, TaskSpec
 from npubuild.frontend.samples import SampleSource
+
+if TYPE_CHECKING:
+    from npubuild.config.load import Build
+    from npubuild.engine.plan import StageTask
+
+
+@dataclass(frozen=True)
+class QuantizeConfig:
+    """The quantize task's config (its key): the import task's key, the spec's quantisation and calibration, and
+    the calibration rows held back for verification (frontend/samples.py; only a `held-back` source has any)."""
+
+    import_key: str
+    quantization: Quantization
+    calibration: Calibration
+    held_back: SampleSource | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        d = {"import": self.import_key, "quantization": self.quantization.model_dump(),
+             "calibration": self.calibration.model_dump()}
+        if self.held_back is not None:  # absent otherwise: a build without held-back rows keeps its key
+            d["held_back"] = self.held_back.to_json()
+        return d
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> QuantizeConfig:
+        return cls(d["import"], Quantization.model_validate(d["quantization"]),
+                   Calibration.model_validate(d["calibration"]),
+                   SampleSource.from_json(d["held_back"]) if d.get("held_back") else None)
 
 
 def plan(b: Build, chain: Chain) -> TaskSpec | None:
@@ -14,14 +46,20 @@ def plan(b: Build, chain: Chain) -> TaskSpec | None:
     inputs = {"float": imp.outputs["onnx"]}
     if b.calibration_npy is not None:
         inputs["calibration"] = b.calibration_npy
-    config = {"import": imp.key, "quantization": b.spec.quantization.model_dump(),
-              "calibration": b.model.calibration.model_dump()}
     source = SampleSource.of(b)
-    if source.kind == "held-back":  # rows the TOSA check verifies on: not calibrated on (frontend/samples.py)
-        config["held_back"] = source.to_json()
-    return TaskSpec(b.model_name, config,
-                    inputs, {"onnx": "model_qdq.onnx"}, ("import",))
+    config = QuantizeConfig(imp.key, b.spec.quantization, b.model.calibration,
+                            source if source.kind == "held-back" else None)
+    deps = ("import", "early-fit") if "early-fit" in chain else ("import",)  # no quantising a model that cannot fit
+    return TaskSpec(b.model_name, config.to_json(), inputs, {"onnx": "model_qdq.onnx"}, deps)
 
 
-STAGE = Stage("quantize", "npubuild.frontend.quantize", ("onnx", "onnxruntime"), plan, run_of("npubuild.frontend.quantize"),
+def run(task: StageTask) -> dict:
+    from npubuild.frontend.quantize import quantize_model
+
+    config = QuantizeConfig.from_json(task.config)
+    return quantize_model(task.inputs["float"], config.quantization, config.calibration,
+                          task.inputs.get("calibration"), task.outputs["onnx"], config.held_back)
+
+
+STAGE = Stage("quantize", __name__, "npubuild.frontend.quantize", ("onnx", "onnxruntime"), plan, run,
               preload=("numpy.random",))  # the calibration data

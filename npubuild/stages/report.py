@@ -3,15 +3,50 @@
 
 from __future__ import annotations
 
-from npubuild.build.stage import Chain, Stage, TaskSpec, run_of
-from npubuild.config.load import Build
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from npubuild.engine.stage import Chain, Stage, TaskSpec
+
+if TYPE_CHECKING:
+    from npubuild.config.load import Build
+    from npubuild.engine.plan import StageTask
+
+
+@dataclass(frozen=True)
+class ReportConfig:
+    """The report task's config (its key): the build and its accelerator, its gates (config/load.Build.expect: the
+    profile's and pipeline's defaults under the spec's `expect`), its stages' keys, and which gates are defaults
+    (evaluated only where their metric was measured: report/gates.py)."""
+
+    build: str
+    accelerator: str
+    expect: Mapping[str, Any]
+    stages: Mapping[str, str]  # stage name -> its task's key
+    default_gates: tuple[str, ...] = ()
+
+    def to_json(self) -> dict[str, Any]:
+        return {"build": self.build, "accelerator": self.accelerator, "expect": dict(self.expect),
+                "stages": dict(self.stages), "default_gates": list(self.default_gates)}
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> ReportConfig:
+        return cls(d["build"], d["accelerator"], d["expect"], d["stages"], tuple(d.get("default_gates", ())))
 
 
 def plan(b: Build, chain: Chain) -> TaskSpec:
-    return TaskSpec(f"{b.spec.name}/{b.model_name}/{b.target.name}",
-                    {"build": b.id, "expect": b.expect, "default_gates": list(b.default_gates),
-                     "stages": {s: t.key for s, t in chain.items()}},
+    config = ReportConfig(b.id, b.target.accelerator, b.expect, {s: t.key for s, t in chain.items()},
+                          b.default_gates)
+    return TaskSpec(f"{b.spec.name}/{b.model_name}/{b.target.name}", config.to_json(),
                     {s: t.outputs["record"] for s, t in chain.items()}, {"entry": "entry.json"}, tuple(chain))
 
 
-STAGE = Stage("report", "npubuild.report.metrics", (), plan, run_of("npubuild.report.metrics"), per_build=True)
+def run(task: StageTask) -> dict:
+    from npubuild.report.metrics import build_entry
+
+    config = ReportConfig.from_json(task.config)
+    return build_entry(task.inputs, config.accelerator, config.expect, task.outputs["entry"], config.default_gates)
+
+
+STAGE = Stage("report", __name__, "npubuild.report.metrics", (), plan, run, per_build=True, cached=False)

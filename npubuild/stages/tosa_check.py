@@ -2,9 +2,39 @@
 
 from __future__ import annotations
 
-from npubuild.build.stage import Chain, Stage, TaskSpec, run_of
-from npubuild.config.load import Build
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from npubuild.config.schema import Calibration, Verify
+from npubuild.engine.stage import Chain, Stage, TaskSpec
 from npubuild.frontend.samples import SampleSource
+
+if TYPE_CHECKING:
+    from npubuild.config.load import Build
+    from npubuild.engine.plan import StageTask
+
+
+@dataclass(frozen=True)
+class TosaCheckConfig:
+    """The tosa-check task's config (its key). `verify.fvp` is not part of it: it changes no number here."""
+
+    lower_key: str
+    verify: Verify
+    passes: tuple[str, ...]  # the per-node check cuts the model as the lower stage sees it
+    input_shapes: Mapping[str, list[int]]
+    calibration: Calibration
+    samples_from: SampleSource  # which rows verify (never the ones that calibrate, where there is real data)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"lower": self.lower_key, "verify": self.verify.model_dump(exclude={"fvp"}),
+                "passes": list(self.passes), "input_shapes": dict(self.input_shapes),
+                "calibration": self.calibration.model_dump(), "samples_from": self.samples_from.to_json()}
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> TosaCheckConfig:
+        return cls(d["lower"], Verify.model_validate(d["verify"]), tuple(d.get("passes", ())), d["input_shapes"],
+                   Calibration.model_validate(d["calibration"]), SampleSource.from_json(d["samples_from"]))
 
 
 def plan(b: Build, chain: Chain) -> TaskSpec | None:
@@ -14,20 +44,27 @@ def plan(b: Build, chain: Chain) -> TaskSpec | None:
     reference = chain["quantize"].outputs["onnx"] if "quantize" in chain else chain["import"].outputs["onnx"]
     inputs = {"io": lower.outputs["io"], "reference": reference,
               "float": chain["import"].outputs["onnx"]}
-    source = SampleSource.of(b)
     if b.calibration_npy is not None:
         inputs["calibration"] = b.calibration_npy
+    source = SampleSource.of(b)
     if source.kind == "evaluation" and b.evaluation is not None:
         inputs["eval_inputs"] = b.evaluation.inputs
-    config = {"lower": lower.key, "verify": b.spec.verify.model_dump(exclude={"fvp"}),
-              "passes": list(b.pipeline.passes),  # node errors cut the model as the lower stage sees it
-              "input_shapes": model.input_shapes, "calibration": model.calibration.model_dump(),
-              "samples_from": source.to_json()}
-    return TaskSpec(b.model_name, config, inputs, {"numerics": "numerics.json", "reference": "reference.npz"},
+    config = TosaCheckConfig(lower.key, b.spec.verify, tuple(b.pipeline.passes), model.input_shapes,
+                             model.calibration, source)
+    return TaskSpec(b.model_name, config.to_json(), inputs, {"numerics": "numerics.json", "reference": "reference.npz"},
                     ("lower",))
 
 
-STAGE = Stage("tosa-check", "npubuild.verify.tosa_check", ("onnx", "onnxruntime", "tosa-tools"), plan,
-              run_of("npubuild.verify.tosa_check"),
+def run(task: StageTask) -> dict:
+    from npubuild.verify.tosa_check import CheckFiles, CheckOptions, check_tosa
+
+    config = TosaCheckConfig.from_json(task.config)
+    files = CheckFiles(task.inputs["io"], task.inputs["reference"], task.inputs["float"],
+                       task.inputs.get("calibration"), task.inputs.get("eval_inputs"))
+    options = CheckOptions(config.samples_from, config.calibration, config.passes)
+    return check_tosa(files, options, task.outputs["numerics"], task.outputs.get("reference"))
+
+
+STAGE = Stage("tosa-check", __name__, "npubuild.verify.tosa_check", ("onnx", "onnxruntime", "tosa-tools"), plan, run,
               preload=("numpy.random", "tosa_reference_model", "npubuild.frontend.passes:load_all",
                        "npubuild.lowering:load_all"))  # the per-node check cuts and lowers the model again

@@ -11,7 +11,7 @@ import numpy as np
 import onnxruntime as ort
 
 from npubuild.errors import StageError
-from npubuild.tosa.iospec import GraphIO
+from npubuild.records.iospec import GraphIO
 
 
 @contextmanager
@@ -32,7 +32,7 @@ def _quiet_stdio():
 
 # The reference model's time on a TOSA graph over onnxruntime's on its QDQ model, one sample, at the low end
 # of what the examples measure (23-83x; DS-CNN 23x, the transformer 37x, MobileViT-xxs 83x): an estimate that
-# says whether a stage's runs are worth worker processes (build/fanout.py), on the side of too few
+# says whether a stage's runs are worth worker processes (engine/fanout.py), on the side of too few
 REFERENCE_MODEL_PER_ONNXRUNTIME = 20.0
 
 

@@ -23,7 +23,7 @@ from npubuild.errors import NpubuildError, UncomputedOutputError
 from npubuild.frontend.graph_index import GraphIndex
 from npubuild.frontend.passes import run_passes
 from npubuild.lowering.driver import lower_model
-from npubuild.tosa.iospec import IOSpec
+from npubuild.records.iospec import IOSpec
 from npubuild.tosa.run import OnnxSession, run_tosa
 from npubuild.verify.numerics import SNR_CAP_DB, cosine, snr_db
 

@@ -16,16 +16,12 @@ from pathlib import Path
 import numpy as np
 
 from npubuild.npusim import NotModelled
-from npubuild.stages.records import LowerRecord, PartitionRecord
-from npubuild.tosa.iospec import IOSpec
+from npubuild.records.iospec import IOSpec
+from npubuild.records.lower import LowerRecord, PartitionRecord
+from npubuild.records.vela import VelaRecord
 from npubuild.verify.partitioned import PartitionedModel
 
 NPU_SIM, TOSA, HOST = "npu-sim", "tosa-reference", "host"
-
-
-def artifact_of(vela_dir: Path, part: PartitionRecord) -> Path:
-    """Vela's raw output for one NPU partition (the vela stage names it after the partition's .tosa)."""
-    return vela_dir / f"{Path(part.file).stem}_vela.npz"
 
 
 def family_partitions(io: LowerRecord, family: str) -> tuple[PartitionRecord, ...]:
@@ -37,17 +33,22 @@ def family_partitions(io: LowerRecord, family: str) -> tuple[PartitionRecord, ..
 class DeployedModel(PartitionedModel):
     """A target's deployment, run partition by partition (npu-sim where an artifact exists and is modelled)."""
 
-    def __init__(self, lower_dir: Path, io: LowerRecord, family: str, vela_dir: Path | None,
+    def __init__(self, lower_dir: Path, io: LowerRecord, family: str, vela_summary: Path | None,
                  outputs: Sequence[IOSpec] | None = None):
+        """`vela_summary`: the vela stage's summary.json, whose partitions' raw artifacts npu-sim runs (None: the
+        TOSA reference model runs every NPU partition)."""
         super().__init__(lower_dir, family_partitions(io, family), outputs if outputs is not None else io.outputs)
-        self.vela_dir = vela_dir
+        self.artifacts: dict[int, Path] = {}
+        if vela_summary is not None:
+            self.artifacts = {p.index: vela_summary.parent / p.npz for p in VelaRecord.read(vela_summary).partitions}
         self.runs_on: dict[int, str] = {p.index: HOST if p.kind == "host" else self._npu_engine(p)
                                         for p in self.partitions}
         self.not_modelled: str | None = None
         self._raw: dict[int, object] = {}
 
     def _npu_engine(self, part: PartitionRecord) -> str:
-        return NPU_SIM if self.vela_dir is not None and artifact_of(self.vela_dir, part).is_file() else TOSA
+        npz = self.artifacts.get(part.index)
+        return NPU_SIM if npz is not None and npz.is_file() else TOSA
 
     @property
     def engine(self) -> str:
@@ -61,9 +62,8 @@ class DeployedModel(PartitionedModel):
         from npubuild.npusim.npz import load_raw
         from npubuild.npusim.sim import run
 
-        assert self.vela_dir is not None
         if part.index not in self._raw:
-            self._raw[part.index] = load_raw(artifact_of(self.vela_dir, part))
+            self._raw[part.index] = load_raw(self.artifacts[part.index])
         io = part.io
         try:
             result = run(self._raw[part.index], [spec.to_tosa(feeds[spec.onnx_name]) for spec in io.inputs],

@@ -30,14 +30,16 @@ from __future__ import annotations
 
 import importlib.util
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from npubuild.build.plan import StageTask
+from npubuild.config.schema import Evaluate
 from npubuild.errors import InputError
 from npubuild.fileio import write_json
+from npubuild.records.evaluate import EvaluateRecord
 
 Outputs = dict[str, np.ndarray]
 MetricFn = Callable[[Outputs, Outputs, "np.ndarray | None"], "float | None"]
@@ -182,8 +184,8 @@ def user_metric(ref: str, module_file: Path) -> MetricFn:
     return metric
 
 
-def metric_of(cfg: Mapping, out: str, module_file: Path | None) -> MetricFn:
-    name = cfg["metric"]
+def metric_of(cfg: Evaluate, out: str, module_file: Path | None) -> MetricFn:
+    name = cfg.metric
     if ":" in name:
         assert module_file is not None
         return user_metric(name, module_file)
@@ -192,11 +194,10 @@ def metric_of(cfg: Mapping, out: str, module_file: Path | None) -> MetricFn:
     if name == "top1_agreement":
         return top1_agreement(out)
     if name == "mask_iou":
-        return mask_iou(out, cfg["threshold"])
+        return mask_iou(out, cfg.threshold)
     if name == "snr":
         return snr(out)
-    return detection_agreement(out, cfg.get("boxes"), cfg["threshold"], cfg.get("logits", False), cfg["iou"],
-                               cfg.get("box_format", "cxcywh"))
+    return detection_agreement(out, cfg.boxes, cfg.threshold, cfg.logits, cfg.iou, cfg.box_format)
 
 
 # --------------------------------------------------------------------------- the stage
@@ -215,31 +216,44 @@ def load_labels(path: Path, n: int, integers: bool) -> np.ndarray:
     return labels
 
 
-def run(task: StageTask) -> dict:
+@dataclass(frozen=True)
+class EvalFiles:
+    """What the evaluation reads: the float model, io.json (the lowered graphs beside it), the evaluation inputs
+    and labels, the QDQ model (int builds), Vela's summary.json when npu-sim runs its raw artifacts, and the user
+    metric's module file."""
+
+    float_model: Path
+    io: Path
+    inputs: Path
+    labels: Path | None = None
+    qdq: Path | None = None
+    vela_summary: Path | None = None
+    metric_module: Path | None = None
+
+
+def evaluate_build(files: EvalFiles, cfg: Evaluate, family: str, result_out: Path) -> dict:
+    """The evaluate stage's work: evaluate.json (records/evaluate.py), returned as the stage's metrics."""
     import onnx
 
     from npubuild.frontend.data import load_arrays
-    from npubuild.stages.records import LowerRecord
+    from npubuild.records.lower import LowerRecord
     from npubuild.tosa.run import OnnxSession
     from npubuild.verify.deployed import DeployedModel
 
-    cfg = task.config["evaluate"]
-    float_model = onnx.load(str(task.inputs["float"]))
-    inputs = load_arrays(task.inputs["eval_inputs"], float_model)
+    float_model = onnx.load(str(files.float_model))
+    inputs = load_arrays(files.inputs, float_model)
     n_all = next(iter(inputs.values())).shape[0]
-    labels = (load_labels(task.inputs["eval_labels"], n_all, cfg["metric"] == "top1")
-              if task.inputs.get("eval_labels") is not None else None)
-    n = min(n_all, cfg["samples"] or n_all)
+    labels = load_labels(files.labels, n_all, cfg.metric == "top1") if files.labels is not None else None
+    n = min(n_all, cfg.samples or n_all)
     labels = labels[:n] if labels is not None else None
-    io = LowerRecord.read(task.inputs["io"])
+    io = LowerRecord.read(files.io)
     names = [o.onnx_name for o in io.outputs]
-    out = cfg.get("output") or names[0]
+    out = cfg.output or names[0]
     for key in ("output", "boxes"):
-        if cfg.get(key) and cfg[key] not in names:
-            raise InputError(f"evaluate.{key} '{cfg[key]}' is not a graph output (outputs: {', '.join(names)})")
-    metric = metric_of(cfg, out, task.inputs.get("metric_module"))
-    vela_dir = task.inputs["vela"].parent if task.inputs.get("vela") is not None else None
-    deployed = DeployedModel(task.inputs["io"].parent, io, task.config["family"], vela_dir)
+        if getattr(cfg, key) and getattr(cfg, key) not in names:
+            raise InputError(f"evaluate.{key} '{getattr(cfg, key)}' is not a graph output (outputs: {', '.join(names)})")
+    metric = metric_of(cfg, out, files.metric_module)
+    deployed = DeployedModel(files.io.parent, io, family, files.vela_summary)
     feeds_of = [{k: v[i] for k, v in inputs.items()} for i in range(n)]
     specs = {s.onnx_name: s for s in io.outputs}
 
@@ -247,24 +261,20 @@ def run(task: StageTask) -> dict:
         return {k: np.stack([np.asarray(specs[k].dequantize(r[k], np.float32) if raw else r[k], np.float32)
                              for r in runs]) for k in names}
 
-    flt_session = OnnxSession(task.inputs["float"])
+    flt_session = OnnxSession(files.float_model)
     flt = stack([flt_session(f) for f in feeds_of])
     got = stack(deployed_runs(deployed, feeds_of), raw=True)
-    score = metric(flt, got, labels)
     qdq_score = None
-    if task.inputs.get("qdq") is not None:
-        qdq_session = OnnxSession(task.inputs["qdq"])
+    if files.qdq is not None:
+        qdq_session = OnnxSession(files.qdq)
         qdq_score = metric(flt, stack([qdq_session(f) for f in feeds_of]), labels)
-    float_score = metric(flt, flt, labels) if (":" in cfg["metric"] or cfg["metric"] in SCORED_BY_FLOAT) else None
-    result = {"eval_metric": cfg["metric"], "eval_score": score, "eval_qdq_score": qdq_score,
-              "eval_float_score": float_score,
-              "eval_drop": float_score - score if float_score is not None and score is not None else None,
-              "eval_samples": n, "eval_engine": deployed.engine, "eval_output": out}
-    if deployed.not_modelled:
-        result["eval_engine_note"] = f"npu-sim does not model the artifact ({deployed.not_modelled}): TOSA reference"
-    if cfg["metric"] == "top1":
-        result.update(accuracy=score, float_accuracy=float_score, accuracy_drop=result["eval_drop"])
-    write_json(task.outputs["result"], result)
+    scored_by_float = ":" in cfg.metric or cfg.metric in SCORED_BY_FLOAT
+    record = EvaluateRecord(cfg.metric, metric(flt, got, labels), qdq_score,
+                            metric(flt, flt, labels) if scored_by_float else None, n, deployed.engine, out,
+                            f"npu-sim does not model the artifact ({deployed.not_modelled}): TOSA reference"
+                            if deployed.not_modelled else None)
+    result = record.to_json()
+    write_json(result_out, result)
     return result
 
 
@@ -273,7 +283,7 @@ def deployed_runs(deployed, feeds_of: list[dict[str, np.ndarray]]) -> list[dict[
     rest over worker processes (build/fanout.py) when that time makes them worth starting."""
     import time
 
-    from npubuild.build.fanout import fan_out
+    from npubuild.engine.fanout import fan_out
 
     if not feeds_of:
         return []

@@ -14,8 +14,8 @@ from pathlib import Path
 import numpy as np
 
 from npubuild.errors import StageError
-from npubuild.stages.records import LowerRecord, PartitionedCheck, PartitionRecord
-from npubuild.tosa.iospec import IOSpec
+from npubuild.records.iospec import IOSpec
+from npubuild.records.lower import LowerRecord, PartitionedCheck, PartitionRecord
 from npubuild.tosa.run import OnnxSession, run_tosa
 
 

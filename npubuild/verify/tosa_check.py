@@ -25,15 +25,16 @@ from pathlib import Path
 import numpy as np
 import onnx
 
-from npubuild.build.fanout import fan_out
-from npubuild.build.plan import StageTask
+from npubuild.config.schema import Calibration
+from npubuild.engine.fanout import fan_out
 from npubuild.errors import StageError
 from npubuild.fileio import atomic_path, write_json
 from npubuild.frontend.samples import SampleSource
-from npubuild.stages.records import LowerRecord
-from npubuild.tosa.iospec import IOSpec
+from npubuild.records.accuracy import FloatChecks
+from npubuild.records.iospec import IOSpec
+from npubuild.records.lower import LowerRecord
 from npubuild.tosa.run import REFERENCE_MODEL_PER_ONNXRUNTIME, OnnxSession, run_tosa, timed_runs
-from npubuild.verify.accuracy import FloatChecks, float_check, probability_outputs, stacked
+from npubuild.verify.accuracy import float_check, probability_outputs, stacked
 from npubuild.verify.node_errors import NodeCheck, NodeErrors, prepare_node_check
 from npubuild.verify.numerics import compare_output
 from npubuild.verify.partitioned import (
@@ -68,18 +69,40 @@ def graph_runner(io: LowerRecord, lower_dir: Path) -> GraphRunner:
     return lambda feeds: run_tosa(tosa, io, feeds)
 
 
-def run(task: StageTask) -> dict:
-    io = LowerRecord.read(task.inputs["io"])
-    lower_dir = task.inputs["io"].parent
+@dataclass(frozen=True)
+class CheckFiles:
+    """What the check reads: the lower stage's io.json (the graphs beside it), the model it is held to (the QDQ
+    model; the float one for an FP pipeline), the float model, and the user's data files."""
+
+    io: Path
+    reference: Path
+    float_model: Path
+    calibration: Path | None = None
+    eval_inputs: Path | None = None  # the evaluation set's inputs, where the samples come from it
+
+
+@dataclass(frozen=True)
+class CheckOptions:
+    """How the check samples (frontend/samples.py: how many, from where) and cuts the model."""
+
+    source: SampleSource
+    calibration: Calibration  # the random samples' range where there is no calibration file
+    passes: tuple[str, ...] = ()  # the pipeline's: the per-node check cuts the model as the lower stage sees it
+
+
+def check_tosa(files: CheckFiles, options: CheckOptions, numerics_out: Path, reference_out: Path | None) -> dict:
+    """The tosa-check stage's work: numerics.json (returned, the stage's metrics) and, with `reference_out`,
+    the first sample's inputs and TOSA outputs (reference.npz, which the FVP stage compares against)."""
+    io = LowerRecord.read(files.io)
+    lower_dir = files.io.parent
     runner = graph_runner(io, lower_dir)
     what = "the TOSA graph" if io.whole_graph else "the partitioned model"
     is_int = io.profile == "int"
-    float_model = onnx.load(str(task.inputs["float"]))
-    source = SampleSource.from_json(task.config["samples_from"])
-    samples, samples_from = source.verification(float_model, task.config["calibration"],
-                                                task.inputs.get("calibration"), task.inputs.get("eval_inputs"))
+    float_model = onnx.load(str(files.float_model))
+    samples, samples_from = options.source.verification(float_model, options.calibration.model_dump(),
+                                                        files.calibration, files.eval_inputs)
     n = next(iter(samples.values())).shape[0]
-    reference, flt_runner = OnnxSession(task.inputs["reference"]), OnnxSession(task.inputs["float"])
+    reference, flt_runner = OnnxSession(files.reference), OnnxSession(files.float_model)
     names = [o.onnx_name for o in io.outputs]
     got: dict[str, list] = {k: [] for k in names}
     ref: dict[str, list] = {k: [] for k in names}
@@ -92,8 +115,7 @@ def run(task: StageTask) -> dict:
     refs, onnxruntime_s = timed_runs(reference, feeds_of)
     node_check = None
     if is_int:  # a split model's nodes too: each cut is lowered and run on its own, on the reference model
-        node_check = prepare_node_check(onnx.load(str(task.inputs["reference"])), task.config.get("passes", []),
-                                        samples)
+        node_check = prepare_node_check(onnx.load(str(files.reference)), list(options.passes), samples)
     families = bitexact_families(lower_dir, io) if is_int and io.whole_graph and n else {}
     runs = reference_model_runs(runner, feeds_of, io.whole_graph, families, node_check, onnxruntime_s)
     for i, feeds in enumerate(feeds_of):
@@ -148,9 +170,9 @@ def run(task: StageTask) -> dict:
         checks = partitioned_numerics(lower_dir, io, samples, reference, whole, runs.first_runs, family_outputs)
         summary["partitioned"] = {fam: c.to_json() for fam, c in checks.items()}
         summary["float_checks"] = against_float(io, float_model, per_sample, family_outputs, samples_from).to_json()
-    write_json(task.outputs["numerics"], summary)
-    if "reference" in task.outputs:
-        with atomic_path(task.outputs["reference"]) as tmp, open(tmp, "wb") as fh:
+    write_json(numerics_out, summary)
+    if reference_out is not None:
+        with atomic_path(reference_out) as tmp, open(tmp, "wb") as fh:
             np.savez(fh, **{f"input_{k}": v[0] for k, v in samples.items()},
                      **{f"output_{k}": v for k, v in first_raw.items()})
     return summary
@@ -174,7 +196,7 @@ def reference_model_runs(runner: GraphRunner, feeds_of: list[dict[str, np.ndarra
                          onnxruntime_s: float) -> ReferenceRuns:
     """Every reference-model run of the check, made at once: model.tosa on each sample, each family the lower
     stage found bit-identical to it (`families`) on the first (partitioned_numerics), and the per-node cuts,
-    in that order, over worker processes (build/fanout.py) when onnxruntime's time on the QDQ model
+    in that order, over worker processes (engine/fanout.py) when onnxruntime's time on the QDQ model
     (`onnxruntime_s` a sample) says they are worth it. An error is the first run's in that order, as the runs one by one give
     it. A portable split runs host partitions on onnxruntime, whose threads a fork does not carry: here, and
     its per-node cuts (pure TOSA work) after it, over the workers."""

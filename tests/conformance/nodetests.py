@@ -51,7 +51,7 @@ from npubuild.frontend.normalise import normalise
 from npubuild.frontend.passes import run_passes
 from npubuild.frontend.qdq_concat import share_concat_scales
 from npubuild.frontend.quantize import quantize
-from npubuild.tosa.iospec import IOSpec
+from npubuild.records.iospec import IOSpec
 from npubuild.tosa.run import OnnxSession, run_tosa
 
 REPO = Path(__file__).resolve().parents[2]

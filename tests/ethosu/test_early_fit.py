@@ -1,5 +1,6 @@
 """The arena and constants lower bounds from shapes: sound against Vela, and a model that cannot fit its only
-target fails at import with the pool check's line, before quantize, tosa-check and Vela run."""
+target fails in the early-fit stage (right after import) with the pool check's line, before quantize,
+tosa-check and Vela run."""
 
 from __future__ import annotations
 
@@ -47,7 +48,7 @@ def _limits() -> None:  # today's code quantises and runs tosa-check first: keep
     resource.setrlimit(resource.RLIMIT_AS, (4 << 30, 4 << 30))
 
 
-def test_a_model_too_big_for_its_only_target_fails_at_import_with_the_pool_line(project: Path):
+def test_a_model_too_big_for_its_only_target_fails_early_with_the_pool_line(project: Path):
     onnx.save(_conv(16, 16, 128, relu=True), project / "configs" / "models" / "big.onnx")
     (project / "configs" / "big.yaml").write_text(
         "version: 1\nname: big\nmodels:\n  big:\n    path: models/big.onnx\n"
@@ -57,15 +58,16 @@ def test_a_model_too_big_for_its_only_target_fails_at_import_with_the_pool_line(
                           text=True, timeout=600, preexec_fn=_limits)
     lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
     assert proc.returncode == 1 and len(lines) == 1, proc.stderr
-    assert lines[0].startswith("error: big/big/small: import: target 'small': pool 'sram' (sram) needs 256.0 KiB "
+    assert lines[0].startswith("error: big/big/small: early-fit: target 'small': pool 'sram' (sram) needs 256.0 KiB "
                                "(arena 256.0 KiB) but has 128.0 KiB"), lines[0]  # the build and stage named first
     stages = {p.name for p in (project / "build" / "stages").iterdir()}
-    assert stages == {"import"}  # quantize, lower, tosa-check and Vela never ran
+    assert stages == {"import", "early-fit"}  # quantize, lower, tosa-check and Vela never ran
     (entry,) = read_report(project / "build")["builds"]
-    assert entry["status"] == "failed" and entry["stages"]["import"]["status"] == "failed"
+    assert entry["status"] == "failed" and entry["stages"]["early-fit"]["status"] == "failed"
+    assert entry["stages"]["import"]["status"] == "passed"
 
 
-def test_a_model_that_fits_one_of_its_targets_is_not_stopped_at_import(project: Path, capsys):
+def test_a_model_that_fits_one_of_its_targets_is_not_stopped_early(project: Path, capsys):
     onnx.save(_conv(16, 16, 128, relu=True), project / "configs" / "models" / "big.onnx")
     (project / "configs" / "big.yaml").write_text(
         "version: 1\nname: big\nmodels:\n  big:\n    path: models/big.onnx\n"

@@ -19,7 +19,7 @@ from npubuild.cli import main
 from npubuild.ethosu.families import CheckCache, check_feeds, lower_families, same_as_whole
 from npubuild.frontend.data import sample_arrays
 from npubuild.lowering.options import FAMILY_OPTIONS, PORTABLE
-from npubuild.stages.records import LowerRecord
+from npubuild.records.lower import LowerRecord
 from npubuild.tosa.run import OnnxSession
 from npubuild.verify.partitioned import PartitionedModel, WholeGraphCheck, partitioned_numerics, worst_error
 

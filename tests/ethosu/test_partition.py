@@ -11,7 +11,7 @@ import onnx
 from buildhelpers import add_compare_model
 from npbtest import read_report, run_cli
 
-from npubuild.stages.records import LowerRecord
+from npubuild.records.lower import LowerRecord
 from npubuild.tosa.run import run_onnx
 from npubuild.verify.partitioned import run_partitions
 

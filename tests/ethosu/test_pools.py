@@ -17,7 +17,7 @@ import onnx
 from buildhelpers import conv_chain_model, write_spec
 from npbtest import read_report, read_run, run_cli
 
-from npubuild.build.versions import versions
+from npubuild.engine.versions import versions
 
 TARGETS = ("[{extends: ethos-u55-128, name: u55-sram2m},"
            " {extends: ethos-u55-128, name: u55-sram64k, pools: {sram: {size_kib: 64}}}]")

@@ -16,7 +16,7 @@ from npbtest import REPO, read_report, run_cli
 from onnx import TensorProto
 from onnx_cases import CASES, conv, weights
 
-from npubuild.build.isolate import run_isolated
+from npubuild.engine.isolate import run_isolated
 from npubuild.errors import InputError
 
 

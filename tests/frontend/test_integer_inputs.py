@@ -15,8 +15,8 @@ from onnx import TensorProto, helper, numpy_helper
 from npubuild.errors import InputError
 from npubuild.ethosu.families import check_feeds
 from npubuild.frontend.data import calibration_arrays, integer_ranges, load_arrays, random_arrays
-from npubuild.stages.records import LowerRecord
-from npubuild.tosa.iospec import IOSpec
+from npubuild.records.iospec import IOSpec
+from npubuild.records.lower import LowerRecord
 
 ROWS = 50  # the embedding table's vocabulary
 

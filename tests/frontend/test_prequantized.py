@@ -15,7 +15,7 @@ from onnxruntime import quantization as ortq
 
 from npubuild.frontend.normalise import normalise
 from npubuild.frontend.quantize import ArrayReader
-from npubuild.stages.records import LowerRecord
+from npubuild.records.lower import LowerRecord
 from npubuild.tosa.run import run_onnx, run_tosa
 
 

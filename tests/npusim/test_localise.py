@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from npubuild.npusim.ops import OpResult
+from npubuild.npusim.npu_op import OpResult
 from npubuild.npusim.tosa_probe import GraphOp
 from npubuild.npusim.verify import localise
 

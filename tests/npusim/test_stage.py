@@ -15,7 +15,7 @@ from npubuild.npusim.cmdstream import U55, decode
 from npubuild.npusim.npz import load_raw
 from npubuild.npusim.u85.registers import COMMANDS
 from npubuild.npusim.verify import compare
-from npubuild.stages.records import LowerRecord
+from npubuild.records.lower import LowerRecord
 
 SPEC = """version: 1
 name: kws

@@ -16,9 +16,9 @@ from tosa.TosaGraph import TosaGraph
 
 from npubuild.errors import StageError
 from npubuild.npusim.cmdstream import decode
+from npubuild.npusim.memory import region_memory
+from npubuild.npusim.npu_op import kernel_of, ofm_shape
 from npubuild.npusim.npz import load_raw
-from npubuild.npusim.ops import kernel_of, ofm_shape
-from npubuild.npusim.sim import region_memory
 from npubuild.npusim.u85 import weights as wts
 from npubuild.npusim.u85.conv import weights_of
 from npubuild.npusim.u85.dma import run_dma

@@ -13,7 +13,7 @@ from npbtest import read_report, run_cli
 from onnx import TensorProto, helper, numpy_helper
 
 from npubuild.frontend.samples import SampleSource
-from npubuild.tosa.iospec import IOSpec
+from npubuild.records.iospec import IOSpec
 from npubuild.verify.accuracy import output_accuracy, probability_outputs
 
 

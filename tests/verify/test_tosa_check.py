@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 from npbtest import read_report, run_cli
 
-from npubuild.tosa.iospec import IOSpec
+from npubuild.records.iospec import IOSpec
 from npubuild.verify.numerics import compare_output
 
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 
 from npubuild.errors import StageError
-from npubuild.npusim.ops import Kernel, kernel_of, ofm_shape
+from npubuild.npusim.npu_op import Kernel, kernel_of, ofm_shape
 from npubuild.npusim.u85 import weights as wts
 from npubuild.npusim.u85.machine_state import ACC_IFM2, Machine, OpResult, acc_format
 from npubuild.npusim.u85.operands import operand, read

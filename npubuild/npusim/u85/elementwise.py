@@ -14,7 +14,7 @@ import numpy as np
 
 from npubuild.errors import StageError
 from npubuild.npusim import NotModelled
-from npubuild.npusim.ops import ofm_shape
+from npubuild.npusim.npu_op import ofm_shape
 from npubuild.npusim.u85.activation import global_scale, ofm_rounding
 from npubuild.npusim.u85.machine_state import Machine, OpResult
 from npubuild.npusim.u85.operands import Operand, operand, read

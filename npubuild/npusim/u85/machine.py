@@ -7,8 +7,9 @@ import numpy as np
 from npubuild.errors import InputError, StageError
 from npubuild.npusim import NotModelled
 from npubuild.npusim.cmdstream import decode
+from npubuild.npusim.memory import place_inputs, read_outputs, region_memory
+from npubuild.npusim.npu_op import SimResult
 from npubuild.npusim.npz import RawModel
-from npubuild.npusim.sim import SimResult, place_inputs, read_outputs, region_memory
 from npubuild.npusim.u85.conv import run_conv
 from npubuild.npusim.u85.dma import run_dma
 from npubuild.npusim.u85.elementwise import run_elementwise

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from npubuild.errors import StageError
-from npubuild.npusim.ops import OpResult, ofm_shape
+from npubuild.npusim.npu_op import OpResult, ofm_shape
 from npubuild.npusim.u85 import activation, weights
 from npubuild.npusim.u85.operands import NONE, TRANSPOSE_NAMES, Chains, Operand, ofm_layout, operand, write
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from npubuild.npusim.ops import ofm_shape
+from npubuild.npusim.npu_op import ofm_shape
 from npubuild.npusim.u85.machine_state import Machine, OpResult
 from npubuild.npusim.u85.operands import operand, read
 

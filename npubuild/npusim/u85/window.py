@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from npubuild.npusim.ops import Kernel
+from npubuild.npusim.npu_op import Kernel
 from npubuild.npusim.u85.machine_state import Machine
 from npubuild.npusim.u85.operands import Operand, read
 

@@ -1,0 +1,401 @@
+"""A content-addressed stage cache shared between build dirs, machines and nights.
+
+An entry is addressed by the stage's full cache key: its resolved config
+(which embeds tool versions) plus the sha256 of every input file. Layout under
+the cache root (a local directory or any fsspec URL):
+
+    <key[:2]>/<key>/<writer-id>/<output files>     written first
+    <key[:2]>/<key>/manifest.json                  written last, in one put
+
+The manifest names the writer directory and the sha256 and size of each file,
+so a reader never uses a half-written entry; it verifies every file on read,
+and an entry that fails (truncated, corrupted, missing files) is discarded and
+recomputed. Concurrent writers of one key each write their own writer
+directory; whichever manifest lands last wins, and both are complete. A writer
+killed mid-put leaves its directory and temp manifest behind: `verify` and
+`prune` remove such debris once it is older than DEBRIS_GRACE_S (a writer
+still at work is younger).
+
+Trust: the sha256s catch accidents, not an adversary, since whoever can write
+to the cache can replace a file and its manifest together. With a team key
+(`$NPUBUILD_CACHE_KEY`, or a file named by `$NPUBUILD_CACHE_KEY_FILE`) every
+manifest carries an HMAC-SHA256 over all of it (the cache key, every file's
+sha256 and size, the metrics), and a build restores only entries whose MAC
+verifies under its key: write access to the storage alone can no longer plant
+an entry. The key is never written to the cache, a build dir or a report.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import os
+import re
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+import fsspec
+
+from npubuild.engine.notice import warn
+from npubuild.errors import InputError
+from npubuild.fileio import atomic_path, file_hash, stable_hash
+
+MANIFEST = "manifest.json"
+DEBRIS_GRACE_S = 3600.0  # a writer directory without a manifest this old is a killed writer's, not a live one
+KEY_ENV, KEY_FILE_ENV = "NPUBUILD_CACHE_KEY", "NPUBUILD_CACHE_KEY_FILE"
+MAX_MANIFEST_BYTES = 16 << 20  # a real manifest is a few KiB (one line per output file)
+RESERVED = frozenset({"stage.json", "inputs.json", "error.json"})  # a stage dir's own records: never restored
+_WRITER = re.compile(r"[0-9a-f]{1,64}")
+_SHA256 = re.compile(r"[0-9a-f]{64}")
+
+
+def team_key() -> bytes | None:
+    """The cache's HMAC key from the environment (the key itself, or a file holding it), or None."""
+    text = os.environ.get(KEY_ENV)
+    if not text and os.environ.get(KEY_FILE_ENV):
+        path = Path(os.environ[KEY_FILE_ENV])
+        try:
+            text = path.read_text().strip()
+        except OSError as exc:
+            raise InputError(f"cannot read the cache key file: {exc.strerror}", str(path)) from None
+        if not text:
+            raise InputError("the cache key file is empty", str(path))
+    return text.encode() if text else None
+
+
+def manifest_mac(manifest: dict, key: bytes) -> str:
+    """HMAC-SHA256 over the whole manifest but its `mac`, in a canonical JSON form."""
+    body = {k: v for k, v in manifest.items() if k != "mac"}
+    text = json.dumps(body, sort_keys=True, separators=(",", ":"), default=str)
+    return hmac.new(key, text.encode(), hashlib.sha256).hexdigest()
+
+
+def safe_output_name(name: object) -> bool:
+    """A file name an entry may restore into a stage dir: relative, '/'-separated, every part a plain name
+    (no '..', no hidden or temp file, no absolute path): what `put` writes, never a path out of the dir."""
+    if not isinstance(name, str) or not name or "\\" in name or "\x00" in name or name in RESERVED:
+        return False
+    parts = name.split("/")
+    return all(part and not part.startswith(".") for part in parts)
+
+
+def manifest_problem(key: str, manifest: object) -> str | None:
+    """Why a manifest is not one `put` could have written for `key` (None: well formed). Checked before
+    anything it names is read or written: a manifest is data from whoever can write to the cache, and a file
+    entry is only ever `<writer>/<name>` inside the entry's own directory."""
+    if not isinstance(manifest, dict) or not manifest:
+        return "unreadable manifest"
+    if manifest.get("key") != key:
+        return "manifest of another key"
+    writer, files = manifest.get("writer"), manifest.get("files")
+    if not isinstance(writer, str) or not _WRITER.fullmatch(writer):
+        return "manifest without a valid writer"
+    if not isinstance(files, dict) or not isinstance(manifest.get("metrics", {}), dict):
+        return "manifest without a files or metrics mapping"
+    for name, info in files.items():
+        if not safe_output_name(name):
+            return f"manifest names a file outside the stage dir or reserved: {str(name)[:80]!r}"
+        if not isinstance(info, dict) or info.get("path") != f"{writer}/{name}" \
+                or not isinstance(info.get("sha256"), str) or not _SHA256.fullmatch(info["sha256"]) \
+                or not isinstance(info.get("size"), int) or isinstance(info["size"], bool) or info["size"] < 0:
+            return f"manifest entry for {name!r} is malformed"
+    return None
+
+
+def cache_key(config: dict, inputs: dict[str, Path], hashes: dict[str, str] | None = None) -> str:
+    """The full key: resolved config + content of every input file (`hashes`: their sha256, if known)."""
+    hashes = hashes if hashes is not None else {k: file_hash(p) for k, p in inputs.items()}
+    return stable_hash({"config": config, "inputs": {k: hashes[k] for k in sorted(inputs)}}, 40)
+
+
+DEFAULT_CACHE = Path(".npubuild") / "cache"
+
+
+def default_cache_dir(build_dir: Path) -> Path:
+    """`.npubuild/cache` in the project holding the build dir (the nearest directory up from the build dir's
+    parent with a dodo.py, pyproject.toml or .git; the parent itself outside any project).
+
+    Not in the build dir: `npubuild clean` (or `rm -rf build`) empties a build dir, and the cache is what
+    lets the next build refill it without recomputing; one per project rather than per user: every build dir
+    of the project (build/, a nightly's, a scratch one) shares it, its size is visible and removable with
+    the project, and tests and scratch builds in a temporary directory stay apart."""
+    from npubuild.config.load import find_project_root
+
+    return find_project_root(Path(build_dir).resolve().parent) / DEFAULT_CACHE
+
+
+def resolve_cache(url: str | None, build_dir: Path) -> str | None:
+    """The shared stage cache of a build, the same for every entry point (build, compile, offloads,
+    debug-numerics, plain doit): `url` (--cache), else $NPUBUILD_CACHE, else default_cache_dir; 'off': none."""
+    url = url or os.environ.get("NPUBUILD_CACHE") or str(default_cache_dir(build_dir))
+    return None if url == "off" else url
+
+
+@dataclass
+class CacheEntry:
+    key: str
+    files: dict[str, dict]  # output name -> {"path": relative path, "sha256", "size"}
+    metrics: dict
+    created: float
+
+
+class StageCache:
+    """Get and put stage outputs by key; `url` is a directory path or an fsspec URL."""
+
+    def __init__(self, url: str | os.PathLike, key: bytes | None = None, use_env_key: bool = True):
+        self.url = str(url)
+        self.key = key if key is not None or not use_env_key else team_key()
+        self.fs, self.root = fsspec.core.url_to_fs(self.url)
+        self.fs.makedirs(self.root, exist_ok=True)
+
+    def trusted(self, key: str, manifest: dict) -> bool:
+        """Without a team key every well-formed manifest; with one, only a manifest for `key` whose MAC holds."""
+        if manifest.get("key") != key:
+            return False
+        if self.key is None:
+            return True
+        mac = manifest.get("mac")
+        return isinstance(mac, str) and hmac.compare_digest(mac, manifest_mac(manifest, self.key))
+
+    def _dir(self, key: str) -> str:
+        return f"{self.root}/{key[:2]}/{key}"
+
+    def _read_manifest(self, key: str) -> dict | None:
+        path = f"{self._dir(key)}/{MANIFEST}"
+        try:
+            with self.fs.open(path, "rb") as f:
+                data = f.read(MAX_MANIFEST_BYTES + 1)
+            if len(data) > MAX_MANIFEST_BYTES:
+                return {}
+            manifest = json.loads(data)
+        except FileNotFoundError:
+            return None
+        except (OSError, ValueError, RecursionError):
+            return {}  # unreadable manifest: treat as corrupt
+        return manifest if isinstance(manifest, dict) else {}
+
+    def get(self, key: str, dest: Path, required: set[str]) -> CacheEntry | None:
+        """Restore a verified entry's files into `dest` (each atomically); None on a miss or a bad entry.
+
+        `required` are file names the entry must hold (the task's declared outputs).
+        """
+        manifest = self._read_manifest(key)
+        if manifest is None:
+            return None
+        if self.key is not None and isinstance(manifest, dict) and manifest and not self.trusted(key, manifest):
+            warn(f"cache entry {key} is not signed with this build's cache key: not restored")
+            return None  # not ours: do not use it (a put will replace it)
+        problem = manifest_problem(key, manifest)
+        if problem is not None:
+            if manifest:  # an empty {} is a torn write: no news
+                warn(f"cache entry {key}: {problem}: discarded")
+            self.discard(key)
+            return None
+        if not required <= set(manifest["files"]):
+            self.discard(key)
+            return None
+        staged: list[tuple[Path, bytes]] = []
+        for name, info in manifest["files"].items():
+            data = self._read_file(key, info)
+            if data is None or len(data) != info["size"] or _sha256(data) != info["sha256"]:
+                self.discard(key)
+                return None
+            staged.append((dest / name, data))
+        for path, data in staged:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            with atomic_path(path) as tmp:
+                tmp.write_bytes(data)
+        return CacheEntry(key, manifest["files"], manifest.get("metrics", {}), manifest.get("created", 0.0))
+
+    def has(self, key: str, required: set[str] = frozenset()) -> bool:
+        """Whether a trusted entry for `key` holding `required` is there (its manifest only: files unread)."""
+        manifest = self._read_manifest(key)
+        return isinstance(manifest, dict) and isinstance(manifest.get("files"), dict) \
+            and required <= set(manifest["files"]) and self.trusted(key, manifest)
+
+    def put(self, key: str, src: Path, metrics: dict, exclude: set[str]) -> None:
+        """Upload every file of `src` (but `exclude`) under a writer-private directory, then the manifest."""
+        files = {}
+        for path in sorted(src.rglob("*")):  # subdirectories too (the vela stage's raw/ and firmware/)
+            name = path.relative_to(src).as_posix()
+            if not path.is_file() or any(part.startswith(".") for part in name.split("/")) or name in exclude:
+                continue
+            files[name] = path
+        self.put_files(key, files, metrics)
+
+    def put_files(self, key: str, files: dict[str, Path], metrics: dict) -> None:
+        """Upload `files` (entry path -> local file) under a writer-private directory, then the manifest."""
+        writer = uuid.uuid4().hex[:12]
+        base = self._dir(key)
+        self.fs.makedirs(f"{base}/{writer}", exist_ok=True)
+        stored = {}
+        for name, path in files.items():
+            data = path.read_bytes()
+            rel = f"{writer}/{name}"
+            if "/" in name:
+                self.fs.makedirs(f"{base}/{rel.rsplit('/', 1)[0]}", exist_ok=True)
+            with self.fs.open(f"{base}/{rel}", "wb") as f:
+                f.write(data)
+            stored[name] = {"path": rel, "sha256": _sha256(data), "size": len(data)}
+        body = {"key": key, "files": stored, "metrics": metrics, "created": time.time(), "writer": writer}
+        if self.key is not None:
+            body["mac"] = manifest_mac(body, self.key)
+        tmp = f"{base}/.{MANIFEST}.{writer}"
+        with self.fs.open(tmp, "wb") as f:
+            f.write(json.dumps(body).encode())
+        self.fs.mv(tmp, f"{base}/{MANIFEST}")
+
+    def discard(self, key: str) -> None:
+        try:
+            self.fs.rm(self._dir(key), recursive=True)
+        except FileNotFoundError:
+            pass
+
+    # ------------------------------------------------------------------ maintenance
+
+    def keys(self) -> list[str]:
+        out = []
+        for prefix in self.fs.ls(self.root, detail=False):
+            for entry in self.fs.ls(prefix, detail=False):
+                out.append(entry.rstrip("/").rsplit("/", 1)[-1])
+        return sorted(k for k in out if len(k) == 40)
+
+    def stats(self) -> dict:
+        keys = self.keys()
+        total = 0
+        for k in keys:
+            m = self._read_manifest(k)
+            if manifest_problem(k, m) is None:
+                total += sum(f["size"] for f in m["files"].values())
+        return {"url": self.url, "entries": len(keys), "bytes": total,
+                "debris_bytes": sum(size for _, size in self.debris(grace_s=0.0))}
+
+    def verify(self) -> tuple[int, list[str]]:
+        """Check every entry's files against its manifest (and its MAC, with a team key); discard and return
+        the bad ones; remove killed writers' debris."""
+        bad = []
+        keys = self.keys()
+        for k in keys:
+            m = self._read_manifest(k)
+            ok = manifest_problem(k, m) is None and self.trusted(k, m) \
+                and all(self._file_ok(k, info) for info in m["files"].values())
+            if not ok and m is not None:
+                bad.append(k)
+                self.discard(k)
+        self.remove_debris()
+        return len(keys), bad
+
+    def debris(self, grace_s: float = DEBRIS_GRACE_S) -> list[tuple[str, int]]:
+        """(path, bytes) of what killed writers left, older than `grace_s`: writer dirs no manifest names, temp
+        manifests, key dirs without a manifest."""
+        out: list[tuple[str, int]] = []
+        now = time.time()
+        for k in self._key_dirs():
+            base = self._dir(k)
+            m = self._read_manifest(k)
+            live = m.get("writer") if isinstance(m, dict) else None
+            for child in self.fs.ls(base, detail=True):
+                name = child["name"].rstrip("/").rsplit("/", 1)[-1]
+                if name == MANIFEST or name == live:
+                    continue
+                if now - _mtime(self.fs, child) >= grace_s:
+                    out.append((child["name"], self._size(child)))
+        return out
+
+    def remove_debris(self, grace_s: float = DEBRIS_GRACE_S) -> int:
+        removed = 0
+        for path, _ in self.debris(grace_s):
+            try:
+                self.fs.rm(path, recursive=True)
+                removed += 1
+            except FileNotFoundError:
+                pass
+        for k in self._key_dirs():  # a key dir left empty
+            try:
+                if not self.fs.ls(self._dir(k), detail=False):
+                    self.fs.rmdir(self._dir(k))
+            except (FileNotFoundError, OSError):
+                pass
+        return removed
+
+    def _key_dirs(self) -> list[str]:
+        out = []
+        for prefix in self.fs.ls(self.root, detail=False):
+            if not self.fs.isdir(prefix):
+                continue
+            for entry in self.fs.ls(prefix, detail=False):
+                name = entry.rstrip("/").rsplit("/", 1)[-1]
+                if len(name) == 40 and self.fs.isdir(entry):
+                    out.append(name)
+        return sorted(out)
+
+    def _size(self, info: dict) -> int:
+        if info.get("type") == "directory":
+            return sum(self.fs.du(info["name"], total=False).values()) if self.fs.exists(info["name"]) else 0
+        return int(info.get("size") or 0)
+
+    def _read_file(self, key: str, info: dict) -> bytes | None:
+        """An entry file's bytes (at most one more than its manifest size), None if absent or, on a local
+        cache, if a symlink leads out of the entry's directory (a planted link would read the builder's files)."""
+        path = f"{self._dir(key)}/{info['path']}"
+        if "file" in (self.fs.protocol if isinstance(self.fs.protocol, tuple) else (self.fs.protocol,)):
+            entry = os.path.realpath(self._dir(key))
+            if not os.path.realpath(path).startswith(entry + os.sep):
+                return None
+        try:
+            with self.fs.open(path, "rb") as f:
+                return f.read(info["size"] + 1)
+        except (FileNotFoundError, OSError):
+            return None
+
+    def _file_ok(self, key: str, info: dict) -> bool:
+        data = self._read_file(key, info)
+        return data is not None and len(data) == info["size"] and _sha256(data) == info["sha256"]
+
+    def prune(self, older_than_s: float) -> int:
+        """Remove entries created before `older_than_s` ago, and killed writers' debris."""
+        cutoff = time.time() - older_than_s
+        removed = 0
+        for k in self.keys():
+            m = self._read_manifest(k)
+            if m is None:
+                continue  # no manifest: a writer's (debris below, once old)
+            created = m.get("created", 0.0) if isinstance(m, dict) else 0.0
+            if not isinstance(created, (int, float)) or created < cutoff:
+                self.discard(k)
+                removed += 1
+        self.remove_debris(min(DEBRIS_GRACE_S, older_than_s))
+        return removed
+
+
+def _sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def _mtime(fs, info: dict) -> float:
+    """A listing entry's modification time in seconds (local files say mtime, object stores LastModified);
+    now if the file system says nothing, so that unknown debris is never taken as old."""
+    for field in ("mtime", "LastModified", "last_modified", "created"):
+        v = info.get(field)
+        if isinstance(v, (int, float)):
+            return float(v)
+        if hasattr(v, "timestamp"):
+            return float(v.timestamp())
+    if info.get("type") == "directory":  # a local directory's listing may lack mtime: ask its entries
+        try:
+            times = [_mtime(fs, c) for c in fs.ls(info["name"], detail=True)]
+            return max(times) if times else 0.0
+        except (FileNotFoundError, OSError):
+            return time.time()
+    return time.time()
+
+
+def parse_age(text: str) -> float:
+    """'30d', '12h', '45m', '90s' -> seconds."""
+    units = {"d": 86400, "h": 3600, "m": 60, "s": 1}
+    if not text or text[-1] not in units or not text[:-1].isdigit():
+        raise InputError(f"age '{text}' must be a number followed by d, h, m or s (e.g. 30d)")
+    return int(text[:-1]) * units[text[-1]]

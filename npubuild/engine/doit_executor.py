@@ -1,0 +1,255 @@
+"""The plan as doit tasks, run by doit in local processes: `npubuild build` and plain `doit` (dodo.py).
+
+Both load the same task dicts and share the same stage dirs, so the same cache:
+a task is up to date when its stage dir says so (npubuild.engine.uptodate),
+whoever ran it. doit's reporter only forwards task events to the build
+session, which writes the reports when doit ends the run.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+from doit.exceptions import TaskFailed, UnmetDependency
+
+from npubuild.engine.execute import run_stage, stage_modules, was_restored
+from npubuild.engine.fanout import WORKERS_ENV, workers_for_jobs
+from npubuild.engine.plan import BuildPlan, StageTask
+from npubuild.engine.session import Session
+from npubuild.engine.stage import Stage
+from npubuild.engine.uptodate import is_done
+from npubuild.errors import NpubuildError
+
+
+def doit_action(task: StageTask, run_id: str, debug: bool, cache_url: str | None,
+                preload: tuple[str, ...] = ()) -> TaskFailed | None:
+    """doit python-action: run the stage; a failure is one line, never a traceback."""
+    try:
+        run_stage(task, run_id, debug, cache_url, preload)
+    except NpubuildError as exc:
+        return TaskFailed(str(exc))
+    return None
+
+
+def stage_done(stage_task: StageTask) -> bool:
+    """doit uptodate check (npubuild.engine.uptodate: survives a killed run, unlike doit's database).
+
+    Not named `task`: doit would pass its own Task object for a first argument of that name.
+    """
+    return is_done(stage_task)
+
+
+def depth_first(plan: BuildPlan) -> list[str]:
+    """doit's default tasks: each build's last task, build by build. doit runs a selected task's
+    dependencies before the next selected task, so builds finish one after another (results early, a failure
+    seen at once) instead of every import, then every quantize, ...; the tasks and their outputs are the same.
+    Any task no build ends with (none today) is appended."""
+    order: dict[str, None] = {}
+    for chain in plan.build_tasks.values():
+        if chain:
+            order[list(chain.values())[-1]] = None
+    reached: set[str] = set()
+    stack = list(order)
+    while stack:
+        name = stack.pop()
+        if name not in reached:
+            reached.add(name)
+            stack.extend(plan.tasks[name].deps)
+    return [*order, *(n for n in plan.tasks if n not in reached)]
+
+
+def doit_config(plan: BuildPlan, reporter: type) -> dict:
+    return {
+        "backend": "sqlite3",
+        "dep_file": str(plan.build_dir / ".doit.db"),
+        "reporter": reporter,
+        "verbosity": 0,
+        "default_tasks": depth_first(plan) or [s.name for s in plan.stages],
+    }
+
+
+def task_dicts(plan: BuildPlan, run_id: str, debug: bool, cache_url: str | None) -> dict[str, Iterator[dict]]:
+    """doit task generators keyed by stage (`task_<stage>` functions for a loader namespace)."""
+    names = [s.name for s in plan.stages]
+    by_stage: dict[str, list[StageTask]] = {s: [] for s in names}
+    for t in plan.tasks.values():
+        by_stage[t.stage].append(t)
+    preload = stage_modules(plan.stages)
+
+    def generator(stage: str):
+        def gen() -> Iterator[dict]:
+            yield {"basename": stage, "name": None, "doc": f"npubuild {stage} stage"}
+            for t in by_stage[stage]:
+                yield {
+                    "basename": stage,
+                    "name": t.sub,
+                    "actions": [(doit_action, [t, run_id, debug, cache_url, preload])],
+                    "targets": [str(p) for p in t.outputs.values()],
+                    "task_dep": list(t.deps),
+                    "uptodate": [(stage_done, [t], {})],
+                    "doc": f"{stage} for {', '.join(t.builds[:3])}{' ...' if len(t.builds) > 3 else ''}",
+                    "verbosity": 0,
+                }
+        gen.__name__ = f"task_{stage.replace('-', '_')}"
+        gen.basename = stage
+        return gen
+
+    return {f"task_{s.replace('-', '_')}": generator(s) for s in names}
+
+
+def make_reporter(session: Session) -> type:
+    """A doit reporter class that forwards every task event to `session` and closes it at the end."""
+    tasks = session.plan.tasks
+
+    class NpubuildReporter:
+        desc = "npubuild progress"
+
+        def __init__(self, outstream, options):
+            pass
+
+        def initialize(self, tasks, selected_tasks):
+            pass
+
+        def get_status(self, task):
+            pass
+
+        def execute_task(self, task):
+            if task.actions:
+                session.started(task.name)
+
+        def add_success(self, task):
+            if task.actions:
+                restored = task.name in tasks and was_restored(tasks[task.name])
+                session.finished(task.name, "from-cache" if restored else "ran")
+
+        def add_failure(self, task, fail):
+            if not task.actions:  # a stage's group task: its failed member was reported already
+                return
+            if isinstance(fail, UnmetDependency):  # an upstream task failed (--keep-going): not run, not a new error
+                session.finished(task.name, "blocked")
+                return
+            msg = fail.get_msg().strip().splitlines()
+            text = msg[-1] if msg else fail.get_name()
+            if isinstance(fail, TaskFailed) and fail.message:
+                text = fail.message
+            session.finished(task.name, "failed", text)
+
+        def skip_uptodate(self, task):
+            if task.actions:
+                session.finished(task.name, "cached")
+
+        def skip_ignore(self, task):
+            pass
+
+        def cleanup_error(self, exception):
+            sys.stderr.write(exception.get_msg())
+
+        def runtime_error(self, msg):
+            first = msg.strip().splitlines()[-1] if msg.strip() else msg
+            session.abort(first)
+
+        def teardown_task(self, task):
+            pass
+
+        def complete_run(self):
+            session.close(1 if session.outcomes["failed"] else 0)
+
+    return NpubuildReporter
+
+
+def namespace(plan: BuildPlan, session: Session, debug: bool, cache_url: str | None) -> dict:
+    """What a doit loader reads: the task generators and DOIT_CONFIG with the session's reporter."""
+    ns: dict = dict(task_dicts(plan, session.run_id, debug, cache_url))
+    ns["DOIT_CONFIG"] = doit_config(plan, make_reporter(session))
+    return ns
+
+
+class DoitExecutor:
+    """Local processes through doit's API (`-n JOBS` runs tasks in parallel processes)."""
+
+    name = "doit"
+
+    def __init__(self, cache_url: str | None, debug: bool = False, jobs: int = 1, keep_going: bool = False):
+        self.cache_url, self.debug, self.jobs, self.keep_going = cache_url, debug, jobs, keep_going
+
+    def run(self, plan: BuildPlan, session: Session) -> int:
+        from doit.cmd_base import ModuleTaskLoader
+        from doit.doit_cmd import DoitMain
+
+        args = ["run"]
+        if self.jobs > 1:
+            args += ["-n", str(self.jobs), "-P", "process"]
+            share_cores(self.jobs)
+        if self.keep_going:
+            args.append("--continue")
+        ns = namespace(plan, session, self.debug, self.cache_url)
+        return DoitMain(ModuleTaskLoader(ns), extra_config={"GLOBAL": {}}).run(args)
+
+
+# A project's dodo.py (this repository's, and the one `npubuild init` writes): all of it is dodo_namespace.
+DODO_PY = '''"""doit entry point: `doit` builds every compile spec in configs/ into build/, as `npubuild build` does.
+
+The same plan, stage dirs, shared cache and reports as `npubuild build configs/`. NPUBUILD_SPECS
+(paths separated by ':'), NPUBUILD_BUILD_DIR and NPUBUILD_CACHE change what is built, where, and
+with which shared cache; NPUBUILD_WAIT=1 waits for a build dir another build holds.
+"""
+
+from npubuild import dodo_namespace
+
+globals().update(dodo_namespace(__file__))
+'''
+
+
+def dodo_namespace(dodo_file: str, stages: tuple[Stage, ...]) -> dict:
+    """The whole body of a project's dodo.py (through npubuild.dodo_namespace, which hands it the stages):
+    plain `doit` runs the same plan and session as `npubuild build`.
+
+    Builds every spec in configs/ next to dodo.py into build/ there. NPUBUILD_SPECS (paths separated by
+    ':'), NPUBUILD_BUILD_DIR, NPUBUILD_CACHE and NPUBUILD_WAIT=1 (wait for a busy build dir) change that.
+    """
+    from npubuild.config.load import load_specs
+    from npubuild.engine.cache import resolve_cache
+    from npubuild.engine.lock import acquire
+    from npubuild.engine.plan import make_plan
+
+    here = Path(dodo_file).resolve().parent
+    specs = [Path(p) for p in os.environ.get("NPUBUILD_SPECS", str(here / "configs")).split(":")]
+    try:
+        builds = load_specs(specs)
+        plan = make_plan(builds, Path(os.environ.get("NPUBUILD_BUILD_DIR", here / "build")), stages)
+        lock_fd = acquire(plan.build_dir, wait=os.environ.get("NPUBUILD_WAIT") == "1")
+    except NpubuildError as exc:
+        print(exc, file=sys.stderr)
+        sys.exit(exc.exit_code)
+    selection = {"specs": [str(p) for p in specs], "default": "NPUBUILD_SPECS" not in os.environ,
+                 "spec_names": sorted({b.spec.name for b in builds}), "only": []}
+    session = Session(plan, selection=selection)
+    share_cores(doit_jobs(sys.argv[1:]))
+    ns = namespace(plan, session, False, resolve_cache(None, plan.build_dir))
+    ns["_npubuild_lock"] = lock_fd  # held until doit exits: no other build may write this build dir meanwhile
+    return ns
+
+
+def share_cores(jobs: int) -> None:
+    """Tasks run `jobs` at a time share the cores: each stage's worker processes (engine/fanout.py) are the
+    cores divided by the jobs, unless the user set $NPUBUILD_STAGE_WORKERS."""
+    if jobs > 1:
+        os.environ.setdefault(WORKERS_ENV, workers_for_jobs(jobs))
+
+
+def doit_jobs(argv: list[str]) -> int:
+    """The `-n N` / `--process=N` a plain `doit` command line runs tasks with (1 if none, or unreadable)."""
+    for k, arg in enumerate(argv):
+        text = None
+        if arg in ("-n", "--process") and k + 1 < len(argv):
+            text = argv[k + 1]
+        elif arg.startswith("--process="):
+            text = arg.split("=", 1)[1]
+        elif arg.startswith("-n") and len(arg) > 2:
+            text = arg[2:]
+        if text is not None:
+            return int(text) if text.isdigit() else 1
+    return 1

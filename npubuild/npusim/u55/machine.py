@@ -1,0 +1,53 @@
+"""Run an Ethos-U55/U65 command stream: DMA and one NPU op at a time in command-stream order."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from npubuild.errors import InputError, StageError
+from npubuild.npusim import NotModelled
+from npubuild.npusim.cmdstream import Command, decode
+from npubuild.npusim.memory import place_inputs, read_outputs, region_memory, region_of
+from npubuild.npusim.npu_op import OpResult, SimResult
+from npubuild.npusim.npz import RawModel
+from npubuild.npusim.u55 import ops
+
+
+def _dma(mem: dict, cmd: Command) -> None:
+    r = cmd.regs
+    src_reg, dst_reg = r.get("DMA0_SRC_REGION", 0), r.get("DMA0_DST_REGION", 0)
+    src, dst = region_of(mem, src_reg), region_of(mem, dst_reg)
+    if (src_reg >> 9) & 3 or (dst_reg >> 9) & 3:
+        raise NotModelled("2D/3D DMA is not modelled yet")
+    s, d, n = cmd.addr("DMA0_SRC"), cmd.addr("DMA0_DST"), cmd.addr("DMA0_LEN")
+    if s + n > len(src) or d + n > len(dst):
+        raise StageError(f"DMA of {n} bytes outside its region")
+    dst[d:d + n] = src[s:s + n]
+
+
+
+def run(model: RawModel, inputs: list[np.ndarray], keep_ofms: bool = True) -> SimResult:
+    """Run an Ethos-U55/U65 command stream on integer inputs (in the artifact's NHWC shapes); returns outputs and
+    op trace."""
+    if len(inputs) != len(model.inputs):
+        raise InputError(f"the model has {len(model.inputs)} inputs, got {len(inputs)}")
+    mem = region_memory(model)
+    place_inputs(mem, model, inputs)
+    trace: list[OpResult] = []
+    for cmd in decode(model.commands, model.path):
+        if cmd.kind == "DMA_START":
+            _dma(mem, cmd)
+            continue
+        try:
+            if cmd.kind in ("CONV", "DEPTHWISE"):
+                res = ops.run_conv(mem, cmd, model.accelerator, model.ncores)
+            elif cmd.kind == "POOL":
+                res = ops.run_pool(mem, cmd)
+            else:
+                res = ops.run_elementwise(mem, cmd)
+        except StageError as exc:
+            raise type(exc)(f"NPU op #{len(trace)} {cmd.kind}: {exc.message}") from None
+        if not keep_ofms:
+            res.ofm = np.zeros(0)
+        trace.append(res)
+    return SimResult(read_outputs(mem, model), trace)

@@ -1,0 +1,41 @@
+"""The npu-sim stage's npusim.json: skipped with the reason, or the artifact's bit-exactness on the samples."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from npubuild.records.build import Skip
+
+
+@dataclass(frozen=True)
+class NpuSimRecord:
+    """What npu-sim found: `skip` (the stage could not conclude, with why), else the partitions and samples run,
+    whether every output element matched the TOSA reference model, and where the first mismatch was."""
+
+    skip: Skip | None
+    samples: int = 0
+    partitions: int = 0
+    bitexact: bool | None = None
+    npu_ops: int = 0
+    sim_seconds: float = 0.0
+    mismatches: Mapping[str, Mapping[str, int]] = field(default_factory=dict)  # output -> {elements, of}
+    first_bad_sample: int | None = None
+    first_bad_op: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        if self.skip is not None:
+            return self.skip.to_json()
+        return {"skipped": False, "samples": self.samples, "partitions": self.partitions, "bitexact": self.bitexact,
+                "npu_ops": self.npu_ops, "sim_seconds": self.sim_seconds,
+                "mismatches": {k: dict(v) for k, v in self.mismatches.items()},
+                "first_bad_sample": self.first_bad_sample, "first_bad_op": self.first_bad_op}
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> NpuSimRecord:
+        skip = Skip.from_metrics(d)
+        if skip is not None:
+            return cls(skip)
+        return cls(None, d["samples"], d["partitions"], d["bitexact"], d["npu_ops"], d["sim_seconds"],
+                   d.get("mismatches") or {}, d.get("first_bad_sample"), d.get("first_bad_op"))
