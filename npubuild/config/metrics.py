@@ -38,6 +38,7 @@ METRICS: tuple[Metric, ...] = (
     *_m("evaluate", "accuracy", "float_accuracy", "accuracy_drop"),  # metric top1 (or the older `evaluation:`)
     *_m("tosa-check", "outputs", "io"),
     Metric("tosa_ops", "lower", "tosa_op_count"),
+    Metric("quantization", "quantize"),  # the recipe the quantize stage chose and each candidate's SNR vs float
     Metric("transposes", "lower"),
     *_m("vela", "vela_npu_ops", "vela_cpu_ops", "memory_mode", "pools", "npu_partitions", "host_ops", "offloads",
         "partition_graph", "memory", "layers", "top_layers", "firmware", "deployment"),
@@ -48,15 +49,20 @@ METRICS: tuple[Metric, ...] = (
     # each node fed the QDQ model's own inputs (verify/node_errors): the lowering's own error, not the
     # float32 reference's rounding noise grown through the layers after it; the worst node and output by name
     *_m("tosa-check", "tosa_node_max_error_lsb", "tosa_worst_node", "tosa_worst_output"),
-    # the graph this target deploys against the float model on held-back samples (verify/accuracy.py,
-    # frontend/samples.py): the worst output for each measure, and each output's
+    # what this target deploys against the float model on held-back samples (verify/accuracy.py,
+    # frontend/samples.py): the worst output for each measure, each output's, and what ran it (float_engine:
+    # virtual-device, the deployable in the npu-sim stage; tosa-reference, the TOSA graph where none ran)
     *_m(None, "float_snr_db", "qdq_float_snr_db", "float_max_error_lsb", "float_mean_error_lsb",
         "float_top1_agreement", "float_mask_iou", "float_decision_agreement", "collapsed_outputs", "float_samples",
-        "float_samples_from", "float_outputs"),
+        "float_samples_from", "float_outputs", "float_engine"),
     # the spec's `evaluate:` on the deployed graph (verify/evaluate.py): the metric, its value for the deployed
     # graph, the QDQ model and the float model (where the metric is not a comparison with float), and the drop
     *_m("evaluate", "eval_metric", "eval_score", "eval_qdq_score", "eval_float_score", "eval_drop", "eval_samples",
         "eval_engine"),
+    # the deployable (deploy/): whether a Cortex-M host runs all of it, TFLite Micro's arena for its host
+    # operators (beside the NPU arena, sram_kib), and the virtual device's output against the QDQ model
+    *_m("vela", "cortex_m_deployable", "tflm_arena_bytes"),
+    *_m("npu-sim", "device_max_error_lsb"),
 )
 
 
@@ -113,6 +119,8 @@ GATES: tuple[Gate, ...] = (
          "`evaluate:` metric of the deployed graph, at most (for an error rate)"),
     Gate("max_eval_drop", "eval_drop", "max", float, {},
          "`evaluate:` float model's score minus the deployed graph's (top1 or a user function)"),
+    Gate("max_device_error_lsb", "device_max_error_lsb", "max", float, {"ge": 0},
+         "The deployable on the virtual device (TFLite Micro + npu-sim) vs the QDQ model, in LSB"),
 )
 GATE_BY_KEY = {g.key: g for g in GATES}
 # Gates every build of a profile gets without asking: a spec (or its pipeline) relaxes one by setting it, to

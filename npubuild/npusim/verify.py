@@ -44,6 +44,9 @@ class Verdict:
     first_bad_op: Mismatch | None = None
     sim_seconds: float = 0.0
     npu_ops: int = 0
+    # npu-sim's outputs per sample (the artifact's, in TOSA layout): what the deployed command stream computed,
+    # which the npu-sim stage measures against the float model without running it again
+    outputs: list[list[np.ndarray]] = field(default_factory=list)
 
     @property
     def bitexact(self) -> bool:
@@ -103,6 +106,11 @@ def localise(trace: list[OpResult], inter: dict[str, np.ndarray], graph: list[Gr
     return None
 
 
+# ... unless an op maps many inputs to one result: CLZ of a slightly wrong softmax sum is still right, which
+# blamed the first other reader of that sum (LOGICAL_LEFT_SHIFT) for a difference made before it
+MANY_TO_ONE = frozenset({"CLZ", "ARGMAX", "EQUAL", "GREATER", "GREATER_EQUAL"})
+
+
 def _reproduces(op: OpResult, t: np.ndarray) -> bool:
     """The OFM holds all of tensor `t`, element for element (a channel window may be a CONCAT's other input)."""
     return op.ofm.ndim == 3 and op.ofm.size == t.size and np.array_equal(op.ofm.ravel(), t.ravel())
@@ -132,8 +140,8 @@ def _graph_localise(trace: list[OpResult], inter: dict[str, np.ndarray], graph: 
                 first_hit[name] = n
     produced = {o for g in graph for o in g.outputs}
     good = set(first_hit)
-    for g in reversed(graph):  # ancestors of a reproduced tensor computed it right
-        if any(o in good for o in g.outputs):
+    for g in reversed(graph):  # ancestors of a reproduced tensor computed it right ...
+        if g.kind not in MANY_TO_ONE and any(o in good for o in g.outputs):
             good.update(i for i in g.inputs if i in produced)
     for k, g in enumerate(graph):
         if all(o in good for o in g.outputs) or not all(i in good or i not in produced for i in g.inputs):
@@ -177,6 +185,7 @@ def compare(model: RawModel, tosa: bytes, samples: list[list[np.ndarray]], names
         res = run(model, xs)
         v.sim_seconds += time.perf_counter() - t0
         v.npu_ops = len(res.ops)
+        v.outputs.append([np.asarray(g) for g in res.outputs])
         bad_here = False
         for name, w, g in zip(names, want, res.outputs, strict=True):
             w = np.asarray(w)

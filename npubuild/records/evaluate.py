@@ -18,9 +18,9 @@ class EvaluateRecord:
     eval_qdq_score: float | None
     eval_float_score: float | None
     eval_samples: int
-    eval_engine: str  # verify/deployed.DeployedModel.engine: npu-sim, tosa-reference, mixed or host
+    eval_engine: str  # verify/deployed.Deployed.engine: virtual-device (the deployable) or tosa-reference
     eval_output: str
-    eval_engine_note: str | None = None
+    eval_engine_note: str | None = None  # why the TOSA graph ran (no deployable, npu-sim does not model it)
 
     @property
     def eval_drop(self) -> float | None:

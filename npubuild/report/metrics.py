@@ -9,21 +9,25 @@ from npubuild.config.accelerator import Accelerator
 from npubuild.config.metrics import METRICS
 from npubuild.fileio import read_json, write_json
 from npubuild.records.check import CheckRecord
+from npubuild.records.npusim import NpuSimRecord
 from npubuild.records.vela import VelaRecord
 from npubuild.report.gates import evaluate
 
 FLOAT_METRICS = ("float_snr_db", "qdq_float_snr_db", "float_max_error_lsb", "float_mean_error_lsb",
                  "float_top1_agreement", "float_mask_iou", "float_decision_agreement", "collapsed_outputs",
-                 "float_samples", "float_samples_from", "float_outputs")
+                 "float_samples", "float_samples_from", "float_outputs", "float_engine")
 
 
-def deployed_against_float(check: CheckRecord, family: str) -> dict:
-    """The target's deployed graph against the float model (records/accuracy.py): the flat metrics and
-    `float_outputs` per output; None for each where the TOSA check measured nothing (FP, no check)."""
-    deployed = check.deployed_float(family)
+def deployed_against_float(check: CheckRecord, sim: NpuSimRecord | None, family: str) -> dict:
+    """What the target deploys against the float model (records/accuracy.py): the flat metrics, `float_outputs`
+    per output and `float_engine`. The deployable as the npu-sim stage ran it (virtual-device); where that stage
+    did not run it (no vela stage, npu-sim skipped or failed), the family's TOSA graph as tosa-check ran it
+    (tosa-reference); None for each where neither measured (FP, no check)."""
+    deployed, engine = (sim.float_check, "virtual-device") if sim is not None and sim.float_check else \
+        (check.deployed_float(family), "tosa-reference")
     if deployed is None:
         return dict.fromkeys(FLOAT_METRICS)
-    return {**deployed.summary(), "float_outputs": deployed.to_json()["outputs"]}
+    return {**deployed.summary(), "float_outputs": deployed.to_json()["outputs"], "float_engine": engine}
 
 
 def build_metrics(records: Mapping[str, Mapping], accelerator: str) -> dict:
@@ -32,13 +36,15 @@ def build_metrics(records: Mapping[str, Mapping], accelerator: str) -> dict:
     stage_metrics = {stage: rec.get("metrics", {}) for stage, rec in records.items()}
     lower, check = stage_metrics.get("lower", {}), CheckRecord.from_json(stage_metrics.get("tosa-check", {}))
     vela = VelaRecord.from_json(stage_metrics.get("vela", {}))
+    sim_metrics = stage_metrics.get("npu-sim") or {}
+    sim = NpuSimRecord.from_json(sim_metrics) if "samples" in sim_metrics or sim_metrics.get("skipped") else None
     family = Accelerator.parse(accelerator).lowering_family
     npu_ops = vela.npu_nodes if vela.npu_nodes is not None else lower.get("onnx_nodes", 0)  # nodes on the NPU
     cpu_ops = vela.vela_cpu_ops + (vela.host_ops or 0)
     total = npu_ops + cpu_ops
     derived = {"npu_ops": npu_ops, "cpu_ops": cpu_ops, "npu_offload": round(npu_ops / total, 4) if total else 0.0,
                # the error of the graph this target really runs against onnxruntime on the verify samples
-               "deployed_max_error_lsb": check.deployed_error(family), **deployed_against_float(check, family)}
+               "deployed_max_error_lsb": check.deployed_error(family), **deployed_against_float(check, sim, family)}
     return {m.name: derived[m.name] if m.stage is None else stage_metrics.get(m.stage, {}).get(m.source_key)
             for m in METRICS}
 

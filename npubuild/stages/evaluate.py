@@ -1,6 +1,6 @@
-"""evaluate stage: the spec's `evaluate:` metric, the graph a target deploys against the float model on real
-inputs (verify/evaluate.py). One task per model and lowering family where the TOSA reference model runs the
-graph (targets of one family share it); one per target where npu-sim runs the target's raw artifact."""
+"""evaluate stage: the spec's `evaluate:` metric, what a target deploys against the float model on real inputs
+(verify/evaluate.py). One task per target where the build has a vela stage (its deployable on the virtual
+device); one per model and lowering family where it has none (the family's TOSA graph, shared by its targets)."""
 
 from __future__ import annotations
 
@@ -20,12 +20,12 @@ if TYPE_CHECKING:
 @dataclass(frozen=True)
 class EvaluateConfig:
     """The evaluate task's config (its key): the lower task's key, the spec's evaluation, the family whose graph
-    runs, and what runs its NPU partitions (npu-sim: with the vela task's key, whose artifacts it runs)."""
+    runs, and what runs it (virtual-device: with the vela task's key, whose deployable it runs)."""
 
     lower_key: str
     evaluate: Evaluate
     family: str
-    engine: Literal["tosa-reference", "npu-sim"]
+    engine: Literal["tosa-reference", "virtual-device"]
     vela_key: str | None = None
 
     def to_json(self) -> dict[str, Any]:
@@ -56,10 +56,10 @@ def plan(b: Build, chain: Chain) -> TaskSpec | None:
     config = EvaluateConfig(lower.key, ev, family, "tosa-reference")
     deps: tuple[str, ...] = ("lower",)
     label = f"{b.model_name}-{family}"
-    if "vela" in chain and b.vela.output_format == "raw":  # the command stream itself, on npu-sim
+    if "vela" in chain:  # the build's deployable, on the virtual device
         vela = chain["vela"]
         inputs["vela"] = vela.outputs["summary"]
-        config = EvaluateConfig(lower.key, ev, family, "npu-sim", vela.key)
+        config = EvaluateConfig(lower.key, ev, family, "virtual-device", vela.key)
         deps, label = ("lower", "vela"), f"{b.model_name}-{b.target.name}"
     return TaskSpec(label, config.to_json(), inputs, {"result": "evaluate.json"}, deps)
 

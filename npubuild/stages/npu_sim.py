@@ -1,4 +1,5 @@
-"""npu-sim stage: the raw Vela artifact run on npu-sim, bit-exact against the TOSA reference (verify/npu_sim.py)."""
+"""npu-sim stage: the Vela artifact run on npu-sim, bit-exact against the TOSA reference, and the deployable measured
+against the float model (verify/npu_sim.py)."""
 
 from __future__ import annotations
 
@@ -41,9 +42,11 @@ class NpuSimConfig:
 
 def skip_reason(output_format: str) -> str | None:
     """Why a build with a Vela stage gets no npu-sim run, or None. Every accelerator Vela targets (U55, U65,
-    U85) is modelled; a feature an artifact uses that is not is reported at run time (npusim.NotModelled)."""
-    if output_format != "raw":
-        return "Vela wrote tflite; npu-sim runs raw artifacts (set the target's vela.output_format: raw)"
+    U85) is modelled, in either output format: a .tflite's ethos-u operators carry the same command stream and
+    constants as the raw .npz (npusim/tflite.py), and npu-sim runs what is deployed. A feature an artifact
+    uses that is not modelled is reported at run time (npusim.NotModelled)."""
+    if output_format not in ("raw", "tflite"):
+        return f"Vela wrote {output_format}, which npu-sim does not read"
     return None
 
 
@@ -59,6 +62,8 @@ def plan(b: Build, chain: Chain) -> TaskSpec | Skip | None:
     inputs = {"vela": vela.outputs["summary"], "io": lower.outputs["io"],
               "float": chain["import"].outputs["onnx"]}
     source = SampleSource.of(b)
+    if "quantize" in chain:  # the QDQ model, which the deployed outputs are held to (and set beside float)
+        inputs["reference"] = chain["quantize"].outputs["onnx"]
     if b.calibration_npy is not None:
         inputs["calibration"] = b.calibration_npy
     if source.kind == "evaluation" and b.evaluation is not None:
@@ -73,7 +78,7 @@ def run(task: StageTask) -> dict:
 
     config = NpuSimConfig.from_json(task.config)
     files = SimFiles(task.inputs["vela"], task.inputs["io"], task.inputs["float"], task.inputs.get("calibration"),
-                     task.inputs.get("eval_inputs"))
+                     task.inputs.get("eval_inputs"), task.inputs.get("reference"))
     return simulate_build(files, SimSamples(config.samples_from, config.calibration), task.outputs["result"])
 
 

@@ -1,27 +1,29 @@
-"""Run what a target deploys: its family's partitions in order, each NPU partition on npu-sim from Vela's raw
-artifact (the command stream the device runs), host partitions on onnxruntime.
+"""What a target deploys, run on the model's own inputs: the one way `evaluate:` and the bench run a deployment
+(the npu-sim stage's check against float runs the same deployable: verify/npu_sim.py).
 
-An NPU partition with no raw artifact (Vela wrote tflite) or one npu-sim does not model runs on the TOSA
-reference model instead, which the npu-sim stage proves bit-exact with the artifact where both run; `runs_on`
-says which each partition used, so a report never calls a TOSA figure a command-stream one. Outputs come in
-the form PartitionedModel gives (raw integers for quantized outputs, ONNX layout), so every comparison of
-the TOSA check applies as it is.
+Where the vela stage wrote the build's deployable .tflite, it runs on the virtual device (deploy/virtual_device.py:
+each ethos-u operator on npu-sim, the host operators in TensorFlow Lite Micro's interpreter): engine
+`virtual-device`. The family's TOSA graph (the TOSA reference model, host partitions in onnxruntime: the graph
+npu-sim is held bit-exact to) runs only where there is no deployable, with the reason in `note`: a pipeline
+without Vela, a host partition with no TFLite translation (a Cortex-A target runs it in onnxruntime), or an
+artifact using what npu-sim does not model. Outputs come as the TOSA check's graphs give them (raw codes of
+quantised outputs, ONNX layout), so every comparison applies as it is.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping
 from pathlib import Path
 
 import numpy as np
 
 from npubuild.npusim import NotModelled
-from npubuild.records.iospec import IOSpec
+from npubuild.records.iospec import IOSpec, specs_from_json
 from npubuild.records.lower import LowerRecord, PartitionRecord
 from npubuild.records.vela import VelaRecord
 from npubuild.verify.partitioned import PartitionedModel
 
-NPU_SIM, TOSA, HOST = "npu-sim", "tosa-reference", "host"
+VIRTUAL_DEVICE, TOSA_REFERENCE = "virtual-device", "tosa-reference"
 
 
 def family_partitions(io: LowerRecord, family: str) -> tuple[PartitionRecord, ...]:
@@ -30,46 +32,34 @@ def family_partitions(io: LowerRecord, family: str) -> tuple[PartitionRecord, ..
     return rec.partitions if rec is not None else (io.whole_partition([n.name for n in io.nodes]),)
 
 
-class DeployedModel(PartitionedModel):
-    """A target's deployment, run partition by partition (npu-sim where an artifact exists and is modelled)."""
+class Deployed:
+    """A target's deployment on ONNX-level feeds; `engine` and `note` say what ran it (module docstring)."""
 
-    def __init__(self, lower_dir: Path, io: LowerRecord, family: str, vela_summary: Path | None,
-                 outputs: Sequence[IOSpec] | None = None):
-        """`vela_summary`: the vela stage's summary.json, whose partitions' raw artifacts npu-sim runs (None: the
-        TOSA reference model runs every NPU partition)."""
-        super().__init__(lower_dir, family_partitions(io, family), outputs if outputs is not None else io.outputs)
-        self.artifacts: dict[int, Path] = {}
-        if vela_summary is not None:
-            self.artifacts = {p.index: vela_summary.parent / p.npz for p in VelaRecord.read(vela_summary).partitions}
-        self.runs_on: dict[int, str] = {p.index: HOST if p.kind == "host" else self._npu_engine(p)
-                                        for p in self.partitions}
-        self.not_modelled: str | None = None
-        self._raw: dict[int, object] = {}
+    def __init__(self, lower_dir: Path, io: LowerRecord, family: str, vela_summary: Path | None):
+        """`vela_summary`: the vela stage's summary.json, whose `deployable` runs (None: no vela stage)."""
+        self._tosa = PartitionedModel(lower_dir, family_partitions(io, family), io.outputs)
+        self.outputs: list[IOSpec] = list(io.outputs)
+        self.device = None
+        self.engine, self.note = TOSA_REFERENCE, "no vela stage: the TOSA graph the family would deploy"
+        if vela_summary is None:
+            return
+        deployable = VelaRecord.read(vela_summary).metrics.get("deployable") or {}
+        if not deployable.get("tflite"):
+            self.note = "no deployable .tflite (a host partition with no TFLite translation runs in onnxruntime)"
+            return
+        from npubuild.deploy.virtual_device import OnDevice
 
-    def _npu_engine(self, part: PartitionRecord) -> str:
-        npz = self.artifacts.get(part.index)
-        return NPU_SIM if npz is not None and npz.is_file() else TOSA
+        path = vela_summary.parent / deployable["tflite"]
+        self.device = OnDevice(path.read_bytes(), specs_from_json(deployable["inputs"]),
+                               specs_from_json(deployable["outputs"]), deployable["tflite"])
+        self.outputs = self.device.outputs
+        self.engine, self.note = VIRTUAL_DEVICE, None
 
-    @property
-    def engine(self) -> str:
-        """What ran the NPU partitions: npu-sim (every one), tosa-reference (every one), or mixed."""
-        kinds = {k for k in self.runs_on.values() if k != HOST}
-        return kinds.pop() if len(kinds) == 1 else ("mixed" if kinds else HOST)
-
-    def run_npu(self, part: PartitionRecord, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        if self.runs_on[part.index] != NPU_SIM:
-            return super().run_npu(part, feeds)
-        from npubuild.npusim.npz import load_raw
-        from npubuild.npusim.sim import run
-
-        if part.index not in self._raw:
-            self._raw[part.index] = load_raw(self.artifacts[part.index])
-        io = part.io
-        try:
-            result = run(self._raw[part.index], [spec.to_tosa(feeds[spec.onnx_name]) for spec in io.inputs],
-                         keep_ofms=False)
-        except NotModelled as exc:  # fall back for good: this artifact cannot run on npu-sim
-            self.runs_on[part.index], self.not_modelled = TOSA, exc.message
-            return super().run_npu(part, feeds)
-        return {spec.onnx_name: spec.from_tosa(np.asarray(y).reshape(spec.shape))
-                for spec, y in zip(io.outputs, result.outputs, strict=True)}
+    def __call__(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        if self.device is not None:
+            try:
+                return self.device(feeds)
+            except NotModelled as exc:  # for good: this artifact cannot run on npu-sim
+                self.device, self.engine = None, TOSA_REFERENCE
+                self.note = f"npu-sim does not model the artifact ({exc.message}): the TOSA graph it is compiled from"
+        return self._tosa(dict(feeds))

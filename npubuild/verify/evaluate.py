@@ -1,9 +1,9 @@
 """evaluate stage: a spec's `evaluate:` metric on real inputs, the graph a target deploys against the float model.
 
 The model's evaluation inputs run through the float model and the QDQ model on onnxruntime and through
-what the target deploys (verify/deployed.py: NPU partitions on npu-sim from Vela's raw command stream
-when the target writes raw output, else on the TOSA reference model, which npu-sim proves bit-exact with
-the artifact; host partitions on onnxruntime). One metric compares them; every output is given to it as
+what the target deploys (verify/deployed.py: the build's deployable .tflite on the virtual device, its
+ethos-u operators on npu-sim and its host operators in TensorFlow Lite Micro; the family's TOSA graph only
+where there is no deployable). One metric compares them; every output is given to it as
 dequantized floats stacked over the samples, `{onnx output name: (N, *onnx_shape)}`.
 
 Metrics (`evaluate.metric`), each a number for the deployed graph (`eval_score`), for the QDQ model
@@ -219,8 +219,8 @@ def load_labels(path: Path, n: int, integers: bool) -> np.ndarray:
 @dataclass(frozen=True)
 class EvalFiles:
     """What the evaluation reads: the float model, io.json (the lowered graphs beside it), the evaluation inputs
-    and labels, the QDQ model (int builds), Vela's summary.json when npu-sim runs its raw artifacts, and the user
-    metric's module file."""
+    and labels, the QDQ model (int builds), Vela's summary.json (the deployable beside it) where the build has a
+    vela stage, and the user metric's module file."""
 
     float_model: Path
     io: Path
@@ -238,7 +238,7 @@ def evaluate_build(files: EvalFiles, cfg: Evaluate, family: str, result_out: Pat
     from npubuild.frontend.data import load_arrays
     from npubuild.records.lower import LowerRecord
     from npubuild.tosa.run import OnnxSession
-    from npubuild.verify.deployed import DeployedModel
+    from npubuild.verify.deployed import Deployed
 
     float_model = onnx.load(str(files.float_model))
     inputs = load_arrays(files.inputs, float_model)
@@ -253,9 +253,9 @@ def evaluate_build(files: EvalFiles, cfg: Evaluate, family: str, result_out: Pat
         if getattr(cfg, key) and getattr(cfg, key) not in names:
             raise InputError(f"evaluate.{key} '{getattr(cfg, key)}' is not a graph output (outputs: {', '.join(names)})")
     metric = metric_of(cfg, out, files.metric_module)
-    deployed = DeployedModel(files.io.parent, io, family, files.vela_summary)
+    deployed = Deployed(files.io.parent, io, family, files.vela_summary)
     feeds_of = [{k: v[i] for k, v in inputs.items()} for i in range(n)]
-    specs = {s.onnx_name: s for s in io.outputs}
+    specs = {s.onnx_name: s for s in deployed.outputs}  # how the deployed outputs are quantised
 
     def stack(runs: list[dict[str, np.ndarray]], raw: bool = False) -> Outputs:
         return {k: np.stack([np.asarray(specs[k].dequantize(r[k], np.float32) if raw else r[k], np.float32)
@@ -271,16 +271,16 @@ def evaluate_build(files: EvalFiles, cfg: Evaluate, family: str, result_out: Pat
     scored_by_float = ":" in cfg.metric or cfg.metric in SCORED_BY_FLOAT
     record = EvaluateRecord(cfg.metric, metric(flt, got, labels), qdq_score,
                             metric(flt, flt, labels) if scored_by_float else None, n, deployed.engine, out,
-                            f"npu-sim does not model the artifact ({deployed.not_modelled}): TOSA reference"
-                            if deployed.not_modelled else None)
+                            deployed.note)
     result = record.to_json()
     write_json(result_out, result)
     return result
 
 
 def deployed_runs(deployed, feeds_of: list[dict[str, np.ndarray]]) -> list[dict[str, np.ndarray]]:
-    """The deployed graph on every sample: the first in process (its time says what the rest will take), the
-    rest over worker processes (build/fanout.py) when that time makes them worth starting."""
+    """The deployed graph on every sample: the first in process (its time says what the rest will take, and an
+    artifact npu-sim does not model switches the engine there), the rest over worker processes
+    (engine/fanout.py) when that time makes them worth starting."""
     import time
 
     from npubuild.engine.fanout import fan_out

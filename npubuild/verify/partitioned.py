@@ -34,12 +34,6 @@ class PartitionedModel:
             self._graphs[part.file] = OnnxSession(path, qdq_semantics=False) if part.kind == "host" else path.read_bytes()
         return self._graphs[part.file]
 
-    def run_npu(self, part: PartitionRecord, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        """One NPU partition on the TOSA reference model: ONNX-layout outputs, raw integers where quantized."""
-        graph = self._graph(part)
-        assert isinstance(graph, bytes)
-        return run_tosa(graph, part.io, feeds)
-
     def __call__(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         """Outputs as the one-graph TOSA gives them (raw integers for quantized outputs, ONNX layout)."""
         env: dict[str, np.ndarray] = {k: np.asarray(v) for k, v in feeds.items()}
@@ -53,7 +47,7 @@ class PartitionedModel:
                                      f"{' '.join(str(exc).split())[:200]}") from None
                 continue
             io = part.io
-            got = self.run_npu(part, {s.onnx_name: env[s.onnx_name] for s in io.inputs})
+            got = run_tosa(graph, io, {s.onnx_name: env[s.onnx_name] for s in io.inputs})
             for spec in io.outputs:  # float32, as the host partition's DequantizeLinear would give them
                 y = got[spec.onnx_name]
                 env[spec.onnx_name] = np.asarray(spec.dequantize(y, np.float32) if spec.quantized else y)

@@ -81,6 +81,7 @@ def test_a_collapsed_int8_model_fails_the_default_gate(collapse_project: Path, c
     assert bad["status"] == "failed" and good["status"] == "passed"
     m = bad["metrics"]
     assert m["collapsed_outputs"] == 1 and m["float_samples_from"] == "evaluation" and m["float_samples"] == 4
+    assert m["float_engine"] == "virtual-device"  # the deployable, as the npu-sim stage ran it
     assert m["float_snr_db"] < 3 and m["qdq_float_snr_db"] < 3  # the quantisation's loss, not the lowering's
     # the outlier blew the output's range up too: the whole signal is under one of its LSBs (not a probability)
     assert m["float_outputs"]["y"]["collapsed"] and m["float_outputs"]["y"]["probability"] is None

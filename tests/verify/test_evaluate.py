@@ -1,5 +1,5 @@
-"""`evaluate:` (issue 30): task metrics on real inputs, the deployed graph (npu-sim on a raw artifact, else the
-TOSA reference model) against the float model; a user's `module:function`; its errors as one line, exit 2."""
+"""`evaluate:` (issue 30): task metrics on real inputs, what is deployed (the deployable .tflite on the virtual
+device) against the float model; a user's `module:function`; its errors as one line, exit 2."""
 
 from __future__ import annotations
 
@@ -64,10 +64,24 @@ def _build(project: Path, spec: str, capsys) -> tuple[int, str, str]:
     return run_cli(["build", "--build-dir", "build"], capsys, cwd=project)
 
 
-def test_builtin_and_user_metrics_on_the_deployed_graph_npu_sim_where_raw(project: Path, capsys):
+def _tosa_run(build: Path, model: str, family: str, spec) -> dict:
+    """The same evaluation with no deployable given: the family's TOSA graph on the TOSA reference model."""
+    from npubuild.verify.evaluate import EvalFiles, evaluate_build
+
+    stage = build / "stages"
+    [flt], [io], [qdq] = (list((stage / s).glob(f"{model}-*/{f}")) for s, f in
+                          (("import", "model.onnx"), ("lower", "io.json"), ("quantize", "model_qdq.onnx")))
+    root = build.parent / "configs"
+    ev = spec.evaluate
+    files = EvalFiles(flt, io, root / ev.inputs, root / ev.labels if ev.labels else None, qdq)
+    return evaluate_build(files, ev, family, build / f"tosa-{model}.json")
+
+
+def test_builtin_and_user_metrics_on_the_deployable(project: Path, capsys):
+    from npubuild.config.schema import Evaluate
+
     spec = _spec(_model("top1", "metric: top1") + _model("user", "metric: 'metrics:accuracy'")
-                 + _model("agree", "metric: top1_agreement"),
-                 "[ethos-u55-128, {extends: ethos-u55-128, name: u55-raw, vela: {output_format: raw}}]")
+                 + _model("agree", "metric: top1_agreement"))
     code, out, err = _build(project, spec, capsys)
     assert code == 0, out + err
     b = {(e["model"], e["target"]): e["metrics"] for e in read_report(project / "build")["builds"]}
@@ -81,10 +95,13 @@ def test_builtin_and_user_metrics_on_the_deployed_graph_npu_sim_where_raw(projec
     assert user["accuracy"] is None  # accuracy* are top1's only
     agree = b[("agree", "ethos-u55-128")]
     assert agree["eval_float_score"] is None and agree["eval_drop"] is None and 0.9 < agree["eval_score"] <= 1
-    # a raw target runs the command stream on npu-sim; the TOSA reference model gives the same integers
-    raw = b[("top1", "u55-raw")]
-    assert (top1["eval_engine"], raw["eval_engine"]) == ("tosa-reference", "npu-sim")
-    assert raw["eval_score"] == top1["eval_score"] and raw["eval_qdq_score"] == top1["eval_qdq_score"]
+    # the deployable runs on the virtual device; the TOSA graph it is compiled from gives the same integers
+    assert top1["eval_engine"] == "virtual-device" and "eval_engine_note" not in top1
+    ev = Evaluate(inputs="data/digits_eval_inputs.npy", labels="data/digits_eval_labels.npy", samples=120,
+                  metric="top1")
+    tosa = _tosa_run(project / "build", "top1", "u55", type("S", (), {"evaluate": ev}))
+    assert tosa["eval_engine"] == "tosa-reference" and "no vela stage" in tosa["eval_engine_note"]
+    assert tosa["eval_score"] == top1["eval_score"] and tosa["eval_qdq_score"] == top1["eval_qdq_score"]
     line = next(ln for ln in out.splitlines() if ln.startswith("ok     ev/top1/ethos-u55-128"))
     assert f"top1 {top1['eval_score']:.4g}" in line
 
@@ -138,12 +155,13 @@ def test_metric_functions():
     assert by_position({"s": np.zeros((1, 3, 1))}, {"s": np.ones((1, 3, 1))}, None) is None  # nothing to find
 
 
-def test_a_split_model_runs_its_host_partition_between_npu_sim_partitions(tmp_path: Path, capsys):
-    """AlexNet-style with an int8 LRN on the host: NPU partition, host partition, NPU partition. On a raw target
-    each NPU partition runs on npu-sim (verify/deployed.py), the LRN on onnxruntime, with the same integers
-    as the TOSA reference model's run of the same split."""
+def test_a_split_model_runs_its_host_partition_in_tflite_micro_between_npu_partitions(tmp_path: Path, capsys):
+    """AlexNet-style with an int8 LRN on the host: NPU partition, host partition, NPU partition. The deployable
+    runs on the virtual device (each ethos-u operator on npu-sim, the LRN's builtins in TensorFlow Lite Micro)
+    with the same result as the TOSA reference model's run of the split with the LRN on onnxruntime."""
     import onnx
 
+    from npubuild.config.schema import Evaluate
     from npubuild.models.zoo import alexnet_lrn
 
     root = tmp_path / "product"
@@ -159,13 +177,15 @@ models:
     input_shapes: {input: [1, 3, 32, 32]}
     calibration: {random: {samples: 16, seed: 0}}
     evaluate: {inputs: eval.npy, metric: snr}
-targets: [ethos-u55-128, {extends: ethos-u55-128, name: u55-raw, vela: {output_format: raw}}]
+targets: [ethos-u55-128]
 verify: {tosa: true, samples: 2}
 """)
     code, out, err = run_cli(["build", "--build-dir", "build", "-q"], capsys, cwd=root)
     assert code == 0, out + err
-    b = {e["target"]: e["metrics"] for e in read_report(root / "build")["builds"]}
-    tosa, raw = b["ethos-u55-128"], b["u55-raw"]
-    assert [p["kind"] for p in raw["partition_graph"]] == ["npu", "host", "npu"]
-    assert (tosa["eval_engine"], raw["eval_engine"]) == ("tosa-reference", "npu-sim")
-    assert raw["eval_score"] == tosa["eval_score"] and 20 < raw["eval_score"] < 200
+    [m] = [e["metrics"] for e in read_report(root / "build")["builds"]]
+    assert [p["kind"] for p in m["partition_graph"]] == ["npu", "host", "npu"]
+    assert m["eval_engine"] == "virtual-device" and m["float_engine"] == "virtual-device"
+    tosa = _tosa_run(root / "build", "alexnet_lrn", "u55",
+                     type("S", (), {"evaluate": Evaluate(inputs="eval.npy", metric="snr")}))
+    assert tosa["eval_engine"] == "tosa-reference"
+    assert m["eval_score"] == pytest.approx(tosa["eval_score"], abs=0.05) and 20 < m["eval_score"] < 200
