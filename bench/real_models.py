@@ -13,13 +13,14 @@ the others' rows from the cache).
 Per model, on evaluation inputs disjoint from the calibration (bench/real_eval_data.py makes DIR/eval the
 first time, with `--data-python`: a python with scikit-image, espeak-ng and sox on PATH):
 
-- npubuild (this script's tree) builds the spec for ethos-u55-128 and ethos-u85-256 with Vela's raw output
-  and every calibration row (`verify.holdout: false`: the peers get them all too) (DIR/.bench-specs extend
-  DIR/specs/<name>.yaml; `npubuild build -n 2 --keep-going`: its cache makes a rerun cheap);
+- npubuild (this script's tree) builds the spec for ethos-u55-128 and ethos-u85-256 (DIR/.bench-specs extend
+  DIR/specs/<name>.yaml; `npubuild build -n 2 --keep-going`: its cache makes a rerun cheap) with an
+  `evaluate:` of the evaluation inputs: the build then verifies against float on 4 of them (its own
+  collapse verdict is on held-out data) and every calibration row calibrates, as for the peers;
 - float: onnxruntime on DIR/onnx/<name>.onnx; QDQ: onnxruntime on the build's model_qdq.onnx (DQ -> op -> Q
-  as written, the TOSA check's reference); deployed: each target's partitions as the device runs them,
-  NPU partitions on npu-sim from Vela's raw command stream (npubuild/verify/deployed.py), host ones on
-  onnxruntime;
+  as written, the TOSA check's reference); deployed: the build's deployable .tflite on the virtual device
+  (npubuild/verify/deployed.py: each ethos-u operator's command stream on npu-sim, host operators in
+  TensorFlow Lite Micro), as `evaluate:` runs it;
 - onnxruntime: `quantize_static` as ../shared/models/real/quant_check.py calls it (QDQ, int8 activations
   and weights, per-channel, quant_pre_process first), once per calibrate method (MinMax, Percentile,
   Entropy, each at onnxruntime's defaults), on the same calibration file;
@@ -31,7 +32,9 @@ max LSB of the deployed outputs vs the QDQ model's (on the output's grid), onnxr
 the three methods, TFLite's, and the task metric (bench/real_tasks.py) for each; "best" for onnxruntime
 is per column (the best method for SNR need not be the best for the task). SNR is over all samples and
 elements of an output (10 log10 of signal over error power, 200 when equal). A build that fails shows
-its first error line.
+its first error line. The collapse columns set the build's own verdict (its default gate on its 4 samples)
+beside the same rule (npubuild/records/accuracy.py) applied to the deployed outputs on every evaluation
+input, and whether the task metric was lost (LOST_TASK).
 
 A quick loop while changing npubuild: `--only NAME --targets ethos-u85-256 --no-peers` rebuilds and measures
 one model on one target and keeps every other figure from the last run.
@@ -69,8 +72,9 @@ from npubuild.report.brief import failure_cause  # noqa: E402
 
 TARGETS = ("ethos-u55-128", "ethos-u85-256")
 # in every cache key: bump when what a cached run computes changes (not for the table's layout); the
-# deployed runs' keys also hold the artifacts and verify/deployed.py, the task metrics run on every call
-MEASURE_VERSION = "1"
+# deployed runs' keys also hold the deployable and the code that runs it, the task metrics run on every call
+MEASURE_VERSION = "2"
+DEPLOYED_CODE = ("npubuild/verify/deployed.py", "npubuild/deploy/virtual_device.py")
 # what a figure cannot say by itself, measured once (the run that found it is in bench/real_models.md's history)
 NOTES = {
     "oww_melspectrogram": "TFLite's int8 log-mel outputs 0 everywhere: its calibrator gives the power spectrum "
@@ -249,18 +253,20 @@ def tflite_outputs(tf_python: str, original: Path, calib_npy: Path, eval_npy: Pa
 
 
 def write_specs(real: Path, names: list[str], targets: tuple[str, ...] = TARGETS) -> list[Path]:
-    """DIR/.bench-specs/<name>.yaml: DIR/specs/<name>.yaml for the two targets, raw output. A sibling of specs/:
-    the parent's relative paths (../onnx, ../calib) resolve from the extending file."""
+    """DIR/.bench-specs/<name>.yaml: DIR/specs/<name>.yaml for the two targets, with the evaluation inputs as its
+    `evaluate:` set. A sibling of specs/: the parent's relative paths (../onnx, ../calib) resolve from the
+    extending file."""
     spec_dir = real / ".bench-specs"
     spec_dir.mkdir(parents=True, exist_ok=True)
     paths = []
     for n in names:
         p = spec_dir / f"{n}.yaml"
         rel = os.path.relpath(real / "specs" / f"{n}.yaml", spec_dir)
+        ev = next(e for e in (real / "eval" / f"{n}.npz", real / "eval" / f"{n}.npy") if e.is_file())
         text = (f"version: 1\nextends: {rel}\nname: {n}\ntargets: [{', '.join(targets)}]\n"
-                "vela: {output_format: raw}   # npu-sim runs the command stream\n"
-                "# every calibration row calibrates, as for the peers: this bench measures on its own eval data\n"
-                "verify: {holdout: false}\n")
+                "# the build verifies against float on 4 evaluation inputs (held out; every calibration row\n"
+                "# calibrates, as for the peers); evaluate: snr runs the deployable on them too\n"
+                f"models:\n  {n}:\n    evaluate: {{inputs: {os.path.relpath(ev, spec_dir)}, metric: snr, samples: 4}}\n")
         if not p.is_file() or p.read_text() != text:
             p.write_text(text)
         paths.append(p)
@@ -279,19 +285,33 @@ def npubuild_build(specs: list[Path], build_dir: Path, jobs: int) -> dict:
     return json.loads((build_dir / "report.json").read_text())
 
 
+def vela_summary(entry: dict) -> Path | None:
+    """The build's vela stage summary.json (its deployable beside it), None where Vela wrote nothing."""
+    vela = entry["artifacts"].get("vela")
+    return Path(vela).parent / "summary.json" if vela else None
+
+
+def deployable(entry: dict) -> list[Path]:
+    """The files the deployed run reads: the deployable .tflite (or, without one, the Vela artifacts)."""
+    d = vela_summary(entry)
+    if d is None:
+        return []
+    found = sorted(d.parent.glob("firmware/npubuild_deployable.tflite"))
+    return found or sorted(d.parent.glob("**/*_vela.*"))
+
+
 def deployed_outputs(entry: dict, feeds: dict[str, np.ndarray], recurrent: bool) -> tuple[Outputs, Outputs, str]:
-    """(dequantized outputs, raw outputs, engine) of a build's deployment on the eval inputs."""
+    """(dequantized outputs, raw outputs, engine) of a build's deployment on the eval inputs: the deployable on
+    the virtual device, as the build's evaluate: runs it (npubuild/verify/deployed.py)."""
     from npubuild.config.accelerator import Accelerator
     from npubuild.records.lower import LowerRecord
-    from npubuild.verify.deployed import DeployedModel
+    from npubuild.verify.deployed import Deployed
 
     io_path = Path(entry["artifacts"]["io"])
     io = LowerRecord.read(io_path)
     fam = Accelerator.parse(entry["accelerator"]).lowering_family
-    # no Vela model: every node runs on the host (onnxruntime), nothing for npu-sim
-    summary = Path(entry["artifacts"]["vela"]).parent / "summary.json" if entry["artifacts"].get("vela") else None
-    model = DeployedModel(io_path.parent, io, fam, summary)
-    specs = {s.onnx_name: s for s in io.outputs}
+    model = Deployed(io_path.parent, io, fam, vela_summary(entry))
+    specs = {s.onnx_name: s for s in model.outputs}
     raw: list[Outputs] = []
 
     def deq(feed):
@@ -304,17 +324,42 @@ def deployed_outputs(entry: dict, feeds: dict[str, np.ndarray], recurrent: bool)
     return got, raws, model.engine
 
 
-def lsb_vs_qdq(io_path: Path, qdq: Outputs, raw: Outputs) -> dict[str, dict[str, float]]:
+def deployed_specs(entry: dict, engine: str) -> list:
+    """How the deployed outputs are quantised: the deployable's output specs where the virtual device ran it,
+    else the TOSA graph's (io.json), as verify/deployed.Deployed gives them."""
+    from npubuild.records.iospec import specs_from_json
+    from npubuild.records.lower import LowerRecord
+    from npubuild.records.vela import VelaRecord
+    from npubuild.verify.deployed import VIRTUAL_DEVICE
+
+    summary = vela_summary(entry)
+    if engine == VIRTUAL_DEVICE and summary is not None:
+        return list(specs_from_json(VelaRecord.read(summary).metrics["deployable"]["outputs"]))
+    return list(LowerRecord.read(Path(entry["artifacts"]["io"])).outputs)
+
+
+def lsb_vs_qdq(specs: list, qdq: Outputs, raw: Outputs) -> dict[str, dict[str, float]]:
     """Per quantized output, the deployed graph's error against the QDQ model in the output's LSB: the largest,
     the mean, and the fraction of elements more than 1 LSB off (drift shows there before the max moves)."""
-    from npubuild.records.lower import LowerRecord
-
     out = {}
-    for s in LowerRecord.read(io_path).outputs:
+    for s in specs:
         if s.quantized:
             e = s.lsb_error(qdq[s.onnx_name], raw[s.onnx_name])
             out[s.onnx_name] = {"max": float(e.max()), "mean": float(e.mean()), "over_1": float(np.mean(e > 1))}
     return out
+
+
+def collapse_on_eval(entry: dict, specs: list, flt: Outputs, raw: Outputs, qdq: Outputs) -> dict:
+    """The build's collapse rule (npubuild/records/accuracy.py, as its default gate applies it) on every
+    evaluation input: per output its SNR, mean LSB error vs float, and whether it collapsed."""
+    import onnx
+
+    from npubuild.verify.accuracy import float_check, probability_outputs
+
+    probs = probability_outputs(onnx.load(entry["artifacts"]["float"], load_external_data=False))
+    check = float_check(specs, flt, raw, qdq, probs, "evaluation")
+    return {k: {"snr_db": o.snr_db, "mean_error_lsb": o.mean_error_lsb, "probability": o.probability,
+                "collapsed": o.collapsed} for k, o in check.outputs.items()}
 
 
 # --------------------------------------------------------------------------- per model
@@ -370,8 +415,9 @@ def measure_model(name: str, real: Path, cache: Cache, report: dict, tf_python: 
                                            lambda q=qdq_path: pack(run_samples(onnx_runner(q, True), feeds, True))))
                 qdq_res["task"] = task.measure(flt, qdq_rec)
             row["qdq"] = qdq_res
-        arts = sorted(Path(b["artifacts"]["vela"]).parent.glob("**/*_vela.npz")) if b["artifacts"].get("vela") else []
-        key = sha(io_path, *arts, ev_path, task.recurrent, versions, file_sha(REPO / "npubuild/verify/deployed.py"))
+        arts = deployable(b)
+        code = [file_sha(REPO / c) for c in DEPLOYED_CODE]
+        key = sha(io_path, *arts, ev_path, task.recurrent, versions, code)
         t1 = time.time()
 
         def run_deployed(recurrent: bool, b=b) -> dict[str, np.ndarray]:
@@ -382,13 +428,18 @@ def measure_model(name: str, real: Path, cache: Cache, report: dict, tf_python: 
         dep_each, raw_each = unpack(dep), unpack(dep, "raw")
         res = compare(flt_each, dep_each, name)
         res["engine"] = str(dep["engine"])
-        res["lsb_vs_qdq"] = lsb_vs_qdq(io_path, qdq_each, raw_each)
+        specs = deployed_specs(b, res["engine"])
+        res["lsb_vs_qdq"] = lsb_vs_qdq(specs, qdq_each, raw_each)
         res["max_lsb_vs_qdq"] = max((v["max"] for v in res["lsb_vs_qdq"].values()), default=None)
         if task.recurrent:
-            key_r = sha(io_path, *arts, ev_path, True, versions, file_sha(REPO / "npubuild/verify/deployed.py"))
+            key_r = sha(io_path, *arts, ev_path, True, versions, code)
             rec = unpack(cache.get("deployed", key_r, lambda: run_deployed(True)))
             res["task"] = task.measure(flt, rec)
         res["seconds"] = round(time.time() - t1, 1)
+        res["collapse_eval"] = collapse_on_eval(b, specs, flt_each, raw_each, qdq_each)
+        m = b["metrics"]
+        res["build"] = {k: m.get(k) for k in ("collapsed_outputs", "float_snr_db", "qdq_float_snr_db", "float_engine",
+                                              "float_samples", "float_samples_from", "eval_score", "eval_engine")}
         res["npu_offload"] = b["metrics"].get("npu_offload")
         res["status"], res["cause"] = b["status"], failure_cause(b)
         res["report_quant_snr_db"] = b["metrics"].get("quant_snr_db")
@@ -480,11 +531,21 @@ def best(results: dict, key: Callable[[dict], float | None], lower: bool) -> dic
     return (min if lower else max)(ok, key=lambda r: key(r))
 
 
+def verdict(d: dict) -> str:
+    """A build's status and its collapsed outputs: as the build counted them (its 4 held-out samples) and as the
+    same rule counts them on every evaluation input."""
+    if "error" in d:
+        return "failed"
+    built = (d.get("build") or {}).get("collapsed_outputs")
+    on_eval = sum(o["collapsed"] for o in (d.get("collapse_eval") or {}).values())
+    return f"{d.get('status', '?')} ({'—' if built is None else built}, {on_eval})"
+
+
 def table(rows: list[dict], tf_note: str) -> str:
     head = ("| model | task metric vs float | quant SNR dB (npubuild QDQ) | deployed SNR dB U55 / U85 | max LSB vs QDQ "
             "U55 / U85 | onnxruntime best SNR dB | TFLite int8 SNR dB | task: npubuild QDQ | task: deployed U55 / U85 "
-            "| task: onnxruntime best | task: TFLite int8 |")
-    lines = [head, "|" + "---|" * 11]
+            "| task: onnxruntime best | task: TFLite int8 | build U55 / U85 (collapsed outputs: build, rule on eval) |")
+    lines = [head, "|" + "---|" * 12]
     notes = []
     for r in rows:
         name, label, lower = r["model"], r["task"], r["lower_is_better"]
@@ -498,20 +559,21 @@ def table(rows: list[dict], tf_note: str) -> str:
         ort_task = best(ort, lambda x: (x.get("task") or {}).get("value"), lower)
         tfl = r.get("tflite")
         tfl_ok = tfl if tfl and "error" not in tfl else None
+        verdicts = " / ".join(verdict(d) for d in dep)
         cells = [name, label + (" (lower better)" if lower else ""), fmt_snr((r.get("qdq") or {}).get("snr_db")), dep_snr,
                  lsb, fmt_snr(ort_snr["snr_db"]) if ort_snr else "failed",
                  fmt_snr(tfl_ok["snr_db"]) if tfl_ok else ("—" if tfl is None else "failed"),
                  fmt_task(r.get("qdq"), label), dep_task, fmt_task(ort_task, label) if ort_task else "—",
-                 fmt_task(tfl_ok, label) if tfl_ok else ("—" if tfl is None else "failed")]
+                 fmt_task(tfl_ok, label) if tfl_ok else ("—" if tfl is None else "failed"), verdicts]
         lines.append("| " + " | ".join(cells) + " |")
         for t, d in zip(TARGETS, dep, strict=True):
             if "error" in d:
                 notes.append(f"- {name} {t}: {d['error']}")
             elif d.get("status") == "failed":
                 notes.append(f"- {name} {t}: measured, but npubuild's build failed: {d.get('cause')}")
-            elif d.get("engine") != "npu-sim":
-                notes.append(f"- {name} {t}: deployed outputs from {d.get('engine')} (not every NPU partition has a "
-                             "raw artifact npu-sim models)")
+            elif d.get("engine") != "virtual-device":
+                notes.append(f"- {name} {t}: deployed outputs from {d.get('engine')} (no deployable the virtual "
+                             "device runs)")
         for m, o in ort.items():
             if "error" in o:
                 notes.append(f"- {name} onnxruntime {m}: {o['error']}")
@@ -594,7 +656,8 @@ def main() -> int:
     text = ("# Real trained models: int8 accuracy against float (issue 30)\n\n"
             f"`python bench/real_models.py --real DIR --tf-python TFPY --tflite-dir RAW` (its docstring says what "
             f"each is) at {rev}; evaluation inputs from bench/real_eval_data.py (disjoint from the calibration). "
-            "Deployed = the target's partitions as the device runs them (npu-sim on Vela's raw command stream). "
+            "Deployed = the build's deployable .tflite on the virtual device (npu-sim runs each ethos-u operator's "
+            "command stream, TensorFlow Lite Micro the host operators). "
             "SNR and LSB columns: the lowest output's; percentages are of the float model's decisions.\n\n")
     text += table(rows, "")
     a.md.write_text(text)
