@@ -167,6 +167,9 @@ class Pipeline(Strict):
     expect: Expect = Field(default_factory=lambda: Expect(), description=(
         "Default gates: a spec's own `expect:` value for a key wins, `null` relaxes it. A default gate on a "
         "metric the build did not measure (verify.tosa off) is not evaluated"))
+    warn_below_npu_offload: float | None = Field(
+        default=None, ge=0, le=1, description="Warn, naming the nodes that cause it, when a build runs less than "
+                                              "this fraction of its model's nodes on the NPU (null: never)")
 
 
 # --------------------------------------------------------------------------- specs
