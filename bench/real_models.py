@@ -71,9 +71,10 @@ import real_tasks  # noqa: E402
 from npubuild.report.brief import failure_cause  # noqa: E402
 
 TARGETS = ("ethos-u55-128", "ethos-u85-256")
-# in every cache key: bump when what a cached run computes changes (not for the table's layout); the
-# deployed runs' keys also hold the deployable and the code that runs it, the task metrics run on every call
-MEASURE_VERSION = "2"
+# in the cache keys: bump when what a cached run computes changes (not for the table's layout); the
+# deployed runs' keys also hold the deployable and the code that runs it, the task metrics run on every call.
+# MEASURE_VERSION keys npubuild's runs (QDQ, deployed), PEER_VERSION the float model's and onnxruntime's
+MEASURE_VERSION, PEER_VERSION = "2", "1"
 DEPLOYED_CODE = ("npubuild/verify/deployed.py", "npubuild/deploy/virtual_device.py")
 # what a figure cannot say by itself, measured once (the run that found it is in bench/real_models.md's history)
 NOTES = {
@@ -381,14 +382,15 @@ def measure_model(name: str, real: Path, cache: Cache, report: dict, tf_python: 
     feeds = load_arrays(ev_path, model)
     calib = load_arrays(cal_path, model)
     versions = {"onnxruntime": onnxruntime.__version__, "measure": MEASURE_VERSION}
+    peer_versions = {"onnxruntime": onnxruntime.__version__, "measure": PEER_VERSION}
     row: dict = {"model": name, "task": task.label, "lower_is_better": task.lower_is_better,
                  "samples": int(next(iter(feeds.values())).shape[0])}
 
-    flt = unpack(cache.get("float", sha(onnx_path, ev_path, task.recurrent, versions),
+    flt = unpack(cache.get("float", sha(onnx_path, ev_path, task.recurrent, peer_versions),
                            lambda: pack(run_samples(onnx_runner(onnx_path), feeds, task.recurrent))))
     # SNR and LSB: every sample with its own (float) state for silero; the task metric runs recurrently
     flt_each = flt if not task.recurrent else unpack(cache.get(
-        "float", sha(onnx_path, ev_path, False, versions), lambda: pack(run_samples(onnx_runner(onnx_path), feeds, False))))
+        "float", sha(onnx_path, ev_path, False, peer_versions), lambda: pack(run_samples(onnx_runner(onnx_path), feeds, False))))
 
     # npubuild, per target
     builds = {b["target"]: b for b in report.get("builds", []) if b["spec"] == name}
@@ -448,7 +450,7 @@ def measure_model(name: str, real: Path, cache: Cache, report: dict, tf_python: 
     # onnxruntime's quantize_static, three calibrate methods
     row["ort"] = {}
     for method in ORT_METHODS if peers else ():
-        key = sha(onnx_path, cal_path, ev_path, method, versions)
+        key = sha(onnx_path, cal_path, ev_path, method, peer_versions)
 
         def run_ort(method=method) -> dict[str, np.ndarray]:
             with tempfile.TemporaryDirectory(prefix="real-ort-") as d:
