@@ -109,9 +109,11 @@ def output_accuracy(spec: IOSpec, flt: np.ndarray, got_raw: np.ndarray, qdq: np.
 
 
 def float_check(outputs: Sequence[IOSpec], flt: Mapping[str, np.ndarray], got_raw: Mapping[str, np.ndarray],
-                qdq: Mapping[str, np.ndarray] | None, probabilities: Mapping[str, str], samples_from: str) -> FloatCheck:
-    """Every output of a deployed graph against the float model (arrays stacked over the samples)."""
-    n = int(next(iter(flt.values())).shape[0]) if flt else 0
+                qdq: Mapping[str, np.ndarray] | None, probabilities: Mapping[str, str], samples_from: str,
+                samples: int | None = None) -> FloatCheck:
+    """Every output of a deployed graph against the float model (arrays stacked over the samples: `stacked`);
+    `samples` their number (default: the first output's leading axis)."""
+    n = samples if samples is not None else int(next(iter(flt.values())).shape[0]) if flt else 0
     return FloatCheck({s.onnx_name: output_accuracy(s, flt[s.onnx_name], got_raw[s.onnx_name],
                                                     qdq.get(s.onnx_name) if qdq is not None else None,
                                                     probabilities.get(s.onnx_name))
@@ -119,5 +121,12 @@ def float_check(outputs: Sequence[IOSpec], flt: Mapping[str, np.ndarray], got_ra
 
 
 def stacked(per_sample: Sequence[Mapping[str, np.ndarray]]) -> dict[str, np.ndarray]:
-    """Per-sample output dicts -> one array per output, samples on a new axis 0."""
-    return {k: np.stack([np.asarray(s[k]) for s in per_sample]) for k in per_sample[0]} if per_sample else {}
+    """Per-sample output dicts -> one array per output, samples on a new axis 0. An output whose shape the data
+    decides (an If the host runs whole) becomes all its elements in one flat array: SNR and LSB over every
+    element, no per-sample agreement."""
+    out = {}
+    for k in per_sample[0] if per_sample else ():
+        arrays = [np.asarray(s[k]) for s in per_sample]
+        same = len({a.shape for a in arrays}) == 1
+        out[k] = np.stack(arrays) if same else np.concatenate([a.ravel() for a in arrays])
+    return out

@@ -199,4 +199,5 @@ def _float_check(files: SimFiles, float_model: onnx.ModelProto, outputs, feeds_o
     flt_session, qdq_session = OnnxSession(files.float_model), OnnxSession(files.reference)
     flt = stacked([flt_session(dict(f)) for f in feeds_of])
     qdq = stacked([qdq_session(dict(f)) for f in feeds_of])
-    return float_check(outputs, flt, stacked(deployed), qdq, probability_outputs(float_model), samples_from)
+    return float_check(outputs, flt, stacked(deployed), qdq, probability_outputs(float_model), samples_from,
+                       len(feeds_of))

@@ -270,6 +270,7 @@ def against_float(io: LowerRecord, float_model: onnx.ModelProto, per_sample: lis
     """The checked graph and every family measured on all samples, against the float model (verify/accuracy)."""
     probs = probability_outputs(float_model)
     raw, flt, qdq = (stacked([s[k] for s in per_sample]) for k in range(3))
-    graph = float_check(io.outputs, flt, raw, qdq, probs, samples_from)
-    return FloatChecks(graph, {fam: float_check(io.outputs, flt, stacked(outs), qdq, probs, samples_from)
+    n = len(per_sample)
+    graph = float_check(io.outputs, flt, raw, qdq, probs, samples_from, n)
+    return FloatChecks(graph, {fam: float_check(io.outputs, flt, stacked(outs), qdq, probs, samples_from, n)
                                for fam, outs in family_outputs.items()})
