@@ -6,6 +6,7 @@ same thing about a build, in the same words.
 
 from __future__ import annotations
 
+from npubuild.errors import plain_message
 from npubuild.report.status import Status, passed, placement_status
 
 
@@ -35,18 +36,15 @@ def human_bytes(n: float) -> str:
     return f"{n:.1f} TiB"
 
 
-def plain_message(text: str) -> str:
-    """An error's first line without its `error: ` tag (a position in front of it is kept):
-    `error: target 'x': pool ...` -> `target 'x': pool ...`; `a.yaml:3:5: error: m` -> `a.yaml:3:5: m`."""
-    first = str(text).strip().splitlines()[0] if str(text).strip() else "failed"
-    where, sep, rest = first.partition("error: ")
-    return f"{where}{rest}" if sep else first
-
-
 def gate_text(g: dict) -> str:
     """`gate max_sram_kib failed: sram_kib = 176, limit 128` (figures as people read them, not raw floats)."""
     value = "not measured" if g.get("value") is None else num(g["value"])
     return f"gate {g['name']} failed: {g['metric']} = {value}, limit {num(g['limit'])}"
+
+
+def gate_failure_text(g: dict, metrics: dict) -> str:
+    """A failed gate's line, and for the collapse gate which outputs collapsed and how far from float."""
+    return gate_text(g) + (collapse_text(metrics) if g["name"] == "max_collapsed_outputs" else "")
 
 
 def collapse_text(metrics: dict) -> str:
@@ -81,8 +79,7 @@ def failure_cause(entry: dict) -> str | None:
         return plain_message(entry["errors"][0])
     bad = [g for g in entry.get("gates", []) if not g.get("ok")]
     if bad:
-        return "; ".join(gate_text(g) + (collapse_text(entry.get("metrics") or {})
-                                         if g["name"] == "max_collapsed_outputs" else "") for g in bad)
+        return "; ".join(gate_failure_text(g, entry.get("metrics") or {}) for g in bad)
     missing = [k for k, s in entry.get("stages", {}).items() if s.get("status") == "skipped" and "reason" not in s]
     if missing:
         return f"not built: stage {missing[0]} did not run (an earlier task failed or the run stopped)"

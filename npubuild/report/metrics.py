@@ -6,12 +6,12 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from npubuild.config.accelerator import Accelerator
+from npubuild.config.gates import evaluate
 from npubuild.config.metrics import METRICS
 from npubuild.fileio import read_json, write_json
 from npubuild.records.check import CheckRecord
 from npubuild.records.npusim import NpuSimRecord
 from npubuild.records.vela import VelaRecord
-from npubuild.report.gates import evaluate
 from npubuild.report.status import host_warning
 
 FLOAT_METRICS = ("float_snr_db", "qdq_float_snr_db", "float_max_error_lsb", "float_mean_error_lsb",
@@ -53,7 +53,7 @@ def build_metrics(records: Mapping[str, Mapping], accelerator: str) -> dict:
 def build_entry(records: Mapping[str, Path], accelerator: str, expect: Mapping[str, object], entry_out: Path,
                 default_gates: tuple[str, ...] = (), warn_below_npu_offload: float | None = None) -> dict:
     """The report stage's work: the build's metrics from its stages' records (stage name -> stage.json), its
-    gates checked against `expect` (`default_gates` only where measured: report/gates.py), and the warning that
+    gates checked against `expect` (`default_gates` only where measured: config/gates.py), and the warning that
     most of it runs on the host (below the pipeline's `warn_below_npu_offload`); entry.json (returned, the
     stage's metrics)."""
     metrics = build_metrics({stage: read_json(path) for stage, path in records.items()}, accelerator)

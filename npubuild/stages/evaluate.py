@@ -14,7 +14,7 @@ from npubuild.engine.stage import Chain, Stage, TaskSpec
 
 if TYPE_CHECKING:
     from npubuild.config.load import Build
-    from npubuild.engine.plan import StageTask
+    from npubuild.engine.stage import StageTask
 
 
 @dataclass(frozen=True)

@@ -8,13 +8,12 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from npubuild.config.schema import Calibration, Verify
-from npubuild.engine.stage import Chain, Stage, TaskSpec
+from npubuild.engine.stage import Chain, Stage, StageTask, TaskSpec
 from npubuild.frontend.samples import SampleSource
 from npubuild.records.build import Skip
 
 if TYPE_CHECKING:
     from npubuild.config.load import Build
-    from npubuild.engine.plan import StageTask
 
 
 @dataclass(frozen=True)

@@ -7,18 +7,17 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from npubuild.engine.stage import Chain, Stage, TaskSpec
+from npubuild.engine.stage import Chain, Stage, StageTask, TaskSpec
 
 if TYPE_CHECKING:
     from npubuild.config.load import Build
-    from npubuild.engine.plan import StageTask
 
 
 @dataclass(frozen=True)
 class ReportConfig:
     """The report task's config (its key): the build and its accelerator, its gates (config/load.Build.expect: the
     profile's and pipeline's defaults under the spec's `expect`), its stages' keys, which gates are defaults
-    (evaluated only where their metric was measured: report/gates.py), and below what npu_offload its pipeline
+    (evaluated only where their metric was measured: config/gates.py), and below what npu_offload its pipeline
     warns that the host does most of the work."""
 
     build: str

@@ -7,12 +7,11 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from npubuild.config.schema import Calibration, Verify
-from npubuild.engine.stage import Chain, Stage, TaskSpec
+from npubuild.engine.stage import Chain, Stage, StageTask, TaskSpec
 from npubuild.frontend.samples import SampleSource
 
 if TYPE_CHECKING:
     from npubuild.config.load import Build
-    from npubuild.engine.plan import StageTask
 
 
 @dataclass(frozen=True)

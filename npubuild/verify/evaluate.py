@@ -280,10 +280,10 @@ def evaluate_build(files: EvalFiles, cfg: Evaluate, family: str, result_out: Pat
 def deployed_runs(deployed, feeds_of: list[dict[str, np.ndarray]]) -> list[dict[str, np.ndarray]]:
     """The deployed graph on every sample: the first in process (its time says what the rest will take, and an
     artifact npu-sim does not model switches the engine there), the rest over worker processes
-    (engine/fanout.py) when that time makes them worth starting."""
+    (npubuild/fanout.py) when that time makes them worth starting."""
     import time
 
-    from npubuild.engine.fanout import fan_out
+    from npubuild.fanout import fan_out
 
     if not feeds_of:
         return []

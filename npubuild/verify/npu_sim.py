@@ -38,7 +38,7 @@ from npubuild.npusim.tosa_probe import graph_io
 from npubuild.npusim.verify import compare
 from npubuild.records.accuracy import FloatCheck
 from npubuild.records.build import Skip
-from npubuild.records.lower import LowerRecord
+from npubuild.records.lower import LowerRecord, Where
 from npubuild.records.npusim import NpuSimRecord
 from npubuild.records.vela import VelaRecord
 
@@ -72,7 +72,7 @@ def simulate_build(files: SimFiles, draw: SimSamples, result_out: Path) -> dict:
     io = LowerRecord.read(files.io)
     if io.profile != "int":
         raise StageError("npu-sim needs an integer (int profile) TOSA graph")
-    if vela.partition_graph and not any(p.kind == "npu" for p in vela.partition_graph):
+    if vela.partition_graph and not any(p.kind == Where.NPU for p in vela.partition_graph):
         return _skip(result_out, "every node runs on the host (no NPU partition): there is no NPU artifact to simulate")
     if vela.vela_cpu_ops:
         return _skip(result_out, f"Vela left {vela.vela_cpu_ops} operators on the CPU inside an NPU partition; "

@@ -21,7 +21,7 @@ FVP) compare against them.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -29,15 +29,16 @@ from typing import Any
 import numpy as np
 import onnx
 
+from npubuild.config.gates import evaluate as evaluate_gates
 from npubuild.config.schema import Calibration
-from npubuild.engine.fanout import fan_out
 from npubuild.errors import StageError
+from npubuild.fanout import fan_out
 from npubuild.fileio import atomic_path, write_json
 from npubuild.frontend.samples import SampleSource
 from npubuild.records.accuracy import FloatChecks
+from npubuild.records.check import Checked, CheckRecord
 from npubuild.records.iospec import IOSpec
-from npubuild.records.lower import LowerRecord
-from npubuild.report.gates import evaluate as evaluate_gates
+from npubuild.records.lower import LowerRecord, Where
 from npubuild.tosa.run import REFERENCE_MODEL_PER_ONNXRUNTIME, OnnxSession, run_tosa, timed_runs
 from npubuild.verify.accuracy import float_check, probability_outputs, stacked
 from npubuild.verify.node_errors import NodeCheck, NodeErrors, prepare_node_check
@@ -90,7 +91,7 @@ class CheckFiles:
 class CheckOptions:
     """How the check samples (frontend/samples.py: how many, from where) and cuts the model."""
 
-    source: SampleSource
+    samples: SampleSource
     calibration: Calibration  # the random samples' range where there is no calibration file
     passes: tuple[str, ...] = ()  # the pipeline's: the per-node check cuts the model as the lower stage sees it
     # when the per-node cuts run (stages/tosa_check.node_check_policy): None is always, as a gated spec
@@ -106,8 +107,8 @@ def check_tosa(files: CheckFiles, options: CheckOptions, numerics_out: Path, ref
     what = "the TOSA graph" if io.whole_graph else "the partitioned model"
     is_int = io.profile == "int"
     float_model = onnx.load(str(files.float_model))
-    samples, samples_from = options.source.verification(float_model, options.calibration.model_dump(),
-                                                        files.calibration, files.eval_inputs)
+    samples, samples_from = options.samples.verification(float_model, options.calibration.model_dump(),
+                                                         files.calibration, files.eval_inputs)
     n = next(iter(samples.values())).shape[0]
     reference, flt_runner = OnnxSession(files.reference), OnnxSession(files.float_model)
     names = [o.onnx_name for o in io.outputs]
@@ -160,47 +161,40 @@ def check_tosa(files: CheckFiles, options: CheckOptions, numerics_out: Path, ref
     if unmatched:
         raise StageError(f"NaN/inf where onnxruntime has none, or the other way round ({what}): "
                          f"{', '.join(unmatched)} elements of {n} samples")
-    summary: dict = {
-        "samples": n,
-        "profile": io.profile,
-        "tosa_snr_db": min(e["snr_db"] for e in per_output.values()),
-        "tosa_max_error_lsb": max(e["max_error_lsb"] for e in per_output.values()) if is_int else None,
-        "tosa_mean_error_lsb": max(e["mean_error_lsb"] for e in per_output.values()) if is_int else None,
-        "tosa_worst_output": max(per_output, key=lambda k: per_output[k]["max_error_lsb"]) if is_int else None,
-        "tosa_cosine": min(e["cosine"] for e in per_output.values()),
-        "quant_snr_db": min(e["quant_snr_db"] for e in per_output.values()) if is_int else None,
-        "outputs": per_output,
-        "io": io_summary(io),
-    }
-    nodes = runs.nodes
+    record = CheckRecord(
+        n, io.profile, min(e["snr_db"] for e in per_output.values()),
+        max(e["max_error_lsb"] for e in per_output.values()) if is_int else None,
+        min(e["quant_snr_db"] for e in per_output.values()) if is_int else None,
+        tosa_mean_error_lsb=max(e["mean_error_lsb"] for e in per_output.values()) if is_int else None,
+        tosa_worst_output=max(per_output, key=lambda k: per_output[k]["max_error_lsb"]) if is_int else None,
+        tosa_cosine=min(e["cosine"] for e in per_output.values()), outputs=per_output, io=io_summary(io),
+        checked=None if io.whole_graph else Checked.PARTITIONED)
+    nodes, why = runs.nodes, None
     if nodes is None and is_int:
-        short = [g["name"] for g in evaluate_gates(policy.get("whole_graph_expect") or {}, summary) if not g["ok"]]
-        summary["node_check"] = f"run: {', '.join(short)} fell short" if short else \
+        short = [g["name"] for g in evaluate_gates(policy.get("whole_graph_expect") or {}, record.to_json())
+                 if not g["ok"]]
+        why = f"run: {', '.join(short)} fell short" if short else \
             "not run: no max_tosa_node_error_lsb gate and every whole-graph gate held"
         if short:
             check = node_check()
             nodes = check.run_all(NODE_CHECK_RUNS * n * REFERENCE_MODEL_PER_ONNXRUNTIME * onnxruntime_s)
     elif is_int:
-        summary["node_check"] = "run: max_tosa_node_error_lsb gates it"
-    if nodes is not None:
-        worst = nodes.worst
-        summary["tosa_node_max_error_lsb"] = worst.max_error_lsb if worst else None
-        summary["tosa_worst_node"] = worst.to_json() if worst else None
-        summary["node_errors"] = nodes.to_json()
-    if not io.whole_graph:
-        summary["checked"] = "partitioned"  # no single TOSA graph: the portable split was run
-    if io.portable is not None and not any(p.kind == "npu" for p in io.portable.partitions):
+        why = "run: max_tosa_node_error_lsb gates it"
+    if io.portable is not None and not any(p.kind == Where.NPU for p in io.portable.partitions):
         # the host runs every node: onnxruntime was compared with itself, nothing of TOSA: no figure, not 200 dB
-        summary.update(checked="host only", tosa_snr_db=None, tosa_max_error_lsb=None, tosa_mean_error_lsb=None,
-                       tosa_worst_output=None, tosa_cosine=None)
+        record = replace(record, checked=Checked.HOST_ONLY, tosa_snr_db=None, tosa_max_error_lsb=None,
+                         tosa_mean_error_lsb=None, tosa_worst_output=None, tosa_cosine=None)
     if is_int and not _quantizes(files.reference):
-        summary["quant_snr_db"] = None  # no Q/DQ node in the reference: the float model was compared with itself
+        record = replace(record, quant_snr_db=None)  # no Q/DQ node in the reference: the float model compared with itself
+    checks = None
     if is_int:  # split builds (a family that cannot run some node): the partitioned model, same samples
         whole = WholeGraphCheck(first_raw, partitioned_error) if io.whole_graph else None
         family_outputs: dict[str, list[dict[str, np.ndarray]]] = {}
         checks = partitioned_numerics(lower_dir, io, samples, reference, whole, runs.first_runs, family_outputs)
-        summary["partitioned"] = {fam: c.to_json() for fam, c in checks.items()}
-        summary["float_checks"] = against_float(io, float_model, per_sample, family_outputs, samples_from).to_json()
+        record = replace(record, float_checks=against_float(io, float_model, per_sample, family_outputs, samples_from))
+    record = replace(record, node_check=why, node_errors=nodes.to_json() if nodes is not None else None,
+                     partitioned=checks)
+    summary = record.to_json()
     write_json(numerics_out, summary)
     if reference_out is not None:
         with atomic_path(reference_out) as tmp, open(tmp, "wb") as fh:
@@ -232,7 +226,7 @@ def reference_model_runs(runner: GraphRunner, feeds_of: list[dict[str, np.ndarra
                          onnxruntime_s: float) -> ReferenceRuns:
     """Every reference-model run of the check, made at once: model.tosa on each sample, each family the lower
     stage found bit-identical to it (`families`) on the first (partitioned_numerics), and the per-node cuts,
-    in that order, over worker processes (engine/fanout.py) when onnxruntime's time on the QDQ model
+    in that order, over worker processes (npubuild/fanout.py) when onnxruntime's time on the QDQ model
     (`onnxruntime_s` a sample) says they are worth it. An error is the first run's in that order, as the runs one by one give
     it. A portable split runs host partitions on onnxruntime, whose threads a fork does not carry: here, and
     its per-node cuts (pure TOSA work) after it, over the workers."""

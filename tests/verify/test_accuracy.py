@@ -89,7 +89,10 @@ def test_a_collapsed_int8_model_fails_the_default_gate(collapse_project: Path, c
     gate = next(g for g in bad["gates"] if g["name"] == "max_collapsed_outputs")
     assert gate == {"name": "max_collapsed_outputs", "metric": "collapsed_outputs", "limit": 0, "value": 1,
                     "ok": False, "default": True}
-    assert "FAILED" in out and "collapse/outliers/ethos-u55-128" in out and "has collapsed" in out
+    assert "FAILED collapse/outliers/ethos-u55-128 (gate max_collapsed_outputs)" in out
+    # its error line names the output and how far it is from float
+    assert "error: collapse/outliers/ethos-u55-128: gate max_collapsed_outputs failed" in err and "'y' 0.0 dB" in err \
+        and "has collapsed" in err
     assert good["metrics"]["collapsed_outputs"] == 0 and good["metrics"]["float_snr_db"] > 25
     assert "vs float" in next(ln for ln in out.splitlines() if ln.startswith("ok     collapse/clean/"))
     md = (collapse_project / "build" / "report.md").read_text()
