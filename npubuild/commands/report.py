@@ -21,12 +21,15 @@ def summary_text(report: dict, build_dir: Path) -> str:
     its cause, and where the full reports are (report.md has every table; `--markdown` prints it)."""
     from npubuild.report.brief import failure_cause
     from npubuild.report.regress import build_id
+    from npubuild.report.status import Status, passed
 
     builds = report["builds"]
-    counts = {s: sum(1 for b in builds if b["status"] == s) for s in ("passed", "failed", "skipped")}
-    lines = [f"{len(builds)} builds: {counts['passed']} passed, {counts['failed']} failed, {counts['skipped']} skipped"
-             + (f" (run {report['run_id']})" if report.get("run_id") else "")]
-    lines += [f"{b['status'].upper():<7} {build_id(b)}: {failure_cause(b)}" for b in builds if b["status"] != "passed"]
+    counts = {s: sum(1 for b in builds if b["status"] == s) for s in Status}
+    hosted = counts[Status.HOST_ONLY] + counts[Status.MOSTLY_HOST]
+    host_note = f" ({counts[Status.HOST_ONLY]} host only, {counts[Status.MOSTLY_HOST]} mostly host)" if hosted else ""
+    lines = [f"{len(builds)} builds: {counts[Status.PASSED] + hosted} passed{host_note}, {counts[Status.FAILED]} "
+             f"failed, {counts[Status.SKIPPED]} skipped" + (f" (run {report['run_id']})" if report.get("run_id") else "")]
+    lines += [f"{b['status'].upper():<7} {build_id(b)}: {failure_cause(b)}" for b in builds if not passed(b["status"])]
     lines.append(f"full report: {build_dir / 'report.md'} (--markdown prints it), {build_dir / 'report.html'}")
     return "\n".join(lines) + "\n"
 
