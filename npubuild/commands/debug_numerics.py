@@ -50,7 +50,7 @@ def cmd_debug_numerics(args) -> int:
     float_model = onnx.load(str(float_path))
     v = b.spec.verify
     if b.evaluation is not None:  # real data with real variety (calibration data may be the problem)
-        samples = subset(load_arrays(b.evaluation[0], float_model), args.samples or v.samples, v.seed)
+        samples = subset(load_arrays(b.evaluation.inputs, float_model), args.samples or v.samples, v.seed)
     else:
         samples = sample_arrays(float_model, b.model.calibration.model_dump(), b.calibration_npy,
                                 args.samples or v.samples, v.seed)

@@ -29,6 +29,7 @@ from npubuild.frontend.qdq_concat import share_concat_scales
 from npubuild.frontend.qdq_linear import fold_linear_bias
 from npubuild.frontend.qoperator import is_quantized
 from npubuild.frontend.quantized_ops import quantized_op_types
+from npubuild.frontend.samples import SampleSource
 
 MAX_CALIBRATION_BYTES = 1 << 30  # random calibration arrays held in memory at once
 MAX_QUANTIZE_NODES = 2500  # onnxruntime's quantiser is quadratic in the node count (bench/hardening.md)
@@ -271,7 +272,7 @@ def _check_scales(qdq: onnx.ModelProto) -> None:
 
 
 def quantize_model(float_model: Path, quantization: Quantization, calibration: Calibration,
-                   calibration_npy: Path | None, out: Path) -> dict:
+                   calibration_npy: Path | None, out: Path, held_back: SampleSource | None = None) -> dict:
     """The quantize stage's work: the float model quantised to a QDQ model at `out` (one quantised by another
     tool kept as it is); its metrics."""
     model = onnx.load(str(float_model))
@@ -285,6 +286,8 @@ def quantize_model(float_model: Path, quantization: Quantization, calibration: C
                 **{op: sum(n.op_type == op for n in model.graph.node) for op in ("QuantizeLinear", "DequantizeLinear")}}
     check_calibration_size(model, calibration.model_dump())
     arrays = calibration_arrays(model, calibration.model_dump(), calibration_npy)
+    if held_back is not None:  # the rows the checks verify on calibrate nothing (frontend/samples.py)
+        arrays = held_back.calibration_rows(arrays)
     qdq, choice = quantize_chosen(float_model, model, arrays,
                                   resolve_auto(quantization.model_dump(), calibration.model_dump()))
     write_bytes(out, qdq.SerializeToString())

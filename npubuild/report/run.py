@@ -22,7 +22,7 @@ from npubuild.engine.run import RunOptions, build
 from npubuild.engine.session import BuildVerdict, RunOutcome
 from npubuild.fileio import read_json, write_json
 from npubuild.records.build import Status
-from npubuild.report.brief import gate_text, result_line
+from npubuild.report.brief import gate_failure_text, result_line
 from npubuild.report.status import passed
 from npubuild.report.summary import make_report, write_reports
 
@@ -123,7 +123,8 @@ class RunReports:
         self._gates_said.add(build_id)
         where = ", ".join(f"gate {g['name']}" for g in bad) or None
         return BuildVerdict(where, result_line(build_id, {"status": "passed", **entry}, where),
-                            tuple(f"error: {build_id}: {gate_text(g)}" for g in bad))
+                            tuple(f"error: {build_id}: {gate_failure_text(g, entry.get('metrics') or {})}"
+                                  for g in bad))
 
     @staticmethod
     def _entry(plan: BuildPlan, build_id: str) -> dict:
@@ -153,7 +154,7 @@ class RunReports:
             if bid not in self._gates_said:
                 for g in b["gates"]:
                     if not g["ok"]:
-                        say(f"error: {bid}: {gate_text(g)}")
+                        say(f"error: {bid}: {gate_failure_text(g, b.get('metrics') or {})}")
         self.result = RunResult(outcome, report, report_dir, time.perf_counter() - outcome.started)
         if self.summary:  # what passed but is not what it seems (most of it on the host): said even with -q
             sys.stdout.write(warnings_block(report) + self.result.summary_line() + "\n")

@@ -100,7 +100,7 @@ def unchecked_gates(b: Build) -> list[dict]:
     """The gates of a build whose report stage did not run (it failed earlier or was not built): kept so
     that JUnit and the HTML still list them, as not evaluated, and a failing night has as many testcases."""
     return [{"name": k, "metric": GATE_BY_KEY[k].metric, "limit": v}
-            for k, v in b.spec.expect.model_dump().items() if v is not None and k in GATE_BY_KEY]
+            for k, v in b.expect.items() if k in GATE_BY_KEY]
 
 
 def build_inputs(plan: BuildPlan, b: Build) -> dict[str, str | None]:
@@ -154,6 +154,11 @@ def artifacts(plan: BuildPlan, build_id: str, records: dict[str, dict] | None = 
     the TOSA graph, the Vela model, vela.log, Vela's per-layer CSV and the firmware C files."""
     chain = plan.build_tasks[build_id]
     out = {}
+    # the float model as imported, the quantised (QDQ) model the integer graph implements, and io.json (how
+    # to feed and read the graphs): what a user or a bench needs to run the build's models side by side
+    for key, stage, output in (("float", "import", "onnx"), ("qdq", "quantize", "onnx"), ("io", "lower", "io")):
+        if stage in chain:
+            out[key] = str(plan.tasks[chain[stage]].outputs[output])
     lower_dir = plan.tasks[chain["lower"]].dir
     # a model with nodes no lowering takes has no model.tosa: it runs as partitions (io.json's `portable`)
     if (lower_dir / "model.tosa").is_file() or not (lower_dir / "io.json").is_file():
