@@ -26,7 +26,7 @@ from npubuild.engine.progress import LiveDisplay, StageProgress, format_seconds
 from npubuild.engine.stage import Stage
 from npubuild.fileio import write_json
 from npubuild.longlived import long_lived
-from npubuild.records.build import Outcome
+from npubuild.records.build import Outcome, RunOutcomes
 from npubuild.report.brief import plain_message
 
 OUTCOMES = tuple(o.value for o in Outcome)
@@ -106,6 +106,8 @@ class Session:
         self._left: dict[str, set[str]] = {bid: set(chain.values()) for bid, chain in plan.build_tasks.items()}
         self._worked: set[str] = set()  # builds with a task that ran, was restored or failed in this run
         self._cause: dict[str, str] = {}  # build id -> why it failed (its first failed task)
+        self._settled: dict[str, Outcome] = {}  # task -> what became of it in this run (the report's word)
+        self._aborted: str | None = None  # the executor itself failed (Session.abort)
 
     # ------------------------------------------------------------------ events from the executor
 
@@ -116,6 +118,7 @@ class Session:
     def finished(self, task_name: str, outcome: str, message: str | None = None) -> None:
         """`outcome`: ran, from-cache, cached, failed or blocked (an upstream task failed: not a new error)."""
         self.outcomes[outcome].append(task_name)
+        self._settled[task_name] = Outcome(outcome)
         task = self.plan.tasks.get(task_name)
         builds = task.builds if task is not None else []
         self._event(task_name, {"from-cache": "restored"}.get(outcome, outcome))
@@ -184,15 +187,17 @@ class Session:
         from npubuild.report.summary import make_report, write_reports
 
         self._stop_live()
-        report = make_report(self.plan, self.run_id, self.selection)
         o = self.outcomes
+        o[Outcome.NOT_RUN] = [t for t in self.plan.tasks if t not in self._settled]
+        run = RunOutcomes(dict(self._settled), dict(self.messages), self._stop_reason() if o[Outcome.NOT_RUN] else None)
+        report = make_report(self.plan, self.run_id, self.selection, run)
         executed = sorted(o["ran"] + o["from-cache"])
         if self.report_dir is not None:
             write_reports(report, self.report_dir, plot_cache=self.plan.build_dir / ".cache" / "plots")
             write_json(self.report_dir / "run.json", {
                 "run_id": self.run_id, "executor": self.executor, "executed": executed,
                 "from_cache": sorted(o["from-cache"]), "cached": sorted(o["cached"]), "failed": o["failed"],
-                "blocked": sorted(o["blocked"])})
+                "blocked": sorted(o["blocked"]), "not_run": sorted(o[Outcome.NOT_RUN])})
             if self.report_dir == self.plan.build_dir:
                 from npubuild.config.schema import write_schemas
 
@@ -209,6 +214,10 @@ class Session:
             if failed_builds:
                 self.out.write(f"failed builds ({len(failed_builds)}):\n"
                                + "".join(f"  {bid}: {cause}\n" for bid, cause in failed_builds))
+            if run.stopped is not None:
+                unbuilt = sum(1 for b in report["builds"] if b["status"] == "skipped")
+                self.out.write(f"not built ({unbuilt} build(s), {len(o[Outcome.NOT_RUN])} task(s) not reached): "
+                               f"{run.stopped}\n")
             counts = {s: sum(1 for b in report["builds"] if b["status"] == s) for s in ("passed", "failed", "skipped")}
             where = f"report: {self.report_dir / 'report.json'}" if self.report_dir is not None else "no report written"
             self.out.write(f"{len(o['ran'])} ran, {len(o['cached'])} cached, {len(o['failed'])} failed, "
@@ -244,7 +253,19 @@ class Session:
     def abort(self, text: str) -> None:
         """The executor itself failed (not a task): stop the live table, say why in one line."""
         self._stop_live()
+        self._aborted = self._aborted or text
         sys.stderr.write(f"error: {text}\n")
+
+    def _stop_reason(self) -> str:
+        """Why the run ended before reaching every task: what the tasks not reached say in the report."""
+        if isinstance(sys.exc_info()[1], KeyboardInterrupt):  # closed by doit on its way out of a Ctrl-C
+            return "the run was interrupted (Ctrl-C) before it"
+        if self._aborted is not None:
+            return f"the run stopped before it: {plain_message(self._aborted)}"
+        failed = self.outcomes["failed"]
+        if failed:
+            return f"the run stopped at the first failure ({failed[0]}) before it; --keep-going builds the rest"
+        return "the run ended before it"
 
 
 def error_line(text: str, builds: str, stage: str) -> str:
