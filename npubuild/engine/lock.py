@@ -123,8 +123,10 @@ def _open_lock_file(build_dir: Path) -> int:
 
 
 def acquire(build_dir: Path, wait: bool = False, poll_s: float = 0.2) -> int:
-    """Take the lock; returns the open fd that holds it (close it with `release`)."""
+    """Take the lock; returns the open fd that holds it (close it with `release`). `wait`: block until the
+    holder is done, saying so once on stderr (as cargo does: a silent wait looks like a hang)."""
     fd = _open_lock_file(build_dir)
+    said = False
     while True:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -135,6 +137,10 @@ def acquire(build_dir: Path, wait: bool = False, poll_s: float = 0.2) -> int:
                 os.close(fd)
                 raise BuildDirBusy(f"build dir is in use by another npubuild build{holder}; "
                                    "wait for it, pass --wait, or use another --build-dir", str(build_dir)) from None
+            if not said:
+                sys.stderr.write(f"{build_dir}: waiting for another npubuild build{_holder(fd)} to finish\n")
+                sys.stderr.flush()
+                said = True
             time.sleep(poll_s)
         except OSError as exc:  # e.g. ENOLCK: a file system without locks
             os.close(fd)
