@@ -109,6 +109,7 @@ class DaskExecutor:
         assert cache_url is not None
         self.cache_url, self.debug, self.scheduler, self.workers, self.client = \
             cache_url, debug, scheduler, workers, client
+        self.jobs = workers if scheduler is None and client is None else None  # a cluster's own size otherwise
         self.keep_going = keep_going  # False: start no task after the first failure, as doit without --continue
         self._own = self._cluster = None  # the client and LocalCluster this executor started
 

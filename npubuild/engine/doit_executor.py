@@ -16,12 +16,11 @@ from pathlib import Path
 from doit.exceptions import TaskFailed, UnmetDependency
 
 from npubuild.engine.execute import run_stage, stage_modules, was_restored
-from npubuild.engine.fanout import WORKERS_ENV, workers_for_jobs
 from npubuild.engine.plan import BuildPlan, StageTask
 from npubuild.engine.session import Session
 from npubuild.engine.stage import Stage
 from npubuild.engine.uptodate import is_done
-from npubuild.errors import NpubuildError
+from npubuild.errors import InputError, NpubuildError
 
 
 def doit_action(task: StageTask, run_id: str, debug: bool, cache_url: str | None,
@@ -180,9 +179,8 @@ class DoitExecutor:
         from doit.doit_cmd import DoitMain
 
         args = ["run"]
-        if self.jobs > 1:
+        if self.jobs > 1:  # npubuild.engine.session.build clamped it to what the machine and the plan hold
             args += ["-n", str(self.jobs), "-P", "process"]
-            share_cores(self.jobs)
         if self.keep_going:
             args.append("--continue")
         ns = namespace(plan, session, self.debug, self.cache_url)
@@ -212,6 +210,7 @@ def dodo_namespace(dodo_file: str, stages: tuple[Stage, ...]) -> dict:
     """
     from npubuild.config.load import load_specs
     from npubuild.engine.cache import resolve_cache
+    from npubuild.engine.capacity import WORKERS_ENV, stage_workers_setting
     from npubuild.engine.lock import acquire
     from npubuild.engine.plan import make_plan
 
@@ -220,24 +219,36 @@ def dodo_namespace(dodo_file: str, stages: tuple[Stage, ...]) -> dict:
     try:
         builds = load_specs(specs)
         plan = make_plan(builds, Path(os.environ.get("NPUBUILD_BUILD_DIR", here / "build")), stages)
+        jobs = doit_jobs(sys.argv[1:])
+        check_doit_jobs(jobs, plan)
+        workers = stage_workers_setting(jobs)
+        cache_url = resolve_cache(None, plan.build_dir)
         lock_fd = acquire(plan.build_dir, wait=os.environ.get("NPUBUILD_WAIT") == "1")
     except NpubuildError as exc:
         print(exc, file=sys.stderr)
         sys.exit(exc.exit_code)
+    if workers is not None:  # this doit process and its workers only: it ends with the run
+        os.environ[WORKERS_ENV] = str(workers)
     selection = {"specs": [str(p) for p in specs], "default": "NPUBUILD_SPECS" not in os.environ,
                  "spec_names": sorted({b.spec.name for b in builds}), "only": []}
-    session = Session(plan, selection=selection)
-    share_cores(doit_jobs(sys.argv[1:]))
-    ns = namespace(plan, session, False, resolve_cache(None, plan.build_dir))
+    session = Session(plan, selection=selection, jobs=jobs)
+    ns = namespace(plan, session, False, cache_url)
     ns["_npubuild_lock"] = lock_fd  # held until doit exits: no other build may write this build dir meanwhile
     return ns
 
 
-def share_cores(jobs: int) -> None:
-    """Tasks run `jobs` at a time share the cores: each stage's worker processes (engine/fanout.py) are the
-    cores divided by the jobs, unless the user set $NPUBUILD_STAGE_WORKERS."""
-    if jobs > 1:
-        os.environ.setdefault(WORKERS_ENV, workers_for_jobs(jobs))
+def check_doit_jobs(jobs: int, plan: BuildPlan) -> None:
+    """Plain `doit -n N`: doit starts its N worker processes itself (one per job slot, ready task or not), so
+    npubuild cannot run fewer as `npubuild build -n` does (engine/capacity.py); more than the machine holds
+    is refused in one line instead of forking them."""
+    from npubuild.engine.capacity import Capacity, plan_width
+
+    capacity = Capacity.here()
+    bound = max(1, min(capacity.tasks, plan_width(plan)))
+    if jobs > bound:
+        raise InputError(f"doit -n {jobs}: this machine and plan hold {bound} task(s) at a time "
+                         f"({capacity.describe()}; at most {plan_width(plan)} of the plan's {len(plan.tasks)} tasks "
+                         f"can run at once): give -n {bound} or less (npubuild build -n clamps it itself)")
 
 
 def doit_jobs(argv: list[str]) -> int:

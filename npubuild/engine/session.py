@@ -65,6 +65,7 @@ class Executor(Protocol):
     """Runs a plan's tasks in dependency order, reporting each task's outcome to the session."""
 
     name: str
+    jobs: int | None  # tasks it runs at once (None: a cluster's own size, not set here)
 
     def run(self, plan: BuildPlan, session: Session) -> int:
         """Run every task; returns a non-zero code if the executor itself failed."""
@@ -86,8 +87,9 @@ class Session:
 
     def __init__(self, plan: BuildPlan, run_id: str | None = None, quiet: bool = False, live: bool | None = None,
                  executor: str = "doit", reports: Path | str | None = BUILD_DIR, selection: dict | None = None,
-                 summary: bool = True, verbose: bool = False):
+                 summary: bool = True, verbose: bool = False, jobs: int | None = None):
         self.plan = plan
+        self.jobs = jobs  # tasks run at once, as the executor was given them (None: a cluster's own size)
         self.run_id = run_id or new_run_id()
         self.quiet = quiet
         self.summary = summary
@@ -195,7 +197,7 @@ class Session:
         if self.report_dir is not None:
             write_reports(report, self.report_dir, plot_cache=self.plan.build_dir / ".cache" / "plots")
             write_json(self.report_dir / "run.json", {
-                "run_id": self.run_id, "executor": self.executor, "executed": executed,
+                "run_id": self.run_id, "executor": self.executor, "jobs": self.jobs, "executed": executed,
                 "from_cache": sorted(o["from-cache"]), "cached": sorted(o["cached"]), "failed": o["failed"],
                 "blocked": sorted(o["blocked"]), "not_run": sorted(o[Outcome.NOT_RUN])})
             if self.report_dir == self.plan.build_dir:
@@ -288,7 +290,7 @@ def run_build(plan: BuildPlan, executor: Executor, wait: bool = False, quiet: bo
     """Run the plan with `executor`, holding the build dir's lock (`wait` for it, else fail at once if busy)."""
     with locked(plan.build_dir, wait):
         session = Session(plan, quiet=quiet, live=live, executor=executor.name, reports=reports,
-                          selection=selection, summary=summary, verbose=verbose)
+                          selection=selection, summary=summary, verbose=verbose, jobs=executor.jobs)
         code = executor.run(plan, session)
         sys.stdout.flush()
         return session.close(code)
@@ -304,6 +306,7 @@ def build(builds: list[Build], build_dir: Path, stages: tuple[Stage, ...], jobs:
     `cache`: --cache (a URL, 'off', or None for $NPUBUILD_CACHE / the project's .npubuild/cache);
     `reports`, `selection`, `summary`: see Session."""
     from npubuild.engine.cache import resolve_cache
+    from npubuild.engine.capacity import clamp_jobs, stage_workers_for
 
     try:
         with long_lived():  # the plan and the executor's modules (with the report's, and Vela): kept for the run
@@ -312,11 +315,17 @@ def build(builds: list[Build], build_dir: Path, stages: tuple[Stage, ...], jobs:
             if executor == "dask":
                 from npubuild.engine.dask_executor import DaskExecutor
 
-                ex: Executor = DaskExecutor(cache_url, debug, scheduler, jobs if jobs > 1 else 2, client, keep_going)
+                workers = jobs if jobs > 1 else 2
+                if scheduler is None and client is None:  # the local cluster's workers are processes here
+                    workers = clamp_jobs(workers, plan, None if jobs > 1 else "a local Dask cluster of 2 workers")
+                jobs = workers
+                ex: Executor = DaskExecutor(cache_url, debug, scheduler, workers, client, keep_going)
             else:
                 from npubuild.engine.doit_executor import DoitExecutor
 
+                jobs = clamp_jobs(jobs, plan)  # doit starts a process per job slot: no more than fit
                 ex = DoitExecutor(cache_url, debug, jobs, keep_going)
-        return run_build(plan, ex, wait, quiet, live, reports, selection, summary, verbose)
+        with stage_workers_for(jobs):
+            return run_build(plan, ex, wait, quiet, live, reports, selection, summary, verbose)
     finally:
         gc.unfreeze()  # what long_lived froze for this build's forks: collectable again in a process that goes on
