@@ -10,7 +10,7 @@ import sys
 import traceback
 
 from npubuild.commands import register_all
-from npubuild.errors import InputError, NpubuildError
+from npubuild.errors import DiskFull, InputError, NpubuildError, is_disk_full, written_path
 from npubuild.longlived import long_lived
 
 EPILOG = """\
@@ -116,12 +116,18 @@ def main(argv: list[str] | None = None) -> int:
     except OSError as exc:  # a path from the command line or the environment: one line, exit 2
         if debug:
             traceback.print_exc()
+        if is_disk_full(exc):  # not the path's fault: the disk it is on (exit 1)
+            print(DiskFull(written_path(exc), "a file of this command"), file=sys.stderr)
+            return 1
         where = f"{exc.filename}: " if exc.filename else ""
         print(f"{where}error: {exc.strerror or exc}", file=sys.stderr)
         return 2
     except Exception as exc:  # a bug: one line (the traceback with --debug), exit 1
         if debug:
             raise
+        if is_disk_full(exc):
+            print(DiskFull(written_path(exc), "a file of this command"), file=sys.stderr)
+            return 1
         first = (str(exc).strip().splitlines() or [""])[0]
         print(f"error: internal error: {type(exc).__name__}: {first} (--debug shows the traceback)", file=sys.stderr)
         return 1

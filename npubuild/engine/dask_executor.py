@@ -28,13 +28,13 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from npubuild.engine.cache import StageCache
-from npubuild.engine.execute import run_stage, stage_modules
+from npubuild.engine.execute import output_error, run_stage, stage_modules
 from npubuild.engine.plan import BuildPlan
 from npubuild.engine.session import Session
 from npubuild.engine.shipping import Prepared, Shipping
 from npubuild.engine.uptodate import is_done
 from npubuild.engine.worker import run_remote
-from npubuild.errors import InputError, NpubuildError
+from npubuild.errors import InputError, NpubuildError, is_disk_full
 
 TASK_RETRIES = 3
 CONNECT_TIMEOUT_S = 30
@@ -223,7 +223,7 @@ class _Walk:
                 return None
             prepared = self.shipping.prepare(task, self.session.run_id)
         except (NpubuildError, OSError) as exc:  # OSError: the cache unreachable while restoring a hit
-            self._settle(name, "failed", str(exc))
+            self._settle(name, "failed", str(output_error(task, exc) if is_disk_full(exc) else exc))
             return None
         if prepared.remote is None:
             self._settle(name, "from-cache")
@@ -248,7 +248,7 @@ class _Walk:
         try:
             failure = self.shipping.finish(task, prepared, result, self.session.run_id)
         except (NpubuildError, OSError) as exc:
-            failure = str(exc)
+            failure = str(output_error(task, exc) if is_disk_full(exc) else exc)
         if failure is not None:
             self._settle(name, "failed", failure)
         else:

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from doit.exceptions import TaskFailed, UnmetDependency
 
-from npubuild.engine.execute import run_stage, stage_modules, was_restored
+from npubuild.engine.execute import Notice, run_stage, stage_modules, was_restored
 from npubuild.engine.plan import BuildPlan, StageTask
 from npubuild.engine.session import Session
 from npubuild.engine.stage import Stage
@@ -24,13 +24,16 @@ from npubuild.errors import InputError, NpubuildError
 
 
 def doit_action(task: StageTask, run_id: str, debug: bool, cache_url: str | None,
-                preload: tuple[str, ...] = ()) -> TaskFailed | None:
-    """doit python-action: run the stage; a failure is one line, never a traceback."""
+                preload: tuple[str, ...] = ()) -> TaskFailed | dict | None:
+    """doit python-action: run the stage; a failure is one line, never a traceback. Its warnings that a run
+    shows once (Notice) travel back as the task's doit values, from a `-n` worker process too, to the
+    session, which prints the first of each kind."""
+    notices: list[Notice] = []
     try:
-        run_stage(task, run_id, debug, cache_url, preload)
+        run_stage(task, run_id, debug, cache_url, preload, notices)
     except NpubuildError as exc:
         return TaskFailed(str(exc))
-    return None
+    return {"notices": [[n.kind, n.text] for n in notices]} if notices else None
 
 
 def stage_done(stage_task: StageTask) -> bool:
@@ -62,8 +65,11 @@ def depth_first(plan: BuildPlan) -> list[str]:
 
 def doit_config(plan: BuildPlan, reporter: type) -> dict:
     return {
+        # doit's dependency database in memory: npubuild's tasks have no file_dep, their up-to-date check is
+        # npubuild's own (stage_done), so doit only ever writes it; on disk it was one more file a full disk
+        # turned into a sqlite traceback at the end of the run (issue 34), and one a killed run left stale
         "backend": "sqlite3",
-        "dep_file": str(plan.build_dir / ".doit.db"),
+        "dep_file": ":memory:",
         "reporter": reporter,
         "verbosity": 0,
         "default_tasks": depth_first(plan) or [s.name for s in plan.stages],
@@ -120,6 +126,8 @@ def make_reporter(session: Session) -> type:
                 session.started(task.name)
 
         def add_success(self, task):
+            for kind, text in (task.values or {}).get("notices", ()):
+                session.notice(kind, text)
             if task.actions:
                 restored = task.name in tasks and was_restored(tasks[task.name])
                 session.finished(task.name, "from-cache" if restored else "ran")

@@ -34,7 +34,15 @@ import traceback
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from npubuild.errors import InputError, Location, NpubuildError, is_out_of_memory
+from npubuild.errors import (
+    DiskFull,
+    InputError,
+    Location,
+    NpubuildError,
+    is_disk_full,
+    is_out_of_memory,
+    written_path,
+)
 
 T = TypeVar("T")
 MEMORY_ENV = "NPUBUILD_STAGE_MEMORY_MIB"
@@ -72,6 +80,8 @@ def _rebuild(kind: str, payload: dict, failure: type[NpubuildError], where: str 
             payload["message"], Location(*loc) if loc is not None else None)
         exc.exit_code = payload["exit_code"]
         return exc
+    if kind == "disk":
+        return DiskFull(payload["path"])
     if kind == "memory":
         return failure(f"{payload['what']} needs more than {payload['limit_mib']} MiB of memory "
                        f"(${MEMORY_ENV} raises the limit)", where)
@@ -115,7 +125,9 @@ def _outcome(fn: Callable[..., Any], args: tuple, memory_bytes: int, what: str) 
         result = ("npubuild", {"message": exc.message, "exit_code": exc.exit_code,
                                "location": (loc.file, loc.line, loc.col) if loc is not None else None})
     except Exception as exc:  # a bug (the parent records it as an internal error with this traceback), or
-        if is_out_of_memory(exc) or _near(limit):  # the limit: a MemoryError, ENOMEM, an unmappable library,
+        if is_disk_full(exc):  # a full disk: said as such by the parent, naming it and the file
+            result = ("disk", {"path": written_path(exc)})
+        elif is_out_of_memory(exc) or _near(limit):  # the limit: a MemoryError, ENOMEM, an unmappable library,
             result = ("memory", {"what": what, "limit_mib": memory_bytes >> 20})  # or a library's own error
         else:
             result = ("bug", {"summary": f"{type(exc).__name__}: {exc}",

@@ -23,7 +23,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from npubuild.errors import InputError
+from npubuild.errors import DiskFull, InputError, is_disk_full
 
 LOCK_NAME = ".lock"
 PR_SET_PDEATHSIG = 1
@@ -112,6 +112,8 @@ def _open_lock_file(build_dir: Path) -> int:
     except NotADirectoryError:
         raise InputError("cannot use as a build dir: a directory above it is a file", str(build_dir)) from None
     except OSError as exc:
+        if is_disk_full(exc):
+            raise DiskFull(build_dir, "the build dir") from None
         raise InputError(f"cannot use as a build dir: {exc.strerror or exc}", str(build_dir)) from None
     path = build_dir / LOCK_NAME
     try:
@@ -119,6 +121,8 @@ def _open_lock_file(build_dir: Path) -> int:
     except IsADirectoryError:
         raise InputError("is a directory, not npubuild's lock file: remove it", str(path)) from None
     except OSError as exc:
+        if is_disk_full(exc):
+            raise DiskFull(path, "the build dir's lock file") from None
         raise InputError(f"cannot open the build dir's lock file: {exc.strerror or exc}", str(path)) from None
 
 
@@ -150,6 +154,8 @@ def acquire(build_dir: Path, wait: bool = False, poll_s: float = 0.2) -> int:
         os.pwrite(fd, str(os.getpid()).encode(), 0)
     except OSError as exc:
         os.close(fd)
+        if is_disk_full(exc):
+            raise DiskFull(build_dir / LOCK_NAME, "the build dir's lock file") from None
         raise InputError(f"cannot write the build dir's lock file: {exc.strerror or exc}", str(build_dir)) from None
     _install_fork_hook()
     if sys.platform.startswith("linux"):

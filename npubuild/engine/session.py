@@ -24,13 +24,15 @@ from npubuild.engine.lock import locked
 from npubuild.engine.plan import BuildPlan, make_plan
 from npubuild.engine.progress import LiveDisplay, StageProgress, format_seconds
 from npubuild.engine.stage import Stage
+from npubuild.errors import DiskFull, NpubuildError, is_disk_full, written_path
 from npubuild.fileio import write_json
 from npubuild.longlived import long_lived
 from npubuild.records.build import Outcome, RunOutcomes
 from npubuild.report.brief import plain_message
 
 OUTCOMES = tuple(o.value for o in Outcome)
-BUILD_DIR = "build-dir"  # `reports=`: the project's reports in the build dir (every other value is a path or None)
+BUILD_DIR = "build-dir"
+REPORT_FILES = ("report.json", "report.md", "report.html", "run.json")  # `reports=`: the project's reports in the build dir (every other value is a path or None)
 
 
 def new_run_id() -> str:
@@ -110,6 +112,8 @@ class Session:
         self._cause: dict[str, str] = {}  # build id -> why it failed (its first failed task)
         self._settled: dict[str, Outcome] = {}  # task -> what became of it in this run (the report's word)
         self._aborted: str | None = None  # the executor itself failed (Session.abort)
+        self._noticed: set[str] = set()  # kinds of warning shown once per run already (Session.notice)
+        self.unwritten: str | None = None  # why the reports could not be written (a full disk)
 
     # ------------------------------------------------------------------ events from the executor
 
@@ -143,6 +147,14 @@ class Session:
                 left.discard(task_name)
                 if not left:
                     self._build_finished(bid)
+
+    def notice(self, kind: str, text: str) -> None:
+        """A warning shown once per run for its `kind` (a shared cache that cannot take outputs: every task
+        meets it, one line says it)."""
+        if kind not in self._noticed:
+            self._noticed.add(kind)
+            sys.stderr.write(f"warning: {text}\n")
+            sys.stderr.flush()
 
     def _build_finished(self, build_id: str) -> None:
         """Every task of the build has an outcome: say whether it passed and why not, as soon as it is known."""
@@ -195,15 +207,29 @@ class Session:
         report = make_report(self.plan, self.run_id, self.selection, run)
         executed = sorted(o["ran"] + o["from-cache"])
         if self.report_dir is not None:
-            write_reports(report, self.report_dir, plot_cache=self.plan.build_dir / ".cache" / "plots")
-            write_json(self.report_dir / "run.json", {
-                "run_id": self.run_id, "executor": self.executor, "jobs": self.jobs, "executed": executed,
-                "from_cache": sorted(o["from-cache"]), "cached": sorted(o["cached"]), "failed": o["failed"],
-                "blocked": sorted(o["blocked"]), "not_run": sorted(o[Outcome.NOT_RUN])})
-            if self.report_dir == self.plan.build_dir:
-                from npubuild.config.schema import write_schemas
+            try:
+                write_reports(report, self.report_dir, plot_cache=self.plan.build_dir / ".cache" / "plots")
+                write_json(self.report_dir / "run.json", {
+                    "run_id": self.run_id, "executor": self.executor, "jobs": self.jobs, "executed": executed,
+                    "from_cache": sorted(o["from-cache"]), "cached": sorted(o["cached"]), "failed": o["failed"],
+                    "blocked": sorted(o["blocked"]), "not_run": sorted(o[Outcome.NOT_RUN])})
+                if self.report_dir == self.plan.build_dir:
+                    from npubuild.config.schema import write_schemas
 
-                write_schemas(self.plan.build_dir)
+                    write_schemas(self.plan.build_dir)
+            except OSError as exc:  # one line, never a traceback out of doit's reporter (exit 1)
+                what = "this run's report.json/md/html and run.json"
+                error = DiskFull(written_path(exc) or self.report_dir, what) if is_disk_full(exc) else \
+                    NpubuildError(f"cannot write {what} in {self.report_dir}: {exc.strerror or exc}")
+                removed = 0
+                for name in REPORT_FILES:  # an earlier run's: left there, they would be taken for this run's
+                    try:
+                        (self.report_dir / name).unlink()
+                        removed += 1
+                    except OSError:
+                        pass
+                self.unwritten = str(error)
+                sys.stderr.write(f"{error}{'; the earlier run reports there are removed' if removed else ''}\n")
         for b in report["builds"]:  # a gate that fell short is a failure: say which, its limit and value
             for g in b["gates"]:
                 if not g["ok"]:
@@ -216,19 +242,21 @@ class Session:
             if failed_builds:
                 self.out.write(f"failed builds ({len(failed_builds)}):\n"
                                + "".join(f"  {bid}: {cause}\n" for bid, cause in failed_builds))
-            if run.stopped is not None:
-                unbuilt = sum(1 for b in report["builds"] if b["status"] == "skipped")
+            unbuilt = sum(1 for b in report["builds"] if b["status"] == "skipped")
+            if run.stopped is not None and unbuilt:
                 self.out.write(f"not built ({unbuilt} build(s), {len(o[Outcome.NOT_RUN])} task(s) not reached): "
                                f"{run.stopped}\n")
             counts = {s: sum(1 for b in report["builds"] if b["status"] == s) for s in ("passed", "failed", "skipped")}
-            where = f"report: {self.report_dir / 'report.json'}" if self.report_dir is not None else "no report written"
+            where = f"report: {self.report_dir / 'report.json'}" if self.report_dir is not None and \
+                self.unwritten is None else "no report written"
             self.out.write(f"{len(o['ran'])} ran, {len(o['cached'])} cached, {len(o['failed'])} failed, "
                            f"{len(o['from-cache'])} restored from the shared cache; builds: {counts['passed']} "
                            f"passed, {counts['failed']} failed, {counts['skipped']} skipped "
                            f"({format_seconds(time.perf_counter() - self.progress.start)}); {where}\n")
             self.out.flush()
         self.result = RunResult(self.plan, self.run_id, report, executed, sorted(o["cached"]), o["failed"],
-                                sorted(o["from-cache"]), sorted(o["blocked"]), executor_code, self.report_dir)
+                                sorted(o["from-cache"]), sorted(o["blocked"]), executor_code or int(bool(self.unwritten)),
+                                self.report_dir if self.unwritten is None else None)
         return self.result
 
     # ------------------------------------------------------------------ display
