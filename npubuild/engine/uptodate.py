@@ -278,13 +278,37 @@ def check_producers(task: StageTask, hashes: dict[str, str]) -> str | None:
     return None
 
 
+def debris_in(directory: Path) -> list[Path]:
+    """What killed runs left under a stage dir, at any depth (vela's raw/ and firmware/ too): every file or
+    directory whose name starts with '.' (temp files, .vela-* work dirs, restores' .part files), the topmost
+    of each, never one inside another."""
+    out: list[Path] = []
+    if not directory.is_dir():
+        return out
+    stack = [directory]
+    while stack:
+        d = stack.pop()
+        try:
+            entries = sorted(d.iterdir())
+        except OSError:
+            continue
+        for p in entries:
+            if p.name.startswith("."):
+                out.append(p)
+            elif p.is_dir() and not p.is_symlink():
+                stack.append(p)
+    return out
+
+
+def remove_debris(paths: list[Path]) -> None:
+    for p in paths:
+        if p.is_dir() and not p.is_symlink():
+            shutil.rmtree(p, ignore_errors=True)
+        else:
+            p.unlink(missing_ok=True)
+
+
 def clear_debris(task: StageTask) -> None:
-    """Remove temp files and dirs a killed run left in the stage dir (names starting with '.')."""
-    if not task.dir.is_dir():
-        return
-    for p in task.dir.iterdir():
-        if p.name.startswith("."):
-            if p.is_dir():
-                shutil.rmtree(p, ignore_errors=True)
-            else:
-                p.unlink(missing_ok=True)
+    """Remove temp files and dirs a killed run left in the stage dir, in its subdirectories too (names
+    starting with '.'; they looked at the top level only, so a killed Vela's firmware/.x.tmp survived)."""
+    remove_debris(debris_in(task.dir))
