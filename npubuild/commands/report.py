@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 
 from npubuild.commands import add_build_dir, build_dir_of
-from npubuild.errors import InputError
+from npubuild.errors import DiskFull, InputError, is_disk_full
 
 
 def load_report(path: Path) -> dict:
@@ -26,6 +26,8 @@ def load_report(path: Path) -> dict:
         report = read_json(path)
     except (ValueError, UnicodeDecodeError) as exc:
         raise InputError(f"not a valid report: {exc}", str(path)) from None
+    except RecursionError:  # json's C decoder recurses once per nesting level
+        raise InputError("not a valid report: nested too deeply to be one", str(path)) from None
     if not isinstance(report, dict) or not isinstance(report.get("builds"), list):
         raise InputError("not a valid report: no 'builds' list", str(path))
     if not isinstance(report.get("versions"), dict):
@@ -57,6 +59,25 @@ def _entry_problem(entry) -> str | None:
     return None
 
 
+def unreadable_metric(report: dict, thresholds: dict) -> str | None:
+    """The first metric a baseline comparison reads (the shown ones and every threshold's) whose value is
+    neither null (not measured) nor a finite number, named with its build; None if there is none. NaN compares
+    false with everything, so a damaged baseline said `No regression.` and exit 0 (issue 34)."""
+    import math
+
+    from npubuild.report.regress import SHOWN, build_id
+
+    for b in report["builds"]:
+        for metric in dict.fromkeys((*SHOWN, *thresholds)):
+            v = b["metrics"].get(metric)
+            if v is None:
+                continue
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+                return (f"build {build_id(b)}: metric {metric} is {str(v)[:40]!r}, not a finite number: the "
+                        "comparison cannot use this report")
+    return None
+
+
 def cmd_report(args) -> int:
     from npubuild.config.load import project_dir
     from npubuild.report import history
@@ -66,6 +87,8 @@ def cmd_report(args) -> int:
 
     if args.keep < 1:
         raise InputError(f"--keep must be at least 1, got {args.keep}")
+    if args.junit and Path(args.junit).is_dir():
+        raise InputError("is a directory: --junit takes the XML file's path (e.g. DIR/junit.xml)", args.junit)
     build_dir = build_dir_of(args)
     report = load_report(build_dir / "report.json")
     comparison, baseline = None, None
@@ -73,6 +96,10 @@ def cmd_report(args) -> int:
     if args.baseline:
         baseline = load_report(Path(args.baseline))
         thresholds = load_thresholds(Path(args.thresholds) if args.thresholds else None, project_dir())
+        for path, compared in ((build_dir / "report.json", report), (Path(args.baseline), baseline)):
+            problem = unreadable_metric(compared, thresholds)
+            if problem is not None:  # a damaged figure would make its comparison silently hold
+                raise InputError(problem, str(path))
         comparison = compare(report, baseline, thresholds)
         text += "\n" + render_comparison(comparison, args.baseline)
     history_dir = args.history or os.environ.get("NPUBUILD_HISTORY")
@@ -83,7 +110,12 @@ def cmd_report(args) -> int:
     write_html(build_dir / "report.html", report, comparison, baseline=args.baseline,
                cache_dir=build_dir / ".cache" / "plots", history=runs)
     if args.junit:
-        write_junit(Path(args.junit), report, comparison, baseline)
+        try:
+            write_junit(Path(args.junit), report, comparison, baseline)
+        except OSError as exc:  # said of the path given, not of the temp file written beside it
+            if is_disk_full(exc):
+                raise DiskFull(args.junit, "the JUnit XML") from None
+            raise InputError(f"cannot write the JUnit XML: {exc.strerror or exc}", args.junit) from None
     failed = [b for b in report["builds"] if b["status"] != "passed"]
     for r in comparison.regressions if comparison else []:
         print(f"regression: {r.line()}", file=sys.stderr)

@@ -66,9 +66,9 @@ def team_key() -> bytes | None:
         try:
             text = path.read_text().strip()
         except OSError as exc:
-            raise InputError(f"cannot read the cache key file: {exc.strerror}", str(path)) from None
+            raise InputError(f"cannot read the cache key file (${KEY_FILE_ENV}): {exc.strerror}", str(path)) from None
         if not text:
-            raise InputError("the cache key file is empty", str(path))
+            raise InputError(f"the cache key file (${KEY_FILE_ENV}) is empty", str(path))
     return text.encode() if text else None
 
 
@@ -173,9 +173,10 @@ def require_trust(url: str) -> None:
     needs $NPUBUILD_CACHE_KEY / $NPUBUILD_CACHE_KEY_FILE, or the explicit opt-out $NPUBUILD_CACHE_UNKEYED=1
     (every writer trusted); a directory path (the project's own cache) may stay unkeyed."""
     protocol = protocol_of(url)
+    key = team_key()  # a key file that cannot be read is one line here, before any task (not one per task)
     if protocol is None or protocol in LOCAL_PROTOCOLS:
         return
-    if os.environ.get(UNKEYED_ENV) == "1" or team_key() is not None:
+    if os.environ.get(UNKEYED_ENV) == "1" or key is not None:
         return
     raise InputError(f"the stage cache {url} is reached over a URL, so shared, and has no team key: set "
                      f"${KEY_ENV} (or ${KEY_FILE_ENV}) on every machine that builds, so that a build restores "
