@@ -115,6 +115,9 @@ class DaskExecutor:
 
     def run(self, plan: BuildPlan, session: Session) -> int:
         import dask
+        import distributed  # noqa: F401 - its config defaults in place first: dask.config.set records a section
+        # that is not there yet as its own and removes it whole on exit (a process's first Dask build, with
+        # nothing to run, left it without any `distributed` config: the next LocalCluster failed)
 
         # Workers that may have children, so each task runs isolated in one (engine/isolate.py); the nanny
         # reads this whenever it (re)starts a worker, so it holds for the whole run.
