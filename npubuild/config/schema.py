@@ -95,6 +95,14 @@ class VelaMirror(Strict):
     memory_mode: str
 
 
+class HostCpu(Strict):
+    """The CPU beside the NPU, which runs the host partitions: a Cortex-M runs them in TensorFlow Lite Micro (TFLite
+    builtin operators only: the deployable .tflite), a Cortex-A running Linux in onnxruntime (any ONNX operator)."""
+
+    kind: Literal["cortex-m", "cortex-a"] = "cortex-m"
+    cpu: str = Field(default="cortex-m55", description="e.g. cortex-m55, cortex-m85, cortex-a55")
+
+
 class TargetProfile(Strict):
     """An accelerator plus the system it sits in: clock, memories and their use."""
 
@@ -106,6 +114,10 @@ class TargetProfile(Strict):
     pools: dict[Name, MemoryPool]
     placement: Placement
     vela: VelaOptions = VelaOptions()
+    host: HostCpu = Field(default_factory=HostCpu, description="The CPU that runs host partitions")
+    optimise: Literal["performance", "size"] | None = Field(
+        default=None, description="What the build minimises: inference time (default) or SRAM and off-chip memory "
+        "(Vela's --optimise Size, and npubuild's forms chosen by memory); a spec's optimise overrides it")
     mirrors: VelaMirror | None = Field(
         default=None, description="The Vela bundled system config + memory mode this profile reproduces"
     )
@@ -180,8 +192,14 @@ class ModelSpec(Strict):
 
 
 class Quantization(Strict):
+    """How the float model is quantised. `auto` (the default of each) tries every activation range estimator,
+    bias correction and cross-layer equalisation and keeps what measures closest to float on the calibration
+    data (frontend/ptq/choose.py); a value fixes that choice."""
+
     per_channel: bool = True
-    method: Literal["minmax", "entropy", "percentile"] = "minmax"
+    method: Literal["auto", "minmax", "mean_minmax", "mse", "percentile", "entropy"] = "auto"
+    bias_correction: Literal["auto"] | bool = "auto"
+    equalization: Literal["auto"] | bool = "auto"
     symmetric_activations: bool = False
 
 
@@ -228,6 +246,9 @@ class CompileSpec(Strict):
     expect: Expect = Expect()
     fvp: FvpOptions = FvpOptions()
     vela: VelaOptions | None = Field(default=None, description="Overrides, field by field, the target profiles' Vela options")
+    optimise: Literal["performance", "size"] | None = Field(
+        default=None, description="What the builds minimise: inference time (default) or SRAM and off-chip memory "
+        "(Vela's --optimise Size, and npubuild's forms chosen by memory); overrides the target profiles' optimise")
     search_paths: list[str] = Field(
         default=[], description="Extra directories (relative to this file) holding targets/ and pipelines/"
     )

@@ -30,6 +30,7 @@ from npubuild.frontend.graph_index import GraphIndex, node_inputs
 from npubuild.frontend.host_runnable import onnxruntime_reason
 from npubuild.lowering.driver import LoweredGraph, lower_model
 from npubuild.lowering.fallback import HostNode
+from npubuild.lowering.options import LoweringOptions
 from npubuild.records.iospec import IOSpec
 from npubuild.records.lower import PartitionRecord, Placement
 from npubuild.tosa.graph import TosaGraphInfo, TosaOpInfo, ops_by_node, read_tosa, tensor_nodes
@@ -253,8 +254,10 @@ def plan_partitions(model: onnx.ModelProto, lowered: LoweredGraph | None, fam: s
 
 
 def write_partitions(model: onnx.ModelProto, plan: PartitionPlan, profile: Literal["int", "fp"], out_dir: Path,
-                     prefix: str, family: str | None = None) -> list[PartitionRecord]:
-    """Write each partition (<prefix>partN.tosa or <prefix>hostN.onnx); returns their records for io.json."""
+                     prefix: str, family: str | None = None,
+                     options: LoweringOptions | None = None) -> list[PartitionRecord]:
+    """Write each partition (<prefix>partN.tosa or <prefix>hostN.onnx); returns their records for io.json.
+    `options`: the family's lowering options as measured for this model (ethosu/measured.py), else its own."""
     infos = _value_infos(model)
     records = []
     for part in plan.partitions:
@@ -268,7 +271,7 @@ def write_partitions(model: onnx.ModelProto, plan: PartitionPlan, profile: Liter
                                            nodes))
             continue
         try:
-            low = lower_model(sub, profile, family=family)
+            low = lower_model(sub, profile, family=family, options=options)
         except Exception as exc:  # a boundary the lowering cannot take (e.g. a bool tensor input)
             raise StageError(f"NPU partition {part.index} cannot be lowered on its own: {exc}") from exc
         file = f"{prefix}part{part.index}.tosa"

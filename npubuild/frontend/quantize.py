@@ -23,6 +23,7 @@ from npubuild.errors import InputError, NpubuildError, StageError, is_out_of_mem
 from npubuild.fileio import write_bytes
 from npubuild.frontend.calibration import entropy_options
 from npubuild.frontend.data import calibration_arrays, graph_inputs
+from npubuild.frontend.ptq.choose import Choice, choose
 from npubuild.frontend.qdq_concat import share_concat_scales
 from npubuild.frontend.qdq_linear import fold_linear_bias
 from npubuild.frontend.qoperator import is_quantized
@@ -87,9 +88,25 @@ def quantize(float_model: Path, arrays: dict[str, np.ndarray], q: dict) -> onnx.
             if not _without_one_op_type(model, path, out, arrays, q, op_types):
                 raise quantisation_error(exc, float_model, arrays) from None
         qdq = onnx.load(str(out))
+        if _uncalibrated(qdq, q):  # a tensor the statistics did not see: calibrate it on every sample
+            _quantize_static(path, out, arrays, {**q, "_all_samples": True}, op_types)
+            qdq = onnx.load(str(out))
     _check_scales(qdq)
     fold_linear_bias(qdq, model)  # MatMul + bias Add as one layer, as TFLite's FullyConnected
     return qdq
+
+
+def _uncalibrated(qdq: onnx.ModelProto, q: dict) -> str | None:
+    """The first activation onnxruntime quantised that `q`'s chosen ranges do not cover, if any."""
+    ranges = q.get("_ranges")
+    if not ranges:
+        return None
+    inits = {t.name for t in qdq.graph.initializer}
+    for n in qdq.graph.node:
+        name = n.input[0].removesuffix("_QuantizeLinear_Input")  # a graph output's producer, renamed
+        if n.op_type == "QuantizeLinear" and n.input[0] not in inits and name not in ranges:
+            return n.input[0]
+    return None
 
 
 def _clean(text: str) -> str:
@@ -168,15 +185,17 @@ def check_calibration_size(model: onnx.ModelProto, calibration: dict) -> None:
 
 
 def _quantize_static(path: Path, out: Path, arrays: dict[str, np.ndarray], q: dict, op_types: list[str]) -> None:
+    ranges = q.get("_ranges")  # chosen activation ranges (ptq/ranges.py): onnxruntime's calibration is then moot,
+    # so it runs on one sample (a tensor the ranges miss would get that sample's range: quantize() checks)
     ortq.quantize_static(
         str(path),
         str(out),
-        ArrayReader(arrays),
+        ArrayReader({k: v[:1] for k, v in arrays.items()} if ranges and not q.get("_all_samples") else arrays),
         quant_format=ortq.QuantFormat.QDQ,
         per_channel=q["per_channel"],
         activation_type=ortq.QuantType.QInt8,
         weight_type=ortq.QuantType.QInt8,
-        calibrate_method=METHODS[q["method"]],
+        calibrate_method=ortq.CalibrationMethod.MinMax if ranges else METHODS[q["method"]],
         op_types_to_quantize=op_types,
         extra_options={
             "ActivationSymmetric": q["symmetric_activations"],
@@ -185,7 +204,7 @@ def _quantize_static(path: Path, out: Path, arrays: dict[str, np.ndarray], q: di
             # quantize data-movement ops (MaxPool, Transpose...) even where their input is float:
             # everything the NPU runs is int8.
             "ForceQuantizeNoInputCheck": True,
-            **entropy_options(path, arrays, q),
+            **({"TensorQuantOverrides": ranges} if ranges else entropy_options(path, arrays, q)),
         },
     )
 
@@ -260,11 +279,42 @@ def quantize_model(float_model: Path, quantization: Quantization, calibration: C
                 **{op: sum(n.op_type == op for n in model.graph.node) for op in ("QuantizeLinear", "DequantizeLinear")}}
     check_calibration_size(model, calibration.model_dump())
     arrays = calibration_arrays(model, calibration.model_dump(), calibration_npy)
-    qdq = quantize(float_model, arrays, quantization.model_dump())
-    share_concat_scales(qdq, quantization.symmetric_activations)  # TFLite-style concat scales
+    qdq, choice = quantize_chosen(float_model, model, arrays,
+                                  resolve_auto(quantization.model_dump(), calibration.model_dump()))
     write_bytes(out, qdq.SerializeToString())
     counts = {"QuantizeLinear": 0, "DequantizeLinear": 0}
     for n in qdq.graph.node:
         if n.op_type in counts:
             counts[n.op_type] += 1
-    return {"calibration_samples": int(next(iter(arrays.values())).shape[0]), **counts}
+    return {"calibration_samples": int(next(iter(arrays.values())).shape[0]), "quantization": choice.to_json(),
+            **counts}
+
+
+RANDOM_CALIBRATION = {"method": "minmax", "bias_correction": False, "equalization": False}
+
+
+def resolve_auto(q: dict, calibration: dict) -> dict:
+    """The spec's quantisation settings, with each `auto` choice fixed to MinMax, no bias correction and no
+    equalisation when the calibration is random: seeded noise says nothing about the inputs the model
+    will see, so there is nothing to choose by (and such a build stays what it was, as fast)."""
+    if not calibration.get("random"):
+        return q
+    return {**q, **{k: v for k, v in RANDOM_CALIBRATION.items() if q.get(k, "auto") == "auto"}}
+
+
+def quantize_chosen(float_model: Path, model: onnx.ModelProto, arrays: dict[str, np.ndarray],
+                    q: dict) -> tuple[onnx.ModelProto, Choice]:
+    """The QDQ model of the recipe the spec asks for, or (each choice "auto") of the one that measures
+    closest to float on the calibration data (ptq/choose.py)."""
+    def build(settings: dict, candidate: onnx.ModelProto) -> onnx.ModelProto:
+        if candidate is model:
+            qdq = quantize(float_model, arrays, settings)
+        else:  # an equalised float model
+            with tempfile.TemporaryDirectory(prefix="npubuild-eq-") as tmp:
+                path = Path(tmp) / "float.onnx"
+                onnx.save(candidate, path)
+                qdq = quantize(path, arrays, settings)
+        share_concat_scales(qdq, settings["symmetric_activations"])  # TFLite-style concat scales
+        return qdq
+
+    return choose(model, arrays, q, build)

@@ -100,8 +100,12 @@ def _first_bad_layer(b: dict) -> str:
     ln = b.get("layer_numerics")
     if not ln:
         return "-"
-    node = ln.get("first_lowering_error") or ln.get("first_jump")
-    return escape(f"{node} ({ln.get('jump_reason') or 'integer graph leaves the QDQ model'})") if node else "no jump"
+    if ln.get("first_lowering_error"):
+        return escape(f"{ln['first_lowering_error']} (integer graph leaves the QDQ model)")
+    if ln.get("first_drift"):
+        return escape(f"{ln['first_drift']} (integer graph further from float than QDQ: {ln['drift_reason']})")
+    node = ln.get("first_jump")
+    return escape(f"{node} ({ln.get('jump_reason')})") if node else "no jump"
 
 
 def _worst_pool(m: dict) -> dict | None:

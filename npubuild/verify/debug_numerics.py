@@ -32,6 +32,7 @@ JUMP_DB = 20.0  # an SNR this much below the node before it is a jump
 FLOOR_DB = 20.0  # falling below this (from above it) is a jump too, however gradual the way down
 CEILING_DB = 60.0  # SNRs above this count as this much when looking for a jump
 MAX_LSB = 1.0  # the integer graph may differ from the QDQ model by one rounding step
+DRIFT_DB = 1.0  # the integer graph this much further from float than the QDQ model is: it adds loss of its own
 
 
 @dataclass
@@ -152,11 +153,13 @@ def layer_numerics(lower_input: onnx.ModelProto, float_model: onnx.ModelProto, p
         tosa, ref = np.stack(a["tosa"]), np.stack(a["ref"])
         row = {"node": p.node, "op_type": p.op_type, "tensor": p.float_name,
                "tosa_snr_db": snr_db(ref, tosa), "cosine": cosine(ref, tosa),
-               "max_error_lsb": None, "quant_snr_db": None, "scale": spec.scale, "zero_point": spec.zero_point}
+               "max_error_lsb": None, "quant_snr_db": None, "qdq_snr_db": None, "scale": spec.scale,
+               "zero_point": spec.zero_point}
         if spec.dtype != "float32":
             row["max_error_lsb"] = float(spec.lsb_error(ref, np.stack(a["q"])).max())
         if a["flt"]:
             row["quant_snr_db"] = snr_db(np.stack(a["flt"]), tosa)
+            row["qdq_snr_db"] = snr_db(np.stack(a["flt"]), ref)  # what the QDQ model itself keeps of float
         rows.append(row)
     return {"profile": profile, "samples": n, "layers": rows, **first_jump(rows)}
 
@@ -166,15 +169,26 @@ def input_row(spec: IOSpec, x: np.ndarray) -> dict:
     deq = spec.through_qdq(x)
     return {"node": spec.onnx_name, "op_type": "graph input", "tensor": spec.onnx_name,
             "tosa_snr_db": SNR_CAP_DB, "cosine": cosine(x, deq), "max_error_lsb": 0.0,
-            "quant_snr_db": snr_db(x, deq), "scale": spec.scale, "zero_point": spec.zero_point}
+            "quant_snr_db": snr_db(x, deq), "qdq_snr_db": snr_db(x, deq), "scale": spec.scale,
+            "zero_point": spec.zero_point}
 
 
 def first_jump(rows: list[dict]) -> dict:
-    """The first node where the integer graph leaves the QDQ model (> 1 LSB), and where SNR vs float jumps."""
-    out: dict = {"first_lowering_error": None, "first_jump": None, "jump_reason": None}
+    """The first node where the integer graph leaves the QDQ model (> 1 LSB), the first where it is further from
+    float than the QDQ model (by DRIFT_DB: where the deployed graph starts to lose accuracy of its own, which
+    1-LSB steps grown through a sensitive network can do without any node leaving the QDQ model by more than
+    one), and where SNR vs float jumps (where quantisation loses it)."""
+    out: dict = {"first_lowering_error": None, "first_drift": None, "drift_reason": None, "first_jump": None,
+                 "jump_reason": None}
     for r in rows:
         if r["max_error_lsb"] is not None and r["max_error_lsb"] > MAX_LSB:
             out["first_lowering_error"] = r["node"]
+            break
+    for r in rows:
+        q, d = r.get("qdq_snr_db"), r.get("quant_snr_db")
+        if q is not None and d is not None and d < min(q, CEILING_DB) - DRIFT_DB:
+            out["first_drift"] = r["node"]
+            out["drift_reason"] = f"SNR vs float {d:.1f} dB, the QDQ model's {q:.1f} dB"
             break
     prev: float | None = None
     for r in rows:
@@ -193,16 +207,23 @@ def first_jump(rows: list[dict]) -> dict:
 
 def render_table(result: dict) -> str:
     """The per-node table the command prints, the first jump marked with '<<'."""
-    lines = [f"{'node':<24} {'op':<18} {'SNR vs QDQ dB':>13} {'max LSB':>8} {'SNR vs float dB':>15}"]
+    lines = [f"{'node':<24} {'op':<18} {'SNR vs QDQ dB':>13} {'max LSB':>8} {'SNR vs float dB':>15} "
+             f"{'QDQ vs float dB':>15}"]
     for r in result["layers"]:
         mark = ""
         if r["node"] == result["first_jump"]:
             mark = "  << error jumps here"
         if r["node"] == result["first_lowering_error"]:
             mark += "  << integer graph leaves the QDQ model here"
+        if r["node"] == result.get("first_drift"):
+            mark += "  << integer graph further from float than the QDQ model from here"
         lsb = "-" if r["max_error_lsb"] is None else f"{r['max_error_lsb']:.0f}"
         q = "-" if r["quant_snr_db"] is None else f"{r['quant_snr_db']:.1f}"
-        lines.append(f"{r['node'][:24]:<24} {r['op_type'][:18]:<18} {r['tosa_snr_db']:>13.1f} {lsb:>8} {q:>15}{mark}")
+        qq = "-" if r.get("qdq_snr_db") is None else f"{r['qdq_snr_db']:.1f}"
+        lines.append(f"{r['node'][:24]:<24} {r['op_type'][:18]:<18} {r['tosa_snr_db']:>13.1f} {lsb:>8} {q:>15} "
+                     f"{qq:>15}{mark}")
+    if result.get("first_drift") is not None:
+        lines.append(f"first drift from float: {result['first_drift']} ({result['drift_reason']})")
     if result["first_jump"] is None and result["first_lowering_error"] is None:
         lines.append("no jump: the error grows smoothly through the graph")
     elif result["first_jump"] is not None:

@@ -119,6 +119,25 @@ def test_first_jump_rules():
     assert res["first_lowering_error"] == "c" and res["first_jump"] is None
 
 
+def test_first_drift_names_where_the_integer_graph_loses_more_than_its_qdq_model():
+    """Every node within 1 LSB of the QDQ model, yet the deployed graph falls behind it against float (a
+    sensitive network growing 1-LSB steps): the first node more than 1 dB further from float is named."""
+    from npubuild.verify.debug_numerics import first_jump, render_table
+
+    def row(node, deployed, qdq):
+        return {"node": node, "op_type": "Conv", "quant_snr_db": deployed, "qdq_snr_db": qdq, "tosa_snr_db": 40.0,
+                "max_error_lsb": 1.0}
+
+    rows = [row("a", 44.0, 44.2), row("b", 30.0, 30.5), row("c", 21.0, 24.0), row("d", 9.0, 12.0)]
+    res = first_jump(rows)
+    assert res["first_lowering_error"] is None
+    assert res["first_drift"] == "c" and "24.0" in res["drift_reason"]
+    table = render_table({**res, "layers": rows})
+    assert "first drift from float: c" in table
+    # tensors beyond what int8 keeps anyway (both over 60 dB) are no drift
+    assert first_jump([row("a", 90.0, 150.0), row("b", 44.0, 44.5)])["first_drift"] is None
+
+
 def test_attention_probes_fused_away_beside_others_are_dropped(tmp_path: Path):
     """Exposing a head-split Reshape stops its Transpose from fusing over it; the report keeps going without it."""
     from npubuild.models.zoo import transformer

@@ -1,0 +1,93 @@
+"""Activation statistics of the float model on the calibration data: what every range estimator reads.
+
+One onnxruntime session with every float tensor exposed, run twice over the samples: the first pass
+records each tensor's per-sample minimum and maximum, the second a histogram over the tensor's whole
+calibration range (so bins are fixed before any value is counted, and no sample is held in memory).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper
+
+BINS = 2048
+
+
+@dataclass
+class TensorStats:
+    """One activation tensor over the calibration samples."""
+
+    sample_min: np.ndarray  # float64 [samples]
+    sample_max: np.ndarray  # float64 [samples]
+    hist: np.ndarray = field(default_factory=lambda: np.zeros(BINS, np.float64))  # counts over [lo, hi]
+
+    @property
+    def lo(self) -> float:
+        return float(self.sample_min.min())
+
+    @property
+    def hi(self) -> float:
+        return float(self.sample_max.max())
+
+    def edges(self) -> np.ndarray:
+        return np.linspace(self.lo, self.hi, BINS + 1)
+
+
+def float_tensors(model: onnx.ModelProto) -> list[str]:
+    """Graph inputs and node outputs of float type (the tensors onnxruntime's quantiser may give a Q/DQ pair)."""
+    if len(model.graph.value_info) < len(model.graph.node) // 2:  # types of the intermediate tensors
+        try:
+            model = onnx.shape_inference.infer_shapes(model)
+        except Exception:  # noqa: BLE001 - the model's own value_info is all there is to go on
+            pass
+    typed = {vi.name: vi.type.tensor_type.elem_type for vi in (*model.graph.value_info, *model.graph.input,
+                                                                 *model.graph.output)}
+    inits = {t.name for t in model.graph.initializer}
+    names = [i.name for i in model.graph.input if i.name not in inits]
+    names += [o for n in model.graph.node if n.op_type != "Constant" for o in n.output if o]
+    return [n for n in dict.fromkeys(names) if typed.get(n) == TensorProto.FLOAT]
+
+
+def exposing(model: onnx.ModelProto, names: list[str]) -> bytes:
+    m = onnx.ModelProto()
+    m.CopyFrom(model)
+    have = {o.name for o in m.graph.output}
+    m.graph.output.extend(helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in names if n not in have)
+    return m.SerializeToString()
+
+
+def collect(model: onnx.ModelProto, arrays: dict[str, np.ndarray]) -> dict[str, TensorStats]:
+    """Per-sample min/max and a BINS-bin histogram of every float tensor of `model` over `arrays`."""
+    import onnxruntime as ort
+
+    names = float_tensors(model)
+    opts = ort.SessionOptions()
+    opts.log_severity_level = 3
+    session = ort.InferenceSession(exposing(model, names), opts, providers=["CPUExecutionProvider"])
+    feeds_names = {i.name for i in session.get_inputs()}
+    n = next(iter(arrays.values())).shape[0]
+    feeds = [{k: np.asarray(v[i]) for k, v in arrays.items() if k in feeds_names} for i in range(n)]
+    graph_in = set(feeds_names)
+    mins = {k: np.empty(n) for k in names}
+    maxs = {k: np.empty(n) for k in names}
+    for i, fd in enumerate(feeds):
+        for k, v in zip(names, _run(session, names, fd, graph_in), strict=True):
+            mins[k][i], maxs[k][i] = (float(v.min()), float(v.max())) if v.size else (0.0, 0.0)
+    stats = {k: TensorStats(mins[k], maxs[k]) for k in names}
+    for fd in feeds:
+        for k, v in zip(names, _run(session, names, fd, graph_in), strict=True):
+            s = stats[k]
+            if s.hi > s.lo:
+                s.hist += np.histogram(v, bins=BINS, range=(s.lo, s.hi))[0]
+    return stats
+
+
+def _run(session, names: list[str], feeds: dict[str, np.ndarray], graph_in: set[str]) -> list[np.ndarray]:
+    """Each tensor's finite values, flat (float32: converting every activation to float64 cost as much as the run)."""
+    run_names = [k for k in names if k not in graph_in]
+    outs = dict(zip(run_names, session.run(run_names, feeds), strict=True))
+    flat = [np.asarray(feeds[k] if k in graph_in else outs[k]).ravel() for k in names]
+    return [v if v.size == 0 or np.isfinite(v.sum(dtype=np.float64)) else v[np.isfinite(v)] for v in flat]

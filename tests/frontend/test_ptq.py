@@ -1,0 +1,149 @@
+"""Post-training quantisation techniques (frontend/ptq): each measurably matters on a model made for it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+from npubuild.frontend.ptq import ranges
+from npubuild.frontend.ptq.choose import Scorer
+from npubuild.frontend.ptq.stats import collect
+from npubuild.frontend.quantize import quantize, quantize_chosen
+
+Q = {"per_channel": True, "symmetric_activations": False}
+
+
+def _save(model: onnx.ModelProto, tmp_path: Path, name: str) -> Path:
+    model.opset_import[0].version = 17
+    onnx.checker.check_model(model, full_check=True)
+    path = tmp_path / f"{name}.onnx"
+    onnx.save(model, path)
+    return path
+
+
+def _conv_model(rng, c=8) -> onnx.ModelProto:
+    """conv 3x3 -> relu -> conv 1x1 -> output: a small CNN whose hidden activation the tests shape."""
+    w1 = rng.normal(0, 0.3, (c, 3, 3, 3)).astype(np.float32)
+    w2 = rng.normal(0, 0.3, (4, c, 1, 1)).astype(np.float32)
+    nodes = [helper.make_node("Conv", ["x", "w1", "b1"], ["h"], pads=[1, 1, 1, 1], name="conv1"),
+             helper.make_node("Relu", ["h"], ["r"], name="relu"),
+             helper.make_node("Conv", ["r", "w2", "b2"], ["y"], name="conv2")]
+    inits = [numpy_helper.from_array(w1, "w1"), numpy_helper.from_array(np.zeros(c, np.float32), "b1"),
+             numpy_helper.from_array(w2, "w2"), numpy_helper.from_array(np.zeros(4, np.float32), "b2")]
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 16, 16])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4, 16, 16])], inits)
+    return helper.make_model(g)
+
+
+def test_outlier_robust_ranges_beat_minmax_when_one_sample_spikes(tmp_path: Path):
+    """One calibration sample with a 40x spike sets MinMax's grid for every other: the hidden activation keeps a
+    handful of levels. The per-model choice must find a range estimator that ignores it (>10 dB better)."""
+    rng = np.random.default_rng(0)
+    path = _save(_conv_model(rng), tmp_path, "spike")
+    calib = rng.uniform(0, 1, (16, 1, 3, 16, 16)).astype(np.float32)
+    calib[3, 0, :, 8, 8] = 40.0  # one pixel of one sample
+    arrays = {"x": calib}
+    model = onnx.load(path)
+    scorer = Scorer(model, {"x": np.delete(calib, 3, axis=0)})
+    minmax = quantize(path, arrays, {**Q, "method": "minmax"})
+    chosen, choice = quantize_chosen(path, model, arrays, {**Q, "method": "auto", "bias_correction": False,
+                                                           "equalization": False})
+    assert choice.method != "minmax"
+    assert set(choice.candidates) == {"minmax", "percentile", "mean_minmax", "mse"}
+    assert choice.candidates[choice.method] == max(choice.candidates.values())
+    assert scorer.score(chosen)[0] > scorer.score(minmax)[0] + 10.0
+
+
+def test_mse_range_has_the_least_error_of_every_estimator():
+    """On a heavy tail (Student's t, 1.5 degrees of freedom) and on a uniform, no other estimator's range has a
+    lower expected int8 error than the MSE one; on the uniform it keeps the ends."""
+    rng = np.random.default_rng(1)
+    model = helper.make_model(helper.make_graph(
+        [helper.make_node("Identity", ["x"], ["a"]), helper.make_node("Identity", ["u"], ["b"])], "g",
+        [helper.make_tensor_value_info(n, TensorProto.FLOAT, [4096]) for n in ("x", "u")],
+        [helper.make_tensor_value_info(n, TensorProto.FLOAT, [4096]) for n in ("a", "b")]))
+    arrays = {"x": rng.standard_t(1.5, (8, 4096)).astype(np.float32),
+              "u": rng.uniform(-1, 1, (8, 4096)).astype(np.float32)}
+    stats = collect(model, arrays)
+    for name in ("a", "b"):
+        errors = {k: ranges.quant_mse(stats[name], *(np.array([v]) for v in est(stats[name])))[0]
+                  for k, est in ranges.ESTIMATORS.items()}
+        assert errors["mse"] == min(errors.values()), errors
+    lo, hi = ranges.mse(stats["b"])
+    assert hi > 0.95 * stats["b"].hi and lo < 0.95 * stats["b"].lo
+
+
+def _depthwise_model(c=16) -> onnx.ModelProto:
+    """depthwise 3x3 whose weights all sit 0.45 of an int8 step above a grid point (so every tap rounds down,
+    the same way), then a 1x1 conv: the depthwise output's mean per channel is shifted by the rounding."""
+    rng = np.random.default_rng(2)
+    peak = rng.uniform(0.5, 1.0, c)
+    steps = rng.integers(20, 100, (c, 1, 3, 3)).astype(np.float64)
+    steps[:, 0, 0, 0] = 127
+    wd = (peak[:, None, None, None] * (steps + np.where(steps == 127, 0, 0.45)) / 127).astype(np.float32)
+    w2 = np.random.default_rng(3).normal(0, 0.5, (8, c, 1, 1)).astype(np.float32)
+    nodes = [helper.make_node("Conv", ["x", "wd", "bd"], ["d"], group=c, pads=[1, 1, 1, 1], name="dw"),
+             helper.make_node("Conv", ["d", "w2", "b2"], ["y"], name="pw")]
+    inits = [numpy_helper.from_array(wd, "wd"), numpy_helper.from_array(np.zeros(c, np.float32), "bd"),
+             numpy_helper.from_array(w2, "w2"), numpy_helper.from_array(np.zeros(8, np.float32), "b2")]
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, c, 12, 12])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8, 12, 12])], inits)
+    return helper.make_model(g)
+
+
+def test_bias_correction_removes_the_shift_weight_rounding_puts_in_a_depthwise_output(tmp_path: Path):
+    path = _save(_depthwise_model(), tmp_path, "dw")
+    rng = np.random.default_rng(4)
+    arrays = {"x": rng.uniform(0.5, 1.5, (16, 1, 16, 12, 12)).astype(np.float32)}
+    held_out = {"x": rng.uniform(0.5, 1.5, (8, 1, 16, 12, 12)).astype(np.float32)}
+    model = onnx.load(path)
+    plain, _ = quantize_chosen(path, model, arrays, {**Q, "method": "minmax", "bias_correction": False, "equalization": False})
+    corrected, choice = quantize_chosen(path, model, arrays, {**Q, "method": "minmax", "bias_correction": True, "equalization": False})
+    assert choice.bias_correction and choice.corrected_layers >= 1
+    scorer = Scorer(model, held_out)
+    assert scorer.score(corrected)[0] > scorer.score(plain)[0] + 3.0
+
+
+def _unequal_channels_model(c=16) -> onnx.ModelProto:
+    """conv 3x3 -> relu -> depthwise 3x3 -> conv 1x1: the first conv's output channels span 300x in range (its
+    rows scaled so, the depthwise weights scaled back: the float function of a trained net whose channels
+    drifted apart), so the per-tensor activation between them leaves the small channels a few levels."""
+    rng = np.random.default_rng(5)
+    gain = np.geomspace(0.02, 6.0, c)
+    w1 = (rng.normal(0, 0.4, (c, 3, 3, 3)) * gain[:, None, None, None]).astype(np.float32)
+    wd = (rng.normal(0, 0.4, (c, 1, 3, 3)) / gain[:, None, None, None]).astype(np.float32)
+    w2 = rng.normal(0, 0.4, (8, c, 1, 1)).astype(np.float32)
+    nodes = [helper.make_node("Conv", ["x", "w1", "b1"], ["h"], pads=[1, 1, 1, 1], name="conv1"),
+             helper.make_node("Relu", ["h"], ["r"], name="relu"),
+             helper.make_node("Conv", ["r", "wd", "bd"], ["d"], group=c, pads=[1, 1, 1, 1], name="dw"),
+             helper.make_node("Conv", ["d", "w2", "b2"], ["y"], name="pw")]
+    inits = [numpy_helper.from_array(w1, "w1"), numpy_helper.from_array((0.01 * gain).astype(np.float32), "b1"),
+             numpy_helper.from_array(wd, "wd"), numpy_helper.from_array(np.zeros(c, np.float32), "bd"),
+             numpy_helper.from_array(w2, "w2"), numpy_helper.from_array(np.zeros(8, np.float32), "b2")]
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 12, 12])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8, 12, 12])], inits)
+    return helper.make_model(g)
+
+
+def test_equalisation_evens_out_channels_a_per_tensor_activation_grid_starves(tmp_path: Path):
+    from npubuild.frontend.ptq.equalize import equalise, pairs
+
+    path = _save(_unequal_channels_model(), tmp_path, "uneq")
+    model = onnx.load(path)
+    assert [(p.first.name, p.second.name, p.depthwise_second) for p in pairs(model)] == \
+        [("conv1", "dw", True), ("dw", "pw", False)]
+    rng = np.random.default_rng(6)
+    arrays = {"x": rng.uniform(-1, 1, (16, 1, 3, 12, 12)).astype(np.float32)}
+    held_out = {"x": rng.uniform(-1, 1, (8, 1, 3, 12, 12)).astype(np.float32)}
+    equalised, count = equalise(model, arrays)
+    assert count == 2
+    scorer = Scorer(model, held_out)
+    assert scorer.score(equalised)[0] > 100  # the same float function
+    fixed = {**Q, "method": "minmax", "bias_correction": False}
+    plain, _ = quantize_chosen(path, model, arrays, {**fixed, "equalization": False})
+    chosen, choice = quantize_chosen(path, model, arrays, {**fixed, "equalization": True})
+    assert choice.equalization
+    assert scorer.score(chosen)[0] > scorer.score(plain)[0] + 6.0
