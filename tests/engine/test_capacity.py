@@ -22,6 +22,10 @@ from npubuild.stages import STAGES
 GIB = 1 << 30
 
 
+def _width(project: Path) -> int:
+    return plan_width(make_plan(load_specs([project / "configs"]), project / "build", STAGES))
+
+
 def test_what_the_machine_holds():
     assert Capacity(2, 24 * GIB, 4 * GIB).tasks == 2  # the cores
     assert Capacity(64, 16 * GIB, 4 * GIB).tasks == 4  # the memory at the stage limit per task
@@ -39,17 +43,18 @@ def test_total_memory_is_the_cgroups_when_it_is_smaller(tmp_path: Path):
 
 def test_the_plan_bounds_the_jobs_too(project: Path, capsys):
     plan = make_plan(load_specs([project / "configs"]), project / "build", STAGES)
-    # kws: import, early-fit, quantize, lower, tosa-check, 3 vela, 3 reports; the longest path has 6 tasks
-    assert len(plan.tasks) == 11 and plan_width(plan) == 6
+    # kws: import, early-fit, quantize, lower, tosa-check, 3 vela, 3 npu-sim, 3 reports; the longest path
+    # (import, early-fit, quantize, lower, vela, npu-sim, report) has 7
+    assert len(plan.tasks) == 14 and plan_width(plan) == 8
     big = Capacity(64, 1024 * GIB, 4 * GIB)
     assert clamp_jobs(4, plan, capacity=big) == 4 and capsys.readouterr().err == ""
-    assert clamp_jobs(50, plan, capacity=big) == 6
+    assert clamp_jobs(50, plan, capacity=big) == 8
     err = capsys.readouterr().err
-    assert err == "note: -n 50: running 6 at a time (at most 6 of this plan's 11 tasks can run at once)\n"
+    assert err == "note: -n 50: running 8 at a time (at most 8 of this plan's 14 tasks can run at once)\n"
     assert clamp_jobs(100000, plan, capacity=Capacity(2, 24 * GIB, 4 * GIB)) == 2
     err = capsys.readouterr().err
     assert err.startswith("note: -n 100000: running 2 at a time (this machine holds 2 (2 core(s), 24.0 GiB of "
-                          "memory for stage tasks of up to 4.0 GiB each ($NPUBUILD_STAGE_MEMORY_MIB)); at most 6 ")
+                          "memory for stage tasks of up to 4.0 GiB each ($NPUBUILD_STAGE_MEMORY_MIB)); at most 8 ")
     assert err.count("\n") == 1
 
 
@@ -82,7 +87,7 @@ def test_a_malformed_setting_is_one_line_exit_2(project: Path, capsys, monkeypat
 def test_build_n_100000_runs_what_the_machine_holds(project: Path, capsys):
     """The real thing, on this machine: the build runs, with one line saying how many at a time, and doit is
     given that many job slots (run.json's `jobs`), not 100000."""
-    held = min(Capacity.here().tasks, 6)
+    held = min(Capacity.here().tasks, _width(project))
     code, _, err = run_cli(["build", "-q", "--cache", "off", "-n", "100000"], capsys, cwd=project)
     assert code == 0, err
     assert err.startswith(f"note: -n 100000: running {held} at a time (") and err.count("\n") == 1, err
@@ -101,7 +106,7 @@ def test_plain_doit_with_more_jobs_than_the_machine_holds_is_refused(project: Pa
 
 
 def test_dasks_local_cluster_is_bounded_the_same_way(project: Path, capsys):
-    held = min(Capacity.here().tasks, 6)
+    held = min(Capacity.here().tasks, _width(project))
     assert run_cli(["build", "-q"], capsys, cwd=project)[0] == 0  # all up to date next: Dask starts no worker
     code, _, err = run_cli(["build", "-q", "--executor", "dask", "-n", "64"], capsys, cwd=project)
     assert code == 0, err

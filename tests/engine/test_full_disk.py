@@ -109,7 +109,8 @@ def test_a_cache_that_cannot_take_outputs_is_one_warning(project: Path, capsys, 
     (line,) = err.splitlines()
     assert line.startswith(f"warning: the shared stage cache {tmp_path / 'cache'} cannot take outputs (")
     assert "is full; first for import:" in line
-    assert len(read_run(project / "build")["executed"]) == 11
+    run = read_run(project / "build")
+    assert run["executed"] and not run["cached"] and not run["failed"]  # built in full without the cache
 
 
 def test_reports_that_cannot_be_written_are_one_line_and_exit_1(project: Path, capsys, monkeypatch):
