@@ -174,18 +174,20 @@ def test_fuzzed_model_strings_that_are_not_utf8_are_bad_input(tmp_path: Path):
         assert "\n" not in str(caught.value), (target, str(caught.value))
 
 
-def test_fuzzed_baselines_never_switch_the_comparison_off(project: Path, capsys):
-    spec = project / "configs" / "kws.yaml"
-    spec.write_text(spec.read_text().replace("[ethos-u55-128, ethos-u65-256, ethos-u85-256]", "[ethos-u55-128]"))
-    assert main(["build", "-q", "--cache", "off", "--build-dir", str(project / "build")]) == 0
-    report = json.loads((project / "build" / "report.json").read_text())
+def test_fuzzed_baselines_never_switch_the_comparison_off(fuzz_project: Path, capsys, monkeypatch):
+    from fuzz_inputs import SPEC
+
+    (fuzz_project / "configs" / "fuzz.yaml").write_text(SPEC)
+    monkeypatch.chdir(fuzz_project)
+    assert main(["build", "-q", "--cache", "off"]) == 0
+    report = json.loads((fuzz_project / "build" / "report.json").read_text())
     capsys.readouterr()
     rng = random.Random(SEED + 36)
-    baseline = project / "baseline.json"
+    baseline = fuzz_project / "baseline.json"
     for _ in range(24):
         text, refused = mutate_report(rng, report)
         baseline.write_text(text)
-        code = main(["report", "--build-dir", str(project / "build"), "--baseline", str(baseline)])
+        code = main(["report", "--baseline", str(baseline)])
         out, err = capsys.readouterr()
         if refused:
             assert code == 2 and _violation(code, err) is None and "not a finite number" in err, (text[:200], err)

@@ -191,7 +191,10 @@ def compile_partition(tosa_src: Path, stem: str, ini: Path, stage_dir: Path, pro
         other = "tflite" if opts.output_format == "raw" else "raw"
         cmds = [cmd, vela_command(tosa, ini, out_dir / other, profile, opts, other)]
         proc = _run_vela_all(cmds, profile.accelerator)[0]
-        write_text(stage_dir / ("vela.log" if stem == "model" else f"{stem}.vela.log"), proc.stdout + proc.stderr)
+        # Vela names its output files by their temp path: written as the stage dir's own, so that the log is the
+        # same whenever the same graph is compiled (a later stage's key covers every file of this one)
+        log = (proc.stdout + proc.stderr).replace(f"{out_dir}/out/", "").replace(str(out_dir), ".")
+        write_text(stage_dir / ("vela.log" if stem == "model" else f"{stem}.vela.log"), log)
         produced = sorted((out_dir / "out").iterdir())
         csvs = [p for p in produced if p.name.endswith(".csv") and "_summary_" in p.name]
         if not csvs:

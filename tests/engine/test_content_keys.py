@@ -190,3 +190,18 @@ def test_restored_files_have_the_usual_mode(tmp_path: Path):
     assert [p.name for p in dest.iterdir()] == ["raw"]  # no temp file left
 
 
+
+
+def test_the_same_graph_built_twice_gives_its_consumers_the_same_keys(tmp_path: Path):
+    """Content keys only pay if a stage rerun on the same input writes the same bytes: Vela's log named its
+    outputs by their temp dir, so every rerun of Vela moved the keys of the stages after it (cache misses)."""
+    root = _project(tmp_path / "p")
+    for build_dir in ("b1", "b2"):
+        assert _build(root, root / build_dir, "off").returncode == 0
+
+    def upstream(build_dir: str) -> dict[str, dict]:
+        return {p.parent.parent.name + "/" + p.parent.name: json.loads(p.read_text())["upstream"]
+                for p in (root / build_dir / "stages").glob("*/*/inputs.json")}
+
+    first = upstream("b1")
+    assert any(first.values()) and first == upstream("b2")
