@@ -36,12 +36,14 @@ from npubuild.engine.uptodate import (
 from npubuild.errors import (
     DiskFull,
     InputError,
+    InternalError,
     NpubuildError,
     StageError,
     describe_disk,
     is_disk_full,
     is_out_of_memory,
     nearly_full,
+    one_line,
     written_path,
 )
 from npubuild.fileio import read_json, write_json
@@ -231,8 +233,9 @@ def execute(task: StageTask, run_id: str, debug: bool = False, cache: StageCache
         if full is not None:
             _record_error(err_path, {"kind": "stage", "message": str(full), "run_id": run_id})
             raise full from None
-        _record_error(err_path, {"kind": "input" if exc.exit_code == 2 else "stage", "message": str(exc),
-                                 "run_id": run_id})
+        detail = getattr(exc, "detail", None)  # an InternalError's traceback
+        _record_error(err_path, {"kind": exc.kind, "message": str(exc), "run_id": run_id,
+                                 **({"traceback": detail} if detail else {})})
         raise
     except Exception as exc:  # a bug or a tool crash: keep the traceback on disk, one line on screen
         if is_disk_full(exc):  # in process (the report stage)
@@ -246,12 +249,13 @@ def execute(task: StageTask, run_id: str, debug: bool = False, cache: StageCache
             _record_error(err_path, {"kind": "stage", "message": str(oom), "run_id": run_id})
             raise oom from None
         detail = getattr(exc, "child_traceback", None) or traceback.format_exc()  # run_isolated's child
-        _record_error(err_path, {"kind": "internal", "message": f"error: {type(exc).__name__}: {exc}",
-                                 "traceback": detail, "run_id": run_id})
+        internal = InternalError(f"stage {task.stage}: {one_line(f'{type(exc).__name__}: {exc}')} (traceback in "
+                                 f"{err_path})")
+        _record_error(err_path, {"kind": "internal", "message": str(internal), "traceback": detail,
+                                 "run_id": run_id})
         if debug:
             raise
-        raise NpubuildError(f"internal error in stage {task.stage}: {type(exc).__name__}: {exc} "
-                            f"(traceback in {err_path})") from exc
+        raise internal from exc
     if cache is not None:
         try:
             cache.put(key, task.dir, metrics, exclude={record_path.name, err_path.name, INPUTS_NAME})

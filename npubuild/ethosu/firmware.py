@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from npubuild.config.schema import TargetProfile, VelaOptions
+from npubuild.errors import StageError
 from npubuild.ethosu.vela_ini import arena_cache_bytes, memory_mode_name
 from npubuild.fileio import write_json, write_text
 from npubuild.records.iospec import GraphIO, IOSpec
@@ -31,6 +32,10 @@ def c_ident(text: str) -> str:
 
 
 def _io_entries(z, kind: str, specs: Sequence[IOSpec]) -> list[dict]:
+    if len(z[f"{kind}_shape"]) != len(specs):  # Vela left out a graph input it does not read (nothing maps it)
+        raise StageError(f"Vela's raw output has {len(z[f'{kind}_shape'])} {kind}s where the TOSA graph has "
+                         f"{len(specs)} ({', '.join(s.onnx_name for s in specs)}): the firmware's {kind} map "
+                         "cannot be written")
     out = []
     for i, spec in enumerate(specs):
         shape = [int(d) for d in z[f"{kind}_shape"][i]]
