@@ -233,9 +233,7 @@ def execute(task: StageTask, run_id: str, debug: bool = False, cache: StageCache
         if full is not None:
             _record_error(err_path, {"kind": "stage", "message": str(full), "run_id": run_id})
             raise full from None
-        detail = getattr(exc, "detail", None)  # an InternalError's traceback
-        _record_error(err_path, {"kind": exc.kind, "message": str(exc), "run_id": run_id,
-                                 **({"traceback": detail} if detail else {})})
+        _record_error(err_path, {"kind": exc.kind, "message": str(exc), "run_id": run_id, **exc.detail})
         raise
     except Exception as exc:  # a bug or a tool crash: keep the traceback on disk, one line on screen
         if is_disk_full(exc):  # in process (the report stage)
