@@ -143,7 +143,9 @@ def many_jobs(r: Runner, tmp: Path, n: int) -> tuple[str, str]:
     stop.set()
     sampler.join()
     note = next((ln for ln in err.splitlines() if ln.startswith(("note:", "error:"))), "")
-    return (f"kws (3 targets, 11 tasks) -n {n}, cold",
+    run = json.loads((root / "build" / "run.json").read_text()) if (root / "build" / "run.json").is_file() else {}
+    tasks = sum(len(run.get(k, [])) for k in ("executed", "cached", "failed", "blocked", "not_run"))
+    return (f"kws (3 targets, {tasks} tasks) -n {n}, cold",
             f"exit {proc.returncode}, {time.perf_counter() - start:.0f} s, peak {peak.get('procs', 0)} processes, "
             f"{peak.get('rss', 0) / 2**30:.2f} GiB RSS (sampled every 10 ms)" + (f"; `{note[:110]}`" if note else ""))
 
