@@ -28,7 +28,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests"))
-from buildhelpers import conv_chain_model, write_spec  # noqa: E402
+from npbtest.builds import conv_chain_model, write_spec  # noqa: E402
 
 
 class Runner:

@@ -30,7 +30,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
-from fuzz_inputs import (
+from npbtest.fuzz_inputs import (
     base_model,
     hostile_flags,
     mutate_model,
@@ -175,7 +175,7 @@ def test_fuzzed_model_strings_that_are_not_utf8_are_bad_input(tmp_path: Path):
 
 
 def test_fuzzed_baselines_never_switch_the_comparison_off(fuzz_project: Path, capsys, monkeypatch):
-    from fuzz_inputs import SPEC
+    from npbtest.fuzz_inputs import SPEC
 
     (fuzz_project / "configs" / "fuzz.yaml").write_text(SPEC)
     monkeypatch.chdir(fuzz_project)
@@ -196,7 +196,7 @@ def test_fuzzed_baselines_never_switch_the_comparison_off(fuzz_project: Path, ca
 
 
 def test_fuzzed_flags_and_settings_are_bounded_or_one_line(fuzz_project: Path, capsys, monkeypatch):
-    from fuzz_inputs import SPEC
+    from npbtest.fuzz_inputs import SPEC
 
     (fuzz_project / "configs" / "fuzz.yaml").write_text(SPEC)
     monkeypatch.chdir(fuzz_project)
@@ -224,7 +224,7 @@ def test_fuzzed_flags_and_settings_are_bounded_or_one_line(fuzz_project: Path, c
 
 def _tiny_project(root: Path, specs: int) -> list[Path]:
     """`specs` specs of one tiny conv chain each (ethos-u55-128): their model files."""
-    from buildhelpers import conv_chain_model, write_spec
+    from npbtest.builds import conv_chain_model, write_spec
 
     (root / "configs" / "models").mkdir(parents=True)
     (root / "dodo.py").write_text("# product repo marker\n")

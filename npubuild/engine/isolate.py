@@ -43,10 +43,9 @@ from npubuild.errors import (
     is_out_of_memory,
     written_path,
 )
+from npubuild.machine import MEMORY_ENV, memory_limit_bytes
 
 T = TypeVar("T")
-MEMORY_ENV = "NPUBUILD_STAGE_MEMORY_MIB"
-DEFAULT_MEMORY_MIB = 4096  # address space a child may add to what it inherits
 DEFAULT_TIMEOUT_S = 3600.0
 PRELOAD = ("__main__", "numpy", "onnx", "onnxruntime")  # the caller's main module (else each child imports it)
 
@@ -57,14 +56,6 @@ class ChildFailure(Exception):
     def __init__(self, summary: str, child_traceback: str):
         super().__init__(summary)
         self.child_traceback = child_traceback
-
-
-def memory_limit_bytes() -> int:
-    """The child's added address space: $NPUBUILD_STAGE_MEMORY_MIB, else DEFAULT_MEMORY_MIB."""
-    text = os.environ.get(MEMORY_ENV, "")
-    if text.isdigit() and int(text) > 0:
-        return int(text) << 20
-    return DEFAULT_MEMORY_MIB << 20
 
 
 def isolation_possible() -> bool:

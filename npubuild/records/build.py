@@ -46,19 +46,6 @@ class Status(StrEnum):
 
 
 @dataclass(frozen=True)
-class RunOutcomes:
-    """What became of each task in one run (the session's view), for its report: only the record of a task this
-    run ran, restored or checked is current; any other stage is not built, with the reason."""
-
-    outcomes: Mapping[str, Outcome]  # task name -> outcome; a task not there was not reached (Outcome.NOT_RUN)
-    messages: Mapping[str, str] = field(default_factory=dict)  # a failed task's one line, as the run said it
-    stopped: str | None = None  # why the run ended before reaching every task (the first failure, Ctrl-C)
-
-    def outcome(self, task: str) -> Outcome:
-        return self.outcomes.get(task, Outcome.NOT_RUN)
-
-
-@dataclass(frozen=True)
 class Skip:
     """A stage that does not run for a build, for a reason the report shows: planned so (a stage's plan returns
     it) or found so when it runs (its metrics are `to_json()`: npu-sim on an artifact it does not model, the FVP

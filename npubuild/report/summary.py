@@ -17,10 +17,11 @@ from npubuild.config.load import Build
 from npubuild.config.metrics import GATE_BY_KEY
 from npubuild.engine.execute import read_error
 from npubuild.engine.plan import BuildPlan
+from npubuild.engine.session import RunOutcome
 from npubuild.engine.uptodate import INPUTS_NAME, read_json_cached, read_record
 from npubuild.engine.versions import all_versions
 from npubuild.fileio import _json_default, stable_hash, write_text
-from npubuild.records.build import BuildEntry, Outcome, RunOutcomes, StageEntry, StageRecord, Status
+from npubuild.records.build import BuildEntry, Outcome, StageEntry, StageRecord, Status
 from npubuild.records.lower import LowerRecord
 from npubuild.records.vela import VelaRecord
 from npubuild.report.brief import failure_cause, gate_text, num, pools_text
@@ -31,7 +32,7 @@ from npubuild.report.offloads import placement_markdown
 from npubuild.report.status import placement_status
 
 
-def build_entries(plan: BuildPlan, run_id: str, run: RunOutcomes | None = None) -> list[dict]:
+def build_entries(plan: BuildPlan, run_id: str, run: RunOutcome | None = None) -> list[dict]:
     """One entry per build. `run`: what became of each task in this run; a stage whose task it did not run,
     restore or check up to date is not built in this report (`not_run`, the build skipped), whatever record an
     earlier run left: that record's inputs were not checked, so its figures may not be the build's now. None:
@@ -97,7 +98,7 @@ def build_entries(plan: BuildPlan, run_id: str, run: RunOutcomes | None = None) 
     return entries
 
 
-def not_run_reason(plan: BuildPlan, run: RunOutcomes, name: str) -> str:
+def not_run_reason(plan: BuildPlan, run: RunOutcome, name: str) -> str:
     """Why a task did not run in this run: the upstream task that failed (blocked), else why the run stopped."""
     if run.outcome(name) == Outcome.BLOCKED:
         seen: set[str] = set()
@@ -215,7 +216,7 @@ def artifacts(plan: BuildPlan, build_id: str, records: dict[str, dict] | None = 
     return out
 
 
-def make_report(plan: BuildPlan, run_id: str, selection: dict | None = None, run: RunOutcomes | None = None) -> dict:
+def make_report(plan: BuildPlan, run_id: str, selection: dict | None = None, run: RunOutcome | None = None) -> dict:
     """report.json's content: the run (id, time, what was asked for, the project's commit), tool versions and
     one entry per build (`run`: see build_entries)."""
     roots = sorted({b.project_root for b in plan.builds})
@@ -236,8 +237,8 @@ def write_reports(report: dict, out_dir: Path, plot_cache: Path | None = None) -
 
 def previous_report(path: Path) -> dict | None:
     """The report.json a run is about to replace, if it is a well-formed report (else None: nothing to say)."""
-    from npubuild.commands.report import load_report
     from npubuild.errors import InputError
+    from npubuild.report.reportfile import load_report
 
     try:
         return load_report(path) if path.is_file() else None

@@ -14,9 +14,10 @@ import pytest
 from npbtest import REPO, read_run, run_cli
 
 from npubuild.config.load import load_specs
-from npubuild.engine.capacity import Capacity, clamp_jobs, plan_width, stage_workers_for, total_memory_bytes
-from npubuild.engine.fanout import WORKERS_ENV, stage_workers
+from npubuild.engine.capacity import clamp_jobs, plan_width, stage_workers_for
 from npubuild.engine.plan import make_plan
+from npubuild.fanout import stage_workers
+from npubuild.machine import WORKERS_ENV, Capacity, total_memory_bytes
 from npubuild.stages import STAGES
 
 GIB = 1 << 30

@@ -15,8 +15,8 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
-from buildhelpers import conv_chain_model, write_spec
 from npbtest import read_report, read_run
+from npbtest.builds import conv_chain_model, write_spec
 from onnx import numpy_helper
 
 from npubuild.engine.cache import MAX_FILE_BYTES, StageCache

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import numpy as np
 import onnx
-from buildhelpers import conv_chain_model, write_spec
 from npbtest import read_report, read_run, run_cli
+from npbtest.builds import conv_chain_model, write_spec
 from onnx import numpy_helper
 
 SMALL_SRAM = "[{extends: ethos-u55-128, name: u55-tiny, pools: {sram: {size_kib: 16}}}]"

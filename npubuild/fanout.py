@@ -22,7 +22,7 @@ from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from typing import TypeVar
 
-from npubuild.engine.capacity import (  # noqa: F401 - re-exported: where the worker count is decided
+from npubuild.machine import (  # noqa: F401 - re-exported: where the worker count is decided
     CGROUP_FILES,
     WORKERS_ENV,
     Capacity,
@@ -41,7 +41,7 @@ _in_worker = False
 
 def stage_workers() -> int:
     """Worker processes a stage may use: $NPUBUILD_STAGE_WORKERS, else the cores it may run on; never more
-    than the machine holds (engine/capacity.py: the build says so once when the variable asks for more)."""
+    than the machine holds (machine.py; engine/capacity.py says so once when the variable asks for more)."""
     text = os.environ.get(WORKERS_ENV, "").strip()
     held = Capacity.here().tasks
     if text.isdigit() and int(text) > 0:
