@@ -25,7 +25,7 @@ from pydantic import BaseModel, ValidationError
 
 from npubuild.config.accelerator import Accelerator
 from npubuild.config.metrics import DEFAULT_GATES
-from npubuild.config.schema import CompileSpec, Pipeline, TargetProfile, VelaOptions
+from npubuild.config.schema import NAME_RE, CompileSpec, Pipeline, TargetProfile, VelaOptions
 from npubuild.config.yamlfile import KEY, KeyPath, Marks, deep_merge, load_yaml, locate
 from npubuild.errors import InputError, Location
 from npubuild.suggest import allowed_keys, did_you_mean
@@ -211,6 +211,9 @@ def resolve_ref(ref: str, from_file: Path, kind: str | None, search: SearchPath,
 
 def _load_named(model: type[M], kind: str, name: str, search: SearchPath, where: Location) -> tuple[M, Path]:
     """A target profile or pipeline by name: `<dir>/<kind>/<name>.yaml` on the search path, extends merged."""
+    if not isinstance(name, str) or not NAME_RE.match(name) or len(name) > 80:
+        raise InputError(f"'{str(name)[:80]}' is not a {kind[:-1]} name (letters, digits, '.', '_' and '-', "
+                         f"starting with a letter or digit; `npubuild {kind}` lists them)", where)
     path = search.find(kind, name, where=where)
     if path is None:
         names = search.names(kind)
@@ -437,8 +440,10 @@ def collect_spec_files(paths: Iterable[Path]) -> list[Path]:
     files: list[Path] = []
     for p in paths:
         if p.is_dir():
-            files.extend(sorted(f for f in p.glob("*.yaml") if f.is_file()))
-            files.extend(sorted(f for f in p.glob("*.yml") if f.is_file()))
+            found = sorted(f for f in p.glob("*.yaml") if f.is_file()) + sorted(f for f in p.glob("*.yml") if f.is_file())
+            if not found:  # a wrong directory, not an empty success (`validate` said `ok: 0 spec(s)`)
+                raise InputError("no compile spec here (*.yaml, *.yml)", str(p))
+            files.extend(found)
         elif p.is_file():
             files.append(p)
         else:
@@ -466,10 +471,14 @@ def adhoc_builds(model_path: Path, target_names: list[str], pipeline_name: str =
     where = Location("<command line>")
     if not model_path.is_file():
         raise InputError("model file not found", str(model_path))
-    spec = CompileSpec(name="adhoc", models={_safe_name(model_path.stem): {"path": str(model_path.resolve())}},
-                       targets=target_names)
     pipeline, _ = load_pipeline(pipeline_name, search, where)
-    profiles = [load_target(name, search, where)[0] for name in target_names]
+    profiles = [load_target(name, search, where)[0] for name in target_names]  # each name checked first
+    try:
+        spec = CompileSpec(name="adhoc", models={_safe_name(model_path.stem): {"path": str(model_path.resolve())}},
+                           targets=target_names)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        raise InputError(f"--target: {first.get('msg', 'invalid')}", where) from None
     families = lowering_families(profiles)
     return [Build(spec=spec, spec_path=root / "<command line>", project_root=root, model_name=next(iter(spec.models)),
                   model_path=model_path.resolve(), calibration_npy=None, target=profile, pipeline=pipeline,

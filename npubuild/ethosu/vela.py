@@ -99,17 +99,18 @@ def _vela_child(argv: list[str], out_fd: int, err_fd: int) -> int:
     return code
 
 
-def _run_vela_all(cmds: list[list[str]], accelerator: str) -> list[subprocess.CompletedProcess]:
+def _run_vela_all(cmds: list[list[str]], accelerator: str, log_dir: Path) -> list[subprocess.CompletedProcess]:
     """Vela on each command line at once, each with its own output dir (the graph's .tflite and its raw
     output are independent compiles of the same input): the stage waits for one Vela, not one after another.
     Each runs in a forked child of this process (vela_command's argv after `python -m ethosu.vela`), or, in a
     process running other threads (a stage run in process by a Dask worker), where a fork without exec may
-    inherit a lock some thread holds, as its own interpreter. Output goes to temp files. A failure is the first
-    failing command's last line, as if they had run in turn."""
+    inherit a lock some thread holds, as its own interpreter. Output goes to temp files in `log_dir` (the
+    stage's own temp dir, in the build dir: the system's temp dir may be another, fuller, disk). A failure is
+    the first failing command's last line, as if they had run in turn."""
     deadline = time.monotonic() + VELA_TIMEOUT_S
     with ExitStack() as stack:
-        logs = [(stack.enter_context(tempfile.TemporaryFile("w+")), stack.enter_context(tempfile.TemporaryFile("w+")))
-                for _ in cmds]
+        logs = [(stack.enter_context(tempfile.TemporaryFile("w+", dir=log_dir)),
+                 stack.enter_context(tempfile.TemporaryFile("w+", dir=log_dir))) for _ in cmds]
         codes = _fork_all(cmds, logs, deadline) if threading.active_count() == 1 else _spawn_all(cmds, logs, deadline)
         results = []
         for cmd, code, (out, err) in zip(cmds, codes, logs, strict=True):
@@ -190,8 +191,11 @@ def compile_partition(tosa_src: Path, stem: str, ini: Path, stage_dir: Path, pro
         # what the deployable is made of (deploy/assemble.py)
         other = "tflite" if opts.output_format == "raw" else "raw"
         cmds = [cmd, vela_command(tosa, ini, out_dir / other, profile, opts, other)]
-        proc = _run_vela_all(cmds, profile.accelerator)[0]
-        write_text(stage_dir / ("vela.log" if stem == "model" else f"{stem}.vela.log"), proc.stdout + proc.stderr)
+        proc = _run_vela_all(cmds, profile.accelerator, out_dir)[0]
+        # Vela names its output files by their temp path: written as the stage dir's own, so that the log is the
+        # same whenever the same graph is compiled (a later stage's key covers every file of this one)
+        log = (proc.stdout + proc.stderr).replace(f"{out_dir}/out/", "").replace(str(out_dir), ".")
+        write_text(stage_dir / ("vela.log" if stem == "model" else f"{stem}.vela.log"), log)
         produced = sorted((out_dir / "out").iterdir())
         csvs = [p for p in produced if p.name.endswith(".csv") and "_summary_" in p.name]
         if not csvs:

@@ -71,10 +71,14 @@ def quantize(float_model: Path, arrays: dict[str, np.ndarray], q: dict) -> onnx.
     source = onnx.load(str(float_model))
     model = vector_gemm_biases(source)
     with tempfile.TemporaryDirectory(prefix="npubuild-quant-") as tmp:
-        path = float_model
+        # onnxruntime's calibrator writes `<model>-inferred.onnx` beside the model it is given: given the import
+        # stage's model.onnx it wrote into that stage's dir (on a full disk a truncated file, which it then
+        # failed to parse); so it is given a link in its own temp dir
+        path = Path(tmp) / "float.onnx"
         if model is not source:
-            path = Path(tmp) / "float.onnx"
             onnx.save(model, path)
+        else:
+            path.symlink_to(Path(float_model).resolve())
         out = Path(tmp) / "qdq.onnx"
         logging.getLogger().setLevel(logging.ERROR)
         op_types = quantized_op_types()

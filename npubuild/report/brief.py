@@ -80,9 +80,11 @@ def failure_cause(entry: dict) -> str | None:
     bad = [g for g in entry.get("gates", []) if not g.get("ok")]
     if bad:
         return "; ".join(gate_failure_text(g, entry.get("metrics") or {}) for g in bad)
-    missing = [k for k, s in entry.get("stages", {}).items() if s.get("status") == "skipped" and "reason" not in s]
+    missing = [(k, s) for k, s in entry.get("stages", {}).items() if s.get("status") == "skipped" and "reason" not in s]
     if missing:
-        return f"not built: stage {missing[0]} did not run (an earlier task failed or the run stopped)"
+        stage, s = missing[0]
+        why = s.get("not_run") or "an earlier task failed or the run stopped"
+        return f"not built: stage {stage} did not run ({why})"
     return str(entry.get("status", "failed"))
 
 
