@@ -282,18 +282,11 @@ class StageCache:
         src = self._open_entry_file(key, info)
         if src is None:
             return False
-        digest, size, limit = hashlib.sha256(), 0, info["size"]
         with src, open(out, "wb") as f:
-            while size <= limit:
-                chunk = src.read(min(CHUNK, limit + 1 - size))
-                if not chunk:
-                    break
-                size += len(chunk)
-                digest.update(chunk)
-                f.write(chunk)
+            ok = _matches(src, info, f.write)
             f.flush()
             os.fsync(f.fileno())
-        return size == limit and digest.hexdigest() == info["sha256"]
+        return ok
 
     def has(self, key: str, required: set[str] = frozenset()) -> bool:
         """Whether a trusted entry for `key` holding `required` is there (its manifest only: files unread)."""
@@ -460,15 +453,8 @@ class StageCache:
         src = self._open_entry_file(key, info)
         if src is None:
             return False
-        digest, size, limit = hashlib.sha256(), 0, info["size"]
         with src:
-            while size <= limit:
-                chunk = src.read(min(CHUNK, limit + 1 - size))
-                if not chunk:
-                    break
-                size += len(chunk)
-                digest.update(chunk)
-        return size == limit and digest.hexdigest() == info["sha256"]
+            return _matches(src, info)
 
     def prune(self, older_than_s: float) -> int:
         """Remove entries created before `older_than_s` ago, and killed writers' debris."""
@@ -484,6 +470,21 @@ class StageCache:
                 removed += 1
         self.remove_debris(min(DEBRIS_GRACE_S, older_than_s))
         return removed
+
+
+def _matches(src, info: dict, sink=None) -> bool:
+    """Whether the stream holds exactly the manifest's size and sha256, read CHUNK by CHUNK and never past
+    size + 1 bytes (each chunk handed to `sink` too, when given)."""
+    digest, size, limit = hashlib.sha256(), 0, info["size"]
+    while size <= limit:
+        chunk = src.read(min(CHUNK, limit + 1 - size))
+        if not chunk:
+            break
+        size += len(chunk)
+        digest.update(chunk)
+        if sink is not None:
+            sink(chunk)
+    return size == limit and digest.hexdigest() == info["sha256"]
 
 
 def _mtime(fs, info: dict) -> float:
