@@ -150,6 +150,9 @@ class Pipeline(Strict):
     description: str = ""
     profile: Literal["int", "fp"] = "int"
     passes: list[str] = []
+    warn_below_npu_offload: float | None = Field(
+        default=None, ge=0, le=1, description="Warn, naming the nodes that cause it, when a build runs less than "
+                                              "this fraction of its model's nodes on the NPU (null: never)")
 
 
 # --------------------------------------------------------------------------- specs

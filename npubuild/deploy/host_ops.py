@@ -267,8 +267,11 @@ def _where(t: HostTranslation) -> None:
         raise t.unsupported("a Where whose condition or both branches are constant")
     like = t.as_float(t.value(tensor_name))
     cond = t.value(cond_name)
-    if len(cond.shape) != len(like.shape):
-        raise t.unsupported("a condition of another rank")
+    if len(cond.shape) > len(like.shape):
+        raise t.unsupported("a condition of higher rank than its branches")
+    if len(cond.shape) < len(like.shape):  # numpy broadcasting: leading 1s (a scalar gate over a vector)
+        flat = t.in_layout(cond, identity(len(cond.shape)))
+        cond = _reshape_to(t, flat, (1,) * (len(like.shape) - len(cond.shape)) + tuple(cond.shape))
     x, y = _operand(t, x_name, like), _operand(t, y_name, like)
     out = t.new(like.shape, like.perm)
     t.op(B.SELECT_V2, [t.in_layout(cond, like.perm).tensor, x, y], [out.tensor])
@@ -331,11 +334,18 @@ def _softmax(t: HostTranslation) -> None:
 @host_op("Reshape", "Flatten", "Squeeze", "Unsqueeze")
 def _reshape(t: HostTranslation) -> None:
     x0 = t.value(t.node.input[0])
-    shape = tuple(int(d) for d in _output_shape(t))
+    shape = _reshaped(x0.shape, t.consts.get(t.node.input[1]), bool(t.attr("allowzero", 0)))
+    if shape is None:
+        shape = _output_shape(t)
     x = t.in_layout(x0, identity(len(x0.shape)))  # a reshape is of the ONNX layout
-    out = t.new(shape, identity(len(shape)), np.float32 if x.quant is None else np.int8, x.quant, "reshaped")
+    t.set_output(_reshape_to(t, x, shape))
+
+
+def _reshape_to(t: HostTranslation, x: Value, shape: tuple[int, ...]) -> Value:
+    """RESHAPE of x (in the ONNX layout) to `shape`, keeping its type: int8 codes, float or bool."""
+    out = t.new(shape, identity(len(shape)), x.dtype, x.quant, "reshaped")
     t.op(B.RESHAPE, [x.tensor, t.const(np.asarray(shape, np.int32), "shape")], [out.tensor])
-    t.set_output(out)
+    return out
 
 
 @host_op("Gather")
@@ -369,6 +379,19 @@ def _transpose(t: HostTranslation) -> None:
     shape = tuple(x.shape[p] for p in order)
     # the same bytes, read as the transposed ONNX tensor: onnx_out[i] = onnx_in[order[i]]
     t.set_output(Value(x.tensor, shape, tuple(order.index(p) for p in x.perm), x.quant))
+
+
+def _reshaped(shape: tuple[int, ...], target: np.ndarray | None, allowzero: bool) -> tuple[int, ...] | None:
+    """A Reshape's output shape from its constant target (ONNX's rules: 0 copies the input's dim unless
+    allowzero, one -1 takes what is left); None when the target is not a constant."""
+    if target is None:
+        return None
+    dims = [int(d) for d in np.asarray(target).ravel()]
+    dims = [shape[i] if d == 0 and not allowzero else d for i, d in enumerate(dims)]
+    if dims.count(-1) == 1:
+        known = int(np.prod([d for d in dims if d != -1]))
+        dims[dims.index(-1)] = int(np.prod(shape)) // known if known else 0
+    return tuple(dims)
 
 
 def _output_shape(t: HostTranslation) -> tuple[int, ...]:

@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from npubuild.config.schema import TargetProfile, VelaOptions
+from npubuild.errors import StageError
 from npubuild.ethosu.artifact import Placed, VelaArtifact
 from npubuild.ethosu.vela_ini import arena_cache_bytes, memory_mode_name
 from npubuild.fileio import write_json, write_text
@@ -29,7 +30,11 @@ def c_ident(text: str) -> str:
     return ident if re.match(r"[A-Za-z_]", ident) else f"m_{ident}"
 
 
-def _io_entries(places: Sequence[Placed], specs: Sequence[IOSpec]) -> list[dict]:
+def _io_entries(places: Sequence[Placed], kind: str, specs: Sequence[IOSpec]) -> list[dict]:
+    if len(places) != len(specs):  # Vela left out a graph input it does not read (nothing maps it)
+        raise StageError(f"Vela's ethos-u operator has {len(places)} {kind}s where the TOSA graph has "
+                         f"{len(specs)} ({', '.join(s.onnx_name for s in specs)}): the firmware's {kind} map "
+                         "cannot be written")
     return [{"name": spec.onnx_name, "region": p.region, "offset": p.offset, "shape": list(p.shape),
              "elem_size": p.elem_size, "size": p.nbytes, "dtype": spec.dtype, "layout": spec.layout,
              "scale": spec.scale, "zero_point": spec.zero_point} for p, spec in zip(places, specs, strict=True)]
@@ -61,8 +66,8 @@ def manifest(art: VelaArtifact, io: GraphIO, profile: TargetProfile, opts: VelaO
         "arena_size": sizes["arena"],
         "fast_scratch_size": sizes["fast_scratch"],
         "regions": region_list,
-        "inputs": _io_entries(art.inputs, io.inputs),
-        "outputs": _io_entries(art.outputs, io.outputs),
+        "inputs": _io_entries(art.inputs, "input", io.inputs),
+        "outputs": _io_entries(art.outputs, "output", io.outputs),
     }
 
 

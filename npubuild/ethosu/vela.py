@@ -275,10 +275,17 @@ def compile_model(io_path: Path, profile: TargetProfile, opts: VelaOptions, stag
 
 
 def combine(profile: TargetProfile, results: list[dict]) -> dict:
-    """Whole-model figures: partitions run one after another, each with its own arena."""
+    """Whole-model figures: partitions run one after another, each with its own arena. With no NPU partition
+    (the host runs the whole model) there is no NPU time, cycle, MAC or memory to report: null, never a
+    measured 0."""
     def total(key: str) -> float:
         return sum(float(r["summary"][key]) for r in results)
 
+    if not results:
+        return {"accelerator": profile.accelerator, "memory_mode": memory_mode_name(profile), "npu_partitions": 0,
+                "vela_npu_ops": 0, "vela_cpu_ops": 0, "sram_kib": None, "offchip_kib": None, "inference_ms": None,
+                "npu_cycles": None, "macs": None, "memory": None, "artifacts": [], "firmware": [], "summary": {},
+                "partition_summaries": []}
     return {
         "accelerator": profile.accelerator,
         "memory_mode": memory_mode_name(profile),
