@@ -7,6 +7,9 @@ interleaved, best of --repeats. CPU seconds are the process tree's (user + syste
 included): the figure to read on a shared machine; wall seconds follow the load.
 
     PYTHONPATH=. python bench/vela_stage.py --work DIR --tree before=/path/to/main --tree after=. [--repeats 2]
+        [--lowered BUILD_DIR]
+
+--lowered takes the lower stages of an existing build instead (the real models' build, say), read only.
 """
 
 from __future__ import annotations
@@ -64,15 +67,15 @@ def build(project: Path, tree: Path) -> None:
                     "--keep-going", "--cache", "off"], cwd=project, env=env, check=False)
 
 
-def lower_stages(project: Path) -> list[tuple[str, Path]]:
+def lower_stages(build_dir: Path) -> list[tuple[str, Path]]:
     """(model, io.json) of every lower stage of the build."""
     return sorted((d.name.rsplit("-", 1)[0], d / "io.json")
-                  for d in (project / "build" / "stages" / "lower").iterdir() if (d / "io.json").is_file())
+                  for d in (build_dir / "stages" / "lower").iterdir() if (d / "io.json").is_file())
 
 
 def time_stage(tree: Path, io_path: Path, target: str) -> dict:
     env = {**os.environ, "PYTHONPATH": str(tree)}
-    proc = subprocess.run([sys.executable, "-c", WORKER, str(io_path), target, str(tree)], env=env,
+    proc = subprocess.run([sys.executable, "-c", WORKER, str(io_path), target, str(tree)], env=env, cwd=tree,
                           capture_output=True, text=True, check=False)
     if proc.returncode != 0:
         return {"error": (proc.stderr.strip().splitlines() or ["?"])[-1]}
@@ -85,14 +88,16 @@ def main() -> None:
     ap.add_argument("--tree", action="append", required=True, metavar="NAME=PATH")
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--reuse", action="store_true", help="keep WORK/project's build (its lower stages) if present")
+    ap.add_argument("--lowered", type=Path, help="an existing build whose lower stages to compile (not built here)")
     args = ap.parse_args()
     trees = [(n, Path(p).resolve()) for n, p in (t.split("=", 1) for t in args.tree)]
     project = args.work / "project"
-    if not (args.reuse and (project / "build" / "stages" / "lower").is_dir()):
+    build_dir = args.lowered or project / "build"
+    if not args.lowered and not (args.reuse and (build_dir / "stages" / "lower").is_dir()):
         project = make_project(args.work)
         build(project, trees[0][1])
     rows: dict[tuple[str, str, str], dict] = {}
-    for model, io_path in lower_stages(project):
+    for model, io_path in lower_stages(build_dir):
         for target in TARGETS:
             for _ in range(args.repeats):
                 for name, tree in trees:
@@ -104,7 +109,7 @@ def main() -> None:
     print(f"| model | target | {' | '.join(f'{n} CPU s | {n} wall s' for n in names)} | Vela outputs ({names[-1]}) |")
     print("|---|---|" + "---:|---:|" * len(names) + "---|")
     totals = {n: [0.0, 0.0] for n in names}
-    for model, _ in lower_stages(project):
+    for model, _ in lower_stages(build_dir):
         for target in TARGETS:
             cells = []
             for n in names:
