@@ -6,7 +6,8 @@ deployable is made of that file's ethos-u operator, and its command stream,
 constants, arena and fast-scratch sizes and I/O placement (ethosu/artifact.py)
 are what the pool check and the firmware files read. A spec asking for Vela's
 raw output gets the .npz written from the same compile (the .tflite then sits
-in tflite/).
+in tflite/). One compile where there were two: the stage's CPU -26% on the real models
+(bench/vela_stage.md).
 """
 
 from __future__ import annotations
