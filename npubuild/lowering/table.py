@@ -54,11 +54,6 @@ def build_table(fn: RealFn, in_q: QParams, out_q: QParams) -> np.ndarray:
     return quantize_like_ort(y, out_q).astype(np.int8)
 
 
-def apply_table(table: np.ndarray, q: np.ndarray) -> np.ndarray:
-    """What TOSA TABLE computes for int8 (used by tests and by lowerings that compose tables)."""
-    return table[q.astype(np.int64) + 128]
-
-
 def emit_table(ctx: LoweringContext, x: TTensor, table: np.ndarray, out_q: QParams,
                output_of: str | None = None) -> TTensor:
     """One TABLE op: int8 x -> int8 with the given 256-entry table."""
@@ -121,7 +116,7 @@ FpBuild = Callable[[LoweringContext, TTensor, str | None], TTensor]  # the fp32 
 
 def table_or_fp(build: FpBuild) -> Callable[[LoweringContext], None]:
     """A unary op's lowering: a TABLE in int8 (onnxruntime's own evaluation of the node, so exact to its
-    rounding), `build(ctx, x, output)` in fp32."""
+    rounding), `build(ctx, x, output)` in fp32. A decorator on the fp32 builder, under `@lowers(...)`."""
 
     def lower(ctx: LoweringContext) -> None:
         if ctx.profile == "int":

@@ -13,8 +13,8 @@ import re
 from pathlib import Path
 
 import onnx
-from buildhelpers import conv_chain_model, write_spec
 from npbtest import read_report, read_run, run_cli
+from npbtest.builds import conv_chain_model, write_spec
 
 from npubuild.engine.versions import versions
 from npubuild.npusim.tflite import npu_operators
