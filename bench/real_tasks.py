@@ -25,6 +25,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from npubuild.verify.evaluate import iou_xyxy, nms
+
 Outputs = dict[str, np.ndarray]
 
 
@@ -80,28 +82,6 @@ def character_error_rate(flt: np.ndarray, got: np.ndarray) -> dict:
 
 
 # --------------------------------------------------------------------------- detections
-
-
-def iou_xyxy(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """Pairwise IoU of (n, 4) and (m, 4) boxes (x1, y1, x2, y2)."""
-    lt = np.maximum(a[:, None, :2], b[None, :, :2])
-    rb = np.minimum(a[:, None, 2:], b[None, :, 2:])
-    inter = np.prod(np.clip(rb - lt, 0, None), axis=-1)
-    area = lambda x: np.prod(np.clip(x[:, 2:] - x[:, :2], 0, None), axis=-1)  # noqa: E731
-    union = area(a)[:, None] + area(b)[None, :] - inter
-    return np.where(union > 0, inter / np.where(union > 0, union, 1), 0.0)
-
-
-def nms(boxes: np.ndarray, scores: np.ndarray, iou: float) -> np.ndarray:
-    """Greedy non-maximum suppression: indices kept, best score first."""
-    order, keep = list(np.argsort(-scores, kind="stable")), []
-    while order:
-        i = order.pop(0)
-        keep.append(i)
-        if order:
-            ious = iou_xyxy(boxes[i:i + 1], boxes[order])[0]
-            order = [j for j, v in zip(order, ious, strict=True) if v <= iou]
-    return np.asarray(keep, int)
 
 
 def matched(flt: list[tuple[np.ndarray, np.ndarray]], got: list[tuple[np.ndarray, np.ndarray]],

@@ -92,7 +92,8 @@ def _xyxy(b: np.ndarray, box_format: str) -> np.ndarray:
     return np.stack([cx - w / 2, cy - h / 2, cx + w / 2, cy + h / 2], -1)
 
 
-def _iou(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+def iou_xyxy(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Pairwise IoU of (n, 4) and (m, 4) boxes (x1, y1, x2, y2)."""
     lt, rb = np.maximum(a[:, None, :2], b[None, :, :2]), np.minimum(a[:, None, 2:], b[None, :, 2:])
     inter = np.prod(np.clip(rb - lt, 0, None), -1)
     area_a, area_b = (np.prod(np.clip(x[:, 2:] - x[:, :2], 0, None), -1) for x in (a, b))
@@ -100,13 +101,14 @@ def _iou(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return np.where(union > 0, inter / np.where(union > 0, union, 1.0), 0.0)
 
 
-def _nms(boxes: np.ndarray, scores: np.ndarray, iou: float) -> np.ndarray:
+def nms(boxes: np.ndarray, scores: np.ndarray, iou: float) -> np.ndarray:
+    """Greedy non-maximum suppression: indices kept, best score first."""
     order, keep = list(np.argsort(-scores, kind="stable")), []
     while order:
         i = order.pop(0)
         keep.append(i)
         if order:
-            overlap = _iou(boxes[i:i + 1], boxes[order])[0]
+            overlap = iou_xyxy(boxes[i:i + 1], boxes[order])[0]
             order = [j for j, v in zip(order, overlap, strict=True) if v <= iou]
     return np.asarray(keep, int)
 
@@ -123,7 +125,7 @@ def detection_agreement(out: str, boxes: str | None, threshold: float, logits: b
         if boxes is None:
             return idx, cls[idx], None
         b = _xyxy(np.asarray(o[boxes][i]).reshape(s.shape[0], -1), box_format)[idx]
-        keep = _nms(b, best[idx], iou)
+        keep = nms(b, best[idx], iou)
         return idx[keep], cls[idx][keep], b[keep]
 
     def metric(flt: Outputs, got: Outputs, labels: np.ndarray | None) -> float | None:
@@ -137,7 +139,7 @@ def detection_agreement(out: str, boxes: str | None, threshold: float, logits: b
                 continue
             if not len(fi) or not len(gi):
                 continue
-            m = _iou(fb, gb)
+            m = iou_xyxy(fb, gb)
             m[fc[:, None] != gc[None, :]] = 0.0
             used: set[int] = set()
             for r in range(len(fi)):
