@@ -51,6 +51,9 @@ from npubuild.stages import STAGES
 
 SEED = 20261201
 MAX_RSS_KIB = 1 << 20  # 1 GiB
+# a whole compile's largest process (stage children forked from one with onnxruntime, Vela and TFLite Micro loaded):
+# measured 1.03-1.06 GiB on a clean-clone CI for the small models that pass import; a memory bomb is far past this
+MAX_COMPILE_RSS_KIB = 3 << 19  # 1.5 GiB
 CASE_TIMEOUT_S = 30
 
 
@@ -145,7 +148,7 @@ def test_fuzzed_models_import_or_fail_with_one_line_and_small_memory(tmp_path: P
             raise AssertionError(f"{model.name}: compile did not finish in 300 s") from None
         assert _violation(proc.returncode, err) is None, f"{model.name}: exit {proc.returncode}: {err[-500:]}"
     children = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss  # the largest child waited for
-    assert children < MAX_RSS_KIB, f"a child used {children // 1024} MiB"
+    assert children < MAX_COMPILE_RSS_KIB, f"a child used {children // 1024} MiB"
 
 
 # ------------------------------------------------------------------ issue 34: the cases a hardening round found
