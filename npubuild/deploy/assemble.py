@@ -80,28 +80,29 @@ def _same_form(v: Value, spec: IOSpec) -> bool:
     return v.perm == tuple(spec.perm) and v.quant == q and v.physical_shape == tuple(spec.shape)
 
 
-def _host_output_spec(model: onnx.ModelProto, name: str) -> IOSpec:
-    """A host partition output nothing on the NPU reads: int8 at its DequantizeLinear's parameters, or its own
-    type where it is not a float (a bool condition, integer positions another host partition reads)."""
-    shape, elem = _onnx_type(model, name)
+def _host_output_spec(model: onnx.ModelProto, name: str, shape: tuple[int, ...]) -> IOSpec:
+    """A host partition output nothing on the NPU reads (another host partition does): int8 at its
+    DequantizeLinear's parameters where the QDQ model quantises it, else in its own type (a comparison's bool,
+    an index), as onnxruntime passes it."""
     consts = {i.name: onnx.numpy_helper.to_array(i) for i in model.graph.initializer}
     dq = next((n for n in model.graph.node if n.op_type == "DequantizeLinear" and n.output[0] == name), None)
     rank = len(shape)
     if dq is None:
-        dtype = onnx.helper.tensor_dtype_to_np_dtype(elem)
-        if np.issubdtype(dtype, np.floating):
-            raise NotDeployable(onnx.NodeProto(name=name, op_type="<output>"), "a float host output (not quantised)")
+        dtype = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(_onnx_type(model, name).elem_type))
         return IOSpec(name, name, tuple(shape), tuple(range(rank)), dtype.name, None, None)
     scale, zp = consts[dq.input[1]], consts[dq.input[2]]
     return IOSpec(name, name, tuple(shape), tuple(range(rank)), "int8", float(scale), int(zp))
 
 
-def _onnx_type(model: onnx.ModelProto, name: str) -> tuple[tuple[int, ...], int]:
-    """A tensor's static shape and ONNX element type, from the partition model's declarations."""
+def _onnx_type(model: onnx.ModelProto, name: str) -> onnx.TypeProto.Tensor:
     for vi in [*model.graph.input, *model.graph.output, *model.graph.value_info]:
         if vi.name == name:
-            return tuple(d.dim_value for d in vi.type.tensor_type.shape.dim), vi.type.tensor_type.elem_type
+            return vi.type.tensor_type
     raise KeyError(name)
+
+
+def _onnx_shape(model: onnx.ModelProto, name: str) -> tuple[int, ...]:
+    return tuple(d.dim_value for d in _onnx_type(model, name).shape.dim)
 
 
 def assemble(partitions: Sequence[PartitionRecord], inputs: Sequence[IOSpec], outputs: Sequence[IOSpec],
@@ -134,7 +135,8 @@ def assemble(partitions: Sequence[PartitionRecord], inputs: Sequence[IOSpec], ou
         outs = {}
         try:
             for n in part.outputs:
-                outs[n] = _spec_value(g, readers.get(n) or out_specs.get(n) or _host_output_spec(model, n))
+                spec = readers.get(n) or out_specs.get(n) or _host_output_spec(model, n, _onnx_shape(model, n))
+                outs[n] = _spec_value(g, spec)
             used = emit_host_partition(g, model, ins, outs)
         except NotDeployable as exc:
             results.append(PartitionResult(part.index, "host", not_deployable=str(exc)))

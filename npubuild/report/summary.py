@@ -202,7 +202,7 @@ def artifacts(plan: BuildPlan, build_id: str, records: dict[str, dict] | None = 
     except (OSError, ValueError, KeyError, TypeError):
         return out
     parts = rec.partitions
-    models = sorted(p.tflite for p in parts if p.tflite) or sorted(p.npz for p in parts if p.npz in rec.artifacts)
+    models = sorted(f for p in parts for f in (p.tflite, p.npz) if f in rec.artifacts)  # the format asked for
     if models:
         out["vela"] = str(vela.dir / models[-1])
     if not vela_rec:

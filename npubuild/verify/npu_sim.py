@@ -32,7 +32,7 @@ from npubuild.errors import StageError
 from npubuild.fileio import write_json
 from npubuild.frontend.samples import SampleSource
 from npubuild.npusim import NotModelled
-from npubuild.npusim.npz import RawModel, load_raw
+from npubuild.npusim.npz import RawModel
 from npubuild.npusim.tflite import load_tflite
 from npubuild.npusim.tosa_probe import graph_io
 from npubuild.npusim.verify import compare
@@ -129,17 +129,17 @@ def _jobs(files: SimFiles, draw: SimSamples, vela: VelaRecord, io: LowerRecord,
     vela_dir, lower_dir = files.vela_summary.parent, files.io.parent
     if len(vela.partition_graph) <= 1:
         if not vela.partitions:
-            raise StageError("the vela stage wrote no .tflite or raw .npz artifact")
+            raise StageError("the vela stage wrote no .tflite artifact")
         whole = vela.partitions[0]
         samples = [[spec.to_tosa(feeds[spec.onnx_name]) for spec in io.inputs] for feeds in feeds_of]
         tosa = lower_dir / whole.tosa
-        return [("", _artifact(vela_dir / (whole.tflite or whole.npz)), tosa.read_bytes(), samples,
+        return [("", _artifact(vela_dir / whole.tflite), tosa.read_bytes(), samples,
                  [o.onnx_name for o in io.outputs])]
     jobs = []
     rng = np.random.default_rng(draw.source.seed)
     for p in vela.partitions:
         tosa = (lower_dir / p.tosa).read_bytes()
-        model = _artifact(vela_dir / (p.tflite or p.npz))
+        model = _artifact(vela_dir / p.tflite)
         inputs, outputs = graph_io(tosa)
         samples = [[rng.integers(np.iinfo(t).min, np.iinfo(t).max + 1, shape).astype(t) for _, shape, t in inputs]
                    for _ in range(draw.source.samples)]
@@ -148,9 +148,7 @@ def _jobs(files: SimFiles, draw: SimSamples, vela: VelaRecord, io: LowerRecord,
 
 
 def _artifact(path: Path) -> RawModel:
-    """The NPU artifact Vela wrote: the one ethos-u operator of its .tflite (what is deployed), or a raw .npz."""
-    if path.suffix == ".npz":
-        return load_raw(path)
+    """The NPU artifact Vela wrote: the one ethos-u operator of its .tflite (what is deployed)."""
     models = load_tflite(path)
     if len(models) != 1:
         raise StageError(f"{path.name} holds {len(models)} ethos-u operators; Vela writes one per TOSA graph")
