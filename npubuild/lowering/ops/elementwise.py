@@ -38,7 +38,17 @@ from npubuild.lowering.quant import QParams
 from npubuild.lowering.registry import lowers, quantize_also
 from npubuild.lowering.table import build_table, emit_table
 
-HEADROOM_BITS = 20
+HEADROOM_BITS = 20  # int8 operands (|x - zp| <= 255) widened by 2**20: a sum of two stays below 2**30
+HEADROOM_BITS_16 = 13  # int16 operands (|x| <= 2**15) widened by 2**13: a sum of two stays below 2**30
+
+
+def headroom(*xs: TTensor) -> int:
+    return HEADROOM_BITS_16 if any(x.dtype == np.int16 for x in xs) else HEADROOM_BITS
+
+
+def const_bits(x: TTensor) -> int:
+    """Bits of an int32 constant multiplied by x - zp so that the product stays below 2**31."""
+    return CONST_BITS if x.dtype == np.int8 else CONST_BITS - 8
 
 quantize_also("Sub", "Div", "Min", "Max", "Sum", "Mean")
 
@@ -48,8 +58,8 @@ def _out_shape(a: TTensor, b: TTensor) -> tuple[int, ...]:
 
 
 def _quantized(ctx: LoweringContext, *xs: TTensor) -> None:
-    if any(x.q is None or x.dtype != np.int8 for x in xs):
-        raise ctx.unsupported("operands must be int8-quantized")
+    if any(x.q is None or x.dtype not in (np.int8, np.int16) for x in xs):
+        raise ctx.unsupported("operands must be int8- or int16-quantized")
 
 
 # ---------------------------------------------------------------------------------------------- Add, Sub
@@ -81,11 +91,12 @@ def _add_sub(ctx: LoweringContext, op, kind: str) -> None:
     out_q = ctx.require_output_q()
     _quantized(ctx, a, b)
     twice_max = 2.0 * max(a.q.s, b.q.s)
-    a32 = rescale(ctx, a, a.q.s / twice_max * (1 << HEADROOM_BITS), np.int32, a.q.zp, 0, None)
-    b32 = rescale(ctx, b, b.q.s / twice_max * (1 << HEADROOM_BITS), np.int32, b.q.zp, 0, None)
+    bits = headroom(a, b)
+    a32 = rescale(ctx, a, a.q.s / twice_max * (1 << bits), np.int32, a.q.zp, 0, None)
+    b32 = rescale(ctx, b, b.q.s / twice_max * (1 << bits), np.int32, b.q.zp, 0, None)
     acc = ctx.new_tensor(_out_shape(a, b), np.int32, a.perm)
     ctx.op(op, [a32.name, b32.name], [acc.name], attr(kind))
-    out_scale = twice_max / ((1 << HEADROOM_BITS) * out_q.s)
+    out_scale = twice_max / ((1 << bits) * out_q.s)
     y = rescale(ctx, acc, out_scale, out_q.dtype, 0, out_q.zp, out_q, output_of=out_of)
     ctx.set_output(0, RowImage(y) if rows is not None else y)
 
@@ -118,15 +129,15 @@ def _sum_mean(ctx: LoweringContext, mean: bool) -> None:
     out_q = ctx.require_output_q()
     _quantized(ctx, *xs)
     top = max(x.q.s for x in xs)
-    headroom = HEADROOM_BITS - int(np.ceil(np.log2(n)))  # n operands of up to 255 LSB of `top` each
-    wide = [rescale(ctx, x, x.q.s / top * (1 << headroom), np.int32, x.q.zp, 0, None) for x in xs]
+    bits = headroom(*xs) - int(np.ceil(np.log2(n)))  # n operands of up to 255 (int16: 2**15) LSB of `top` each
+    wide = [rescale(ctx, x, x.q.s / top * (1 << bits), np.int32, x.q.zp, 0, None) for x in xs]
     acc = wide[0]
     for x in wide[1:]:
         a, b = broadcast_pair(ctx, acc, x)
         out = ctx.new_tensor(_out_shape(a, b), np.int32, a.perm if a.shape == _out_shape(a, b) else b.perm)
         ctx.op(Op.ADD, [a.name, b.name], [out.name], attr("Add"))
         acc = out
-    scale = top / ((1 << headroom) * out_q.s) / (n if mean else 1)
+    scale = top / ((1 << bits) * out_q.s) / (n if mean else 1)
     ctx.set_output(0, rescale(ctx, acc, scale, out_q.dtype, 0, out_q.zp, out_q, output_of=out_name))
 
 
@@ -143,6 +154,13 @@ def lower_mean(ctx: LoweringContext) -> None:
 # ---------------------------------------------------------------------------------------------- Mul, Div
 
 
+def _int_sub(ctx: LoweringContext, a: TTensor, b: TTensor) -> TTensor:
+    a, b = broadcast_pair(ctx, a, b)
+    out = ctx.new_tensor(_out_shape(a, b), np.int32, b.perm if b.shape == _out_shape(a, b) else a.perm)
+    ctx.op(Op.SUB, [a.name, b.name], [out.name], attr("Sub"))
+    return out
+
+
 def _int_mul32(ctx: LoweringContext, a32: TTensor, b32: TTensor, scale: float, out_q: QParams) -> TTensor:
     """int32 a*b (exact), then one RESCALE by `scale` to the output."""
     a32, b32 = broadcast_pair(ctx, a32, b32)
@@ -152,7 +170,7 @@ def _int_mul32(ctx: LoweringContext, a32: TTensor, b32: TTensor, scale: float, o
 
 
 def _centred32(ctx: LoweringContext, x: TTensor) -> TTensor:
-    """int8 x -> int32 (x - zp), exactly."""
+    """int8 or int16 x -> int32 (x - zp), exactly (a product of two fits int32)."""
     return rescale(ctx, x, 1.0, np.int32, x.q.zp, 0, None)
 
 
@@ -177,8 +195,13 @@ def _mul_const_int(ctx: LoweringContext, x: TTensor, c: np.ndarray, out_q: QPara
                            output_of=out_name)
     if c.size == 1 and c.ndim <= rank and np.isfinite(c).all():
         v = float(c.reshape(-1)[0])
-        return emit_table(ctx, x, build_table(lambda t: np.asarray(t, np.float64) * v, x.q, out_q), out_q,
-                          output_of=out_name)
+        if x.dtype == np.int8 and out_q.dtype == np.int8:
+            return emit_table(ctx, x, build_table(lambda t: np.asarray(t, np.float64) * v, x.q, out_q), out_q,
+                              output_of=out_name)
+        if v < 0:  # 16-bit: -round(x |c|) on the output's scale (one rounding), negated exactly
+            t = rescale(ctx, x, x.q.s * -v / out_q.s, np.int32, x.q.zp, 0, None)
+            neg = _int_sub(ctx, ctx.materialize_const(np.zeros((1,) * rank, np.int32), None, "zero"), t)
+            return rescale(ctx, neg, 1.0, out_q.dtype, 0, out_q.zp, out_q, output_of=out_name)
     qc = ctx.qconst(qconst) if qconst is not None else None
     if qc is not None and qc.q.axis is None:
         a, b = broadcast_pair(ctx, x, operand(ctx, qconst, max(rank, c.ndim)))
@@ -186,7 +209,7 @@ def _mul_const_int(ctx: LoweringContext, x: TTensor, c: np.ndarray, out_q: QPara
     peak = float(np.max(np.abs(c)))
     if peak == 0.0 or not np.isfinite(peak):
         raise ctx.unsupported("multiplying by a constant that is all zero or not finite")
-    k = CONST_BITS - int(np.ceil(np.log2(peak)))
+    k = const_bits(x) - int(np.ceil(np.log2(peak)))
     c_int = np.round(c * 2.0**k).astype(np.int32)
     c_int = c_int.reshape((1,) * max(0, rank - c.ndim) + c_int.shape)
     ct = ctx.materialize_const(c_int, None, hint="mulconst")

@@ -1,0 +1,152 @@
+"""16x8 lowering forms, one per op family: onnxruntime's own 16-bit QDQ model (QInt16 symmetric activations,
+int8 weights) lowered to TOSA EXT-INT16, within 1 LSB of the 16-bit output scale of the QDQ model on the TOSA
+reference model, compiled by Vela for U55 and U85 and bit-exact in npu-sim against the reference model."""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from npusim_helpers import assert_bitexact, vela_raw
+from onnx import TensorProto, helper
+from ophelpers import calib, check_qdq, io_dict, quantize_model16, rand, single_op_model
+
+FAMILIES = {"u55": "ethos-u55-128", "u85": "ethos-u85-256"}
+
+
+def _graph(nodes, inputs: dict[str, list[int]], outputs: dict[str, list[int] | None], inits=None, opset=17):
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info(n, TensorProto.FLOAT, s) for n, s in inputs.items()],
+                          [helper.make_tensor_value_info(n, TensorProto.FLOAT, s) for n, s in outputs.items()],
+                          [onnx.numpy_helper.from_array(np.asarray(v, np.float32), k) for k, v in (inits or {}).items()])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", opset)])
+    m.ir_version = 8
+    return m
+
+
+def _w(shape, seed=0, scale=0.3):
+    return np.random.default_rng(seed).normal(0, scale, shape).astype(np.float32)
+
+
+def conv(k=3, cin=8, cout=16, group=1, stride=1):
+    return single_op_model("Conv", {"x": [1, cin, 10, 10]}, {"y": None},
+                           {"w": _w((cout, cin // group, k, k)), "b": _w((cout,), 1)},
+                           pads=[k // 2] * 4, group=group, strides=[stride, stride])
+
+
+def fc():
+    return single_op_model("Gemm", {"x": [1, 32]}, {"y": None}, {"w": _w((16, 32)), "b": _w((16,), 1)}, transB=1)
+
+
+def conv_then(op, **attrs):
+    """A conv feeding a unary op: the op's input is a conv output, as in a network."""
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], name="conv", kernel_shape=[1, 1]),
+             helper.make_node(op, ["c"], ["y"], name="op", **attrs)]
+    return _graph(nodes, {"x": [1, 4, 6, 6]}, {"y": [1, 4, 6, 6]}, {"w": _w((4, 4, 1, 1), scale=0.8)})
+
+
+def unary(op, **attrs):
+    return single_op_model(op, {"x": [1, 4, 6, 6]}, {"y": None}, **attrs)
+
+
+def binary(op, b_shape=(1, 4, 6, 6)):
+    return single_op_model(op, {"a": [1, 4, 6, 6], "b": list(b_shape)}, {"y": None})
+
+
+def matmul():
+    return single_op_model("MatMul", {"a": [1, 8, 16], "b": [1, 16, 12]}, {"y": None})
+
+
+def pool(op, **attrs):
+    return single_op_model(op, {"x": [1, 4, 9, 9]}, {"y": None}, **attrs)
+
+
+def resize(mode):
+    scales = np.array([1, 1, 2, 2], np.float32)
+    return single_op_model("Resize", {"x": [1, 4, 5, 5]}, {"y": None}, node_inputs=["x", "", "scales"],
+                           initializers={"scales": scales}, mode=mode,
+                           coordinate_transformation_mode="half_pixel" if mode == "linear" else "asymmetric",
+                           **({"nearest_mode": "floor"} if mode == "nearest" else {}))
+
+
+def conv_transpose():
+    return single_op_model("ConvTranspose", {"x": [1, 4, 5, 5]}, {"y": None}, {"w": _w((4, 6, 2, 2)), "b": _w((6,), 1)},
+                           strides=[2, 2])
+
+
+def concat():
+    return single_op_model("Concat", {"a": [1, 4, 6, 6], "b": [1, 3, 6, 6]}, {"y": None}, axis=1)
+
+
+def movement():
+    nodes = [helper.make_node("Transpose", ["x"], ["t"], perm=[0, 2, 3, 1], name="tr"),
+             helper.make_node("Reshape", ["t", "shape"], ["y"], name="rs")]
+    g = _graph(nodes, {"x": [1, 4, 6, 6]}, {"y": [1, 36, 4]})
+    g.graph.initializer.append(onnx.numpy_helper.from_array(np.array([1, 36, 4], np.int64), "shape"))
+    return g
+
+
+def softmax():
+    return single_op_model("Softmax", {"x": [1, 4, 16]}, {"y": None}, axis=-1)
+
+
+def layer_norm():
+    return single_op_model("LayerNormalization", {"x": [1, 8, 32]}, {"y": None},
+                           {"g": 1 + _w((32,), 2, 0.1), "b": _w((32,), 3, 0.1)}, axis=-1)
+
+
+def reduce_mean():
+    return single_op_model("ReduceMean", {"x": [1, 4, 6, 6]}, {"y": None}, {"axes": np.array([2, 3], np.int64)},
+                           keepdims=1, opset=18)
+
+
+CASES = {
+    "conv": (conv, {"x": [1, 8, 10, 10]}),
+    "conv_stride2": (lambda: conv(stride=2), {"x": [1, 8, 10, 10]}),
+    "depthwise": (lambda: conv(cin=8, cout=8, group=8), {"x": [1, 8, 10, 10]}),
+    "fully_connected": (fc, {"x": [1, 32]}),
+    "conv_transpose": (conv_transpose, {"x": [1, 4, 5, 5]}),
+    "matmul": (matmul, {"a": [1, 8, 16], "b": [1, 16, 12]}),
+    "add": (lambda: binary("Add"), {"a": [1, 4, 6, 6], "b": [1, 4, 6, 6]}),
+    "sub_broadcast": (lambda: binary("Sub", (1, 4, 1, 1)), {"a": [1, 4, 6, 6], "b": [1, 4, 1, 1]}),
+    "mul": (lambda: binary("Mul"), {"a": [1, 4, 6, 6], "b": [1, 4, 6, 6]}),
+    "max": (lambda: binary("Max"), {"a": [1, 4, 6, 6], "b": [1, 4, 6, 6]}),
+    "relu": (lambda: conv_then("Relu"), {"x": [1, 4, 6, 6]}),
+    "leaky_relu": (lambda: unary("LeakyRelu", alpha=0.1), {"x": [1, 4, 6, 6]}),
+    "sigmoid": (lambda: unary("Sigmoid"), {"x": [1, 4, 6, 6]}),
+    "tanh": (lambda: unary("Tanh"), {"x": [1, 4, 6, 6]}),
+    "hard_swish": (lambda: unary("HardSwish"), {"x": [1, 4, 6, 6]}, 6.0),  # its kinks at +-3 inside the range
+    "max_pool": (lambda: pool("MaxPool", kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1]), {"x": [1, 4, 9, 9]}),
+    "avg_pool": (lambda: pool("AveragePool", kernel_shape=[3, 3], strides=[1, 1], pads=[1, 1, 1, 1]),
+                 {"x": [1, 4, 9, 9]}),
+    "global_avg_pool": (lambda: pool("GlobalAveragePool"), {"x": [1, 4, 9, 9]}),
+    "resize_nearest": (lambda: resize("nearest"), {"x": [1, 4, 5, 5]}),
+    "resize_bilinear": (lambda: resize("linear"), {"x": [1, 4, 5, 5]}),
+    "concat": (concat, {"a": [1, 4, 6, 6], "b": [1, 3, 6, 6]}),
+    "transpose_reshape": (movement, {"x": [1, 4, 6, 6]}),
+    "softmax": (softmax, {"x": [1, 4, 16]}),
+    "layer_norm": (layer_norm, {"x": [1, 8, 32]}),
+    "reduce_mean": (reduce_mean, {"x": [1, 4, 6, 6]}),
+}
+
+
+def _cal(shapes: dict[str, list[int]], span: float = 2.0) -> dict[str, np.ndarray]:
+    out: dict[str, np.ndarray] = {}
+    for k, (name, shape) in enumerate(shapes.items()):
+        out.update(calib(name, shape, seed=100 + k, low=-span, high=span))
+    return out
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_int16_form(name):
+    build, shapes, *more = CASES[name]
+    span = more[0] if more else 2.0
+    qdq = quantize_model16(build(), _cal(shapes, span))
+    feeds = {k: rand(s, 7 + i, -span, span) for i, (k, s) in enumerate(shapes.items())}
+    for family, accel in FAMILIES.items():
+        lowered, _ = check_qdq(qdq, feeds, max_lsb=1.0, family=family)
+        assert any(o.dtype == "int16" for o in lowered.outputs), "the output is not int16"
+        with tempfile.TemporaryDirectory() as tmp:
+            assert_bitexact(lowered.tosa, io_dict(lowered), vela_raw(lowered.tosa, Path(tmp), accel), seeds=(0,))
