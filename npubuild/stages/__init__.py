@@ -11,9 +11,20 @@ The typed records between the stages are npubuild/records/.
 from __future__ import annotations
 
 from npubuild.engine.stage import Stage
-from npubuild.stages import early_fit, fvp, importer, lower, npu_sim, quantize, report, tosa_check, vela
+from npubuild.stages import (
+    early_fit,
+    fvp,
+    importer,
+    lower,
+    npu_sim,
+    precision,
+    quantize,
+    report,
+    tosa_check,
+    vela,
+)
 
-STAGES: tuple[Stage, ...] = tuple(m.STAGE for m in (importer, early_fit, quantize, lower, tosa_check, vela, npu_sim,
-                                                    fvp, report))
+STAGES: tuple[Stage, ...] = tuple(m.STAGE for m in (importer, early_fit, quantize, precision, lower, tosa_check, vela,
+                                                    npu_sim, fvp, report))
 STAGE_NAMES: tuple[str, ...] = tuple(s.name for s in STAGES)
 BY_NAME: dict[str, Stage] = {s.name: s for s in STAGES}

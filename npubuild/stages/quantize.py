@@ -23,7 +23,7 @@ class QuantizeConfig:
     calibration: Calibration
 
     def to_json(self) -> dict[str, Any]:
-        return {"import": self.import_key, "quantization": self.quantization.model_dump(),
+        return {"import": self.import_key, "quantization": self.quantization.recipe(),
                 "calibration": self.calibration.model_dump()}
 
     @classmethod

@@ -1,0 +1,160 @@
+"""An int8 QDQ model seen as what a precision plan changes: quantised activations, their groups, weighted layers.
+
+A quantised activation is one QuantizeLinear of a non-constant tensor and the DequantizeLinears reading it
+(onnxruntime's QDQ models have one Q and one DQ per tensor). Data movement (MaxPool, Reshape, Concat,
+Resize...) keeps its input's quantisation in the QDQ model and in the lowering, so the activations it joins
+form a group: promoted to int16 together, with one scale, so no requantisation appears between them. A
+group is named after its first activation in graph order and described by the compute nodes that produce it
+(its layers, what the report shows).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import onnx
+from onnx import numpy_helper
+
+Q, DQ = "QuantizeLinear", "DequantizeLinear"
+# ops whose output keeps their input's quantisation (the lowering moves the integers as they are)
+MOVEMENT = frozenset({"MaxPool", "GlobalMaxPool", "Reshape", "Transpose", "Squeeze", "Unsqueeze", "Flatten",
+                      "Identity", "Slice", "Split", "Pad", "DepthToSpace", "SpaceToDepth", "Concat", "Resize",
+                      "Gather", "Tile", "Expand", "Dropout", "ReduceMax", "ReduceMin"})
+WEIGHTED = frozenset({"Conv", "ConvTranspose", "Gemm", "MatMul"})
+
+
+@dataclass
+class Activation:
+    """One quantised activation: the tensor its Q reads, the Q node, its DQ nodes and int8 parameters."""
+
+    name: str
+    q: onnx.NodeProto
+    dqs: list[onnx.NodeProto]
+    scale: float
+    zero_point: int
+    producer: onnx.NodeProto | None  # None for a graph input
+    readers: list[tuple[onnx.NodeProto, int]] = field(default_factory=list)  # (node, input index) via a DQ
+
+    @property
+    def real_range(self) -> tuple[float, float]:
+        """The real values the int8 grid covers."""
+        return (-128 - self.zero_point) * self.scale, (127 - self.zero_point) * self.scale
+
+
+@dataclass
+class Group:
+    """Activations sharing one quantisation through data movement: int16 together or not at all."""
+
+    name: str
+    activations: list[str]
+    layers: list[str]  # compute nodes producing its activations (a graph input's name for an input)
+
+
+@dataclass
+class Layer:
+    """A node with a constant int8 weight (a Conv, ConvTranspose, Gemm or a constant-weight MatMul)."""
+
+    name: str
+    node: onnx.NodeProto
+    weight_dq: onnx.NodeProto
+    weight_elements: int
+
+    @property
+    def op_type(self) -> str:
+        return self.node.op_type
+
+
+class QdqModel:
+    """The activations, groups and weighted layers of an int8 QDQ model (read once; the model is not changed)."""
+
+    def __init__(self, model: onnx.ModelProto):
+        g = model.graph
+        self.model = model
+        self.inits = {t.name: t for t in g.initializer}
+        self.producer = {o: n for n in g.node for o in n.output if o}
+        self.consumers: dict[str, list[tuple[onnx.NodeProto, int]]] = {}
+        for n in g.node:
+            for i, name in enumerate(n.input):
+                if name:
+                    self.consumers.setdefault(name, []).append((n, i))
+        self.order = {n.name: i for i, n in enumerate(g.node)}
+        self.activations: dict[str, Activation] = {}
+        for n in g.node:
+            if n.op_type != Q or n.input[0] in self.inits:
+                continue
+            dqs = [c for c, _ in self.consumers.get(n.output[0], []) if c.op_type == DQ]
+            scale = self.array(n.input[1])
+            zp = self.array(n.input[2]) if len(n.input) > 2 and n.input[2] else np.zeros(1, np.int8)
+            if scale is None or zp is None or scale.size != 1 or zp.dtype != np.int8:
+                continue  # per-axis or already another type: not an int8 activation this pass changes
+            producer = self.producer.get(n.input[0])
+            act = Activation(n.input[0], n, dqs, float(scale.reshape(-1)[0]), int(zp.reshape(-1)[0]), producer)
+            for dq in dqs:
+                act.readers += [(c, i) for c, i in self.consumers.get(dq.output[0], [])]
+            self.activations[act.name] = act
+        self.of_dq_output = {dq.output[0]: a for a in self.activations.values() for dq in a.dqs}
+        self.groups = self._groups()
+        self.group_of = {a: grp.name for grp in self.groups.values() for a in grp.activations}
+        self.layers = self._layers()
+
+    def array(self, name: str) -> np.ndarray | None:
+        init = self.inits.get(name)
+        return None if init is None else numpy_helper.to_array(init)
+
+    def read_activation(self, node: onnx.NodeProto, i: int) -> Activation | None:
+        """The quantised activation input i of `node` reads through its DQ, if any."""
+        return self.of_dq_output.get(node.input[i]) if i < len(node.input) else None
+
+    def written_activations(self, node: onnx.NodeProto) -> list[Activation]:
+        return [self.activations[o] for o in node.output if o in self.activations]
+
+    def _groups(self) -> dict[str, Group]:
+        parent = {a: a for a in self.activations}
+
+        def find(a: str) -> str:
+            while parent[a] != a:
+                parent[a] = parent[parent[a]]
+                a = parent[a]
+            return a
+
+        for n in self.model.graph.node:
+            if n.op_type not in MOVEMENT:
+                continue
+            joined = [a.name for i in range(len(n.input)) if (a := self.read_activation(n, i)) is not None]
+            joined += [a.name for a in self.written_activations(n)]
+            for other in joined[1:]:
+                ra, rb = find(joined[0]), find(other)
+                if ra != rb:
+                    parent[rb] = ra
+        members: dict[str, list[str]] = {}
+        for a in self.activations:  # graph order: Q nodes are in it
+            members.setdefault(find(a), []).append(a)
+        groups = {}
+        for acts in members.values():
+            layers = []
+            for a in acts:
+                p = self.activations[a].producer
+                if p is None:
+                    layers.append(a)
+                elif p.op_type not in MOVEMENT and p.op_type not in (Q, DQ):
+                    layers.append(p.name)
+            groups[acts[0]] = Group(acts[0], acts, layers)
+        return groups
+
+    def _layers(self) -> dict[str, Layer]:
+        out = {}
+        for n in self.model.graph.node:
+            if n.op_type not in WEIGHTED or len(n.input) < 2:
+                continue
+            dq = self.producer.get(n.input[1])
+            if dq is None or dq.op_type != DQ or dq.input[0] not in self.inits:
+                continue
+            data = self.array(dq.input[0])
+            if data is None or data.dtype != np.int8 or data.ndim < 2:
+                continue
+            zp = self.array(dq.input[2]) if len(dq.input) > 2 and dq.input[2] else None
+            if zp is not None and np.any(zp != 0):
+                continue
+            out[n.name] = Layer(n.name, n, dq, int(data.size))
+        return out
