@@ -3,7 +3,9 @@
 Not a hand-kept table: each op type in the lowering registry is lowered for real, as a small int8 model
 (quantised by onnxruntime as the quantize stage does, lowered per family as the lower stage does), and
 the family's support rules (ethosu/support.py, from Vela's TOSA constraints) place it, exactly as in a
-build. Rules that depend on shapes or types (RESIZE on U55/U65, ARGMAX channels, comparison types) are
+build. Then the same model with every activation that may be 16-bit on the family made so (16x8, as
+`quantization: {activations: int16}` builds it, frontend/precision) is lowered again: the `int16` columns say
+the precision the node got on each family (16: an int16 form; 8: it keeps int8 there). Rules that depend on shapes or types (RESIZE on U55/U65, ARGMAX channels, comparison types) are
 named beside the op types whose TOSA ops they can reject. An op type not listed has no lowering: a model
 using it runs that node on the host (onnxruntime), with the reason in the offload report. Like `vela --supported-ops-report`, but per ONNX op.
 """
@@ -214,9 +216,27 @@ def probe(p: Probe) -> dict:
                 continue
             row["families"][fam] = {"where": placed.kind, "tosa_ops": sorted(set(placed.tosa_ops)),
                                     "rule": placed.rule, "reason": placed.reason}
+        row["int16"] = {fam: int16_precision(qdq, fam) for fam in LOWERING_FAMILIES}
     except (NpubuildError, ValueError, RuntimeError) as exc:
         row["error"] = str(exc).splitlines()[0]
     return row
+
+
+def int16_precision(qdq, fam: str) -> str | None:
+    """The probed node's precision in the 16x8 form of its model on one family (None: it has no lowering)."""
+    from npubuild.errors import NpubuildError
+    from npubuild.frontend.precision.qdq import QdqModel, node_precisions
+    from npubuild.frontend.precision.rewrite import PrecisionPlan, apply_plan, promotable
+    from npubuild.lowering.driver import lower_model
+
+    info = QdqModel(qdq)
+    groups = frozenset(g for g in info.groups if promotable(info, g, (fam,)) is None)
+    mixed = apply_plan(qdq, PrecisionPlan(groups), (fam,))
+    try:
+        lower_model(mixed, "int", family=fam)
+    except (NpubuildError, ValueError):
+        return None
+    return node_precisions(mixed).get("probe", "int8")
 
 
 def conditions(row: dict) -> list[str]:
@@ -227,11 +247,12 @@ def conditions(row: dict) -> list[str]:
 
 def table(rows: list[dict]) -> str:
     fams = list(FAMILY_NAMES)
-    lines = [f"{'ONNX op':<30}" + "".join(f"{f:<9}" for f in fams) + f"{'TOSA ops (u55)':<31}notes",
-             f"{'':<30}" + "".join(f"{'-' * 7:<9}" for _ in fams)]
+    lines = [f"{'ONNX op':<30}" + "".join(f"{f:<9}" for f in fams) + f"{'int16 ' + '/'.join(fams):<27}"
+             + f"{'TOSA ops (u55)':<31}notes",
+             f"{'':<30}" + "".join(f"{'-' * 7:<9}" for _ in fams) + f"{'-' * 25:<27}"]
     for r in rows:
         if "error" in r or "note" in r:
-            lines.append(f"{r['label']:<30}" + "".join(f"{'-':<9}" for _ in fams) + f"{'':<31}"
+            lines.append(f"{r['label']:<30}" + "".join(f"{'-':<9}" for _ in fams) + f"{'':<27}{'':<31}"
                          + (f"probe failed: {r['error']}" if "error" in r else r["note"]))
             continue
         cells, notes = [], []
@@ -245,12 +266,22 @@ def table(rows: list[dict]) -> str:
         notes += [f"depends: {c}" for c in conditions(r)]
         ops = ", ".join(r["families"]["u55"]["tosa_ops"]) or "-"
         ops = ops if len(ops) <= 30 else ops[:29] + "…"
-        lines.append(f"{r['label']:<30}" + "".join(cells) + f"{ops:<31}" + "; ".join(notes))
+        int16 = "/".join(_bits(r.get("int16", {}).get(f)) for f in fams)
+        lines.append(f"{r['label']:<30}" + "".join(cells) + f"{int16:<27}" + f"{ops:<31}" + "; ".join(notes))
     lines.append("")
     lines.append("Families: " + ", ".join(f"{k} = {v}" for k, v in FAMILY_NAMES.items()) + ". NPU: compiled by Vela; "
                  "CPU: a host partition run by onnxruntime (the rule says why).")
+    lines.append("int16: the precision the op gets in a 16x8 build on each family (16: its 16-bit form; 8: int8 there, "
+                 "its neighbours reading and writing it through int8 copies; -: none).")
     lines.append("An ONNX op type not listed has no lowering: a build runs it on the host (rule no-lowering).")
     return "\n".join(lines)
+
+
+def _bits(precision: str | None) -> str:
+    """16 where the node computes or writes 16-bit activations, 8 where it stays int8, - where it has no form."""
+    if precision is None:
+        return "-"
+    return "16" if "16" in precision else "8"
 
 
 def cmd_ops(args) -> int:

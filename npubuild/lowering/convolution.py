@@ -118,8 +118,12 @@ def acc_type(x: TTensor) -> ts.DType:
 
 def weight_type(x: TTensor, weights: np.ndarray) -> np.dtype:
     """The weights' storage: int4 (EXT-INT4) only under an int8 activation (TOSA and Vela have no 16x4 form, so
-    4-bit weights under a 16-bit activation are stored as the same integers in int8), else int8."""
-    return INT4 if weights.dtype == INT4 and x.dtype == np.int8 else np.dtype(np.int8)
+    4-bit weights under a 16-bit activation are stored as the same integers in int8) and within [-7, 7] (the
+    serializer refuses -8, which onnxruntime's symmetric QInt4 gives a channel's most negative weight: such
+    weights are stored in int8 too), else int8."""
+    if weights.dtype != INT4 or x.dtype != np.int8 or weights.size == 0:
+        return np.dtype(np.int8)
+    return INT4 if int(weights.astype(np.int8).min()) >= -7 else np.dtype(np.int8)
 
 
 def int_conv(ctx: LoweringContext, op, x: TTensor, weights: np.ndarray, bias: Bias | np.ndarray,

@@ -30,6 +30,15 @@ class Placement:
     rule: str | None = None
     reason: str | None = None
     partition: int = 0
+    precision: str | None = None  # 16x8, 8x4, int16... in a build with more than int8 (frontend/precision)
+
+    def to_json(self) -> dict[str, Any]:
+        """As io.json and summary.json hold it: without `precision` where there is none (an 8x8 build's records
+        are what they were)."""
+        d = asdict(self)
+        if self.precision is None:
+            del d["precision"]
+        return d
 
 
 @dataclass(frozen=True)
@@ -128,12 +137,12 @@ class FamilyRecord:
         return {"npu_partitions": self.npu_partitions, "host_partitions": self.host_partitions,
                 "host_ops": self.host_ops, "npu_nodes": self.npu_nodes,
                 "partitioned_max_error_lsb": self.max_error_lsb,
-                "offloads": [asdict(p) for p in self.placements],
+                "offloads": [p.to_json() for p in self.placements],
                 "partition_graph": [p.graph_entry() for p in self.partitions]}
 
     def to_json(self) -> dict[str, Any]:
         d: dict[str, Any] = {"partitions": [p.to_json(self.whole_graph) for p in self.partitions],
-                             "placements": [asdict(p) for p in self.placements],
+                             "placements": [p.to_json() for p in self.placements],
                              "npu_partitions": self.npu_partitions, "host_partitions": self.host_partitions,
                              "host_ops": self.host_ops}
         if self.max_error_lsb is not None:

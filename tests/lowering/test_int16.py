@@ -12,7 +12,10 @@ import onnx
 import pytest
 from npusim_helpers import assert_bitexact, vela_raw
 from onnx import TensorProto, helper
-from ophelpers import calib, check_qdq, io_dict, quantize_model16, rand, single_op_model
+from ophelpers import _save, calib, check_qdq, io_dict, quantize_model16, rand, single_op_model
+
+from npubuild.lowering.driver import lower_model
+from npubuild.tosa.run import run_onnx, run_tosa
 
 FAMILIES = {"u55": "ethos-u55-128", "u85": "ethos-u85-256"}
 
@@ -108,7 +111,7 @@ CASES = {
     "depthwise": (lambda: conv(cin=8, cout=8, group=8), {"x": [1, 8, 10, 10]}),
     "fully_connected": (fc, {"x": [1, 32]}),
     "conv_transpose": (conv_transpose, {"x": [1, 4, 5, 5]}),
-    "matmul": (matmul, {"a": [1, 8, 16], "b": [1, 16, 12]}),
+    "matmul": (matmul, {"a": [1, 8, 16], "b": [1, 16, 12]}, 2.0, ("u85",)),  # U55/U65: int8 only (rules.py)
     "add": (lambda: binary("Add"), {"a": [1, 4, 6, 6], "b": [1, 4, 6, 6]}),
     "sub_broadcast": (lambda: binary("Sub", (1, 4, 1, 1)), {"a": [1, 4, 6, 6], "b": [1, 4, 1, 1]}),
     "mul": (lambda: binary("Mul"), {"a": [1, 4, 6, 6], "b": [1, 4, 6, 6]}),
@@ -118,6 +121,9 @@ CASES = {
     "sigmoid": (lambda: unary("Sigmoid"), {"x": [1, 4, 6, 6]}),
     "tanh": (lambda: unary("Tanh"), {"x": [1, 4, 6, 6]}),
     "hard_swish": (lambda: unary("HardSwish"), {"x": [1, 4, 6, 6]}, 6.0),  # its kinks at +-3 inside the range
+    "prelu_channels": (lambda: single_op_model("PRelu", {"x": [1, 4, 6, 6]}, {"y": None},
+                                               {"slope": np.array([0.1, -0.2, 0.5, 1.5], np.float32).reshape(4, 1, 1)}),
+                       {"x": [1, 4, 6, 6]}),
     "max_pool": (lambda: pool("MaxPool", kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1]), {"x": [1, 4, 9, 9]}),
     "avg_pool": (lambda: pool("AveragePool", kernel_shape=[3, 3], strides=[1, 1], pads=[1, 1, 1, 1]),
                  {"x": [1, 4, 9, 9]}),
@@ -143,10 +149,40 @@ def _cal(shapes: dict[str, list[int]], span: float = 2.0) -> dict[str, np.ndarra
 def test_int16_form(name):
     build, shapes, *more = CASES[name]
     span = more[0] if more else 2.0
+    families = more[1] if len(more) > 1 else tuple(FAMILIES)
     qdq = quantize_model16(build(), _cal(shapes, span))
     feeds = {k: rand(s, 7 + i, -span, span) for i, (k, s) in enumerate(shapes.items())}
-    for family, accel in FAMILIES.items():
+    for family in families:
+        accel = FAMILIES[family]
         lowered, _ = check_qdq(qdq, feeds, max_lsb=1.0, family=family)
         assert any(o.dtype == "int16" for o in lowered.outputs), "the output is not int16"
         with tempfile.TemporaryDirectory() as tmp:
             assert_bitexact(lowered.tosa, io_dict(lowered), vela_raw(lowered.tosa, Path(tmp), accel), seeds=(0,))
+
+
+def _every_code(op: str, span: float = 6.0, **attrs) -> tuple[float, float]:
+    """(max, share of inputs more than 1 LSB off) of a unary op over all 65536 int16 input codes."""
+    qdq = quantize_model16(single_op_model(op, {"x": [1, 65536]}, {"y": None}, **attrs),
+                           calib("x", [1, 65536], n=4, low=-span, high=span))
+    spec = lower_model(qdq, "int", "u85").inputs[0]
+    x = (np.arange(-32768, 32768, dtype=np.float64) * spec.scale).astype(np.float32).reshape(1, -1)
+    assert np.array_equal(spec.to_tosa(x).reshape(-1), np.arange(-32768, 32768))  # every code exactly once
+    feeds = {"x": x}
+    lowered, worst = check_qdq(qdq, feeds, max_lsb=np.inf, family="u85")
+    with tempfile.TemporaryDirectory() as tmp:
+        ref = run_onnx(str(_save(qdq, Path(tmp), "q.onnx")), feeds, qdq_semantics=True)
+    out = lowered.outputs[0]
+    err = np.abs(out.quantize_reference(ref[out.onnx_name]) - run_tosa(lowered.tosa, lowered, feeds)[out.onnx_name])
+    return worst, float(np.mean(err > 1))
+
+
+@pytest.mark.parametrize("op,attrs,max_lsb,share", [
+    ("Sigmoid", {}, 1, 0.0), ("LeakyRelu", {"alpha": 0.1}, 1, 0.0), ("Elu", {}, 1, 0.0),
+    ("HardSwish", {}, 1, 0.0), ("HardSigmoid", {}, 1, 0.0),  # integer forms: no kink inside a table segment
+    ("Tanh", {}, 2, 0.005), ("Exp", {}, 2, 0.005),  # the curvature over one of 512 segments: 1.7 LSB of sag
+])
+def test_int16_function_every_code(op, attrs, max_lsb, share):
+    """The int16 forms of unary functions over every int16 input: the interpolating TABLE within 1 LSB of the
+    16-bit scale (2 LSB on a few inputs per thousand for the most curved), HardSwish/HardSigmoid exact forms."""
+    worst, above_one = _every_code(op, **attrs)
+    assert worst <= max_lsb and above_one <= share, (worst, above_one)

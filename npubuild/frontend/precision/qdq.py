@@ -158,3 +158,48 @@ class QdqModel:
                 continue
             out[n.name] = Layer(n.name, n, dq, int(data.size))
         return out
+
+
+BITS = {onnx.TensorProto.INT8: 8, onnx.TensorProto.UINT8: 8, onnx.TensorProto.INT16: 16, onnx.TensorProto.UINT16: 16,
+        onnx.TensorProto.INT4: 4, onnx.TensorProto.UINT4: 4, onnx.TensorProto.INT32: 32}
+
+
+def node_precisions(model: onnx.ModelProto) -> dict[str, str]:
+    """Per compute node of a QDQ model its precision, as the reports show it: `16x8`, `8x8`, `8x4` (activation x
+    weight bits) for a conv or fully connected layer, else `int16` / `int8`, `int8->int16` where the output's type
+    differs from the inputs'. Empty for a model with no 16-bit activation or 4-bit weight (an 8x8 build says
+    nothing new, and its records stay as they were)."""
+    inits = {t.name: t for t in model.graph.initializer}
+    producer = {o: n for n in model.graph.node for o in n.output if o}
+    readers: dict[str, list[onnx.NodeProto]] = {}
+    for n in model.graph.node:
+        for i in n.input:
+            readers.setdefault(i, []).append(n)
+
+    def qbits(node: onnx.NodeProto) -> int | None:
+        zp = node.input[2] if len(node.input) > 2 and node.input[2] else None
+        return BITS.get(inits[zp].data_type) if zp in inits else 8
+
+    def dq_of(name: str) -> onnx.NodeProto | None:
+        p = producer.get(name)
+        return p if p is not None and p.op_type == DQ else None
+
+    if not any(n.op_type in (Q, DQ) and qbits(n) in (4, 16) for n in model.graph.node):
+        return {}
+    out = {}
+    for n in model.graph.node:
+        if n.op_type in (Q, DQ):
+            continue
+        ins = [qbits(d) for i in n.input if i and (d := dq_of(i)) is not None and d.input[0] not in inits]
+        outs = [qbits(q) for o in n.output for q in readers.get(o, []) if q.op_type == Q]
+        weight = dq_of(n.input[1]) if n.op_type in WEIGHTED and len(n.input) > 1 else None
+        w_bits = BITS.get(inits[weight.input[0]].data_type) if weight is not None and weight.input[0] in inits else None
+        a_in = max((b for b in ins if b), default=None)
+        a_out = max((b for b in outs if b), default=None)
+        if w_bits in (4, 8) and a_in:
+            text = f"{a_in}x{w_bits}"
+            out[n.name] = text if a_out in (None, a_in) else f"{text}->int{a_out}"
+        elif a_in or a_out:
+            a_in, a_out = a_in or a_out, a_out or a_in
+            out[n.name] = f"int{a_in}" if a_in == a_out else f"int{a_in}->int{a_out}"
+    return out
