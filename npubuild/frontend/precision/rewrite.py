@@ -8,6 +8,9 @@
 - int4 weights are per output channel and symmetric in [-7, 7] (so a negated weight stays in range), each
   channel's scale the one of 11 candidate clips of its peak with the least squared error (at 4 bits the
   largest weight is rarely worth its grid: NNCF's and GPTQ's weight-only 4-bit rounding search the clip too).
+- onnxruntime's asymmetric int8 model drops a Relu (or a Clip at 0) and lets the int8 grid, which starts at 0,
+  clip the negatives; a symmetric int16 grid does not, so a promoted activation whose int8 grid starts at 0 gets
+  the Relu back (its producer -> Q/DQ at the int16 scale -> Relu -> the activation's Q), a CLAMP Vela fuses.
 - A bias whose input or weight scale changed is requantised to the new accumulator scale from its real values
   (the bias the int8 model had, bias correction included), with a coarser scale where int32 would overflow.
 - Q/DQ of 16 and 4 bits are ONNX from opset 21: an older model is converted as onnxruntime's quantiser does.
@@ -176,12 +179,41 @@ def apply_plan(int8: onnx.ModelProto, plan: PrecisionPlan, families: Iterable[st
         zp = writer.init(f"{a}_zero_point16", np.array(0, np.int16))
         for node in (act.q, *act.dqs):
             _set_qparams(node, sc, zp)
+        if act.zero_point == -128 and act.producer is not None and act.producer.op_type not in (Q, DQ, "Relu"):
+            _restore_relu(info, writer, act, sc, zp)
     weight_scales = {name: _to_int4(info, writer, name) for name in sorted(plan.int4) if name in info.layers}
     _requantize_biases(info, writer, scales, weight_scales)
     _insert_converts(info, writer, scales, families, constants)
+    _drop_unused_initializers(model)
     if any(o.domain in ("", "ai.onnx") and o.version < QDQ_OPSET for o in model.opset_import):
         model = onnx.version_converter.convert_version(model, QDQ_OPSET)
     return model
+
+
+def _drop_unused_initializers(model: onnx.ModelProto) -> None:
+    """The int8 scales, zero points, weights and biases the plan replaced (onnxruntime warns about each)."""
+    used = {i for n in model.graph.node for i in n.input} | {o.name for o in model.graph.output}
+    keep = [t for t in model.graph.initializer if t.name in used]
+    if len(keep) != len(model.graph.initializer):
+        del model.graph.initializer[:]
+        model.graph.initializer.extend(keep)
+
+
+def _restore_relu(info: QdqModel, writer: _Writer, act: Activation, scale: str, zp: str) -> None:
+    """producer -> Q -> DQ (int16, the activation's scale) -> Relu -> the activation's own Q: the floor at 0 the
+    int8 grid gave, as an op."""
+    pre = writer.unique(f"{act.name}_before_relu", writer.names)
+    for i, o in enumerate(act.producer.output):  # type: ignore[union-attr]
+        if o == act.name:
+            act.producer.output[i] = pre  # type: ignore[union-attr]
+    q_out, dq_out = writer.unique(f"{pre}_quantized", writer.names), writer.unique(f"{pre}_dequantized", writer.names)
+    nodes = [helper.make_node(Q, [pre, scale, zp], [q_out], name=writer.unique(f"{pre}_q", writer.node_names)),
+             helper.make_node(DQ, [q_out, scale, zp], [dq_out], name=writer.unique(f"{pre}_dq", writer.node_names)),
+             helper.make_node("Relu", [dq_out], [act.name], name=writer.unique(f"{act.name}_relu", writer.node_names))]
+    graph = info.model.graph
+    at = next(i for i, n in enumerate(graph.node) if n is act.q or n.name == act.q.name)
+    for k, n in enumerate(nodes):
+        graph.node.insert(at + k, n)
 
 
 def _to_int4(info: QdqModel, writer: _Writer, layer: str) -> np.ndarray:
@@ -264,9 +296,9 @@ def _insert_converts(info: QdqModel, writer: _Writer, scales: Mapping[str, float
                                      name=writer.unique(f"{a}_to_int8", writer.node_names))
                 dq = helper.make_node(DQ, [q8, q.input[1], q.input[2]], [copy_name],
                                       name=writer.unique(f"{a}_int8_dq", writer.node_names))
-                at = info.order[act.dqs[0].name] + 1 if act.dqs else 0
-                additions.append((at, [q, dq]))
+                additions.append((act.dqs[0].name if act.dqs else None, [q, dq]))
             node.input[i] = copy_name
-    for at, nodes in sorted(additions, key=lambda t: -t[0]):
+    for after, nodes in additions:  # each right after the DQ it reads (graph order stays topological)
+        at = next((k + 1 for k, n in enumerate(graph.node) if n.name == after), 0)
         for k, n in enumerate(nodes):
             graph.node.insert(at + k, n)
