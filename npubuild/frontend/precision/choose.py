@@ -63,6 +63,9 @@ def precision_stage(float_path: Path, int8_path: Path, quantization: Quantizatio
     summary = {"mode": record["mode"], **record["summary"]}
     if "search" in record:
         s = record["search"]
-        summary.update({"met": s["met"], "int8": s["int8"], "int16": s["int16"], "chosen": s["chosen"],
-                        "cycles": s["cycles"]})
+        summary.update({"met": s["met"], "budget": s["budget"], "int8": s["int8"], "int16": s["int16"],
+                        "chosen": s["chosen"], "cycles": s["cycles"], "fits": s["fits"],
+                        # what each choice cost (Vela's cycles per target) and bought (the dB it saves)
+                        "int16_choices": [g for g in s["groups"] if g["chosen"]],
+                        "int4_choices": [lay for lay in s["layers"] if lay["chosen"]]})
     return {"precision": summary}

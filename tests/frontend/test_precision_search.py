@@ -1,0 +1,84 @@
+"""`precision: auto` (frontend/precision/search.py) on a model with one sensitive layer, Vela's real cost estimate."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from npubuild.config.load import default_search_path, load_target
+from npubuild.config.schema import PrecisionBudget
+from npubuild.ethosu.cost import vela_cost
+from npubuild.frontend.precision.qdq import QdqModel
+from npubuild.frontend.precision.ranges import calibration_ranges
+from npubuild.frontend.precision.rewrite import apply_plan
+from npubuild.frontend.precision.search import Measure, search
+from npubuild.frontend.quantize import quantize
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _model(rng) -> onnx.ModelProto:
+    """Four 1x1/3x3 convs; conv2's output channel 0 is 100x the others and conv3 ignores it: int8 at conv2's
+    output spends its grid on that channel (the model 3 dB from float), every other activation is benign."""
+    def exact(shape):
+        k = rng.integers(-127, 128, shape)
+        k[:, ..., 0] = 127
+        return (k / 127 * 0.5).astype(np.float32)
+
+    w1, w2, w3, w4 = exact((8, 3, 3, 3)), exact((8, 8, 1, 1)), exact((8, 8, 1, 1)), exact((4, 8, 1, 1))
+    w2[0, :, 0, 0] = 50.0
+    w3[:, 0] = 0.0
+    nodes = [helper.make_node("Conv", ["x", "w1"], ["h1"], pads=[1, 1, 1, 1], name="conv1"),
+             helper.make_node("Conv", ["h1", "w2"], ["h2"], name="conv2"),
+             helper.make_node("Conv", ["h2", "w3"], ["h3"], name="conv3"),
+             helper.make_node("Conv", ["h3", "w4"], ["y"], name="conv4")]
+    inits = [numpy_helper.from_array(w, n) for n, w in (("w1", w1), ("w2", w2), ("w3", w3), ("w4", w4))]
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 8, 8])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4, 8, 8])], inits)
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    m.ir_version = 8
+    return m
+
+
+@pytest.fixture(scope="module")
+def sensitive(tmp_path_factory):
+    rng = np.random.default_rng(0)
+    model = _model(rng)
+    path = tmp_path_factory.mktemp("search") / "float.onnx"
+    onnx.save(model, path)
+    arrays = {"x": rng.uniform(-1, 1, (16, 1, 3, 8, 8)).astype(np.float32)}
+    int8 = quantize(path, arrays, {"per_channel": True, "method": "minmax", "symmetric_activations": False})
+    profile, _ = load_target("ethos-u55-128", default_search_path(ROOT), None)
+
+    def cost(model: onnx.ModelProto):
+        return {profile.name: vela_cost(model, [], profile, profile.vela)}
+
+    return model, int8, arrays, cost
+
+
+def test_exactly_the_sensitive_layer_is_promoted(sensitive):
+    model, int8, arrays, cost = sensitive
+    budget = PrecisionBudget(min_snr_db=30.0, weights_int4=False)
+    plan, record = search(int8, model, arrays, ("u55",), budget, cost, calibration_ranges(model, arrays))
+    info = QdqModel(int8)
+    assert [info.groups[g].layers for g in plan.int16] == [["conv2"]]
+    assert record["met"] and record["int8"]["snr_db"] < 10 and record["chosen"]["snr_db"] >= 31
+    assert record["groups"][0]["layers"] == ["conv2"] and record["groups"][0]["chosen"]  # the largest loss first
+    assert not plan.int4
+
+
+def test_int4_weights_within_the_budget(sensitive):
+    """With int4 allowed the search demotes the layers whose 4 bits cost the budget least, and the plan it returns
+    still meets the budget when measured."""
+    model, int8, arrays, cost = sensitive
+    budget = PrecisionBudget(min_snr_db=25.0)
+    ranges = calibration_ranges(model, arrays)
+    plan, record = search(int8, model, arrays, ("u55",), budget, cost, ranges)
+    assert plan.int4 and record["met"]
+    assert Measure(model, arrays)(apply_plan(int8, plan, ("u55",), ranges)).snr_db >= 25.0
+    assert {lay["layer"] for lay in record["layers"] if lay["chosen"]} == set(plan.int4)
+    assert all(lay["weight_bytes_saved"] > 0 for lay in record["layers"])
