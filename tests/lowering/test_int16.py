@@ -12,8 +12,19 @@ import onnx
 import pytest
 from npusim_helpers import assert_bitexact, vela_raw
 from onnx import TensorProto, helper
-from ophelpers import _save, calib, check_qdq, io_dict, quantize_model16, rand, single_op_model
+from ophelpers import (
+    _save,
+    calib,
+    check_qdq,
+    io_dict,
+    quantize_model,
+    quantize_model16,
+    rand,
+    single_op_model,
+)
 
+from npubuild.frontend.precision.qdq import QdqModel
+from npubuild.frontend.precision.rewrite import PrecisionPlan, apply_plan
 from npubuild.lowering.driver import lower_model
 from npubuild.tosa.run import run_onnx, run_tosa
 
@@ -160,10 +171,10 @@ def test_int16_form(name):
             assert_bitexact(lowered.tosa, io_dict(lowered), vela_raw(lowered.tosa, Path(tmp), accel), seeds=(0,))
 
 
-def _every_code(op: str, span: float = 6.0, **attrs) -> tuple[float, float]:
+def _every_code(op: str, span: float = 6.0, qdq: onnx.ModelProto | None = None, **attrs) -> tuple[float, float]:
     """(max, share of inputs more than 1 LSB off) of a unary op over all 65536 int16 input codes."""
-    qdq = quantize_model16(single_op_model(op, {"x": [1, 65536]}, {"y": None}, **attrs),
-                           calib("x", [1, 65536], n=4, low=-span, high=span))
+    qdq = qdq or quantize_model16(single_op_model(op, {"x": [1, 65536]}, {"y": None}, **attrs),
+                                  calib("x", [1, 65536], n=4, low=-span, high=span))
     spec = lower_model(qdq, "int", "u85").inputs[0]
     x = (np.arange(-32768, 32768, dtype=np.float64) * spec.scale).astype(np.float32).reshape(1, -1)
     assert np.array_equal(spec.to_tosa(x).reshape(-1), np.arange(-32768, 32768))  # every code exactly once
@@ -186,3 +197,16 @@ def test_int16_function_every_code(op, attrs, max_lsb, share):
     16-bit scale (2 LSB on a few inputs per thousand for the most curved), HardSwish/HardSigmoid exact forms."""
     worst, above_one = _every_code(op, **attrs)
     assert worst <= max_lsb and above_one <= share, (worst, above_one)
+
+
+@pytest.mark.parametrize("op", ["HardSwish", "HardSigmoid"])
+def test_bends_on_knots_make_one_table(op):
+    """npubuild's own int16 model puts a hard swish's (hard sigmoid's) input on a scale with its bends on the int16
+    TABLE's knots: one TABLE, within 1 LSB of the QDQ model over every input code."""
+    model = single_op_model(op, {"x": [1, 65536]}, {"y": None})
+    int8 = quantize_model(model, calib("x", [1, 65536], n=4, low=-6.0, high=6.0))
+    qdq = apply_plan(int8, PrecisionPlan(frozenset(QdqModel(int8).groups)), ("u55", "u85"))
+    ops = {o for ops in lower_model(qdq, "int", "u55").node_ops.values() for o in ops}
+    assert "TABLE" in ops and "MUL" not in ops and "MAXIMUM" not in ops
+    worst, above_one = _every_code(op, qdq=qdq)
+    assert worst <= 1 and above_one == 0.0

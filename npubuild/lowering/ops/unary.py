@@ -27,7 +27,7 @@ from npubuild.lowering.context import LoweringContext, TTensor
 from npubuild.lowering.emit import Op, attr, clamp, rescale
 from npubuild.lowering.fusion.patterns import fusable, gelu
 from npubuild.lowering.registry import lowers, quantize_also
-from npubuild.lowering.table import lower_via_table
+from npubuild.lowering.table import KNOT_STEP, lower_via_table
 
 quantize_also("Tanh", "HardSigmoid", "HardSwish", "Gelu", "Erf", "Exp", "Log", "Sqrt", "Reciprocal", "Abs", "Neg",
               "PRelu", "Pow")
@@ -135,10 +135,19 @@ def _fp_hard_sigmoid(ctx: LoweringContext, x: TTensor, alpha: float, beta: float
     return clamp(ctx, fp.add_scalar(ctx, fp.mul_scalar(ctx, x, alpha), beta), 0.0, 1.0, output_of=out)
 
 
-def _sixteen_bit(ctx: LoweringContext) -> bool:
-    """Whether the current node reads or writes an int16 activation (its kinks then need an integer form: an
-    interpolating int16 TABLE cannot follow a kink inside a segment)."""
-    return ctx.profile == "int" and (ctx.tensor(0).dtype == np.int16 or ctx.require_output_q().dtype == np.int16)
+def _needs_integer_form(ctx: LoweringContext, bends: tuple[float, ...]) -> bool:
+    """Whether the current node reads or writes an int16 activation with a bend its interpolating int16 TABLE
+    cannot follow: one not on a knot of the int16 input (the precision rewrite puts a hard swish's input on a
+    scale with its bends on knots, frontend/precision/rewrite.int16_scale; then one TABLE is exact)."""
+    if ctx.profile != "int":
+        return False
+    x, out_q = ctx.tensor(0), ctx.require_output_q()
+    if x.dtype != np.int16 and out_q.dtype != np.int16:
+        return False
+    if x.dtype != np.int16 or x.q is None:
+        return True
+    codes = [b / x.q.s for b in bends]
+    return not all(abs(c - round(c)) < 1e-3 and round(c) % KNOT_STEP == 0 and abs(c) < 32768 for c in codes)
 
 
 def _hard_sigmoid_int32(ctx: LoweringContext, x: TTensor, alpha: float, beta: float, scale: float,
@@ -165,7 +174,7 @@ def _frac_bits(peak: float) -> int:
 @fusable
 def lower_hard_sigmoid(ctx: LoweringContext) -> None:
     alpha, beta = float(ctx.attr("alpha", 0.2)), float(ctx.attr("beta", 0.5))
-    if alpha > 0 and _sixteen_bit(ctx):
+    if alpha > 0 and _needs_integer_form(ctx, (-beta / alpha, (1 - beta) / alpha)):
         x, out_q = ctx.tensor(0), ctx.require_output_q()
         frac = _frac_bits(max(alpha * x.q.s * 65536, abs(beta) + 1.0) / out_q.s)
         h = _hard_sigmoid_int32(ctx, x, alpha, beta, out_q.s, frac)
@@ -180,9 +189,9 @@ HSWISH_BITS = 22  # the hard sigmoid factor of an int16 hard swish in Q22; the p
 @lowers("HardSwish")
 @fusable
 def lower_hard_swish(ctx: LoweringContext) -> None:
-    """x * hardsigmoid(x); with 16-bit activations x (int32) times the factor in Q22, shifted into int32 by 7,
-    and one RESCALE: within 1 LSB wherever the kinks at +-3 fall (an int16 TABLE is 8-16 LSB off there)."""
-    if _sixteen_bit(ctx):
+    """x * hardsigmoid(x): one TABLE, or with a 16-bit input whose bends at +-3 miss the TABLE's knots x (int32)
+    times the factor in Q22, shifted into int32 by 7, and one RESCALE (an int16 TABLE is 8-16 LSB off there)."""
+    if _needs_integer_form(ctx, (-3.0, 3.0)):
         x, out_q = ctx.tensor(0), ctx.require_output_q()
         h = _hard_sigmoid_int32(ctx, x, 1.0 / 6.0, 0.5, 1.0, HSWISH_BITS)
         p = im.mul(ctx, rescale(ctx, x, 1.0, np.int32, x.q.zp, 0, None), h, HSWISH_BITS - 15)
