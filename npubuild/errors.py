@@ -1,8 +1,11 @@
 """Error types that map to the CLI's exit codes.
 
 `InputError` is anything the user can fix in their config, model or arguments
-(exit 2); `StageError` is a stage that failed on valid input (exit 1). Both
-render as one line: `path:line:col: error: message` when a position is known.
+(exit 2); `StageError` is a stage that failed on valid input (exit 1); `InternalError`
+is npubuild's own fault, an exception inside an import pass, a lowering or a check on
+input it accepted (exit 1, kind `internal`, asking for a report). Each renders as one
+line: `path:line:col: error: message` when a position is known. The kind is what
+report.json's `error_kinds` lists.
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ class NpubuildError(Exception):
     """Base class: carries a one-line message and an optional location."""
 
     exit_code = 1
+    kind = "stage"
 
     def __init__(self, message: str, location: Location | str | Path | None = None):
         super().__init__(message)
@@ -59,6 +63,7 @@ class InputError(NpubuildError):
     """Bad input: a config, a model or an argument the user must fix (exit 2)."""
 
     exit_code = 2
+    kind = "input"
 
 
 class UncomputedOutputError(InputError):
@@ -83,6 +88,33 @@ class StageError(NpubuildError):
     """A stage failed on valid input (a tool error, a check that fell short): exit 1."""
 
     exit_code = 1
+
+
+REPORT_REQUEST = "please report it with the model if you can; --debug or the stage's error.json has the traceback"
+
+
+class InternalError(NpubuildError):
+    """An exception inside npubuild on input it accepted (a bug of ours, not the user's): exit 1, kind
+    'internal'. `detail` keeps the traceback for the stage's error.json."""
+
+    exit_code = 1
+    kind = "internal"
+
+    def __init__(self, message: str, location: Location | str | Path | None = None, detail: str | None = None):
+        super().__init__(f"internal error: {message} ({REPORT_REQUEST})", location)
+        self.detail = detail
+
+
+def one_line(text: str, limit: int = 400) -> str:
+    """`text` on one line, at most `limit` characters: a longer one loses its middle, never its end (where a
+    tool's message says why: onnxruntime's 'This is an invalid model. ... Subgraph output (x) is an outer
+    scope value being returned directly')."""
+    flat = " ".join(str(text).split())
+    if len(flat) <= limit:
+        return flat
+    head = limit * 2 // 5
+    tail = limit - head - 5
+    return f"{flat[:head]} ... {flat[-tail:]}"
 
 
 _NO_MEMORY_TEXT = ("Cannot allocate memory", "bad_alloc", "failed to map segment", "Failed to allocate memory")

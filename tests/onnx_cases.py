@@ -135,6 +135,13 @@ CASES: dict[str, tuple[Callable[[], onnx.ModelProto], str]] = {
     "dq-zero-scale": (lambda: _qdq(0.0), "scale 0"),
     "dq-denormal-scale": (lambda: _qdq(1e-40), "scale 1e-40"),
     "dq-huge-scale": (lambda: _qdq(1e35), "1e+35"),
+    **{f"cast-to-{t.lower()}": (lambda t=t: _model([helper.make_node("Relu", ["x"], ["r"], name="relu0"),
+                                                   helper.make_node("Cast", ["r"], ["y"], name="cast0",
+                                                                    to=getattr(TensorProto, t))], [],
+                                                  outputs=[helper.make_tensor_value_info("y", getattr(TensorProto, t),
+                                                                                         X)], opset=25),
+                                f"node 'cast0' (Cast): makes a {t} tensor ('y')")  # the quantiser crashed on them
+       for t in ("INT2", "UINT2", "INT4", "UINT4", "FLOAT8E8M0")},
     "external-outside": (lambda: _external("../secret.bin"), "outside the model's directory"),
     "external-absolute": (lambda: _external("/etc/hostname"), "is an absolute path"),
     "external-missing": (lambda: _external("weights.bin"), "external data 'weights.bin'"),

@@ -75,7 +75,7 @@ def probes() -> list[Probe]:
     return [
         _one("Relu", after_conv=True),
         _one("Clip", extra=["lo", "hi"], inits={"lo": np.float32(-0.25), "hi": np.float32(0.25)}, after_conv=True),
-        _comparison("Greater"), _comparison("Less"),
+        _comparison("Greater"), _comparison("Less"), _comparison("GreaterOrEqual"), _comparison("LessOrEqual"),
         Probe("Where", "Where", {"x": X}, (("Greater", ["x", "thr"], ["g"], {}), ("Where", ["g", "x", "zero"], ["y0"], {})),
               {"thr": np.float32(0.1), "zero": np.zeros(X, np.float32)}),
         _one("Conv", extra=["w"], inits={"w": _f([8, 8, 3, 3])}, pads=[1, 1, 1, 1]),

@@ -62,6 +62,7 @@ def cmd_report(args) -> int:
     from npubuild.report import history
     from npubuild.report.junit import write_junit
     from npubuild.report.regress import compare, load_thresholds, render_comparison
+    from npubuild.report.status import passed
     from npubuild.report.summary import render_markdown, write_html
 
     if args.keep < 1:
@@ -84,7 +85,7 @@ def cmd_report(args) -> int:
                cache_dir=build_dir / ".cache" / "plots", history=runs)
     if args.junit:
         write_junit(Path(args.junit), report, comparison, baseline)
-    failed = [b for b in report["builds"] if b["status"] != "passed"]
+    failed = [b for b in report["builds"] if not passed(b["status"])]
     for r in comparison.regressions if comparison else []:
         print(f"regression: {r.line()}", file=sys.stderr)
     return 1 if failed or (comparison and comparison.regressions) else 0

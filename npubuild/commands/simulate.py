@@ -1,4 +1,5 @@
-"""`npubuild simulate`: run a compiled raw Vela artifact on npu-sim; print outputs and a per-op listing."""
+"""`npubuild simulate`: run a compiled raw Vela artifact on npu-sim (outputs and a per-op listing), or a build's
+deployable .tflite on the virtual device (TensorFlow Lite Micro for the host operators, npu-sim for the NPU)."""
 
 from __future__ import annotations
 
@@ -40,11 +41,87 @@ def _tosa_names(art, model, feeds: list[np.ndarray], ops) -> list[str | None]:
     return [tensor_of(op, inter) for op in ops]
 
 
+def _deployable_of(build_dir: Path, select: str | None) -> tuple[Path, str, dict] | None:
+    """(its .tflite, label, vela summary) when the selected build deploys host partitions beside the NPU ones."""
+    import json
+
+    report = build_dir / "report.json"
+    if not report.is_file():
+        return None
+    found = []
+    for b in json.loads(report.read_text()).get("builds", []):
+        label = f"{b['spec']}/{b['model']}/{b['target']}"
+        if select and select not in (label, b["target"], f"{b['model']}/{b['target']}"):
+            continue
+        graph = (b.get("metrics") or {}).get("partition_graph") or []
+        vela = (b.get("artifacts") or {}).get("vela")
+        if vela and any(p["kind"] == "host" for p in graph):
+            found.append((Path(vela).parent, label))
+    if len(found) != 1:
+        return None
+    stage, label = found[0]
+    summary = json.loads((stage / "summary.json").read_text())
+    deployable = summary.get("deployable")
+    return (stage / deployable["tflite"], label, summary) if deployable else None
+
+
+def simulate_device(tflite: Path, label: str, summary: dict | None, args) -> int:
+    """The whole deployable on the virtual device: host operators in TensorFlow Lite Micro, ethos-u in npu-sim."""
+    from npubuild.deploy.virtual_device import HostRun, VirtualDevice
+    from npubuild.npusim.artifact import prepare_input
+    from npubuild.records.iospec import specs_from_json
+
+    device = VirtualDevice(tflite.read_bytes(), str(tflite))
+    deployable = (summary or {}).get("deployable") or {}
+    ins = specs_from_json(deployable["inputs"]) if deployable else [None] * len(device.graph_inputs)
+    outs = specs_from_json(deployable["outputs"]) if deployable else [None] * len(device.graph_outputs)
+    if args.input and len(args.input) != len(device.graph_inputs):
+        raise InputError(f"the deployable has {len(device.graph_inputs)} inputs, got {len(args.input)} --input")
+    feeds = []
+    for i, t in enumerate(device.graph_inputs):
+        shape, dtype = device.shapes[t], np.dtype(device.dtypes[t])
+        if args.input:
+            feeds.append(prepare_input(_load_input(args.input[i]), shape, ins[i], args.input[i]))
+        else:
+            info = np.iinfo(dtype)
+            feeds.append(np.random.default_rng(args.seed + i).integers(info.min, info.max + 1, shape).astype(dtype))
+    t0 = time.perf_counter()
+    ys = device.run(feeds)
+    seconds = time.perf_counter() - t0
+    print(f"{label}: the deployable on the virtual device, run in {seconds:.3f} s"
+          + ("" if args.input else f" (random input, seed {args.seed})"))
+    for step in device.steps:
+        if isinstance(step, HostRun):
+            print(f"  TFLite Micro: operators {step.ops[0]}..{step.ops[-1]}, arena {step.arena_bytes} bytes")
+        else:
+            print(f"  Ethos-U (npu-sim): operator {step.op_index}, {step.model.accelerator}")
+    for i, (y, spec) in enumerate(zip(ys, outs, strict=True)):
+        name = spec.onnx_name if spec else f"output {i}"
+        if spec:
+            y = spec.from_tosa(np.asarray(y).reshape(spec.shape))
+        print(f"{name}: shape {list(y.shape)} {y.dtype}")
+        print(np.array2string(y.reshape(-1)[:64], max_line_width=100))
+        if spec and spec.quantized:
+            print("dequantized:", np.array2string(spec.dequantize(y).reshape(-1)[:64], precision=4, max_line_width=100))
+        if args.save:
+            out = Path(args.save) / f"output{i}.npy"
+            out.parent.mkdir(parents=True, exist_ok=True)
+            np.save(out, y)
+    return 0
+
+
 def cmd_simulate(args) -> int:
     from npubuild.npusim.artifact import layer_cycles, locate, prepare_input
     from npubuild.npusim.npz import load_raw
     from npubuild.npusim.sim import run
 
+    path = Path(args.artifact)
+    if path.is_file() and path.suffix == ".tflite":
+        return simulate_device(path, path.name, None, args)
+    if path.is_dir():
+        device = _deployable_of(path, args.build)
+        if device is not None:
+            return simulate_device(*device, args)
     art = locate(args.artifact, args.build)
     model = load_raw(art.npz)
     if art.io and not _same_io(art.io, model):
@@ -91,8 +168,10 @@ def cmd_simulate(args) -> int:
 
 
 def register(sub) -> None:
-    s = sub.add_parser("simulate", help="run a compiled raw Vela artifact (.npz) on npu-sim, the NPU functional model")
-    s.add_argument("artifact", metavar="BUILD_OR_NPZ", help="a *_vela.npz, its stage directory, or a build directory")
+    s = sub.add_parser("simulate", help="run a compiled raw Vela artifact (.npz) on npu-sim, the NPU functional model, "
+                       "or a deployable .tflite on the virtual device (TFLite Micro + npu-sim)")
+    s.add_argument("artifact", metavar="BUILD_OR_NPZ", help="a *_vela.npz, its stage directory, a deployable .tflite, or "
+                   "a build directory (a build with host partitions runs its whole deployable)")
     s.add_argument("--input", action="append", metavar="NPY", help="input .npy (repeat per input): integers in the artifact's "
                    "NHWC shape, or floats in ONNX layout when a build directory gives the quantisation")
     s.add_argument("--build", metavar="ID", help="spec/model/target (or target) when the build directory has several "

@@ -2,7 +2,8 @@
 
 Beyond what loading checks (keys, types, names, files), each model's graph inputs are read so that
 `input_shapes` naming an input the model does not have, giving the wrong rank, or a dynamic dim left
-open fail here, with the spec's position, instead of in the build.
+open fail here, with the spec's position, instead of in the build; and each dynamic input is listed with
+the shape it gets and where each size came from (frontend/input_shapes.py).
 """
 
 from __future__ import annotations
@@ -10,14 +11,16 @@ from __future__ import annotations
 from npubuild.commands import SPECS_HELP
 
 
-def check_model_inputs(builds: list) -> None:
-    """The import stage's input checks (frontend.normalise.set_static_shapes) for each spec's models."""
+def check_model_inputs(builds: list) -> list[str]:
+    """The import stage's input checks (frontend.normalise.set_static_shapes) for each spec's models; a line
+    per dynamic input saying what it becomes."""
     from npubuild.config.yamlfile import KEY, load_yaml, locate
     from npubuild.errors import Location
     from npubuild.frontend.normalise import load_onnx, set_static_shapes
 
     seen: set[tuple[str, str]] = set()
     marks_of: dict = {}
+    lines: list[str] = []
     for b in builds:
         if (str(b.spec_path), b.model_name) in seen:
             continue
@@ -38,7 +41,10 @@ def check_model_inputs(builds: list) -> None:
         else:
             if shapes:
                 where = locate(marks, ("models", b.model_name, "input_shapes"), fallback)
-        set_static_shapes(model, dict(shapes), str(where))
+        resolved = set_static_shapes(model, dict(shapes), str(where))
+        lines += [f"  {b.spec_path.name}: model '{b.model_name}': dynamic input {s.describe()}"
+                  for s in resolved if s.dynamic]
+    return lines
 
 
 def check_data_files(builds) -> None:
@@ -60,12 +66,15 @@ def cmd_validate(args) -> int:
     from npubuild.config.load import load_specs, spec_paths
 
     builds = load_specs(spec_paths(args.specs))
-    check_model_inputs(builds)
+    dynamic = check_model_inputs(builds)
     check_data_files(builds)
     specs = sorted({str(b.spec_path) for b in builds})
     print(f"ok: {len(specs)} spec(s), {len(builds)} build(s)")
     for b in builds:
         print(f"  {b.id}  ({b.target.accelerator}, pipeline {b.pipeline.name})")
+    if dynamic:
+        print("dynamic inputs (the model leaves these dims open; the build uses the sizes after ->):")
+        print("\n".join(dynamic))
     return 0
 
 

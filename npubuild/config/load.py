@@ -244,6 +244,11 @@ class Build:
     spec_families: tuple[str, ...] = ()
 
     @property
+    def optimise(self) -> str:
+        """"performance" (the default) or "size": the spec's optimise, else its target profile's."""
+        return self.spec.optimise or self.target.optimise or "performance"
+
+    @property
     def id(self) -> str:
         return f"{self.spec.name}/{self.model_name}/{self.target.name}"
 
@@ -320,7 +325,7 @@ def load_spec(path: Path) -> list[Build]:
                     calibration_npy=npy,
                     target=profile,
                     pipeline=pipeline,
-                    vela=vela_options(profile.vela, spec.vela),
+                    vela=vela_options(profile.vela, spec.vela, spec.optimise or profile.optimise),
                     evaluation=evaluation,
                     spec_families=families,
                 )
@@ -328,15 +333,17 @@ def load_spec(path: Path) -> list[Build]:
     return builds
 
 
-def vela_options(target: VelaOptions, spec: VelaOptions | None) -> VelaOptions:
+def vela_options(target: VelaOptions, spec: VelaOptions | None, optimise: str | None = None) -> VelaOptions:
     """The target's Vela options with the fields the spec sets laid over them.
 
     Field by field, so a spec asking for one extra flag keeps what the target
-    chose elsewhere (its output format, say).
+    chose elsewhere (its output format, say). `optimise: size` (spec or profile) asks Vela for
+    `--optimise Size` over the profile's Vela options, unless the spec's own `vela: {optimise: ...}` says otherwise.
     """
-    if spec is None:
-        return target
-    return target.model_copy(update={k: getattr(spec, k) for k in spec.model_fields_set})
+    opts = target if spec is None else target.model_copy(update={k: getattr(spec, k) for k in spec.model_fields_set})
+    if optimise == "size" and not (spec is not None and "optimise" in spec.model_fields_set):
+        opts = opts.model_copy(update={"optimise": "Size"})
+    return opts
 
 
 def _evaluation_files(model, model_name: str, path: Path, root: Path, marks: Marks) -> tuple[Path, Path] | None:
@@ -406,7 +413,8 @@ def adhoc_builds(model_path: Path, target_names: list[str], pipeline_name: str =
     families = lowering_families(profiles)
     return [Build(spec=spec, spec_path=root / "<command line>", project_root=root, model_name=next(iter(spec.models)),
                   model_path=model_path.resolve(), calibration_npy=None, target=profile, pipeline=pipeline,
-                  vela=profile.vela, spec_families=families) for profile in profiles]
+                  vela=vela_options(profile.vela, None, profile.optimise), spec_families=families)
+            for profile in profiles]
 
 
 def lowering_families(profiles: list[TargetProfile]) -> tuple[str, ...]:

@@ -49,6 +49,10 @@ METRICS: tuple[Metric, ...] = (
     # each node fed the QDQ model's own inputs (verify/node_errors): the lowering's own error, not the
     # float32 reference's rounding noise grown through the layers after it; the worst node and output by name
     *_m("tosa-check", "tosa_node_max_error_lsb", "tosa_worst_node", "tosa_worst_output"),
+    # the deployable (deploy/): whether a Cortex-M host runs all of it, TFLite Micro's arena for its host
+    # operators (beside the NPU arena, sram_kib), and the virtual device's output against the QDQ model
+    *_m("vela", "cortex_m_deployable", "tflm_arena_bytes"),
+    *_m("npu-sim", "device_max_error_lsb"),
 )
 
 
@@ -85,5 +89,7 @@ GATES: tuple[Gate, ...] = (
     Gate("host_ops", "host_ops", "eq", int, {"ge": 0}, "Exact number of ONNX nodes expected on the host"),
     Gate("max_deployed_error_lsb", "deployed_max_error_lsb", "max", float, {"ge": 0},
          "Most LSB error of the graph the target runs (its partitions or lowering)"),
+    Gate("max_device_error_lsb", "device_max_error_lsb", "max", float, {"ge": 0},
+         "The deployable on the virtual device (TFLite Micro + npu-sim) vs the QDQ model, in LSB"),
 )
 GATE_BY_KEY = {g.key: g for g in GATES}

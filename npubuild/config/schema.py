@@ -95,6 +95,14 @@ class VelaMirror(Strict):
     memory_mode: str
 
 
+class HostCpu(Strict):
+    """The CPU beside the NPU, which runs the host partitions: a Cortex-M runs them in TensorFlow Lite Micro (TFLite
+    builtin operators only: the deployable .tflite), a Cortex-A running Linux in onnxruntime (any ONNX operator)."""
+
+    kind: Literal["cortex-m", "cortex-a"] = "cortex-m"
+    cpu: str = Field(default="cortex-m55", description="e.g. cortex-m55, cortex-m85, cortex-a55")
+
+
 class TargetProfile(Strict):
     """An accelerator plus the system it sits in: clock, memories and their use."""
 
@@ -106,6 +114,10 @@ class TargetProfile(Strict):
     pools: dict[Name, MemoryPool]
     placement: Placement
     vela: VelaOptions = VelaOptions()
+    host: HostCpu = Field(default_factory=HostCpu, description="The CPU that runs host partitions")
+    optimise: Literal["performance", "size"] | None = Field(
+        default=None, description="What the build minimises: inference time (default) or SRAM and off-chip memory "
+        "(Vela's --optimise Size, and npubuild's forms chosen by memory); a spec's optimise overrides it")
     mirrors: VelaMirror | None = Field(
         default=None, description="The Vela bundled system config + memory mode this profile reproduces"
     )
@@ -138,6 +150,9 @@ class Pipeline(Strict):
     description: str = ""
     profile: Literal["int", "fp"] = "int"
     passes: list[str] = []
+    warn_below_npu_offload: float | None = Field(
+        default=None, ge=0, le=1, description="Warn, naming the nodes that cause it, when a build runs less than "
+                                              "this fraction of its model's nodes on the NPU (null: never)")
 
 
 # --------------------------------------------------------------------------- specs
@@ -291,6 +306,9 @@ class CompileSpec(Strict):
     expect: Expect = Expect()
     fvp: FvpOptions = FvpOptions()
     vela: VelaOptions | None = Field(default=None, description="Overrides, field by field, the target profiles' Vela options")
+    optimise: Literal["performance", "size"] | None = Field(
+        default=None, description="What the builds minimise: inference time (default) or SRAM and off-chip memory "
+        "(Vela's --optimise Size, and npubuild's forms chosen by memory); overrides the target profiles' optimise")
     search_paths: list[str] = Field(
         default=[], description="Extra directories (relative to this file) holding targets/ and pipelines/"
     )

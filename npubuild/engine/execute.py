@@ -29,7 +29,7 @@ from npubuild.engine.uptodate import (
     read_record,
     write_inputs,
 )
-from npubuild.errors import InputError, NpubuildError, StageError, is_out_of_memory
+from npubuild.errors import InputError, InternalError, NpubuildError, StageError, is_out_of_memory, one_line
 from npubuild.fileio import read_json, write_json
 from npubuild.longlived import long_lived
 
@@ -134,8 +134,9 @@ def execute(task: StageTask, run_id: str, debug: bool = False, cache: StageCache
     try:
         metrics = run_stage_function(task, preload)
     except NpubuildError as exc:
-        write_json(err_path, {"kind": "input" if exc.exit_code == 2 else "stage", "message": str(exc),
-                              "run_id": run_id})
+        detail = getattr(exc, "detail", None)  # an InternalError's traceback
+        write_json(err_path, {"kind": exc.kind, "message": str(exc), "run_id": run_id,
+                              **({"traceback": detail} if detail else {})})
         raise
     except Exception as exc:  # a bug or a tool crash: keep the traceback on disk, one line on screen
         if is_out_of_memory(exc):  # a model whose tensors do not fit this machine: the traceback is no help
@@ -143,12 +144,12 @@ def execute(task: StageTask, run_id: str, debug: bool = False, cache: StageCache
             write_json(err_path, {"kind": "stage", "message": str(oom), "run_id": run_id})
             raise oom from None
         detail = getattr(exc, "child_traceback", None) or traceback.format_exc()  # run_isolated's child
-        write_json(err_path, {"kind": "internal", "message": f"error: {type(exc).__name__}: {exc}",
-                              "traceback": detail, "run_id": run_id})
+        internal = InternalError(f"stage {task.stage}: {one_line(f'{type(exc).__name__}: {exc}')} (traceback in "
+                                 f"{err_path})")
+        write_json(err_path, {"kind": "internal", "message": str(internal), "traceback": detail, "run_id": run_id})
         if debug:
             raise
-        raise NpubuildError(f"internal error in stage {task.stage}: {type(exc).__name__}: {exc} "
-                            f"(traceback in {err_path})") from exc
+        raise internal from exc
     if cache is not None:
         cache.put(key, task.dir, metrics, exclude={record_path.name, err_path.name, INPUTS_NAME})
     return write_record(task, run_id, start, metrics, key, from_cache=False)

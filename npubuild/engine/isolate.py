@@ -65,7 +65,16 @@ def isolation_possible() -> bool:
     return hasattr(os, "fork") and not multiprocessing.current_process().daemon
 
 
+def _pickled(exc: NpubuildError) -> bytes | None:
+    try:
+        return pickle.dumps(exc)
+    except Exception:  # noqa: BLE001 - an attribute that will not pickle: the parent rebuilds it from the fields
+        return None
+
+
 def _rebuild(kind: str, payload: dict, failure: type[NpubuildError], where: str | None) -> BaseException:
+    if kind == "npubuild" and payload.get("error") is not None:
+        return pickle.loads(payload["error"])
     if kind == "npubuild":
         loc = payload["location"]
         exc = (InputError if payload["exit_code"] == 2 else NpubuildError)(
@@ -113,7 +122,8 @@ def _outcome(fn: Callable[..., Any], args: tuple, memory_bytes: int, what: str) 
     except NpubuildError as exc:
         loc = exc.location
         result = ("npubuild", {"message": exc.message, "exit_code": exc.exit_code,
-                               "location": (loc.file, loc.line, loc.col) if loc is not None else None})
+                               "location": (loc.file, loc.line, loc.col) if loc is not None else None,
+                               "error": _pickled(exc)})  # whole: its class (InternalError...) and detail
     except Exception as exc:  # a bug (the parent records it as an internal error with this traceback), or
         if is_out_of_memory(exc) or _near(limit):  # the limit: a MemoryError, ENOMEM, an unmappable library,
             result = ("memory", {"what": what, "limit_mib": memory_bytes >> 20})  # or a library's own error

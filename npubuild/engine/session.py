@@ -28,6 +28,7 @@ from npubuild.fileio import write_json
 from npubuild.longlived import long_lived
 from npubuild.records.build import Outcome
 from npubuild.report.brief import plain_message
+from npubuild.report.status import Status, passed
 
 OUTCOMES = tuple(o.value for o in Outcome)
 BUILD_DIR = "build-dir"  # `reports=`: the project's reports in the build dir (every other value is a path or None)
@@ -56,7 +57,7 @@ class RunResult:
         builds = self.report["builds"]
         if any("input" in b.get("error_kinds", []) for b in builds):
             return 2
-        if self.executor_code != 0 or self.failed or any(b["status"] != "passed" for b in builds):
+        if self.executor_code != 0 or self.failed or any(not passed(b["status"]) for b in builds):
             return 1
         return 0
 
@@ -142,6 +143,7 @@ class Session:
     def _build_finished(self, build_id: str) -> None:
         """Every task of the build has an outcome: say whether it passed and why not, as soon as it is known."""
         from npubuild.report.brief import gate_text, headline
+        from npubuild.report.status import placement_status
 
         cause = self._cause.get(build_id)
         figures = ""
@@ -149,7 +151,7 @@ class Session:
             entry = self._entry(build_id)
             bad = [g for g in entry.get("gates", []) if not g.get("ok")]
             cause = "; ".join(gate_text(g) for g in bad) if bad else None
-            figures = headline(entry.get("metrics", {}))
+            figures = headline(entry.get("metrics", {}), placement_status(entry.get("metrics", {})))
         self.progress.build_finished(build_id, cause)
         if build_id not in self._worked and not self.verbose:
             return  # up to date: the closing summary counts it, no line each
@@ -206,14 +208,22 @@ class Session:
         failed_builds = [(f"{b['spec']}/{b['model']}/{b['target']}", failure_cause(b)) for b in report["builds"]
                          if b["status"] == "failed"]
         if self.summary:
+            warned = [(build_id, w) for b in report["builds"] for w in b.get("warnings") or []
+                      for build_id in [f"{b['spec']}/{b['model']}/{b['target']}"]]
+            if warned:  # what passed but is not what it seems (most of it on the host): said even with -q
+                self.out.write(f"warnings ({len(warned)}):\n" + "".join(f"  warning: {bid}: {w}\n" for bid, w in warned))
             if failed_builds:
                 self.out.write(f"failed builds ({len(failed_builds)}):\n"
                                + "".join(f"  {bid}: {cause}\n" for bid, cause in failed_builds))
-            counts = {s: sum(1 for b in report["builds"] if b["status"] == s) for s in ("passed", "failed", "skipped")}
+            counts = {s: sum(1 for b in report["builds"] if b["status"] == s) for s in Status}
+            hosted = counts[Status.HOST_ONLY] + counts[Status.MOSTLY_HOST]
+            host_note = (f" ({counts[Status.HOST_ONLY]} host only, {counts[Status.MOSTLY_HOST]} mostly host)"
+                         if hosted else "")
             where = f"report: {self.report_dir / 'report.json'}" if self.report_dir is not None else "no report written"
             self.out.write(f"{len(o['ran'])} ran, {len(o['cached'])} cached, {len(o['failed'])} failed, "
-                           f"{len(o['from-cache'])} restored from the shared cache; builds: {counts['passed']} "
-                           f"passed, {counts['failed']} failed, {counts['skipped']} skipped "
+                           f"{len(o['from-cache'])} restored from the shared cache; builds: "
+                           f"{counts[Status.PASSED] + hosted} passed{host_note}, {counts[Status.FAILED]} failed, "
+                           f"{counts[Status.SKIPPED]} skipped "
                            f"({format_seconds(time.perf_counter() - self.progress.start)}); {where}\n")
             self.out.flush()
         self.result = RunResult(self.plan, self.run_id, report, executed, sorted(o["cached"]), o["failed"],

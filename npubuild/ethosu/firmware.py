@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from npubuild.config.schema import TargetProfile, VelaOptions
+from npubuild.errors import StageError
 from npubuild.ethosu.vela_ini import arena_cache_bytes, memory_mode_name
 from npubuild.fileio import write_json, write_text
 from npubuild.records.iospec import GraphIO, IOSpec
@@ -31,6 +32,10 @@ def c_ident(text: str) -> str:
 
 
 def _io_entries(z, kind: str, specs: Sequence[IOSpec]) -> list[dict]:
+    if len(z[f"{kind}_shape"]) != len(specs):  # Vela left out a graph input it does not read (nothing maps it)
+        raise StageError(f"Vela's raw output has {len(z[f'{kind}_shape'])} {kind}s where the TOSA graph has "
+                         f"{len(specs)} ({', '.join(s.onnx_name for s in specs)}): the firmware's {kind} map "
+                         "cannot be written")
     out = []
     for i, spec in enumerate(specs):
         shape = [int(d) for d in z[f"{kind}_shape"][i]]
@@ -185,22 +190,45 @@ def write_firmware(out_dir: Path, stem: str, npz: Path, io: GraphIO, profile: Ta
 
 
 def write_deployment(out_dir: Path, profile: TargetProfile, partitions: Sequence[PartitionRecord],
-                     firmware: dict[int, dict]) -> str:
-    """The build's deployment manifest: partitions in run order, each NPU one with its C files, each host one
-    with its ONNX file (run on the CPU with onnxruntime or another ONNX runtime). Returns its path (relative)."""
+                     firmware: dict[int, dict], packaged=None) -> str:
+    """The build's deployment manifest: the deployable .tflite (one flatbuffer for TensorFlow Lite Micro) with
+    its C array and I/O quantisation, then the partitions in run order, each with what runs it on the device
+    (the Ethos-U; TensorFlow Lite Micro and its builtin operators; or onnxruntime on a Cortex-A host) and the
+    arena it needs; each NPU one with its C files (command stream and constants alone, for a driver-only
+    application), each host one with its ONNX file. Returns its path (relative)."""
     out_dir.mkdir(parents=True, exist_ok=True)
     parts = []
     for p in partitions:
         entry: dict = {"index": p.index, "kind": p.kind, "inputs": list(p.inputs), "outputs": list(p.outputs),
                        "nodes": list(p.nodes)}
+        if packaged is not None:
+            entry.update(packaged.partitions.get(p.index, {}))
         if p.kind == "npu":
             fw = firmware.get(p.index, {})
             entry.update({"prefix": fw.get("prefix"), "manifest": fw.get("manifest"), "header": fw.get("header"),
                           "source": fw.get("source")})
+            if fw.get("arena_size") is not None:
+                entry.setdefault("arena_bytes", fw["arena_size"])
         else:
             entry["onnx"] = p.file
         parts.append(entry)
+    doc: dict = {"target": profile.name, "accelerator": profile.accelerator,
+                 "memory_mode": memory_mode_name(profile)}
+    if packaged is not None:
+        doc["host"] = profile.host.model_dump()
+        doc["deployable"] = {**packaged.files, "cortex_m_deployable": packaged.cortex_m_deployable,
+                             "not_deployable_on_cortex_m": packaged.not_deployable,
+                             "npu_arena_bytes": packaged.npu_arena_bytes,
+                             "tflm_host_arena_bytes": packaged.tflm_arena_bytes,
+                             "inputs": [_io_entry(s) for s in packaged.inputs],
+                             "outputs": [_io_entry(s) for s in packaged.outputs]} if packaged.files or \
+            packaged.not_deployable else None
+    doc["partitions"] = parts
     path = out_dir / "npubuild_deployment.json"
-    write_json(path, {"target": profile.name, "accelerator": profile.accelerator,
-                      "memory_mode": memory_mode_name(profile), "partitions": parts})
+    write_json(path, doc)
     return f"{out_dir.name}/{path.name}"
+
+
+def _io_entry(spec: IOSpec) -> dict:
+    return {"name": spec.onnx_name, "shape": list(spec.shape), "layout": spec.layout, "dtype": spec.dtype,
+            "scale": spec.scale, "zero_point": spec.zero_point}

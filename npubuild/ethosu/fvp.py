@@ -1,4 +1,4 @@
-"""fvp stage: run the Vela-compiled model on a Corstone FVP with a user's runner application.
+"""fvp stage: run the build's deployable .tflite on a Corstone FVP with a user's runner application.
 
 No FVP ships with npubuild (Arm distributes them separately): the stage runs
 when one is on PATH or named by `fvp.executable`, and the spec names a runner
@@ -6,9 +6,11 @@ ELF (`fvp.runner`). `verify.fvp: auto` then skips with the reason; `required`
 fails the build.
 
 The runner protocol (what the runner ELF must do):
-- the FVP loads the Vela model (`*_vela.tflite`) at `fvp.model_address` and
-  the input (raw bytes in each input's type, int8 or little-endian int16, in the TOSA graph's NHWC layout,
-  one input after the other) at `fvp.input_address`, with `--data`;
+- the FVP loads the build's deployable (`firmware/npubuild_deployable.tflite`: Vela's ethos-u operators,
+  and TFLite builtins for the host partitions, so the runner is a TensorFlow Lite Micro application with
+  the Ethos-U driver and the builtins the manifest lists) at `fvp.model_address` and the input (raw
+  bytes in each input's type, int8 or little-endian int16, in the deployable's input layout, one input after
+  the other) at `fvp.input_address`, with `--data`;
 - the runner prints each output on the UART as `npubuild-output <index> <hex bytes>`;
 - it prints the NPU PMU counters as the Ethos-U driver's PMU report does
   (`ethosu_pmu_cycle_cntr : N`, `ethosu_pmu_cntr<i> : N`) or as
@@ -32,8 +34,7 @@ from npubuild.errors import StageError
 from npubuild.fileio import write_json, write_text
 from npubuild.records.build import Skip
 from npubuild.records.fvp import FvpRecord
-from npubuild.records.iospec import GraphIO
-from npubuild.records.lower import LowerRecord
+from npubuild.records.iospec import GraphIO, GraphSpecs, specs_from_json
 from npubuild.records.vela import VelaRecord
 
 # the platform's board prefix for -C parameters, and where --data loads files
@@ -167,19 +168,14 @@ def run_on_fvp(setup: FvpSetup, files: FvpFiles, stage_dir: Path, log_out: Path,
     if platform not in BOARD:
         raise StageError(f"verify.fvp: no FVP command line known for platform '{platform}'")
     vela = VelaRecord.read(files.vela_summary)
-    if not vela.whole_graph:
-        why = (f"the FVP stage runs models that are one NPU partition; this one has "
-               f"{vela.npu_partitions} NPU and {vela.host_partitions} host partitions")
+    deployable = vela.metrics.get("deployable")
+    if not deployable:
+        why = "the build has no deployable .tflite (a host partition TFLite Micro cannot run)"
         if setup.required:
             raise StageError(f"verify.fvp is required but {why}")
         return Skip(why).to_json()
-    # the whole graph's Vela model: model_vela.tflite, or <family>_model_vela.tflite where the target's family
-    # lowers the graph its own way
-    tflite = vela.partitions[0].tflite if vela.partitions else None
-    model = files.vela_summary.parent / (tflite or "model_vela.tflite")
-    if tflite is None or not model.is_file():
-        raise StageError("the FVP runs the Vela .tflite: set vela output_format to tflite")
-    io = LowerRecord.read(files.io)
+    model = files.vela_summary.parent / deployable["tflite"]
+    io = GraphSpecs(tuple(specs_from_json(deployable["inputs"])), tuple(specs_from_json(deployable["outputs"])))
     with np.load(files.reference, allow_pickle=False) as z:
         reference = {k: z[k] for k in z.files}
     inputs = stage_dir / "input.bin"

@@ -24,13 +24,14 @@ from typing import Literal
 import onnx
 from onnx import helper
 
-from npubuild.errors import InputError, StageError
+from npubuild.errors import StageError
 from npubuild.ethosu.support import check_node
 from npubuild.frontend.graph_index import GraphIndex, node_inputs
 from npubuild.frontend.host_runnable import onnxruntime_reason
 from npubuild.frontend.precision.qdq import node_precisions
 from npubuild.lowering.driver import LoweredGraph, lower_model
 from npubuild.lowering.fallback import HostNode
+from npubuild.lowering.options import LoweringOptions
 from npubuild.records.iospec import IOSpec
 from npubuild.records.lower import PartitionRecord, Placement
 from npubuild.tosa.graph import TosaGraphInfo, TosaOpInfo, ops_by_node, read_tosa, tensor_nodes
@@ -48,6 +49,16 @@ class Partition:
     outputs: list[str] = field(default_factory=list)
 
 
+def held_nodes(node: onnx.NodeProto) -> int:
+    """The node and every node of its subgraphs (an If's branches, a Loop's body), recursively: the work it
+    stands for when it runs whole on the host."""
+    count = 1
+    for a in node.attribute:
+        for sub in ([a.g] if a.type == onnx.AttributeProto.GRAPH else list(a.graphs)):
+            count += sum(held_nodes(n) for n in sub.node)
+    return count
+
+
 def place_nodes(model: onnx.ModelProto, by_node: dict[str, list[TosaOpInfo]], graph: TosaGraphInfo | None,
                 fam: str | None, host: Mapping[str, HostNode] | None = None) -> dict[str, Placement]:
     """Where each compute node runs on this family, and the rule that decided a CPU placement: a node with no
@@ -60,13 +71,45 @@ def place_nodes(model: onnx.ModelProto, by_node: dict[str, list[TosaOpInfo]], gr
             continue
         if n.name in host:
             h = host[n.name]
-            out[n.name] = Placement(n.name, n.op_type, "cpu", [], h.rule, h.reason, precision=precision.get(n.name))
+            out[n.name] = Placement(n.name, n.op_type, "cpu", [], h.rule, h.reason, nodes=held_nodes(n),
+                                    precision=precision.get(n.name))
             continue
         ops = by_node.get(n.name, [])
         verdict = check_node(ops, graph, fam) if fam is not None and graph is not None else None
         out[n.name] = Placement(n.name, n.op_type, "cpu" if verdict else "npu", [o.op for o in ops],
                                 *(verdict or (None, None)), precision=precision.get(n.name))
     return out
+
+
+HOST_VALUE_RULE = "host-value"
+
+
+def follow_host_values(model: onnx.ModelProto, placed: dict[str, Placement]) -> None:
+    """An NPU node that reads a bool tensor a host node computes goes to the host as well: an NPU partition
+    takes quantized activations at its boundary (and integer ids for a Gather), and the lowering has no form
+    of a bool graph input (a Reshape or a Where of a comparison's result, when the comparison is on the host:
+    U55/U65 run no GREATER). Repeated until nothing moves."""
+    types = {vi.name: vi.type.tensor_type.elem_type for vi in [*model.graph.value_info, *model.graph.input]
+             if vi.type.HasField("tensor_type")}
+    producer = {o: n for n in model.graph.node for o in n.output}
+    moved = True
+    while moved:
+        moved = False
+        for n in model.graph.node:
+            p = placed.get(n.name)
+            if p is None or p.kind != "npu":
+                continue
+            for v in node_inputs(n):
+                src = producer.get(v)
+                if src is None or src.op_type in QDQ or types.get(v) != onnx.TensorProto.BOOL:
+                    continue
+                if placed.get(src.name) is not None and placed[src.name].kind == "cpu":
+                    kind = onnx.TensorProto.DataType.Name(types[v]).lower()
+                    placed[n.name] = Placement(n.name, n.op_type, "cpu", p.tosa_ops, HOST_VALUE_RULE,
+                                               f"reads '{v}' ({kind}), which node '{src.name}' computes on the host:"
+                                               " an NPU partition takes no bool input", precision=p.precision)
+                    moved = True
+                    break
 
 
 def _label_nodes(model: onnx.ModelProto, placed: dict[str, Placement], host: Collection[str] = ()) -> dict[str, str]:
@@ -243,6 +286,7 @@ def plan_partitions(model: onnx.ModelProto, lowered: LoweredGraph | None, fam: s
                 raise StageError(f"cannot partition for {fam}: {exc}; and {verdict[1]}") from None
             by_node = {n: [] for n in lowered.node_ops}
     placed = place_nodes(model, by_node, graph, fam, host)
+    follow_host_values(model, placed)
     if not host and all(p.kind == "npu" for p in placed.values()):
         return PartitionPlan(placed, [Partition(0, "npu", list(model.graph.node), [], [])])
     labels = _label_nodes(model, placed, set(host))
@@ -255,8 +299,10 @@ def plan_partitions(model: onnx.ModelProto, lowered: LoweredGraph | None, fam: s
 
 
 def write_partitions(model: onnx.ModelProto, plan: PartitionPlan, profile: Literal["int", "fp"], out_dir: Path,
-                     prefix: str, family: str | None = None) -> list[PartitionRecord]:
-    """Write each partition (<prefix>partN.tosa or <prefix>hostN.onnx); returns their records for io.json."""
+                     prefix: str, family: str | None = None,
+                     options: LoweringOptions | None = None) -> list[PartitionRecord]:
+    """Write each partition (<prefix>partN.tosa or <prefix>hostN.onnx); returns their records for io.json.
+    `options`: the family's lowering options as measured for this model (ethosu/measured.py), else its own."""
     infos = _value_infos(model)
     records = []
     for part in plan.partitions:
@@ -270,7 +316,7 @@ def write_partitions(model: onnx.ModelProto, plan: PartitionPlan, profile: Liter
                                            nodes))
             continue
         try:
-            low = lower_model(sub, profile, family=family)
+            low = lower_model(sub, profile, family=family, options=options)
         except Exception as exc:  # a boundary the lowering cannot take (e.g. a bool tensor input)
             raise StageError(f"NPU partition {part.index} cannot be lowered on its own: {exc}") from exc
         file = f"{prefix}part{part.index}.tosa"
@@ -286,13 +332,15 @@ def write_partitions(model: onnx.ModelProto, plan: PartitionPlan, profile: Liter
 
 
 def check_host_partition(path: Path, part: Partition) -> None:
-    """onnxruntime must load a host partition as it will run it (its graph optimisation on): else one line,
-    exit 2, naming the partition's first compute node."""
+    """onnxruntime must load a host partition as it will run it (its graph optimisation on): else one line naming
+    the partition's first compute node. A stage failure (exit 1), not the model's: the import checked that
+    onnxruntime runs the whole model; what it refuses is the partition npubuild made (onnxruntime's optimiser
+    fusing a dilated QDQ AveragePool into a QLinearAveragePool it then rejects)."""
     try:
         OnnxSession(path, qdq_semantics=False)
     except Exception as exc:  # noqa: BLE001 - onnxruntime's error types differ by cause: any refusal counts
         node = next((n for n in part.nodes if n.op_type not in QDQ), part.nodes[0])
-        raise InputError(f"node '{node.name}' ({node.op_type}) runs on the host, but onnxruntime cannot run its "
+        raise StageError(f"node '{node.name}' ({node.op_type}) runs on the host, but onnxruntime cannot run its "
                          f"host partition: {onnxruntime_reason(exc)}") from None
 
 

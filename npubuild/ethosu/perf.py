@@ -5,9 +5,13 @@ records, per TOSA tensor, the ONNX node whose lowering produced it
 (io.json `tensor_nodes`), so every layer's cycles, MACs and memory traffic can
 be charged to the node the user wrote.
 
-The roofline below sets each layer's Vela estimate against the two limits of
-the machine: its MACs at the MAC array's peak and the data bytes Vela moves for
-it over each memory at that memory's peak bandwidth. Their sum over the network
+The roofline below sets each layer's Vela estimate against the limits of the
+machine: its MACs at the MAC array's peak, the cycles the NPU's datapath needs
+for the op whatever the memories do (Vela's own model of the MAC array's blocks
+and the output unit's elements per cycle: an elementwise op, a pool or a
+RESCALE has no MACs but is not free; on U85-256 it runs at 2-4 int8 elements a
+cycle), and the data bytes Vela moves for it over each memory at that memory's
+peak bandwidth. Their sum over the network
 (`bound_ms`) over Vela's estimate (`efficiency`) says how far a build is from
 what the hardware could do; the layers with the largest gap say where.
 """
@@ -108,16 +112,37 @@ def parse_layer_bytes(debug_xml: Path) -> list[dict]:
 
     Only the `perf` and `perf_debug` tables are read, and of perf_debug's ~100 columns only the byte counts and
     efficiencies (MobileViT-xxs: a 5.7 MB table of 11616 rows, 1.0 -> 0.3 s read by column index)."""
-    bodies = {name: body for name, body in _TABLE.findall(debug_xml.read_text()) if name in ("perf", "perf_debug")}
+    bodies = {name: body for name, body in _TABLE.findall(debug_xml.read_text())
+              if name in ("perf", "perf_debug", "perf_debug_main")}
     moved = _byte_columns(bodies.get("perf_debug", ""))
+    datapath = _datapath_cycles(bodies.get("perf_debug_main", ""))
     perf_rows = csv.reader(io.StringIO(bodies.get("perf", "")))
     header = next(perf_rows, [])
     id_at, name_at = (header.index(k) if k in header else None for k in ("id", "name"))
     out = []
     for row in perf_rows:
         charged, useful = moved.get(row[id_at], ({}, {})) if id_at is not None else ({}, {})
-        out.append({"tensor": row[name_at] if name_at is not None else "", "bytes": charged, "useful_bytes": useful})
+        layer = {"tensor": row[name_at] if name_at is not None else "", "bytes": charged, "useful_bytes": useful}
+        if id_at is not None and row[id_at] in datapath:
+            layer["datapath_cycles"] = datapath[row[id_at]]
+        out.append(layer)
     return out
+
+
+def _datapath_cycles(body: str) -> dict[str, int]:
+    """perf_debug_main's rows by id: the cycles the NPU's datapath needs for the op, memory left out:
+    max(mac_cycles, ao_cycles). regor's performance model (ethos_u85_performance.cpp, EstimateConvCycles and
+    EstimateOutputCyclesPerElement) counts there the MAC array's cycles over the op's blocks (a conv's depth
+    not a multiple of the micro-block, a depthwise at 4 taps a step, a CLAMP or RESCALE run as a 1x1 pool at
+    2 int8 elements a cycle on U85-256) and the output unit's (an elementwise op at 0.25 cycles an element
+    on U85-256): work the array cannot do faster, whatever the memories do (bench/elementwise_peaks.md)."""
+    rows = csv.reader(io.StringIO(body))
+    header = next(rows, [])
+    at = {k: i for i, k in enumerate(header)}
+    if "id" not in at:
+        return {}
+    cols = [at[k] for k in ("mac_cycles", "ao_cycles") if k in at]
+    return {row[at["id"]]: int(max((_num(row[i]) for i in cols), default=0)) for row in rows}
 
 
 def _efficiency(row: list[str], at: int | None) -> float:
@@ -156,6 +181,8 @@ def attach_bytes(layers: list[dict], moved: list[dict]) -> None:
         return  # a Vela whose debug database does not line up with its CSV: no roofline rather than a wrong one
     for lay, m in zip(layers, moved, strict=True):
         lay["bytes"], lay["useful_bytes"] = m["bytes"], m["useful_bytes"]
+        if "datapath_cycles" in m:
+            lay["datapath_cycles"] = m["datapath_cycles"]
 
 
 @dataclass(frozen=True)
@@ -189,10 +216,13 @@ def layer_roofline(layer: dict, machine: MachineModel) -> dict:
     mem_ms = {mem: b / machine.bytes_per_cycle[mem] * ms for mem, b in (layer.get("useful_bytes") or {}).items()
               if mem in machine.bytes_per_cycle}
     mem_bound = max(mem_ms.values(), default=0.0)  # the memories sit on their own AXI ports: they overlap
-    bound = max(mac_ms, mem_bound)
-    by = "MAC" if mac_ms >= mem_bound else max(mem_ms, key=mem_ms.get)
+    datapath_ms = (layer.get("datapath_cycles") or 0) * ms  # the array's own cycles for this op (_datapath_cycles)
+    compute = max(mac_ms, datapath_ms)
+    bound = max(compute, mem_bound)
+    by = ("MAC" if mac_ms >= datapath_ms else "datapath") if compute >= mem_bound else max(mem_ms, key=mem_ms.get)
     estimated = (layer.get("cycles") or 0) * ms
-    return {"mac_bound_ms": round(mac_ms, 6), "memory_bound_ms": {k: round(v, 6) for k, v in mem_ms.items()},
+    return {"mac_bound_ms": round(mac_ms, 6), "datapath_bound_ms": round(datapath_ms, 6),
+            "memory_bound_ms": {k: round(v, 6) for k, v in mem_ms.items()},
             "bound_ms": round(bound, 6), "bound_by": by, "estimated_ms": round(estimated, 6),
             "gap_ms": round(estimated - bound, 6)}
 
@@ -217,6 +247,7 @@ def roofline(layers: list[dict], profile: TargetProfile, inference_ms: float, wo
             "bytes_per_cycle": machine.bytes_per_cycle,
             "peak_gib_s": {k: round(v * machine.clock_hz / 2**30, 3) for k, v in machine.bytes_per_cycle.items()},
             "mac_bound_ms": round(sum(f["mac_bound_ms"] for f in figures), 6),
+            "datapath_bound_ms": round(sum(f["datapath_bound_ms"] for f in figures), 6),
             "memory_bound_ms": round(sum(max(f["memory_bound_ms"].values(), default=0.0) for f in figures), 6),
             "layers_bound_by": {k: sum(1 for f in figures if f["bound_by"] == k) for k in
                                 sorted({f["bound_by"] for f in figures})},

@@ -28,12 +28,14 @@ from ethosu.vela import vela as ethosu_vela
 
 from npubuild.config.accelerator import Accelerator
 from npubuild.config.schema import TargetProfile, VelaOptions
+from npubuild.deploy.package import package
 from npubuild.errors import StageError
 from npubuild.ethosu.firmware import write_deployment, write_firmware
 from npubuild.ethosu.perf import attach_bytes, parse_layer_bytes, parse_per_layer, roofline, top_layers
 from npubuild.ethosu.pools import npz_sizes, pool_failure, pool_usage
 from npubuild.ethosu.vela_ini import MEMORY_MODE, memory_mode_name, render_ini, system_config_name
 from npubuild.fileio import write_json, write_text
+from npubuild.records.iospec import specs_to_json
 from npubuild.records.lower import LowerRecord, PartitionRecord
 from npubuild.records.vela import vela_stem
 
@@ -184,8 +186,10 @@ def compile_partition(tosa_src: Path, stem: str, ini: Path, stage_dir: Path, pro
         # the debug database has the bytes per layer and memory the roofline needs (perf.parse_layer_bytes);
         # it changes nothing Vela compiles
         cmd = vela_command(tosa, ini, out_dir / "out", profile, opts) + ["--verbose-performance", "--enable-debug-db"]
-        raw = opts.output_format != "raw"  # the raw output too, for the exact pool sizes and the firmware
-        cmds = [cmd, vela_command(tosa, ini, out_dir / "raw", profile, opts, "raw")] if raw else [cmd]
+        # the other format too: the raw output has the exact pool sizes the firmware files need, the .tflite is
+        # what the deployable is made of (deploy/assemble.py)
+        other = "tflite" if opts.output_format == "raw" else "raw"
+        cmds = [cmd, vela_command(tosa, ini, out_dir / other, profile, opts, other)]
         proc = _run_vela_all(cmds, profile.accelerator)[0]
         write_text(stage_dir / ("vela.log" if stem == "model" else f"{stem}.vela.log"), proc.stdout + proc.stderr)
         produced = sorted((out_dir / "out").iterdir())
@@ -200,15 +204,16 @@ def compile_partition(tosa_src: Path, stem: str, ini: Path, stage_dir: Path, pro
             if p.suffix in (".tflite", ".npz") or p.name.endswith("_per-layer.csv"):
                 os.replace(p, stage_dir / p.name)
                 artifacts.append(p.name)
-        npz = stage_dir / f"{stem}_vela.npz"
-        if raw:
-            raw_dir = stage_dir / "raw"
-            raw_dir.mkdir(exist_ok=True)
-            npz = raw_dir / f"{stem}_vela.npz"
-            os.replace(out_dir / "raw" / f"{stem}_vela.npz", npz)
+        paths = {"raw": stage_dir / f"{stem}_vela.npz", "tflite": stage_dir / f"{stem}_vela.tflite"}
+        ext = {"raw": "npz", "tflite": "tflite"}[other]
+        alt_dir = stage_dir / other
+        alt_dir.mkdir(exist_ok=True)
+        paths[other] = alt_dir / f"{stem}_vela.{ext}"
+        os.replace(out_dir / other / f"{stem}_vela.{ext}", paths[other])
     npu_ops, cpu_ops = parse_operator_counts(proc.stdout)
-    return {"summary": summary, "npu_ops": npu_ops, "cpu_ops": cpu_ops, "artifacts": artifacts, "npz": npz,
-            "per_layer": stage_dir / f"{stem}_per-layer.csv", "moved": moved}
+    return {"summary": summary, "npu_ops": npu_ops, "cpu_ops": cpu_ops, "artifacts": artifacts,
+            "npz": paths["raw"], "tflite": paths["tflite"], "per_layer": stage_dir / f"{stem}_per-layer.csv",
+            "moved": moved}
 
 
 def npu_partitions(io: LowerRecord, lower_dir: Path, fam: str) -> list[tuple[int, Path, PartitionRecord]]:
@@ -247,10 +252,17 @@ def compile_model(io_path: Path, profile: TargetProfile, opts: VelaOptions, stag
     placed = io.families.get(fam)
     metrics.update(placed.placement_metrics() if placed is not None else {})
     metrics.update(roofline(layers, profile, metrics["inference_ms"]))
-    rec = io.families.get(fam)
+    rec = io.families.get(fam) or io.portable
     graph = rec.partitions if rec is not None else [io.whole_partition([n.name for n in io.nodes])]
+    packaged = package(stage_dir / "firmware", profile, graph, io.inputs, io.outputs, lower_dir,
+                       {r["index"]: r["tflite"] for r in results})
+    metrics.update({"cortex_m_deployable": packaged.cortex_m_deployable,
+                    "tflm_arena_bytes": packaged.tflm_arena_bytes,
+                    "deployable": {**packaged.files, "inputs": specs_to_json(packaged.inputs),
+                                   "outputs": specs_to_json(packaged.outputs)} if packaged.files else None})
     metrics["deployment"] = write_deployment(stage_dir / "firmware", profile, graph,
-                                             {r["index"]: r["firmware"] for r in results})
+                                             {r["index"]: r["firmware"] for r in results}, packaged)
+    failure = failure or packaged.failure(profile)
     metrics.update({"pools": pools, "layers": layers, "top_layers": top_layers(layers)})
     write_json(summary_out, metrics)
     if failure:
@@ -259,10 +271,17 @@ def compile_model(io_path: Path, profile: TargetProfile, opts: VelaOptions, stag
 
 
 def combine(profile: TargetProfile, results: list[dict]) -> dict:
-    """Whole-model figures: partitions run one after another, each with its own arena."""
+    """Whole-model figures: partitions run one after another, each with its own arena. With no NPU partition
+    (the host runs the whole model) there is no NPU time, cycle, MAC or memory to report: null, never a
+    measured 0."""
     def total(key: str) -> float:
         return sum(float(r["summary"][key]) for r in results)
 
+    if not results:
+        return {"accelerator": profile.accelerator, "memory_mode": memory_mode_name(profile), "npu_partitions": 0,
+                "vela_npu_ops": 0, "vela_cpu_ops": 0, "sram_kib": None, "offchip_kib": None, "inference_ms": None,
+                "npu_cycles": None, "macs": None, "memory": None, "artifacts": [], "firmware": [], "summary": {},
+                "partition_summaries": []}
     return {
         "accelerator": profile.accelerator,
         "memory_mode": memory_mode_name(profile),

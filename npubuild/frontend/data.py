@@ -108,16 +108,9 @@ def model_inputs(model_path: Path, input_shapes: dict[str, list[int]]) -> onnx.M
         model = onnx.load_model(str(model_path), load_external_data=False)
     except Exception:
         raise InputError("not an ONNX model", str(model_path)) from None
-    for vi in model.graph.input:
-        dims = vi.type.tensor_type.shape.dim
-        given = input_shapes.get(vi.name)
-        for i, d in enumerate(dims):
-            if given is not None and i < len(given):
-                d.Clear()
-                d.dim_value = given[i]
-            elif i == 0 and (not d.HasField("dim_value") or d.dim_value <= 0):
-                d.Clear()
-                d.dim_value = 1
+    from npubuild.frontend import input_shapes as shapes_of
+
+    shapes_of.apply(model, shapes_of.resolve(model, input_shapes, str(model_path)))
     return model
 
 

@@ -11,11 +11,12 @@ around it).
 
 from __future__ import annotations
 
+import re
 from functools import lru_cache
 
 import onnx
 
-from npubuild.errors import InputError, is_out_of_memory
+from npubuild.errors import InputError, is_out_of_memory, one_line
 
 STANDARD_DOMAINS = frozenset({"", "ai.onnx", "ai.onnx.ml"})
 
@@ -73,12 +74,14 @@ def _session(model: onnx.ModelProto):
 
 
 def onnxruntime_reason(exc: Exception) -> str:
-    """The useful end of an onnxruntime error (after its source location), on one line."""
+    """The useful end of an onnxruntime error (after its source location, which says nothing to a user), on
+    one line; a long one loses its middle, never the reason at its end."""
     text = " ".join(str(exc).split())
     for marker in (" was false. ", "Exception during initialization: "):
         if marker in text:
             text = text.split(marker, 1)[1]
-    return text[:200]
+    text = re.sub(r"/\S*onnxruntime_src/\S+:\d+ [^(]*\([^)]*\) ", "", text)  # graph.cc:1621 void ...Proto()
+    return one_line(text, 320)
 
 
 def _failing_node(model: onnx.ModelProto) -> tuple[int, onnx.NodeProto] | None:

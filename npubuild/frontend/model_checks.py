@@ -32,13 +32,61 @@ FEEDABLE = {TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.BFLOAT16, Tensor
 
 
 def check_model(model: onnx.ModelProto, where: str) -> None:
-    """Raise InputError (one line) for the first problem found; cheap: one pass over nodes and tensors."""
+    """Raise InputError (one line) for the first problem found; cheap: one pass over nodes and tensors.
+    An infinite constant is allowed where it bounds a Min, Max or Clip on the side it leaves unchanged
+    (TensorFlow's clip_by_value(x, lo, inf)): the infinite_bounds pass removes it, and check_finite
+    refuses whatever infinity the import passes leave."""
     _check_inputs(model.graph, where)
     for node in model.graph.node:
         _check_node(node, where)
     readers = _first_readers(model.graph)
+    bounds = identity_bound_tensors(model.graph)
     for t, what in model_tensors(model):
-        _check_tensor(t, what + readers.get(t.name, "") if what.startswith("initializer") else what, where)
+        _check_tensor(t, what + readers.get(t.name, "") if what.startswith("initializer") else what, where,
+                      infinite_ok=what in bounds)
+
+
+def check_finite(model: onnx.ModelProto, where: str) -> None:
+    """No infinite constant is left after the import passes (an infinite bound they could not remove)."""
+    readers = _first_readers(model.graph)
+    for t, what in model_tensors(model):
+        if t.data_type in FLOAT_TYPES and t.data_location != TensorProto.EXTERNAL and math.prod(t.dims) > 0:
+            _check_tensor(t, what + readers.get(t.name, "") if what.startswith("initializer") else what, where)
+
+
+def identity_bound_tensors(graph: onnx.GraphProto) -> set[str]:
+    """Every constant of the main graph (initializer or Constant node value, named as model_tensors names it)
+    that only Min, Max and Clip read, each as a bound on the side where it changes nothing
+    (frontend/passes/infinite_bounds.py)."""
+    from npubuild.frontend.passes.infinite_bounds import BOUND_OPS, identity_bound
+
+    uses: dict[str, list[tuple[str, int]]] = {}
+    _collect_uses(graph, uses)
+    found: set[str] = set()
+    constants = [(t.name, t, f"initializer '{t.name}'") for t in graph.initializer]
+    constants += [(n.output[0], a.t, f"node '{n.name}' (Constant) attribute 'value'") for n in graph.node
+                  if n.op_type == "Constant" and n.output for a in n.attribute if a.name == "value" and a.HasField("t")]
+    for name, t, label in constants:
+        readers = uses.get(name, [])
+        if not readers or t.data_type not in FLOAT_TYPES or not all(op in BOUND_OPS for op, _ in readers):
+            continue
+        try:
+            values = numpy_helper.to_array(t)
+        except (ValueError, TypeError):
+            continue
+        if all(identity_bound(op, index, values) for op, index in readers):
+            found.add(label)
+    return found
+
+
+def _collect_uses(graph: onnx.GraphProto, uses: dict[str, list[tuple[str, int]]]) -> None:
+    for node in graph.node:
+        for index, name in enumerate(node.input):
+            if name:
+                uses.setdefault(name, []).append((node.op_type if node.domain in ("", "ai.onnx") else "", index))
+        for a in node.attribute:
+            for sub in ([a.g] if a.type == onnx.AttributeProto.GRAPH else list(a.graphs)):
+                _collect_uses(sub, uses)
 
 
 def _check_inputs(graph: onnx.GraphProto, where: str) -> None:
@@ -46,6 +94,11 @@ def _check_inputs(graph: onnx.GraphProto, where: str) -> None:
     inputs = [vi for vi in graph.input if vi.name not in inits]
     if not inputs:
         raise InputError("the model has no graph inputs: there is nothing to feed or calibrate", where)
+    for vo in graph.output:  # a sequence or map output (SplitToSequence...): nothing downstream holds one
+        if vo.type.WhichOneof("value") not in (None, "tensor_type"):
+            kind = vo.type.WhichOneof("value").removesuffix("_type")
+            raise InputError(f"output '{vo.name}' is a {kind}, not a tensor: npubuild builds models whose "
+                             "outputs are tensors", where)
     for vi in inputs:
         if not vi.type.HasField("tensor_type"):
             raise InputError(f"input '{vi.name}' is not a tensor", where)
@@ -90,7 +143,7 @@ def _first_readers(graph: onnx.GraphProto) -> dict[str, str]:
     return out
 
 
-def _check_tensor(t: TensorProto, what: str, where: str) -> None:
+def _check_tensor(t: TensorProto, what: str, where: str, infinite_ok: bool = False) -> None:
     if t.data_type == TensorProto.UNDEFINED or t.data_type not in TensorProto.DataType.values():
         raise InputError(f"{what} has an invalid data type {t.data_type}", where)
     if any(d < 0 for d in t.dims):
@@ -113,6 +166,8 @@ def _check_tensor(t: TensorProto, what: str, where: str) -> None:
             raise InputError(f"{what}: cannot read its data ({exc})", where) from None
         with np.errstate(all="ignore"):
             finite = np.isfinite(values)
+            if infinite_ok and not np.isnan(values).any():
+                return
             if not finite.all():
                 bad = values[~finite].ravel()[0]
                 raise InputError(f"{what} holds {'NaN' if np.isnan(bad) else bad} values", where)
@@ -142,3 +197,23 @@ def check_scales(graph: onnx.GraphProto, where: str) -> None:
             bad = scale[~ok].ravel()[0]
             raise UnsupportedOpError(node.name, node.op_type, f"scale {bad:.3g} is not a positive number in "
                                      f"[{MIN_SCALE:g}, {MAX_ABS_WEIGHT:g}]", where)
+
+
+NO_TENSOR_TYPES = frozenset(getattr(TensorProto, t) for t in ("INT2", "UINT2", "INT4", "UINT4", "FLOAT4E2M1", "FLOAT8E8M0")
+                            if hasattr(TensorProto, t))  # no numpy type: the quantiser fails (older onnx: no such type)
+
+
+def check_value_types(model: onnx.ModelProto, where: str) -> None:
+    """No tensor of a type npubuild cannot compute (2- and 4-bit integers, FLOAT4E2M1, FLOAT8E8M0: numpy has
+    no type for them, so onnxruntime's quantiser and every check fail on them), named by the node making it.
+    Run on the shape-inferred model: a Cast's output type is in its value_info."""
+    types = {vi.name: vi.type.tensor_type.elem_type for vi in [*model.graph.value_info, *model.graph.output]
+             if vi.type.HasField("tensor_type")}
+    for i, node in enumerate(model.graph.node):
+        for out in node.output:
+            if types.get(out) in NO_TENSOR_TYPES:
+                name = TensorProto.DataType.Name(types[out])
+                raise UnsupportedOpError(node.name or f"#{i}", node.op_type,
+                                         f"makes a {name} tensor ('{out}'): npubuild computes no 2- or 4-bit "
+                                         "integer, FLOAT4E2M1 or FLOAT8E8M0 tensor (numpy has no such type, so "
+                                         "neither int8 quantisation nor the checks can hold it)", where)

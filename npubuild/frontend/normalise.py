@@ -7,23 +7,29 @@ as every stage does), so a crash inside onnx's C++ is one error for this model, 
 
 from __future__ import annotations
 
+import traceback
 from pathlib import Path
 
 import onnx
 import onnx_ir as ir
 from google.protobuf.message import DecodeError
 
-from npubuild.errors import InputError, NpubuildError, is_out_of_memory
+from npubuild.errors import InputError, InternalError, NpubuildError, is_out_of_memory, one_line
 from npubuild.fileio import write_bytes
+from npubuild.frontend import input_shapes as shapes_of
 from npubuild.frontend.external_data import fold_external_data
 from npubuild.frontend.host_runnable import check_onnxruntime_runs, check_runnable, infer_custom_shapes
-from npubuild.frontend.model_checks import check_model, check_scales
-from npubuild.frontend.passes import run_passes
+from npubuild.frontend.input_shapes import InputShape
+from npubuild.frontend.model_checks import check_finite, check_model, check_scales, check_value_types
+from npubuild.frontend.passes import run_passes, run_passes_modified
 from npubuild.frontend.qoperator import to_qdq
+from npubuild.frontend.tflite_custom import rewrite_tflite_custom_ops
 
-NORMALISE = ["float32_compute", "unroll_recurrent", "castlike_to_cast", "fold_constants", "exporter_idioms",
-             "fold_batchnorm", "fold_pad_into_conv", "quantiser_forms", "eliminate_identity", "eliminate_dropout",
-             "remove_unused", "topological_sort"]
+NORMALISE = ["infinite_bounds", "float32_compute", "unroll_recurrent", "castlike_to_cast", "fold_constants",
+             "zero_terms", "exporter_idioms", "conv_bias", "fold_batchnorm", "fold_pad_into_conv", "quantiser_forms",
+             "eliminate_identity", "eliminate_dropout", "remove_unused", "topological_sort"]
+CONTROL_FLOW = frozenset({"If", "Loop"})
+CONTROL_FLOW_PASSES = ["fold_constants", "fold_control_flow"]
 MIN_OPSET = 13
 MAX_FOLD_ROUNDS = 8
 
@@ -46,39 +52,34 @@ def load_onnx(path: Path) -> onnx.ModelProto:
     return model
 
 
-def set_static_shapes(model: onnx.ModelProto, shapes: dict[str, list[int]], where: str) -> None:
-    """Fix every graph input's dims: from the spec, else a dynamic batch dim becomes 1."""
-    inits = {i.name for i in model.graph.initializer}
-    inputs = [i for i in model.graph.input if i.name not in inits]
-    names = {i.name for i in inputs}
-    for name in shapes:
-        if name not in names:
-            raise InputError(f"input_shapes names '{name}', but the model's inputs are {sorted(names)}", where)
-    for vi in inputs:
-        dims = vi.type.tensor_type.shape.dim
-        given = shapes.get(vi.name)
-        if given is not None:
-            if len(given) != len(dims):
-                raise InputError(f"input '{vi.name}' has rank {len(dims)}, input_shapes gives {len(given)} dims", where)
-            for d, v in zip(dims, given, strict=True):
-                if d.HasField("dim_value") and d.dim_value != v:
-                    raise InputError(f"input '{vi.name}': dim {d.dim_value} is fixed in the model, spec says {v}", where)
-                d.Clear()
-                d.dim_value = v
-            continue
-        for axis, d in enumerate(dims):
-            if not d.HasField("dim_value") or d.dim_value <= 0:
-                if axis == 0:
+def set_static_shapes(model: onnx.ModelProto, shapes: dict[str, list[int]], where: str) -> list[InputShape]:
+    """Fix every graph input's dims (frontend/input_shapes.py: the spec's input_shapes, a named dim the same
+    size throughout, an open batch dim 1); the exporter's symbolic dims elsewhere are dropped for inference."""
+    resolved = shapes_of.resolve(model, shapes, where)
+    shapes_of.apply(model, resolved)
+    _forget_symbolic_dims(model.graph)
+    return resolved
+
+
+def _forget_symbolic_dims(graph: onnx.GraphProto) -> None:
+    """Drop the exporter's symbolic dims ('batch', 'p2o.DynamicDimension.3') from the declared outputs and
+    value_info of the graph and its subgraphs: with the inputs fixed, shape inference computes them, but it
+    keeps a declared name over a computed size in a subgraph's outputs (Silero VAD's branches stayed
+    [batch, 1] where the input made them [1, 1])."""
+    for vi in [*graph.output, *graph.value_info]:
+        if vi.type.HasField("tensor_type") and vi.type.tensor_type.HasField("shape"):
+            for d in vi.type.tensor_type.shape.dim:
+                if d.HasField("dim_param") or d.HasField("dim_value") and d.dim_value <= 0:
                     d.Clear()
-                    d.dim_value = 1
-                else:
-                    label = d.dim_param or "?"
-                    raise InputError(f"input '{vi.name}' has dynamic dim '{label}' at axis {axis}: "
-                                     f"set input_shapes for it in the spec", where)
+    for node in graph.node:
+        for a in node.attribute:
+            for sub in ([a.g] if a.type == onnx.AttributeProto.GRAPH else list(a.graphs)):
+                _forget_symbolic_dims(sub)
 
 
 def normalise(model: onnx.ModelProto, shapes: dict[str, list[int]], where: str) -> onnx.ModelProto:
     model = _step("QOperator -> QDQ rewrite", to_qdq, model, where=where)  # the same QDQ form as onnxruntime's
+    model = _step("TFLite custom ops", rewrite_tflite_custom_ops, model, where=where)  # before the checker
     check_scales(model.graph, where)
     try:
         onnx.checker.check_model(model)
@@ -94,6 +95,8 @@ def normalise(model: onnx.ModelProto, shapes: dict[str, list[int]], where: str) 
             raise InputError(f"opset {opset} could not be converted to {MIN_OPSET}: {exc}", where) from None
     set_static_shapes(model, shapes, where)
     model = _infer(model, where)
+    check_value_types(model, where)
+    model = fold_control_flow(model, where)
     for _ in range(MAX_FOLD_ROUNDS):  # folding makes more shapes static, which lets more Shape chains fold
         before = len(model.graph.node)
         ir_model = _step("reading the model into onnx-ir", ir.serde.deserialize_model, model, where=where)
@@ -104,8 +107,29 @@ def normalise(model: onnx.ModelProto, shapes: dict[str, list[int]], where: str) 
         model = _infer(model, where)
         if len(model.graph.node) == before:
             break
+    check_finite(model, where)
     model = infer_custom_shapes(model)
     check_onnxruntime_runs(model, where)
+    return model
+
+
+def fold_control_flow(model: onnx.ModelProto, where: str) -> onnx.ModelProto:
+    """If and Loop nodes that constants and static shapes decide, replaced by the path they take, before any
+    other pass looks at the graph (frontend/passes/control_flow.py); then each data-dependent If with cheap
+    branches of one shape as both branches and a select (if_select.py). Constants are folded and shapes
+    inferred again after each round: a folded Pad width or an inlined branch makes the shapes behind the next
+    condition static (Silero VAD's). Each round changes the graph or ends the loop, and nothing a round does is
+    undone by the next (folding removes nodes, a host note is written once), so it ends."""
+    while any(n.op_type in CONTROL_FLOW for n in model.graph.node):
+        ir_model = _step("reading the model into onnx-ir", ir.serde.deserialize_model, model, where=where)
+        changed = _step("folding control flow", run_passes_modified, ir_model, CONTROL_FLOW_PASSES, where=where)
+        if changed is None:  # nothing static left: the data-dependent Ifs that can become a select
+            changed = _step("If to select", run_passes_modified, ir_model, ["if_select"], where=where)
+        if changed is None:
+            break
+        model = ir.serde.serialize_model(changed)
+        del model.graph.value_info[:]
+        model = _infer(model, where)
     return model
 
 
@@ -120,8 +144,7 @@ def _infer(model: onnx.ModelProto, where: str) -> onnx.ModelProto:
 
 
 def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {text[0] if text else ''}".rstrip(": ")
+    return one_line(f"{type(exc).__name__}: {str(exc).strip()}".rstrip(": "))
 
 
 def _root_cause(exc: BaseException) -> BaseException:
@@ -145,8 +168,9 @@ def _node_in_traceback(exc: BaseException) -> str:
 
 
 def _step(what: str, fn, *args, where: str):
-    """One import step on the user's model: an exception from it is a problem of the model (exit 2), one
-    line naming the node it was working on where that is known."""
+    """One of npubuild's own import steps (a rewrite, a pass, reading into onnx-ir) on a model the checks
+    before it accepted: an exception from it is npubuild's fault, never the user's (InternalError, exit 1,
+    kind 'internal'), one line naming the node it was working on where that is known."""
     try:
         return fn(*args)
     except NpubuildError:
@@ -157,7 +181,8 @@ def _step(what: str, fn, *args, where: str):
         if is_out_of_memory(exc):  # the machine's or the stage's memory limit, not the model's fault
             raise MemoryError from None
         root = _root_cause(exc)
-        raise InputError(f"{_node_in_traceback(root)}{what} failed: {_first_line(root)}", where) from None
+        raise InternalError(f"{_node_in_traceback(root)}{what} failed: {_first_line(root)}", where,
+                            detail=traceback.format_exc()) from None
 
 
 def import_model(src: Path, input_shapes: dict[str, list[int]], out: Path) -> dict:

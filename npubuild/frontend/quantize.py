@@ -19,10 +19,11 @@ from onnx import numpy_helper
 from onnxruntime import quantization as ortq
 
 from npubuild.config.schema import Calibration, Quantization
-from npubuild.errors import InputError, NpubuildError, StageError, is_out_of_memory
+from npubuild.errors import InputError, NpubuildError, StageError, is_out_of_memory, one_line
 from npubuild.fileio import write_bytes
 from npubuild.frontend.calibration import entropy_options
 from npubuild.frontend.data import calibration_arrays, graph_inputs
+from npubuild.frontend.passes import HOST_REASON
 from npubuild.frontend.ptq.choose import Choice, choose
 from npubuild.frontend.qdq_concat import share_concat_scales
 from npubuild.frontend.qdq_linear import fold_linear_bias
@@ -89,7 +90,17 @@ def quantize(float_model: Path, arrays: dict[str, np.ndarray], q: dict) -> onnx.
             qdq = onnx.load(str(out))
     _check_scales(qdq)
     fold_linear_bias(qdq, model)  # MatMul + bias Add as one layer, as TFLite's FullyConnected
+    _keep_host_reasons(model, qdq)
     return qdq
+
+
+def _keep_host_reasons(float_model: onnx.ModelProto, qdq: onnx.ModelProto) -> None:
+    """The import's note on a node it left to the host (why an If stays whole: frontend/passes/control_flow.py)
+    put back on the QDQ model's node of that name: onnxruntime's quantiser drops doc strings."""
+    notes = {n.name: n.doc_string for n in float_model.graph.node if n.name and n.doc_string.startswith(HOST_REASON)}
+    for n in qdq.graph.node:
+        if n.name in notes and not n.doc_string:
+            n.doc_string = notes[n.name]
 
 
 def _uncalibrated(qdq: onnx.ModelProto, q: dict) -> str | None:
@@ -110,8 +121,7 @@ def _clean(text: str) -> str:
     for pattern in ORT_NOISE:
         text = pattern.sub("", text)
     lines = [ln.strip() for ln in text.strip().splitlines() if ln.strip()]
-    line = lines[0] if lines else ""
-    return line if len(line) <= 300 else line[:297] + "..."
+    return one_line(lines[0] if lines else "", 320)
 
 
 def quantisation_error(exc: Exception, float_model: Path, arrays: dict[str, np.ndarray]) -> NpubuildError:

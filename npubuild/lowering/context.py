@@ -122,6 +122,24 @@ class RowImage:
 Value = TTensor | QConst | GraphInput | np.ndarray | RowImage
 
 
+@dataclass(frozen=True)
+class ChannelRescale:
+    """A RESCALE with a multiplier per channel (the last axis), as emit.rescale wrote it: a SLICE of its
+    result is emitted as a SLICE of its source and the RESCALE of that slice's own channels.
+
+    Vela 5.2 (regor) moves such a SLICE ahead of the RESCALE itself but keeps the scale stream of the first
+    channels, so a slice that does not start at channel 0 is scaled with another channel's multipliers, on
+    every Ethos-U (tests/npusim/test_vela_slice_rescale.py keeps the TOSA reproduction)."""
+
+    source: str
+    source_dtype: np.dtype
+    multiplier: np.ndarray  # int32, one per channel
+    shift: np.ndarray  # int8
+    in_zp: str  # the zero-point constants' names
+    out_zp: str
+    attr: ts.TosaSerializerAttribute
+
+
 @dataclass
 class LoweringContext:
     model: onnx.ModelProto
@@ -133,6 +151,8 @@ class LoweringContext:
     outputs: list[IOSpec] = field(default_factory=list)
     node_ops: dict[str, list[str]] = field(default_factory=dict)  # onnx node name -> TOSA op names
     fused: set[str] = field(default_factory=set)  # nodes already lowered as part of a fused pattern (skipped)
+    channel_rescales: dict[str, ChannelRescale] = field(default_factory=dict)  # by result name: see ChannelRescale
+    shape_values: dict[str, tuple[int, ...]] = field(default_factory=dict)  # shape_const name -> its values
     current: onnx.NodeProto | None = None
     options: LoweringOptions = PORTABLE  # the forms this family's lowering takes (lowering/options.py)
     _counter: int = 0
@@ -200,6 +220,7 @@ class LoweringContext:
             return self._shared_consts[key]
         self.ser.addConst([len(values)], ts.DType.SHAPE, np.asarray(values, np.int64), name=name)
         self._shared_consts[key] = name
+        self.shape_values[name] = key[1]
         return name
 
     def zp(self, value: int, dtype: np.dtype) -> str:
@@ -444,9 +465,25 @@ class LoweringContext:
 
     # ------------------------------------------------------------------ emitting TOSA
 
+    def _slice_ahead_of_rescale(self, inputs: list[str], output: str) -> None:
+        """SLICE(RESCALE(x)) written as RESCALE(SLICE(x)) with the slice's own multipliers (ChannelRescale)."""
+        r = self.channel_rescales[inputs[0]]
+        begin, size = self.shape_values[inputs[1]], self.shape_values[inputs[2]]
+        part = self.ser.addIntermediate(list(size), NP_TO_TOSA[np.dtype(r.source_dtype)])
+        slice_attr = ts.TosaSerializerAttribute()
+        slice_attr.SliceAttribute()
+        self.op(ts.Op.SLICE, [r.source, inputs[1], inputs[2]], [part.name], slice_attr)
+        channels = slice(begin[-1], begin[-1] + size[-1])
+        mult = self.const(r.multiplier[channels], "multiplier")
+        shift = self.const(r.shift[channels], "shift")
+        self.op(ts.Op.RESCALE, [part.name, mult, shift, r.in_zp, r.out_zp], [output], r.attr)
+
     def op(self, op, inputs: list[str], outputs: list[str], attr: ts.TosaSerializerAttribute | None = None) -> None:
         if attr is None:
             attr = ts.TosaSerializerAttribute()
+        if op == ts.Op.SLICE and inputs[0] in self.channel_rescales and len(outputs) == 1:
+            self._slice_ahead_of_rescale(inputs, outputs[0])
+            return
         self.ser.addOperator(op, inputs, outputs, attr)
         key = self.current.name if self.current is not None else "<boundary>"
         self.node_ops.setdefault(key, []).append(str(op).split(".")[-1])

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import traceback
 from dataclasses import dataclass
 from typing import Literal
 
 import onnx
 
-from npubuild.errors import UncomputedOutputError, UnsupportedOpError
+from npubuild.errors import InternalError, NpubuildError, UncomputedOutputError, UnsupportedOpError, one_line
 from npubuild.frontend.concat_order import copied_inputs_first
+from npubuild.frontend.passes import HOST_REASON
 from npubuild.lowering import load_all
 from npubuild.lowering.context import LoweringContext, TTensor
 from npubuild.lowering.emit import Op, attr
@@ -62,12 +64,21 @@ def lower_model(model: onnx.ModelProto, profile: Literal["int", "fp"], family: s
         if fn is None and node.domain not in ("", "ai.onnx"):
             raise UnsupportedOpError(node.name, node.op_type, f"operator domain '{node.domain}' is not supported")
         if fn is None:
-            raise UnsupportedOpError(node.name, node.op_type, "no lowering to TOSA for this op type")
+            marked = node.doc_string.startswith(HOST_REASON)  # the import's reason (control flow left whole)
+            raise UnsupportedOpError(node.name, node.op_type, node.doc_string[len(HOST_REASON):] if marked
+                                     else "no lowering to TOSA for this op type")
         ctx.current = node
         try:
             fn(ctx)
         except UnrepresentableScale as exc:
             raise ctx.unsupported(str(exc)) from None
+        except NpubuildError:
+            raise
+        except Exception as exc:  # a bug in this op's lowering: ours, named by its node, never the model's
+            if isinstance(exc, MemoryError):
+                raise
+            raise InternalError(f"node '{node.name}' ({node.op_type}): its lowering failed: "
+                                f"{one_line(f'{type(exc).__name__}: {exc}')}", detail=traceback.format_exc()) from None
         ctx.current = None
     for name in ctx.graph_outputs:
         v = ctx.values.get(name)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 import tosa_serializer as ts
 
-from npubuild.lowering.context import LoweringContext, TTensor, identity, inverse
+from npubuild.lowering.context import ChannelRescale, LoweringContext, TTensor, identity, inverse
 from npubuild.lowering.quant import INT48, QParams, multiplier_shift
 
 Op = ts.Op
@@ -55,8 +55,12 @@ def rescale(
         ctx.zp(in_zp, x.dtype),
         ctx.zp(out_zp, out_dtype),
     ]
-    ctx.op(Op.RESCALE, inputs, [out.name],
-           attr("Rescale", scale32, ts.RoundingMode.SINGLE_ROUND, per_channel, False, False))
+    rescale_attr = attr("Rescale", scale32, ts.RoundingMode.SINGLE_ROUND, per_channel, False, False)
+    ctx.op(Op.RESCALE, inputs, [out.name], rescale_attr)
+    if per_channel and np.dtype(x.dtype).itemsize <= 2:  # an int8/int16 -> int8 rescale Vela runs as a pool (not a
+        # conv's int32 accumulator scaling, which Vela fuses into the conv: a SLICE of that int32 tensor is worse)
+        ctx.channel_rescales[out.name] = ChannelRescale(x.name, np.dtype(x.dtype), mult.astype(np.int32),
+                                                        shift.astype(np.int8), inputs[3], inputs[4], rescale_attr)
     return out
 
 

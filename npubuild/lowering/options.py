@@ -116,6 +116,10 @@ class LoweringOptions:
     patch_conv_min_stride: int = 0
     # DepthToSpace (DCR) as one channel SLICE per output row phase, stacked by a CONCAT, no TRANSPOSE (ops_resize)
     depth_to_space_rows: bool = False
+    # a per-channel PRelu's two branches cut at the zero point with MAXIMUM / MINIMUM of the zero point (U85 runs
+    # elementwise ops at 4 elements a cycle, a CLAMP as a 1x1 pool at 2), the same integers as the CLAMPs and
+    # RESCALE (ops/unary._int_prelu_branches)
+    prelu_elementwise: bool = False
     # fold INT bias Adds behind a Q/DQ pair into the conv bias too (epilogue: exact per op to 1 LSB but drifts
     # from the QDQ reference, transformer TOSA SNR 32.8 -> 27.6 dB; off everywhere)
     int_bias_add: bool = False
@@ -231,11 +235,12 @@ FAMILY_OPTIONS: dict[LoweringFamily, LoweringOptions] = {
     # heads) for 0.2-0.7 KiB of DRAM constants, the 32x32x64 MobileNetV3 pool 34% (bench/perf_choices.md).
     "u85": LoweringOptions(**EVERY_FAMILY, norm_affine_one_row=True, concat_order=True, concat_max_copy=True, conv_stride_taps=True, softmax_wide=True,
                            dilation_taps=True, dilation_phase_min=4, plane_rows=PlaneRowsLimits(4, 49, 16384, 256),
-                           staged_input_min_row=128, depth_to_space_rows=True),
+                           staged_input_min_row=128, depth_to_space_rows=True, prelu_elementwise=True),
     # U85-128/256/512 also run a DepthToSpace (DCR) as row-phase SLICEs and a CONCAT: 1x1 conv to 32x16x16 ->
     # depth-to-space 2 -> 8x32x32, U85-256 0.0756 -> 0.0452 ms (U55-128 0.0851 -> 0.0987, U65-256 0.0437 -> 0.0494).
     # U85-1024/2048: the skip-first order makes Vela keep the Concat NHWC, which the reader conv reads slower
     # there, and the MAXIMUM copy loses to Vela's own: neither; the taps and the int32 softmax still win.
     "u85wide": LoweringOptions(**EVERY_FAMILY, conv_stride_taps=True, softmax_wide=True, dilation_taps=True, dilation_phase_min=2,
-                               plane_rows=PlaneRowsLimits(4, 100, 3072, 256), staged_input_min_row=128),
+                               plane_rows=PlaneRowsLimits(4, 100, 3072, 256), staged_input_min_row=128,
+                               prelu_elementwise=True),
 }

@@ -103,6 +103,11 @@ def localise(trace: list[OpResult], inter: dict[str, np.ndarray], graph: list[Gr
     return None
 
 
+# ... unless an op maps many inputs to one result: CLZ of a slightly wrong softmax sum is still right, which
+# blamed the first other reader of that sum (LOGICAL_LEFT_SHIFT) for a difference made before it
+MANY_TO_ONE = frozenset({"CLZ", "ARGMAX", "EQUAL", "GREATER", "GREATER_EQUAL"})
+
+
 def _reproduces(op: OpResult, t: np.ndarray) -> bool:
     """The OFM holds all of tensor `t`, element for element (a channel window may be a CONCAT's other input)."""
     return op.ofm.ndim == 3 and op.ofm.size == t.size and np.array_equal(op.ofm.ravel(), t.ravel())
@@ -132,8 +137,8 @@ def _graph_localise(trace: list[OpResult], inter: dict[str, np.ndarray], graph: 
                 first_hit[name] = n
     produced = {o for g in graph for o in g.outputs}
     good = set(first_hit)
-    for g in reversed(graph):  # ancestors of a reproduced tensor computed it right
-        if any(o in good for o in g.outputs):
+    for g in reversed(graph):  # ancestors of a reproduced tensor computed it right ...
+        if g.kind not in MANY_TO_ONE and any(o in good for o in g.outputs):
             good.update(i for i in g.inputs if i in produced)
     for k, g in enumerate(graph):
         if all(o in good for o in g.outputs) or not all(i in good or i not in produced for i in g.inputs):

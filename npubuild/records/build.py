@@ -21,11 +21,20 @@ class Outcome(StrEnum):
 
 
 class Status(StrEnum):
-    """A stage's or a build's status in report.json."""
+    """A stage's or a build's status in report.json. A stage is passed, failed or skipped; a build that passed
+    says where its work runs as well (report/status.py decides it): `passed` on the NPU, `passed (mostly host)`
+    with fewer than half its nodes there, `passed (host only)` with no NPU partition at all."""
 
     PASSED = "passed"
+    MOSTLY_HOST = "passed (mostly host)"
+    HOST_ONLY = "passed (host only)"
     FAILED = "failed"
     SKIPPED = "skipped"
+
+    @property
+    def ok(self) -> bool:
+        """One of the passes: the build is usable as built (its status says where it runs)."""
+        return self in (Status.PASSED, Status.MOSTLY_HOST, Status.HOST_ONLY)
 
 
 @dataclass(frozen=True)
@@ -128,23 +137,26 @@ class BuildEntry:
     error_kinds: tuple[str, ...] = ()
     artifacts: Mapping[str, str] = field(default_factory=dict)
     extra: Mapping[str, Any] = field(default_factory=dict)
+    warnings: tuple[str, ...] = ()  # what passed but is not what it seems (most of the model on the host)
 
     @property
     def id(self) -> str:
         return f"{self.spec}/{self.model}/{self.target}"
 
     KEYS = ("spec", "model", "target", "accelerator", "status", "stages", "metrics", "gates", "errors",
-            "error_kinds", "artifacts")
+            "error_kinds", "artifacts", "warnings")
 
     def to_json(self) -> dict[str, Any]:
         return {"spec": self.spec, "model": self.model, "target": self.target, "accelerator": self.accelerator,
                 "status": str(self.status), "stages": {k: s.to_json() for k, s in self.stages.items()},
                 "metrics": dict(self.metrics), "gates": [dict(g) for g in self.gates], "errors": list(self.errors),
-                "error_kinds": list(self.error_kinds), "artifacts": dict(self.artifacts), **self.extra}
+                "error_kinds": list(self.error_kinds), "warnings": list(self.warnings), "artifacts": dict(self.artifacts),
+                **self.extra}
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> BuildEntry:
         return cls(d["spec"], d["model"], d["target"], d["accelerator"], Status(d["status"]),
                    {k: StageEntry.from_json(s) for k, s in d["stages"].items()}, d.get("metrics") or {},
                    tuple(d.get("gates") or ()), tuple(d.get("errors") or ()), tuple(d.get("error_kinds") or ()),
-                   d.get("artifacts") or {}, {k: v for k, v in d.items() if k not in cls.KEYS})
+                   d.get("artifacts") or {}, {k: v for k, v in d.items() if k not in cls.KEYS},
+                   tuple(d.get("warnings") or ()))

@@ -30,6 +30,7 @@ class Placement:
     rule: str | None = None
     reason: str | None = None
     partition: int = 0
+    nodes: int = 1  # the ONNX nodes it stands for: an If or Loop left whole on the host holds its branches' too
     precision: str | None = None  # 16x8, 8x4, int16... in a build with more than int8 (frontend/precision)
 
     def to_json(self) -> dict[str, Any]:
@@ -115,11 +116,11 @@ class FamilyRecord:
 
     @property
     def host_ops(self) -> int:
-        return sum(1 for p in self.placements if p.kind == "cpu")
+        return sum(p.nodes for p in self.placements if p.kind == "cpu")
 
     @property
     def npu_nodes(self) -> int:
-        return sum(1 for p in self.placements if p.kind == "npu")
+        return sum(p.nodes for p in self.placements if p.kind == "npu")
 
     @property
     def whole_graph(self) -> bool:

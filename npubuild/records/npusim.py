@@ -23,6 +23,10 @@ class NpuSimRecord:
     mismatches: Mapping[str, Mapping[str, int]] = field(default_factory=dict)  # output -> {elements, of}
     first_bad_sample: int | None = None
     first_bad_op: str | None = None
+    # the deployable on the virtual device against the QDQ model (builds with host partitions; deploy/)
+    device_max_error_lsb: float | None = None
+    device_samples: int | None = None
+    tflm_arena_bytes: int | None = None
 
     def to_json(self) -> dict[str, Any]:
         if self.skip is not None:
@@ -30,7 +34,9 @@ class NpuSimRecord:
         return {"skipped": False, "samples": self.samples, "partitions": self.partitions, "bitexact": self.bitexact,
                 "npu_ops": self.npu_ops, "sim_seconds": self.sim_seconds,
                 "mismatches": {k: dict(v) for k, v in self.mismatches.items()},
-                "first_bad_sample": self.first_bad_sample, "first_bad_op": self.first_bad_op}
+                "first_bad_sample": self.first_bad_sample, "first_bad_op": self.first_bad_op,
+                "device_max_error_lsb": self.device_max_error_lsb, "device_samples": self.device_samples,
+                "tflm_arena_bytes": self.tflm_arena_bytes}
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> NpuSimRecord:
@@ -38,4 +44,5 @@ class NpuSimRecord:
         if skip is not None:
             return cls(skip)
         return cls(None, d["samples"], d["partitions"], d["bitexact"], d["npu_ops"], d["sim_seconds"],
-                   d.get("mismatches") or {}, d.get("first_bad_sample"), d.get("first_bad_op"))
+                   d.get("mismatches") or {}, d.get("first_bad_sample"), d.get("first_bad_op"),
+                   d.get("device_max_error_lsb"), d.get("device_samples"), d.get("tflm_arena_bytes"))

@@ -6,6 +6,8 @@ same thing about a build, in the same words.
 
 from __future__ import annotations
 
+from npubuild.report.status import Status, passed
+
 
 def num(v, digits: int = 4) -> str:
     """A figure as people read it: `0.2719`, `271856`, `37.1`; `-` when absent."""
@@ -39,7 +41,7 @@ def gate_text(g: dict) -> str:
 def failure_cause(entry: dict) -> str | None:
     """Why a report entry did not pass: the failed stage and its first error line, else the gates that fell
     short, else what kept it from being built; None for a passed build."""
-    if entry.get("status") == "passed":
+    if passed(entry.get("status")):
         return None
     for stage, s in entry.get("stages", {}).items():
         if s.get("status") == "failed" and s.get("error"):
@@ -65,9 +67,10 @@ def pools_text(metrics: dict) -> str:
     return ", ".join(out)
 
 
-def headline(metrics: dict) -> str:
-    """A passed build's figures for its result line: time, rate, memory, offload."""
-    parts = []
+def headline(metrics: dict, status: str | None = None) -> str:
+    """A passed build's figures for its result line: time, rate, memory, offload (and, for a build the host
+    runs wholly or mostly, that first)."""
+    parts = [status.removeprefix("passed ").strip("()")] if status in (Status.HOST_ONLY, Status.MOSTLY_HOST) else []
     ms = metrics.get("inference_ms")
     if isinstance(ms, (int, float)) and ms > 0:
         parts.append(f"{num(ms)} ms ({1000 / ms:,.0f} inf/s)")

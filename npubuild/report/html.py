@@ -20,13 +20,14 @@ from npubuild.report.numerics import worst_node_text
 from npubuild.report.plots import cached_png, layers_svg, pools_svg
 from npubuild.report.precision import precision_html
 from npubuild.report.regress import Comparison, build_id
+from npubuild.report.status import RANK, Status
 
 LAYER_BARS = 30  # a per-layer chart's costliest ONNX nodes; the rest are summed into one bar
 ARTIFACT_NAMES = (("tosa", "TOSA"), ("vela", "Vela model"), ("vela_log", "vela.log"), ("per_layer_csv", "per-layer CSV"),
                   ("firmware_c", "firmware .c"), ("firmware_h", "firmware .h"), ("deployment", "deployment.json"))
 SHORT_NAMES = {"Vela model": "Vela", "per-layer CSV": "CSV", "firmware .c": ".c", "firmware .h": ".h",
                "deployment.json": "deploy", "vela.log": "log"}  # in the main table, where width is short
-STATUS_ORDER = {"failed": 0, "skipped": 1, "passed": 2}
+STATUS_ORDER = RANK  # failed first, then skipped, host only, mostly host, passed
 
 
 def ordered(builds: list[dict], regressed: set[str] | frozenset[str] = frozenset()) -> list[dict]:
@@ -114,9 +115,15 @@ def _worst_pool(m: dict) -> dict | None:
     return max(pools, key=lambda p: p["used_kib"] / p["size_kib"]) if pools else None
 
 
+def status_class(status: str) -> str:
+    """The CSS class of a status cell: passed, host (passed wholly or mostly on the host), failed, skipped."""
+    return "host" if status in (Status.HOST_ONLY, Status.MOSTLY_HOST) else status if status in RANK else "failed"
+
+
 def _problem(b: dict, comparison: Comparison | None) -> str:
     cause = failure_cause(b)
     parts = [f'<span class="bad">{escape(cause)}</span>'] if cause else []
+    parts += [f'<span class="bad">{escape(w)}</span>' for w in b.get("warnings") or []]
     if comparison is not None:
         bid = build_id(b)
         regs = [r for r in comparison.regressions if r.build == bid and r.metric != "status"]
@@ -148,7 +155,7 @@ def _main_table(builds: list[dict], comparison: Comparison | None, base_dir: Pat
         ms = m.get("inference_ms")
         rate = 1000 / ms if isinstance(ms, (int, float)) and ms > 0 else None
         acc, acc_text = _accuracy(m)
-        cells = [f'<td class="id">{escape(bid)}</td>', f'<td class="{b["status"]}">{b["status"]}</td>',
+        cells = [f'<td class="id">{escape(bid)}</td>', f'<td class="{status_class(b["status"])}">{escape(b["status"])}</td>',
                  f'<td class="problem">{_problem(b, comparison)}</td>',
                  cell(frac, fit), cell(headroom, fmt(headroom, 4) if headroom is not None else "-"),
                  cell(ms), cell(rate, f"{rate:,.0f}" if rate else "-"), cell(b.get("clock_mhz")),
@@ -158,7 +165,7 @@ def _main_table(builds: list[dict], comparison: Comparison | None, base_dir: Pat
                  cell(m.get("cpu_ops")), cell(m.get("sram_kib")), cell(m.get("offchip_kib")),
                  cell(m.get("tosa_snr_db"), fmt(m.get("tosa_snr_db"), 3)), cell(m.get("tosa_max_error_lsb")),
                  f"<td>{escape(worst_node_text(m))}</td>", cell(acc, acc_text), f"<td>{_first_bad_layer(b)}</td>", f'<td class="id">{_artifacts(b, base_dir, short=True)}</td>']
-        problem = b["status"] != "passed" or bid in regressed
+        problem = b["status"] != Status.PASSED or bid in regressed
         cls = ' class="regressed"' if bid in regressed else ""
         rows.append(f'<tr{cls} data-problem="{int(problem)}">' + "".join(cells) + "</tr>")
     head = ["build", "status", "problem", "fit (fullest pool)", "its headroom KiB", "inference ms", "inferences/s",
@@ -257,10 +264,13 @@ def _build_details(b: dict, cache_dir: Path | None, base_dir: Path | None, uid: 
                    regressed: bool = False) -> str:
     m = b.get("metrics") or {}
     opened = " open" if b["status"] == "failed" or regressed else ""  # the ones to look at
-    parts = [f'<details{opened}><summary class="{b["status"]}">{escape(build_id(b))}: {b["status"]}'
-             + (f" &mdash; {escape(failure_cause(b) or '')}" if b["status"] != "passed" else "") + "</summary>"]
+    parts = [f'<details{opened}><summary class="{status_class(b["status"])}">{escape(build_id(b))}: '
+             f'{escape(b["status"])}' + (f" &mdash; {escape(failure_cause(b) or '')}" if failure_cause(b) else "")
+             + "</summary>"]
     for e in b.get("errors", []):
         parts.append(f'<p class="bad">{escape(plain_message(e))}</p>')
+    for w in b.get("warnings") or []:
+        parts.append(f'<p class="bad">warning: {escape(w)}</p>')
     parts.append(f"<p>Artifacts: {_artifacts(b, base_dir)}</p>")
     parts.append("<h4>Stages</h4>" + table(
         ["stage", "status", "seconds", "from / why"],
@@ -346,13 +356,16 @@ def render_html(report: dict, comparison: Comparison | None = None, baseline: st
     """`history`: stored runs, oldest first (report.history); `base_dir`: where the page is written, for
     relative links to the artifacts."""
     builds = ordered(report.get("builds", []), {r.build for r in comparison.regressions} if comparison else set())
-    counts = {s: sum(1 for b in builds if b["status"] == s) for s in ("passed", "failed", "skipped")}
+    counts = {s: sum(1 for b in builds if b["status"] == s) for s in Status}
+    hosted = counts[Status.HOST_ONLY] + counts[Status.MOSTLY_HOST]
     meta = " &middot; ".join(escape(str(x)) for x in (report.get("created"), report.get("run_id"),
                                                        report.get("commit") and f"commit {report['commit']}") if x)
     h = ["<!DOCTYPE html><html><head><meta charset=\"utf-8\"><title>npubuild report</title>",
          f"<style>{CSS}</style><script>{SCRIPT}</script></head><body><h1>npubuild report</h1>",
-         f'<p>{len(builds)} builds: {counts["passed"]} passed, <span class="{"bad" if counts["failed"] else ""}">'
-         f'{counts["failed"]} failed</span>, {counts["skipped"]} skipped.'
+         f'<p>{len(builds)} builds: {counts[Status.PASSED] + hosted} passed'
+         + (f' (<span class="bad">{hosted} wholly or mostly on the host</span>)' if hosted else "")
+         + f', <span class="{"bad" if counts[Status.FAILED] else ""}">'
+         f'{counts[Status.FAILED]} failed</span>, {counts[Status.SKIPPED]} skipped.'
          + (f' <span class="muted">{meta}</span>' if meta else "") + "</p>"]
     sections = [("baseline", "baseline") if comparison is not None else None,
                 ("history", "history") if history and len(history) > 1 else None, ("builds", "builds"),

@@ -14,6 +14,7 @@ from pathlib import Path
 from npubuild.fileio import write_bytes
 from npubuild.report.brief import failure_cause
 from npubuild.report.regress import Comparison, build_id
+from npubuild.report.status import passed
 
 
 class _Suite:
@@ -67,7 +68,7 @@ def junit_tree(report: dict, comparison: Comparison | None = None, baseline: dic
         regs = [r for r in regress.get(bid, []) if not r.startswith(f"{bid}: status ")]  # the cause says it
         if b["status"] == "skipped" and not regs:
             suite.case(classname, f"build {b['target']}", seconds, "skipped", cause or "not built")
-        elif b["status"] != "passed" or regs:
+        elif not passed(b["status"]) or regs:
             suite.case(classname, f"build {b['target']}", seconds, "failure",
                        "; ".join(([cause] if cause else []) + regs) or b["status"], "build")
         else:

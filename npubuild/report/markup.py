@@ -19,7 +19,7 @@ th{background:#f3f3f3;position:sticky;top:0}
 th.sort{cursor:pointer;user-select:none}th.sort:after{content:" \\2195";color:#999}
 td.n{text-align:right;font-variant-numeric:tabular-nums;white-space:nowrap}
 td.id{white-space:nowrap}#builds td,#builds th{font-size:12px}td.problem{min-width:22em;max-width:34em}
-.passed{background:#dff0d8}.failed{background:#f2dede}.skipped{background:#fcf8e3}
+.passed{background:#dff0d8}.failed{background:#f2dede}.skipped{background:#fcf8e3}.host{background:#fcebd3}
 tr.regressed td{background:#fff1cc}tr.regressed td:first-child{border-left:4px solid #e69500}
 .bad{color:#a00;font-weight:bold}.muted{color:#777}
 .meter{display:inline-block;width:60px;height:9px;background:#eee;margin-right:4px;vertical-align:middle}

@@ -11,6 +11,7 @@ from npubuild.fileio import read_json, write_json
 from npubuild.records.check import CheckRecord
 from npubuild.records.vela import VelaRecord
 from npubuild.report.gates import evaluate
+from npubuild.report.status import host_warning
 
 
 def build_metrics(records: Mapping[str, Mapping], accelerator: str) -> dict:
@@ -29,11 +30,14 @@ def build_metrics(records: Mapping[str, Mapping], accelerator: str) -> dict:
             for m in METRICS}
 
 
-def build_entry(records: Mapping[str, Path], accelerator: str, expect: Mapping[str, object], entry_out: Path) -> dict:
-    """The report stage's work: the build's metrics from its stages' records (stage name -> stage.json) and its
-    gates checked against `expect`; entry.json (returned, the stage's metrics)."""
+def build_entry(records: Mapping[str, Path], accelerator: str, expect: Mapping[str, object], entry_out: Path,
+                warn_below_npu_offload: float | None = None) -> dict:
+    """The report stage's work: the build's metrics from its stages' records (stage name -> stage.json), its
+    gates checked against `expect`, and the warning that most of it runs on the host (below the pipeline's
+    `warn_below_npu_offload`); entry.json (returned, the stage's metrics)."""
     metrics = build_metrics({stage: read_json(path) for stage, path in records.items()}, accelerator)
     gates = evaluate(dict(expect), metrics)
-    entry = {"metrics": metrics, "gates": gates}
+    warning = host_warning(metrics, warn_below_npu_offload)
+    entry = {"metrics": metrics, "gates": gates, "warnings": [warning] if warning else []}
     write_json(entry_out, entry)
     return entry

@@ -172,6 +172,7 @@ def _input_changes(old: dict, new: dict) -> list[str]:
 
 def compare(new: dict, old: dict, thresholds: dict[str, Threshold]) -> Comparison:
     from npubuild.report.brief import failure_cause
+    from npubuild.report.status import passed, worse_status
 
     old_by = {build_id(b): b for b in old.get("builds", [])}
     new_by = {build_id(b): b for b in new.get("builds", [])}
@@ -179,7 +180,7 @@ def compare(new: dict, old: dict, thresholds: dict[str, Threshold]) -> Compariso
     regressions: list[Delta] = []
     changes: dict[str, list[str]] = {}
     unchanged = 0
-    failed = [bid for bid, b in new_by.items() if b.get("status") != "passed"]
+    failed = [bid for bid, b in new_by.items() if not passed(b.get("status"))]
     for bid, b in new_by.items():
         ob = old_by.get(bid)
         if ob is None:
@@ -187,8 +188,9 @@ def compare(new: dict, old: dict, thresholds: dict[str, Threshold]) -> Compariso
         inputs = _input_changes(ob, b)
         if inputs:
             changes[bid] = inputs
-        if ob.get("status") == "passed" and b.get("status") != "passed":
-            regressions.append(Delta(bid, "status", ob["status"], b.get("status"), "", True, failure_cause(b) or ""))
+        if worse_status(ob.get("status"), b.get("status")):  # failed, or the host took over the NPU's work
+            regressions.append(Delta(bid, "status", ob["status"], b.get("status"), "", True,
+                                     failure_cause(b) or "; ".join(b.get("warnings") or [])))
         changed = False
         for metric in dict.fromkeys((*SHOWN, *thresholds)):
             ov, nv = ob.get("metrics", {}).get(metric), b.get("metrics", {}).get(metric)
@@ -201,7 +203,7 @@ def compare(new: dict, old: dict, thresholds: dict[str, Threshold]) -> Compariso
             deltas.append(d)
             if bad:
                 regressions.append(d)
-        unchanged += not changed and b.get("status") == "passed" and ob.get("status") == "passed"
+        unchanged += not changed and passed(b.get("status")) and b.get("status") == ob.get("status")
     gone = sorted(set(old_by) - set(new_by))
     missing = [bid for bid in gone if asked_for(bid, new.get("selection"))]
     for bid in missing:

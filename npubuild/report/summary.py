@@ -29,6 +29,7 @@ from npubuild.report.metrics import build_metrics
 from npubuild.report.numerics import numerics_markdown, stored_layers
 from npubuild.report.offloads import placement_markdown
 from npubuild.report.precision import precision_markdown
+from npubuild.report.status import placement_status
 
 
 def build_entries(plan: BuildPlan, run_id: str) -> list[dict]:
@@ -40,6 +41,7 @@ def build_entries(plan: BuildPlan, run_id: str) -> list[dict]:
         error_kinds: set[str] = set()
         entry_metrics: dict = {}
         gates: list[dict] = []
+        warnings: list[str] = []
         records: dict[str, dict] = {}
         for stage, name in chain.items():
             task = plan.tasks[name]
@@ -49,6 +51,7 @@ def build_entries(plan: BuildPlan, run_id: str) -> list[dict]:
                 stages[stage] = StageEntry.of(StageRecord.from_json(rec), run_id)
                 if stage == "report":
                     entry_metrics, gates = rec["metrics"]["metrics"], rec["metrics"]["gates"]
+                    warnings = list(rec["metrics"].get("warnings") or [])
                 continue
             err = read_error(task)
             if err is not None:
@@ -68,13 +71,14 @@ def build_entries(plan: BuildPlan, run_id: str) -> list[dict]:
         elif any(not g["ok"] for g in gates):
             status = Status.FAILED
         else:
-            status = Status.PASSED
+            status = placement_status(entry_metrics)  # passed: on the NPU, mostly on the host, or only there
         entry = BuildEntry(b.spec.name, b.model_name, b.target.name, b.target.accelerator, status, stages,
                            entry_metrics, tuple(gates), tuple(errors), tuple(sorted(error_kinds)),
                            artifacts(plan, b.id, records),
                            {"clock_mhz": b.target.clock_mhz, "inputs": build_inputs(plan, b),
                             **({} if "report" in records else {"unchecked_gates": unchecked_gates(b)}),
-                            **stored_layers(plan.build_dir, b.id, records.get("lower", {}).get("cache_key"))})
+                            **stored_layers(plan.build_dir, b.id, records.get("lower", {}).get("cache_key"))},
+                           tuple(warnings))
         entries.append(entry.to_json())
     return entries
 
@@ -212,6 +216,10 @@ def render_markdown(report: dict) -> str:
     lines += precision_markdown(builds)
     failures = [(b, g) for b in builds for g in b["gates"] if not g["ok"]]
     errors = [(b, e) for b in builds for e in b["errors"]]
+    warned = [(b, w) for b in builds for w in b.get("warnings") or []]
+    if warned:
+        lines += ["", "## Warnings", ""]
+        lines += [f"- {b['spec']}/{b['model']}/{b['target']}: {w}" for b, w in warned]
     if failures or errors:
         lines += ["", "## Problems", ""]
         for b, g in failures:

@@ -26,14 +26,21 @@ class LowerConfig:
     input_key: str
     pipeline: Pipeline
     families: tuple[str, ...] = ()
+    # "size": the families' measured choices go by memory (ethosu/measured.py); in the key only then, so a
+    # performance build's key is what it was
+    optimise: str = "performance"
 
     def to_json(self) -> dict[str, Any]:
         """Without `families`: the plan writes their union over the builds."""
-        return {"input": self.input_key, "pipeline": self.pipeline.model_dump()}
+        d = {"input": self.input_key, "pipeline": self.pipeline.model_dump()}
+        if self.optimise == "size":
+            d["optimise"] = "size"
+        return d
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> LowerConfig:
-        return cls(d["input"], Pipeline.model_validate(d["pipeline"]), tuple(d.get("families", ())))
+        return cls(d["input"], Pipeline.model_validate(d["pipeline"]), tuple(d.get("families", ())),
+                   d.get("optimise", "performance"))
 
 
 def plan(b: Build, chain: Chain) -> TaskSpec:
@@ -42,8 +49,8 @@ def plan(b: Build, chain: Chain) -> TaskSpec:
     prev = chain.get("precision") or chain.get("quantize") or chain["import"]
     own = (Accelerator.parse(b.target.accelerator).lowering_family,)
     families = (b.spec_families or own) if b.pipeline.profile == "int" else ()
-    return TaskSpec(b.model_name, LowerConfig(prev.key, b.pipeline).to_json(), {"onnx": prev.outputs["onnx"]},
-                    {"io": "io.json"}, (prev.stage,), union={"families": families})
+    return TaskSpec(b.model_name, LowerConfig(prev.key, b.pipeline, optimise=b.optimise).to_json(),
+                    {"onnx": prev.outputs["onnx"]}, {"io": "io.json"}, (prev.stage,), union={"families": families})
 
 
 def run(task: StageTask) -> dict:
@@ -51,9 +58,11 @@ def run(task: StageTask) -> dict:
 
     config = LowerConfig.from_json(task.config)
     return lower_stage(task.inputs["onnx"], config.pipeline.passes, config.pipeline.profile, config.families,
-                       task.outputs["io"])
+                       task.outputs["io"], config.optimise)
 
 
-STAGE = Stage("lower", __name__, "npubuild.ethosu.families", ("onnx", "onnx-ir", "tosa-tools"), plan, run,
+# Vela too: the measured family choices (ethosu/measured.py) compile with it, so a new Vela decides them again
+STAGE = Stage("lower", __name__, "npubuild.ethosu.families", ("onnx", "onnx-ir", "tosa-tools", "ethos-u-vela"),
+              plan, run,
               preload=("numpy.random", "tosa_reference_model", "npubuild.frontend.passes:load_all",
                        "npubuild.lowering:load_all"))  # the pipeline's passes, the op lowerings, the families' runs

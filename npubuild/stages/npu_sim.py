@@ -38,9 +38,11 @@ class NpuSimConfig:
 
 def skip_reason(output_format: str) -> str | None:
     """Why a build with a Vela stage gets no npu-sim run, or None. Every accelerator Vela targets (U55, U65,
-    U85) is modelled; a feature an artifact uses that is not is reported at run time (npusim.NotModelled)."""
-    if output_format != "raw":
-        return "Vela wrote tflite; npu-sim runs raw artifacts (set the target's vela.output_format: raw)"
+    U85) is modelled, in either output format: a .tflite's ethos-u operators carry the same command stream and
+    constants as the raw .npz (npusim/tflite.py), and npu-sim runs what is deployed. A feature an artifact
+    uses that is not modelled is reported at run time (npusim.NotModelled)."""
+    if output_format not in ("raw", "tflite"):
+        return f"Vela wrote {output_format}, which npu-sim does not read"
     return None
 
 
@@ -55,6 +57,8 @@ def plan(b: Build, chain: Chain) -> TaskSpec | Skip | None:
     vela, lower, model = chain["vela"], chain["lower"], b.model
     inputs = {"vela": vela.outputs["summary"], "io": lower.outputs["io"],
               "float": chain["import"].outputs["onnx"]}
+    if "quantize" in chain:  # the QDQ model, which the virtual device's output is held to
+        inputs["reference"] = chain["quantize"].outputs["onnx"]
     if b.calibration_npy is not None:
         inputs["calibration"] = b.calibration_npy
     config = NpuSimConfig(vela.key, b.target.accelerator, b.vela.output_format, b.spec.verify, model.calibration)
@@ -65,7 +69,8 @@ def run(task: StageTask) -> dict:
     from npubuild.verify.npu_sim import SimFiles, SimSamples, simulate_build
 
     config = NpuSimConfig.from_json(task.config)
-    files = SimFiles(task.inputs["vela"], task.inputs["io"], task.inputs["float"], task.inputs.get("calibration"))
+    files = SimFiles(task.inputs["vela"], task.inputs["io"], task.inputs["float"], task.inputs.get("calibration"),
+                     task.inputs.get("reference"))
     return simulate_build(files, SimSamples(config.verify.samples, config.verify.seed, config.calibration),
                           task.outputs["result"])
 

@@ -16,25 +16,27 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class ReportConfig:
-    """The report task's config (its key): the build and its accelerator, its gates (the spec's `expect`) and
-    its stages' keys."""
+    """The report task's config (its key): the build and its accelerator, its gates (the spec's `expect`), its
+    stages' keys, and below what npu_offload its pipeline warns that the host does most of the work."""
 
     build: str
     accelerator: str
     expect: Mapping[str, Any]
     stages: Mapping[str, str]  # stage name -> its task's key
+    warn_below_npu_offload: float | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {"build": self.build, "accelerator": self.accelerator, "expect": dict(self.expect),
-                "stages": dict(self.stages)}
+                "stages": dict(self.stages), "warn_below_npu_offload": self.warn_below_npu_offload}
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> ReportConfig:
-        return cls(d["build"], d["accelerator"], d["expect"], d["stages"])
+        return cls(d["build"], d["accelerator"], d["expect"], d["stages"], d.get("warn_below_npu_offload"))
 
 
 def plan(b: Build, chain: Chain) -> TaskSpec:
-    config = ReportConfig(b.id, b.target.accelerator, b.spec.expect.model_dump(), {s: t.key for s, t in chain.items()})
+    config = ReportConfig(b.id, b.target.accelerator, b.spec.expect.model_dump(), {s: t.key for s, t in chain.items()},
+                          b.pipeline.warn_below_npu_offload)
     return TaskSpec(f"{b.spec.name}/{b.model_name}/{b.target.name}", config.to_json(),
                     {s: t.outputs["record"] for s, t in chain.items()}, {"entry": "entry.json"}, tuple(chain))
 
@@ -43,7 +45,8 @@ def run(task: StageTask) -> dict:
     from npubuild.report.metrics import build_entry
 
     config = ReportConfig.from_json(task.config)
-    return build_entry(task.inputs, config.accelerator, config.expect, task.outputs["entry"])
+    return build_entry(task.inputs, config.accelerator, config.expect, task.outputs["entry"],
+                       config.warn_below_npu_offload)
 
 
 STAGE = Stage("report", __name__, "npubuild.report.metrics", (), plan, run, per_build=True, cached=False)

@@ -24,18 +24,32 @@ class TosaCheckConfig:
     input_shapes: Mapping[str, list[int]]
     calibration: Calibration
     evaluation: Evaluation | None
+    node_check: Mapping[str, Any] | None = None  # when the per-node cuts run (node_check_policy)
 
     def to_json(self) -> dict[str, Any]:
         return {"lower": self.lower_key, "verify": self.verify.model_dump(exclude={"fvp"}),
                 "passes": list(self.passes), "input_shapes": dict(self.input_shapes),
                 "calibration": self.calibration.model_dump(),
-                "evaluation": self.evaluation.model_dump() if self.evaluation else None}
+                "evaluation": self.evaluation.model_dump() if self.evaluation else None,
+                "node_check": dict(self.node_check) if self.node_check is not None else None}
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> TosaCheckConfig:
         return cls(d["lower"], Verify.model_validate(d["verify"]), tuple(d.get("passes", ())), d["input_shapes"],
                    Calibration.model_validate(d["calibration"]),
-                   Evaluation.model_validate(d["evaluation"]) if d.get("evaluation") else None)
+                   Evaluation.model_validate(d["evaluation"]) if d.get("evaluation") else None,
+                   d.get("node_check"))
+
+# gates on what the whole-graph check measures: one that falls short runs the per-node check to find the node
+WHOLE_GRAPH_GATES = ("max_tosa_error_lsb", "min_tosa_snr_db", "min_quant_snr_db", "min_accuracy", "max_accuracy_drop")
+
+
+def node_check_policy(b: Build) -> dict:
+    """When the per-node check runs: always where a spec gates a node's error (max_tosa_node_error_lsb), else
+    only where a whole-graph gate falls short (the first bad node is then found as before)."""
+    expect = b.spec.expect.model_dump()
+    return {"gated": expect.get("max_tosa_node_error_lsb") is not None,
+            "whole_graph_expect": {k: expect[k] for k in WHOLE_GRAPH_GATES if expect.get(k) is not None}}
 
 
 def plan(b: Build, chain: Chain) -> TaskSpec | None:
@@ -50,7 +64,7 @@ def plan(b: Build, chain: Chain) -> TaskSpec | None:
     if b.evaluation is not None:
         inputs.update(eval_inputs=b.evaluation[0], eval_labels=b.evaluation[1])
     config = TosaCheckConfig(lower.key, b.spec.verify, tuple(b.pipeline.passes), model.input_shapes,
-                             model.calibration, model.evaluation)
+                             model.calibration, model.evaluation, node_check_policy(b))
     return TaskSpec(b.model_name, config.to_json(), inputs, {"numerics": "numerics.json", "reference": "reference.npz"},
                     ("lower",))
 
@@ -63,7 +77,7 @@ def run(task: StageTask) -> dict:
     files = CheckFiles(task.inputs["io"], task.inputs["reference"], task.inputs["float"],
                        task.inputs.get("calibration"), evaluation)
     options = CheckOptions(config.verify.samples, config.verify.seed, config.calibration, config.passes,
-                           config.evaluation)
+                           config.evaluation, config.node_check)
     return check_tosa(files, options, task.outputs["numerics"], task.outputs.get("reference"))
 
 

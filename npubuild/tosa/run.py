@@ -43,7 +43,7 @@ def run_tosa(tosa: bytes, io: GraphIO, feeds: dict[str, np.ndarray]) -> dict[str
     """
     import tosa_reference_model as trm
 
-    arrays = [spec.to_tosa(feeds[spec.onnx_name]) for spec in io.inputs]
+    arrays = [spec.to_tosa(np.asarray(feeds[spec.onnx_name])) for spec in io.inputs]
     with _quiet_stdio():
         try:
             outputs, status = trm.run(tosa, arrays)
@@ -77,7 +77,9 @@ class OnnxSession:
         self.names = [o.name for o in self.sess.get_outputs()]
 
     def __call__(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        return dict(zip(self.names, self.sess.run(self.names, feeds), strict=True))
+        # a rank-0 input's sample is a numpy scalar (v[i] of its (N,) array), which onnxruntime will not take
+        arrays = {k: v if isinstance(v, np.ndarray) else np.asarray(v) for k, v in feeds.items()}
+        return dict(zip(self.names, self.sess.run(self.names, arrays), strict=True))
 
 
 def timed_runs(session: OnnxSession, feeds_of: list[dict[str, np.ndarray]]) -> tuple[list[dict[str, np.ndarray]], float]:

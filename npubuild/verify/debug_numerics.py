@@ -69,12 +69,16 @@ def find_probes(model: onnx.ModelProto, profile: str) -> list[Probe]:
 
 
 def with_outputs(model: onnx.ModelProto, names: list[str]) -> onnx.ModelProto:
+    """The model with `names` exposed as graph outputs, each of its known element type (float if unknown: an
+    int64 shape computation exposed as float was an invalid model for onnxruntime)."""
     m = onnx.ModelProto()
     m.CopyFrom(model)
     have = {o.name for o in m.graph.output}
+    types = {vi.name: vi.type.tensor_type.elem_type for vi in [*m.graph.value_info, *m.graph.input]
+             if vi.type.HasField("tensor_type") and vi.type.tensor_type.elem_type}
     for name in names:
         if name not in have:
-            m.graph.output.append(helper.make_tensor_value_info(name, TensorProto.FLOAT, None))
+            m.graph.output.append(helper.make_tensor_value_info(name, types.get(name, TensorProto.FLOAT), None))
             have.add(name)
     return m
 

@@ -14,7 +14,7 @@ than its OFM) fails the build with what is wrong in it.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -25,7 +25,8 @@ from npubuild.errors import StageError
 from npubuild.fileio import write_json
 from npubuild.frontend.data import sample_arrays
 from npubuild.npusim import NotModelled
-from npubuild.npusim.npz import load_raw
+from npubuild.npusim.npz import RawModel, load_raw
+from npubuild.npusim.tflite import load_tflite
 from npubuild.npusim.tosa_probe import graph_io
 from npubuild.npusim.verify import compare
 from npubuild.records.build import Skip
@@ -43,6 +44,7 @@ class SimFiles:
     io: Path
     float_model: Path
     calibration: Path | None = None
+    reference: Path | None = None  # the QDQ model, which the virtual device's output is held to
 
 
 @dataclass(frozen=True)
@@ -80,6 +82,8 @@ def simulate_build(files: SimFiles, draw: SimSamples, result_out: Path) -> dict:
         round(sum(r.sim_seconds for _, r in results), 4), mismatches,
         first[1].first_bad_sample if first else None,
         f"{first[0]}{first[1].first_bad_op.describe()}" if first and first[1].first_bad_op else None)
+    if not bad:
+        record = replace(record, **_device_check(files, draw, vela))
     metrics = record.to_json()
     write_json(result_out, metrics)
     if bad:
@@ -105,22 +109,63 @@ def _jobs(files: SimFiles, draw: SimSamples, vela: VelaRecord,
     """
     vela_dir, lower_dir = files.vela_summary.parent, files.io.parent
     if len(vela.partition_graph) <= 1:
-        if not vela.partitions or vela.partitions[0].tflite is not None:
-            raise StageError("the vela stage wrote no raw .npz artifact")
+        if not vela.partitions:
+            raise StageError("the vela stage wrote no .tflite or raw .npz artifact")
         whole = vela.partitions[0]
         float_model = onnx.load(str(files.float_model))
         arrays = sample_arrays(float_model, draw.calibration.model_dump(), files.calibration, draw.samples, draw.seed)
         n = next(iter(arrays.values())).shape[0]
         samples = [[spec.to_tosa(arrays[spec.onnx_name][i]) for spec in io.inputs] for i in range(n)]
         tosa = lower_dir / whole.tosa
-        return [("", load_raw(vela_dir / whole.npz), tosa.read_bytes(), samples, [o.onnx_name for o in io.outputs])]
+        return [("", _artifact(vela_dir / (whole.tflite or whole.npz)), tosa.read_bytes(), samples,
+                 [o.onnx_name for o in io.outputs])]
     jobs = []
     rng = np.random.default_rng(draw.seed)
     for p in vela.partitions:
         tosa = (lower_dir / p.tosa).read_bytes()
-        model = load_raw(vela_dir / p.npz)
+        model = _artifact(vela_dir / (p.tflite or p.npz))
         inputs, outputs = graph_io(tosa)
         samples = [[rng.integers(np.iinfo(t).min, np.iinfo(t).max + 1, shape).astype(t) for _, shape, t in inputs]
                    for _ in range(draw.samples)]
         jobs.append((f"{p.stem}/", model, tosa, samples, outputs))
     return jobs
+
+
+def _artifact(path: Path) -> RawModel:
+    """The NPU artifact Vela wrote: the one ethos-u operator of its .tflite (what is deployed), or a raw .npz."""
+    if path.suffix == ".npz":
+        return load_raw(path)
+    models = load_tflite(path)
+    if len(models) != 1:
+        raise StageError(f"{path.name} holds {len(models)} ethos-u operators; Vela writes one per TOSA graph")
+    return models[0]
+
+
+def _device_check(files: SimFiles, draw: SimSamples, vela: VelaRecord) -> dict:
+    """A build with host partitions: its deployable .tflite on the virtual device (host operators in TensorFlow
+    Lite Micro, ethos-u operators in npu-sim), on tosa-check's samples, against the whole QDQ model; the max
+    LSB error. A whole-graph build's deployable is the artifact checked above."""
+    from npubuild.deploy.virtual_device import VirtualDevice
+    from npubuild.records.iospec import specs_from_json
+    from npubuild.tosa.run import OnnxSession
+
+    deployable = vela.metrics.get("deployable") or {}
+    if not deployable or files.reference is None or not any(p.kind == "host" for p in vela.partition_graph):
+        return {}
+    stage_dir = files.vela_summary.parent
+    device = VirtualDevice((stage_dir / deployable["tflite"]).read_bytes(), deployable["tflite"])
+    ins, outs = specs_from_json(deployable["inputs"]), specs_from_json(deployable["outputs"])
+    arrays = sample_arrays(onnx.load(str(files.float_model)), draw.calibration.model_dump(), files.calibration,
+                           draw.samples, draw.seed)
+    reference = OnnxSession(files.reference)
+    worst, n = 0.0, next(iter(arrays.values())).shape[0]
+    for i in range(n):
+        feeds = {s.onnx_name: arrays[s.onnx_name][i] for s in ins}
+        got = device.run([s.to_tosa(feeds[s.onnx_name]) if s.quantized else  # a bool or index input as it is
+                          np.transpose(np.asarray(feeds[s.onnx_name]), s.perm).astype(s.dtype) for s in ins])
+        want = reference(dict(feeds))
+        for spec, y in zip(outs, got, strict=True):
+            y = spec.from_tosa(np.asarray(y).reshape(spec.shape))
+            worst = max(worst, float(spec.lsb_error(want[spec.onnx_name], y).max()) if spec.quantized
+                        else float(np.abs(want[spec.onnx_name] - y).max()))
+    return {"device_max_error_lsb": worst, "device_samples": n, "tflm_arena_bytes": device.host_arena_bytes}

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
-from npubuild.errors import StageError
+from npubuild.errors import StageError, one_line
 from npubuild.records.iospec import IOSpec
 from npubuild.records.lower import LowerRecord, PartitionedCheck, PartitionRecord
 from npubuild.tosa.run import OnnxSession, run_tosa
@@ -44,7 +44,7 @@ class PartitionedModel:
                     env.update(graph({i: env[i] for i in part.inputs}))
                 except Exception as exc:  # noqa: BLE001 - onnxruntime's run-time refusal, as one line
                     raise StageError(f"host partition {part.index} ({part.file}) failed on onnxruntime: "
-                                     f"{' '.join(str(exc).split())[:200]}") from None
+                                     f"{one_line(str(exc), 320)}") from None
                 continue
             io = part.io
             got = run_tosa(graph, io, {s.onnx_name: env[s.onnx_name] for s in io.inputs})

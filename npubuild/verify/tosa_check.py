@@ -6,7 +6,9 @@ FP profile: float TOSA against the float model (proves the lowering alone).
 An output whose shape differs from onnxruntime's fails the check with one line; NaN and inf must sit where
 onnxruntime has them (the rest is measured by value); bool and index outputs are measured in their own
 units. Each node's own error (verify/node_errors: the node fed the QDQ model's own inputs, the comparison
-that rounds where the hardware does) gives `tosa_node_max_error_lsb` and `tosa_worst_node`; the output
+that rounds where the hardware does) gives `tosa_node_max_error_lsb` and `tosa_worst_node`, measured where
+the spec gates it (max_tosa_node_error_lsb) or a whole-graph gate falls short (numerics.json `node_check`
+says which; the cuts are ~1.2 whole-graph runs a sample of the reference model's time); the output
 with the largest error is `tosa_worst_output`. A model with nodes no lowering takes has no model.tosa: its portable split is run
 instead, and its per-node check measures every node whose cut lowers (the others are listed unchecked).
 With an evaluation set, top-1 accuracy of the float model and of the TOSA
@@ -16,10 +18,11 @@ are kept (reference.npz) so that later stages (the FVP) compare against them.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import onnx
@@ -31,6 +34,7 @@ from npubuild.fileio import atomic_path, write_json
 from npubuild.frontend.data import load_arrays, sample_arrays
 from npubuild.records.iospec import IOSpec
 from npubuild.records.lower import LowerRecord
+from npubuild.report.gates import evaluate as evaluate_gates
 from npubuild.tosa.run import REFERENCE_MODEL_PER_ONNXRUNTIME, OnnxSession, run_tosa, timed_runs
 from npubuild.verify.node_errors import NodeCheck, NodeErrors, prepare_node_check
 from npubuild.verify.numerics import accuracy, compare_output
@@ -87,6 +91,8 @@ class CheckOptions:
     calibration: Calibration  # the random samples' range where there is no calibration file
     passes: tuple[str, ...] = ()  # the pipeline's: the per-node check cuts the model as the lower stage sees it
     evaluation: Evaluation | None = None
+    # when the per-node cuts run (stages/tosa_check.node_check_policy): None is always, as a gated spec
+    node_check: Mapping[str, Any] | None = None
 
 
 def check_tosa(files: CheckFiles, options: CheckOptions, numerics_out: Path, reference_out: Path | None) -> dict:
@@ -111,11 +117,16 @@ def check_tosa(files: CheckFiles, options: CheckOptions, numerics_out: Path, ref
     partitioned_error = 0.0  # model.tosa's error as the partitioned check measures it (WholeGraphCheck)
     feeds_of = [{k: v[i] for k, v in samples.items()} for i in range(n)]
     refs, onnxruntime_s = timed_runs(reference, feeds_of)
-    node_check = None
-    if is_int:  # a split model's nodes too: each cut is lowered and run on its own, on the reference model
-        node_check = prepare_node_check(onnx.load(str(files.reference)), list(options.passes), samples)
+    policy = options.node_check if options.node_check is not None else {"gated": True}
+
+    def node_check() -> NodeCheck:  # a split model's nodes too: each cut is lowered and run on its own
+        return prepare_node_check(onnx.load(str(files.reference)), list(options.passes), samples)
+
     families = bitexact_families(lower_dir, io) if is_int and io.whole_graph and n else {}
-    runs = reference_model_runs(runner, feeds_of, io.whole_graph, families, node_check, onnxruntime_s)
+    # a gated per-node check runs in the same map as the whole graphs (the workers stay busy); else it waits
+    # for the whole-graph figures and runs only where a whole-graph gate falls short
+    runs = reference_model_runs(runner, feeds_of, io.whole_graph, families,
+                                node_check() if is_int and policy.get("gated") else None, onnxruntime_s)
     for i, feeds in enumerate(feeds_of):
         r, f, t = refs[i], flt_runner(feeds), runs.samples[i]
         bad = shape_mismatch(io.outputs, t, r, what)
@@ -131,6 +142,10 @@ def check_tosa(files: CheckFiles, options: CheckOptions, numerics_out: Path, ref
             if is_int:
                 lsb[name].append(output_lsb_error(spec, r[name], t[name]).ravel())
                 partitioned_error = max(partitioned_error, max_error(spec, r[name], t[name]))
+    for name in names:  # an If the host runs whole may return a shape the data decides: compare element by element
+        if len({r.shape for r in ref[name]}) > 1:
+            for rows in (ref, got, flt, lsb):
+                rows[name] = [r.ravel() for r in rows[name]]
     per_output = {
         name: compare_output(np.concatenate(ref[name]), np.concatenate(got[name]),
                              np.concatenate(flt[name]) if is_int else None,
@@ -153,26 +168,46 @@ def check_tosa(files: CheckFiles, options: CheckOptions, numerics_out: Path, ref
         "outputs": per_output,
         "io": io_summary(io),
     }
-    if runs.nodes is not None:
-        nodes = runs.nodes
+    if files.evaluation is not None and options.evaluation is not None:
+        summary.update(evaluate(options.evaluation, files.evaluation, io, runner, float_model, flt_runner))
+    nodes = runs.nodes
+    if nodes is None and is_int:
+        short = [g["name"] for g in evaluate_gates(policy.get("whole_graph_expect") or {}, summary) if not g["ok"]]
+        summary["node_check"] = f"run: {', '.join(short)} fell short" if short else \
+            "not run: no max_tosa_node_error_lsb gate and every whole-graph gate held"
+        if short:
+            check = node_check()
+            nodes = check.run_all(NODE_CHECK_RUNS * n * REFERENCE_MODEL_PER_ONNXRUNTIME * onnxruntime_s)
+    elif is_int:
+        summary["node_check"] = "run: max_tosa_node_error_lsb gates it"
+    if nodes is not None:
         worst = nodes.worst
         summary["tosa_node_max_error_lsb"] = worst.max_error_lsb if worst else None
         summary["tosa_worst_node"] = worst.to_json() if worst else None
         summary["node_errors"] = nodes.to_json()
     if not io.whole_graph:
         summary["checked"] = "partitioned"  # no single TOSA graph: the portable split was run
+    if io.portable is not None and not any(p.kind == "npu" for p in io.portable.partitions):
+        # the host runs every node: onnxruntime was compared with itself, nothing of TOSA: no figure, not 200 dB
+        summary.update(checked="host only", tosa_snr_db=None, tosa_max_error_lsb=None, tosa_mean_error_lsb=None,
+                       tosa_worst_output=None, tosa_cosine=None)
+    if is_int and not _quantizes(files.reference):
+        summary["quant_snr_db"] = None  # no Q/DQ node in the reference: the float model was compared with itself
     if is_int:  # split builds (a family that cannot run some node): the partitioned model, same samples
         whole = WholeGraphCheck(first_raw, partitioned_error) if io.whole_graph else None
         checks = partitioned_numerics(lower_dir, io, samples, reference, whole, runs.first_runs)
         summary["partitioned"] = {fam: c.to_json() for fam, c in checks.items()}
-    if files.evaluation is not None and options.evaluation is not None:
-        summary.update(evaluate(options.evaluation, files.evaluation, io, runner, float_model, flt_runner))
     write_json(numerics_out, summary)
     if reference_out is not None:
         with atomic_path(reference_out) as tmp, open(tmp, "wb") as fh:
             np.savez(fh, **{f"input_{k}": v[0] for k, v in samples.items()},
                      **{f"output_{k}": v for k, v in first_raw.items()})
     return summary
+
+
+def _quantizes(qdq_model: Path) -> bool:
+    """Whether the QDQ reference quantizes anything (a model the host runs whole keeps no Q/DQ pair)."""
+    return any(n.op_type == "QuantizeLinear" for n in onnx.load(str(qdq_model), load_external_data=False).graph.node)
 
 
 NODE_CHECK_RUNS = 1.2  # the per-node check's reference-model time, in whole-graph runs per sample (measured)

@@ -30,13 +30,13 @@ def test_example_builds_pass_and_rebuild_is_fully_cached(project: Path, capsys):
         assert {s: v["status"] for s, v in b["stages"].items() if s not in ("fvp", "npu-sim")} == dict.fromkeys(
             ("import", "early-fit", "quantize", "lower", "tosa-check", "vela", "report"), "passed")
     first = read_run(build_dir)
-    # import, early-fit, quantize, lower and tosa-check are shared by the three targets: 5 + 3 vela + 3 report
-    assert len(first["executed"]) == 11 and not first["cached"]
+    # import, early-fit, quantize, lower and tosa-check are shared by the three targets: 5 + 3 vela + 3 npu-sim + 3 report
+    assert len(first["executed"]) == 14 and not first["cached"]
 
     code, _, _ = run_cli(["build", "--build-dir", str(build_dir), "-q"], capsys, cwd=project)
     assert code == 0
     again = read_run(build_dir)
-    assert again["executed"] == [] and len(again["cached"]) == 11
+    assert again["executed"] == [] and len(again["cached"]) == 14
     for b in read_report(build_dir)["builds"]:
         assert all(s["cached"] for k, s in b["stages"].items() if k not in ("fvp", "npu-sim"))
 
@@ -53,9 +53,10 @@ def test_editing_one_profile_reruns_only_its_vela_and_report(project: Path, caps
     code, _, err = run_cli(["build", "--build-dir", str(build_dir), "-q"], capsys, cwd=project)
     assert code == 0, err
     run = read_run(build_dir)
-    assert len(run["executed"]) == 2, run
-    assert run["executed"][0] == "report:kws/ds_cnn/ethos-u55-128"
-    assert run["executed"][1].startswith("vela:ds_cnn-ethos-u55-128-")
+    assert len(run["executed"]) == 3, run  # its vela, the npu-sim run of that artifact, its report
+    assert run["executed"][0].startswith("npu-sim:ds_cnn-ethos-u55-128-")
+    assert run["executed"][1] == "report:kws/ds_cnn/ethos-u55-128"
+    assert run["executed"][2].startswith("vela:ds_cnn-ethos-u55-128-")
     after = {b["target"]: b for b in read_report(build_dir)["builds"]}
     old = {b["target"]: b for b in before["builds"]}
     # half the clock: the same cycles take about twice as long
@@ -87,7 +88,7 @@ def test_doit_runs_the_same_graph_and_shares_the_cache(project: Path, capsys):
                           env=env, timeout=600)
     assert proc.returncode == 0, proc.stderr
     run = read_run(build_dir)
-    assert run["executed"] == [] and len(run["cached"]) == 11
+    assert run["executed"] == [] and len(run["cached"]) == 14
 
 
 def test_parallel_cold_build_with_doit_jobs(project: Path, capsys):

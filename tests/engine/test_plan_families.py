@@ -54,10 +54,12 @@ def test_one_build_of_a_spec_plans_the_same_lower_task_as_the_whole_spec(tmp_pat
 def test_tasks_stay_in_build_order(tmp_path: Path):
     plan = _plan(["ethos-u55-128", "ethos-u85-256"], tmp_path)
     stages = [t.stage for t in plan.tasks.values()]
-    # the first build's whole chain, then what the second adds (its vela and report)
-    assert stages == ["import", "early-fit", "quantize", "lower", "tosa-check", "vela", "report", "vela", "report"]
+    # the first build's whole chain, then what the second adds (its vela, npu-sim and report)
+    assert stages == ["import", "early-fit", "quantize", "lower", "tosa-check", "vela", "npu-sim", "report", "vela",
+                      "npu-sim", "report"]
     first, second = plan.build_tasks.values()
-    assert list(first) == list(second) == ["import", "early-fit", "quantize", "lower", "tosa-check", "vela", "report"]
+    assert list(first) == list(second) == ["import", "early-fit", "quantize", "lower", "tosa-check", "vela", "npu-sim",
+                                                   "report"]
     assert first["lower"] == second["lower"] and first["vela"] != second["vela"]
 
 

@@ -47,7 +47,7 @@ def test_plain_progress_names_each_failed_build_and_prints_results_as_builds_fin
     last_start = max(i for i, ln in enumerate(lines) if "] run     " in ln)
     assert first_result < last_start
     assert "failed builds (1):" in out and "  kws/ds_cnn/u55-tiny: vela: target 'u55-tiny': pool 'sram'" in out
-    assert lines[-1].startswith("11 ran, 0 cached, 1 failed, 0 restored from the shared cache; builds: 3 passed, "
+    assert lines[-1].startswith("14 ran, 0 cached, 1 failed, 0 restored from the shared cache; builds: 3 passed, "
                                 "1 failed, 0 skipped")
 
     # -q: no per-task or per-build lines, but the failed builds and the closing summary with the report path
@@ -55,17 +55,17 @@ def test_plain_progress_names_each_failed_build_and_prints_results_as_builds_fin
     assert code == 1
     lines = out.splitlines()
     assert lines == ["failed builds (1):", lines[1], lines[2]] and "u55-tiny: vela: " in lines[1]
-    assert lines[2].startswith("0 ran, 11 cached, 1 failed") and lines[2].endswith(
+    assert lines[2].startswith("0 ran, 14 cached, 1 failed") and lines[2].endswith(
         f"report: {project / 'build' / 'report.json'}")
 
 
 def test_a_noop_build_prints_one_line_and_verbose_lists_what_was_up_to_date(project: Path, capsys):
     assert run_cli(["build", "-q"], capsys, cwd=project)[0] == 0
     code, out, _ = run_cli(["build", "--progress", "plain"], capsys, cwd=project)
-    assert code == 0 and len(out.splitlines()) == 1 and out.startswith("0 ran, 11 cached, 0 failed")
+    assert code == 0 and len(out.splitlines()) == 1 and out.startswith("0 ran, 14 cached, 0 failed")
     code, out, _ = run_cli(["build", "--progress", "plain", "-v"], capsys, cwd=project)
     lines = out.splitlines()
-    assert sum(" cached  " in ln for ln in lines) == 11 and sum(ln.startswith("ok ") for ln in lines) == 3
+    assert sum(" cached  " in ln for ln in lines) == 14 and sum(ln.startswith("ok ") for ln in lines) == 3
 
 
 def test_clean_keeps_the_shared_cache_and_restores_are_counted_apart_from_ran(project: Path, capsys):
@@ -77,9 +77,9 @@ def test_clean_keeps_the_shared_cache_and_restores_are_counted_apart_from_ran(pr
     code, out, _ = run_cli(["build", "--progress", "plain"], capsys, cwd=project)
     assert code == 0
     run = read_run(project / "build")
-    assert len(run["from_cache"]) == 8 and set(run["executed"]) - set(run["from_cache"]) == {
+    assert len(run["from_cache"]) == 11 and set(run["executed"]) - set(run["from_cache"]) == {
         f"report:{b}" for b in KWS}  # the per-build report tasks are never in the shared cache
-    assert out.splitlines()[-1].startswith("3 ran, 0 cached, 0 failed, 8 restored from the shared cache")
+    assert out.splitlines()[-1].startswith("3 ran, 0 cached, 0 failed, 11 restored from the shared cache")
 
 
 def test_side_commands_leave_the_projects_reports_alone(project: Path, capsys):
@@ -111,7 +111,7 @@ def test_progress_bar_counts_builds_and_failures_and_estimates_the_time_left(pro
 
     plan = make_plan(load_specs([project / "configs"]), project / "build", STAGES)
     progress = StageProgress(plan)
-    assert progress.bar().startswith("[>") and "0/11 tasks, 0/3 builds" in progress.bar()
+    assert progress.bar().startswith("[>") and "0/14 tasks, 0/3 builds" in progress.bar()
     assert "ETA" not in progress.bar()  # nothing ran yet: no estimate
     names = list(plan.tasks)
     for name in names[:5]:  # the shared import, early-fit, quantize, lower, tosa-check tasks
@@ -119,7 +119,7 @@ def test_progress_bar_counts_builds_and_failures_and_estimates_the_time_left(pro
         progress.mark(name, "ran")
     progress.build_finished(KWS[0], "vela: target 'ethos-u55-128': pool 'sram' needs 9.0 KiB but has 1.0 KiB")
     bar = progress.bar()
-    assert "5/11 tasks, 1/3 builds, 1 failed" in bar and "ETA " in bar
+    assert "5/14 tasks, 1/3 builds, 1 failed" in bar and "ETA " in bar
     assert progress.eta() is not None and progress.eta() >= 0
     progress.mark(names[-1], "blocked")  # not run, an upstream task failed: done all the same
     assert progress.tasks_done == 6

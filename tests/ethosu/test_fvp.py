@@ -127,8 +127,8 @@ def test_fvp_run_command_line_outputs_and_cycles(project: Path, stand_in: Path, 
     assert argv[argv.index("-a") + 1] == str(runner.resolve())
     data = [argv[i + 1] for i, a in enumerate(argv) if a == "--data"]
     model = Path(data[0].split("=", 1)[1].rsplit("@", 1)[0])
-    assert data[0].endswith("@0x90000000") and model.name.endswith("_vela.tflite")
-    assert model.read_bytes()[4:8] == b"TFL3"  # Vela's output, not the .tosa
+    assert data[0].endswith("@0x90000000") and model.name == "npubuild_deployable.tflite"
+    assert model.read_bytes()[4:8] == b"TFL3"  # the build's deployable (here Vela's own .tflite), not the .tosa
     inp = Path(data[1].split("=", 1)[1].rsplit("@", 1)[0])
     assert inp.stat().st_size == 49 * 10  # one int8 sample, NHWC
 
@@ -191,22 +191,31 @@ def test_configured_executable_relative_to_the_spec_is_used(project: Path, tmp_p
     assert b["metrics"]["fvp_npu_cycles"] == 77 and Path(str(runner) + ".argv.json").is_file()
 
 
-@pytest.mark.parametrize("mode", ["auto", "required"])
-def test_a_split_model_is_not_run_on_the_fvp(project: Path, stand_in: Path, capsys, mode: str):
+def test_a_split_model_runs_its_deployable_on_the_fvp(project: Path, stand_in: Path, capsys):
+    """Greater and Where run on the host on U55: the FVP gets the one deployable (two ethos-u operators and the
+    TFLite builtins of the host partition) and its outputs are compared in the deployable's layout."""
     from buildhelpers import add_compare_model
 
-    (project / "configs" / "runner.elf").write_text(json.dumps({"uart": []}))
-    spec = add_compare_model(project, targets="[ethos-u55-128]")  # Greater/Where run on the host on U55
-    spec.write_text(spec.read_text().replace("samples: 4}", f"samples: 4, fvp: {mode}}}")
+    runner = project / "configs" / "runner.elf"
+    runner.write_text(json.dumps({"uart": []}))
+    spec = add_compare_model(project, targets="[ethos-u55-128]")
+    spec.write_text(spec.read_text().replace("samples: 4}", "samples: 4, fvp: required}")
                     + "fvp: {runner: runner.elf}\n")
     code, _, err = run_cli(["build", str(spec), "--build-dir", str(project / "build"), "-q"], capsys)
+    assert code == 1 and "the runner printed no output 0" in err  # it ran: the runner prints nothing yet
+    (summary,) = (project / "build" / "stages" / "vela").glob("*/summary.json")
+    out_spec = json.loads(summary.read_text())["deployable"]["outputs"][0]
+    (ref,) = (project / "build" / "stages" / "tosa-check").glob("*/reference.npz")
+    with np.load(ref) as z:
+        y = np.transpose(z["output_y"], out_spec["perm"]).astype(np.int8)
+    runner.write_text(json.dumps({"uart": [f"npubuild-output 0 {y.tobytes().hex()}"]}))
+    code, _, err = run_cli(["build", str(spec), "--build-dir", str(project / "build"), "-q"], capsys)
+    assert code == 0, err
     (b,) = read_report(project / "build")["builds"]
-    why = "the FVP stage runs models that are one NPU partition; this one has 2 NPU and 1 host partitions"
-    if mode == "auto":
-        assert code == 0, err
-        assert b["stages"]["fvp"]["status"] == "skipped" and b["stages"]["fvp"]["reason"] == why
-    else:
-        assert code == 1 and err.strip().endswith(f"verify.fvp is required but {why}")
+    assert b["stages"]["fvp"]["status"] == "passed" and b["metrics"]["fvp_max_error_lsb"] <= 1
+    argv = json.loads(Path(str(runner) + ".argv.json").read_text())
+    model = Path([argv[i + 1] for i, a in enumerate(argv) if a == "--data"][0].split("=", 1)[1].rsplit("@", 1)[0])
+    assert model.name == "npubuild_deployable.tflite" and model.parent.name == "firmware"
 
 
 def test_int16_inputs_and_outputs_cross_the_fvp_as_little_endian_pairs():

@@ -133,3 +133,28 @@ def test_the_debug_database_is_read_by_column_with_vela_s_gaps(tmp_path: Path):
         {"tensor": "layer-c", "bytes": {"Sram": 30}, "useful_bytes": {"Sram": 30}},
         {"tensor": "layer-d", "bytes": {}, "useful_bytes": {}},
     ]
+
+
+def test_a_table_layer_is_bound_by_the_datapath_vela_models(tmp_path: Path, capsys):
+    """A Sigmoid (one int8 TABLE) on [1, 64, 16, 16] for U85-256: one MAC an element (16384 at 256 a cycle) and 32 KiB of DRAM traffic (2731 cycles
+    at 12 bytes a cycle), but the LUT writes ~2 elements a cycle (bench/elementwise_peaks.md: 1.98 on 64x64x64; its blocks), ~8-9k
+    cycles for 16384 elements: the layer's bound is the datapath's, as Vela's debug database gives it."""
+    root = tmp_path / "sig"
+    graph = helper.make_graph([helper.make_node("Sigmoid", ["a"], ["y"], name="sig")], "sig",
+                              [helper.make_tensor_value_info("a", TensorProto.FLOAT, [1, 64, 16, 16])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 64, 16, 16])])
+    (root / "configs" / "models").mkdir(parents=True)
+    (root / "dodo.py").write_text("# product repo marker\n")
+    (root / "configs" / "models" / "sig.onnx").write_bytes(
+        helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]).SerializeToString())
+    (root / "configs" / "sig.yaml").write_text(
+        "version: 1\nname: sig\nmodels:\n  sig:\n    path: models/sig.onnx\n"
+        "    calibration: {random: {samples: 8, seed: 0}}\ntargets: [ethos-u85-256]\nverify: {tosa: false}\n")
+    code, _, err = run_cli(["build", "--build-dir", str(root / "build"), "-q"], capsys, cwd=root)
+    assert code == 0, err
+    (b,) = read_report(root / "build")["builds"]
+    (layer,) = [lay for lay in b["metrics"]["layers"] if lay["cycles"]]
+    r = layer["roofline"]
+    assert r["mac_bound_ms"] < r["datapath_bound_ms"] == pytest.approx(16384 / 2 / 1e9 * 1e3, rel=0.15)
+    assert r["bound_by"] == "datapath" and r["bound_ms"] == r["datapath_bound_ms"] > 2 * max(r["memory_bound_ms"].values())
+    assert r["bound_ms"] <= r["estimated_ms"]

@@ -1,4 +1,6 @@
-"""Greater / Less / Where lowerings: FP and INT against onnxruntime, and Vela on U85 (U55 has no GREATER/SELECT)."""
+"""Greater / Less / GreaterOrEqual / LessOrEqual / Where lowerings: FP and INT against onnxruntime, and Vela on U85
+(U55 has no GREATER/SELECT). Threshold 0.0 sits on the int8 grid (the zero point): the or-equal forms must move the
+integer bound by one step there (openWakeWord's GreaterOrEqual(score, 0.5) gate ran on the host before)."""
 
 from __future__ import annotations
 
@@ -25,7 +27,7 @@ def select_model(cmp: str, threshold: float) -> onnx.ModelProto:
     return model
 
 
-@pytest.mark.parametrize("cmp", ["Greater", "Less"])
+@pytest.mark.parametrize("cmp", ["Greater", "Less", "GreaterOrEqual", "LessOrEqual"])
 @pytest.mark.parametrize("threshold", [-0.3, 0.0, 0.41])
 def test_compare_and_select(cmp: str, threshold: float):
     model = select_model(cmp, threshold)
@@ -47,13 +49,15 @@ def test_constant_first_operand(cmp: str):
     assert npu > 0 and cpu == 0
 
 
-def test_two_tensors_on_different_scales():
-    """Greater(c, 0.5 * relu(c)): operands with unequal int8 scales meet on one int32 grid."""
+@pytest.mark.parametrize("cmp", ["Greater", "GreaterOrEqual"])
+def test_two_tensors_on_different_scales(cmp: str):
+    """Greater(c, 0.5 * relu(c)): operands with unequal int8 scales meet on one int32 grid (GREATER_EQUAL for >=:
+    c >= relu(c) / 2 holds with equality wherever c <= 0, both 0)."""
     w = np.random.default_rng(3).uniform(-1, 1, (4, 4, 1, 1)).astype(np.float32)
     nodes = [helper.make_node("Conv", ["x", "w"], ["c"], name="conv"),
              helper.make_node("Relu", ["c"], ["r"], name="relu"),
              helper.make_node("Mul", ["r", "half"], ["rh"], name="half"),
-             helper.make_node("Greater", ["c", "rh"], ["g"], name="cmp"),
+             helper.make_node(cmp, ["c", "rh"], ["g"], name="cmp"),
              helper.make_node("Where", ["g", "c", "rh"], ["y"], name="where")]
     graph = helper.make_graph(nodes, "cmp2", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, 6, 6])],
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4, 6, 6])],

@@ -1,8 +1,9 @@
 """Every example model in configs/ runs in npu-sim bit-exact against the TOSA reference model, on several inputs,
-for U55 (Performance and Size builds) and for every Ethos-U85 size.
+for U55 (Performance and Size builds), U65 and every Ethos-U85 size.
 
-Each spec in configs/ is rebuilt with its targets replaced by raw-output profiles (so the npu-sim stage is
-planned); the stage itself asserts bit-exactness on the tosa-check samples (3 per model). One build covers
+Each spec in configs/ is rebuilt with its targets replaced by the named U55-128, U65-256 and U85-256 profiles (the
+default flow: Vela writes .tflite and npu-sim runs its ethos-u operator) and raw-output profiles; the stage itself
+asserts bit-exactness on the tosa-check samples (3 per model). One build covers
 all targets, so the import, quantize, lower and tosa-check stages run once per model.
 
 U85 coverage, chosen for run time (a target costs one Vela compile and one npu-sim run per model): every
@@ -28,8 +29,9 @@ def _raw(accel: str, optimise: str = "Performance") -> dict:
 
 
 RAW_TARGETS = [
-    _raw("ethos-u55-128"), _raw("ethos-u55-128", "Size"),
-    _raw("ethos-u85-128"), _raw("ethos-u85-256"), _raw("ethos-u85-256", "Size"), _raw("ethos-u85-512", "Size"),
+    "ethos-u55-128", "ethos-u65-256", "ethos-u85-256",  # the default flow: Vela writes .tflite, npu-sim runs it
+    _raw("ethos-u55-128", "Size"),
+    _raw("ethos-u85-128"), _raw("ethos-u85-256", "Size"), _raw("ethos-u85-512", "Size"),
     _raw("ethos-u85-1024"), _raw("ethos-u85-2048", "Size"),
 ]
 

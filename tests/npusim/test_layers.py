@@ -26,7 +26,7 @@ def test_resize_nearest_2x_uses_ifm_upscale_bitexact():
     assert any(c.regs.get("IFM_UPSCALE") == 1 for c in decode(model.commands) if c.kind != "DMA_START")
 
 
-@pytest.mark.parametrize("name", ["concat", "pad", "transpose", "reducemean", "hardswish", "prelu"])
+@pytest.mark.parametrize("name", ["concat", "pad", "transpose", "reducemean", "hardswish", "prelu", "prelu_signed"])
 def test_layers_bitexact(name):
     if name == "concat":
         m = single_op_model("Concat", {"x": S, "x2": S}, {"y": None}, axis=1)
@@ -38,6 +38,8 @@ def test_layers_bitexact(name):
         m = single_op_model("ReduceMean", {"x": S}, {"y": None}, {"axes": np.array([1], np.int64)}, opset=18)
     elif name == "hardswish":
         m = single_op_model("HardSwish", {"x": S}, {"y": None})
-    else:
+    elif name == "prelu":
         m = single_op_model("PRelu", {"x": S}, {"y": None}, {"s": rand((16, 1, 1), 2, 0, 0.3)})
+    else:  # slopes below 0 and above 1 (MediaPipe's): the two-branch form with a signed depthwise
+        m = single_op_model("PRelu", {"x": S}, {"y": None}, {"s": rand((16, 1, 1), 2, -1.5, 2.5)})
     compile_and_check(m, S)

@@ -50,3 +50,21 @@ def test_without_the_graph_a_transpose_piece_is_blamed():
     trace, inter, _ = _case()
     found = localise(trace, inter)
     assert found is not None and found.op == 0 and found.kind == "POOL AVERAGE" and "b" in found.candidates
+
+
+def test_a_right_clz_of_a_wrong_sum_does_not_vouch_for_the_sum():
+    """A softmax's reciprocal: n = CLZ(s), m = s << (n - 1). A slightly wrong s (made by the REDUCE_SUM) has the
+    right CLZ; the sum is to blame, not the shift that is its first other reader."""
+    x = RNG.integers(0, 1000, (1, 1, 1, 20)).astype(np.int32)
+    s = (x * 1000 + 123).astype(np.int32)  # REDUCE_SUM
+    n = np.full_like(s, 32) - np.ceil(np.log2(s + 1)).astype(np.int32)  # CLZ
+    m = (s << (n - 1)).astype(np.int32)  # LOGICAL_LEFT_SHIFT
+    inter = {"s": s, "n": n, "m": m}
+    graph = [GraphOp("REDUCE_SUM", ("x",), ("s",)), GraphOp("CLZ", ("s",), ("n",)),
+             GraphOp("LOGICAL_LEFT_SHIFT", ("s", "n"), ("m",))]
+    wrong_s = s.copy()
+    wrong_s[..., 3] += 1  # one row's sum one off: same bit length
+    trace = [_op(0, "POOL REDUCE_SUM", wrong_s.reshape(1, 1, 20)), _op(1, "ELEMENTWISE CLZ", n.reshape(1, 1, 20)),
+             _op(2, "ELEMENTWISE SHL", (wrong_s << (n - 1)).astype(np.int32).reshape(1, 1, 20))]
+    found = localise(trace, inter, graph)
+    assert found is not None and found.op == 0 and found.tosa_op.startswith("REDUCE_SUM")

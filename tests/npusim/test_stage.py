@@ -1,4 +1,4 @@
-"""The npu-sim stage in real builds: DS-CNN bit-exact on U55/U65/U85 (incl. --optimise Size), skips, and a corrupted
+"""The npu-sim stage in real builds: DS-CNN bit-exact on U55/U65/U85 (incl. --optimise Size, and the default .tflite), and a corrupted
 weight byte named by its op on U55 and on U85."""
 
 from __future__ import annotations
@@ -71,12 +71,14 @@ def test_ds_cnn_bitexact_on_u55_u65_u85_and_size_builds(kws_build):
         assert all(m["elements"] == 0 and m["of"] == 48 for m in result["mismatches"].values())
 
 
-def test_tflite_builds_skip_npu_sim_with_a_reason(kws_build):
+def test_tflite_builds_run_npu_sim_on_the_deployed_tflite(kws_build):
+    """The default output format: npu-sim runs the .tflite's ethos-u operator, bit-exact like the raw builds."""
     builds = _builds(kws_build)
     for target in ("ethos-u85-256", "ethos-u55-64"):
-        assert "tflite" in builds[target]["stages"]["npu-sim"]["reason"]
-        assert builds[target]["stages"]["npu-sim"]["status"] == "skipped"
+        assert builds[target]["stages"]["npu-sim"]["status"] == "passed", builds[target]["stages"]["npu-sim"]
+        assert builds[target]["metrics"]["npusim_bitexact"] is True
         assert builds[target]["status"] == "passed"
+        assert Path(builds[target]["artifacts"]["vela"]).suffix == ".tflite"
 
 
 def _artifacts(build: dict):

@@ -70,6 +70,7 @@ CASES = {
     "div_scalar": (single_op_model("Div", {"x": S}, {"y": None}, {"c": np.array(3.0, np.float32)}), S),
     "leaky_relu": _one("LeakyRelu", alpha=0.1),
     "prelu": (single_op_model("PRelu", {"x": S}, {"y": None}, {"s": rand((16, 1, 1), 2, 0, 0.3)}), S),
+    "prelu_signed": (single_op_model("PRelu", {"x": S}, {"y": None}, {"s": rand((16, 1, 1), 2, -1.5, 2.5)}), S),
     "hardswish": _one("HardSwish"), "sigmoid": _one("Sigmoid"), "tanh": _one("Tanh"), "exp": _one("Exp"),
     "gelu": (single_op_model("Gelu", {"x": S}, {"y": None}, opset=20), S), "sqrt": _one("Sqrt"),
     "softmax_rows": _one("Softmax", shape=[2, 6, 16], axis=-1), "log_softmax": _one("LogSoftmax", shape=[1, 10]),

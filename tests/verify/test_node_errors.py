@@ -106,3 +106,26 @@ def test_a_split_model_is_measured_node_by_node_too(project: Path, capsys):
     numerics = json.loads(next((project / "build" / "stages" / "tosa-check").glob("*/numerics.json")).read_text())
     assert sorted(e["op_type"] for e in numerics["node_errors"]["nodes"]) == ["Conv", "Conv"]
     assert numerics["node_errors"]["unchecked"] == ["lrn_5"]
+
+
+def test_the_per_node_check_runs_only_where_a_gate_asks_for_it(project: Path, capsys):
+    """No max_tosa_node_error_lsb gate and every whole-graph gate held: no cuts (null, and numerics.json says
+    why); a whole-graph gate that falls short runs them and names the worst node, as the gated check does."""
+    import json
+
+    import onnx
+
+    onnx.save(conv_chain_model(size=16, channels=8), project / "configs" / "models" / "chain.onnx")
+    for expect, ran in (("{max_tosa_error_lsb: 8}", False), ("{min_tosa_snr_db: 500}", True)):
+        spec = write_spec(project, "chain", "chain.onnx", [1, 4, 16, 16], "[ethos-u85-256]", expect)
+        run_cli(["build", str(spec), "--build-dir", str(project / "build"), "-q"], capsys)
+        (b,) = read_report(project / "build")["builds"]
+        m = b["metrics"]
+        newest = max((project / "build" / "stages" / "tosa-check").glob("*/numerics.json"), key=lambda p: p.stat().st_mtime)
+        numerics = json.loads(newest.read_text())
+        if ran:
+            assert m["tosa_worst_node"]["op_type"] == "Conv" and m["tosa_node_max_error_lsb"] <= 1
+            assert numerics["node_check"] == "run: min_tosa_snr_db fell short"
+        else:
+            assert m["tosa_worst_node"] is None and m["tosa_node_max_error_lsb"] is None
+            assert numerics["node_check"].startswith("not run") and "node_errors" not in numerics

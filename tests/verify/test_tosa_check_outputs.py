@@ -192,7 +192,9 @@ def test_a_model_that_runs_wholly_on_the_host_skips_npu_sim_with_a_reason(projec
     assert sim["status"] == "skipped" and "every node runs on the host" in sim["reason"]
     m = b["metrics"]
     assert m["npu_partitions"] == 0 and m["host_ops"] == 1 and m["npu_offload"] == 0.0
-    assert m["offloads"][0]["rule"] == "no-lowering" and m["tosa_max_error_lsb"] == 0.0
+    assert m["offloads"][0]["rule"] == "no-lowering"
+    # onnxruntime was compared with itself: no TOSA figure (was 0 LSB, 200 dB), and the status says where it runs
+    assert m["tosa_max_error_lsb"] is None and m["tosa_snr_db"] is None and b["status"] == "passed (host only)"
     assert "tosa" not in b["artifacts"]  # no single TOSA graph: the partitions stand for it
 
 

@@ -20,6 +20,8 @@ if TYPE_CHECKING:  # onnx-ir is imported where passes run: it takes ~0.7 s, too 
     import onnx_ir as ir
 
 PASSES: dict[str, type[ir.passes.PassBase]] = {}
+HOST_REASON = "npubuild host reason: "  # a node's doc_string: why the import left it to run whole on the host
+CONTROL_FLOW_RULE = "control-flow"  # the placement rule of such a node (an If or Loop the data decides)
 
 
 def register(name: str) -> Callable[[type[ir.passes.PassBase]], type[ir.passes.PassBase]]:
@@ -67,3 +69,12 @@ def run_passes(model: ir.Model, names: list[str]) -> ir.Model:
     load_all()
     manager = ir.passes.PassManager([PASSES[n]() for n in names])
     return manager(model).model
+
+
+def run_passes_modified(model: ir.Model, names: list[str]) -> ir.Model | None:
+    """The passes `names` run on `model`; None if none of them changed it."""
+    import onnx_ir as ir
+
+    load_all()
+    result = ir.passes.PassManager([PASSES[n]() for n in names])(model)
+    return result.model if result.modified else None

@@ -12,3 +12,16 @@ def replace_value(old: ir.Value, new: ir.Value) -> None:
     if was_output:
         old.name = f"{name}__replaced"
         new.name = name
+
+
+def broadcasts_into(small: ir.Value, big: ir.Value | None) -> bool:
+    """Whether broadcasting `small` against `big` leaves `big`'s shape as it is."""
+    if small.const_value is not None and small.const_value.size == 1 and (small.shape is None or len(small.shape) <= (
+            len(big.shape) if big is not None and big.shape is not None else 0)):
+        return True
+    if big is None or big.shape is None or small.shape is None or len(small.shape) > len(big.shape):
+        return False
+    for s, b in zip(reversed(list(small.shape)), reversed(list(big.shape)), strict=False):
+        if s != 1 and s != b:
+            return False
+    return True

@@ -10,7 +10,25 @@ from npubuild.frontend.passes import register
 
 @register("eliminate_identity")
 class EliminateIdentity(common.IdentityEliminationPass):
-    """Identity nodes carry no computation; drop them (and Dropout in inference, see below)."""
+    """Identity nodes carry no computation; drop them (and Dropout in inference, see below).
+
+    Except where a subgraph (an If or Loop branch) returns a value it does not compute itself through an
+    Identity: ONNX needs that Identity. Without it onnxruntime refuses the model ("Subgraph output is an outer
+    scope value being returned directly": openWakeWord's head, whose else branch returns the first score), and
+    onnx-ir 1.1 raises when the value is already another graph's output (Silero VAD's LSTM branches)."""
+
+    def _try_eliminate_identity_node(self, node: ir.Node) -> bool:
+        if node.op_type == "Identity" and node.domain == "" and len(node.inputs) == 1 and node.outputs \
+                and node.inputs[0] is not None and node.outputs[0].is_graph_output() \
+                and not _computed_in(node.inputs[0], node.graph):
+            return False
+        return super()._try_eliminate_identity_node(node)
+
+
+def _computed_in(value: ir.Value, graph: ir.Graph | None) -> bool:
+    """Whether `value` is made by a node of `graph` itself and is no graph's output yet."""
+    producer = value.producer()
+    return producer is not None and producer.graph is graph and not value.is_graph_output()
 
 
 @register("remove_unused")

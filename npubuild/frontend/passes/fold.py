@@ -36,7 +36,7 @@ def _static_shape(value: ir.Value) -> list[int] | None:
     return None
 
 
-def _evaluate(node: ir.Node, inputs: list[np.ndarray | None], opset: int) -> list[np.ndarray]:
+def evaluate_node(node: ir.Node, inputs: list[np.ndarray | None], opset: int) -> list[np.ndarray]:
     proto = ir.serde.serialize_node(node)
     names_in = [f"in{i}" if v is not None else "" for i, v in enumerate(inputs)]
     names_out = [f"out{i}" for i in range(len(node.outputs))]
@@ -53,12 +53,17 @@ def _evaluate(node: ir.Node, inputs: list[np.ndarray | None], opset: int) -> lis
 
 @register("fold_constants")
 class FoldConstants(ir.passes.InPlacePass):
-    """Replace nodes computed only from constants by initializers; fold Shape of static tensors."""
+    """Replace nodes computed only from constants by initializers; fold Shape of static tensors. Inside the
+    branches of a data-dependent If and a Loop's body too (as that subgraph's initializers: shape inference
+    reads no constant values from outer scopes), so shape inference gets through them, and if_select can tell
+    whether both branches return one shape."""
 
     def call(self, model: ir.Model) -> ir.passes.PassResult:
         opset = model.opset_imports.get("", 13)
         modified = False
-        for node in list(model.graph):
+        for sub in model.graph.subgraphs():
+            modified |= _localise_small_constants(sub)
+        for node in list(ir.traversal.RecursiveGraphIterator(model.graph)):
             if node.domain not in ("", "ai.onnx") or node.op_type in NON_DETERMINISTIC | KEEP_FOR_QUANTISATION:
                 continue
             if node.op_type == "Shape":
@@ -79,7 +84,7 @@ class FoldConstants(ir.passes.InPlacePass):
                        for a in node.attributes.values()):
                     continue
                 try:
-                    results = _evaluate(node, [_const(v) for v in node.inputs], opset)
+                    results = evaluate_node(node, [_const(v) for v in node.inputs], opset)
                 except Exception:  # the evaluator lacks this op or these types: leave it to the lowering
                     continue
             if any(np.asarray(r).size > MAX_FOLDED_ELEMENTS for r in results):
@@ -91,17 +96,41 @@ class FoldConstants(ir.passes.InPlacePass):
                 name = out.name
                 new = ir.Value(name=f"{name}__folded", const_value=ir.tensor(arr, name=f"{name}__folded"),
                                shape=ir.Shape(arr.shape), type=ir.TensorType(ir.DataType.from_numpy(arr.dtype)))
-                model.graph.register_initializer(new)
+                node.graph.register_initializer(new)  # a subgraph keeps its own: inference reads it there
                 ir.convenience.replace_all_uses_with(out, new)
             else:
-                model.graph.remove(node, safe=True)
+                node.graph.remove(node, safe=True)
                 modified = True
         return ir.passes.PassResult(model, modified)
 
 
+MAX_LOCAL_CONSTANT = 64  # elements: shapes, axes, pads, starts; never weights
+
+
+def _localise_small_constants(graph: ir.Graph) -> bool:
+    """Integer constants of an outer graph that nodes of `graph` read (pads, shapes, axes: exporters share
+    them across branches) copied into `graph`'s own initializers. ONNX's shape inference reads no values
+    from outer scopes, so a branch's Pad or Reshape on an outer constant has unknown output shapes."""
+    modified = False
+    for node in graph:
+        for i, v in enumerate(node.inputs):
+            if v is None or v.const_value is None or v.graph is graph or v.graph is None:
+                continue
+            if v.dtype not in (ir.DataType.INT64, ir.DataType.INT32) or v.const_value.size > MAX_LOCAL_CONSTANT:
+                continue
+            name = f"{v.name}__local"
+            local = graph.initializers.get(name)
+            if local is None:
+                local = ir.Value(name=name, const_value=v.const_value, shape=v.shape, type=v.type)
+                graph.register_initializer(local)
+            node.replace_input_with(i, local)
+            modified = True
+    return modified
+
+
 @register("fold_batchnorm")
 class FoldBatchNorm(ir.passes.InPlacePass):
-    """Fold an inference BatchNormalization into the Conv or Gemm that alone feeds it."""
+    """Fold an inference BatchNormalization into the Conv, ConvTranspose or Gemm that alone feeds it."""
 
     def call(self, model: ir.Model) -> ir.passes.PassResult:
         modified = False
@@ -109,7 +138,7 @@ class FoldBatchNorm(ir.passes.InPlacePass):
             if bn.op_type != "BatchNormalization" or len(bn.outputs) != 1 and any(o.uses() for o in bn.outputs[1:]):
                 continue
             prod = bn.inputs[0].producer()
-            if prod is None or prod.op_type not in ("Conv", "Gemm") or len(bn.inputs[0].uses()) != 1:
+            if prod is None or prod.op_type not in ("Conv", "ConvTranspose", "Gemm") or len(bn.inputs[0].uses()) != 1:
                 continue
             if bn.inputs[0].is_graph_output() or bn.outputs[0].is_graph_output():
                 continue
@@ -130,6 +159,11 @@ class FoldBatchNorm(ir.passes.InPlacePass):
             bias = np.zeros(n_out) if bias is None else np.broadcast_to(bias.astype(np.float64), (n_out,))
             if prod.op_type == "Conv":
                 new_w = w.astype(np.float64) * k.reshape(-1, *([1] * (w.ndim - 1)))
+            elif prod.op_type == "ConvTranspose":  # weights [C_in, C_out / group, k...]: output channel g * n + j
+                group = prod.attributes.get_int("group", 1)
+                per_in, per_out = w.shape[0] // group, w.shape[1]
+                scale = k.reshape(group, 1, per_out).repeat(per_in, axis=1).reshape(w.shape[0], per_out)
+                new_w = w.astype(np.float64) * scale.reshape(*scale.shape, *([1] * (w.ndim - 2)))
             elif prod.attributes.get_int("transB", 0):
                 new_w = w.astype(np.float64) * k[:, None]
             else:

@@ -42,6 +42,8 @@ def _gemm_bias(graph: ir.Graph, node: ir.Node) -> bool:
     if c is None or w is None or w.ndim != 2 or c.ndim > 2 or (c.ndim == 1 and c.size != 1):
         return False
     n = w.shape[0] if node.attributes.get_int("transB", 0) else w.shape[1]
+    if c.ndim == 1 and c.shape[0] == n:
+        return False  # already the vector (a Gemm of one output unit): rewriting it again would never end
     if c.ndim == 2 and (c.shape[0] != 1 or c.shape[1] not in (1, n)):
         return False
     vector = np.ascontiguousarray(np.broadcast_to(c.reshape(-1), (n,)).astype(c.dtype))

@@ -1,10 +1,13 @@
-"""Comparisons and selection: Greater, Less, Where.
+"""Comparisons and selection: Greater, Less, GreaterOrEqual, LessOrEqual, Where.
 
 These are the ops Ethos-U85 runs and Ethos-U55/U65 do not (Vela has no
 GREATER or SELECT there), so they are what target-aware partitioning moves to
 the host on U55. INT profile: a comparison of an int8 tensor with a constant
 is exact in integers, `(x - zp) * s > c  <=>  x - zp > floor(c / s)`; TOSA
-PRO-INT compares int32, so x is first RESCALEd (scale 1) to int32.
+PRO-INT compares int32, so x is first RESCALEd (scale 1) to int32. With equality the bound moves by
+one integer step instead (`x - zp >= c / s  <=>  x - zp > ceil(c / s) - 1`): GreaterOrEqual(score, 0.5),
+the gate of openWakeWord's second stage, is then the same GREATER as Greater; two tensors compare with
+GREATER_EQUAL.
 """
 
 from __future__ import annotations
@@ -31,7 +34,14 @@ def _same_rank(ctx: LoweringContext, x: TTensor, rank: int) -> TTensor:
     return reshape(ctx, x, logical, tuple(range(rank)))
 
 
-def _compare(ctx: LoweringContext, greater: bool) -> None:
+def _bound(t: float, greater: bool, or_equal: bool) -> int:
+    """The integer k with (x > c) == (x - zp > k) (greater) or (x < c) == (k > x - zp), for t = c / s."""
+    if greater:
+        return math.ceil(t) - 1 if or_equal else math.floor(t)
+    return math.floor(t) + 1 if or_equal else math.ceil(t)
+
+
+def _compare(ctx: LoweringContext, greater: bool, or_equal: bool = False) -> None:
     """x > c (or <) with x an activation; a constant first operand is swapped into second place with the
     comparison flipped (Less(c, x) is Greater(x, c)). Two int8 tensors on different scales are compared on a
     common int32 grid 2**20 finer than the coarser one, as Add aligns its operands (exact but for values
@@ -54,7 +64,7 @@ def _compare(ctx: LoweringContext, greater: bool) -> None:
             perm = x.perm
         out = ctx.new_tensor(shape, np.bool_, perm, output_of=out_name)
         ins = [x.name, other] if greater else [other, x.name]
-        ctx.op(Op.GREATER, ins, [out.name], attr("Greater"))
+        ctx.op(Op.GREATER_EQUAL if or_equal else Op.GREATER, ins, [out.name], _attr(or_equal))
         ctx.set_output(0, out)
         return
     if x.q is None or x.q.axis is not None:
@@ -63,8 +73,9 @@ def _compare(ctx: LoweringContext, greater: bool) -> None:
         rank = len(x.shape)
         x32 = rescale(ctx, x, 1.0, np.int32, x.q.zp, 0, None)
         t = float(np.asarray(c).ravel()[0]) / x.q.s
-        other = _scalar_const(ctx, math.floor(t) if greater else math.ceil(t), np.int32, rank)
+        other = _scalar_const(ctx, _bound(t, greater, or_equal), np.int32, rank)
         shape = x.shape
+        or_equal = False  # folded into the integer bound
     else:
         x, y = broadcast_pair(ctx, x, operand(ctx, other_index, max(len(x.shape), operand_rank(ctx, other_index))))
         if y.q is None or y.q.axis is not None:
@@ -78,8 +89,12 @@ def _compare(ctx: LoweringContext, greater: bool) -> None:
             other = rescale(ctx, y, y.q.s / top * (1 << 20), np.int32, y.q.zp, 0, None).name
         shape = tuple(max(p, q) for p, q in zip(x.shape, y.shape, strict=True))
     out = ctx.new_tensor(shape, np.bool_, x.perm, output_of=out_name)
-    ctx.op(Op.GREATER, [x32.name, other] if greater else [other, x32.name], [out.name], attr("Greater"))
+    ctx.op(Op.GREATER_EQUAL if or_equal else Op.GREATER, [x32.name, other] if greater else [other, x32.name], [out.name], _attr(or_equal))
     ctx.set_output(0, out)
+
+
+def _attr(or_equal: bool):
+    return attr("GreaterEqual") if or_equal else attr("Greater")
 
 
 @lowers("Greater")
@@ -90,6 +105,16 @@ def lower_greater(ctx: LoweringContext) -> None:
 @lowers("Less")
 def lower_less(ctx: LoweringContext) -> None:
     _compare(ctx, greater=False)
+
+
+@lowers("GreaterOrEqual")
+def lower_greater_or_equal(ctx: LoweringContext) -> None:
+    _compare(ctx, greater=True, or_equal=True)
+
+
+@lowers("LessOrEqual")
+def lower_less_or_equal(ctx: LoweringContext) -> None:
+    _compare(ctx, greater=False, or_equal=True)
 
 
 @lowers("Where")

@@ -5,8 +5,10 @@ INT profile: each is one int8 TABLE computed from the float function and the
 input/output quantisation (table.py): exact up to one rounding, one NPU op.
 Chains of these that compute a function of one tensor (GELU's Erf form, SiLU...)
 become one TABLE too (patterns.py).
-PRelu with a per-channel slope cannot be one table; it becomes
-slope*x + (1-slope)*max(x, 0) in int32 with the slope as a 23-bit constant.
+PRelu with a per-channel slope cannot be one table. On an NHWC tensor it is two int8 branches that each
+round once: max(x, zp) requantised to the output, and min(x, zp) through a 1x1 DEPTHWISE_CONV2D whose
+per-channel scale is |slope|, summed (one of the two is always the output's zero point, so the sum is
+exact); else slope*x + (1-slope)*max(x, 0) in int32 with the slope as a 23-bit constant.
 
 FP profile: the direct TOSA fp32 op where there is one, else a composition
 (HardSigmoid/HardSwish with CLAMP, Gelu with ERF or TANH, LeakyRelu/PRelu with
@@ -19,6 +21,7 @@ import math
 from collections.abc import Callable
 
 import numpy as np
+import tosa_serializer as ts
 
 from npubuild.lowering import fp
 from npubuild.lowering import intmath as im
@@ -26,6 +29,7 @@ from npubuild.lowering.broadcast import CONST_BITS, broadcast_pair
 from npubuild.lowering.context import LoweringContext, TTensor
 from npubuild.lowering.emit import Op, attr, clamp, rescale
 from npubuild.lowering.fusion.patterns import fusable, gelu
+from npubuild.lowering.quant import multiplier_shift
 from npubuild.lowering.registry import lowers, quantize_also
 from npubuild.lowering.table import KNOT_STEP, lower_via_table
 
@@ -241,9 +245,97 @@ def lower_prelu(ctx: LoweringContext) -> None:
     elif uniform is not None:
         lower_via_table(ctx, _leaky(uniform))
     elif slope is not None:
-        _int_prelu_per_channel(ctx, ctx.tensor(0), np.asarray(slope, np.float64))
+        if not _int_prelu_branches(ctx, ctx.tensor(0), np.asarray(slope, np.float64)):
+            _int_prelu_per_channel(ctx, ctx.tensor(0), np.asarray(slope, np.float64))
     else:
         raise ctx.unsupported("int8 PRelu needs a constant slope")
+
+
+def _channel_slopes(x: TTensor, slope: np.ndarray) -> np.ndarray | None:
+    """The slope per physical channel of an NHWC x (its last axis), or None if it varies along another axis."""
+    rank = len(x.shape)
+    if rank != 4 or slope.ndim > rank:
+        return None
+    phys = np.transpose(slope.reshape((1,) * (rank - slope.ndim) + slope.shape), x.perm)  # physical layout
+    if any(d != 1 for d in phys.shape[:-1]) or phys.shape[-1] not in (1, x.shape[-1]):
+        return None
+    return np.broadcast_to(phys.reshape(-1), (x.shape[-1],)).astype(np.float64)
+
+
+def _int_prelu_branches(ctx: LoweringContext, x: TTensor, slope: np.ndarray) -> bool:
+    """y = requant(max(x, zp)) + dw_|slope|(min(x, zp)) - zp_y, all int8 (see the module docstring).
+
+    For x >= zp the depthwise branch reads zp and gives exactly zp_y; for x < zp the requantised branch is
+    zp_y: so y is one branch, rounded once from the exact product (the int32 form rounded its slope to 23
+    bits). Vela runs each branch at int8 speed (an int32 MUL costs ~8 cycles an element on U55-128; palm
+    detection's 26 PReLUs were 62% of its cycles). False where it does not apply (the caller's form then)."""
+    out_q = ctx.require_output_q()
+    if x.q is None or x.dtype != np.int8 or out_q.dtype != np.int8:
+        return False
+    per_c = _channel_slopes(x, slope)
+    if per_c is None:
+        return False
+    a = x.q.s / out_q.s
+    mag = np.abs(per_c)
+    scales = np.where(mag > 0, mag, 1.0) * a
+    try:
+        multiplier_shift(scales, 32)
+        multiplier_shift(np.array([a]), 32)
+    except ValueError:
+        return False
+    c = x.shape[3]
+    zp, zp_y = int(x.q.zp), int(out_q.zp)
+    if ctx.options.prelu_elementwise:
+        pos = _min_max(ctx, Op.MAXIMUM, x, zp, a, out_q)  # max(R(a (x - zp)), 0) + zp_y: one rounding
+        neg_in = _min_max(ctx, Op.MINIMUM, x, zp)
+    else:
+        # positive branch: x requantised, then everything below the output's zero point clamped to it
+        pos = clamp(ctx, rescale(ctx, x, a, np.int8, zp, zp_y, out_q), zp_y, 127)
+        # negative branch: min(x, zp) times slope per channel: weight sign(slope), scale |slope| a
+        neg_in = clamp(ctx, x, -128, zp)
+    acc = ctx.new_tensor(x.shape, np.int32, x.perm)
+    weights = np.sign(per_c).astype(np.int8).reshape(1, 1, c, 1)
+    ctx.op(Op.DEPTHWISE_CONV2D, [neg_in.name, ctx.const(weights, "prelu_sign"), ctx.const(np.zeros(c, np.int32), "bias"),
+                                 ctx.zp(zp, np.int8), ctx.zp(0, np.int8)], [acc.name],
+           attr("DepthwiseConv2d", [0, 0, 0, 0], [1, 1], [1, 1], False, ts.DType.INT32))
+    neg = rescale(ctx, acc, scales, np.int8, 0, zp_y, out_q)
+    # the sum, as an int8 Add: both operands widened by ~2**19 (one of them is always 0), back by 2**-19.
+    # The second operand's factor is 2**19 - 1/2 (multiplier 2**30 - 2**10, shift 11): Vela 5.2 fuses the
+    # widening RESCALEs into its ADD only when the two differ (with equal ones it ran each as an int32 ADD
+    # and MUL: 3x the Add's cycles). The result is the same: for |v| <= 255 the sum is v * 2**19 - d,
+    # |d| <= 128, which the final RESCALE (round half up) brings back to v exactly.
+    p32 = _rescale_fixed(ctx, pos, 1 << 30, 11, np.int32, zp_y, 0)
+    n32 = _rescale_fixed(ctx, neg, (1 << 30) - (1 << 10), 11, np.int32, zp_y, 0)
+    acc2 = ctx.new_tensor(x.shape, np.int32, x.perm)
+    ctx.op(Op.ADD, [p32.name, n32.name], [acc2.name], attr("Add"))
+    ctx.set_output(0, _rescale_fixed(ctx, acc2, 1 << 30, 49, np.int8, 0, zp_y, out_q, output_of=_out(ctx)))
+    return True
+
+
+def _min_max(ctx: LoweringContext, op, x: TTensor, value: int, scale: float = 1.0, out_q=None) -> TTensor:
+    """MINIMUM / MAXIMUM of int8 x - zp and int8 value - zp, both times `scale` and rounded once (RESCALE to
+    int32), on `out_q` (default x's): TOSA has them on int32 only, and Vela fuses the RESCALEs into its
+    elementwise op (U85 runs it at 4 elements a cycle, a CLAMP as a 1x1 pool at 2)."""
+    assert x.q is not None
+    out_q = out_q or x.q
+    a = rescale(ctx, x, scale, np.int32, x.q.zp, 0, None)
+    bound = ctx.const(np.full((1,) * len(x.shape), value, np.int8), "bound")
+    b = rescale(ctx, TTensor(bound, (1,) * len(x.shape), np.dtype(np.int8), x.perm, x.q), scale, np.int32, x.q.zp, 0,
+                None)
+    acc = ctx.new_tensor(x.shape, np.int32, x.perm)
+    ctx.op(op, [a.name, b.name], [acc.name], attr("Minimum" if op == Op.MINIMUM else "Maximum", fp.NAN_MODE))
+    return rescale(ctx, acc, 1.0, out_q.dtype, 0, out_q.zp, out_q)
+
+
+def _rescale_fixed(ctx: LoweringContext, x: TTensor, multiplier: int, shift: int, out_dtype: type, in_zp: int,
+                   out_zp: int, out_q=None, output_of: str | None = None) -> TTensor:
+    """A RESCALE by multiplier * 2**-shift exactly as given (emit.rescale normalises a float scale)."""
+    out = ctx.new_tensor(x.shape, np.dtype(out_dtype), x.perm, out_q, output_of=output_of)
+    ctx.op(Op.RESCALE, [x.name, ctx.const(np.array([multiplier], np.int32), "multiplier"),
+                        ctx.const(np.array([shift], np.int8), "shift"), ctx.zp(in_zp, x.dtype),
+                        ctx.zp(out_zp, np.dtype(out_dtype))], [out.name],
+           attr("Rescale", True, ts.RoundingMode.SINGLE_ROUND, False, False, False))
+    return out
 
 
 def _int_prelu_per_channel(ctx: LoweringContext, x: TTensor, slope: np.ndarray) -> None:

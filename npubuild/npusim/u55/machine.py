@@ -42,7 +42,7 @@ def run(model: RawModel, inputs: list[np.ndarray], keep_ofms: bool = True) -> Si
             if cmd.kind in ("CONV", "DEPTHWISE"):
                 res = ops.run_conv(mem, cmd, model.accelerator, model.ncores)
             elif cmd.kind == "POOL":
-                res = ops.run_pool(mem, cmd)
+                res = ops.run_pool(mem, cmd, model.ncores)
             else:
                 res = ops.run_elementwise(mem, cmd)
         except StageError as exc:

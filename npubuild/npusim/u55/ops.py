@@ -70,19 +70,36 @@ def _per_core_weights(mem: dict, cmd: Command, accel: str, ncores: int, oc: int,
     mult = np.zeros(oc, np.int64)
     shift = np.zeros(oc, np.int64)
     wregion = mem[cmd.regs.get("WEIGHT_REGION", 0) & 7]
-    sregion = mem[cmd.regs.get("SCALE_REGION", 0) & 7]
     for core in range(min(ncores, oc)):
         sfx = "" if core == 0 else "1"
         chans = np.arange(core, oc, ncores)
         wbase, wlen = cmd.addr(f"WEIGHT{sfx}_BASE"), cmd.regs.get(f"WEIGHT{sfx}_LENGTH", 0)
-        sbase, slen = cmd.addr(f"SCALE{sfx}_BASE"), cmd.regs.get(f"SCALE{sfx}_LENGTH", 0)
         lay = WeightLayout(len(chans), k.h, k.w, 1 if depthwise else ic, (blk + ncores - 1 - core) // ncores,
                            depthwise, k.part_kernel, ifm_bits, ofm_ub, ifm_ub, 8 // k.dy, 8 // k.dx)
         stream = decode_cached(wregion[wbase:wbase + wlen].tobytes())
         weights[chans] = unpack_weights(stream, lay)
+    bias, mult, shift = channel_scales(mem, cmd, ncores, oc)
+    return weights, bias, mult, shift
+
+
+def channel_scales(mem: dict, cmd: Command, ncores: int, oc: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per-channel (bias, multiplier, shift) from the scale stream(s): core n holds channels n, n + ncores, ..."""
+    bias = np.zeros(oc, np.int64)
+    mult = np.zeros(oc, np.int64)
+    shift = np.zeros(oc, np.int64)
+    sregion = mem[cmd.regs.get("SCALE_REGION", 0) & 7]
+    for core in range(min(ncores, oc)):
+        sfx = "" if core == 0 else "1"
+        chans = np.arange(core, oc, ncores)
+        sbase, slen = cmd.addr(f"SCALE{sfx}_BASE"), cmd.regs.get(f"SCALE{sfx}_LENGTH", 0)
         b, m, s = decode_scales(sregion[sbase:sbase + slen].tobytes(), len(chans))
         bias[chans], mult[chans], shift[chans] = b, m, s
-    return weights, bias, mult, shift
+    return bias, mult, shift
+
+
+def per_channel_mode(cmd: Command) -> bool:
+    """OFM_PRECISION bit 8 clear: the output stage takes bias and scale per channel from the scale stream."""
+    return not (cmd.regs.get("OFM_PRECISION", 0) >> 8) & 1
 
 
 def _finish(cmd: Command, acc: np.ndarray, mult, shift, ofm: fmap.FeatureMap, mem: dict) -> np.ndarray:
@@ -152,7 +169,7 @@ def run_conv(mem: dict, cmd: Command, accel: str, ncores: int) -> OpResult:
         acc = acc.astype(np.int64).reshape(oh, ow, oc)
     acc = acc + bias
     ofm = fmap.operand(cmd, "OFM")
-    if (cmd.regs.get("OFM_PRECISION", 0) >> 8) & 1:
+    if not per_channel_mode(cmd):
         m, s = _ofm_global_scale(cmd)
         mult, shift = np.full(oc, m), np.full(oc, s)
     out = _finish(cmd, acc, mult, shift, ofm, mem)
@@ -175,7 +192,7 @@ def _valid_count_scale(eshape, ishape, k: Kernel, oh: int, ow: int) -> tuple[np.
     return mult[..., None], (31 + kbits)[..., None]
 
 
-def run_pool(mem: dict, cmd: Command) -> OpResult:
+def run_pool(mem: dict, cmd: Command, ncores: int = 1) -> OpResult:
     mode = POOL_MODES.get(cmd.param & 0xFFFF)
     if mode is None:
         raise StageError(f"unknown pooling mode {cmd.param}")
@@ -202,6 +219,10 @@ def run_pool(mem: dict, cmd: Command) -> OpResult:
     if mode == "AVERAGE" and (k.top or k.left or k.bottom or k.right):
         # Windows over padding: the hardware divides by the number of valid elements at each position.
         m, s = _valid_count_scale(padded.shape[:2], ishape, k, oh, ow)
+    elif per_channel_mode(cmd) and cmd.regs.get("SCALE_LENGTH", 0):
+        # A per-channel RESCALE Vela folds into a pool (e.g. a TOSA RESCALE with a multiplier per channel)
+        bias, m, s = channel_scales(mem, cmd, ncores, oc)
+        acc = acc + bias
     out = _finish(cmd, acc, m, s, ofm, mem)
     fmap.write(mem[ofm.region], ofm, out)
     return OpResult(cmd.index, f"POOL {mode}", ishape, ifm.format_name, (oh, ow, oc), ofm.format_name,

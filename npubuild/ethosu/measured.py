@@ -1,0 +1,187 @@
+"""Family choices decided per build by measurement, not by a threshold tuned on the examples.
+
+A choice applies to some models only (`applies`); where it does, the family's lowering is made once per variant
+of its options and each variant's whole graph compiled by Vela on the family's reference target (its shipped
+profile, REFERENCE_TARGET), and the variant with Vela's shortest inference time is the one the family lowers
+with. Every variant gives the same integers (a layout, a form of the same sums), so the choice moves time and
+memory only. The lower stage's key holds Vela's version (stages/lower.py): the choice is made again when Vela
+changes, and cached like any stage output otherwise.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import onnx
+
+from npubuild.frontend.graph_index import GraphIndex
+from npubuild.lowering.driver import LoweredGraph
+from npubuild.lowering.options import LoweringOptions
+
+# the profile each family's choices are measured on: the shipped targets/ profile of that name
+REFERENCE_TARGET = {"u55": "ethos-u55-128", "u65": "ethos-u65-256", "u85": "ethos-u85-256",
+                    "u85wide": "ethos-u85-1024"}
+
+
+def narrow_nhwc_image(model: onnx.ModelProto, max_channels: int = 4) -> bool:
+    """A rank-4 graph input of 2..max_channels channels in its last axis that the model reads only through
+    Transposes to NCHW (perm 0, 3, 1, 2): an NHWC image as tf2onnx and onnx2tf export one."""
+    index = GraphIndex(model)
+    inits = {i.name for i in model.graph.initializer}
+    for vi in model.graph.input:
+        dims = [d.dim_value for d in vi.type.tensor_type.shape.dim]
+        if vi.name in inits or len(dims) != 4 or not 2 <= dims[3] <= max_channels:
+            continue
+        users = index.uses(vi.name, [])
+        if users and all(u.op_type == "Transpose" and [int(p) for a in u.attribute if a.name == "perm"
+                                                        for p in a.ints] == [0, 3, 1, 2] for u in users):
+            return True
+    return False
+
+
+def narrow_image(model: onnx.ModelProto, max_channels: int = 4) -> bool:
+    """A rank-4 graph input of at most max_channels channels, NCHW or an NHWC image (narrow_nhwc_image)."""
+    inits = {i.name for i in model.graph.initializer}
+    return narrow_nhwc_image(model, max_channels) or any(
+        len(dims) == 4 and 0 < dims[1] <= max_channels
+        for vi in model.graph.input if vi.name not in inits
+        for dims in [[d.dim_value for d in vi.type.tensor_type.shape.dim]])
+
+
+@dataclass(frozen=True)
+class Choice:
+    """One measured choice: its name, when it applies, and the options of each variant besides the family's."""
+
+    name: str
+    applies: Callable[[onnx.ModelProto, LoweringOptions], bool]
+    variants: Callable[[LoweringOptions], list[LoweringOptions]]
+
+
+# U65 reads a narrow image planar and TRANSPOSEs it on the NPU (its first conv read 3-byte pieces from DRAM).
+# That wins on MobileNetV1 96x96 (33%) and MediaPipe face detection (128x128x3: 1.311 ms planar against 1.559
+# as it is) and loses on hand landmarks (224x224x3 NHWC: 3.549 against 3.067) and the PP-LCNet orientation
+# classifier (224x224x3 NCHW: its two TRANSPOSEs 482k cycles, the first conv the same): measured per model.
+# U85 copies a narrow image input into SRAM in long rows before the first conv reads it (input_staging.py):
+# MobileNetV1 96x96 U85-256 0.2384 -> 0.1863 ms, but MediaPipe hand landmarks (224x224x3) 3.380 -> 3.255 without
+# it (its MAXIMUM copy 125k cycles, the conv no faster): measured per model.
+# U65 did not stage (digits and the U-Nets gained, 1-channel stems lost: bench/perf_choices.md); its planar or
+# as-is reads of a 3-channel image from DRAM cost MediaPipe selfie segmentation's first conv 1.08M cycles.
+STAGED_INPUT = Choice("narrow image input staged into SRAM", lambda m, o: narrow_image(m),
+                      lambda o: [replace(o, staged_input_min_row=0 if o.staged_input_min_row else 128)])
+def has_op(model: onnx.ModelProto, op_type: str) -> bool:
+    return any(n.op_type == op_type for n in model.graph.node)
+
+
+# U85 keeps a TRANSPOSE_CONV2D whose kernel is its stride (a 2x2/2 U-Net upsample between small convs: 0.0557
+# against 0.0756 ms as phases), but PP-OCRv4 det's FPN upsamples cost 1.46M of its 5.06M U85-256 cycles so:
+# measured per model. (U55 / U65 keep the phases: the transposed conv measured slower on every model tried,
+# selfie segmentation U65-256 included: 4.648 ms as phases, 4.802 as TRANSPOSE_CONV2D.)
+PHASES = Choice("transposed conv as a 1x1 conv of its phases", lambda m, o: not o.transpose_conv_phases and
+                has_op(m, "ConvTranspose"), lambda o: [replace(o, transpose_conv_phases=True)])
+CHOICES: dict[str, tuple[Choice, ...]] = {
+    "u65": (Choice("narrow image input planar", lambda m, o: o.planar_input_channels > 0 and narrow_image(m),
+                   lambda o: [replace(o, planar_input_channels=0)]), STAGED_INPUT),
+    "u85": (STAGED_INPUT, PHASES),
+    "u85wide": (STAGED_INPUT, PHASES),
+}
+
+
+def _off(field: str) -> Choice:
+    """A form that trades memory for time (constants, a copy), off: decided by memory in size mode."""
+    off = getattr(LoweringOptions(), field)  # the portable lowering's value: the form not taken
+    return Choice(f"{field} off (for memory)", lambda m, o: getattr(o, field) != off,
+                  lambda o: [replace(o, **{field: off})])
+
+
+# optimise: size. The forms bench/perf_choices.md measured as buying time with memory: the row sums' ones
+# weights and scales, the depthwise requantise and copies' per-channel constants, the layer norm's gamma / beta
+# depthwise scales, zero kernel taps (weights), the staged input copy, the concat orders' copies; each tried off
+# and kept off where neither SRAM nor off-chip grows and one shrinks.
+SIZE_CHOICES: tuple[Choice, ...] = tuple(_off(f) for f in (
+    "plane_rows", "dw_requantize", "concat_dw_copy", "concat_max_copy", "norm_affine_one_row", "dilation_taps",
+    "conv_stride_taps", "staged_input_min_row", "concat_order"))
+
+
+def vela_figures(tosa: bytes, accelerator: str, optimise: str = "performance") -> dict | None:
+    """Vela's estimate for one whole TOSA graph on the shipped profile of `accelerator`: inference ms, SRAM and
+    off-chip KiB (None if Vela fails). `optimise` "size" compiles with Vela's --optimise Size."""
+    from npubuild.config.load import SHIPPED_ROOT, default_search_path, load_target
+    from npubuild.ethosu.vela import parse_summary_csv, vela_command
+    from npubuild.ethosu.vela_ini import render_ini
+
+    profile, _ = load_target(accelerator, default_search_path(SHIPPED_ROOT), None)
+    opts = profile.vela.model_copy(update={"optimise": "Size"}) if optimise == "size" else profile.vela
+    with tempfile.TemporaryDirectory(prefix="npubuild-choice-") as tmp:
+        src, ini, out = Path(tmp) / "m.tosa", Path(tmp) / "system.ini", Path(tmp) / "out"
+        src.write_bytes(tosa)
+        ini.write_text(render_ini(profile))
+        proc = subprocess.run(vela_command(src, ini, out, profile, opts), capture_output=True, text=True,
+                              check=False, timeout=600)
+        summaries = sorted(out.glob("*_summary_*.csv")) if proc.returncode == 0 else []
+        if not summaries:
+            return None
+        row = parse_summary_csv(summaries[0])
+        return {"ms": round(float(row["inference_time"]) * 1e3, 6), "sram_kib": round(float(row["sram_memory_used"]), 3),
+                "offchip_kib": round(float(row["off_chip_flash_memory_used"]) + float(row["dram_memory_used"]), 3)}
+
+
+def vela_inference_ms(tosa: bytes, accelerator: str) -> float | None:
+    figures = vela_figures(tosa, accelerator)
+    return figures["ms"] if figures else None
+
+
+def better(a: dict, b: dict, optimise: str) -> bool:
+    """Whether figures `a` beat `b`: performance by time; size by memory, a variant taken only where neither
+    SRAM nor off-chip grows and one of them shrinks (or both are equal and it is faster)."""
+    if optimise != "size":
+        return a["ms"] < b["ms"]
+    mem_a, mem_b = (a["sram_kib"], a["offchip_kib"]), (b["sram_kib"], b["offchip_kib"])
+    if mem_a == mem_b:
+        return a["ms"] < b["ms"]
+    return all(x <= y for x, y in zip(mem_a, mem_b, strict=True))
+
+
+def choose(model: onnx.ModelProto, fam: str, lower: Callable[[LoweringOptions], LoweredGraph | None],
+           measure: Callable[..., dict | None] = vela_figures,
+           optimise: str = "performance") -> tuple[LoweringOptions, list[dict]]:
+    """The family's options with each applicable choice decided by Vela's estimate, and what was measured.
+
+    `lower(options)` lowers the whole model with those options (None: no single graph, nothing to compare).
+    `optimise` "size" adds the choices that trade memory for time (SIZE_CHOICES) and decides by memory."""
+    options = LoweringOptions.for_family(fam)
+    record = []
+    choices = (*CHOICES.get(fam, ()), *(SIZE_CHOICES if optimise == "size" else ()))
+    for choice in choices:
+        if not choice.applies(model, options):
+            continue
+        candidates = [options, *choice.variants(options)]
+        graphs = [lower(opts) for opts in candidates]
+        if any(g is None for g in graphs) or len({g.tosa for g in graphs}) == 1:
+            continue  # no single graph to compare, or the choice changes nothing in this model
+        figures = [measure(g.tosa, REFERENCE_TARGET[fam], optimise) for g in graphs]
+        if any(f is None for f in figures):
+            record.append({"choice": choice.name, "figures": figures, "taken": 0})
+            continue
+        best = 0
+        for i in range(1, len(candidates)):  # ties keep the family's own form
+            if better(figures[i], figures[best], optimise):
+                best = i
+        record.append({"choice": choice.name, "target": REFERENCE_TARGET[fam], "figures": figures, "taken": best})
+        options = candidates[best]
+    return options, record
+
+
+def _main() -> None:  # pragma: no cover - a debugging aid: python -m npubuild.ethosu.measured MODEL.onnx FAMILY
+    from npubuild.lowering.driver import lower_model
+
+    model = onnx.load(sys.argv[1])
+    print(choose(model, sys.argv[2], lambda o: lower_model(model, "int", options=o))[1])
+
+
+if __name__ == "__main__":  # pragma: no cover
+    _main()

@@ -1,0 +1,122 @@
+"""Host partitions as TFLite builtins, run in TensorFlow Lite Micro's interpreter, against onnxruntime on the same
+QDQ partition: within 1 LSB. The partitions are built as the lower stage writes them: float inputs (the NPU side's
+DequantizeLinear outputs), the node, then QuantizeLinear -> DequantizeLinear to the output; the boundary tensors
+are int8 in the NPU layout (NHWC for a 4-D tensor)."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+from tflite_micro.python.tflite_micro import runtime
+
+from npubuild.deploy.host_ops import NotDeployable, Value, emit_host_partition
+from npubuild.deploy.tflite_graph import Quant, TflGraph
+
+NHWC = (0, 2, 3, 1)
+
+
+def host_partition(nodes: list[onnx.NodeProto], inputs: dict[str, list[int]], out_shape: list[int],
+                   out_q: Quant, inits: list[onnx.TensorProto] = (), domain: str = "") -> onnx.ModelProto:
+    """Graph inputs `inputs` (floats), `nodes` ending in 'y', then y -> Q -> DQ -> 'out'."""
+    q = [numpy_helper.from_array(np.array(out_q.scale, np.float32), "out_scale"),
+         numpy_helper.from_array(np.array(out_q.zero_point, np.int8), "out_zp")]
+    nodes = [*nodes, helper.make_node("QuantizeLinear", ["y", "out_scale", "out_zp"], ["yq"]),
+             helper.make_node("DequantizeLinear", ["yq", "out_scale", "out_zp"], ["out"])]
+    graph = helper.make_graph(nodes, "host", [helper.make_tensor_value_info(n, TensorProto.FLOAT, s)
+                                              for n, s in inputs.items()],
+                              [helper.make_tensor_value_info("out", TensorProto.FLOAT, out_shape)], [*q, *inits])
+    opsets = [helper.make_opsetid("", 17)] + ([helper.make_opsetid(domain, 1)] if domain else [])
+    model = helper.make_model(graph, opset_imports=opsets)
+    model.ir_version = 8
+    return model if domain else onnx.shape_inference.infer_shapes(model)
+
+
+def _perm(shape) -> tuple[int, ...]:
+    return NHWC if len(shape) == 4 else tuple(range(len(shape)))
+
+
+def run_both(model: onnx.ModelProto, in_q: dict[str, Quant], out_q: Quant, samples: int = 4) -> int:
+    """Translate, run in TFLite Micro and in onnxruntime on the same int8 inputs; the max LSB difference."""
+    g = TflGraph()
+    ins = {}
+    for vi in model.graph.input:
+        shape = tuple(d.dim_value for d in vi.type.tensor_type.shape.dim)
+        perm = _perm(shape)
+        t = g.tensor(vi.name, [shape[p] for p in perm], np.int8, in_q[vi.name])
+        ins[vi.name] = Value(t, shape, perm, in_q[vi.name])
+    out_shape = tuple(d.dim_value for d in model.graph.output[0].type.tensor_type.shape.dim)
+    perm = _perm(out_shape)
+    out = Value(g.tensor("out", [out_shape[p] for p in perm], np.int8, out_q), out_shape, perm, out_q)
+    emit_host_partition(g, model, ins, {"out": out})
+    g.sg.inputs, g.sg.outputs = [v.tensor for v in ins.values()], [out.tensor]
+    interpreter = runtime.Interpreter.from_bytes(g.build(), arena_size=1 << 22)
+    session = ort.InferenceSession(model.SerializeToString())
+    worst = 0
+    rng = np.random.default_rng(0)
+    for _ in range(samples):
+        feeds = {}
+        for k, (name, v) in enumerate(ins.items()):
+            codes = rng.integers(-128, 128, v.shape).astype(np.int8)
+            interpreter.set_input(np.transpose(codes, v.perm), k)
+            feeds[name] = ((codes.astype(np.float32) - v.quant.zero_point) * np.float32(v.quant.scale))
+        interpreter.invoke()
+        got = np.transpose(np.asarray(interpreter.get_output(0)), np.argsort(out.perm)).astype(np.int64)
+        ref = session.run(None, feeds)[0]
+        want = np.clip(np.round(ref / out_q.scale) + out_q.zero_point, -128, 127)
+        worst = max(worst, int(np.abs(want - got).max()))
+    return worst
+
+
+def test_lrn_matches_onnxruntime():
+    lrn = helper.make_node("LRN", ["x"], ["y"], name="lrn", size=5, alpha=1e-4, beta=0.75, bias=2.0)
+    model = host_partition([lrn], {"x": [1, 32, 8, 8]}, [1, 32, 8, 8], Quant(0.0106, -128))
+    assert run_both(model, {"x": Quant(0.0179, -128)}, Quant(0.0106, -128)) <= 1
+
+
+@pytest.mark.parametrize("op,attrs,in_q,out_q", [
+    ("Exp", {}, Quant(0.02, 0), Quant(0.05, -128)),
+    ("Tanh", {}, Quant(0.03, 5), Quant(1 / 128, 0)),
+    ("Sigmoid", {}, Quant(0.05, -3), Quant(1 / 256, -128)),
+    ("HardSwish", {}, Quant(0.04, 0), Quant(0.03, -20)),
+    ("Softmax", {"axis": 1}, Quant(0.1, 0), Quant(1 / 256, -128)),
+])
+def test_unary_ops_match_onnxruntime(op, attrs, in_q, out_q):
+    node = helper.make_node(op, ["x"], ["y"], name=op.lower(), **attrs)
+    model = host_partition([node], {"x": [1, 8, 4, 4]}, [1, 8, 4, 4], out_q)
+    assert run_both(model, {"x": in_q}, out_q) <= 1
+
+
+def test_binary_ops_with_a_constant_and_a_tensor_match_onnxruntime():
+    bias = numpy_helper.from_array(np.linspace(-1, 1, 8, dtype=np.float32).reshape(1, 8, 1, 1), "bias")
+    nodes = [helper.make_node("Add", ["x", "bias"], ["s"], name="add"),
+             helper.make_node("Mul", ["s", "z"], ["y"], name="mul")]
+    model = host_partition(nodes, {"x": [1, 8, 4, 4], "z": [1, 8, 4, 4]}, [1, 8, 4, 4], Quant(0.05, 0), [bias])
+    assert run_both(model, {"x": Quant(0.02, 3), "z": Quant(0.03, -4)}, Quant(0.05, 0)) <= 1
+
+
+def test_transpose_and_reshape_keep_values():
+    nodes = [helper.make_node("Transpose", ["x"], ["t"], name="transpose", perm=[0, 2, 3, 1]),
+             helper.make_node("Reshape", ["t", "shape"], ["y"], name="reshape")]
+    shape = numpy_helper.from_array(np.array([1, 16, 8], np.int64), "shape")
+    model = host_partition(nodes, {"x": [1, 8, 4, 4]}, [1, 16, 8], Quant(0.02, 3), [shape])
+    assert run_both(model, {"x": Quant(0.02, 3)}, Quant(0.02, 3)) == 0
+
+
+def test_a_comparison_and_a_where_match_onnxruntime():
+    """Greater and Where: what Ethos-U55/U65 leave to the host (no GREATER or SELECT there)."""
+    thr = numpy_helper.from_array(np.array(0.25, np.float32), "thr")
+    nodes = [helper.make_node("Greater", ["x", "thr"], ["g"], name="gt"),
+             helper.make_node("Relu", ["x"], ["r"], name="relu"),
+             helper.make_node("Where", ["g", "x", "r"], ["y"], name="sel")]
+    model = host_partition(nodes, {"x": [1, 8, 4, 4]}, [1, 8, 4, 4], Quant(0.02, -10), [thr])
+    assert run_both(model, {"x": Quant(0.02, -10)}, Quant(0.02, -10)) <= 1
+
+
+def test_an_op_with_no_builtin_is_not_deployable_naming_node_and_op():
+    node = helper.make_node("Trilu", ["x"], ["y"], name="upper", domain="com.microsoft")
+    model = host_partition([node], {"x": [1, 4, 4]}, [1, 4, 4], Quant(0.02, 0), domain="com.microsoft")
+    with pytest.raises(NotDeployable, match=r"node 'upper' \(Trilu\): operator domain 'com.microsoft'"):
+        run_both(model, {"x": Quant(0.02, 0)}, Quant(0.02, 0))

@@ -1,0 +1,85 @@
+"""ethosu/measured: a family choice decided per model by Vela's own estimate (U65's planar form of a narrow NHWC
+image input: it wins on some models and loses on others), the integers the same either way."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+from ophelpers import calib, quantize_model
+
+from npubuild.ethosu.families import lower_families
+from npubuild.ethosu.measured import REFERENCE_TARGET, choose, narrow_nhwc_image, vela_figures
+from npubuild.lowering.driver import lower_model
+from npubuild.lowering.options import FAMILY_OPTIONS
+from npubuild.tosa.graph import read_tosa
+
+
+def nhwc_image_model(side: int):
+    """An NHWC image input as tf2onnx exports one (Transpose to NCHW), then MediaPipe hand landmark's stem: a
+    stride-2 3x3 'SAME' conv (padded at the end only, as TensorFlow pads), a 3x3 depthwise and a 1x1 conv."""
+    rng = np.random.default_rng(0)
+    inits = [numpy_helper.from_array(rng.normal(0, 0.3, shape).astype(np.float32), name)
+             for name, shape in (("w0", (24, 3, 3, 3)), ("w1", (24, 1, 3, 3)), ("w2", (16, 24, 1, 1)))]
+    nodes = [helper.make_node("Transpose", ["x"], ["t"], perm=[0, 3, 1, 2], name="to_nchw"),
+             helper.make_node("Conv", ["t", "w0"], ["c0"], strides=[2, 2], pads=[0, 0, 1, 1], name="conv0"),
+             helper.make_node("Relu", ["c0"], ["r0"], name="relu0"),
+             helper.make_node("Conv", ["r0", "w1"], ["c1"], group=24, pads=[1, 1, 1, 1], name="dw1"),
+             helper.make_node("Relu", ["c1"], ["r1"], name="relu1"),
+             helper.make_node("Conv", ["r1", "w2"], ["y"], name="conv2")]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, side, side, 3])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 16, side // 2, side // 2])],
+                              inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    return quantize_model(model, calib("x", [1, side, side, 3], n=4, low=0, high=1))
+
+
+def transposes(tosa: bytes) -> int:
+    return sum(op.op == "TRANSPOSE" for op in read_tosa(tosa).ops)
+
+
+@pytest.mark.parametrize("side", [64, 224])
+def test_u65_takes_the_form_vela_estimates_faster_for_this_model(side: int, tmp_path: Path):
+    model = nhwc_image_model(side)
+    assert narrow_nhwc_image(model)
+    own = FAMILY_OPTIONS["u65"]
+    forms = {opts: lower_model(model, "int", options=opts).tosa for opts in (own, replace(own, planar_input_channels=0))}
+    planar, as_is = forms.values()
+    assert transposes(planar) > transposes(as_is) == 0  # the planar form reads the image through a TRANSPOSE
+    figures = [vela_figures(t, REFERENCE_TARGET["u65"]) for t in forms.values()]
+    ms = [f["ms"] for f in figures]
+    options, record = choose(model, "u65", lambda o: lower_model(model, "int", options=o))
+    assert record[0] == {"choice": "narrow image input planar", "target": "ethos-u65-256", "figures": figures,
+                         "taken": int(ms[1] < ms[0])}
+    assert (options.planar_input_channels == 0) == (ms[1] < ms[0])
+    io, _ = lower_families(model, "int", tmp_path, ["u65"])  # the lower stage writes the form taken
+    (part,) = io.families["u65"].partitions
+    assert (tmp_path / part.file).read_bytes() == lower_model(model, "int", options=options).tosa
+
+
+def test_u85_stages_a_narrow_image_input_where_vela_estimates_it_faster(tmp_path: Path):
+    model = nhwc_image_model(224)
+    own = FAMILY_OPTIONS["u85"]
+    forms = [lower_model(model, "int", options=o).tosa for o in (own, replace(own, staged_input_min_row=0))]
+    assert forms[0] != forms[1]  # the staged form copies the input with a MAXIMUM first
+    figures = [vela_figures(t, REFERENCE_TARGET["u85"]) for t in forms]
+    ms = [f["ms"] for f in figures]
+    _, record = choose(model, "u85", lambda o: lower_model(model, "int", options=o))
+    assert record[0] == {"choice": "narrow image input staged into SRAM", "target": "ethos-u85-256",
+                         "figures": figures, "taken": int(ms[1] < ms[0])}
+
+
+def test_size_mode_decides_by_memory(tmp_path: Path):
+    """optimise: size measures the forms that trade memory for time too, and keeps a variant only where neither
+    SRAM nor off-chip grows: U85's staged input copy (an SRAM buffer) is dropped for memory on this stem."""
+    model = nhwc_image_model(224)
+    options, record = choose(model, "u85", lambda o: lower_model(model, "int", options=o), optimise="size")
+    staged = next(r for r in record if r["choice"] == "narrow image input staged into SRAM")
+    own, off = staged["figures"]
+    assert (staged["taken"] == 1) == (off["sram_kib"] <= own["sram_kib"] and off["offchip_kib"] <= own["offchip_kib"]
+                                      and (off["sram_kib"], off["offchip_kib"]) != (own["sram_kib"], own["offchip_kib"])
+                                      or (off["sram_kib"], off["offchip_kib"]) == (own["sram_kib"], own["offchip_kib"])
+                                      and off["ms"] < own["ms"])
