@@ -21,7 +21,7 @@ it in io.json (`portable`) and in the TOSA check; each family splits further by 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Literal
 

@@ -204,3 +204,22 @@ def test_bends_on_knots_make_one_table(op):
     assert "TABLE" in ops and "MUL" not in ops and "MAXIMUM" not in ops
     worst, above_one = _every_code(op, qdq=qdq)
     assert worst <= 1 and above_one == 0.0
+
+
+def test_an_add_of_an_int8_and_an_int16_operand_is_bit_exact_on_u55():
+    """BlazeFace's residual Add of a channel-padded int8 input and an int16 conv output (mp_face_detection's
+    `precision: auto` build): both operands go onto the int16 grid before the ADD. With the int8 operand
+    rescaled straight to int32, Vela 5.2's U55 command stream and the TOSA reference model disagreed (npu-sim)."""
+    pads = helper.make_tensor("pads", TensorProto.INT64, [8], [0, 0, 0, 0, 0, 2, 0, 0])
+    nodes = [helper.make_node("Pad", ["x", "pads"], ["p"], name="channel_pad"),
+             helper.make_node("Conv", ["x", "w"], ["c"], name="conv", kernel_shape=[1, 1]),
+             helper.make_node("Add", ["p", "c"], ["y"], name="add")]
+    model = _graph(nodes, {"x": [1, 6, 8, 8]}, {"y": [1, 8, 8, 8]}, {"w": _w((8, 6, 1, 1))})
+    model.graph.initializer.append(pads)
+    int8 = quantize_model(model, calib("x", [1, 6, 8, 8], low=0.0, high=2.0))  # zero point -128, as after a ReLU
+    conv_group = next(g for g, members in QdqModel(int8).groups.items() if "conv" in members.layers)
+    qdq = apply_plan(int8, PrecisionPlan(frozenset({conv_group})), ("u55",))
+    lowered, _ = check_qdq(qdq, {"x": rand([1, 6, 8, 8], 3, 0.0, 2.0)}, max_lsb=1.0, family="u55")
+    assert [s.dtype for s in lowered.inputs] == ["int8"] and lowered.outputs[0].dtype == "int8"
+    with tempfile.TemporaryDirectory() as tmp:
+        assert_bitexact(lowered.tosa, io_dict(lowered), vela_raw(lowered.tosa, Path(tmp), FAMILIES["u55"]))

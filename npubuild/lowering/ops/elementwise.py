@@ -32,7 +32,7 @@ from npubuild.lowering.broadcast import (
     operand_rank,
 )
 from npubuild.lowering.context import LoweringContext, QConst, RowImage, TTensor
-from npubuild.lowering.emit import Op, attr, clamp, requantize, rescale
+from npubuild.lowering.emit import Op, as_int16, attr, clamp, requantize, rescale
 from npubuild.lowering.fusion.patterns import fusable
 from npubuild.lowering.quant import QParams
 from npubuild.lowering.registry import lowers, quantize_also
@@ -58,6 +58,16 @@ quantize_also("Sub", "Div", "Min", "Max", "Sum", "Mean")
 
 def _out_shape(a: TTensor, b: TTensor) -> tuple[int, ...]:
     return tuple(int(max(p, q)) for p, q in zip(a.shape, b.shape, strict=True))
+
+
+def same_width(ctx: LoweringContext, *xs: TTensor) -> tuple[TTensor, ...]:
+    """int8 operands beside an int16 one moved onto the int16 grid first (one exact RESCALE each): Vela 5.2
+    compiles an ADD of an int8 and an int16 operand on U55 into an op whose result npu-sim does not reproduce
+    (mp_face_detection's residual Add of a channel-padded int8 input and an int16 conv output, 1851/36864
+    elements off), and runs the int16 + int16 form bit-exactly."""
+    if len({x.dtype for x in xs}) < 2:
+        return xs
+    return tuple(as_int16(ctx, x) for x in xs)
 
 
 def _quantized(ctx: LoweringContext, *xs: TTensor) -> None:
@@ -93,6 +103,7 @@ def _add_sub(ctx: LoweringContext, op, kind: str) -> None:
         return
     out_q = ctx.require_output_q()
     _quantized(ctx, a, b)
+    a, b = same_width(ctx, a, b)
     twice_max = 2.0 * max(a.q.s, b.q.s)
     bits = headroom(a, b)
     a32 = rescale(ctx, a, a.q.s / twice_max * (1 << bits), np.int32, a.q.zp, 0, None)
@@ -131,6 +142,7 @@ def _sum_mean(ctx: LoweringContext, mean: bool) -> None:
         return
     out_q = ctx.require_output_q()
     _quantized(ctx, *xs)
+    xs = list(same_width(ctx, *xs))
     top = max(x.q.s for x in xs)
     bits = headroom(*xs) - int(np.ceil(np.log2(n)))  # n operands of up to 255 (int16: 2**15) LSB of `top` each
     wide = [rescale(ctx, x, x.q.s / top * (1 << bits), np.int32, x.q.zp, 0, None) for x in xs]
