@@ -185,7 +185,13 @@ def _int_mul32(ctx: LoweringContext, a32: TTensor, b32: TTensor, scale: float, o
 
 
 def _centred32(ctx: LoweringContext, x: TTensor) -> TTensor:
-    """int8 or int16 x -> int32 (x - zp), exactly (a product of two fits int32)."""
+    """int8 or int16 x -> int32 (x - zp), exactly (a product of two fits int32). An int16 x (zero point 0) by a
+    CAST: Vela 5.2 runs the RESCALE of a SLICE's int16 result, which it does not fuse into the MUL, over the
+    unsliced tensor on U55/U65 (tests/npusim/test_vela_slice_rescale.py; a GRU's gate split in 16x8)."""
+    if x.dtype == np.int16 and int(np.max(np.abs(x.q.zp))) == 0:
+        out = ctx.new_tensor(x.shape, np.int32, x.perm)
+        ctx.op(Op.CAST, [x.name], [out.name], attr("Cast"))
+        return out
     return rescale(ctx, x, 1.0, np.int32, x.q.zp, 0, None)
 
 
