@@ -74,6 +74,61 @@ def _feeds(model: onnx.ModelProto, path: Path, samples: int) -> list[dict[str, n
             for i in range(n)]
 
 
+def weights_only(qdq: onnx.ModelProto) -> onnx.ModelProto:
+    """The int8 QDQ model with every activation QuantizeLinear -> DequantizeLinear pair removed (a Clip at 0 where the
+    grid starts at 0: a ReLU the quantiser folded into it): int8 weights, float activations. Its SNR against float
+    is the most any activation precision can give (Ethos-U weights are 8 or 4 bits in every TOSA form Vela takes)."""
+    from onnx import helper, numpy_helper
+
+    m = onnx.ModelProto()
+    m.CopyFrom(qdq)
+    producer = {o: n for n in m.graph.node for o in n.output}
+    consts = {t.name: numpy_helper.to_array(t) for t in m.graph.initializer}
+    nodes = []
+    for n in m.graph.node:
+        q = producer.get(n.input[0]) if n.op_type == "DequantizeLinear" else None
+        if q is None or q.op_type != "QuantizeLinear" or len(q.input) < 3:
+            nodes.append(n)
+            continue
+        zp = consts[q.input[2]]
+        if np.all(zp == np.iinfo(zp.dtype).min):  # a grid starting at 0: a ReLU the quantiser folded
+            floor = numpy_helper.from_array(np.array(0.0, np.float32), f"{n.output[0]}_floor")
+            m.graph.initializer.append(floor)
+            nodes.append(helper.make_node("Clip", [q.input[0], floor.name], [n.output[0]]))
+        else:
+            nodes.append(helper.make_node("Identity", [q.input[0]], [n.output[0]]))
+    del m.graph.node[:]
+    m.graph.node.extend(nodes)  # the pairs' QuantizeLinear nodes stay, unread
+    return m
+
+
+def ceiling_snr(build_dir: Path, name: str, eval_dir: Path, samples: int) -> float | None:
+    """SNR against float of the int8 weights alone (float activations), on the held-out inputs."""
+    import onnxruntime as ort
+
+    from npubuild.verify.numerics import snr_db
+
+    qdqs = sorted((build_dir / "stages" / "quantize").glob(f"{name}-*/model_qdq.onnx"), key=lambda p: p.stat().st_mtime)
+    floats = sorted((build_dir / "stages" / "import").glob(f"{name}-*/model.onnx"), key=lambda p: p.stat().st_mtime)
+    if not qdqs or not floats:
+        return None
+    model = onnx.load(str(floats[-1]))
+    wq = weights_only(onnx.load(str(qdqs[-1])))
+    opts = ort.SessionOptions()
+    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    s_f = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    s_w = ort.InferenceSession(wq.SerializeToString(), opts, providers=["CPUExecutionProvider"])
+    names = [o.name for o in s_f.get_outputs()]
+    ref, got = {k: [] for k in names}, {k: [] for k in names}
+    for fd in _feeds(model, next(eval_dir.glob(f"{name}.np*")), samples):
+        for k, a, b in zip(names, s_f.run(names, fd), s_w.run(names, fd), strict=True):
+            ref[k].append(a), got[k].append(b)
+    floats = [k for k in names if np.asarray(ref[k][0]).dtype.kind == "f"]
+    if not all(np.isfinite(np.stack(got[k])).all() for k in floats):
+        return None  # float activations past what the int8 grid clipped (a layer norm's variance) overflow: no figure
+    return min(snr_db(np.stack(ref[k]), np.stack(got[k])) for k in floats)
+
+
 def deployed_accuracy(build_dir: Path, entry: dict, eval_dir: Path, samples: int) -> dict:
     """The build's deployed graph against the float model on the held-out inputs."""
     from npubuild.config.accelerator import Accelerator
@@ -128,9 +183,11 @@ def main() -> int:
     report = json.loads((build_dir / "report.json").read_text())
     by = {(b["spec"], b["target"]): b for b in report["builds"]}
     print("| model | target | int8 SNR dB | 16x8 SNR dB | auto SNR dB | budget | int8 ms | 16x8 ms | auto ms | "
-          "int8 SRAM KiB | 16x8 SRAM | auto SRAM | auto: int16 groups, int4 layers | npu-sim (int8/16x8/auto) |")
-    print("|---|---|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|---|---|")
+          "int8 SRAM KiB | 16x8 SRAM | auto SRAM | auto: int16 groups, int4 layers | npu-sim (int8/16x8/auto) | "
+          "w8 ceiling dB |")
+    print("|---|---|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|---|---|---:|")
     for name in names:
+        ceiling = ceiling_snr(build_dir, name, args.eval or real / "eval", args.samples)
         for target in TARGETS:
             cells, times, srams, sims = [], [], [], []
             for variant in VARIANTS:
@@ -152,7 +209,8 @@ def main() -> int:
                      f"{p.get('weighted_layers', '-')}" + ("" if p.get("met", True) else " (budget not met on calibration)")
             budget = "top-1 = float" if name in CLASSIFIERS else f">= {MIN_SNR_DB:g} dB"
             print(f"| {name} | {target} | {cells[0]} | {cells[1]} | {cells[2]} | {budget} | {' | '.join(times)} | "
-                  f"{' | '.join(srams)} | {chosen} | {'/'.join(sims)} |", flush=True)
+                  f"{' | '.join(srams)} | {chosen} | {'/'.join(sims)} | "
+                  f"{'-' if ceiling is None else f'{ceiling:.1f}'} |", flush=True)
     return 0
 
 

@@ -27,6 +27,9 @@ def precision_lines(m: dict) -> list[str]:
         lines.append(f"budget {want.strip()}, slowdown <= {b['max_slowdown']}x: {'met' if p['met'] else 'NOT MET'}; "
                      f"calibration SNR vs float int8 {p['int8']['snr_db']} dB, all-int16 {p['int16']['snr_db']} dB, "
                      f"chosen {p['chosen']['snr_db']} dB; {cyc}")
+        if p.get("int16_meets") is False:
+            lines.append("16 bits everywhere does not reach the budget either: the int8 weights (the widest Ethos-U "
+                         "weights) limit the accuracy")
     return lines
 
 

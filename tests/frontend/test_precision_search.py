@@ -82,3 +82,19 @@ def test_int4_weights_within_the_budget(sensitive):
     assert Measure(model, arrays)(apply_plan(int8, plan, ("u55",), ranges)).snr_db >= 25.0
     assert {lay["layer"] for lay in record["layers"] if lay["chosen"]} == set(plan.int4)
     assert all(lay["weight_bytes_saved"] > 0 for lay in record["layers"])
+
+
+def test_a_budget_16_bits_cannot_reach_fails_its_gate_with_the_best_plan(sensitive):
+    """A budget past what 16 bits everywhere gives (the int8 weights' limit): the search keeps every group int16
+    (Vela's figure for that is within the slowdown), says the budget is out of reach, and the build's
+    `quantization.budget` gate fails with the SNR reached."""
+    from npubuild.report.gates import evaluate
+
+    model, int8, arrays, cost = sensitive
+    budget = PrecisionBudget(min_snr_db=150.0, max_slowdown=10.0, weights_int4=False)
+    plan, record = search(int8, model, arrays, ("u55",), budget, cost, calibration_ranges(model, arrays))
+    assert plan.int16 == {g["group"] for g in record["groups"]} and not record["met"] and not record["int16_meets"]
+    (gate,) = evaluate({}, {"precision": {"met": record["met"], "budget": record["budget"],
+                                          "chosen": record["chosen"]}})
+    assert gate["name"] == "quantization.budget.min_snr_db" and not gate["ok"]
+    assert gate["value"] == record["chosen"]["snr_db"] < 150.0

@@ -64,6 +64,7 @@ def precision_stage(float_path: Path, int8_path: Path, quantization: Quantizatio
     if "search" in record:
         s = record["search"]
         summary.update({"met": s["met"], "budget": s["budget"], "int8": s["int8"], "int16": s["int16"],
+                        "int16_meets": s.get("int16_meets"),
                         "chosen": s["chosen"], "cycles": s["cycles"], "fits": s["fits"],
                         # what each choice cost (Vela's cycles per target) and bought (the dB it saves)
                         "int16_choices": [g for g in s["groups"] if g["chosen"]],
