@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import difflib
 import gc
 import re
 import sys
@@ -12,6 +11,7 @@ import traceback
 from npubuild.commands import register_all
 from npubuild.errors import InputError, NpubuildError
 from npubuild.longlived import long_lived
+from npubuild.suggest import did_you_mean
 
 EPILOG = """\
 exit codes:
@@ -62,10 +62,33 @@ class Parser(argparse.ArgumentParser):
         m = re.search(r"invalid choice: '([^']*)' \(choose from (.*)\)", message)
         if m:
             choices = re.findall(r"'([^']*)'", m.group(2))
-            close = difflib.get_close_matches(m.group(1), choices, n=1, cutoff=0.5)
-            hint = f"; did you mean '{close[0]}'?" if close else f" (choose from {', '.join(choices)})"
+            hint = did_you_mean(m.group(1), choices) or f" (choose from {', '.join(choices)})"
             message = f"{message[:m.start()]}invalid choice: '{m.group(1)}'{hint}"
         raise UsageError(f"{self.prog}: {message}")
+
+    def parse_args(self, args=None, namespace=None):  # type: ignore[override]
+        """argparse's, but an unknown option is named with the closest option of the command it was given to
+        (`--keepgoing`: did you mean '--keep-going'?), one line per option."""
+        parsed, extras = self.parse_known_args(args, namespace)
+        if extras:
+            command = getattr(parsed, "command", None)
+            sub = self._subparsers_by_name().get(command) if command else None
+            options = [o for a in (sub or self)._actions for o in a.option_strings if o.startswith("--")]
+            where = f"{self.prog} {command}" if sub is not None else self.prog
+            hints = {e: did_you_mean(e.split("=", 1)[0], options) if e.startswith("-") else None for e in extras}
+            if len(extras) == 1:
+                what = f"unrecognized argument: {extras[0]}{hints[extras[0]] or ''}"
+            else:
+                what = "unrecognized arguments: " + ", ".join(
+                    f"{e} ({hints[e][2:]})" if hints[e] else e for e in extras)
+            raise UsageError(f"{where}: {what}")
+        return parsed
+
+    def _subparsers_by_name(self) -> dict[str, argparse.ArgumentParser]:
+        for action in self._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                return dict(action.choices)
+        return {}
 
 
 def _version() -> str:
@@ -77,7 +100,7 @@ def _version() -> str:
 def make_parser() -> Parser:
     p = Parser(prog="npubuild", description="Build ONNX models for Arm Ethos-U NPUs from YAML compile specs.",
                epilog=EPILOG)
-    p.add_argument("--version", action="version", version=_version())
+    p.add_argument("-V", "--version", action="version", version=_version())
     p.add_argument("--debug", action="store_true", help="show Python tracebacks (also accepted after the subcommand)")
     sub = p.add_subparsers(dest="command", required=True, parser_class=Parser, metavar="COMMAND")
     register_all(sub)
@@ -96,7 +119,10 @@ def main(argv: list[str] | None = None) -> int:
     debug = False
     try:
         with long_lived():  # the subcommands' modules (numpy with some): for the life of the process
-            args = make_parser().parse_args(argv)
+            try:
+                args = make_parser().parse_args(argv)
+            except SystemExit as done:  # --help, --version: printed; the exit code returned, not raised
+                return done.code if isinstance(done.code, int) else 0
         debug = args.debug
         return args.func(args)
     except UsageError as exc:

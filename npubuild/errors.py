@@ -35,6 +35,7 @@ class NpubuildError(Exception):
     """Base class: carries a one-line message and an optional location."""
 
     exit_code = 1
+    detail: dict = {}  # what the failure measured, beside its line: kept in the stage's error.json for the report
     kind = "stage"
 
     def __init__(self, message: str, location: Location | str | Path | None = None):
@@ -90,19 +91,29 @@ class StageError(NpubuildError):
     exit_code = 1
 
 
+class PoolsTooSmall(StageError):
+    """A pool check that failed (ethosu/pools.py): its one line, and per target every pool's need and size, so
+    the report's fit table shows the builds that do not fit with what they need. `lower_bound`: the needs are
+    the early check's lower bounds from the model's shapes (ethosu/early_fit.py), not Vela's exact sizes."""
+
+    def __init__(self, message: str, pools: dict[str, list[dict]], lower_bound: bool = False):
+        super().__init__(message)
+        self.detail = {"pools": pools, "lower_bound": lower_bound}
+
+
 REPORT_REQUEST = "please report it with the model if you can; --debug or the stage's error.json has the traceback"
 
 
 class InternalError(NpubuildError):
     """An exception inside npubuild on input it accepted (a bug of ours, not the user's): exit 1, kind
-    'internal'. `detail` keeps the traceback for the stage's error.json."""
+    'internal'. `detail` keeps the traceback for the stage's error.json (`traceback`)."""
 
     exit_code = 1
     kind = "internal"
 
     def __init__(self, message: str, location: Location | str | Path | None = None, detail: str | None = None):
         super().__init__(f"internal error: {message} ({REPORT_REQUEST})", location)
-        self.detail = detail
+        self.detail = {"traceback": detail} if detail else {}
 
 
 def one_line(text: str, limit: int = 400) -> str:

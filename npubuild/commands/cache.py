@@ -21,13 +21,14 @@ def _cache(args):
 
 def cmd_cache(args) -> int:
     from npubuild.engine.cache import parse_age
+    from npubuild.report.brief import human_bytes
 
     cache = _cache(args)
     if args.action == "stats":
         s = cache.stats()
-        debris = f", {s['debris_bytes'] / 1024:.1f} KiB left by killed writers (verify/prune remove it)" \
+        debris = f", {human_bytes(s['debris_bytes'])} left by killed writers (verify/prune remove it)" \
             if s["debris_bytes"] else ""
-        print(f"{s['url']}: {s['entries']} entries, {s['bytes'] / 1024:.1f} KiB{debris}")
+        print(f"{s['url']}: {s['entries']} entries, {human_bytes(s['bytes'])}{debris}")
     elif args.action == "verify":
         total, bad = cache.verify()
         print(f"{total} entries checked, {len(bad)} bad (discarded)")

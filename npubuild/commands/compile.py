@@ -16,16 +16,23 @@ REPORT_SUBDIR = "compile"
 
 def cmd_compile(args) -> int:
     from npubuild.config.load import adhoc_builds
-    from npubuild.engine.session import build
+    from npubuild.engine.session import build, warnings_block
     from npubuild.stages import STAGES
 
     builds = adhoc_builds(Path(args.model), args.target, args.pipeline)
     build_dir = build_dir_of(args)
     result = build(builds, build_dir, STAGES, quiet=True, debug=args.debug, reports=build_dir / REPORT_SUBDIR,
-                   summary=not args.json)
+                   summary=False)
+    entries = result.report["builds"]
     if args.json:
-        entries = result.report["builds"]
         print(dumps_indented(entries[0] if len(entries) == 1 else {"builds": entries}))  # json.dumps(indent=2), faster
+    else:  # the result line `npubuild build` prints for each build, above its closing summary
+        from npubuild.report.brief import result_line
+        from npubuild.report.regress import build_id
+
+        for entry in entries:
+            print(result_line(build_id(entry), entry))
+        print(warnings_block(result.report) + result.summary_line())
     return result.exit_code
 
 

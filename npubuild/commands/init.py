@@ -77,10 +77,30 @@ def scaffold(root: Path, product: str) -> list[Path]:
     return list(files)
 
 
+def enclosing_project(root: Path) -> tuple[Path, str] | None:
+    """The project `root` would be nested in (an ancestor with a project marker) and that marker, or None.
+    A directory that is its own git repository is not nested: commands run in it stop at its .git anyway."""
+    from npubuild.config.load import ROOT_MARKERS
+
+    root = root.resolve()
+    if (root / ".git").exists():
+        return None
+    for d in root.parents:
+        for marker in ROOT_MARKERS:
+            if (d / marker).exists():
+                return d, marker
+    return None
+
+
 def cmd_init(args) -> int:
     root = Path(args.dir)
     if root.exists() and not root.is_dir():
         raise InputError("not a directory", str(root))
+    outer = None if args.force else enclosing_project(root)
+    if outer is not None:
+        raise InputError(f"inside the project at {outer[0]} (its {outer[1]}): a project here would take over every "
+                         "command run below it (`npubuild build` from its configs/ would build it, not the outer "
+                         "one); init a directory outside it, or --force to nest one", str(root))
     product = args.name or re.sub(r"[^A-Za-z0-9_.\-]", "-", root.resolve().name).strip("-._") or "product"
     if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.\-]*", product):
         raise InputError(f"--name '{product}': use letters, digits, '_', '.', '-'")
@@ -94,4 +114,6 @@ def register(sub) -> None:
     i = sub.add_parser("init", help="scaffold a product config repo (dodo.py, targets/, configs/) in DIR")
     i.add_argument("dir", metavar="DIR", help="where to write the product repo (created if missing)")
     i.add_argument("--name", help="product name (default: the directory's name)")
+    i.add_argument("--force", action="store_true",
+                   help="scaffold even inside another project (nested: commands below it find this one)")
     i.set_defaults(func=cmd_init)

@@ -35,6 +35,7 @@ CONDITIONAL = {
     "comparison-int32": ({"EQUAL", "GREATER", "GREATER_EQUAL"}, "Vela compares INT32 only"),
 }
 X = [1, 8, 8, 8]
+OPS_ALIGN = 36  # the TOSA ops column's alignment width (its cells are never cut)
 
 
 @dataclass(frozen=True)
@@ -246,28 +247,38 @@ def conditions(row: dict) -> list[str]:
 
 
 def table(rows: list[dict]) -> str:
+    """The table as text, every column as wide as its widest cell: nothing is cut (a pipe, `grep`, a file
+    get every TOSA op and note; a terminal narrower than a line wraps it)."""
     fams = list(FAMILY_NAMES)
-    lines = [f"{'ONNX op':<30}" + "".join(f"{f:<9}" for f in fams) + f"{'int16 ' + '/'.join(fams):<27}"
-             + f"{'TOSA ops (u55)':<31}notes",
-             f"{'':<30}" + "".join(f"{'-' * 7:<9}" for _ in fams) + f"{'-' * 25:<27}"]
+    body = []
     for r in rows:
         if "error" in r or "note" in r:
-            lines.append(f"{r['label']:<30}" + "".join(f"{'-':<9}" for _ in fams) + f"{'':<27}{'':<31}"
-                         + (f"probe failed: {r['error']}" if "error" in r else r["note"]))
+            body.append((r["label"], ["-"] * len(fams), "", "", f"probe failed: {r['error']}" if "error" in r
+                         else r["note"]))
             continue
         cells, notes = [], []
         for f in fams:
             v = r["families"][f]
-            cells.append(f"{v['where'].upper() if v['where'] != 'fused' else 'fused':<9}")
+            cells.append(v["where"].upper() if v["where"] != "fused" else "fused")
             if v["where"] == "cpu" and f"{v['rule']}: {v['reason']}" not in notes:
                 notes.append(f"{v['rule']}: {v['reason']}")
             if v["where"] == "fused" and "fused into the op before it (its epilogue)" not in notes:
                 notes.append("fused into the op before it (its epilogue)")
         notes += [f"depends: {c}" for c in conditions(r)]
-        ops = ", ".join(r["families"]["u55"]["tosa_ops"]) or "-"
-        ops = ops if len(ops) <= 30 else ops[:29] + "…"
         int16 = "/".join(_bits(r.get("int16", {}).get(f)) for f in fams)
-        lines.append(f"{r['label']:<30}" + "".join(cells) + f"{int16:<27}" + f"{ops:<31}" + "; ".join(notes))
+        body.append((r["label"], cells, int16, ", ".join(r["families"]["u55"]["tosa_ops"]) or "-", "; ".join(notes)))
+    label_w = max([len("ONNX op"), *(len(b[0]) for b in body)]) + 2
+    fam_w = max(len(f) for f in fams) + 2
+    int16_head = "int16 " + "/".join(fams)
+    int16_w = len(int16_head) + 2
+    # aligned for the usual lists; a longer one is written whole and moves its own row's notes along
+    ops_w = min(OPS_ALIGN, max([len("TOSA ops (u55)"), *(len(b[3]) for b in body)])) + 2
+    lines = [f"{'ONNX op':<{label_w}}" + "".join(f"{f:<{fam_w}}" for f in fams) + f"{int16_head:<{int16_w}}"
+             + f"{'TOSA ops (u55)':<{ops_w}}notes",
+             f"{'':<{label_w}}" + "".join(f"{'-' * (fam_w - 2):<{fam_w}}" for _ in fams) + "-" * (int16_w - 2)]
+    for label, cells, int16, ops, notes in body:
+        lines.append((f"{label:<{label_w}}" + "".join(f"{c:<{fam_w}}" for c in cells) + f"{int16:<{int16_w}}"
+                      + f"{ops:<{ops_w - 2}}  " + notes).rstrip())
     lines.append("")
     lines.append("Families: " + ", ".join(f"{k} = {v}" for k, v in FAMILY_NAMES.items()) + ". NPU: compiled by Vela; "
                  "CPU: a host partition run by onnxruntime (the rule says why).")
@@ -284,11 +295,14 @@ def _bits(precision: str | None) -> str:
     return "16" if "16" in precision else "8"
 
 
-def cmd_ops(args) -> int:
+def compute_rows() -> list[dict]:
+    """Every op type's row, each probe lowered for real (a few seconds: ~100 quantise + 4-family lowerings),
+    spread over the cores."""
     import logging
 
     import onnxruntime
 
+    from npubuild.engine.fanout import fan_out
     from npubuild.lowering.registry import supported_op_types
 
     logging.getLogger().setLevel(logging.ERROR)
@@ -296,14 +310,59 @@ def cmd_ops(args) -> int:
     by_op: dict[str, list[Probe]] = {}
     for p in probes():
         by_op.setdefault(p.op, []).append(p)
-    rows = []
+    plan: list[dict | Probe] = []
     for op in supported_op_types():
         if op in STRUCTURAL:
-            rows.append({"op": op, "label": op, "families": {}, "note": STRUCTURAL[op]})
+            plan.append({"op": op, "label": op, "families": {}, "note": STRUCTURAL[op]})
         elif op in by_op:
-            rows += [probe(p) for p in by_op[op]]
+            plan += by_op[op]
         else:
-            rows.append({"op": op, "label": op, "families": {}, "error": "no probe model for this op type yet"})
+            plan.append({"op": op, "label": op, "families": {}, "error": "no probe model for this op type yet"})
+    todo = [p for p in plan if isinstance(p, Probe)]
+    done = iter(fan_out(lambda i: probe(todo[i]), len(todo), expected_s=len(todo) * 0.08))
+    return [next(done) if isinstance(p, Probe) else p for p in plan]
+
+
+def cache_path() -> Path | None:
+    """Where the table is kept between runs: the user's cache dir, keyed by the source of this command and
+    everything it imports (lowering, support rules, quantiser) and the versions of onnx, onnxruntime and
+    onnx-ir, so any change that could move a row computes it again. None: no home to keep it in."""
+    import os
+
+    from npubuild.engine.versions import source_fingerprint, tool_version
+    from npubuild.fileio import stable_hash
+
+    base = os.environ.get("XDG_CACHE_HOME") or (str(Path.home() / ".cache") if Path.home().is_dir() else "")
+    if not base:
+        return None
+    key = stable_hash([source_fingerprint(__name__), [tool_version(t) for t in ("onnx", "onnxruntime", "onnx-ir",
+                                                                               "numpy")]], 16)
+    return Path(base) / "npubuild" / f"ops-{key}.json"
+
+
+def cached_rows(fresh: bool = False) -> list[dict]:
+    """The rows from the cache (well under a second) or computed and kept there (cold: 7-9 s, bench/ops_speed.md)."""
+    from npubuild.fileio import write_text
+
+    path = cache_path()
+    if path is not None and not fresh:
+        try:
+            rows = json.loads(path.read_text())
+            if isinstance(rows, list) and all(isinstance(r, dict) and "op" in r for r in rows):
+                return rows
+        except (OSError, ValueError):
+            pass
+    rows = compute_rows()
+    if path is not None:
+        try:
+            write_text(path, json.dumps(rows))
+        except OSError:  # a read-only home: computed each time, still right
+            pass
+    return rows
+
+
+def cmd_ops(args) -> int:
+    rows = cached_rows(args.fresh)
     if args.json:
         print(json.dumps([{**r, "conditions": conditions(r)} for r in rows], indent=2))
     else:
@@ -316,4 +375,6 @@ def register(sub) -> None:
                        description=__doc__.split("\n\n", 1)[1])
     o.add_argument("--json", action="store_true", help="print the table as JSON (per op: per family placement, "
                    "TOSA ops, rule and reason)")
+    o.add_argument("--fresh", action="store_true", help="probe every op type again rather than read the table "
+                   "kept in the user cache dir (kept per npubuild source and onnx/onnxruntime version)")
     o.set_defaults(func=cmd_ops)

@@ -37,6 +37,21 @@ def load_report(path: Path) -> dict:
     return report
 
 
+def summary_text(report: dict, build_dir: Path) -> str:
+    """What `report` prints before the baseline section: the counts, one line per build that did not pass with
+    its cause, and where the full reports are (report.md has every table; `--markdown` prints it)."""
+    from npubuild.report.brief import failure_cause
+    from npubuild.report.regress import build_id
+
+    builds = report["builds"]
+    counts = {s: sum(1 for b in builds if b["status"] == s) for s in ("passed", "failed", "skipped")}
+    lines = [f"{len(builds)} builds: {counts['passed']} passed, {counts['failed']} failed, {counts['skipped']} skipped"
+             + (f" (run {report['run_id']})" if report.get("run_id") else "")]
+    lines += [f"{b['status'].upper():<7} {build_id(b)}: {failure_cause(b)}" for b in builds if b["status"] != "passed"]
+    lines.append(f"full report: {build_dir / 'report.md'} (--markdown prints it), {build_dir / 'report.html'}")
+    return "\n".join(lines) + "\n"
+
+
 ENTRY_FIELDS = {"spec": str, "model": str, "target": str, "status": str, "metrics": dict, "stages": dict,
                 "gates": list, "errors": list}
 
@@ -70,7 +85,7 @@ def cmd_report(args) -> int:
     build_dir = build_dir_of(args)
     report = load_report(build_dir / "report.json")
     comparison, baseline = None, None
-    text = render_markdown(report)
+    text = render_markdown(report) if args.markdown else summary_text(report, build_dir)
     if args.baseline:
         baseline = load_report(Path(args.baseline))
         thresholds = load_thresholds(Path(args.thresholds) if args.thresholds else None, project_dir())
@@ -93,7 +108,7 @@ def cmd_report(args) -> int:
 
 def register(sub) -> None:
     r = sub.add_parser("report", help="print the report of a build directory, compare with a baseline",
-                       description="Print report.md of a build directory and rewrite its report.html; with "
+                       description="Summarise a build directory's report and rewrite its report.html; with "
                                    "--baseline, per-metric deltas and regressions (exit 1 on any).")
     add_build_dir(r)
     r.add_argument("--baseline", metavar="REPORT_JSON",
@@ -104,4 +119,6 @@ def register(sub) -> None:
     r.add_argument("--history", metavar="DIR", help="add this run to a store of past reports in DIR and draw a "
                    "trend chart per metric (default: $NPUBUILD_HISTORY, else none)")
     r.add_argument("--keep", type=int, default=30, metavar="N", help="with --history: runs kept")
+    r.add_argument("--markdown", action="store_true",
+                   help="print the whole report.md (default: a summary: counts and the builds that did not pass)")
     r.set_defaults(func=cmd_report)

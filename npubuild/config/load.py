@@ -27,6 +27,7 @@ from npubuild.config.accelerator import Accelerator
 from npubuild.config.schema import CompileSpec, Pipeline, TargetProfile, VelaOptions
 from npubuild.config.yamlfile import KEY, KeyPath, Marks, deep_merge, load_yaml, locate
 from npubuild.errors import InputError, Location
+from npubuild.suggest import allowed_keys, did_you_mean
 
 SHIPPED_DATA = "_shipped"  # npubuild/_shipped/{targets,pipelines} in a wheel (setup.py's build_py copies them)
 
@@ -89,7 +90,8 @@ def validate(model: type[M], data: Any, marks: Marks, file: Path) -> M:
         msg = err["msg"]
         if err["type"] == "extra_forbidden":
             where = marks.get((*clean, KEY), where)
-            msg = f"unknown key '{clean[-1] if clean else loc[-1]}'"
+            key = str(clean[-1] if clean else loc[-1])
+            msg = f"unknown key '{key}'" + (did_you_mean(key, allowed_keys(model, loc[:-1])) or "")
             field = ".".join(str(p) for p in clean[:-1]) or "(top level)"
         elif err["type"] == "missing":
             msg = f"missing required key '{loc[-1]}'"
@@ -210,8 +212,9 @@ def _load_named(model: type[M], kind: str, name: str, search: SearchPath, where:
     """A target profile or pipeline by name: `<dir>/<kind>/<name>.yaml` on the search path, extends merged."""
     path = search.find(kind, name, where=where)
     if path is None:
-        known = ", ".join(search.names(kind)) or "none"
-        raise InputError(f"unknown {kind[:-1]} '{name}' (known: {known})", where)
+        names = search.names(kind)
+        hint = did_you_mean(name, names) or f" (known: {', '.join(names) or 'none'})"
+        raise InputError(f"unknown {kind[:-1]} '{name}'{hint}", where)
     data, marks = load_with_extends(path, kind, search)
     data.setdefault("name", name)
     return validate(model, data, marks, path), path

@@ -134,9 +134,7 @@ def execute(task: StageTask, run_id: str, debug: bool = False, cache: StageCache
     try:
         metrics = run_stage_function(task, preload)
     except NpubuildError as exc:
-        detail = getattr(exc, "detail", None)  # an InternalError's traceback
-        write_json(err_path, {"kind": exc.kind, "message": str(exc), "run_id": run_id,
-                              **({"traceback": detail} if detail else {})})
+        write_json(err_path, {"kind": exc.kind, "message": str(exc), "run_id": run_id, **exc.detail})
         raise
     except Exception as exc:  # a bug or a tool crash: keep the traceback on disk, one line on screen
         if is_out_of_memory(exc):  # a model whose tensors do not fit this machine: the traceback is no help

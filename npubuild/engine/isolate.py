@@ -80,6 +80,7 @@ def _rebuild(kind: str, payload: dict, failure: type[NpubuildError], where: str 
         exc = (InputError if payload["exit_code"] == 2 else NpubuildError)(
             payload["message"], Location(*loc) if loc is not None else None)
         exc.exit_code = payload["exit_code"]
+        exc.detail = payload.get("detail") or {}
         return exc
     if kind == "memory":
         return failure(f"{payload['what']} needs more than {payload['limit_mib']} MiB of memory "

@@ -1,23 +1,24 @@
 """Build progress: counts, an ETA and the builds that finished; drawn as a live table on a terminal (rich) or
 as one line per event in CI logs (the session prints those).
 
-The live display is cargo-like: an overall bar (`[=====>    ] 57/106 tasks, 12/27 builds, 3 failed, ETA 12 s`),
-the per-stage table with fixed column widths (so it does not jump as names come and go), and the last
-builds that failed, each with its cause.
+The live display is cargo-like: an overall bar (`[=====>    ] 57/106 tasks, 12/27 builds, 3 failed, ETA 12 s`)
+and the per-stage table with fixed column widths (so it does not jump as names come and go); the result line
+of each finished build and each failure's one line are printed above it and stay when it goes.
 """
 
 from __future__ import annotations
 
 import time
-from collections import deque
 from typing import IO
 
 from npubuild.engine.plan import BuildPlan
 
 STATES = ("running", "ran", "restored", "cached", "failed", "blocked")  # blocked: not run, an upstream task failed
 BAR_WIDTH = 28
+# The ETA waits for a measured time of every stage with work left: extrapolating an unseen stage from the
+# seen ones (the mean of them, or a fixed share per stage) was 1.2-2.4x off at its first figure on the
+# example builds, each stage's first task carrying start-up and one model's size (bench/eta.md).
 RUNNING_WIDTH = 44  # the running column's fixed width; longer lists are cut with "+N"
-SHOWN_FAILURES = 5
 
 
 def format_seconds(s: float) -> str:
@@ -40,9 +41,10 @@ class StageProgress:
         self.builds_total = len(plan.builds)
         self.builds_done = 0
         self.builds_failed = 0
-        self.failures: deque[tuple[str, str]] = deque(maxlen=SHOWN_FAILURES)  # (build id, cause), latest last
         self._seconds: dict[str, list[float]] = {}  # stage -> durations of the tasks that ran here
         self._max_parallel = 1
+        self._deps = {name: list(getattr(t, "deps", [])) for name, t in plan.tasks.items()}  # in the plan's order
+        self._finished: set[str] = set()
 
     @staticmethod
     def stage_of(task_name: str) -> str:
@@ -58,6 +60,8 @@ class StageProgress:
             self.counts[stage]["running"] -= 1
             if state in ("ran", "restored"):
                 self._seconds.setdefault(stage, []).append(now - began)
+        if state != "running":
+            self._finished.add(task_name)
         if state == "running":
             self.running[task_name] = now
             self._max_parallel = max(self._max_parallel, len(self.running))
@@ -67,7 +71,6 @@ class StageProgress:
         self.builds_done += 1
         if cause is not None:
             self.builds_failed += 1
-            self.failures.append((build_id, cause))
 
     @staticmethod
     def _done(c: dict[str, int]) -> int:
@@ -78,21 +81,29 @@ class StageProgress:
         return sum(self._done(c) for c in self.counts.values())
 
     def eta(self) -> float | None:
-        """Seconds left: each stage's tasks still to do at the mean time of that stage's tasks so far (the mean
-        of all stages for one not seen yet), spread over the parallel tasks seen; None before any task ran."""
+        """Seconds left, once it can be said from this run's own figures: None until every stage with work
+        left has finished a task here (the depth-first schedule finishes a first build early). Then each task
+        left takes its stage's mean so far, and the time left is the longer of that work spread over the
+        parallel tasks seen and the longest chain of dependent tasks left (a lower bound on any schedule; a
+        model's TOSA check cannot start before its lowering, whatever the jobs)."""
         means = {s: sum(v) / len(v) for s, v in self._seconds.items() if v}
-        if not means:
+        pending = {s for s, total in self.total.items()
+                   if total - self._done(self.counts[s]) > 0}
+        if not pending or not pending <= set(means):
             return None
-        overall = sum(means.values()) / len(means)
         now = time.perf_counter()
-        left = 0.0
-        for stage, total in self.total.items():
-            c = self.counts[stage]
-            todo = total - (self._done(c) + c["running"])
-            left += todo * means.get(stage, overall)
-        for name, began in self.running.items():
-            left += max(0.0, means.get(self.stage_of(name), overall) - (now - began))
-        return left / self._max_parallel
+
+        def left_of(name: str) -> float:
+            mean = means[self.stage_of(name)]
+            began = self.running.get(name)
+            return mean if began is None else max(0.0, mean - (now - began))
+
+        todo = [n for n in self._deps if n not in self._finished]
+        work = sum(left_of(n) for n in todo)
+        finish: dict[str, float] = {}
+        for n in todo:  # the plan's order is a topological one: a task's deps come before it
+            finish[n] = max((finish.get(d, 0.0) for d in self._deps[n]), default=0.0) + left_of(n)
+        return max(work / self._max_parallel, max(finish.values(), default=0.0))
 
     def bar(self) -> str:
         """`[=====>      ] 57/106 tasks, 12/27 builds, 3 failed, 41.2 s, ETA 12 s`"""
@@ -119,7 +130,7 @@ class StageProgress:
         for col, width in widths.items():  # fixed: the counts never move as the running names come and go
             t.add_column(col, justify="left" if col == "stage" else "right", min_width=width, max_width=width,
                          no_wrap=True)
-        t.add_column("running", max_width=RUNNING_WIDTH, no_wrap=True, overflow="ellipsis")
+        t.add_column("running", min_width=RUNNING_WIDTH, max_width=RUNNING_WIDTH, no_wrap=True, overflow="ellipsis")
         now = time.perf_counter()
         for stage, total in self.total.items():
             if not total:
@@ -130,10 +141,7 @@ class StageProgress:
                      if self.stage_of(n) == stage]
             t.add_row(stage, f"{done}/{total}", str(c["ran"]), str(c["cached"]), str(c["restored"]),
                       f"[red]{c['failed']}[/red]" if c["failed"] else "0", _fit(names, RUNNING_WIDTH))
-        parts: list = [Text(self.bar()), t]
-        for build_id, cause in self.failures:
-            parts.append(Text(f"FAILED {build_id}: {cause}", style="red", overflow="ellipsis", no_wrap=True))
-        return Group(*parts)
+        return Group(Text(self.bar()), t)
 
 
 def _fit(names: list[str], width: int) -> str:
@@ -157,8 +165,12 @@ class LiveDisplay:
         from rich.live import Live
 
         self.progress = progress
-        self.live = Live(get_renderable=progress.table, console=Console(file=out), refresh_per_second=4,
-                         transient=False)
+        # on a terminal the table goes when the run ends, leaving the result lines and the closing summary (a
+        # no-op build: that one line, as cargo leaves its finished line and not its progress bar); a log
+        # (--progress live into a file) keeps its last frame
+        console = Console(file=out)
+        self.live = Live(get_renderable=progress.table, console=console, refresh_per_second=4,
+                         transient=console.is_terminal)
         self.live.start()
 
     def update(self) -> None:

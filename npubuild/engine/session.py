@@ -12,6 +12,7 @@ its reports elsewhere and the side commands none (Session's `reports`).
 from __future__ import annotations
 
 import gc
+import os
 import sys
 import time
 import uuid
@@ -27,7 +28,6 @@ from npubuild.engine.stage import Stage
 from npubuild.fileio import write_json
 from npubuild.longlived import long_lived
 from npubuild.records.build import Outcome
-from npubuild.report.brief import plain_message
 from npubuild.report.status import Status, passed
 
 OUTCOMES = tuple(o.value for o in Outcome)
@@ -36,6 +36,15 @@ BUILD_DIR = "build-dir"  # `reports=`: the project's reports in the build dir (e
 
 def new_run_id() -> str:
     return f"{time.strftime('%Y%m%dT%H%M%S')}-{uuid.uuid4().hex[:8]}"
+
+
+def warnings_block(report: dict) -> str:
+    """The builds' warnings (most of the model on the host, ...) as the lines above the closing summary; ''
+    when none warns."""
+    warned = [(f"{b['spec']}/{b['model']}/{b['target']}", w) for b in report["builds"] for w in b.get("warnings") or []]
+    if not warned:
+        return ""
+    return f"warnings ({len(warned)}):\n" + "".join(f"  warning: {bid}: {w}\n" for bid, w in warned)
 
 
 @dataclass
@@ -50,6 +59,19 @@ class RunResult:
     blocked: list[str] = field(default_factory=list)  # not run: an upstream task failed
     executor_code: int = 0
     report_dir: Path | None = None  # where report.json/md/html and run.json went (None: not written)
+    seconds: float = 0.0  # the run's wall time
+
+    def summary_line(self) -> str:
+        """The closing line: `10 ran, 0 cached, 0 failed, 0 restored from the shared cache; builds: 3 passed, ...`"""
+        counts = {s: sum(1 for b in self.report["builds"] if b["status"] == s) for s in Status}
+        hosted = counts[Status.HOST_ONLY] + counts[Status.MOSTLY_HOST]
+        host_note = f" ({counts[Status.HOST_ONLY]} host only, {counts[Status.MOSTLY_HOST]} mostly host)" if hosted else ""
+        where = f"report: {self.report_dir / 'report.json'}" if self.report_dir is not None else "no report written"
+        ran = len(self.executed) - len(self.from_cache)
+        return (f"{ran} ran, {len(self.cached)} cached, {len(self.failed)} failed, {len(self.from_cache)} restored "
+                f"from the shared cache; builds: {counts[Status.PASSED] + hosted} passed{host_note}, "
+                f"{counts[Status.FAILED]} failed, {counts[Status.SKIPPED]} skipped ({format_seconds(self.seconds)}); "
+                f"{where}")
 
     @property
     def exit_code(self) -> int:
@@ -80,15 +102,17 @@ class Session:
     `debug-numerics`: they read what they need from the result and leave the project's reports alone).
     `quiet`: no per-task lines or live table, the closing summary still; `summary=False`: no closing summary
     either, nothing on stdout (the command prints its own output). Errors go to stderr whatever these say:
-    one line per failed task naming its builds, one per gate that fell short. `selection`: what was asked
-    for (the spec arguments and --only), kept in report.json so that a baseline comparison can tell a build
-    not asked for from one lost.
+    one line per failed task naming its builds, one per gate that fell short, unless `per_build=False` (no
+    line per build at all, neither those nor the result lines: `advise`, whose table says it for dozens of
+    configurations). `selection`: what was asked for (the spec arguments and --only), kept in report.json so
+    that a baseline comparison can tell a build not asked for from one lost.
     """
 
     def __init__(self, plan: BuildPlan, run_id: str | None = None, quiet: bool = False, live: bool | None = None,
                  executor: str = "doit", reports: Path | str | None = BUILD_DIR, selection: dict | None = None,
-                 summary: bool = True, verbose: bool = False):
+                 summary: bool = True, verbose: bool = False, per_build: bool = True):
         self.plan = plan
+        self.per_build = per_build
         self.run_id = run_id or new_run_id()
         self.quiet = quiet
         self.summary = summary
@@ -106,7 +130,8 @@ class Session:
         self.result: RunResult | None = None
         self._left: dict[str, set[str]] = {bid: set(chain.values()) for bid, chain in plan.build_tasks.items()}
         self._worked: set[str] = set()  # builds with a task that ran, was restored or failed in this run
-        self._cause: dict[str, str] = {}  # build id -> why it failed (its first failed task)
+        self._cause: dict[str, str] = {}  # build id -> the stage of its first failed task
+        self._gates_said: set[str] = set()  # builds whose failed gates have had their lines
 
     # ------------------------------------------------------------------ events from the executor
 
@@ -127,10 +152,9 @@ class Session:
             self.messages[task_name] = text
             stage = task.stage if task is not None else task_name.split(":", 1)[0]
             for bid in builds:
-                self._cause.setdefault(bid, f"{stage}: {plain_message(text)}")
+                self._cause.setdefault(bid, stage)
             self._line(f"[{self._done():>3}/{len(self.plan.tasks)}] failed  {task_name}")
-            sys.stderr.write(error_line(text, _ids(builds) or task_name, stage) + "\n")
-            sys.stderr.flush()
+            self._error(error_line(text, _ids(builds) or task_name, stage))
         if outcome != "cached":
             self._worked.update(builds)
         for bid in builds:
@@ -141,25 +165,39 @@ class Session:
                     self._build_finished(bid)
 
     def _build_finished(self, build_id: str) -> None:
-        """Every task of the build has an outcome: say whether it passed and why not, as soon as it is known."""
-        from npubuild.report.brief import gate_text, headline
-        from npubuild.report.status import placement_status
+        """Every task of the build has an outcome: say whether it passed, as soon as it is known. Each failure's
+        text is printed once, as its `error:` line (a failed task's when it failed, naming every build it
+        stops; a gate's now); the result line names only where it failed."""
+        from npubuild.report.brief import gate_text, result_line
 
-        cause = self._cause.get(build_id)
-        figures = ""
-        if cause is None:
+        stage = self._cause.get(build_id)
+        where, entry = stage, {}
+        if stage is None:
             entry = self._entry(build_id)
             bad = [g for g in entry.get("gates", []) if not g.get("ok")]
-            cause = "; ".join(gate_text(g) for g in bad) if bad else None
-            figures = headline(entry.get("metrics", {}), placement_status(entry.get("metrics", {})))
-        self.progress.build_finished(build_id, cause)
-        if build_id not in self._worked and not self.verbose:
+            for g in bad:  # a failing gate fails the build even when nothing ran: always said
+                self._error(f"error: {build_id}: {gate_text(g)}")
+            self._gates_said.add(build_id)
+            where = ", ".join(f"gate {g['name']}" for g in bad) or None
+        self.progress.build_finished(build_id, where)
+        if (build_id not in self._worked and not self.verbose) or not self.per_build:
             return  # up to date: the closing summary counts it, no line each
-        text = f"FAILED {build_id}: {cause}" if cause else f"ok     {build_id}" + (f"  {figures}" if figures else "")
+        text = result_line(build_id, {"status": "passed", **entry}, where)
         if self.live is not None:
-            self.live.print(text, "red" if cause else "green")
+            self.live.print(text, "red" if where else "green")
         else:
             self._line(text)
+
+    def _error(self, line: str) -> None:
+        """A failure's one line: on stderr, or above the live table when that is where stderr shows (the same
+        terminal), whole rather than cut at its width."""
+        if not self.per_build:
+            return
+        if self.live is not None and _same_terminal(self.out, sys.stderr):
+            self.live.print(line, "red")
+            return
+        sys.stderr.write(line + "\n")
+        sys.stderr.flush()
 
     def _entry(self, build_id: str) -> dict:
         """The build's report-stage entry (metrics and gates), {} if it is not there."""
@@ -182,7 +220,6 @@ class Session:
         if self.result is not None:
             self.result.executor_code = self.result.executor_code or executor_code
             return self.result
-        from npubuild.report.brief import failure_cause
         from npubuild.report.summary import make_report, write_reports
 
         self._stop_live()
@@ -199,35 +236,22 @@ class Session:
                 from npubuild.config.schema import write_schemas
 
                 write_schemas(self.plan.build_dir)
-        for b in report["builds"]:  # a gate that fell short is a failure: say which, its limit and value
-            for g in b["gates"]:
-                if not g["ok"]:
-                    sys.stderr.write(f"{b['spec']}/{b['model']}/{b['target']}: gate {g['name']} failed: "
-                                     f"limit {g['limit']}, value {g['value']}\n")
-        sys.stderr.flush()
-        failed_builds = [(f"{b['spec']}/{b['model']}/{b['target']}", failure_cause(b)) for b in report["builds"]
-                         if b["status"] == "failed"]
-        if self.summary:
-            warned = [(build_id, w) for b in report["builds"] for w in b.get("warnings") or []
-                      for build_id in [f"{b['spec']}/{b['model']}/{b['target']}"]]
-            if warned:  # what passed but is not what it seems (most of it on the host): said even with -q
-                self.out.write(f"warnings ({len(warned)}):\n" + "".join(f"  warning: {bid}: {w}\n" for bid, w in warned))
-            if failed_builds:
-                self.out.write(f"failed builds ({len(failed_builds)}):\n"
-                               + "".join(f"  {bid}: {cause}\n" for bid, cause in failed_builds))
-            counts = {s: sum(1 for b in report["builds"] if b["status"] == s) for s in Status}
-            hosted = counts[Status.HOST_ONLY] + counts[Status.MOSTLY_HOST]
-            host_note = (f" ({counts[Status.HOST_ONLY]} host only, {counts[Status.MOSTLY_HOST]} mostly host)"
-                         if hosted else "")
-            where = f"report: {self.report_dir / 'report.json'}" if self.report_dir is not None else "no report written"
-            self.out.write(f"{len(o['ran'])} ran, {len(o['cached'])} cached, {len(o['failed'])} failed, "
-                           f"{len(o['from-cache'])} restored from the shared cache; builds: "
-                           f"{counts[Status.PASSED] + hosted} passed{host_note}, {counts[Status.FAILED]} failed, "
-                           f"{counts[Status.SKIPPED]} skipped "
-                           f"({format_seconds(time.perf_counter() - self.progress.start)}); {where}\n")
-            self.out.flush()
+        from npubuild.report.brief import gate_text
+
+        for b in report["builds"]:  # the gates of builds the run stopped before finishing (no --keep-going)
+            bid = f"{b['spec']}/{b['model']}/{b['target']}"
+            if bid not in self._gates_said:
+                for g in b["gates"]:
+                    if not g["ok"]:
+                        self._error(f"error: {bid}: {gate_text(g)}")
+        if self.summary:  # what passed but is not what it seems (most of it on the host): said even with -q
+            self.out.write(warnings_block(report))
         self.result = RunResult(self.plan, self.run_id, report, executed, sorted(o["cached"]), o["failed"],
-                                sorted(o["from-cache"]), sorted(o["blocked"]), executor_code, self.report_dir)
+                                sorted(o["from-cache"]), sorted(o["blocked"]), executor_code, self.report_dir,
+                                time.perf_counter() - self.progress.start)
+        if self.summary:
+            self.out.write(self.result.summary_line() + "\n")
+            self.out.flush()
         return self.result
 
     # ------------------------------------------------------------------ display
@@ -257,6 +281,17 @@ class Session:
         sys.stderr.write(f"error: {text}\n")
 
 
+def _same_terminal(a, b) -> bool:
+    """Whether two streams write to the same terminal (stdout and stderr of an interactive shell)."""
+    try:
+        if not (a.isatty() and b.isatty()):
+            return False
+        sa, sb = os.fstat(a.fileno()), os.fstat(b.fileno())
+    except (OSError, ValueError, AttributeError):
+        return False
+    return (sa.st_dev, sa.st_ino, sa.st_rdev) == (sb.st_dev, sb.st_ino, sb.st_rdev)
+
+
 def error_line(text: str, builds: str, stage: str) -> str:
     """A failed task's one stderr line, naming its builds and stage: `error: kws/ds_cnn/ethos-u55-128: vela:
     pool 'sram' ...` (a message with a position keeps it first: `spec.yaml:3:5: error: ...`)."""
@@ -273,11 +308,11 @@ def _ids(builds: list[str], shown: int = 3) -> str:
 
 def run_build(plan: BuildPlan, executor: Executor, wait: bool = False, quiet: bool = False,
               live: bool | None = None, reports: Path | str | None = BUILD_DIR, selection: dict | None = None,
-              summary: bool = True, verbose: bool = False) -> RunResult:
+              summary: bool = True, verbose: bool = False, per_build: bool = True) -> RunResult:
     """Run the plan with `executor`, holding the build dir's lock (`wait` for it, else fail at once if busy)."""
     with locked(plan.build_dir, wait):
         session = Session(plan, quiet=quiet, live=live, executor=executor.name, reports=reports,
-                          selection=selection, summary=summary, verbose=verbose)
+                          selection=selection, summary=summary, verbose=verbose, per_build=per_build)
         code = executor.run(plan, session)
         sys.stdout.flush()
         return session.close(code)
@@ -287,7 +322,7 @@ def build(builds: list[Build], build_dir: Path, stages: tuple[Stage, ...], jobs:
           quiet: bool = False, debug: bool = False, wait: bool = False, live: bool | None = None, cache: str | None = None,
           executor: str = "doit", scheduler: str | None = None, client=None,
           reports: Path | str | None = BUILD_DIR, selection: dict | None = None, summary: bool = True,
-          verbose: bool = False) -> RunResult:
+          verbose: bool = False, per_build: bool = True) -> RunResult:
     """Plan and run builds through `stages` (npubuild.stages.STAGES, in run order). `live`: the per-stage
     progress table (None: when stdout is a terminal);
     `cache`: --cache (a URL, 'off', or None for $NPUBUILD_CACHE / the project's .npubuild/cache);
@@ -306,6 +341,6 @@ def build(builds: list[Build], build_dir: Path, stages: tuple[Stage, ...], jobs:
                 from npubuild.engine.doit_executor import DoitExecutor
 
                 ex = DoitExecutor(cache_url, debug, jobs, keep_going)
-        return run_build(plan, ex, wait, quiet, live, reports, selection, summary, verbose)
+        return run_build(plan, ex, wait, quiet, live, reports, selection, summary, verbose, per_build)
     finally:
         gc.unfreeze()  # what long_lived froze for this build's forks: collectable again in a process that goes on

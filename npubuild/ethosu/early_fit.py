@@ -22,7 +22,7 @@ from pathlib import Path
 
 import onnx
 
-from npubuild.errors import StageError
+from npubuild.errors import PoolsTooSmall
 from npubuild.ethosu.pools import TargetPools, pool_failure, pool_usage
 
 NPU_EVERYWHERE = {"Conv", "MaxPool", "AveragePool", "GlobalAveragePool", "Relu", "Clip", "Add", "Gemm",
@@ -80,23 +80,30 @@ def lower_bounds(model: onnx.ModelProto) -> MemoryBounds:
     return MemoryBounds(arena, constants)
 
 
+def early_pools(profile: TargetPools, bounds: MemoryBounds) -> list[dict]:
+    """The target's pools charged with the lower bounds (pools.pool_usage's rows; no arena cache row)."""
+    sizes = {"arena_bytes": bounds.arena_bytes, "fast_scratch_bytes": 0, "constants_bytes": bounds.constants_bytes}
+    return [p for p in pool_usage(profile, sizes) if not p["pool"].endswith("(arena cache)")]
+
+
 def early_failure(profile: TargetPools, bounds: MemoryBounds) -> str | None:
     """The pool check's one line if even the lower bounds do not fit the target's pools, else None."""
-    sizes = {"arena_bytes": bounds.arena_bytes, "fast_scratch_bytes": 0, "constants_bytes": bounds.constants_bytes}
-    pools = [p for p in pool_usage(profile, sizes) if not p["pool"].endswith("(arena cache)")]
-    return pool_failure(profile.name, pools)
+    return pool_failure(profile.name, early_pools(profile, bounds))
 
 
 def check_fit(model_path: Path, targets: Sequence[TargetPools]) -> dict:
     """The early-fit stage's work: the imported model's lower bounds against every target it is compiled for.
     Fails (the pool check's line for the first target by name) only when not one of them can hold them: a
     build whose target alone cannot fails at the pool check after Vela, as it would anyway. Its metrics: the
-    bounds and the targets they do not fit."""
+    bounds and the targets they do not fit. The failure carries every target's pools with the bounds they
+    need (errors.PoolsTooSmall, lower_bound): the report's fit table shows them."""
     bounds = lower_bounds(onnx.load(str(model_path)))
-    failures = {t.name: early_failure(t, bounds) for t in sorted(targets, key=lambda t: t.name)}
+    ordered = sorted(targets, key=lambda t: t.name)
+    failures = {t.name: early_failure(t, bounds) for t in ordered}
     lines = [f for f in failures.values() if f]
     if failures and len(lines) == len(failures):
         others = f" (and {len(lines) - 1} other targets)" if len(lines) > 1 else ""
-        raise StageError(f"{lines[0]}{others}: a lower bound from the model's shapes, before compiling it")
+        raise PoolsTooSmall(f"{lines[0]}{others}: a lower bound from the model's shapes, before compiling it",
+                            {t.name: early_pools(t, bounds) for t in ordered}, lower_bound=True)
     return {"arena_bytes": bounds.arena_bytes, "constants_bytes": bounds.constants_bytes,
             "too_small": [name for name, f in failures.items() if f]}

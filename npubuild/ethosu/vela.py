@@ -29,7 +29,7 @@ from ethosu.vela import vela as ethosu_vela
 from npubuild.config.accelerator import Accelerator
 from npubuild.config.schema import TargetProfile, VelaOptions
 from npubuild.deploy.package import package
-from npubuild.errors import StageError
+from npubuild.errors import PoolsTooSmall, StageError
 from npubuild.ethosu.firmware import write_deployment, write_firmware
 from npubuild.ethosu.perf import attach_bytes, parse_layer_bytes, parse_per_layer, roofline, top_layers
 from npubuild.ethosu.pools import npz_sizes, pool_failure, pool_usage
@@ -266,7 +266,7 @@ def compile_model(io_path: Path, profile: TargetProfile, opts: VelaOptions, stag
     metrics.update({"pools": pools, "layers": layers, "top_layers": top_layers(layers)})
     write_json(summary_out, metrics)
     if failure:
-        raise StageError(failure)
+        raise PoolsTooSmall(failure, {profile.name: pools})
     return metrics
 
 

@@ -6,7 +6,7 @@ same thing about a build, in the same words.
 
 from __future__ import annotations
 
-from npubuild.report.status import Status, passed
+from npubuild.report.status import Status, passed, placement_status
 
 
 def num(v, digits: int = 4) -> str:
@@ -26,6 +26,15 @@ def num(v, digits: int = 4) -> str:
     return str(v)
 
 
+def human_bytes(n: float) -> str:
+    """`512 B`, `67.2 KiB`, `67.2 MiB`, `1.3 GiB`: a size in the largest binary unit that keeps it >= 1."""
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(n) < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} TiB"
+
+
 def plain_message(text: str) -> str:
     """An error's first line without its `error: ` tag (a position in front of it is kept):
     `error: target 'x': pool ...` -> `target 'x': pool ...`; `a.yaml:3:5: error: m` -> `a.yaml:3:5: m`."""
@@ -35,7 +44,9 @@ def plain_message(text: str) -> str:
 
 
 def gate_text(g: dict) -> str:
-    return f"gate {g['name']} failed: {g['metric']} = {num(g['value'])}, limit {num(g['limit'])}"
+    """`gate max_sram_kib failed: sram_kib = 176, limit 128` (figures as people read them, not raw floats)."""
+    value = "not measured" if g.get("value") is None else num(g["value"])
+    return f"gate {g['name']} failed: {g['metric']} = {value}, limit {num(g['limit'])}"
 
 
 def failure_cause(entry: dict) -> str | None:
@@ -58,13 +69,31 @@ def failure_cause(entry: dict) -> str | None:
 
 
 def pools_text(metrics: dict) -> str:
-    """`sram 72.0/128 KiB (56%)`, per pool."""
-    out = []
+    """`sram 72.0/128 KiB (56%)`, per pool; a model split around host nodes has a set of pools per NPU
+    partition, each labelled: `NPU part 0: sram 10.1/384 KiB (3%), ...; NPU part 2: ...`."""
+    by_part: dict[int, list[str]] = {}
     for p in metrics.get("pools") or []:
         size = p.get("size_kib") or 0
         pct = f" ({p['used_kib'] / size:.0%})" if size else ""
-        out.append(f"{p['pool']} {p['used_kib']:.1f}/{size:g} KiB{pct}")
-    return ", ".join(out)
+        by_part.setdefault(int(p.get("partition", 0)), []).append(f"{p['pool']} {p['used_kib']:.1f}/{size:g} KiB{pct}")
+    if len(by_part) <= 1:
+        return ", ".join(t for texts in by_part.values() for t in texts)
+    return "; ".join(f"NPU part {k}: " + ", ".join(v) for k, v in sorted(by_part.items()))
+
+
+def result_line(build_id: str, entry: dict, where: str | None = None) -> str:
+    """A finished build's one line: `ok     kws/ds_cnn/ethos-u55-128  0.2719 ms (3,678 inf/s), sram ...`, or
+    `FAILED kws/ds_cnn/ethos-u55-128 (vela)` naming where it failed (its error line says why). `where`: the
+    failed stage or gates when known; else read from the report entry."""
+    if where is None and entry.get("status") is not None and not passed(entry["status"]):
+        failed = [k for k, s in entry.get("stages", {}).items() if s.get("status") == "failed"]
+        where = ", ".join(failed or [f"gate {g['name']}" for g in entry.get("gates", []) if not g.get("ok")]) or \
+            str(entry.get("status"))
+    if where:
+        return f"FAILED {build_id} ({where})"
+    metrics = entry.get("metrics") or {}
+    figures = headline(metrics, placement_status(metrics))
+    return f"ok     {build_id}" + (f"  {figures}" if figures else "")
 
 
 def headline(metrics: dict, status: str | None = None) -> str:

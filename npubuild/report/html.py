@@ -13,14 +13,15 @@ from html import escape
 from pathlib import Path
 
 from npubuild.fileio import write_text
+from npubuild.report import glance
 from npubuild.report.brief import failure_cause, num, plain_message
 from npubuild.report.history import TREND_METRICS, moved, run_labels, series
 from npubuild.report.markup import CSS, SCRIPT, cell, fmt, img, link, meter, table
 from npubuild.report.numerics import worst_node_text
-from npubuild.report.plots import cached_png, layers_svg, pools_svg
+from npubuild.report.plots import cached_png, deltas_svg, layers_svg, page_colours, pools_svg
 from npubuild.report.precision import precision_html
-from npubuild.report.regress import Comparison, build_id
-from npubuild.report.status import RANK, Status
+from npubuild.report.regress import Comparison, better_direction, build_id
+from npubuild.report.status import RANK, Status, passed
 
 LAYER_BARS = 30  # a per-layer chart's costliest ONNX nodes; the rest are summed into one bar
 ARTIFACT_NAMES = (("tosa", "TOSA"), ("vela", "Vela model"), ("vela_log", "vela.log"), ("per_layer_csv", "per-layer CSV"),
@@ -64,13 +65,23 @@ def node_layers(m: dict) -> list[dict]:
     return list(nodes.values())
 
 
-def _layer_chart(b: dict, nodes: list[dict], uid: str) -> str:
+def _layer_chart(b: dict, nodes: list[dict], uid: str, colours: dict[str, str] | None = None) -> str:
     keep = {id(n) for n in sorted(nodes, key=lambda n: -n["cycles"])[:LAYER_BARS]}
     bars = [(n["node"][:34], n["cycles"], n["op_type"], n["bound"] == "memory") for n in nodes if id(n) in keep]
     rest = [n for n in nodes if id(n) not in keep]
     if rest:
         bars.append((f"({len(rest)} other nodes)", sum(n["cycles"] for n in rest), "other", False))
-    return layers_svg(f"Cycles per ONNX node: {build_id(b)}", bars, uid)
+    return layers_svg(f"Cycles per ONNX node: {build_id(b)}", bars, uid, colours)
+
+
+def op_colours(builds: list[dict]) -> dict[str, str]:
+    """The page's op types by their cycles over every build, heaviest first, each with its own colour: the
+    charts keep these where a chart's colours stay distinct (plots.colour_of)."""
+    weight: dict[str, float] = {}
+    for b in builds:
+        for n in node_layers(b.get("metrics") or {}):
+            weight[n["op_type"]] = weight.get(n["op_type"], 0.0) + n["cycles"]
+    return page_colours(sorted(weight, key=lambda op: (-weight[op], op)))
 
 
 def _layer_table(nodes: list[dict], total: float) -> str:
@@ -110,18 +121,13 @@ def _first_bad_layer(b: dict) -> str:
     return escape(f"{node} ({ln.get('jump_reason')})") if node else "no jump"
 
 
-def _worst_pool(m: dict) -> dict | None:
-    pools = [p for p in m.get("pools") or [] if p.get("size_kib")]
-    return max(pools, key=lambda p: p["used_kib"] / p["size_kib"]) if pools else None
-
-
 def status_class(status: str) -> str:
     """The CSS class of a status cell: passed, host (passed wholly or mostly on the host), failed, skipped."""
     return "host" if status in (Status.HOST_ONLY, Status.MOSTLY_HOST) else status if status in RANK else "failed"
 
 
 def _problem(b: dict, comparison: Comparison | None) -> str:
-    cause = failure_cause(b)
+    cause = glance.short_cause(failure_cause(b))
     parts = [f'<span class="bad">{escape(cause)}</span>'] if cause else []
     parts += [f'<span class="bad">{escape(w)}</span>' for w in b.get("warnings") or []]
     if comparison is not None:
@@ -132,7 +138,15 @@ def _problem(b: dict, comparison: Comparison | None) -> str:
             changed = comparison.what_changed(bid)
             parts.append('<span class="muted">changed: ' + escape(", ".join(changed) or "nothing recorded")
                          + "</span>")
-    return "<br>".join(parts) or "-"
+    return " &middot; ".join(parts) or "-"
+
+
+def _problem_text(b: dict, comparison: Comparison | None) -> str:
+    """The problem cell's whole text, for its tooltip (the cell is one line, cut at its width)."""
+    import re
+    from html import unescape
+
+    return unescape(re.sub(r"<[^>]+>", "", _problem(b, comparison)))
 
 
 def _delta_text(d) -> str:
@@ -142,63 +156,132 @@ def _delta_text(d) -> str:
     return f"{d.metric} {num(d.old)} \u2192 {num(d.new)}{pct}"
 
 
-def _main_table(builds: list[dict], comparison: Comparison | None, base_dir: Path | None) -> str:
+def _anchor(i: int) -> str:
+    return f"b{i}"
+
+
+def _fit_cell(m: dict, b: dict) -> str:
+    fit = glance.fullest_pool(m)
+    if fit is None:
+        why = "not compiled: " + (failure_cause(b) or "no pool figures") if not passed(b["status"]) else "no pools"
+        return f'<td class="n" data-v="" title="{escape(why)}">-</td>'
+    title = (f"fullest pool {fit.pool}: {fit.used_kib:.1f} of {fit.size_kib:g} KiB, headroom {fit.headroom_kib:.1f} KiB"
+             + ("; a lower bound from the model's shapes (it failed before Vela)" if fit.lower_bound else ""))
+    return (f'<td class="fit{" bad" if not fit.fits else ""}" data-v="{fit.fraction:.6g}" title="{escape(title)}">'
+            f"{meter(min(fit.fraction, 1.0), not fit.fits)}{escape(fit.text())}</td>")
+
+
+def _accuracy_cells(m: dict) -> str:
+    a = glance.accuracy(m)
+    float_title = ("against the float model: SNR of the int8 outputs (the lowest output)"
+                   + (f"; below {glance.LOW_SNR_DB:g} dB the int8 model may have lost the float model's accuracy"
+                      if a.low else ""))
+    return (f'<td class="n{" warn" if a.low else ""}" data-v="{"" if a.vs_float_db is None else a.vs_float_db}" '
+            f'title="{escape(float_title)}">{escape(a.vs_float)}</td>'
+            f'<td class="n" data-v="{"" if a.vs_qdq_db is None else a.vs_qdq_db}" title="the integer TOSA graph '
+            f'against the QDQ model it implements: SNR and largest error">{escape(a.vs_qdq)}</td>')
+
+
+def _change_cell(bid: str, comparison: Comparison | None) -> str:
+    c = glance.change(bid, comparison)
+    cls = "bad" if c.regression else "worse" if c.worse else "better" if c.better else "muted"
+    return f'<td class="change {cls}" title="{escape(c.full)}">{escape(c.text or "-")}</td>'
+
+
+def _num_cell(value, text: str, title: str = "") -> str:
+    """A numeric cell (its raw value to sort by) with a tooltip saying more than its few characters."""
+    v = value if isinstance(value, (int, float)) and not isinstance(value, bool) else ""
+    tip = f' title="{escape(title)}"' if title else ""
+    return f'<td class="n" data-v="{v}"{tip}>{escape(text)}</td>'
+
+
+def _ms_cell(m: dict) -> str:
+    ms = m.get("inference_ms")
+    if not isinstance(ms, (int, float)) or ms <= 0:
+        return _num_cell(None, "-")
+    return _num_cell(ms, glance.milliseconds(ms), glance.speed_text(m))
+
+
+def _main_table(builds: list[dict], comparison: Comparison | None, change_against: str) -> str:
+    """One row per build, one short cell per question (fit, speed, NPU share, accuracy against float and
+    against the QDQ model, change, cause), so that every answer is on a laptop's first screen; the build's
+    name opens its panel below with every figure, artifact and chart."""
     regressed = {r.build for r in comparison.regressions} if comparison else set()
     rows = []
-    for b in builds:
+    for i, b in enumerate(builds):
         m = b.get("metrics") or {}
         bid = build_id(b)
-        worst = _worst_pool(m)
-        frac = worst["used_kib"] / worst["size_kib"] if worst else None
-        fit = (meter(frac, not worst["fits"]) + escape(f"{worst['pool']} {frac:.0%}")) if worst else "-"
-        headroom = worst["size_kib"] - worst["used_kib"] if worst else None  # of that fullest pool
-        ms = m.get("inference_ms")
-        rate = 1000 / ms if isinstance(ms, (int, float)) and ms > 0 else None
-        acc, acc_text = _accuracy(m)
-        cells = [f'<td class="id">{escape(bid)}</td>', f'<td class="{status_class(b["status"])}">{escape(b["status"])}</td>',
-                 f'<td class="problem">{_problem(b, comparison)}</td>',
-                 cell(frac, fit), cell(headroom, fmt(headroom, 4) if headroom is not None else "-"),
-                 cell(ms), cell(rate, f"{rate:,.0f}" if rate else "-"), cell(b.get("clock_mhz")),
-                 cell(m.get("npu_cycles")), cell(m.get("macs")),
-                 cell(m.get("npu_offload"), f"{m['npu_offload']:.0%}" if isinstance(m.get("npu_offload"), (int, float))
-                       else "-"),
-                 cell(m.get("cpu_ops")), cell(m.get("sram_kib")), cell(m.get("offchip_kib")),
-                 cell(m.get("tosa_snr_db"), fmt(m.get("tosa_snr_db"), 3)), cell(m.get("tosa_max_error_lsb")),
-                 f"<td>{escape(worst_node_text(m))}</td>", cell(acc, acc_text), f"<td>{_first_bad_layer(b)}</td>", f'<td class="id">{_artifacts(b, base_dir, short=True)}</td>']
+        # the model first (what tells builds apart), its spec after it in grey where the names differ
+        name = escape(b["model"]) + ("" if b["model"] == b["spec"] else f' <span class="muted">{escape(b["spec"])}</span>')
+        off = m.get("npu_offload")
+        parts = m.get("npu_partitions")
+        npu_title = (f"{off:.1%} of the ops on the NPU" + (f", in {parts} NPU partitions" if isinstance(parts, int)
+                                                           and parts > 1 else "")) if isinstance(off, (int, float)) else ""
+        cells = [f'<td class="id" title="{escape(bid)}"><a href="#{_anchor(i)}" onclick="openPanel(\'{_anchor(i)}\')">'
+                 f"{name}</a></td>",
+                 f'<td class="id">{escape(b["target"])}</td>',
+                 f'<td class="{status_class(b["status"])}">{escape(b["status"])}</td>',
+                 _fit_cell(m, b),
+                 _ms_cell(m),
+                 _num_cell(off, f"{off:.0%}" if isinstance(off, (int, float)) else "-", npu_title),
+                 _accuracy_cells(m),
+                 _change_cell(bid, comparison),
+                 f'<td class="problem" title="{escape(_problem_text(b, comparison))}">{_problem(b, comparison)}</td>']
         problem = b["status"] != Status.PASSED or bid in regressed
         cls = ' class="regressed"' if bid in regressed else ""
-        rows.append(f'<tr{cls} data-problem="{int(problem)}">' + "".join(cells) + "</tr>")
-    head = ["build", "status", "problem", "fit (fullest pool)", "its headroom KiB", "inference ms", "inferences/s",
-            "clock MHz", "NPU cycles", "MACs", "on NPU", "CPU nodes", "SRAM KiB", "off-chip KiB", "TOSA SNR dB",
-            "max LSB", "worst node (own LSB)", "top-1 float &rarr; int8", "first bad layer", "artifacts"]
-    ths = "".join(f'<th class="sort" onclick="sortBy(this)">{h}</th>' for h in head)
-    return ('<p><input id="filter" placeholder="filter builds (spec, model, target, cause)" oninput="filterRows()"> '
-            '<label><input type="checkbox" id="problems" onchange="filterRows()"> problems only</label> '
-            '<span class="muted">click a column to sort</span></p>'
-            f'<table id="builds"><thead><tr>{ths}</tr></thead><tbody>\n' + "\n".join(rows) + "\n</tbody></table>")
+        rows.append(f'<tr{cls} data-problem="{int(problem)}" data-build="{escape(bid)}">' + "".join(cells) + "</tr>")
+    head = [("build", "spec/model: opens its panel below"), ("target", ""), ("status", ""),
+            ("fit", "the fullest memory pool: share used (need/size where it does not fit)"),
+            ("ms", "Vela's estimated inference time in ms (inferences per second in the tooltip)"),
+            ("NPU", "share of the model's ops on the NPU"),
+            ("vs float", "accuracy against the float model"),
+            ("TOSA vs QDQ", "the integer graph against the QDQ model: SNR, largest error"),
+            ("change", change_against or "no baseline: `npubuild report --baseline OLD/report.json`"),
+            ("problem", "why a build failed, what regressed")]
+    cols = "".join(f'<col class="c-{h.split()[0].lower()}">' for h, _ in head)
+    ths = "".join('<th class="sort" onclick="sortBy(this)"' + (f' title="{escape(t)}"' if t else "") + f">{h}</th>"
+                  for h, t in head)
+    return ('<p class="toolbar" id="builds"><input id="filter" placeholder="filter builds (spec, model, target, cause)" '
+            'oninput="filterRows()"> <label><input type="checkbox" id="problems" onchange="filterRows()"> problems only'
+            '</label> <span class="muted">click a column to sort, a build for its panel; change: '
+            f'{escape(change_against or "none (no baseline, no previous run)")}</span></p>'
+            f'<table id="builds-table"><colgroup>{cols}</colgroup><thead><tr>{ths}</tr></thead><tbody>\n'
+            + "\n".join(rows) + "\n</tbody></table>")
 
 
 def _fit_section(builds: list[dict]) -> list[str]:
+    """Every build's pools against their sizes, a row per build and pool: a build that does not fit shows what
+    it needs (from the failed pool check), one not compiled says so, so the table answers "does it fit?" for
+    every build."""
     rows = []
     for b in builds:
         pools = (b.get("metrics") or {}).get("pools") or []
+        if not pools:
+            why = failure_cause(b) or "no pool figures"
+            rows.append([escape(build_id(b)), "-", "-", "-", cell(None), cell(None), cell(None), cell(None),
+                         f'<td class="muted">not known: {escape(why)}</td>'])
+            continue
         split = len({p.get("partition", 0) for p in pools}) > 1  # one set of pools per NPU partition
         for p in pools:
             size = p.get("size_kib") or 0
             frac = p["used_kib"] / size if size else None
             roles = ", ".join(f"{r} {kib:.1f}" for r, kib in (p.get("roles") or {}).items())
             pool = f"{p['pool']} (NPU partition {p.get('partition', 0)})" if split else p["pool"]
+            bound = "at least " if p.get("lower_bound") else ""
+            verdict = ('<td>yes</td>' if p["fits"] else
+                       f'<td class="bad">NO: needs {bound}{p["used_kib"]:.1f} of {size:g} KiB</td>')
             rows.append([escape(build_id(b)), escape(pool), escape(p.get("kind", "")), escape(roles or "-"),
-                         cell(p["used_kib"]), cell(size), cell(size - p["used_kib"]),
-                         cell(frac, meter(frac, not p["fits"]) + (f"{frac:.0%}" if frac is not None else "-")),
-                         '<td>yes</td>' if p["fits"] else '<td class="bad">NO</td>'])
+                         cell(p["used_kib"], (bound and "&ge; ") + fmt(p["used_kib"])), cell(size),
+                         cell(size - p["used_kib"]),
+                         cell(frac, meter(min(frac, 1.0) if frac is not None else None, not p["fits"])
+                              + (f"{frac:.0%}" if frac is not None else "-")), verdict])
     if not rows:
         return []
     pools = [(build_id(b), b["metrics"]["pools"]) for b in builds if (b.get("metrics") or {}).get("pools")]
     return ['<h2 id="fit">Does it fit? Memory per pool</h2>',
             table(["build", "pool", "kind", "holds (KiB)", "used KiB", "size KiB", "headroom KiB", "used", "fits"],
-                   rows, sortable=True),
-            "<details><summary>chart</summary>" + pools_svg(pools) + "</details>"]
+                  rows, table_id="fit-table", sortable=True),
+            ("<details><summary>chart</summary>" + pools_svg(pools) + "</details>" if pools else "")]
 
 
 def _placement_rows(offloads: list[dict]) -> list[list[str]]:
@@ -260,11 +343,42 @@ def _roofline_line(m: dict) -> str:
             f"efficiency {m['efficiency']:.2f}{tail}</p>")
 
 
+def _figures(b: dict) -> str:
+    """Every headline figure of a build, the ones the Builds table leaves out included."""
+    m = b.get("metrics") or {}
+    fit = glance.fullest_pool(m)
+    acc, acc_text = _accuracy(m)
+    ms = m.get("inference_ms")
+    off = m.get("npu_offload")
+    rate = 1000 / ms if isinstance(ms, (int, float)) and ms > 0 else None
+    pairs = [("inference ms", cell(ms)), ("inferences/s", cell(rate, f"{rate:,.0f}" if rate else "-")),
+             ("clock MHz", cell(b.get("clock_mhz"))), ("NPU cycles", cell(m.get("npu_cycles"))),
+             ("MACs", cell(m.get("macs"))),
+             ("on NPU", cell(off, f"{off:.0%}" if isinstance(off, (int, float)) else "-")),
+             ("CPU nodes", cell(m.get("cpu_ops"))), ("NPU partitions", cell(m.get("npu_partitions"))),
+             ("SRAM KiB", cell(m.get("sram_kib"))), ("off-chip KiB", cell(m.get("offchip_kib"))),
+             ("fullest pool", f"<td>{escape(fit.text()) if fit else '-'}</td>"),
+             ("its headroom KiB", cell(fit.headroom_kib if fit else None)),
+             ("SNR vs float dB (QDQ model)", cell(m.get("quant_snr_db"), fmt(m.get("quant_snr_db"), 3))),
+             ("TOSA SNR vs QDQ dB", cell(m.get("tosa_snr_db"), fmt(m.get("tosa_snr_db"), 3))),
+             ("TOSA max LSB", cell(m.get("tosa_max_error_lsb"))),
+             ("worst node (own LSB)", f"<td>{escape(worst_node_text(m))}</td>"),
+             ("top-1 float &rarr; int8", cell(acc, acc_text)), ("first bad layer", f"<td>{_first_bad_layer(b)}</td>")]
+    extra = [n for n in (*glance.VS_FLOAT_SNR, *(a for a, _ in glance.VS_FLOAT_AGREEMENT), "collapsed_outputs")
+             if n != "quant_snr_db" and n in m]
+    pairs += [(n, cell(m[n], fmt(m[n], 3))) for n in extra]
+    half = (len(pairs) + 1) // 2
+    rows = [[pairs[i][0], pairs[i][1], *(pairs[i + half] if i + half < len(pairs) else ("", "<td></td>"))]
+            for i in range(half)]
+    return '<h4>Figures</h4>' + table(["figure", "value", "figure", "value"], rows, table_id="")
+
+
 def _build_details(b: dict, cache_dir: Path | None, base_dir: Path | None, uid: str = "h0",
-                   regressed: bool = False) -> str:
+                   regressed: bool = False, anchor: str = "", colours: dict[str, str] | None = None) -> str:
     m = b.get("metrics") or {}
     opened = " open" if b["status"] == "failed" or regressed else ""  # the ones to look at
-    parts = [f'<details{opened}><summary class="{status_class(b["status"])}">{escape(build_id(b))}: '
+    ident = f' id="{anchor}"' if anchor else ""
+    parts = [f'<details{ident}{opened}><summary class="{status_class(b["status"])}">{escape(build_id(b))}: '
              f'{escape(b["status"])}' + (f" &mdash; {escape(failure_cause(b) or '')}" if failure_cause(b) else "")
              + "</summary>"]
     for e in b.get("errors", []):
@@ -272,6 +386,7 @@ def _build_details(b: dict, cache_dir: Path | None, base_dir: Path | None, uid: 
     for w in b.get("warnings") or []:
         parts.append(f'<p class="bad">warning: {escape(w)}</p>')
     parts.append(f"<p>Artifacts: {_artifacts(b, base_dir)}</p>")
+    parts.append(_figures(b))
     parts.append("<h4>Stages</h4>" + table(
         ["stage", "status", "seconds", "from / why"],
         [[escape(k), escape(s["status"]), cell(s.get("seconds"), fmt(s.get("seconds"), 3)), escape(_stage_note(s))]
@@ -287,7 +402,7 @@ def _build_details(b: dict, cache_dir: Path | None, base_dir: Path | None, uid: 
     nodes = node_layers(m)
     if nodes:
         total = sum(n["cycles"] for n in nodes)
-        parts.append(_layer_chart(b, nodes, uid))
+        parts.append(_layer_chart(b, nodes, uid, colours))
         parts.append(_layer_table(nodes, total))
     ln = b.get("layer_numerics")
     if ln:
@@ -322,13 +437,16 @@ def _baseline_section(report: dict, comparison: Comparison, baseline: str | None
     h.append(f"<p>{c.unchanged} build(s) with unchanged metrics; {len(c.failed)} did not pass"
              + (f"; {len(c.new_builds)} new" if c.new_builds else "")
              + (f"; {len(c.not_asked)} not asked for in this run" if c.not_asked else "") + ".</p>")
+    panels, rows, regressed = _delta_rows(c)
+    if rows:  # the picture first; the table of every delta behind it (a tool upgrade moves hundreds)
+        h.append("<h3>What moved, per metric</h3>" + deltas_svg(panels, rows, regressed))
     if c.deltas:
-        h.append(table(["build", "metric", "old", "new", "change", "allowed", "regression"], [
+        h.append(f"<details{' open' if len(c.deltas) <= 12 else ''}><summary>every metric that moved "
+                 f"({len(c.deltas)})</summary>" + table(["build", "metric", "old", "new", "change", "allowed",
+                                                         "regression"], [
             [escape(d.build), escape(d.metric), cell(d.old), cell(d.new), escape(d.change), escape(d.limit or "-"),
-             '<td class="bad">yes</td>' if d.regression else "<td>no</td>"] for d in c.deltas], sortable=True))
-    metrics, trend = _trend_rows(c)
-    if trend:
-        h.append(img(cached_png(cache_dir, "trend", (metrics, trend)), "metric trend"))
+             '<td class="bad">yes</td>' if d.regression else "<td>no</td>"] for d in c.deltas], sortable=True)
+                 + "</details>")
     return h
 
 
@@ -352,53 +470,95 @@ def _history_section(runs: list[dict], cache_dir: Path | None) -> list[str]:
 
 
 def render_html(report: dict, comparison: Comparison | None = None, baseline: str | None = None,
-                cache_dir: Path | None = None, history: list[dict] | None = None, base_dir: Path | None = None) -> str:
+                cache_dir: Path | None = None, history: list[dict] | None = None, base_dir: Path | None = None,
+                previous: dict | None = None) -> str:
     """`history`: stored runs, oldest first (report.history); `base_dir`: where the page is written, for
-    relative links to the artifacts."""
+    relative links to the artifacts; `previous`: the report this run replaces in its build dir, for the
+    change column when there is no baseline (shown, never a regression: that is `report --baseline`'s)."""
+    from npubuild.report.regress import compare
+
     builds = ordered(report.get("builds", []), {r.build for r in comparison.regressions} if comparison else set())
     counts = {s: sum(1 for b in builds if b["status"] == s) for s in Status}
     hosted = counts[Status.HOST_ONLY] + counts[Status.MOSTLY_HOST]
     meta = " &middot; ".join(escape(str(x)) for x in (report.get("created"), report.get("run_id"),
                                                        report.get("commit") and f"commit {report['commit']}") if x)
-    h = ["<!DOCTYPE html><html><head><meta charset=\"utf-8\"><title>npubuild report</title>",
-         f"<style>{CSS}</style><script>{SCRIPT}</script></head><body><h1>npubuild report</h1>",
-         f'<p>{len(builds)} builds: {counts[Status.PASSED] + hosted} passed'
-         + (f' (<span class="bad">{hosted} wholly or mostly on the host</span>)' if hosted else "")
-         + f', <span class="{"bad" if counts[Status.FAILED] else ""}">'
-         f'{counts[Status.FAILED]} failed</span>, {counts[Status.SKIPPED]} skipped.'
-         + (f' <span class="muted">{meta}</span>' if meta else "") + "</p>"]
+    if comparison is not None:
+        changes, against = comparison, f"against the baseline {baseline or ''}".strip()
+    elif previous is not None:
+        changes = compare(report, previous, {})  # what moved, by each metric's direction; no thresholds here
+        against = f"against the previous run in this build dir ({previous.get('created') or previous.get('run_id')})"
+    else:
+        changes, against = None, ""
+    summary = (f'{len(builds)} builds: {counts[Status.PASSED] + hosted} passed'
+               + (f' (<span class="bad">{hosted} wholly or mostly on the host</span>)' if hosted else "")
+               + f', <span class="{"bad" if counts[Status.FAILED] else ""}">'
+               f'{counts[Status.FAILED]} failed</span>, {counts[Status.SKIPPED]} skipped'
+               + (f', <span class="bad">{len(comparison.regressions)} regression(s)</span>' if comparison and
+                  comparison.regressions else "") + ".")
     sections = [("baseline", "baseline") if comparison is not None else None,
-                ("history", "history") if history and len(history) > 1 else None, ("builds", "builds"),
+                ("history", "history") if history and len(history) > 1 else None,
                 ("fit", "memory fit"), ("placement", "placement"), ("details", "details per build")]
-    h.append('<p class="muted">' + " &middot; ".join(f'<a href="#{a}">{t}</a>' for a, t in filter(None, sections))
-             + "</p>")
+    nav = " &middot; ".join(f'<a href="#{a}">{t}</a>' for a, t in filter(None, sections))
+    h = ["<!DOCTYPE html><html><head><meta charset=\"utf-8\"><title>npubuild report</title>",
+         f"<style>{CSS}</style><script>{SCRIPT}</script></head><body>",
+         f'<header><h1>npubuild report</h1> <span>{summary}</span>'
+         + (f' <span class="muted">{meta}</span>' if meta else "") + f' <span class="muted">&middot; {nav}</span></header>']
+    h.append(_main_table(builds, changes, against))
     if comparison is not None:
         h += _baseline_section(report, comparison, baseline, cache_dir)
     h += _history_section(history or [], cache_dir)
-    h.append('<h2 id="builds">Builds</h2>')
-    h.append(_main_table(builds, comparison, base_dir))
     h += _fit_section(builds)
     h += _placement_section(builds)
     h.append('<h2 id="details">Details per build</h2>')
     regressed = {r.build for r in comparison.regressions} if comparison else set()
-    h += [_build_details(b, cache_dir, base_dir, f"stripes{i}", build_id(b) in regressed) for i, b in enumerate(builds)]
+    colours = op_colours(builds)
+    h += [_build_details(b, cache_dir, base_dir, f"stripes{i}", build_id(b) in regressed, _anchor(i), colours)
+          for i, b in enumerate(builds)]
     h.append("<h2>Tool versions</h2>" + table(["tool", "version"], [
         [escape(k), escape(str(v))] for k, v in report.get("versions", {}).items()]))
     h.append("</body></html>")
     return "\n".join(h) + "\n"
 
 
-def _trend_rows(c: Comparison) -> tuple[list[str], list[tuple[str, list[float | None]]]]:
-    """The metrics that changed for some build (one chart panel each) and, per changed build, the percent
-    change of each."""
-    pct: dict[str, dict[str, float]] = {}
-    for d in c.deltas:
-        if d.metric in TREND_METRICS and isinstance(d.old, (int, float)) and d.old:
-            pct.setdefault(d.build, {})[d.metric] = round((d.new - d.old) / d.old * 100, 4)
-    metrics = [m for m in TREND_METRICS if any(m in vals for vals in pct.values())]
-    return metrics, [(bid, [vals.get(m) for m in metrics]) for bid, vals in pct.items()]
+ABSOLUTE_UNITS = {"_lsb": "LSB change", "_ops": "change", "transposes": "change", "npu_partitions": "change",
+                  "host_ops": "change"}
+
+
+def _delta_unit(metric: str, deltas: list) -> str:
+    """A panel's unit: dB for a `_db` metric, points for the NPU share, the metric's own for counts and LSBs,
+    else percent of the old value (its own unit where an old value was 0: a percent of 0 would be no bar)."""
+    if metric.endswith("_db"):
+        return "dB change"
+    if metric == "npu_offload":
+        return "points"
+    for suffix, unit in ABSOLUTE_UNITS.items():
+        if metric.endswith(suffix):
+            return unit
+    return "change" if any(not d.old for d in deltas) else "% change"
+
+
+def _delta_rows(c: Comparison) -> tuple[list[tuple[str, str, str | None]], list[tuple[str, list[float | None]]],
+                                         set[tuple[str, str]]]:
+    """The delta chart's panels (every metric that moved for some build, the regressed ones first: a metric
+    that regressed is always drawn), its rows (per build that moved, each panel's change in the panel's unit)
+    and the regressed (build, metric)s."""
+    numeric = [d for d in c.deltas if isinstance(d.old, (int, float)) and isinstance(d.new, (int, float))]
+    by_metric: dict[str, list] = {}
+    for d in numeric:
+        by_metric.setdefault(d.metric, []).append(d)
+    unit = {m: _delta_unit(m, ds) for m, ds in by_metric.items()}
+    vals: dict[str, dict[str, float]] = {}
+    for d in numeric:
+        u = unit[d.metric]
+        v = (d.new - d.old) * (100 if u == "points" else 1) if u != "% change" else (d.new - d.old) / abs(d.old) * 100
+        vals.setdefault(d.build, {})[d.metric] = round(v, 4)
+    regressed = {(r.build, r.metric) for r in c.regressions if r.metric != "status"}
+    order = {m: i for i, m in enumerate(glance.CHANGE_METRICS)}
+    metrics = sorted(by_metric, key=lambda m: (not any(r[1] == m for r in regressed), order.get(m, len(order)), m))
+    panels = [(m, unit[m], better_direction(m)) for m in metrics]
+    return panels, [(bid, [row.get(m) for m in metrics]) for bid, row in vals.items()], regressed
 
 
 def write_html(path: Path, report: dict, comparison: Comparison | None = None, baseline: str | None = None,
-               cache_dir: Path | None = None, history: list[dict] | None = None) -> None:
-    write_text(path, render_html(report, comparison, baseline, cache_dir, history, path.parent.resolve()))
+               cache_dir: Path | None = None, history: list[dict] | None = None, previous: dict | None = None) -> None:
+    write_text(path, render_html(report, comparison, baseline, cache_dir, history, path.parent.resolve(), previous))

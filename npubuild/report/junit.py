@@ -12,7 +12,7 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 from npubuild.fileio import write_bytes
-from npubuild.report.brief import failure_cause
+from npubuild.report.brief import failure_cause, gate_text
 from npubuild.report.regress import Comparison, build_id
 from npubuild.report.status import passed
 
@@ -44,7 +44,7 @@ def _gates(suite: _Suite, b: dict, classname: str, cause: str | None) -> None:
             suite.case(classname, name)
         else:
             suite.case(classname, name, outcome="failure", kind="gate",
-                       message=f"{bid}: {g['metric']} = {g['value']}, limit {g['name']} {g['limit']}")
+                       message=f"{bid}: {gate_text(g)}")
     for g in b.get("unchecked_gates", []):
         name = f"gate {g['name']} {b['target']}"
         if b["status"] == "skipped":

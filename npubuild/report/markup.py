@@ -11,18 +11,27 @@ from pathlib import Path
 from npubuild.report.brief import num
 
 CSS = """
-body{font-family:system-ui,sans-serif;margin:1.5em;color:#222;font-size:14px}
+body{font-family:system-ui,sans-serif;margin:10px 20px;color:#222;font-size:14px}
 h2{margin-top:1.6em;border-bottom:1px solid #ddd}
+header{margin:0 0 .4em}header h1{display:inline;font-size:20px;margin-right:.6em}p.toolbar{margin:.3em 0}
 table{border-collapse:collapse;margin:.5em 0}
 td,th{border:1px solid #ccc;padding:3px 7px;font-size:13px;vertical-align:top}
 th{background:#f3f3f3;position:sticky;top:0}
 th.sort{cursor:pointer;user-select:none}th.sort:after{content:" \\2195";color:#999}
 td.n{text-align:right;font-variant-numeric:tabular-nums;white-space:nowrap}
-td.id{white-space:nowrap}#builds td,#builds th{font-size:12px}td.problem{min-width:22em;max-width:34em}
+td.id{white-space:nowrap}td.problem{min-width:22em;max-width:34em}
+#builds-table{table-layout:fixed;width:100%}#builds-table td,#builds-table th{font-size:12px;line-height:14px;padding:1px 4px}
+#builds-table td{white-space:nowrap;overflow:hidden;text-overflow:ellipsis;max-width:none;min-width:0}
+#builds-table th{white-space:nowrap;overflow:hidden;text-overflow:ellipsis}
+#builds-table td.problem{font-weight:normal}#builds-table td.problem span.bad{font-weight:normal}
+col.c-build{width:15%}col.c-target{width:7.5%}col.c-status{width:5%}col.c-fit{width:17%}col.c-ms{width:5.5%}
+col.c-npu{width:4%}col.c-vs{width:9%}col.c-tosa{width:8.5%}col.c-change{width:10%}col.c-problem{width:auto}
+td.warn{background:#fff1cc}td.better{color:#1a7f1a}td.worse{color:#b35900}td.change.bad{color:#a00}
+td.fit.bad{color:#a00;font-weight:bold}
 .passed{background:#dff0d8}.failed{background:#f2dede}.skipped{background:#fcf8e3}.host{background:#fcebd3}
 tr.regressed td{background:#fff1cc}tr.regressed td:first-child{border-left:4px solid #e69500}
 .bad{color:#a00;font-weight:bold}.muted{color:#777}
-.meter{display:inline-block;width:60px;height:9px;background:#eee;margin-right:4px;vertical-align:middle}
+.meter{display:inline-block;width:50px;height:9px;background:#eee;margin-right:4px;vertical-align:middle}
 .meter span{display:block;height:9px;background:#4878d0}.meter span.full{background:#d62728}
 details{margin:.3em 0}summary{cursor:pointer}
 img{max-width:100%}
@@ -38,9 +47,11 @@ else{x=a.cells[i].textContent;y=b.cells[i].textContent}
 return (x<y?-1:x>y?1:0)*(asc?1:-1)});rows.forEach(function(r){t.tBodies[0].appendChild(r)})}
 function filterRows(){var q=document.getElementById('filter').value.toLowerCase(),
 p=document.getElementById('problems').checked;
-document.querySelectorAll('#builds tbody tr').forEach(function(r){
+document.querySelectorAll('#builds-table tbody tr').forEach(function(r){
 var show=r.textContent.toLowerCase().indexOf(q)>=0&&(!p||r.dataset.problem==='1');
 r.style.display=show?'':'none'})}
+function openPanel(id){var d=document.getElementById(id);if(d){d.open=true}}
+window.addEventListener('load',function(){if(location.hash)openPanel(location.hash.slice(1))});
 """
 
 def fmt(v, digits: int = 4) -> str:

@@ -19,13 +19,18 @@ def worst_node_text(m: dict) -> str:
 def numerics_markdown(builds: list[dict]) -> list[str]:
     """One row per build that has numerics; nothing when no build ran a TOSA check."""
     rows = []
+    notes: dict[str, int] = {}  # an FVP skip reason -> its footnote number: said once under the table, not per row
     for b in builds:
         m = b.get("metrics") or {}
         if m.get("tosa_snr_db") is None:
             continue
         fvp = b.get("stages", {}).get("fvp", {})
-        fvp_text = (f"{_f(m.get('fvp_npu_cycles'), 'd')} ({_f(m.get('fvp_vs_vela_cycles'), '.2f')}x Vela)"
-                    if m.get("fvp_npu_cycles") is not None else f"{fvp.get('status', '-')}: {fvp.get('reason', '')}")
+        if m.get("fvp_npu_cycles") is not None:
+            fvp_text = f"{_f(m.get('fvp_npu_cycles'), 'd')} ({_f(m.get('fvp_vs_vela_cycles'), '.2f')}x Vela)"
+        elif fvp.get("reason"):
+            fvp_text = f"{fvp.get('status', '-')} [{notes.setdefault(fvp['reason'], len(notes) + 1)}]"
+        else:
+            fvp_text = fvp.get("status", "-")
         rows.append(f"| {b['spec']}/{b['model']}/{b['target']} | {_f(m.get('float_accuracy'), '.2%')} | "
                     f"{_f(m.get('accuracy'), '.2%')} | {_f(m.get('tosa_max_error_lsb'), '.0f')} | {worst_node_text(m)} | "
                     f"{_f(m.get('tosa_snr_db'), '.1f')} | {_f(m.get('quant_snr_db'), '.1f')} | "
@@ -34,7 +39,9 @@ def numerics_markdown(builds: list[dict]) -> list[str]:
         return []
     return ["", "## Numerics and accuracy", "",
             "| build | float top-1 | int8 top-1 | TOSA max LSB | worst node (own LSB) | TOSA SNR dB | quant SNR dB | Vela NPU cycles | FVP NPU cycles |",
-            "|---|---:|---:|---:|---|---:|---:|---:|---|", *rows]
+            "|---|---:|---:|---:|---|---:|---:|---:|---|", *rows,
+            *([""] + [f"[{n}] FVP: {reason}" + ("  " if n < len(notes) else "") for reason, n in notes.items()]
+              if notes else [])]
 
 
 def stored_layers(build_dir, build_id: str, lower_key: str | None) -> dict:

@@ -20,9 +20,11 @@ from npubuild.fileio import stable_hash, write_bytes
 
 FONT = 9
 DPI = 96
-STYLE = 2  # part of each cached plot's key: bump it when a chart's drawing changes
+STYLE = 3  # part of each cached plot's key: bump it when a chart's drawing changes
+# 20 colours told apart at a glance (matplotlib's tab10 then its light pairs, reordered so neighbours differ)
 PALETTE = ("#4878d0", "#ee854a", "#6acc64", "#d65f5f", "#956cb4", "#8c613c", "#dc7ec0", "#797979", "#d5bb67",
-           "#82c6e2")
+           "#82c6e2", "#1f3f8f", "#a8dd8f", "#b30000", "#f5b971", "#4b2d7f", "#c49c94", "#005f5f", "#c7c7c7",
+           "#7f7f00", "#ff9896")
 POOL_COLOURS = {"sram": "#4878d0", "dram": "#ee854a", "on_chip_flash": "#6acc64", "off_chip_flash": "#956cb4"}
 
 
@@ -50,9 +52,32 @@ def _height(rows: int) -> float:
     return min(1.2 + 0.26 * rows, 60.0)
 
 
-def colour_of(names: list[str]) -> dict[str, str]:
-    """A stable colour per name (op type): the same op type has the same colour in every chart of a page."""
-    return {n: PALETTE[int(stable_hash(n, 8), 16) % len(PALETTE)] for n in sorted(set(names))}
+def colour_of(names: list[str], preferred: dict[str, str] | None = None) -> dict[str, str]:
+    """A distinct colour per name (op type) within one chart. `preferred` (the page's op types, most cycles
+    first, given the palette in turn: page_colours) keeps an op type's colour the same across the page's
+    charts where that leaves the chart's colours distinct; a name it has none for, or whose colour another
+    name of this chart already has, takes the first palette colour unused in this chart (then shades)."""
+    preferred = preferred or {}
+    out: dict[str, str] = {}
+    for n in sorted(set(names), key=lambda n: (n not in preferred, list(preferred).index(n) if n in preferred else 0, n)):
+        want = preferred.get(n)
+        if want is None or want in out.values():
+            want = next((c for c in PALETTE if c not in out.values()), None) or _shade(len(out))
+        out[n] = want
+    return dict(sorted(out.items()))
+
+
+def page_colours(names_by_weight: list[str]) -> dict[str, str]:
+    """The page's op types, heaviest first, each given the next palette colour (then shades)."""
+    return {n: PALETTE[i] if i < len(PALETTE) else _shade(i) for i, n in enumerate(dict.fromkeys(names_by_weight))}
+
+
+def _shade(i: int) -> str:
+    """Colours past the palette: hues around the circle by the golden angle, never repeating."""
+    import colorsys
+
+    r, g, b = colorsys.hls_to_rgb((i * 0.381966) % 1.0, 0.45 + 0.15 * (i % 3) / 2, 0.6)
+    return f"#{round(r * 255):02x}{round(g * 255):02x}{round(b * 255):02x}"
 
 
 def pools_svg(rows: list[tuple[str, list[dict]]]) -> str:
@@ -93,12 +118,13 @@ def pools_svg(rows: list[tuple[str, list[dict]]]) -> str:
     return "".join(parts)
 
 
-def layers_svg(title: str, layers: list[tuple[str, float, str, bool]], uid: str) -> str:
+def layers_svg(title: str, layers: list[tuple[str, float, str, bool]], uid: str,
+               preferred: dict[str, str] | None = None) -> str:
     """Cycles per ONNX node as an inline SVG: one bar per node in execution order, coloured by op type
     (legend on top), striped when memory-bound; each bar's tooltip gives its node, op, cycles and bound.
 
     `layers`: (label, cycles, op type, memory-bound); `uid`: unique in the page (the stripe pattern's id)."""
-    colours = colour_of([op for _, _, op, _ in layers])
+    colours = colour_of([op for _, _, op, _ in layers], preferred)
     row, label_w, bar_w, top = 17, 230, 470, 44
     width = label_w + bar_w + 90
     most = max((c for _, c, _, _ in layers), default=0) or 1
@@ -131,22 +157,58 @@ def layers_svg(title: str, layers: list[tuple[str, float, str, bool]], uid: str)
     return "".join(parts)
 
 
-def trend_chart(metrics: list[str], rows: list[tuple[str, list[float | None]]]) -> bytes:
-    """Percent change of each metric against the baseline: one panel per metric, one bar per build."""
-    plt = _pyplot()
-    fig, axes = plt.subplots(1, len(metrics), figsize=(3.2 * len(metrics), _height(len(rows))), sharey=True,
-                             squeeze=False)
-    ys = list(range(len(rows)))
-    for j, (ax, metric) in enumerate(zip(axes[0], metrics, strict=True)):
-        vals = [vals[j] if vals[j] is not None else 0.0 for _, vals in rows]
-        ax.barh(ys, vals, color=["#d65f5f" if v > 0 else "#6acc64" for v in vals], height=0.7)
-        ax.axvline(0, color="black", linewidth=0.8)
-        ax.set_title(metric)
-        ax.set_xlabel("% change")
-    axes[0][0].set_yticks(ys, [r[0] for r in rows])
-    axes[0][0].set_ylim(len(rows) - 0.5, -0.5)
-    fig.suptitle("Against the baseline (positive = larger)", fontsize=FONT + 2)
-    return _png(fig)
+BETTER, WORSE, NEUTRAL = "#2ca02c", "#d62728", "#8c8c8c"
+
+
+def deltas_svg(panels: list[tuple[str, str, str | None]], rows: list[tuple[str, list[float | None]]],
+               regressed: set[tuple[str, str]], width: int = 1340) -> str:
+    """The change of each metric against the baseline as inline SVG: one panel per metric (its unit and which
+    way is better in its own title, no figure title over them), one bar per build, green where the metric got
+    better and red where worse by its direction (grey: no direction), a regression past its threshold
+    outlined black. Panels wrap to `width`, each row of panels with the build labels again.
+
+    `panels`: (metric, unit, 'lower'/'higher'/None); `rows`: (build, the change per panel or None);
+    `regressed`: the (build, metric) pairs that are regressions."""
+    label_w = min(440, 12 + 7 * max((len(bid) for bid, _ in rows), default=10))  # the build ids whole
+    panel_w, gap, row, top = 190, 14, 17, 34
+    per_row = max(1, (width - label_w) // (panel_w + gap))
+    out = []
+    for first in range(0, len(panels), per_row):
+        chunk = list(enumerate(panels))[first:first + per_row]
+        height = top + row * len(rows) + 8
+        parts = [f'<svg role="img" aria-label="change against the baseline: '
+                 f'{escape(", ".join(p[0] for _, p in chunk))}" width="{label_w + len(chunk) * (panel_w + gap)}" '
+                 f'height="{height}" font-family="system-ui,sans-serif" font-size="12">']
+        for i, (bid, _) in enumerate(rows):
+            parts.append(f'<text x="{label_w - 6}" y="{top + i * row + 12}" text-anchor="end">{escape(bid)}</text>')
+        for k, (j, (metric, unit, direction)) in enumerate(chunk):
+            x0 = label_w + k * (panel_w + gap)
+            vals = [r[1][j] for r in rows]
+            most = max((abs(v) for v in vals if v is not None), default=0.0) or 1.0
+            mid = x0 + panel_w / 2
+            hint = {"lower": "lower is better", "higher": "higher is better"}.get(direction or "", "")
+            parts.append(f'<text x="{x0}" y="12" font-weight="bold">{escape(metric)}</text>'
+                         f'<text x="{x0}" y="26" fill="#555">{escape(unit)}{", " + hint if hint else ""}</text>'
+                         f'<line x1="{mid}" y1="{top - 2}" x2="{mid}" y2="{top + row * len(rows)}" stroke="black"/>')
+            for i, v in enumerate(vals):
+                if v is None:
+                    continue
+                y = top + i * row
+                w = (panel_w / 2 - 34) * abs(v) / most
+                worse = direction is not None and ((v > 0) == (direction == "lower"))
+                colour = NEUTRAL if direction is None or v == 0 else WORSE if worse else BETTER
+                bad = (rows[i][0], metric) in regressed
+                x = mid if v >= 0 else mid - w
+                text_x = mid + w + 3 if v >= 0 else mid - w - 3
+                parts.append(f'<g><title>{escape(f"{rows[i][0]}: {metric} {v:+.4g} {unit}")}'
+                             f'{" (regression)" if bad else ""}</title>'
+                             f'<rect x="{x:.1f}" y="{y + 2}" width="{max(w, 1):.1f}" height="{row - 4}" fill="{colour}"'
+                             + (' stroke="black" stroke-width="1.5"' if bad else "") + "/>"
+                             f'<text x="{text_x:.1f}" y="{y + 12}" fill="#333" '
+                             f'text-anchor="{"start" if v >= 0 else "end"}">{v:+.3g}</text></g>')
+        parts.append("</svg>")
+        out.append("".join(parts))
+    return "<br>".join(out)
 
 
 def history_chart(metric: str, runs: list[str], series: list[tuple[str, list[float | None]]]) -> bytes:
@@ -174,7 +236,13 @@ def history_chart(metric: str, runs: list[str], series: list[tuple[str, list[flo
     return _png(fig)
 
 
-DRAW = {"trend": trend_chart, "history": history_chart}
+def _advice_chart(data: dict) -> bytes:
+    from npubuild.report.advice import draw_chart
+
+    return draw_chart(data)
+
+
+DRAW = {"history": history_chart, "advice": _advice_chart}
 
 
 def cached_png(cache_dir: Path | None, kind: str, args: tuple) -> bytes:

@@ -47,6 +47,30 @@ DEFAULTS: dict[str, Threshold] = {
     "tosa_snr_db": Threshold(max_decrease=0.5),
     "quant_snr_db": Threshold(max_decrease=0.5),
 }
+# Which way is better, for metrics no gate names a direction for (config/metrics.GATES does for the rest);
+# None: neither (more MACs is a different model, not a worse one).
+DIRECTIONS: dict[str, str | None] = {"npu_ops": "higher", "macs": None, "efficiency": "higher",
+                                     "tosa_mean_error_lsb": "lower", "tosa_cosine": "higher", "bound_ms": "lower"}
+
+
+def better_direction(metric: str) -> str | None:
+    """'lower' or 'higher' is better for `metric`, or None: from the gate that checks it (a `max_` gate: lower;
+    `min_`: higher), else DIRECTIONS, else by the unit in its name (a `_db` is higher-better, time, memory,
+    cycles and errors lower-better)."""
+    from npubuild.config.metrics import GATES
+
+    for g in GATES:
+        if g.metric == metric and g.compare != "eq":
+            return "lower" if g.compare == "max" else "higher"
+    if metric in DIRECTIONS:
+        return DIRECTIONS[metric]
+    if metric.endswith(("_db", "_agreement", "accuracy")):
+        return "higher"
+    if metric.endswith(("_ms", "_kib", "_cycles", "_lsb", "_ops")):
+        return "lower"
+    return None
+
+
 # Metrics shown in the delta table even without a threshold.
 SHOWN = ("inference_ms", "npu_cycles", "sram_kib", "offchip_kib", "npu_ops", "cpu_ops", "npu_offload", "macs",
          "tosa_max_error_lsb", "tosa_snr_db", "quant_snr_db")
@@ -64,7 +88,24 @@ def load_thresholds(path: Path | None, project_root: Path) -> dict[str, Threshol
         path = candidate
     data, marks = load_yaml(path)
     parsed = validate(Thresholds, data if data is not None else {}, marks, path)
+    check_metric_names(parsed, marks, path)
     return {**DEFAULTS, **parsed.metrics}
+
+
+def check_metric_names(parsed: Thresholds, marks, path: Path) -> None:
+    """A threshold for a metric report.json does not have would never be checked: a typo (`acuracy:`) is an
+    error at its position, with the closest metric name, not a silently ignored line."""
+    from npubuild.config.metrics import METRICS
+    from npubuild.config.yamlfile import KEY, locate
+    from npubuild.errors import InputError, Location
+    from npubuild.suggest import did_you_mean
+
+    known = [m.name for m in METRICS]
+    for name in parsed.metrics:
+        if name not in known:
+            where = marks.get(("metrics", name, KEY)) or locate(marks, ("metrics", name), Location(str(path), 1, 1))
+            hint = did_you_mean(name, known) or " (`npubuild report` compares the metrics of report.json)"
+            raise InputError(f"metrics: unknown metric '{name}'{hint}", where)
 
 
 @dataclass(frozen=True)

@@ -23,7 +23,7 @@ from npubuild.fileio import _json_default, stable_hash, write_text
 from npubuild.records.build import BuildEntry, StageEntry, StageRecord, Status
 from npubuild.records.lower import LowerRecord
 from npubuild.records.vela import VelaRecord
-from npubuild.report.brief import failure_cause, num, pools_text
+from npubuild.report.brief import failure_cause, gate_text, num, pools_text
 from npubuild.report.html import write_html
 from npubuild.report.metrics import build_metrics
 from npubuild.report.numerics import numerics_markdown, stored_layers
@@ -43,6 +43,7 @@ def build_entries(plan: BuildPlan, run_id: str) -> list[dict]:
         gates: list[dict] = []
         warnings: list[str] = []
         records: dict[str, dict] = {}
+        failed_pools: list[dict] | None = None  # a pool check that failed: what each pool needs and has
         for stage, name in chain.items():
             task = plan.tasks[name]
             rec = read_record(task)
@@ -58,10 +59,13 @@ def build_entries(plan: BuildPlan, run_id: str) -> list[dict]:
                 stages[stage] = StageEntry(Status.FAILED, error=err["message"])
                 errors.append(err["message"])
                 error_kinds.add(err.get("kind", "stage"))
+                failed_pools = failed_pools or failure_pools(err, b.target.name)
             else:  # not run: an upstream task failed, or the run stopped before it
                 stages[stage] = StageEntry(Status.SKIPPED)
         if "report" not in records and any(s != "report" for s in records):
             entry_metrics = known_metrics(plan, b, records)  # a stage failed: what the finished ones measured
+        if failed_pools is not None:
+            entry_metrics = {**entry_metrics, "pools": failed_pools}
         for stage, reason in plan.skipped.get(b.id, {}).items():  # decided when the plan was made
             stages[stage] = StageEntry(Status.SKIPPED, reason=reason)
         if errors:
@@ -81,6 +85,16 @@ def build_entries(plan: BuildPlan, run_id: str) -> list[dict]:
                            tuple(warnings))
         entries.append(entry.to_json())
     return entries
+
+
+def failure_pools(err: dict, target: str) -> list[dict] | None:
+    """The pools of a failed pool check (errors.PoolsTooSmall's detail in error.json) for `target`: each with
+    its need and size, `lower_bound` set when the need is the early check's bound from the model's shapes."""
+    pools = (err.get("pools") or {}).get(target) if isinstance(err.get("pools"), dict) else None
+    if not isinstance(pools, list):
+        return None
+    bound = bool(err.get("lower_bound"))
+    return [{**p, "lower_bound": bound} for p in pools if isinstance(p, dict)]
 
 
 def unchecked_gates(b: Build) -> list[dict]:
@@ -183,11 +197,24 @@ def make_report(plan: BuildPlan, run_id: str, selection: dict | None = None) -> 
 
 
 def write_reports(report: dict, out_dir: Path, plot_cache: Path | None = None) -> None:
-    """report.json, report.md and report.html into `out_dir`."""
+    """report.json, report.md and report.html into `out_dir`; the HTML's change column against the report this
+    one replaces (the previous run in this build dir), when it can be read."""
+    previous = previous_report(out_dir / "report.json")
     # compact: json's C encoder only runs without indent, and report.json of a nightly matrix is megabytes
     write_text(out_dir / "report.json", json.dumps(report, default=_json_default) + "\n")
     write_text(out_dir / "report.md", render_markdown(report))
-    write_html(out_dir / "report.html", report, cache_dir=plot_cache)
+    write_html(out_dir / "report.html", report, cache_dir=plot_cache, previous=previous)
+
+
+def previous_report(path: Path) -> dict | None:
+    """The report.json a run is about to replace, if it is a well-formed report (else None: nothing to say)."""
+    from npubuild.commands.report import load_report
+    from npubuild.errors import InputError
+
+    try:
+        return load_report(path) if path.is_file() else None
+    except (InputError, OSError):
+        return None
 
 
 def render_markdown(report: dict) -> str:
@@ -223,7 +250,7 @@ def render_markdown(report: dict) -> str:
     if failures or errors:
         lines += ["", "## Problems", ""]
         for b, g in failures:
-            lines.append(f"- {b['spec']}/{b['model']}/{b['target']}: gate `{g['name']}` limit {g['limit']}, value {g['value']}")
+            lines.append(f"- {b['spec']}/{b['model']}/{b['target']}: {gate_text(g)}")
         for b, e in errors:
             lines.append(f"- {b['spec']}/{b['model']}/{b['target']}: {e}")
     lines += placement_markdown(builds)

@@ -211,8 +211,14 @@ def first_jump(rows: list[dict]) -> dict:
 
 def render_table(result: dict) -> str:
     """The per-node table the command prints, the first jump marked with '<<'."""
-    lines = [f"{'node':<24} {'op':<18} {'SNR vs QDQ dB':>13} {'max LSB':>8} {'SNR vs float dB':>15} "
-             f"{'QDQ vs float dB':>15}"]
+    def cut(text: str, width: int) -> str:
+        return text if len(text) <= width else text[:width - 1] + "\u2026"
+
+    node_w = min(48, max([4, *(len(r["node"]) for r in result["layers"])]))
+    op_w = min(24, max([2, *(len(r["op_type"]) for r in result["layers"])]))
+    gap = "   "  # columns apart: a header of several words must not read into the next one
+    lines = [f"{'node':<{node_w}}{gap}{'op':<{op_w}}{gap}{'SNR vs QDQ dB':>13}{gap}{'max LSB':>7}{gap}"
+             f"{'SNR vs float dB':>15}{gap}{'QDQ vs float dB':>15}"]
     for r in result["layers"]:
         mark = ""
         if r["node"] == result["first_jump"]:
@@ -224,8 +230,8 @@ def render_table(result: dict) -> str:
         lsb = "-" if r["max_error_lsb"] is None else f"{r['max_error_lsb']:.0f}"
         q = "-" if r["quant_snr_db"] is None else f"{r['quant_snr_db']:.1f}"
         qq = "-" if r.get("qdq_snr_db") is None else f"{r['qdq_snr_db']:.1f}"
-        lines.append(f"{r['node'][:24]:<24} {r['op_type'][:18]:<18} {r['tosa_snr_db']:>13.1f} {lsb:>8} {q:>15} "
-                     f"{qq:>15}{mark}")
+        lines.append(f"{cut(r['node'], node_w):<{node_w}}{gap}{cut(r['op_type'], op_w):<{op_w}}{gap}"
+                     f"{r['tosa_snr_db']:>13.1f}{gap}{lsb:>7}{gap}{q:>15}{gap}{qq:>15}{mark}")
     if result.get("first_drift") is not None:
         lines.append(f"first drift from float: {result['first_drift']} ({result['drift_reason']})")
     if result["first_jump"] is None and result["first_lowering_error"] is None:

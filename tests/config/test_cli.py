@@ -50,9 +50,10 @@ def test_mistyped_subcommand_suggests_the_right_one_and_debug_after_it_is_accept
     assert code == 2 and err.count("\n") == 1 and "Traceback" not in err
 
 
-def test_ops_lists_every_lowered_op_and_where_it_runs_per_family(capsys):
+def test_ops_lists_every_lowered_op_and_where_it_runs_per_family(capsys, tmp_path: Path, monkeypatch):
     from npubuild.lowering.registry import supported_op_types
 
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))  # computed here, not read from the user's cache
     code, out, _ = run_cli(["ops", "--json"], capsys)
     assert code == 0
     rows = json.loads(out)
@@ -70,9 +71,20 @@ def test_ops_lists_every_lowered_op_and_where_it_runs_per_family(capsys):
     for label in ("com.microsoft:Gelu", "com.microsoft:FastGelu (bias)", "com.microsoft:BiasGelu",
                   "com.microsoft:QuickGelu"):  # onnxruntime's fused contrib ops: a TABLE on the NPU everywhere
         assert all(f["where"] == "npu" and "TABLE" in f["tosa_ops"] for f in by[label]["families"].values()), label
+    # the table is kept, keyed by npubuild's source and the tools' versions: the text comes from it, whole
+    kept = list((tmp_path / "npubuild").glob("ops-*.json"))
+    assert len(kept) == 1 and json.loads(kept[0].read_text()) == [
+        {k: v for k, v in r.items() if k != "conditions"} for r in rows]
     code, out, _ = run_cli(["ops"], capsys)
     greater = next(ln for ln in out.splitlines() if ln.startswith("Greater "))
     assert greater.split()[1:5] == ["CPU", "CPU", "NPU", "NPU"] and "u55-op-type: TOSA GREATER" in greater
+    lines = {ln.split("  ")[0]: ln for ln in out.splitlines()}
+    for r in rows:  # nothing cut in a pipe: every TOSA op and note of every row is in its line
+        line = lines[r["label"]]
+        assert ", ".join(r.get("families", {}).get("u55", {}).get("tosa_ops", [])) in line
+        assert all(c in line for c in r["conditions"]) and "\u2026" not in line
+    kept[0].write_text("[{]")  # a damaged table is computed again, not read
+    assert run_cli(["ops", "--json"], capsys)[0] == 0 and json.loads(kept[0].read_text())[0]["op"]
 
 
 def _yaml(path: Path):

@@ -116,15 +116,19 @@ def test_clean_stale_removes_only_what_the_plan_no_longer_uses(project: Path, ca
     code, out, _ = run_cli(["clean", "--stale"], capsys, cwd=project)
     assert code == 0 and f"removed {len(replaced)} stale task dir(s) and " in out
     assert {p for p in build_dir.glob("stages/*/*")} == current - replaced
-    # plots: `report --baseline` drew a trend plot; the next build's report.html no longer shows it
-    assert run_cli(["report", "--baseline", str(base)], capsys, cwd=project)[0] == 1  # u55 got slower
-    trend = set(build_dir.glob(".cache/plots/trend-*.png"))
-    assert len(trend) == 1
+    # plots: `report --history` drew the history of inference_ms (u55 got slower between the two runs); the
+    # next build's report.html no longer shows it
+    history = project / "history"
+    history.mkdir()
+    (history / "0-night1.json").write_text(base.read_text())
+    assert run_cli(["report", "--history", str(history)], capsys, cwd=project)[0] == 0
+    drawn = set(build_dir.glob(".cache/plots/history-*.png"))
+    assert len(drawn) == 1
     time.sleep(1)  # plot staleness is by mtime against the latest report.html
     assert run_cli(["build", "-q"], capsys, cwd=project)[0] == 0
     code, out, _ = run_cli(["clean", "--stale"], capsys, cwd=project)
     assert code == 0 and "removed 0 stale task dir(s) and 1 plot(s)" in out
-    # a build's report.html draws its charts as SVG: the trend plot was the only PNG, and it is gone
+    # a build's report.html draws its charts as SVG: the history plot was the only PNG, and it is gone
     assert not set(build_dir.glob(".cache/plots/*.png"))
     assert "data:image/png" not in (build_dir / "report.html").read_text()
     code, _, err = run_cli(["build", "-q"], capsys, cwd=project)

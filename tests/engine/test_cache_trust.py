@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -90,6 +91,8 @@ def test_debris_of_killed_writers_is_removed_by_verify_and_prune(project: Path, 
                 _age(child, 7200)
     stats = _cli("cache", "stats", "--cache", str(cache))
     assert "left by killed writers" in stats.stdout, stats.stdout
+    for size, unit in re.findall(r"(\d+(?:\.\d)?) (B|KiB|MiB|GiB)\b", stats.stdout):  # human units: `2.2 MiB`,
+        assert float(size) < 1024 or unit == "GiB"  # never `68813.5 KiB`
     proc = _cli("cache", "verify", "--cache", str(cache))
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert _du(cache) == before

@@ -139,7 +139,7 @@ def test_fvp_output_mismatch_fails_its_gate(project: Path, stand_in: Path, capsy
     runner.write_text(json.dumps({"uart": ["ethosu_pmu_cycle_cntr : 5", *_expected_output_lines(project, 3)]}))
     code, err, b = _build(project, capsys)
     assert code == 1
-    assert "gate max_fvp_error_lsb failed: limit 1.0, value 3.0" in err
+    assert "gate max_fvp_error_lsb failed: fvp_max_error_lsb = 3, limit 1" in err
 
 
 @pytest.mark.parametrize("line,what", [

@@ -4,6 +4,7 @@ partitioned model is checked end to end; a node even onnxruntime cannot run is o
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -42,6 +43,12 @@ def test_the_example_builds_with_the_int8_lrn_on_the_host_and_checks_the_split(p
         assert [p["kind"] for p in m["partition_graph"]] == ["npu", "host", "npu"]
         assert m["deployed_max_error_lsb"] <= 1 and m["tosa_snr_db"] > 30
         assert "tosa" not in b["artifacts"]
+    # the result line labels each NPU partition's pools (they were listed twice, unlabelled)
+    code, out, _ = run_cli(["build", str(spec), "--build-dir", str(project / "build"), "--progress", "plain", "-v"],
+                           capsys)
+    ok = [ln for ln in out.splitlines() if ln.startswith("ok ")]
+    assert code == 0 and len(ok) == 2
+    assert all(re.search(r"NPU part 0: sram [\d.]+/\d+ KiB \(\d+%\), .*; NPU part 2: sram ", ln) for ln in ok), ok
     lower_dir = next((project / "build" / "stages" / "lower").glob("alexnet_lrn-*/io.json")).parent
     assert not (lower_dir / "model.tosa").exists()  # no single TOSA graph: the portable split stands for it
     io = json.loads((lower_dir / "io.json").read_text())

@@ -15,6 +15,7 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pytest
+from htmlpage import Page
 from npbtest import run_cli
 
 U55 = "kws/ds_cnn/ethos-u55-128"
@@ -61,6 +62,13 @@ def test_a_failed_build_is_a_regression_with_its_cause_and_junit_keeps_its_gates
     assert "n/a" not in err
     assert "2 build(s) with unchanged metrics." in out and f"1 build(s) did not pass: {U55}" in out
     assert "target profile changed" in out  # what changed, beside the regression
+    # a summary before the baseline section, not the whole report.md (~680 lines for 40 builds)
+    summary = out[:out.index("## Against the baseline")].splitlines()
+    assert summary[0].startswith("3 builds: 2 passed, 1 failed, 0 skipped")
+    assert summary[1].startswith(f"FAILED  {U55}: vela: target 'ethos-u55-128': pool 'sram'")
+    assert summary[2].startswith("full report: ") and len(summary) == 4 and not summary[3]
+    code, full, _ = _report(project, capsys, "--markdown")
+    assert code == 1 and "## Gates and memory" in full and "## Gates and memory" not in out
     # JUnit: the same testcases as on the passing night, the failed build's gates as errors (not evaluated)
     run_cli(["report", "--build-dir", "build", "--junit", "night2.xml"], capsys, cwd=project)
     shutil.copy(night1, project / "build" / "report.json")
@@ -110,24 +118,47 @@ def test_report_html_answers_fit_cause_placement_time_and_history(project: Path,
     assert len(list(history.glob("*.json"))) == 2
     page = (project / "build" / "report.html").read_text()
     assert "http://" not in page and "https://" not in page  # self-contained
-    rows = re.findall(r"<tr[^>]*data-problem=\"(\d)\">(.*?)</tr>", page.split('<table id="builds">')[1].split(
-        "</table>")[0])
-    first = rows[0][1]
-    assert rows[0][0] == "1" and U55 in first and "failed" in first  # failed builds first, marked as problems
-    assert "vela: target &#x27;ethos-u55-128&#x27;: pool &#x27;sram&#x27;" in first  # the cause, in the main table
-    for _, row in rows[1:]:
-        assert re.search(r"sram \d+%", row)
-        assert re.search(r'data-v="(\d+\.\d+)">\d[\d.]*</td>', row)  # figures with few digits, raw value to sort
-    assert "<th class=\"sort\" onclick=\"sortBy(this)\">its headroom KiB</th>" in page and 'id="filter"' in page
-    assert "Does it fit? Memory per pool" in page and "What runs where" in page
-    assert "clock MHz" in page and "inferences/s" in page and ">compute</td>" in page
+    html = Page(page)
+    head, rows = html.table("builds-table")
+    assert head == ["build", "target", "status", "fit", "ms", "NPU", "vs float", "TOSA vs QDQ", "change", "problem"]
+    by_target = {r.cells[1].text: r for r in rows}
+    first = rows[0]
+    assert first.attrs["data-problem"] == "1" and first.attrs["data-build"] == U55  # failed builds first
+    assert first.cells[2].text == "failed" and first.cells[9].text.startswith(
+        "vela: target 'ethos-u55-128': pool 'sram'")  # the cause, in the main table
+    # fit, accuracy and change for every build on one line each: the failed one shows what it needs
+    assert re.fullmatch(r"sram needs \d+(\.\d)?/1 KiB", first.cells[3].text), first.cells[3].text
+    for t in ("ethos-u65-256", "ethos-u85-256"):
+        r = by_target[t]
+        assert re.fullmatch(r"sram \d+% \u00b7 [\d.]+/\d+ KiB", r.cells[3].text), r.cells[3].text
+        assert re.fullmatch(r"\d+\.\d dB", r.cells[6].text) and re.fullmatch(r"[\d.]+ dB, \d+ LSB", r.cells[7].text)
+        assert r.cells[8].text == "="  # against the baseline: nothing moved
+        assert float(r.cells[4].attrs["data-v"]) > 0  # raw value to sort by
+    assert "change: against the baseline" in page
     assert "History: 2 stored runs" in page and 'alt="inference_ms per run"' in page
     # every build that reached Vela has its per-node chart; artifact links resolve from the page
-    assert page.count('aria-label="cycles per ONNX node"') == 2
-    assert f'<details open><summary class="failed">{U55}: failed' in page  # the failure is open to read
-    links = set(re.findall(r'<a href="([^"]+)">firmware \.c</a>', page))  # in the main table and the details
+    assert len(html.charts("cycles per ONNX node")) == 2
+    assert f'<details id="b0" open><summary class="failed">{U55}: failed' in page  # the failure is open to read
+    links = set(re.findall(r'<a href="([^"]+)">firmware \.c</a>', page))  # in each build's panel
     assert len(links) == 2 and all((project / "build" / href).is_file() for href in links)
     assert "target profile changed" in page  # what changed, beside the regression
+    assert "clock MHz" in page and "inferences/s" in page and ">compute</td>" in page and "What runs where" in page
+
+
+def test_the_fit_table_has_a_row_for_every_build_with_what_a_misfit_needs(project: Path, capsys, nights):
+    """The fit table left out exactly the builds that do not fit (issue 35): now the U55 build whose SRAM is 1 KiB
+    has its pools with what Vela says they need, and the Builds table's fit cell says it too."""
+    _, night2 = nights
+    report = json.loads(night2.read_text())
+    failed = next(b for b in report["builds"] if b["target"] == "ethos-u55-128")
+    sram = next(p for p in failed["metrics"]["pools"] if p["pool"] == "sram")
+    assert not sram["fits"] and sram["size_kib"] == 1 and sram["used_kib"] > 1 and sram["lower_bound"] is False
+    _, rows = Page((project / "build" / "report.html").read_text()).table("fit-table")
+    builds = {r.cells[0].text for r in rows}
+    assert builds == {f"kws/ds_cnn/{t}" for t in ("ethos-u55-128", "ethos-u65-256", "ethos-u85-256")}
+    misfit = next(r for r in rows if r.cells[0].text == U55 and r.cells[1].text == "sram")
+    assert misfit.cells[8].text == f"NO: needs {sram['used_kib']:.1f} of 1 KiB"
+    assert float(misfit.cells[4].attrs["data-v"]) == sram["used_kib"]
 
 
 def test_failure_causes_and_numbers_read_the_same_everywhere():

@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
-import base64
 import json
 import re
 import shutil
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
+from htmlpage import Page
 from npbtest import read_report, run_cli
+
+from npubuild.report.plots import WORSE
 
 
 def _nightly(project: Path, capsys, name: str) -> Path:
@@ -67,12 +69,15 @@ def test_lower_clock_is_a_named_regression_with_exit_1(project: Path, capsys):
     failed = [c for c in ET.parse(junit).getroot().iter("testcase") if c.find("failure") is not None]
     assert [c.get("name") for c in failed] == ["build ethos-u55-128"]
     assert "inference_ms" in failed[0].find("failure").get("message")
-    # the HTML page shows the regression and embeds its plots (no external resources)
+    # the HTML page shows the regression in its delta chart, red (slower is worse) and outlined
     html = (project / "build" / "report.html").read_text()
     assert "1 regression(s)" in html and "http://" not in html and "https://" not in html
-    images = [chunk.split('"')[0] for chunk in html.split('src="data:image/png;base64,')[1:]]
-    assert len(images) >= 1  # the trend against the baseline
-    assert all(base64.b64decode(i).startswith(b"\x89PNG") for i in images)
+    chart = Page(html).charts("change against the baseline")[0]
+    assert "inference_ms" in chart.attrs["aria-label"]
+    bar = next(r for r in chart.rects if r.get("stroke") == "black")
+    assert bar["fill"] == WORSE
+    assert any(t.startswith("kws/ds_cnn/ethos-u55-128: inference_ms +") and t.endswith("(regression)")
+               for t in chart.titles)
     pools = html.split('<svg role="img" aria-label="memory use per pool"')[1].split("</svg>")[0]
     assert all(f"<title>kws/ds_cnn/{t}  " in pools for t in ("ethos-u55-128", "ethos-u65-256", "ethos-u85-256"))
 
@@ -122,7 +127,7 @@ def test_report_html_draws_one_bar_per_onnx_node_for_every_build(project: Path, 
     many = [dict(b, target=f"{b['target']}-{i}") for i in range(4) for b in report["builds"]]
     many[-1] = dict(many[-1], status="failed")
     html = render_html({**report, "builds": many}, cache_dir=project / "plots")
-    sections = re.split(r"<details(?: open)?><summary class=", html)[1:]
+    sections = re.split(r"<details id=\"b\d+\"(?: open)?><summary class=", html)[1:]
     assert len(sections) == len(many) and all("cycles per ONNX node" in s for s in sections)
     assert sections[0].split("</summary>")[0].count(many[-1]["target"]) == 1  # the failed build comes first
     # Vela layers of one ONNX node are summed into one bar (a softmax is many NPU ops, one node)
