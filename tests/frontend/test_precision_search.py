@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
-from onnx import TensorProto, helper, numpy_helper
+from buildhelpers import sensitive_conv_model
 
 from npubuild.config.load import default_search_path, load_target
 from npubuild.config.schema import PrecisionBudget
@@ -21,33 +21,10 @@ from npubuild.frontend.quantize import quantize
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def _model(rng) -> onnx.ModelProto:
-    """Four 1x1/3x3 convs; conv2's output channel 0 is 100x the others and conv3 ignores it: int8 at conv2's
-    output spends its grid on that channel (the model 3 dB from float), every other activation is benign."""
-    def exact(shape):
-        k = rng.integers(-127, 128, shape)
-        k[:, ..., 0] = 127
-        return (k / 127 * 0.5).astype(np.float32)
-
-    w1, w2, w3, w4 = exact((8, 3, 3, 3)), exact((8, 8, 1, 1)), exact((8, 8, 1, 1)), exact((4, 8, 1, 1))
-    w2[0, :, 0, 0] = 50.0
-    w3[:, 0] = 0.0
-    nodes = [helper.make_node("Conv", ["x", "w1"], ["h1"], pads=[1, 1, 1, 1], name="conv1"),
-             helper.make_node("Conv", ["h1", "w2"], ["h2"], name="conv2"),
-             helper.make_node("Conv", ["h2", "w3"], ["h3"], name="conv3"),
-             helper.make_node("Conv", ["h3", "w4"], ["y"], name="conv4")]
-    inits = [numpy_helper.from_array(w, n) for n, w in (("w1", w1), ("w2", w2), ("w3", w3), ("w4", w4))]
-    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 8, 8])],
-                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4, 8, 8])], inits)
-    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
-    m.ir_version = 8
-    return m
-
-
 @pytest.fixture(scope="module")
 def sensitive(tmp_path_factory):
     rng = np.random.default_rng(0)
-    model = _model(rng)
+    model = sensitive_conv_model(rng)
     path = tmp_path_factory.mktemp("search") / "float.onnx"
     onnx.save(model, path)
     arrays = {"x": rng.uniform(-1, 1, (16, 1, 3, 8, 8)).astype(np.float32)}
