@@ -24,6 +24,9 @@ FAMILY_NAMES = {"u55": "Ethos-U55", "u65": "Ethos-U65", "u85": "Ethos-U85 128-51
 STRUCTURAL = {
     "QuantizeLinear": "absorbed: int8 scales and zero points of the integer ops around it",
     "DequantizeLinear": "absorbed: int8 scales and zero points of the integer ops around it",
+    # onnxruntime's contrib Q/DQ (its quantiser writes them for 16-bit and 4-bit types below opset 21)
+    "com.microsoft:QuantizeLinear": "absorbed: int8/int16 scales and zero points of the integer ops around it",
+    "com.microsoft:DequantizeLinear": "absorbed: int8/int16 scales and zero points of the integer ops around it",
     "Constant": "folded into the constants of the ops that read it",
     "Identity": "removed by the pipeline (eliminate_identity)",
     "Dropout": "removed by the pipeline (eliminate_dropout; inference only)",
