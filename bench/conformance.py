@@ -1,4 +1,4 @@
-"""ONNX's backend node tests through npubuild (tests/conformance/nodetests.py): the outcome table and times.
+"""ONNX's backend node tests through npubuild (tests/npbtest/conformance/): the outcome table and times.
 
     PYTHONPATH=<npubuild tree> python bench/conformance.py [--only SUBSTRING] [--no-vela] [--json FILE]
                                                           [--failures]
@@ -18,9 +18,9 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "conformance"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # the npbtest helpers
 
-from nodetests import OUTCOMES, VelaRunner, quiet_onnxruntime, run_fp, run_int, select  # noqa: E402
+from npbtest.conformance import OUTCOMES, VelaRunner, quiet_onnxruntime, run_fp, run_int, select  # noqa: E402
 
 
 def main() -> int:

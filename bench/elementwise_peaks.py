@@ -26,7 +26,7 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
-from ophelpers import calib, quantize_model, rand, single_op_model  # noqa: E402
+from npbtest.ops import calib, quantize_model, rand, single_op_model  # noqa: E402
 
 from npubuild.config.load import default_search_path, load_target  # noqa: E402
 from npubuild.ethosu.vela import vela_command  # noqa: E402

@@ -94,16 +94,18 @@ def blind_workers(hidden: Path, scratch: Path, n: int):
 
 def run(executor: str, specs: Path, build_dir: Path, cache: Path, workers: int, client=None) -> dict:
     from npubuild.config.load import load_specs
-    from npubuild.engine.session import build
+    from npubuild.engine.run import RunOptions
+    from npubuild.report.run import build_and_report
     from npubuild.stages import STAGES
 
     os.environ["NPUBUILD_CACHE"] = str(cache)
     builds = load_specs([specs])
     start = time.perf_counter()
     if executor == "doit":
-        result = build(builds, build_dir, STAGES, jobs=workers, quiet=True)
+        result = build_and_report(builds, build_dir, STAGES, RunOptions(jobs=workers, quiet=True))
     else:
-        result = build(builds, build_dir, STAGES, jobs=workers, quiet=True, executor="dask", client=client)
+        result = build_and_report(builds, build_dir, STAGES, RunOptions(jobs=workers, quiet=True, executor="dask"),
+                                  client=client)
     wall = time.perf_counter() - start
     assert result.exit_code == 0, f"{executor} build failed"
     tasks = len(result.plan.tasks)

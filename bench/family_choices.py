@@ -52,14 +52,14 @@ from npubuild.frontend.qdq_concat import share_concat_scales
 from npubuild.frontend.quantize import quantize
 from npubuild.lowering.driver import lower_model
 from npubuild.lowering.ops import conv as ops_conv
-from npubuild.lowering.options import FAMILY_OPTIONS, DepthwiseLimits, PlaneSumLimits
+from npubuild.lowering.options import FAMILY_OPTIONS, ConcatCopy, DepthwiseLimits, PlaneSumLimits
 from npubuild.stages import STAGES
 
 ROOT = Path(__file__).resolve().parents[1]
 TARGETS = ["ethos-u55-32", "ethos-u55-64", "ethos-u55-128", "ethos-u55-256"]
 BIG = 1 << 30
 Changes = dict[str, object]  # LoweringOptions fields to set; "unshared" replaces ops_conv.unshared
-CHOICES = ("concat_order", "dw_requantize", "concat_dw_copy", "concat_max_copy", "bilinear_channel_split",
+CHOICES = ("concat_order", "dw_requantize", "concat_copy", "bilinear_channel_split",
            "plane_sum", "plane_rows", "norm_widen_add", "norm_index_rescale", "conv_stride_taps", "softmax_wide",
            "row_stats_channels", "norm_raw_squares", "norm_affine_one_row", "transpose_conv_phases")
 
@@ -137,15 +137,18 @@ def flip(choice: str, fam: str) -> Changes:
     value = getattr(FAMILY_OPTIONS[fam], choice)
     if choice in ("plane_sum", "plane_rows"):
         return {choice: None if value is not None else getattr(FAMILY_OPTIONS["u55"], choice)}
+    if choice == "concat_copy":  # off: Vela's own copy; on: the family's, else U55's depthwise one
+        return {choice: ConcatCopy.VELA if value != ConcatCopy.VELA else FAMILY_OPTIONS["u55"].concat_copy}
     return {choice: not value}
 
 
 def variants(fam: str) -> dict[str, Changes]:
     """Each choice flipped for `fam`, then the threshold knobs moved (the names say to what)."""
     opts = FAMILY_OPTIONS[fam]
-    out = {f"{c} ({'off' if getattr(opts, c) else 'on'})": flip(c, fam) for c in CHOICES}
-    if opts.concat_dw_copy and not opts.concat_max_copy:  # the depthwise copy comes first
-        out["concat_max_copy instead of concat_dw_copy"] = {**flip("concat_max_copy", fam), **flip("concat_dw_copy", fam)}
+    out = {f"{c} ({'off' if getattr(opts, c) not in (False, None, ConcatCopy.VELA) else 'on'})": flip(c, fam)
+           for c in CHOICES}
+    if opts.concat_copy == ConcatCopy.DEPTHWISE:  # the depthwise copy comes first
+        out["concat_copy MAXIMUM instead of DEPTHWISE"] = {"concat_copy": ConcatCopy.MAXIMUM}
     lim = opts.depthwise_limits
     for most in (8, 16, 32, BIG):
         if most != lim.max_channels:
@@ -158,8 +161,8 @@ def variants(fam: str) -> dict[str, Changes]:
         "split_min_bytes=0": {"split_min_bytes": 0},
         "split_min_bytes=80K": {"split_min_bytes": 80 * 1024},
         "plane_sum from any window": sum_limits(0),
-        f"planar input {'off' if opts.planar_input_channels else 'on'}":
-            {"planar_input_channels": 0 if opts.planar_input_channels else 4},
+        f"planar input {'off' if opts.planar_input_channels is not None else 'on'}":
+            {"planar_input_channels": None if opts.planar_input_channels is not None else 4},
         "fully-connected unshared SLICE off": {"unshared": lambda ctx, x: x},
     })
     return out
@@ -301,7 +304,7 @@ def unet_step(size: int, deep: int, skip: int = 8) -> onnx.ModelProto:
     return _qdq(_model(nodes, {"x": [1, 2, size, size]}, {"y": [1, 4, size, size]}, inits), {"x": (-1.0, 1.0)})
 
 
-NO_SKIP_COPY: Changes = {"concat_dw_copy": False}
+NO_SKIP_COPY: Changes = {"concat_copy": ConcatCopy.VELA}
 
 
 def _upsample_forms(fam: str, shape: tuple[int, int]) -> dict[str, Changes]:
@@ -320,7 +323,7 @@ SWEEPS: dict[str, tuple[list, Callable, Callable[[str, tuple], dict[str, Changes
     "dw_requantize (Concat of a requantised input)": (
         [(c, hw) for c in (8, 16, 32, 64, 128) for hw in (4, 8, 16, 32, 64)], requant_concat,
         lambda f, s: {"RESCALE": dw_limits(0), "1x1 depthwise": dw_limits(BIG), "rule": {}}, "channels, plane HxW"),
-    "concat_dw_copy (a Concat input read twice)": (
+    "concat_copy DEPTHWISE (a Concat input read twice)": (
         [(c, hw) for c in (8, 16, 32, 64, 128) for hw in (4, 8, 16, 32, 64)], copied_concat,
         lambda f, s: {"MemoryCopy": dw_limits(0), "1x1 depthwise": dw_limits(BIG), "rule": {}},
         "channels, plane HxW"),

@@ -94,8 +94,9 @@ def noop_breakdown(root: Path, build_dir: Path) -> dict[str, float]:
     from npubuild.engine.cache import resolve_cache
     from npubuild.engine.doit_executor import DoitExecutor
     from npubuild.engine.plan import make_plan
-    from npubuild.engine.session import run_build
+    from npubuild.engine.run import RunOptions, run_plan
     from npubuild.engine.uptodate import is_done
+    from npubuild.report.run import RunReports
     from npubuild.report.summary import make_report, write_reports
     from npubuild.stages import STAGES
 
@@ -111,7 +112,7 @@ def noop_breakdown(root: Path, build_dir: Path) -> dict[str, float]:
     t2 = time.perf_counter()
     checks = [is_done(t) for t in plan.tasks.values()]
     t3 = time.perf_counter()
-    result = run_build(plan, DoitExecutor(resolve_cache(None, build_dir)), quiet=True)
+    result = run_plan(plan, DoitExecutor(resolve_cache(None, build_dir)), RunOptions(quiet=True), RunReports())
     t4 = time.perf_counter()
     write_reports(make_report(plan, result.run_id), build_dir, build_dir / ".cache" / "plots")
     t5 = time.perf_counter()
@@ -154,7 +155,7 @@ def main(argv: list[str] | None = None) -> int:
         for _ in range(REPEATS):
             start = time.perf_counter()
             # what the no-op CLI imports before it does any work (the same modules, nothing run)
-            subprocess.run([sys.executable, "-c", "import npubuild.cli, npubuild.commands.build, npubuild.engine.session, "
+            subprocess.run([sys.executable, "-c", "import npubuild.cli, npubuild.commands.build, npubuild.report.run, "
                             "npubuild.config.load, npubuild.frontend.passes; npubuild.cli.make_parser()"], check=True)
             startups.append(time.perf_counter() - start)
         startup = min(startups)

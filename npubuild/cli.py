@@ -92,9 +92,9 @@ class Parser(argparse.ArgumentParser):
 
 
 def _version() -> str:
-    import npubuild
+    from npubuild.version import __version__
 
-    return f"npubuild {npubuild.__version__}"
+    return f"npubuild {__version__}"
 
 
 def make_parser() -> Parser:

@@ -45,12 +45,20 @@ class NpubuildError(Exception):
             location = Location(str(location))
         self.location = location
 
-    def __reduce__(self):  # pickled whole, whatever a subclass's __init__ takes (engine/fanout.py's workers)
+    def __reduce__(self):  # pickled whole, whatever a subclass's __init__ takes (npubuild/fanout.py's workers)
         return (_unpickled, (type(self), self.args, self.__dict__))
 
     def __str__(self) -> str:
         prefix = f"{self.location}: " if self.location else ""
         return f"{prefix}error: {self.message}"
+
+
+def plain_message(text: str) -> str:
+    """An error's first line without its `error: ` tag (a position in front of it is kept):
+    `error: target 'x': pool ...` -> `target 'x': pool ...`; `a.yaml:3:5: error: m` -> `a.yaml:3:5: m`."""
+    first = str(text).strip().splitlines()[0] if str(text).strip() else "failed"
+    where, sep, rest = first.partition("error: ")
+    return f"{where}{rest}" if sep else first
 
 
 def _unpickled(cls: type[NpubuildError], args: tuple, state: dict) -> NpubuildError:

@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from fuzz_inputs import base_model, mutate_model, mutate_spec
+from npbtest.fuzz_inputs import base_model, mutate_model, mutate_spec
 
 from npubuild.cli import main
 from npubuild.engine.isolate import run_isolated

@@ -23,7 +23,7 @@ REPORT_SUBDIR = "advise"
 
 def _jobs(value: int | None) -> int:
     """-n: default the cores this process may use; at most 4 per core (each job is a process with a model)."""
-    from npubuild.engine.fanout import available_cores
+    from npubuild.fanout import available_cores
 
     cores = available_cores()
     if value is None:
@@ -44,9 +44,9 @@ def cmd_advise(args) -> int:
         parse_sizes,
         template_builds,
     )
-    from npubuild.engine.session import build
+    from npubuild.advise.page import chart_png, html_page, text_table, verdict
+    from npubuild.engine.run import RunOptions
     from npubuild.fileio import write_bytes, write_text
-    from npubuild.report.advice import chart_png, html_page, text_table, verdict
 
     source = Path(args.source)
     if not source.is_file():
@@ -66,6 +66,7 @@ def cmd_advise(args) -> int:
 
     from npubuild.advise import advise_stages, is_misfit, known_misfits, vela_key
     from npubuild.engine.plan import make_plan
+    from npubuild.report.run import RunReports, build_and_report
     from npubuild.report.summary import previous_report
 
     # the live table on a terminal; in a pipe or a log no line per task (a sweep has a hundred and more)
@@ -76,8 +77,8 @@ def cmd_advise(args) -> int:
     def run(some: list) -> list:
         # reports=None: advise writes its own report.json, page and chart (a build's report.md/html of every
         # configuration would be most of a cached rerun's time)
-        result = build(some, build_dir, stages, jobs, keep_going=True, quiet=quiet, debug=args.debug, cache=args.cache,
-                       reports=None, summary=False, per_build=False)
+        options = RunOptions(jobs, keep_going=True, debug=args.debug, cache=args.cache, quiet=quiet, per_build=False)
+        result = build_and_report(some, build_dir, stages, options, RunReports(None, summary=False))
         results.append(result)
         return result.report["builds"]
 

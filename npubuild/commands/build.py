@@ -1,50 +1,62 @@
-"""`npubuild build`: build compile specs through the cached task graph."""
+"""`npubuild build`: build compile specs through the cached task graph; and plain `doit` in a project
+(its dodo.py is `npubuild.dodo_namespace`), the same build through doit's own command line."""
 
 from __future__ import annotations
 
-import fnmatch
+import os
+import sys
+from pathlib import Path
 
 from npubuild.commands import SPECS_HELP, add_build_dir, build_dir_of
-from npubuild.errors import InputError
+from npubuild.errors import InputError, NpubuildError
 
 
 def cmd_build(args) -> int:
-    from npubuild.config.load import load_specs, spec_paths
-    from npubuild.engine.session import build
+    from npubuild.config.load import spec_paths
+    from npubuild.config.selection import Selection
+    from npubuild.engine.run import RunOptions
+    from npubuild.report.run import RunReports, build_and_report
     from npubuild.stages import STAGES
 
     if args.jobs < 1:
         raise InputError(f"-n/--jobs must be at least 1, got {args.jobs}")
-    paths = spec_paths(args.specs)
-    builds = load_specs(paths)
-    selection = {"specs": [str(p) for p in paths], "default": not args.specs,
-                 "spec_names": sorted({b.spec.name for b in builds}), "only": list(args.only or [])}
-    if args.only:
-        builds = select(builds, args.only)
+    selection, builds = Selection.load(spec_paths(args.specs), default=not args.specs, only=args.only or ())
     live = {"auto": None, "live": True, "plain": False}[args.progress]
-    result = build(builds, build_dir_of(args), STAGES, args.jobs, args.keep_going, args.quiet, args.debug, args.wait, live,
-                   cache=args.cache, executor=args.executor, scheduler=args.scheduler, selection=selection,
-                   verbose=args.verbose)
-    return result.exit_code
+    options = RunOptions(args.jobs, args.keep_going, args.debug, args.wait, args.cache, args.executor,
+                         args.scheduler, args.quiet, live, args.verbose)
+    return build_and_report(builds, build_dir_of(args), STAGES, options, RunReports(selection=selection)).exit_code
 
 
-def matches(build_id: str, pattern: str) -> bool:
-    """`--only` matching: a pattern with '/' matches the id's leading parts (`kws/*`, `kws/ds_cnn`,
-    `*/*/ethos-u55-*`); one without matches any single part (spec, model or target)."""
-    parts = build_id.split("/")
-    n = pattern.count("/") + 1
-    if n > 1:
-        return fnmatch.fnmatchcase("/".join(parts[:n]), pattern)
-    return any(fnmatch.fnmatchcase(p, pattern) for p in parts)
+def dodo_namespace(dodo_file: str) -> dict:
+    """The whole body of a project's dodo.py (npubuild.dodo_namespace): plain `doit` runs the same plan,
+    session and reports as `npubuild build`.
 
+    Builds every spec in configs/ next to dodo.py into build/ there. NPUBUILD_SPECS (paths separated by
+    ':'), NPUBUILD_BUILD_DIR, NPUBUILD_CACHE and NPUBUILD_WAIT=1 (wait for a busy build dir) change that.
+    """
+    from npubuild.config.selection import Selection
+    from npubuild.engine.cache import resolve_cache
+    from npubuild.engine.doit_executor import doit_jobs, namespace, share_cores
+    from npubuild.engine.lock import acquire
+    from npubuild.engine.plan import make_plan
+    from npubuild.engine.session import Session
+    from npubuild.report.run import RunReports
+    from npubuild.stages import STAGES
 
-def select(builds: list, patterns: list[str]) -> list:
-    """Builds matching any pattern; a pattern matching nothing is an error (a typo, not an empty nightly)."""
-    for pat in patterns:
-        if not any(matches(b.id, pat) for b in builds):
-            raise InputError(f"--only '{pat}' matches no build (ids are spec/model/target, "
-                             f"e.g. {builds[0].id if builds else 'none loaded'})")
-    return [b for b in builds if any(matches(b.id, p) for p in patterns)]
+    here = Path(dodo_file).resolve().parent
+    specs = [Path(p) for p in os.environ.get("NPUBUILD_SPECS", str(here / "configs")).split(":")]
+    try:
+        selection, builds = Selection.load(specs, default="NPUBUILD_SPECS" not in os.environ)
+        plan = make_plan(builds, Path(os.environ.get("NPUBUILD_BUILD_DIR", here / "build")), STAGES)
+        lock_fd = acquire(plan.build_dir, wait=os.environ.get("NPUBUILD_WAIT") == "1")
+    except NpubuildError as exc:
+        print(exc, file=sys.stderr)
+        sys.exit(exc.exit_code)
+    session = Session(plan, RunReports(selection=selection))
+    share_cores(doit_jobs(sys.argv[1:]))
+    ns = namespace(plan, session, False, resolve_cache(None, plan.build_dir))
+    ns["_npubuild_lock"] = lock_fd  # held until doit exits: no other build may write this build dir meanwhile
+    return ns
 
 
 def register(sub) -> None:

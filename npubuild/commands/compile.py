@@ -16,13 +16,14 @@ REPORT_SUBDIR = "compile"
 
 def cmd_compile(args) -> int:
     from npubuild.config.load import adhoc_builds
-    from npubuild.engine.session import build, warnings_block
+    from npubuild.engine.run import RunOptions
+    from npubuild.report.run import RunReports, build_and_report, warnings_block
     from npubuild.stages import STAGES
 
     builds = adhoc_builds(Path(args.model), args.target, args.pipeline)
     build_dir = build_dir_of(args)
-    result = build(builds, build_dir, STAGES, quiet=True, debug=args.debug, reports=build_dir / REPORT_SUBDIR,
-                   summary=False)
+    result = build_and_report(builds, build_dir, STAGES, RunOptions(quiet=True, debug=args.debug),
+                              RunReports(build_dir / REPORT_SUBDIR, summary=False))
     entries = result.report["builds"]
     if args.json:
         print(dumps_indented(entries[0] if len(entries) == 1 else {"builds": entries}))  # json.dumps(indent=2), faster

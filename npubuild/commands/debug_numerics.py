@@ -19,10 +19,11 @@ def cmd_debug_numerics(args) -> int:
 
     from npubuild.config.load import load_spec
     from npubuild.engine.execute import read_error
-    from npubuild.engine.session import build
+    from npubuild.engine.run import RunOptions
     from npubuild.engine.uptodate import read_record
     from npubuild.fileio import write_json
     from npubuild.frontend.data import load_arrays, sample_arrays, subset
+    from npubuild.report.run import RunReports, build_and_report
     from npubuild.stages import STAGES
     from npubuild.verify.debug_numerics import layer_numerics, render_table
 
@@ -35,7 +36,8 @@ def cmd_debug_numerics(args) -> int:
         raise InputError(f"--model/--target {what} of this spec (builds: {known})", args.spec)
     b = chosen[0]
     build_dir = build_dir_of(args)
-    result = build([b], build_dir, STAGES, quiet=True, debug=args.debug, reports=None, summary=False)
+    result = build_and_report([b], build_dir, STAGES, RunOptions(quiet=True, debug=args.debug),
+                              RunReports(None, summary=False))
     chain = result.plan.build_tasks[b.id]
     stage_in = next(s for s in ("precision", "quantize", "import") if s in chain)
     for stage in ("import", stage_in):

@@ -42,6 +42,19 @@ expect:
   max_sram_kib: 512
 """
 
+# A project's dodo.py (this repository's too): all of it is npubuild.dodo_namespace.
+DODO_PY = '''"""doit entry point: `doit` builds every compile spec in configs/ into build/, as `npubuild build` does.
+
+The same plan, stage dirs, shared cache and reports as `npubuild build configs/`. NPUBUILD_SPECS
+(paths separated by ':'), NPUBUILD_BUILD_DIR and NPUBUILD_CACHE change what is built, where, and
+with which shared cache; NPUBUILD_WAIT=1 waits for a build dir another build holds.
+"""
+
+from npubuild import dodo_namespace
+
+globals().update(dodo_namespace(__file__))
+'''
+
 REGRESSIONS = """# Thresholds for `npubuild report --baseline LAST_NIGHT/report.json` (unlisted metrics keep the defaults).
 version: 1
 metrics:
@@ -53,7 +66,6 @@ metrics:
 
 def scaffold(root: Path, product: str) -> list[Path]:
     """Write the files; refuses to touch an existing one."""
-    from npubuild.engine.doit_executor import DODO_PY
     from npubuild.fileio import write_bytes, write_text
     from npubuild.models.zoo import ds_cnn
 

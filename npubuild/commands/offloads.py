@@ -37,12 +37,14 @@ def _builds(source: Path, target: str, pipeline: str):
 
 
 def cmd_offloads(args) -> int:
-    from npubuild.engine.session import build
+    from npubuild.engine.run import RunOptions
     from npubuild.fileio import read_json
+    from npubuild.report.run import RunReports, build_and_report
     from npubuild.stages import STAGES
 
     builds = _builds(Path(args.source), args.target, args.pipeline)
-    result = build(builds, build_dir_of(args), STAGES, quiet=True, debug=args.debug, reports=None, summary=False)
+    result = build_and_report(builds, build_dir_of(args), STAGES, RunOptions(quiet=True, debug=args.debug),
+                              RunReports(None, summary=False))
     plan = result.plan
     entries = []
     for b in builds:

@@ -19,7 +19,8 @@ from pathlib import Path
 
 import numpy as np
 
-FAMILY_NAMES = {"u55": "Ethos-U55", "u65": "Ethos-U65", "u85": "Ethos-U85 128-512", "u85wide": "Ethos-U85 1024/2048"}
+from npubuild.config.accelerator import FAMILIES
+
 # op types the frontend removes or absorbs before lowering: no node of their own reaches a family
 STRUCTURAL = {
     "QuantizeLinear": "absorbed: int8 scales and zero points of the integer ops around it",
@@ -190,6 +191,7 @@ def probe(p: Probe) -> dict:
     from npubuild.frontend.qdq_concat import share_concat_scales
     from npubuild.frontend.quantize import quantize
     from npubuild.lowering.driver import lower_model
+    from npubuild.records.lower import PLACEMENT_WORD, Where
 
     row: dict = {"op": p.op, "label": p.label, "families": {}}
     try:
@@ -209,7 +211,7 @@ def probe(p: Probe) -> dict:
             try:
                 lowered = lower_model(qdq, "int", family=fam)
             except UnsupportedOpError as exc:  # in an int8 model it has no lowering: a build runs it on the host
-                row["families"][fam] = {"where": "cpu", "tosa_ops": [], "rule": "no-lowering",
+                row["families"][fam] = {"where": PLACEMENT_WORD[Where.HOST], "tosa_ops": [], "rule": "no-lowering",
                                         "reason": exc.reason}
                 continue
             placed = plan_partitions(qdq, lowered, fam).placements.get("probe")
@@ -218,7 +220,7 @@ def probe(p: Probe) -> dict:
                 row["families"][fam] = {"where": "fused", "tosa_ops": sorted(set(pre.tosa_ops)) if pre else [],
                                         "rule": pre.rule if pre else None, "reason": pre.reason if pre else None}
                 continue
-            row["families"][fam] = {"where": placed.kind, "tosa_ops": sorted(set(placed.tosa_ops)),
+            row["families"][fam] = {"where": PLACEMENT_WORD[placed.kind], "tosa_ops": sorted(set(placed.tosa_ops)),
                                     "rule": placed.rule, "reason": placed.reason}
         row["int16"] = {fam: int16_precision(qdq, fam) for fam in LOWERING_FAMILIES}
     except (NpubuildError, ValueError, RuntimeError) as exc:
@@ -252,7 +254,9 @@ def conditions(row: dict) -> list[str]:
 def table(rows: list[dict]) -> str:
     """The table as text, every column as wide as its widest cell: nothing is cut (a pipe, `grep`, a file
     get every TOSA op and note; a terminal narrower than a line wraps it)."""
-    fams = list(FAMILY_NAMES)
+    from npubuild.records.lower import PLACEMENT_WORD, Where
+
+    fams = list(FAMILIES)
     body = []
     for r in rows:
         if "error" in r or "note" in r:
@@ -263,7 +267,7 @@ def table(rows: list[dict]) -> str:
         for f in fams:
             v = r["families"][f]
             cells.append(v["where"].upper() if v["where"] != "fused" else "fused")
-            if v["where"] == "cpu" and f"{v['rule']}: {v['reason']}" not in notes:
+            if v["where"] == PLACEMENT_WORD[Where.HOST] and f"{v['rule']}: {v['reason']}" not in notes:
                 notes.append(f"{v['rule']}: {v['reason']}")
             if v["where"] == "fused" and "fused into the op before it (its epilogue)" not in notes:
                 notes.append("fused into the op before it (its epilogue)")
@@ -283,7 +287,7 @@ def table(rows: list[dict]) -> str:
         lines.append((f"{label:<{label_w}}" + "".join(f"{c:<{fam_w}}" for c in cells) + f"{int16:<{int16_w}}"
                       + f"{ops:<{ops_w - 2}}  " + notes).rstrip())
     lines.append("")
-    lines.append("Families: " + ", ".join(f"{k} = {v}" for k, v in FAMILY_NAMES.items()) + ". NPU: compiled by Vela; "
+    lines.append("Families: " + ", ".join(f"{k} = {f.display}" for k, f in FAMILIES.items()) + ". NPU: compiled by Vela; "
                  "CPU: a host partition run by onnxruntime (the rule says why).")
     lines.append("int16: the precision the op gets in a 16x8 build on each family (16: its 16-bit form; 8: int8 there, "
                  "its neighbours reading and writing it through int8 copies; -: none).")
@@ -305,7 +309,7 @@ def compute_rows() -> list[dict]:
 
     import onnxruntime
 
-    from npubuild.engine.fanout import fan_out
+    from npubuild.fanout import fan_out
     from npubuild.lowering.registry import supported_op_types
 
     logging.getLogger().setLevel(logging.ERROR)

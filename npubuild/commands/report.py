@@ -16,60 +16,22 @@ from npubuild.commands import add_build_dir, build_dir_of
 from npubuild.errors import InputError
 
 
-def load_report(path: Path) -> dict:
-    from npubuild.fileio import read_json
-
-    if not path.is_file():
-        raise InputError("no report.json: build first" if path.name == "report.json" else "file not found",
-                         str(path))
-    try:
-        report = read_json(path)
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise InputError(f"not a valid report: {exc}", str(path)) from None
-    if not isinstance(report, dict) or not isinstance(report.get("builds"), list):
-        raise InputError("not a valid report: no 'builds' list", str(path))
-    if not isinstance(report.get("versions"), dict):
-        raise InputError("not a valid report: no 'versions' mapping", str(path))
-    for i, entry in enumerate(report["builds"]):
-        problem = _entry_problem(entry)
-        if problem is not None:
-            raise InputError(f"not a valid report: builds[{i}] {problem}", str(path))
-    return report
-
-
 def summary_text(report: dict, build_dir: Path) -> str:
     """What `report` prints before the baseline section: the counts, one line per build that did not pass with
     its cause, and where the full reports are (report.md has every table; `--markdown` prints it)."""
     from npubuild.report.brief import failure_cause
     from npubuild.report.regress import build_id
+    from npubuild.report.status import Status, passed
 
     builds = report["builds"]
-    counts = {s: sum(1 for b in builds if b["status"] == s) for s in ("passed", "failed", "skipped")}
-    lines = [f"{len(builds)} builds: {counts['passed']} passed, {counts['failed']} failed, {counts['skipped']} skipped"
-             + (f" (run {report['run_id']})" if report.get("run_id") else "")]
-    lines += [f"{b['status'].upper():<7} {build_id(b)}: {failure_cause(b)}" for b in builds if b["status"] != "passed"]
+    counts = {s: sum(1 for b in builds if b["status"] == s) for s in Status}
+    hosted = counts[Status.HOST_ONLY] + counts[Status.MOSTLY_HOST]
+    host_note = f" ({counts[Status.HOST_ONLY]} host only, {counts[Status.MOSTLY_HOST]} mostly host)" if hosted else ""
+    lines = [f"{len(builds)} builds: {counts[Status.PASSED] + hosted} passed{host_note}, {counts[Status.FAILED]} "
+             f"failed, {counts[Status.SKIPPED]} skipped" + (f" (run {report['run_id']})" if report.get("run_id") else "")]
+    lines += [f"{b['status'].upper():<7} {build_id(b)}: {failure_cause(b)}" for b in builds if not passed(b["status"])]
     lines.append(f"full report: {build_dir / 'report.md'} (--markdown prints it), {build_dir / 'report.html'}")
     return "\n".join(lines) + "\n"
-
-
-ENTRY_FIELDS = {"spec": str, "model": str, "target": str, "status": str, "metrics": dict, "stages": dict,
-                "gates": list, "errors": list}
-
-
-def _entry_problem(entry) -> str | None:
-    """What is missing or mistyped in one report entry (the fields the report, the comparison and JUnit read)."""
-    if not isinstance(entry, dict):
-        return "is not a mapping"
-    for name, kind in ENTRY_FIELDS.items():
-        if name not in entry:
-            return f"has no '{name}'"
-        if not isinstance(entry[name], kind):
-            return f"'{name}' is not a {kind.__name__}"
-    if not all(isinstance(g, dict) and {"name", "ok"} <= set(g) for g in entry["gates"]):
-        return "has a gate without 'name' and 'ok'"
-    if not all(isinstance(s, dict) and "status" in s for s in entry["stages"].values()):
-        return "has a stage without 'status'"
-    return None
 
 
 def cmd_report(args) -> int:
@@ -77,6 +39,7 @@ def cmd_report(args) -> int:
     from npubuild.report import history
     from npubuild.report.junit import write_junit
     from npubuild.report.regress import compare, load_thresholds, render_comparison
+    from npubuild.report.reportfile import load_report
     from npubuild.report.status import passed
     from npubuild.report.summary import render_markdown, write_html
 

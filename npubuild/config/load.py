@@ -242,6 +242,7 @@ class Build:
     pipeline: Pipeline
     vela: VelaOptions
     evaluation: tuple[Path, Path] | None = None  # (inputs, labels) of the model's evaluation set
+    fvp_runner: Path | None = None  # the spec's fvp.runner, resolved inside the project and present
     # the lowering families of every target of its spec: what its lower stage lowers, so that a command
     # planning this build alone (debug-numerics, offloads) shares the spec build's lower task
     spec_families: tuple[str, ...] = ()
@@ -298,9 +299,11 @@ def load_spec(path: Path) -> list[Build]:
         else:
             profile = t
         profiles.append(profile)
+    runner = None
     if spec.fvp.runner is not None:  # checked here so that `npubuild validate` names it with its position
         where = locate(marks, ("fvp", "runner"), Location(str(path)))
-        if not inside(path.parent / spec.fvp.runner, root, "fvp.runner", where).is_file():
+        runner = inside(path.parent / spec.fvp.runner, root, "fvp.runner", where)
+        if not runner.is_file():
             raise InputError(f"fvp.runner '{spec.fvp.runner}' not found", where)
 
     families = lowering_families(profiles)
@@ -330,6 +333,7 @@ def load_spec(path: Path) -> list[Build]:
                     pipeline=pipeline,
                     vela=vela_options(profile.vela, spec.vela, spec.optimise or profile.optimise),
                     evaluation=evaluation,
+                    fvp_runner=runner,
                     spec_families=families,
                 )
             )

@@ -8,27 +8,16 @@ an error with a position, not a silently ignored setting.
 from __future__ import annotations
 
 import re
-from typing import Annotated, Literal, get_args
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, create_model, field_validator, model_validator
 
+from npubuild.config.accelerator import ACCELERATOR_NAMES
 from npubuild.config.accelerator import Accelerator as ParsedAccelerator
 from npubuild.config.metrics import GATES
 
-Accelerator = Literal[
-    "ethos-u55-32",
-    "ethos-u55-64",
-    "ethos-u55-128",
-    "ethos-u55-256",
-    "ethos-u65-256",
-    "ethos-u65-512",
-    "ethos-u85-128",
-    "ethos-u85-256",
-    "ethos-u85-512",
-    "ethos-u85-1024",
-    "ethos-u85-2048",
-]
-ACCELERATORS: tuple[str, ...] = get_args(Accelerator)  # every accelerator config Vela 5.2 accepts
+Accelerator = Literal[ACCELERATOR_NAMES]  # type: ignore[valid-type]  # config/accelerator.py's table
+ACCELERATORS: tuple[str, ...] = ACCELERATOR_NAMES  # every accelerator config Vela 5.2 accepts
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$")
 Name = Annotated[str, Field(pattern=NAME_RE.pattern, max_length=80)]
 
@@ -133,7 +122,7 @@ class TargetProfile(Strict):
             pool_name = getattr(self.placement, role)
             if pool_name not in self.pools:
                 raise ValueError(f"placement.{role} names pool '{pool_name}', which is not in pools")
-        if ParsedAccelerator.parse(self.accelerator).generation == "u85":
+        if ParsedAccelerator.parse(self.accelerator).facts.ports_used:
             return self
         if any(p.ports_used is not None for p in self.pools.values()):
             raise ValueError("ports_used applies to ethos-u85 only")

@@ -14,6 +14,8 @@ gigabytes otherwise); the composer then replays the scanned events.
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -144,26 +146,31 @@ def load_yaml(path: Path) -> tuple[Any, Marks]:
     except yaml.reader.ReaderError as exc:
         raise _reader_error(exc, text, file) from None
     try:
-        loader = _Replay(_scan(scanner, file))
-    except yaml.MarkedYAMLError as exc:
-        raise _marked(exc, file) from None
-    except yaml.YAMLError as exc:
-        raise InputError(f"invalid YAML: {exc}", file) from None
+        with _yaml_errors(file):
+            loader = _Replay(_scan(scanner, file))
     finally:
         scanner.dispose()
     try:
-        node = loader.get_single_node()
-        if node is None:
-            return {}, {(): Location(file, 1, 1)}
-        marks: Marks = {}
-        data = _construct(loader, node, (), file, marks)
-        return data, marks
+        with _yaml_errors(file):
+            node = loader.get_single_node()
+            if node is None:
+                return {}, {(): Location(file, 1, 1)}
+            marks: Marks = {}
+            data = _construct(loader, node, (), file, marks)
+            return data, marks
+    finally:
+        loader.dispose()
+
+
+@contextmanager
+def _yaml_errors(file: str) -> Iterator[None]:
+    """PyYAML's errors as one InputError line, at the position it names when it names one."""
+    try:
+        yield
     except yaml.MarkedYAMLError as exc:
         raise _marked(exc, file) from None
     except yaml.YAMLError as exc:
         raise InputError(f"invalid YAML: {exc}", file) from None
-    finally:
-        loader.dispose()
 
 
 def _marked(exc: yaml.MarkedYAMLError, file: str) -> InputError:

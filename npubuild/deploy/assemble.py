@@ -29,7 +29,7 @@ from npubuild.deploy.host_ops import HostTranslation, NotDeployable, Value, emit
 from npubuild.deploy.tflite_graph import NP_TYPES, Quant, TflGraph
 from npubuild.npusim.tflite import ETHOS_U, OFFLINE_PLAN, offline_offsets
 from npubuild.records.iospec import IOSpec
-from npubuild.records.lower import PartitionRecord
+from npubuild.records.lower import PartitionRecord, Where
 
 ALIGN = 16
 
@@ -106,7 +106,7 @@ def assemble(partitions: Sequence[PartitionRecord], inputs: Sequence[IOSpec], ou
              lower_dir: Path, vela_tflite: dict[int, Path]) -> Deployable:
     """The deployable of one family's split model (partitions in run order; `inputs`/`outputs` the graph's own
     specs, used where a host partition reads a graph input or writes a graph output)."""
-    npu = [p for p in partitions if p.kind == "npu"]
+    npu = [p for p in partitions if p.kind == Where.NPU]
     if len(partitions) == 1 and npu:  # fully offloaded: Vela's own output is the deployable
         data = vela_tflite[npu[0].index].read_bytes()
         return Deployable(data, [PartitionResult(npu[0].index, "npu", ["ethos-u"])], list(npu[0].outputs_io),
@@ -122,7 +122,7 @@ def assemble(partitions: Sequence[PartitionRecord], inputs: Sequence[IOSpec], ou
     blocks: list[_Block] = []
     for part in partitions:
         first = len(g.sg.operators)
-        if part.kind == "npu":
+        if part.kind == Where.NPU:
             blocks.append(_npu_partition(g, part, values, vela_tflite[part.index]))
             results.append(PartitionResult(part.index, "npu", ["ethos-u"], arena_bytes=blocks[-1].size,
                                            ops=range(first, len(g.sg.operators))))
@@ -156,7 +156,7 @@ def _npu_reader_specs(partitions: Sequence[PartitionRecord]) -> dict[str, IOSpec
     """Every tensor an NPU partition reads, with the spec it reads it in (the first reader's)."""
     specs: dict[str, IOSpec] = {}
     for p in partitions:
-        if p.kind == "npu":
+        if p.kind == Where.NPU:
             for s in p.inputs_io or ():
                 specs.setdefault(s.onnx_name, s)
     return specs

@@ -19,7 +19,7 @@ from npubuild.deploy.assemble import Deployable, assemble
 from npubuild.deploy.virtual_device import HostRun, VirtualDevice
 from npubuild.fileio import write_text
 from npubuild.records.iospec import IOSpec
-from npubuild.records.lower import PartitionRecord
+from npubuild.records.lower import PartitionRecord, Where
 
 DEPLOYABLE = "npubuild_deployable"
 
@@ -73,8 +73,8 @@ def package(firmware_dir: Path, profile: TargetProfile, partitions: Sequence[Par
     out = Packaged(npu_arena_bytes=d.npu_arena_bytes or None, inputs=d.inputs, outputs=d.outputs)
     host_runs_on = "onnxruntime" if profile.host.kind == "cortex-a" else "tflite-micro"
     for r in d.partitions:
-        entry: dict = {"runs_on": "ethos-u" if r.kind == "npu" else host_runs_on}
-        if r.kind == "host":
+        entry: dict = {"runs_on": "ethos-u" if r.kind == Where.NPU else host_runs_on}
+        if r.kind == Where.HOST:
             if r.not_deployable:
                 entry.update(runs_on="onnxruntime" if profile.host.kind == "cortex-a" else None,
                              not_deployable_on_cortex_m=r.not_deployable)
@@ -95,10 +95,10 @@ def package(firmware_dir: Path, profile: TargetProfile, partitions: Sequence[Par
     rel = firmware_dir.name
     out.files = {"tflite": f"{rel}/{DEPLOYABLE}.tflite", "source": f"{rel}/{DEPLOYABLE}.c",
                  "header": f"{rel}/{DEPLOYABLE}.h", "bytes": len(d.data)}
-    runs = _measure_host_arenas(d.data, d.inputs) if any(p.kind == "host" for p in partitions) else []
+    runs = _measure_host_arenas(d.data, d.inputs) if any(p.kind == Where.HOST for p in partitions) else []
     for r in d.partitions:
         sizes = [run.arena_bytes for run in runs if run.arena_bytes is not None and set(run.ops) & set(r.ops)]
-        if r.kind == "host" and sizes:
+        if r.kind == Where.HOST and sizes:
             out.partitions[r.index]["arena_bytes"] = max(sizes)
     out.tflm_arena_bytes = max((run.arena_bytes for run in runs if run.arena_bytes is not None), default=None)
     return out

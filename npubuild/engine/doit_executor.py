@@ -1,9 +1,9 @@
 """The plan as doit tasks, run by doit in local processes: `npubuild build` and plain `doit` (dodo.py).
 
-Both load the same task dicts and share the same stage dirs, so the same cache:
-a task is up to date when its stage dir says so (npubuild.engine.uptodate),
-whoever ran it. doit's reporter only forwards task events to the build
-session, which writes the reports when doit ends the run.
+Both load the same task dicts (`namespace`; a project's dodo.py gets them through npubuild.dodo_namespace)
+and share the same stage dirs, so the same cache: a task is up to date when its stage dir says so
+(npubuild.engine.uptodate), whoever ran it. doit's reporter only forwards task events to the build
+session, which hands the outcome to its reporter (the reports) when doit ends the run.
 """
 
 from __future__ import annotations
@@ -11,17 +11,16 @@ from __future__ import annotations
 import os
 import sys
 from collections.abc import Iterator
-from pathlib import Path
 
 from doit.exceptions import TaskFailed, UnmetDependency
 
 from npubuild.engine.execute import run_stage, stage_modules, was_restored
-from npubuild.engine.fanout import WORKERS_ENV, workers_for_jobs
-from npubuild.engine.plan import BuildPlan, StageTask
+from npubuild.engine.plan import BuildPlan
 from npubuild.engine.session import Session
-from npubuild.engine.stage import Stage
+from npubuild.engine.stage import StageTask
 from npubuild.engine.uptodate import is_done
 from npubuild.errors import NpubuildError
+from npubuild.fanout import WORKERS_ENV, workers_for_jobs
 
 
 def doit_action(task: StageTask, run_id: str, debug: bool, cache_url: str | None,
@@ -189,52 +188,8 @@ class DoitExecutor:
         return DoitMain(ModuleTaskLoader(ns), extra_config={"GLOBAL": {}}).run(args)
 
 
-# A project's dodo.py (this repository's, and the one `npubuild init` writes): all of it is dodo_namespace.
-DODO_PY = '''"""doit entry point: `doit` builds every compile spec in configs/ into build/, as `npubuild build` does.
-
-The same plan, stage dirs, shared cache and reports as `npubuild build configs/`. NPUBUILD_SPECS
-(paths separated by ':'), NPUBUILD_BUILD_DIR and NPUBUILD_CACHE change what is built, where, and
-with which shared cache; NPUBUILD_WAIT=1 waits for a build dir another build holds.
-"""
-
-from npubuild import dodo_namespace
-
-globals().update(dodo_namespace(__file__))
-'''
-
-
-def dodo_namespace(dodo_file: str, stages: tuple[Stage, ...]) -> dict:
-    """The whole body of a project's dodo.py (through npubuild.dodo_namespace, which hands it the stages):
-    plain `doit` runs the same plan and session as `npubuild build`.
-
-    Builds every spec in configs/ next to dodo.py into build/ there. NPUBUILD_SPECS (paths separated by
-    ':'), NPUBUILD_BUILD_DIR, NPUBUILD_CACHE and NPUBUILD_WAIT=1 (wait for a busy build dir) change that.
-    """
-    from npubuild.config.load import load_specs
-    from npubuild.engine.cache import resolve_cache
-    from npubuild.engine.lock import acquire
-    from npubuild.engine.plan import make_plan
-
-    here = Path(dodo_file).resolve().parent
-    specs = [Path(p) for p in os.environ.get("NPUBUILD_SPECS", str(here / "configs")).split(":")]
-    try:
-        builds = load_specs(specs)
-        plan = make_plan(builds, Path(os.environ.get("NPUBUILD_BUILD_DIR", here / "build")), stages)
-        lock_fd = acquire(plan.build_dir, wait=os.environ.get("NPUBUILD_WAIT") == "1")
-    except NpubuildError as exc:
-        print(exc, file=sys.stderr)
-        sys.exit(exc.exit_code)
-    selection = {"specs": [str(p) for p in specs], "default": "NPUBUILD_SPECS" not in os.environ,
-                 "spec_names": sorted({b.spec.name for b in builds}), "only": []}
-    session = Session(plan, selection=selection)
-    share_cores(doit_jobs(sys.argv[1:]))
-    ns = namespace(plan, session, False, resolve_cache(None, plan.build_dir))
-    ns["_npubuild_lock"] = lock_fd  # held until doit exits: no other build may write this build dir meanwhile
-    return ns
-
-
 def share_cores(jobs: int) -> None:
-    """Tasks run `jobs` at a time share the cores: each stage's worker processes (engine/fanout.py) are the
+    """Tasks run `jobs` at a time share the cores: each stage's worker processes (npubuild/fanout.py) are the
     cores divided by the jobs, unless the user set $NPUBUILD_STAGE_WORKERS."""
     if jobs > 1:
         os.environ.setdefault(WORKERS_ENV, workers_for_jobs(jobs))

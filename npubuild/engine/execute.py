@@ -17,8 +17,7 @@ from pathlib import Path
 
 from npubuild.engine.cache import StageCache, cache_key
 from npubuild.engine.isolate import isolation_possible, run_isolated
-from npubuild.engine.plan import StageTask
-from npubuild.engine.stage import Stage, companion_inputs, stage_named, stage_of
+from npubuild.engine.stage import Stage, StageTask, companion_inputs, stage_named, stage_of
 from npubuild.engine.uptodate import (
     ERROR_NAME,
     INPUTS_NAME,

@@ -12,46 +12,16 @@ Dask) only run this plan.
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from npubuild.engine.stage import Stage, TaskSpec, union_order
+from npubuild.engine.stage import Stage, StageTask, TaskSpec, union_order
 from npubuild.engine.versions import versions
 from npubuild.fileio import stable_hash
 from npubuild.records.build import Skip
 
 if TYPE_CHECKING:
     from npubuild.config.load import Build
-
-
-@dataclass
-class StageTask:
-    stage: str
-    module: str  # the stage module defining its Stage (npubuild.engine.stage.stage_of)
-    label: str
-    config: dict
-    inputs: dict[str, Path]
-    outputs: dict[str, Path]
-    deps: list[str] = field(default_factory=list)  # names of upstream tasks
-    builds: list[str] = field(default_factory=list)
-    per_build: bool = False  # lives in builds/<label>/, not in a keyed stage dir
-
-    @cached_property
-    def key(self) -> str:  # cached: hashing the config is most of planning time on a big matrix
-        return stable_hash(self.config)
-
-    @property
-    def name(self) -> str:
-        return f"{self.stage}:{self.sub}"
-
-    @property
-    def sub(self) -> str:
-        return self.label if self.per_build else f"{self.label}-{self.key[:8]}"
-
-    @property
-    def dir(self) -> Path:
-        return self.outputs["record"].parent
 
 
 @dataclass

@@ -18,8 +18,8 @@ from pathlib import Path
 
 from npubuild.engine.cache import KEY_ENV, StageCache, cache_key
 from npubuild.engine.execute import error_path, write_record
-from npubuild.engine.plan import BuildPlan, StageTask
-from npubuild.engine.stage import Companions, companion_inputs, stage_of
+from npubuild.engine.plan import BuildPlan
+from npubuild.engine.stage import Companions, StageTask, companion_inputs, stage_of
 from npubuild.engine.uptodate import (
     BOOKKEEPING,
     check_producers,

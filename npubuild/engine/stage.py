@@ -15,14 +15,15 @@ import importlib
 import json
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from npubuild.fileio import stable_hash
 from npubuild.records.build import Skip
 
 if TYPE_CHECKING:
     from npubuild.config.load import Build
-    from npubuild.engine.plan import StageTask
 
 
 @dataclass(frozen=True)
@@ -45,9 +46,38 @@ def union_order(value: Any) -> str:
     return value if isinstance(value, str) else json.dumps(value, sort_keys=True, separators=(",", ":"))
 
 
-Chain = dict[str, "StageTask"]
+@dataclass
+class StageTask:
+    stage: str
+    module: str  # the stage module defining its Stage (stage_of)
+    label: str
+    config: dict
+    inputs: dict[str, Path]
+    outputs: dict[str, Path]
+    deps: list[str] = field(default_factory=list)  # names of upstream tasks
+    builds: list[str] = field(default_factory=list)
+    per_build: bool = False  # lives in builds/<label>/, not in a keyed stage dir
+
+    @cached_property
+    def key(self) -> str:  # cached: hashing the config is most of planning time on a big matrix
+        return stable_hash(self.config)
+
+    @property
+    def name(self) -> str:
+        return f"{self.stage}:{self.sub}"
+
+    @property
+    def sub(self) -> str:
+        return self.label if self.per_build else f"{self.label}-{self.key[:8]}"
+
+    @property
+    def dir(self) -> Path:
+        return self.outputs["record"].parent
+
+
+Chain = dict[str, StageTask]
 PlanFn = Callable[["Build", Chain], TaskSpec | Skip | None]
-RunFn = Callable[["StageTask"], dict]
+RunFn = Callable[[StageTask], dict]
 Companions = Callable[[Path], dict[str, Path]]
 
 

@@ -26,7 +26,7 @@ import shutil
 from pathlib import Path
 
 from npubuild.engine.notice import warn
-from npubuild.engine.plan import StageTask
+from npubuild.engine.stage import StageTask
 from npubuild.fileio import file_hash, read_json, write_json
 
 INPUTS_NAME = "inputs.json"

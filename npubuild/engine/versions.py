@@ -14,7 +14,7 @@ import re
 from importlib import metadata
 from pathlib import Path
 
-import npubuild
+from npubuild.version import __version__
 
 DISTRIBUTIONS = {
     "onnx": "onnx",
@@ -24,13 +24,14 @@ DISTRIBUTIONS = {
     "ethos-u-vela": "ethos-u-vela",
     "numpy": "numpy",
 }
-PACKAGE_ROOT = Path(npubuild.__file__).parent
+PACKAGE_ROOT = Path(__file__).resolve().parents[1]
 # Packages that import their modules dynamically (registries): using any part pulls in all of it.
 REGISTRY_PACKAGES = ("npubuild.lowering.ops", "npubuild.frontend.passes")
 # Orchestration, not computation: stage implementations import these for types and plumbing only, and a
 # change there (a new stage in the plan, a new executor) must not invalidate every cached result: the
-# npubuild.engine package, the stage registry (npubuild.stages itself; npubuild.records is the contract).
-ORCHESTRATION = frozenset({"npubuild", "npubuild.stages"})
+# npubuild.engine package, the stage registry (npubuild.stages itself; npubuild.records is the contract), and the
+# worker pool (npubuild.fanout: the same results in process or over workers).
+ORCHESTRATION = frozenset({"npubuild", "npubuild.stages", "npubuild.fanout"})
 ORCHESTRATION_PACKAGE = "npubuild.engine"
 
 
@@ -41,7 +42,7 @@ def _orchestration(name: str) -> bool:
 @functools.cache
 def tool_version(tool: str) -> str:
     if tool == "npubuild":
-        return npubuild.__version__
+        return __version__
     try:
         return metadata.version(DISTRIBUTIONS.get(tool, tool))
     except metadata.PackageNotFoundError:

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from npubuild.engine.cache import StageCache
 from npubuild.engine.execute import execute, read_error
-from npubuild.engine.plan import StageTask
+from npubuild.engine.stage import StageTask
 from npubuild.engine.uptodate import RECORD_NAME
 from npubuild.errors import NpubuildError, StageError
 

@@ -30,10 +30,10 @@ import onnx
 import onnx_ir as ir
 
 from npubuild.config.accelerator import LOWERING_FAMILIES
-from npubuild.engine.fanout import fan_out
 from npubuild.errors import StageError
 from npubuild.ethosu.measured import choose
 from npubuild.ethosu.partition import PartitionPlan, plan_partitions, split_io, write_partitions
+from npubuild.fanout import fan_out
 from npubuild.fileio import write_bytes
 from npubuild.frontend.data import integer_ranges
 from npubuild.frontend.passes import run_passes
@@ -41,7 +41,7 @@ from npubuild.lowering.driver import LoweredGraph, lower_model
 from npubuild.lowering.fallback import PartialLowering, lower_lowerable
 from npubuild.lowering.options import LoweringOptions
 from npubuild.records.iospec import IOSpec
-from npubuild.records.lower import FamilyRecord, LowerRecord, NodeRecord, PartitionRecord
+from npubuild.records.lower import FamilyRecord, LowerRecord, NodeRecord, PartitionRecord, Where
 from npubuild.tosa.graph import ops_by_node, read_tosa, tensor_nodes
 from npubuild.tosa.run import REFERENCE_MODEL_PER_ONNXRUNTIME, OnnxSession, timed_runs
 from npubuild.verify.partitioned import PartitionedModel, worst_error
@@ -62,7 +62,7 @@ def node_tensors(lowered: LoweredGraph) -> dict[str, str]:
 def family_record(model: onnx.ModelProto, lowered: LoweredGraph, io: LowerRecord, plan: PartitionPlan, fam: str,
                   out_dir: Path, options: LoweringOptions | None = None) -> FamilyRecord:
     placements = tuple(plan.placements.values())
-    if len(plan.partitions) == 1 and plan.partitions[0].kind == "npu":
+    if len(plan.partitions) == 1 and plan.partitions[0].kind == Where.NPU:
         parts = (io.whole_partition([p.node for p in placements]),)
     else:
         parts = tuple(write_partitions(model, plan, lowered.profile, out_dir, f"{fam}_", family=fam, options=options))
@@ -165,7 +165,7 @@ def lower_stage(src: Path, passes: Sequence[str], profile: Literal["int", "fp"],
                                     "host_ops": r.host_ops} for f, r in families.items()},
                "measured_choices": {f: c for f, c in choices.items() if c}}
     if io.portable is not None:
-        metrics["host_nodes"] = [p.to_json() for p in io.portable.placements if p.kind == "cpu"]
+        metrics["host_nodes"] = [p.to_json() for p in io.portable.placements if p.kind == Where.HOST]
     return metrics
 
 
@@ -220,7 +220,7 @@ class CheckCache:
                      own: PartitionRecord) -> tuple[WholeGraphRun, dict[str, np.ndarray]]:
         """model.tosa's run (measured once) and the family's own whole graph's outputs on the first check
         sample: what same_as_whole compares. The first time both graphs are run at once on two workers
-        (engine/fanout.py) when onnxruntime's time on the sample says the reference model's is worth it."""
+        (npubuild/fanout.py) when onnxruntime's time on the sample says the reference model's is worth it."""
         feeds = check_feeds(io, integers=self.integers)[0]
         own_model = PartitionedModel(out_dir, [own], io.outputs)
         if self.whole is not None:

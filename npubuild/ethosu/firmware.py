@@ -20,7 +20,7 @@ from npubuild.errors import StageError
 from npubuild.ethosu.vela_ini import arena_cache_bytes, memory_mode_name
 from npubuild.fileio import write_json, write_text
 from npubuild.records.iospec import GraphIO, IOSpec
-from npubuild.records.lower import PartitionRecord
+from npubuild.records.lower import PartitionRecord, Where
 
 # The Ethos-U driver's base-pointer regions as Vela's raw output numbers them.
 REGION_ROLES = {0: "constants", 1: "arena", 2: "fast_scratch"}
@@ -203,7 +203,7 @@ def write_deployment(out_dir: Path, profile: TargetProfile, partitions: Sequence
                        "nodes": list(p.nodes)}
         if packaged is not None:
             entry.update(packaged.partitions.get(p.index, {}))
-        if p.kind == "npu":
+        if p.kind == Where.NPU:
             fw = firmware.get(p.index, {})
             entry.update({"prefix": fw.get("prefix"), "manifest": fw.get("manifest"), "header": fw.get("header"),
                           "source": fw.get("source")})

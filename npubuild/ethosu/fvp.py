@@ -29,6 +29,7 @@ from pathlib import Path
 
 import numpy as np
 
+from npubuild.config.accelerator import PLATFORMS
 from npubuild.config.schema import FvpOptions
 from npubuild.errors import StageError
 from npubuild.fileio import write_json, write_text
@@ -36,11 +37,6 @@ from npubuild.records.build import Skip
 from npubuild.records.fvp import FvpRecord
 from npubuild.records.iospec import GraphIO, GraphSpecs, specs_from_json
 from npubuild.records.vela import VelaRecord
-
-# the platform's board prefix for -C parameters, and where --data loads files
-BOARD = {"corstone-300": "mps3_board", "corstone-320": "mps4_board"}
-MACS_PARAM = {"corstone-300": "ethosu.num_macs", "corstone-320": "mps4_board.subsystem.ethosu.num_macs"}
-DATA_TARGET = {"corstone-300": "mps3_board.cpu0", "corstone-320": "mps4_board.subsystem.cpu0"}
 
 FAULTS = [
     (re.compile(r"hard ?fault", re.I), "hard fault"),
@@ -56,22 +52,22 @@ NPU_CYCLES_RE = re.compile(r"NPU\s+(ACTIVE|TOTAL|IDLE)\s*(?:cycles)?\s*:\s*(\d+)
 def fvp_command(exe: Path, platform: str, macs: int, runner: Path, model: Path, inputs: Path,
                 model_address: int, input_address: int, timeout_s: int) -> list[str]:
     """The FVP's argv: MAC count, no visualisation, no telnet, UART0 to stdout, stop on EOT, time limit."""
-    board = BOARD[platform]
+    facts = PLATFORMS[platform]
+    board = facts.board
     params = [
-        f"{MACS_PARAM[platform]}={macs}",
+        f"{facts.macs_param}={macs}",
         f"{board}.visualisation.disable-visualisation=1",
         f"{board}.telnetterminal0.start_telnet=0",
         f"{board}.uart0.out_file=-",
         f"{board}.uart0.shutdown_on_eot=1",
     ]
-    if platform == "corstone-320":
-        params.append("vis_hdlcd.disable_visualisation=1")
+    params += facts.headless
     cmd = [str(exe)]
     for p in params:
         cmd += ["-C", p]
     cmd += ["-a", str(runner),
-            "--data", f"{DATA_TARGET[platform]}={model}@{model_address:#x}",
-            "--data", f"{DATA_TARGET[platform]}={inputs}@{input_address:#x}",
+            "--data", f"{facts.data_target}={model}@{model_address:#x}",
+            "--data", f"{facts.data_target}={inputs}@{input_address:#x}",
             "--timelimit", str(timeout_s)]
     return cmd
 
@@ -165,7 +161,7 @@ def run_on_fvp(setup: FvpSetup, files: FvpFiles, stage_dir: Path, log_out: Path,
     """The fvp stage's work: the Vela model and the reference input on the FVP with the runner, its outputs
     compared with the TOSA reference model's; fvp.json (returned, the stage's metrics)."""
     platform, macs, exe = setup.platform, setup.macs, setup.executable
-    if platform not in BOARD:
+    if platform not in PLATFORMS:
         raise StageError(f"verify.fvp: no FVP command line known for platform '{platform}'")
     vela = VelaRecord.read(files.vela_summary)
     deployable = vela.metrics.get("deployable")

@@ -6,18 +6,12 @@ import os
 import shutil
 from pathlib import Path
 
-from npubuild.config.accelerator import Accelerator
-from npubuild.config.load import Build, inside
-from npubuild.errors import InputError
-
-# platform -> accelerator family -> FVP binary name
-FVP_BINARIES = {
-    "corstone-300": {"u55": "FVP_Corstone_SSE-300_Ethos-U55", "u65": "FVP_Corstone_SSE-300_Ethos-U65"},
-    "corstone-320": {"u85": "FVP_Corstone_SSE-320"},
-}
+from npubuild.config.accelerator import GENERATIONS, Accelerator, Generation
+from npubuild.config.load import Build
 
 
-def find_fvp(platform: str, family: str, configured: str | None, base: Path | None = None) -> tuple[Path | None, str]:
+def find_fvp(platform: str, family: Generation, configured: str | None,
+             base: Path | None = None) -> tuple[Path | None, str]:
     """The FVP executable for this target (fvp.executable, else the platform's FVP on PATH), or None and why.
 
     A configured path with a directory part is relative to `base` (the spec's directory); a bare name is
@@ -33,7 +27,7 @@ def find_fvp(platform: str, family: str, configured: str | None, base: Path | No
         if found:
             return Path(found).resolve(), ""
         return None, f"fvp.executable '{configured}' is not an executable file"
-    name = FVP_BINARIES.get(platform, {}).get(family)
+    name = GENERATIONS[family].fvp.get(platform)
     if name is None:
         return None, f"no Corstone FVP is known for {family} on platform {platform}"
     found = shutil.which(name)
@@ -50,12 +44,7 @@ def fvp_decision(b: Build) -> tuple[dict | None, Path | None, str | None]:
         return None, None, "verify.fvp is off"
     if b.pipeline.profile != "int":
         return None, None, "FP profile: the NPU runs integer graphs only"
-    opts = b.spec.fvp
-    runner = None
-    if opts.runner is not None:
-        runner = inside(b.spec_path.parent / opts.runner, b.project_root, "fvp.runner", str(b.spec_path))
-        if not runner.is_file():
-            raise InputError(f"fvp.runner '{opts.runner}' not found", str(b.spec_path))
+    opts, runner = b.spec.fvp, b.fvp_runner  # resolved and checked when the spec was loaded
     acc = Accelerator.parse(b.target.accelerator)
     family = acc.generation
     exe, why = find_fvp(b.target.platform, family, opts.executable, b.spec_path.parent)

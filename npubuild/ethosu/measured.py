@@ -1,9 +1,9 @@
 """Family choices decided per build by measurement, not by a threshold tuned on the examples.
 
 A choice applies to some models only (`applies`); where it does, the family's lowering is made once per variant
-of its options and each variant's whole graph compiled by Vela on the family's reference target (its shipped
-profile, REFERENCE_TARGET), and the variant with Vela's shortest inference time is the one the family lowers
-with. Every variant gives the same integers (a layout, a form of the same sums), so the choice moves time and
+of its options and each variant's whole graph compiled by Vela on the family's reference target (the shipped
+profile config/accelerator.py names: FamilyFacts.measured_on), and the variant with Vela's shortest inference
+time is the one the family lowers with. Every variant gives the same integers (a layout, a form of the same sums), so the choice moves time and
 memory only. The lower stage's key holds Vela's version (stages/lower.py): the choice is made again when Vela
 changes, and cached like any stage output otherwise.
 """
@@ -19,13 +19,10 @@ from pathlib import Path
 
 import onnx
 
+from npubuild.config.accelerator import FAMILIES
 from npubuild.frontend.graph_index import GraphIndex
 from npubuild.lowering.driver import LoweredGraph
 from npubuild.lowering.options import LoweringOptions
-
-# the profile each family's choices are measured on: the shipped targets/ profile of that name
-REFERENCE_TARGET = {"u55": "ethos-u55-128", "u65": "ethos-u65-256", "u85": "ethos-u85-256",
-                    "u85wide": "ethos-u85-1024"}
 
 
 def narrow_nhwc_image(model: onnx.ModelProto, max_channels: int = 4) -> bool:
@@ -72,7 +69,7 @@ class Choice:
 # U65 did not stage (digits and the U-Nets gained, 1-channel stems lost: bench/perf_choices.md); its planar or
 # as-is reads of a 3-channel image from DRAM cost MediaPipe selfie segmentation's first conv 1.08M cycles.
 STAGED_INPUT = Choice("narrow image input staged into SRAM", lambda m, o: narrow_image(m),
-                      lambda o: [replace(o, staged_input_min_row=0 if o.staged_input_min_row else 128)])
+                      lambda o: [replace(o, staged_input_min_row=None if o.staged_input_min_row is not None else 128)])
 def has_op(model: onnx.ModelProto, op_type: str) -> bool:
     return any(n.op_type == op_type for n in model.graph.node)
 
@@ -84,8 +81,8 @@ def has_op(model: onnx.ModelProto, op_type: str) -> bool:
 PHASES = Choice("transposed conv as a 1x1 conv of its phases", lambda m, o: not o.transpose_conv_phases and
                 has_op(m, "ConvTranspose"), lambda o: [replace(o, transpose_conv_phases=True)])
 CHOICES: dict[str, tuple[Choice, ...]] = {
-    "u65": (Choice("narrow image input planar", lambda m, o: o.planar_input_channels > 0 and narrow_image(m),
-                   lambda o: [replace(o, planar_input_channels=0)]), STAGED_INPUT),
+    "u65": (Choice("narrow image input planar", lambda m, o: o.planar_input_channels is not None and narrow_image(m),
+                   lambda o: [replace(o, planar_input_channels=None)]), STAGED_INPUT),
     "u85": (STAGED_INPUT, PHASES),
     "u85wide": (STAGED_INPUT, PHASES),
 }
@@ -103,7 +100,7 @@ def _off(field: str) -> Choice:
 # depthwise scales, zero kernel taps (weights), the staged input copy, the concat orders' copies; each tried off
 # and kept off where neither SRAM nor off-chip grows and one shrinks.
 SIZE_CHOICES: tuple[Choice, ...] = tuple(_off(f) for f in (
-    "plane_rows", "dw_requantize", "concat_dw_copy", "concat_max_copy", "norm_affine_one_row", "dilation_taps",
+    "plane_rows", "dw_requantize", "concat_copy", "norm_affine_one_row", "dilation_taps",
     "conv_stride_taps", "staged_input_min_row", "concat_order"))
 
 
@@ -163,7 +160,7 @@ def choose(model: onnx.ModelProto, fam: str, lower: Callable[[LoweringOptions], 
         graphs = [lower(opts) for opts in candidates]
         if any(g is None for g in graphs) or len({g.tosa for g in graphs}) == 1:
             continue  # no single graph to compare, or the choice changes nothing in this model
-        figures = [measure(g.tosa, REFERENCE_TARGET[fam], optimise) for g in graphs]
+        figures = [measure(g.tosa, FAMILIES[fam].measured_on, optimise) for g in graphs]
         if any(f is None for f in figures):
             record.append({"choice": choice.name, "figures": figures, "taken": 0})
             continue
@@ -171,7 +168,7 @@ def choose(model: onnx.ModelProto, fam: str, lower: Callable[[LoweringOptions], 
         for i in range(1, len(candidates)):  # ties keep the family's own form
             if better(figures[i], figures[best], optimise):
                 best = i
-        record.append({"choice": choice.name, "target": REFERENCE_TARGET[fam], "figures": figures, "taken": best})
+        record.append({"choice": choice.name, "target": FAMILIES[fam].measured_on, "figures": figures, "taken": best})
         options = candidates[best]
     return options, record
 

@@ -33,7 +33,7 @@ from npubuild.lowering.driver import LoweredGraph, lower_model
 from npubuild.lowering.fallback import HostNode
 from npubuild.lowering.options import LoweringOptions
 from npubuild.records.iospec import IOSpec
-from npubuild.records.lower import PartitionRecord, Placement
+from npubuild.records.lower import PartitionRecord, Placement, Where
 from npubuild.tosa.graph import TosaGraphInfo, TosaOpInfo, ops_by_node, read_tosa, tensor_nodes
 from npubuild.tosa.run import OnnxSession
 
@@ -43,7 +43,7 @@ QDQ = ("QuantizeLinear", "DequantizeLinear")
 @dataclass
 class Partition:
     index: int
-    kind: Literal["npu", "host"]
+    kind: Where
     nodes: list[onnx.NodeProto]
     inputs: list[str] = field(default_factory=list)
     outputs: list[str] = field(default_factory=list)
@@ -61,7 +61,7 @@ def held_nodes(node: onnx.NodeProto) -> int:
 
 def place_nodes(model: onnx.ModelProto, by_node: dict[str, list[TosaOpInfo]], graph: TosaGraphInfo | None,
                 fam: str | None, host: Mapping[str, HostNode] | None = None) -> dict[str, Placement]:
-    """Where each compute node runs on this family, and the rule that decided a CPU placement: a node with no
+    """Where each compute node runs on this family, and the rule that decided a host placement: a node with no
     lowering (`host`) first, then the family's support rules (none for fam None: the portable split)."""
     out = {}
     host = host or {}
@@ -71,12 +71,12 @@ def place_nodes(model: onnx.ModelProto, by_node: dict[str, list[TosaOpInfo]], gr
             continue
         if n.name in host:
             h = host[n.name]
-            out[n.name] = Placement(n.name, n.op_type, "cpu", [], h.rule, h.reason, nodes=held_nodes(n),
+            out[n.name] = Placement(n.name, n.op_type, Where.HOST, [], h.rule, h.reason, nodes=held_nodes(n),
                                     precision=precision.get(n.name))
             continue
         ops = by_node.get(n.name, [])
         verdict = check_node(ops, graph, fam) if fam is not None and graph is not None else None
-        out[n.name] = Placement(n.name, n.op_type, "cpu" if verdict else "npu", [o.op for o in ops],
+        out[n.name] = Placement(n.name, n.op_type, Where.HOST if verdict else Where.NPU, [o.op for o in ops],
                                 *(verdict or (None, None)), precision=precision.get(n.name))
     return out
 
@@ -97,26 +97,26 @@ def follow_host_values(model: onnx.ModelProto, placed: dict[str, Placement]) -> 
         moved = False
         for n in model.graph.node:
             p = placed.get(n.name)
-            if p is None or p.kind != "npu":
+            if p is None or p.kind != Where.NPU:
                 continue
             for v in node_inputs(n):
                 src = producer.get(v)
                 if src is None or src.op_type in QDQ or types.get(v) != onnx.TensorProto.BOOL:
                     continue
-                if placed.get(src.name) is not None and placed[src.name].kind == "cpu":
+                if placed.get(src.name) is not None and placed[src.name].kind == Where.HOST:
                     kind = onnx.TensorProto.DataType.Name(types[v]).lower()
-                    placed[n.name] = Placement(n.name, n.op_type, "cpu", p.tosa_ops, HOST_VALUE_RULE,
+                    placed[n.name] = Placement(n.name, n.op_type, Where.HOST, p.tosa_ops, HOST_VALUE_RULE,
                                                f"reads '{v}' ({kind}), which node '{src.name}' computes on the host:"
                                                " an NPU partition takes no bool input", precision=p.precision)
                     moved = True
                     break
 
 
-def _label_nodes(model: onnx.ModelProto, placed: dict[str, Placement], host: Collection[str] = ()) -> dict[str, str]:
+def _label_nodes(model: onnx.ModelProto, placed: dict[str, Placement], host: Collection[str] = ()) -> dict[str, Where]:
     """npu/host for every node, Q/DQ included (they follow their input's producer, else their consumers: the
     host if any of them is there; a Q/DQ node the lowering itself refused, in `host`, runs on the host)."""
     index = GraphIndex(model)
-    labels: dict[str, str] = {}
+    labels: dict[str, Where] = {}
 
     def first_compute_user(n: onnx.NodeProto) -> onnx.NodeProto | None:
         for _ in range(8):
@@ -128,22 +128,22 @@ def _label_nodes(model: onnx.ModelProto, placed: dict[str, Placement], host: Col
                 return n
         return None
 
-    def label(n: onnx.NodeProto) -> str:
+    def label(n: onnx.NodeProto) -> Where:
         if n.name in labels:
             return labels[n.name]
         if n.name in host:
-            result = "host"
+            result = Where.HOST
         elif n.op_type not in QDQ:
-            result = "npu" if placed[n.name].kind == "npu" else "host"
+            result = placed[n.name].kind
         else:
             src = index.producer.get(n.input[0])
             if src is not None:
                 result = label(src)
-            elif any(label(u) == "host" for u in index.uses(n.output[0], [])):
-                result = "host"  # a graph input a host node reads too: the NPU partition gets it from the host
+            elif any(label(u) == Where.HOST for u in index.uses(n.output[0], [])):
+                result = Where.HOST  # a graph input a host node reads too: the NPU partition gets it from the host
             else:  # a graph input or an initializer: go with whoever reads it
                 user = first_compute_user(n)
-                result = label(user) if user is not None else "host"
+                result = label(user) if user is not None else Where.HOST
         labels[n.name] = result
         return result
 
@@ -159,7 +159,7 @@ def constant_nodes(model: onnx.ModelProto) -> dict[str, onnx.NodeProto]:
             if n.input and all(i in inits for i in node_inputs(n)) and len(n.output) == 1}
 
 
-def group(model: onnx.ModelProto, labels: dict[str, str]) -> list[Partition]:
+def group(model: onnx.ModelProto, labels: dict[str, Where]) -> list[Partition]:
     """Greedy grouping in dependency order: take every ready node of the current kind, then switch kinds."""
     consts = constant_nodes(model)
     const_names = {n.name for n in consts.values()}
@@ -176,7 +176,7 @@ def group(model: onnx.ModelProto, labels: dict[str, str]) -> list[Partition]:
         if compute is not None:
             kind = labels[compute.name]
         else:
-            kind = "host" if any(labels[n.name] == "host" for n in ready) else labels[ready[0].name]
+            kind = Where.HOST if any(labels[n.name] == Where.HOST for n in ready) else labels[ready[0].name]
         taken: list[onnx.NodeProto] = []
         progress = True
         while progress:
@@ -287,8 +287,8 @@ def plan_partitions(model: onnx.ModelProto, lowered: LoweredGraph | None, fam: s
             by_node = {n: [] for n in lowered.node_ops}
     placed = place_nodes(model, by_node, graph, fam, host)
     follow_host_values(model, placed)
-    if not host and all(p.kind == "npu" for p in placed.values()):
-        return PartitionPlan(placed, [Partition(0, "npu", list(model.graph.node), [], [])])
+    if not host and all(p.kind == Where.NPU for p in placed.values()):
+        return PartitionPlan(placed, [Partition(0, Where.NPU, list(model.graph.node), [], [])])
     labels = _label_nodes(model, placed, set(host))
     parts = group(model, labels)
     for p in parts:
@@ -307,8 +307,8 @@ def write_partitions(model: onnx.ModelProto, plan: PartitionPlan, profile: Liter
     records = []
     for part in plan.partitions:
         nodes = tuple(n.name for n in part.nodes if n.op_type not in QDQ)
-        sub = sub_model(model, part, infos, requantize_inputs=part.kind == "npu")
-        if part.kind == "host":
+        sub = sub_model(model, part, infos, requantize_inputs=part.kind == Where.NPU)
+        if part.kind == Where.HOST:
             file = f"{prefix}host{part.index}.onnx"
             onnx.save(sub, out_dir / file)
             check_host_partition(out_dir / file, part)
@@ -354,8 +354,8 @@ def split_io(model: onnx.ModelProto, parts: Sequence[PartitionRecord]) -> tuple[
     partition that reads or writes each sees it (its quantisation), else as the host does (ONNX layout; a
     host output is quantized when the graph's last node is a DequantizeLinear, with its parameters)."""
     index = GraphIndex(model)
-    npu_in = {s.onnx_name: s for p in parts if p.kind == "npu" for s in p.inputs_io or ()}
-    npu_out = {s.onnx_name: s for p in parts if p.kind == "npu" for s in p.outputs_io or ()}
+    npu_in = {s.onnx_name: s for p in parts if p.kind == Where.NPU for s in p.inputs_io or ()}
+    npu_out = {s.onnx_name: s for p in parts if p.kind == Where.NPU for s in p.outputs_io or ()}
     infos = {vi.name: vi for vi in [*model.graph.input, *model.graph.output]}
     inputs = tuple(npu_in.get(name) or _host_spec(infos[name], None, index) for name in sorted(
         index.inputs, key=[i.name for i in model.graph.input].index))

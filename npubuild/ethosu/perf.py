@@ -193,7 +193,7 @@ class MachineModel:
     `clock_scale x AXI width x ports_used` bytes per NPU cycle, the AXI width being 8 bytes for a system config
     whose name starts with `Ethos_U55` and 16 bytes otherwise (Vela's Python architecture_features.py has the same
     8/16 bytes per cycle for U55 vs U65/U85); npubuild names the section after the generation (vela_ini), so a
-    U55 gets 8. Vela prints the result as `Design peak <memory> bandwidth` (x clock, in GiB/s).
+    U55 gets 8 (config/accelerator.py's `axi_bytes`). Vela prints the result as `Design peak <memory> bandwidth` (x clock, in GiB/s).
     """
 
     macs_per_cycle: int
@@ -203,8 +203,8 @@ class MachineModel:
     @staticmethod
     def of(profile: TargetProfile) -> MachineModel:
         acc = Accelerator.parse(profile.accelerator)
-        axi_bytes = 8 if acc.generation == "u55" else 16
-        bw = {VELA_MEMORY[p.kind]: p.clock_scale * axi_bytes * (p.ports_used or 1) for p in profile.pools.values()}
+        bw = {VELA_MEMORY[p.kind]: p.clock_scale * acc.facts.axi_bytes * (p.ports_used or 1)
+              for p in profile.pools.values()}
         return MachineModel(acc.macs, profile.clock_mhz * 1e6, bw)
 
 

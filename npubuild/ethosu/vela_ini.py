@@ -22,7 +22,7 @@ MEMORY_MODE = "npubuild_memory"
 
 def system_config_name(accelerator: str) -> str:
     """The section name Vela models as `accelerator`'s family (see the module docstring)."""
-    return f"Ethos_{Accelerator.parse(accelerator).generation.upper()}_npubuild"
+    return Accelerator.parse(accelerator).facts.vela_system_config
 
 
 def arena_cache_bytes(profile: TargetProfile) -> int:

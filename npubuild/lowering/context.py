@@ -296,13 +296,13 @@ class LoweringContext:
         if 0 in gi.shape and self.current is not None:
             raise self.unsupported(f"input '{gi.name}' is a zero-size tensor: no TOSA form")
         perm = NHWC if len(gi.shape) == 4 else identity(len(gi.shape))
-        if len(gi.shape) == 4 and 2 <= gi.shape[1] <= self.options.planar_input_channels:
+        if len(gi.shape) == 4 and self.options.planar_input(gi.shape[1]):
             perm = identity(4)  # planar: the family reads it faster so (LoweringOptions.planar_input_channels)
-        elif len(gi.shape) == 4 and not 2 <= gi.shape[3] <= self.options.planar_input_channels and \
+        elif len(gi.shape) == 4 and not self.options.planar_input(gi.shape[3]) and \
                 self.nhwc_image(gi.name):
             perm = identity(4)  # its ONNX layout is NHWC already: the Transpose to NCHW moves no byte
         if len(gi.shape) == 3 and self._feeds_windows_only(gi.name) and \
-                not 2 <= gi.shape[1] <= self.options.planar_1d_input_channels:
+                not self.options.planar_1d_input(gi.shape[1]):
             perm = (0, 2, 1)  # [N, L, C]: what 1-D convolutions and pools read (lowering/spatial.py)
         shape = tuple(gi.shape[i] for i in perm)
         t = self.ser.addPlaceholder(list(shape), NP_TO_TOSA[np.dtype(dtype)])

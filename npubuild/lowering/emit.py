@@ -152,7 +152,3 @@ def order_preserved(shape: tuple[int, ...], perm: tuple[int, ...]) -> bool:
     """True if transposing `shape` by `perm` keeps the element order (only unit dims move)."""
     moved = [p for p in perm if shape[p] != 1]
     return moved == sorted(moved)
-
-
-def zeros_like_zp(ctx: LoweringContext, dtype: np.dtype) -> str:
-    return ctx.zp(0, dtype)

@@ -21,7 +21,7 @@ def staged_input(ctx: LoweringContext, t: TTensor, onnx_name: str) -> TTensor:
     """Graph input `t` (ONNX `onnx_name`), copied as long rows when the family's options say it pays; else
     `t` itself."""
     least = ctx.options.staged_input_min_row
-    if not least or len(t.shape) != 4 or not fits_max_copy(t):
+    if least is None or len(t.shape) != 4 or not fits_max_copy(t):
         return t
     # NHWC bytes: an NCHW input laid out NHWC, or an NHWC image as it is (LoweringContext.nhwc_image)
     if t.perm != NHWC and not (t.perm == identity(4) and ctx.nhwc_image(onnx_name)):
@@ -36,7 +36,7 @@ def staged_input(ctx: LoweringContext, t: TTensor, onnx_name: str) -> TTensor:
 def _folded_by_a_reader(ctx: LoweringContext, onnx_name: str, channels: int) -> bool:
     """Whether a reader is a stride-2 conv the family runs on the input's space-to-depth view: that view is
     a copy into SRAM already, and a second one only costs (U65 28x28x1 stride-2 stem: 5568 -> 6051 cycles)."""
-    if channels > ctx.options.space_to_depth_channels:
+    if not ctx.options.space_to_depth(channels):
         return False
     return any(u.op_type == "Conv" and list(_ints(u, "strides")) == [2, 2] for u in ctx.index.uses(onnx_name, []))
 

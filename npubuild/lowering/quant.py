@@ -112,10 +112,3 @@ def multiplier_shift(scale: float | np.ndarray, bits: int = 32) -> tuple[np.ndar
             raise UnrepresentableScale(f"rescale factor {s} is too large for a {bits}-bit RESCALE")
         mult[i], shift[i] = q, sh
     return mult, shift
-
-
-def apply_rescale(x: np.ndarray, mult: np.ndarray, shift: np.ndarray) -> np.ndarray:
-    """Reference of TOSA RESCALE with SINGLE_ROUND, for tests and table generation."""
-    x = x.astype(np.int64)
-    round_ = np.int64(1) << (shift - 1)
-    return (x * mult + round_) >> shift

@@ -82,7 +82,7 @@ def _kernel(w_oihw: np.ndarray, rows: _Axis, cols: _Axis) -> np.ndarray:
 
 
 def patch_view(ctx: LoweringContext, x: TTensor, w_oihw: np.ndarray, pads: list[int], stride, dilation,
-               min_stride: int) -> tuple[TTensor, np.ndarray] | None:
+               min_stride: int | None) -> tuple[TTensor, np.ndarray] | None:
     """(the input's patch view, the kernel as 1x1) for a conv whose kernel is its stride (ConvNeXt's and a
     ViT's patch embedding): each sh x sw patch is one position of sh * sw * C channels, channel
     (ph * sw + pw) * C + c, and the kernel the same way, so the int32 sums are the same integers; or None.
@@ -93,7 +93,7 @@ def patch_view(ctx: LoweringContext, x: TTensor, w_oihw: np.ndarray, pads: list[
     n, h, w, c = x.shape
     sh, sw = stride
     kh, kw = w_oihw.shape[2], w_oihw.shape[3]
-    if (not min_stride or max(sh, sw) < min_stride or (kh, kw) != (sh, sw) or tuple(dilation) != (1, 1)
+    if (min_stride is None or max(sh, sw) < min_stride or (kh, kw) != (sh, sw) or tuple(dilation) != (1, 1)
             or any(pads) or h % sh or w % sw or n != 1 or x.q is None or x.dtype != np.int8):
         return None
     rows = reshape(ctx, x, (h // sh, sh, w // sw, sw * c), identity(4))

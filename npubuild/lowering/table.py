@@ -66,11 +66,6 @@ def build_table(fn: RealFn, in_q: QParams, out_q: QParams) -> np.ndarray:
     return quantize_like_ort(y, out_q).astype(np.int8)
 
 
-def apply_table(table: np.ndarray, q: np.ndarray) -> np.ndarray:
-    """What TOSA TABLE computes for int8 (used by tests and by lowerings that compose tables)."""
-    return table[q.astype(np.int64) + 128]
-
-
 KNOTS16 = 513
 KNOT_STEP = 128  # int16 inputs between two knots of an int16 TABLE
 INT8_SPREAD = 128  # an int8 input's gain onto the int16 knots (|x - zp| <= 255 stays within int16)
@@ -197,7 +192,7 @@ FpBuild = Callable[[LoweringContext, TTensor, str | None], TTensor]  # the fp32 
 
 def table_or_fp(build: FpBuild) -> Callable[[LoweringContext], None]:
     """A unary op's lowering: a TABLE in int8 (onnxruntime's own evaluation of the node, so exact to its
-    rounding), `build(ctx, x, output)` in fp32."""
+    rounding), `build(ctx, x, output)` in fp32. A decorator on the fp32 builder, under `@lowers(...)`."""
 
     def lower(ctx: LoweringContext) -> None:
         if ctx.profile == "int":

@@ -1,12 +1,16 @@
 """What an NPU operation of every generation shares: its kernel and OFM shape as its registers give them, the
-record of what it wrote (OpResult), and a run's result (SimResult)."""
+record of what it wrote (OpResult), a run's result (SimResult), one op's step of a run (`traced`), the kernel's
+taps over the IFM and a convolution's exact integer accumulation, and the count of leading zeros of the
+elementwise CLZ."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
 
+from npubuild.errors import StageError
 from npubuild.npusim.cmdstream import Command
 
 
@@ -69,3 +73,54 @@ class SimResult:
 
     outputs: list[np.ndarray]
     ops: list[OpResult] = field(default_factory=list)
+
+
+def traced(trace: list[OpResult], cmd: Command, run: Callable[[], OpResult], keep_ofms: bool) -> None:
+    """Run one NPU op and add what it wrote to the run's trace (without its OFM unless `keep_ofms`); an error
+    names the op by its place in the trace."""
+    try:
+        res = run()
+    except StageError as exc:
+        raise type(exc)(f"NPU op #{len(trace)} {cmd.kind}: {exc.message}") from None
+    if not keep_ofms:
+        res.ofm = np.zeros(0)
+    trace.append(res)
+
+
+def clz(a: np.ndarray) -> np.ndarray:
+    """Leading zeros of each value's low 32 bits (32 for 0)."""
+    u = (a & 0xFFFFFFFF).astype(np.uint64)
+    n = np.full(u.shape, 32, np.int64)
+    for bit in range(32):
+        n = np.where((u >> np.uint64(bit)) != 0, 31 - bit, n)
+    return n
+
+
+def taps(padded: np.ndarray, k: Kernel, oh: int, ow: int):
+    """Yield (ky, kx, view of shape (oh, ow, c)) for every kernel tap."""
+    for ky in range(k.h):
+        for kx in range(k.w):
+            y0, x0 = ky * k.dy, kx * k.dx
+            yield ky, kx, padded[y0:y0 + (oh - 1) * k.sy + 1:k.sy, x0:x0 + (ow - 1) * k.sx + 1:k.sx]
+
+
+def exact_matmul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Integer matrix product via float64 when every partial sum is exact (|sum| < 2^53), else int64."""
+    bound = float(np.abs(a).max(initial=0)) * float(np.abs(b).max(initial=0)) * a.shape[1]
+    if bound < 2.0 ** 52:
+        return np.rint(a.astype(np.float64) @ b.astype(np.float64)).astype(np.int64)
+    return a.astype(np.int64) @ b.astype(np.int64)
+
+
+def conv_accumulate(x: np.ndarray, w: np.ndarray, k: Kernel, oh: int, ow: int, oc: int,
+                    depthwise: bool) -> np.ndarray:
+    """The int64 accumulators (oh, ow, oc) of a convolution of the zero-point-removed IFM `x` (padded, HWC) with
+    OHWI weights `w`: per tap for a depthwise one, as one matrix product over every tap otherwise."""
+    if depthwise:
+        acc = np.zeros((oh, ow, oc), np.int64)
+        for ky, kx, win in taps(x, k, oh, ow):
+            acc += win * w[:, ky, kx, 0]
+        return acc
+    cols = np.concatenate([win for _, _, win in taps(x, k, oh, ow)], axis=2)
+    wmat = w.transpose(1, 2, 3, 0).reshape(-1, oc)
+    return exact_matmul(cols.reshape(-1, cols.shape[2]), wmat).reshape(oh, ow, oc)

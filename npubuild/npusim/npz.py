@@ -9,16 +9,9 @@ from pathlib import Path
 
 import numpy as np
 
+from npubuild.config.accelerator import Accelerator, CommandStream, from_driver_header
 from npubuild.errors import InputError
 
-# (product, log2 MACs per cycle) from the driver header's CONFIG word -> accelerator and core count
-# (U65-512: two cores; U85: weight decoders, one weight stream each in the standard format).
-ACCELERATORS = {
-    (0, 5): ("ethos-u55-32", 1), (0, 6): ("ethos-u55-64", 1), (0, 7): ("ethos-u55-128", 1),
-    (0, 8): ("ethos-u55-256", 1), (1, 8): ("ethos-u65-256", 1), (1, 9): ("ethos-u65-512", 2),
-    (2, 7): ("ethos-u85-128", 1), (2, 8): ("ethos-u85-256", 1), (2, 9): ("ethos-u85-512", 2),
-    (2, 10): ("ethos-u85-1024", 4), (2, 11): ("ethos-u85-2048", 4),
-}
 DA_CONFIG, DA_CMD_STREAM, DA_READ_APB, DA_DUMP_SHRAM, DA_NOP = 1, 2, 3, 4, 5
 
 
@@ -53,9 +46,18 @@ class RawModel:
     outputs: list[TensorPlace] = field(default_factory=list)
 
     @property
-    def generation(self) -> str:
-        """u55 (U55 and U65 share a command stream) or u85."""
-        return "u85" if self.accelerator.startswith("ethos-u85") else "u55"
+    def generation(self) -> CommandStream:
+        """Whose command stream this is: u55 (U55 and U65 share one) or u85."""
+        return Accelerator.parse(self.accelerator).facts.command_stream
+
+
+def accelerator_of(product: int, log2_macs: int, where: str) -> tuple[str, int]:
+    """The accelerator and core count a driver header names (config/accelerator.py: U65-512 two cores; U85:
+    weight decoders, a weight stream each), or bad input."""
+    acc = from_driver_header(product, log2_macs)
+    if acc is None:
+        raise InputError(f"unsupported accelerator in driver header (product {product}, 2^{log2_macs} MACs)", where)
+    return acc.name, acc.cores
 
 
 def parse_driver_payload(data: bytes, where: str) -> tuple[np.ndarray, int, int, int]:
@@ -108,9 +110,7 @@ def load_raw(path: str | Path) -> RawModel:
     if missing:
         raise InputError(f"not a Vela raw .npz: missing {', '.join(missing)}", where)
     words, product, macs, shram = parse_driver_payload(_bytes(z, "cmd_data"), where)
-    if (product, macs) not in ACCELERATORS:
-        raise InputError(f"unsupported accelerator in driver header (product {product}, 2^{macs} MACs)", where)
-    accel, ncores = ACCELERATORS[(product, macs)]
+    accel, ncores = accelerator_of(product, macs, where)
     return RawModel(where, accel, ncores, words, _bytes(z, "weight_data"), int(z["weight_region"]),
                     int(z["scratch_region"]), int(z["scratch_size"]), int(z["scratch_fast_region"]),
                     int(z["scratch_fast_size"]), max(shram // ncores, 16), _places(z, "input"), _places(z, "output"))

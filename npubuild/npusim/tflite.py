@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from npubuild.errors import InputError
-from npubuild.npusim.npz import ACCELERATORS, RawModel, TensorPlace, parse_driver_payload
+from npubuild.npusim.npz import RawModel, TensorPlace, accelerator_of, parse_driver_payload
 
 ETHOS_U = "ethos-u"
 OFFLINE_PLAN = "OfflineMemoryAllocation"
@@ -87,9 +87,7 @@ def npu_operators(data: bytes, where: str = "<tflite>") -> list[NpuOperator]:
             if all(any(t is g for g in graph_io) for t in io):
                 io.sort(key=lambda t, g=graph_io: next(k for k, x in enumerate(g) if x is t))
         commands, product, macs, shram = parse_driver_payload(bytes(cms.buffer or b""), where)
-        if (product, macs) not in ACCELERATORS:
-            raise InputError(f"unsupported accelerator in driver header (product {product}, 2^{macs} MACs)", where)
-        accel, ncores = ACCELERATORS[(product, macs)]
+        accel, ncores = accelerator_of(product, macs, where)
         scratch_at = offsets[index[id(scratch)]]
         fast_size = 0 if fast is scratch else int(np.prod(fast.shape))
         n_in = 4 + len(ifms)

@@ -12,20 +12,33 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
+from enum import StrEnum
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 from npubuild.fileio import read_json, write_json
 from npubuild.records.iospec import GraphSpecs, IOSpec, specs_from_json, specs_to_json
 
 
+class Where(StrEnum):
+    """Where a node or a partition runs: the NPU, or the host (the application processor, running ONNX with
+    onnxruntime or another runtime). Code says HOST; the files keep the words they have always had (a public
+    format): a partition's kind is "host", a node placement's kind "cpu" (Placement.to_json)."""
+
+    NPU = "npu"
+    HOST = "host"
+
+
+PLACEMENT_WORD = {Where.NPU: "npu", Where.HOST: "cpu"}  # a node placement's kind in io.json and report.json
+
+
 @dataclass
 class Placement:
-    """Where one ONNX compute node runs on a family, and for a CPU placement the support rule that said so."""
+    """Where one ONNX compute node runs on a family, and for a host placement the support rule that said so."""
 
     node: str
     op_type: str
-    kind: Literal["npu", "cpu"]
+    kind: Where
     tosa_ops: list[str]
     rule: str | None = None
     reason: str | None = None
@@ -41,6 +54,15 @@ class Placement:
             del d["precision"]
         return d
 
+    def to_json(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["kind"] = PLACEMENT_WORD[self.kind]
+        return d
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> Placement:
+        return cls(**{**d, "kind": Where.NPU if d["kind"] == "npu" else Where.HOST})
+
 
 @dataclass(frozen=True)
 class PartitionRecord:
@@ -48,7 +70,7 @@ class PartitionRecord:
     (an .onnx run by onnxruntime; it has no io specs, profile or tensor map)."""
 
     index: int
-    kind: Literal["npu", "host"]
+    kind: Where
     file: str  # in the lower stage's directory
     inputs: tuple[str, ...]  # ONNX tensor names crossing into / out of the partition
     outputs: tuple[str, ...]
@@ -67,7 +89,7 @@ class PartitionRecord:
     def to_json(self, whole_graph: bool = False) -> dict[str, Any]:
         """io.json's partition dict. The whole-graph record (a family's one NPU partition) has always named
         its `file` third, a split partition after its nodes: kept so io.json stays byte-identical."""
-        d: dict[str, Any] = {"index": self.index, "kind": self.kind}
+        d: dict[str, Any] = {"index": self.index, "kind": self.kind.value}
         if whole_graph:
             d["file"] = self.file
         d.update({"inputs": list(self.inputs), "outputs": list(self.outputs), "nodes": list(self.nodes)})
@@ -83,14 +105,14 @@ class PartitionRecord:
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> PartitionRecord:
         has_io = "inputs_io" in d
-        return cls(d["index"], d["kind"], d["file"], tuple(d["inputs"]), tuple(d["outputs"]), tuple(d["nodes"]),
+        return cls(d["index"], Where(d["kind"]), d["file"], tuple(d["inputs"]), tuple(d["outputs"]), tuple(d["nodes"]),
                    specs_from_json(d["inputs_io"]) if has_io else None,
                    specs_from_json(d["outputs_io"]) if has_io else None,
                    d.get("profile"), d.get("tensor_nodes"))
 
     def graph_entry(self) -> dict[str, Any]:
         """The partition as the Vela summary's `partition_graph` lists it (no io: that stays in io.json)."""
-        return {"index": self.index, "kind": self.kind, "file": self.file, "inputs": list(self.inputs),
+        return {"index": self.index, "kind": self.kind.value, "file": self.file, "inputs": list(self.inputs),
                 "outputs": list(self.outputs), "nodes": list(self.nodes)}
 
 
@@ -108,24 +130,24 @@ class FamilyRecord:
 
     @property
     def npu_partitions(self) -> int:
-        return sum(1 for p in self.partitions if p.kind == "npu")
+        return sum(1 for p in self.partitions if p.kind == Where.NPU)
 
     @property
     def host_partitions(self) -> int:
-        return sum(1 for p in self.partitions if p.kind == "host")
+        return sum(1 for p in self.partitions if p.kind == Where.HOST)
 
     @property
     def host_ops(self) -> int:
-        return sum(p.nodes for p in self.placements if p.kind == "cpu")
+        return sum(p.nodes for p in self.placements if p.kind == Where.HOST)
 
     @property
     def npu_nodes(self) -> int:
-        return sum(p.nodes for p in self.placements if p.kind == "npu")
+        return sum(p.nodes for p in self.placements if p.kind == Where.NPU)
 
     @property
     def whole_graph(self) -> bool:
         """One NPU partition: the family runs one whole graph (model.tosa or its own <family>_model.tosa)."""
-        return len(self.partitions) == 1 and self.partitions[0].kind == "npu"
+        return len(self.partitions) == 1 and self.partitions[0].kind == Where.NPU
 
     @property
     def runs_model_tosa(self) -> bool:
@@ -155,7 +177,7 @@ class FamilyRecord:
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> FamilyRecord:
         return cls(tuple(PartitionRecord.from_json(p) for p in d["partitions"]),
-                   tuple(Placement(**p) for p in d["placements"]), d.get("max_error_lsb"),
+                   tuple(Placement.from_json(p) for p in d["placements"]), d.get("max_error_lsb"),
                    bool(d.get("same_as_model_tosa", False)))
 
 
@@ -199,7 +221,7 @@ class LowerRecord:
 
     def whole_partition(self, nodes: Sequence[str]) -> PartitionRecord:
         """model.tosa as a family's one NPU partition running `nodes`."""
-        return PartitionRecord(0, "npu", "model.tosa", tuple(s.onnx_name for s in self.inputs),
+        return PartitionRecord(0, Where.NPU, "model.tosa", tuple(s.onnx_name for s in self.inputs),
                                tuple(s.onnx_name for s in self.outputs), tuple(nodes), self.inputs, self.outputs,
                                self.profile)
 
@@ -209,7 +231,7 @@ class LowerRecord:
         rec = self.families.get(fam) or self.portable
         parts = rec.partitions if rec is not None else (self.whole_partition([n.name for n in self.nodes]),)
         return [p if p.tensor_nodes is not None else replace(p, tensor_nodes=self.tensor_nodes)
-                for p in parts if p.kind == "npu"]
+                for p in parts if p.kind == Where.NPU]
 
     def to_json(self) -> dict[str, Any]:
         d = {"profile": self.profile, "inputs": specs_to_json(self.inputs), "outputs": specs_to_json(self.outputs),

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from npubuild.fileio import read_json
-from npubuild.records.lower import PartitionRecord
+from npubuild.records.lower import PartitionRecord, Where
 
 
 def vela_stem(index: int, tosa_file: str) -> str:
@@ -97,9 +97,9 @@ class VelaRecord:
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> VelaRecord:
         """The record of a summary.json (or of the placement figures alone: a build whose Vela did not finish)."""
-        graph = tuple(PartitionRecord(p["index"], p["kind"], p["file"], tuple(p["inputs"]), tuple(p["outputs"]),
+        graph = tuple(PartitionRecord(p["index"], Where(p["kind"]), p["file"], tuple(p["inputs"]), tuple(p["outputs"]),
                                       tuple(p["nodes"])) for p in d.get("partition_graph") or ())
-        npu = [(p.index, p.file) for p in graph if p.kind == "npu"] or [(0, "model.tosa")]
+        npu = [(p.index, p.file) for p in graph if p.kind == Where.NPU] or [(0, "model.tosa")]
         artifacts = tuple(d.get("artifacts") or ())
         firmware = [FirmwareFiles.from_json(f) if isinstance(f, Mapping) else None for f in d.get("firmware") or ()]
         summaries = [d.get("summary") or {}] + [{k: v for k, v in s.items() if k != "partition"}

@@ -6,6 +6,7 @@ same thing about a build, in the same words.
 
 from __future__ import annotations
 
+from npubuild.errors import plain_message
 from npubuild.report.status import Status, passed, placement_status
 
 
@@ -33,14 +34,6 @@ def human_bytes(n: float) -> str:
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
         n /= 1024
     return f"{n:.1f} TiB"
-
-
-def plain_message(text: str) -> str:
-    """An error's first line without its `error: ` tag (a position in front of it is kept):
-    `error: target 'x': pool ...` -> `target 'x': pool ...`; `a.yaml:3:5: error: m` -> `a.yaml:3:5: m`."""
-    first = str(text).strip().splitlines()[0] if str(text).strip() else "failed"
-    where, sep, rest = first.partition("error: ")
-    return f"{where}{rest}" if sep else first
 
 
 def gate_text(g: dict) -> str:

@@ -12,9 +12,10 @@ from __future__ import annotations
 from html import escape
 from pathlib import Path
 
+from npubuild.errors import plain_message
 from npubuild.fileio import write_text
 from npubuild.report import glance
-from npubuild.report.brief import failure_cause, num, plain_message
+from npubuild.report.brief import failure_cause, num
 from npubuild.report.history import TREND_METRICS, moved, run_labels, series
 from npubuild.report.markup import CSS, SCRIPT, cell, fmt, img, link, meter, table
 from npubuild.report.numerics import worst_node_text
@@ -308,13 +309,13 @@ def _placement_section(builds: list[dict]) -> list[str]:
                       if len(all_npu) <= 12 else "") + ".</p>")
     for b in sorted(host, key=build_id) + sorted(all_npu, key=build_id):
         m = b["metrics"]
-        cpu = [p for p in m["offloads"] if p["kind"] != "npu"]
+        on_host = [p for p in m["offloads"] if p["kind"] != "npu"]
         parts = m.get("partition_graph") or []
         chain = " &rarr; ".join(f"{'NPU' if p['kind'] == 'npu' else 'CPU'} {p['index']} ({len(p.get('nodes', []))})"
                                 for p in parts)
-        head = (f"{escape(build_id(b))}: {len(cpu)} of {len(m['offloads'])} nodes on the CPU, "
+        head = (f"{escape(build_id(b))}: {len(on_host)} of {len(m['offloads'])} nodes on the CPU, "
                 f"{m.get('npu_partitions')} NPU partition(s)" + (f"; order {chain}" if chain else ""))
-        out.append(f"<details{' open' if cpu else ''}><summary>{head}</summary>"
+        out.append(f"<details{' open' if on_host else ''}><summary>{head}</summary>"
                    + table(["node", "op", "precision", "runs on", "TOSA ops", "rule", "reason"],
                            _placement_rows(m["offloads"]),
                             sortable=True) + "</details>")

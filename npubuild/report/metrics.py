@@ -6,11 +6,11 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from npubuild.config.accelerator import Accelerator
+from npubuild.config.gates import evaluate
 from npubuild.config.metrics import METRICS
 from npubuild.fileio import read_json, write_json
 from npubuild.records.check import CheckRecord
 from npubuild.records.vela import VelaRecord
-from npubuild.report.gates import evaluate
 from npubuild.report.status import host_warning
 
 

@@ -19,8 +19,8 @@ def placement_markdown(builds: list[dict]) -> list[str]:
             continue
         lines += ["", f"## {b['spec']}/{b['model']}/{b['target']}: placement and costliest layers", ""]
         if offloads:
-            cpu = [p for p in offloads if p["kind"] != "npu"]
-            lines.append(f"{m.get('npu_partitions')} NPU partition(s); {len(cpu)} of {len(offloads)} ONNX nodes "
+            on_host = [p for p in offloads if p["kind"] != "npu"]
+            lines.append(f"{m.get('npu_partitions')} NPU partition(s); {len(on_host)} of {len(offloads)} ONNX nodes "
                          "on the CPU.")
             mixed = [p for p in offloads if p.get("precision")]
             if mixed:  # a build with 16-bit activations or 4-bit weights: each node's precision
@@ -29,10 +29,10 @@ def placement_markdown(builds: list[dict]) -> list[str]:
                     counts[p["precision"]] = counts.get(p["precision"], 0) + 1
                 lines.append("Precision per node: " + ", ".join(f"{k} {v}" for k, v in sorted(counts.items())) + "; "
                              + ", ".join(f"{p['node']} {p['precision']}" for p in mixed) + ".")
-            if cpu:
+            if on_host:
                 lines += ["", "| node | op | host partition | TOSA ops | rule | reason |", "|---|---|---:|---|---|---|"]
                 lines += [f"| {p['node']} | {p['op_type']} | {p['partition']} | {_fmt_ops(p['tosa_ops'])} | "
-                          f"{p['rule']} | {p['reason']} |" for p in cpu]
+                          f"{p['rule']} | {p['reason']} |" for p in on_host]
         if layers:
             lines += ["", "| ONNX node | Vela op | partition | cycles | % of cycles | MACs | MAC util % |",
                       "|---|---|---:|---:|---:|---:|---:|"]

@@ -13,6 +13,7 @@ for the 27 example builds, with 2 cores shared), SVG text costs nothing and stay
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from html import escape
 from pathlib import Path
 
@@ -236,18 +237,13 @@ def history_chart(metric: str, runs: list[str], series: list[tuple[str, list[flo
     return _png(fig)
 
 
-def _advice_chart(data: dict) -> bytes:
-    from npubuild.report.advice import draw_chart
-
-    return draw_chart(data)
+DRAW = {"history": history_chart}
 
 
-DRAW = {"history": history_chart, "advice": _advice_chart}
-
-
-def cached_png(cache_dir: Path | None, kind: str, args: tuple) -> bytes:
-    """`kind`'s chart for `args`, from the cache when the same data was drawn before."""
-    draw = DRAW[kind]
+def cached_png(cache_dir: Path | None, kind: str, args: tuple, draw: Callable[..., bytes] | None = None) -> bytes:
+    """`kind`'s chart for `args` (drawn by `draw`, else DRAW's), from the cache when the same data was drawn
+    before."""
+    draw = draw or DRAW[kind]
     if cache_dir is None:
         return draw(*args)
     path = cache_dir / f"{kind}-{stable_hash([kind, args, FONT, DPI, STYLE], 16)}.png"

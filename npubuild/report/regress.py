@@ -14,6 +14,8 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from npubuild.config.selection import Selection
+
 THRESHOLDS_FILE = "regressions.yaml"
 
 
@@ -193,17 +195,9 @@ INPUT_NAMES = {"model_sha256": "model file", "spec": "compile spec", "target": "
 
 
 def asked_for(build: str, selection: dict | None) -> bool:
-    """Whether a run asked for `build` (spec/model/target): its spec was among those the run loaded (all of
-    configs/ by default, else the spec files named) and its --only patterns, if any, match it. A report
-    without a selection (an older one) asked for everything."""
-    if not selection:
-        return True
-    from npubuild.commands.build import matches
-
-    if build.split("/", 1)[0] not in selection.get("spec_names", []):
-        return bool(selection.get("default"))  # the whole project was asked for: a spec that went is lost
-    only = selection.get("only") or []
-    return not only or any(matches(build, p) for p in only)
+    """Whether a run asked for `build` (spec/model/target), by report.json's `selection`
+    (config/selection.py). A report without a selection (an older one) asked for everything."""
+    return not selection or Selection.from_json(selection).asked_for(build)
 
 
 def _input_changes(old: dict, new: dict) -> list[str]:

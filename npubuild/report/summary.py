@@ -208,8 +208,8 @@ def write_reports(report: dict, out_dir: Path, plot_cache: Path | None = None) -
 
 def previous_report(path: Path) -> dict | None:
     """The report.json a run is about to replace, if it is a well-formed report (else None: nothing to say)."""
-    from npubuild.commands.report import load_report
     from npubuild.errors import InputError
+    from npubuild.report.reportfile import load_report
 
     try:
         return load_report(path) if path.is_file() else None

@@ -13,12 +13,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from npubuild.config.schema import FvpOptions
-from npubuild.engine.stage import Chain, Stage, TaskSpec
+from npubuild.engine.stage import Chain, Stage, StageTask, TaskSpec
 from npubuild.records.build import Skip
 
 if TYPE_CHECKING:
     from npubuild.config.load import Build
-    from npubuild.engine.plan import StageTask
 
 
 @dataclass(frozen=True)

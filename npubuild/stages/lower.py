@@ -10,11 +10,10 @@ from typing import TYPE_CHECKING, Any
 
 from npubuild.config.accelerator import Accelerator
 from npubuild.config.schema import Pipeline
-from npubuild.engine.stage import Chain, Stage, TaskSpec
+from npubuild.engine.stage import Chain, Stage, StageTask, TaskSpec
 
 if TYPE_CHECKING:
     from npubuild.config.load import Build
-    from npubuild.engine.plan import StageTask
 
 
 @dataclass(frozen=True)

@@ -7,12 +7,11 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from npubuild.config.schema import Calibration, Verify
-from npubuild.engine.stage import Chain, Stage, TaskSpec
+from npubuild.engine.stage import Chain, Stage, StageTask, TaskSpec
 from npubuild.records.build import Skip
 
 if TYPE_CHECKING:
     from npubuild.config.load import Build
-    from npubuild.engine.plan import StageTask
 
 
 @dataclass(frozen=True)
@@ -66,12 +65,13 @@ def plan(b: Build, chain: Chain) -> TaskSpec | Skip | None:
 
 
 def run(task: StageTask) -> dict:
-    from npubuild.verify.npu_sim import SimFiles, SimSamples, simulate_build
+    from npubuild.frontend.samples import SampleSource
+    from npubuild.verify.npu_sim import SimFiles, simulate_build
 
     config = NpuSimConfig.from_json(task.config)
     files = SimFiles(task.inputs["vela"], task.inputs["io"], task.inputs["float"], task.inputs.get("calibration"),
                      task.inputs.get("reference"))
-    return simulate_build(files, SimSamples(config.verify.samples, config.verify.seed, config.calibration),
+    return simulate_build(files, SampleSource(config.verify.samples, config.verify.seed), config.calibration,
                           task.outputs["result"])
 
 

@@ -7,11 +7,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from npubuild.engine.stage import Chain, Stage, TaskSpec
+from npubuild.engine.stage import Chain, Stage, StageTask, TaskSpec
 
 if TYPE_CHECKING:
     from npubuild.config.load import Build
-    from npubuild.engine.plan import StageTask
 
 
 @dataclass(frozen=True)

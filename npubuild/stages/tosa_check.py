@@ -7,11 +7,10 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from npubuild.config.schema import Calibration, Evaluation, Verify
-from npubuild.engine.stage import Chain, Stage, TaskSpec
+from npubuild.engine.stage import Chain, Stage, StageTask, TaskSpec
 
 if TYPE_CHECKING:
     from npubuild.config.load import Build
-    from npubuild.engine.plan import StageTask
 
 
 @dataclass(frozen=True)
@@ -70,13 +69,14 @@ def plan(b: Build, chain: Chain) -> TaskSpec | None:
 
 
 def run(task: StageTask) -> dict:
+    from npubuild.frontend.samples import SampleSource
     from npubuild.verify.tosa_check import CheckFiles, CheckOptions, check_tosa
 
     config = TosaCheckConfig.from_json(task.config)
     evaluation = (task.inputs["eval_inputs"], task.inputs["eval_labels"]) if "eval_inputs" in task.inputs else None
     files = CheckFiles(task.inputs["io"], task.inputs["reference"], task.inputs["float"],
                        task.inputs.get("calibration"), evaluation)
-    options = CheckOptions(config.verify.samples, config.verify.seed, config.calibration, config.passes,
+    options = CheckOptions(SampleSource(config.verify.samples, config.verify.seed), config.calibration, config.passes,
                            config.evaluation, config.node_check)
     return check_tosa(files, options, task.outputs["numerics"], task.outputs.get("reference"))
 

@@ -32,7 +32,7 @@ def _quiet_stdio():
 
 # The reference model's time on a TOSA graph over onnxruntime's on its QDQ model, one sample, at the low end
 # of what the examples measure (23-83x; DS-CNN 23x, the transformer 37x, MobileViT-xxs 83x): an estimate that
-# says whether a stage's runs are worth worker processes (engine/fanout.py), on the side of too few
+# says whether a stage's runs are worth worker processes (npubuild/fanout.py), on the side of too few
 REFERENCE_MODEL_PER_ONNXRUNTIME = 20.0
 
 
@@ -113,8 +113,3 @@ def bfloat16_outputs_as_float(model: str | Path | bytes) -> bytes:
                                             name=f"{out.name}__as_float"))
         tt.elem_type = onnx.TensorProto.FLOAT
     return proto.SerializeToString()
-
-
-def run_onnx(model_path: str, feeds: dict[str, np.ndarray], qdq_semantics: bool = False) -> dict[str, np.ndarray]:
-    """One run of a model file (see OnnxSession; default: onnxruntime's own graph optimisation)."""
-    return OnnxSession(model_path, qdq_semantics)(feeds)

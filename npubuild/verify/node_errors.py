@@ -22,8 +22,8 @@ import numpy as np
 import onnx
 from onnx.utils import Extractor
 
-from npubuild.engine.fanout import fan_out
 from npubuild.errors import NpubuildError
+from npubuild.fanout import fan_out
 from npubuild.frontend.graph_index import GraphIndex
 from npubuild.lowering.driver import lower_model
 from npubuild.lowering.options import LoweringOptions
@@ -89,7 +89,7 @@ def _cut_inputs(index: GraphIndex, node: onnx.NodeProto, inits: set[str], depth:
 @dataclass
 class NodeCheck:
     """The per-node check made ready: its cuts and the QDQ model's own values that feed them (onnxruntime's, run
-    here). `check(k)` lowers and runs cut k, pure TOSA work a worker process can do (engine/fanout.py);
+    here). `check(k)` lowers and runs cut k, pure TOSA work a worker process can do (npubuild/fanout.py);
     `collect` makes the record of all of them, in cut order."""
 
     cuts: list[tuple[str, str, str, list[str]]]  # node, op type, the tensor compared, the cut's inputs
@@ -154,6 +154,6 @@ def prepare_node_check(lower_input: onnx.ModelProto, passes: list[str], samples:
 def node_errors(lower_input: onnx.ModelProto, passes: list[str], samples: dict[str, np.ndarray],
                 options: LoweringOptions | None = None, expected_s: float = 0.0) -> NodeErrors:
     """Every quantised compute node's own error (INT profile) over the samples (arrays stacked on axis 0).
-    The cuts are lowered and run in worker processes (engine/fanout.py) when `expected_s`, the caller's
+    The cuts are lowered and run in worker processes (npubuild/fanout.py) when `expected_s`, the caller's
     estimate of their reference-model time, is worth it."""
     return prepare_node_check(lower_input, passes, samples, options).run_all(expected_s)

@@ -23,14 +23,14 @@ import onnx
 from npubuild.config.schema import Calibration
 from npubuild.errors import StageError
 from npubuild.fileio import write_json
-from npubuild.frontend.data import sample_arrays
+from npubuild.frontend.samples import SampleSource
 from npubuild.npusim import NotModelled
 from npubuild.npusim.npz import RawModel, load_raw
 from npubuild.npusim.tflite import load_tflite
 from npubuild.npusim.tosa_probe import graph_io
 from npubuild.npusim.verify import compare
 from npubuild.records.build import Skip
-from npubuild.records.lower import LowerRecord
+from npubuild.records.lower import LowerRecord, Where
 from npubuild.records.npusim import NpuSimRecord
 from npubuild.records.vela import VelaRecord
 
@@ -47,29 +47,20 @@ class SimFiles:
     reference: Path | None = None  # the QDQ model, which the virtual device's output is held to
 
 
-@dataclass(frozen=True)
-class SimSamples:
-    """tosa-check's samples: how many, their seed, and the random range where there is no calibration file."""
-
-    samples: int
-    seed: int
-    calibration: Calibration
-
-
-def simulate_build(files: SimFiles, draw: SimSamples, result_out: Path) -> dict:
+def simulate_build(files: SimFiles, draw: SampleSource, calibration: Calibration, result_out: Path) -> dict:
     """The npu-sim stage's work (planned for raw builds: stages/npu_sim.py says why not otherwise):
     npusim.json, returned as the stage's metrics; a difference from the TOSA reference model fails it."""
     vela = VelaRecord.read(files.vela_summary)
     io = LowerRecord.read(files.io)
     if io.profile != "int":
         raise StageError("npu-sim needs an integer (int profile) TOSA graph")
-    if vela.partition_graph and not any(p.kind == "npu" for p in vela.partition_graph):
+    if vela.partition_graph and not any(p.kind == Where.NPU for p in vela.partition_graph):
         return _skip(result_out, "every node runs on the host (no NPU partition): there is no NPU artifact to simulate")
     if vela.vela_cpu_ops:
         return _skip(result_out, f"Vela left {vela.vela_cpu_ops} operators on the CPU inside an NPU partition; "
                      "npu-sim verifies what runs on the NPU only")
     try:
-        jobs = _jobs(files, draw, vela, io)
+        jobs = _jobs(files, draw, calibration, vela, io)
         results = [(label, compare(model, tosa, samples, names)) for label, model, tosa, samples, names in jobs]
     except NotModelled as exc:
         return _skip(result_out, f"the artifact uses what npu-sim does not model yet: {exc.message}")
@@ -83,7 +74,7 @@ def simulate_build(files: SimFiles, draw: SimSamples, result_out: Path) -> dict:
         first[1].first_bad_sample if first else None,
         f"{first[0]}{first[1].first_bad_op.describe()}" if first and first[1].first_bad_op else None)
     if not bad:
-        record = replace(record, **_device_check(files, draw, vela))
+        record = replace(record, **_device_check(files, draw, calibration, vela))
     metrics = record.to_json()
     write_json(result_out, metrics)
     if bad:
@@ -100,7 +91,7 @@ def _skip(result_out: Path, reason: str) -> dict:
     return metrics
 
 
-def _jobs(files: SimFiles, draw: SimSamples, vela: VelaRecord,
+def _jobs(files: SimFiles, draw: SampleSource, calibration: Calibration, vela: VelaRecord,
           io: LowerRecord) -> list[tuple[str, object, bytes, list, list[str]]]:
     """(label, artifact, TOSA graph, integer samples, output names) per NPU partition (one for a whole graph).
 
@@ -113,7 +104,7 @@ def _jobs(files: SimFiles, draw: SimSamples, vela: VelaRecord,
             raise StageError("the vela stage wrote no .tflite or raw .npz artifact")
         whole = vela.partitions[0]
         float_model = onnx.load(str(files.float_model))
-        arrays = sample_arrays(float_model, draw.calibration.model_dump(), files.calibration, draw.samples, draw.seed)
+        arrays = draw.verification(float_model, calibration.model_dump(), files.calibration)
         n = next(iter(arrays.values())).shape[0]
         samples = [[spec.to_tosa(arrays[spec.onnx_name][i]) for spec in io.inputs] for i in range(n)]
         tosa = lower_dir / whole.tosa
@@ -141,7 +132,7 @@ def _artifact(path: Path) -> RawModel:
     return models[0]
 
 
-def _device_check(files: SimFiles, draw: SimSamples, vela: VelaRecord) -> dict:
+def _device_check(files: SimFiles, draw: SampleSource, calibration: Calibration, vela: VelaRecord) -> dict:
     """A build with host partitions: its deployable .tflite on the virtual device (host operators in TensorFlow
     Lite Micro, ethos-u operators in npu-sim), on tosa-check's samples, against the whole QDQ model; the max
     LSB error. A whole-graph build's deployable is the artifact checked above."""
@@ -150,13 +141,12 @@ def _device_check(files: SimFiles, draw: SimSamples, vela: VelaRecord) -> dict:
     from npubuild.tosa.run import OnnxSession
 
     deployable = vela.metrics.get("deployable") or {}
-    if not deployable or files.reference is None or not any(p.kind == "host" for p in vela.partition_graph):
+    if not deployable or files.reference is None or not any(p.kind == Where.HOST for p in vela.partition_graph):
         return {}
     stage_dir = files.vela_summary.parent
     device = VirtualDevice((stage_dir / deployable["tflite"]).read_bytes(), deployable["tflite"])
     ins, outs = specs_from_json(deployable["inputs"]), specs_from_json(deployable["outputs"])
-    arrays = sample_arrays(onnx.load(str(files.float_model)), draw.calibration.model_dump(), files.calibration,
-                           draw.samples, draw.seed)
+    arrays = draw.verification(onnx.load(str(files.float_model)), calibration.model_dump(), files.calibration)
     reference = OnnxSession(files.reference)
     worst, n = 0.0, next(iter(arrays.values())).shape[0]
     for i in range(n):

@@ -15,7 +15,7 @@ import numpy as np
 
 from npubuild.errors import StageError, one_line
 from npubuild.records.iospec import IOSpec
-from npubuild.records.lower import LowerRecord, PartitionedCheck, PartitionRecord
+from npubuild.records.lower import LowerRecord, PartitionedCheck, PartitionRecord, Where
 from npubuild.tosa.run import OnnxSession, run_tosa
 
 
@@ -31,7 +31,7 @@ class PartitionedModel:
         if part.file not in self._graphs:
             path = self.lower_dir / part.file
             # a host partition runs as deployed: onnxruntime's own graph optimisation
-            self._graphs[part.file] = OnnxSession(path, qdq_semantics=False) if part.kind == "host" else path.read_bytes()
+            self._graphs[part.file] = OnnxSession(path, qdq_semantics=False) if part.kind == Where.HOST else path.read_bytes()
         return self._graphs[part.file]
 
     def __call__(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -53,12 +53,6 @@ class PartitionedModel:
                 env[spec.onnx_name] = np.asarray(spec.dequantize(y, np.float32) if spec.quantized else y)
         return {s.onnx_name: s.quantize(env[s.onnx_name].astype(np.float64)) if s.quantized else env[s.onnx_name]
                 for s in self.outputs}
-
-
-def run_partitions(lower_dir: Path, partitions: Sequence[PartitionRecord], outputs: Sequence[IOSpec],
-                   feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """Every partition in order, once (PartitionedModel keeps its sessions across samples)."""
-    return PartitionedModel(lower_dir, partitions, outputs)(feeds)
 
 
 def shape_mismatch(outputs: Sequence[IOSpec], got: dict[str, np.ndarray], ref: dict[str, np.ndarray],

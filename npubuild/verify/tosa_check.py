@@ -19,7 +19,7 @@ are kept (reference.npz) so that later stages (the FVP) compare against them.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -27,14 +27,16 @@ from typing import Any
 import numpy as np
 import onnx
 
+from npubuild.config.gates import evaluate as evaluate_gates
 from npubuild.config.schema import Calibration, Evaluation
-from npubuild.engine.fanout import fan_out
 from npubuild.errors import InputError, StageError
+from npubuild.fanout import fan_out
 from npubuild.fileio import atomic_path, write_json
-from npubuild.frontend.data import load_arrays, sample_arrays
+from npubuild.frontend.data import load_arrays
+from npubuild.frontend.samples import SampleSource
+from npubuild.records.check import Checked, CheckRecord, EvaluationAccuracy
 from npubuild.records.iospec import IOSpec
-from npubuild.records.lower import LowerRecord
-from npubuild.report.gates import evaluate as evaluate_gates
+from npubuild.records.lower import LowerRecord, Where
 from npubuild.tosa.run import REFERENCE_MODEL_PER_ONNXRUNTIME, OnnxSession, run_tosa, timed_runs
 from npubuild.verify.node_errors import NodeCheck, NodeErrors, prepare_node_check
 from npubuild.verify.numerics import accuracy, compare_output
@@ -86,8 +88,7 @@ class CheckFiles:
 class CheckOptions:
     """How the check samples and what else it measures."""
 
-    samples: int
-    seed: int
+    samples: SampleSource
     calibration: Calibration  # the random samples' range where there is no calibration file
     passes: tuple[str, ...] = ()  # the pipeline's: the per-node check cuts the model as the lower stage sees it
     evaluation: Evaluation | None = None
@@ -104,8 +105,7 @@ def check_tosa(files: CheckFiles, options: CheckOptions, numerics_out: Path, ref
     what = "the TOSA graph" if io.whole_graph else "the partitioned model"
     is_int = io.profile == "int"
     float_model = onnx.load(str(files.float_model))
-    samples = sample_arrays(float_model, options.calibration.model_dump(), files.calibration, options.samples,
-                            options.seed)
+    samples = options.samples.verification(float_model, options.calibration.model_dump(), files.calibration)
     n = next(iter(samples.values())).shape[0]
     reference, flt_runner = OnnxSession(files.reference), OnnxSession(files.float_model)
     names = [o.onnx_name for o in io.outputs]
@@ -156,47 +156,41 @@ def check_tosa(files: CheckFiles, options: CheckOptions, numerics_out: Path, ref
     if unmatched:
         raise StageError(f"NaN/inf where onnxruntime has none, or the other way round ({what}): "
                          f"{', '.join(unmatched)} elements of {n} samples")
-    summary: dict = {
-        "samples": n,
-        "profile": io.profile,
-        "tosa_snr_db": min(e["snr_db"] for e in per_output.values()),
-        "tosa_max_error_lsb": max(e["max_error_lsb"] for e in per_output.values()) if is_int else None,
-        "tosa_mean_error_lsb": max(e["mean_error_lsb"] for e in per_output.values()) if is_int else None,
-        "tosa_worst_output": max(per_output, key=lambda k: per_output[k]["max_error_lsb"]) if is_int else None,
-        "tosa_cosine": min(e["cosine"] for e in per_output.values()),
-        "quant_snr_db": min(e["quant_snr_db"] for e in per_output.values()) if is_int else None,
-        "outputs": per_output,
-        "io": io_summary(io),
-    }
+    evaluation = None
     if files.evaluation is not None and options.evaluation is not None:
-        summary.update(evaluate(options.evaluation, files.evaluation, io, runner, float_model, flt_runner))
-    nodes = runs.nodes
+        evaluation = evaluate(options.evaluation, files.evaluation, io, runner, float_model, flt_runner)
+    record = CheckRecord(
+        n, io.profile, min(e["snr_db"] for e in per_output.values()),
+        max(e["max_error_lsb"] for e in per_output.values()) if is_int else None,
+        min(e["quant_snr_db"] for e in per_output.values()) if is_int else None,
+        tosa_mean_error_lsb=max(e["mean_error_lsb"] for e in per_output.values()) if is_int else None,
+        tosa_worst_output=max(per_output, key=lambda k: per_output[k]["max_error_lsb"]) if is_int else None,
+        tosa_cosine=min(e["cosine"] for e in per_output.values()), outputs=per_output, io=io_summary(io),
+        checked=None if io.whole_graph else Checked.PARTITIONED, evaluation=evaluation)
+    nodes, why = runs.nodes, None
     if nodes is None and is_int:
-        short = [g["name"] for g in evaluate_gates(policy.get("whole_graph_expect") or {}, summary) if not g["ok"]]
-        summary["node_check"] = f"run: {', '.join(short)} fell short" if short else \
+        short = [g["name"] for g in evaluate_gates(policy.get("whole_graph_expect") or {}, record.to_json())
+                 if not g["ok"]]
+        why = f"run: {', '.join(short)} fell short" if short else \
             "not run: no max_tosa_node_error_lsb gate and every whole-graph gate held"
         if short:
             check = node_check()
             nodes = check.run_all(NODE_CHECK_RUNS * n * REFERENCE_MODEL_PER_ONNXRUNTIME * onnxruntime_s)
     elif is_int:
-        summary["node_check"] = "run: max_tosa_node_error_lsb gates it"
-    if nodes is not None:
-        worst = nodes.worst
-        summary["tosa_node_max_error_lsb"] = worst.max_error_lsb if worst else None
-        summary["tosa_worst_node"] = worst.to_json() if worst else None
-        summary["node_errors"] = nodes.to_json()
-    if not io.whole_graph:
-        summary["checked"] = "partitioned"  # no single TOSA graph: the portable split was run
-    if io.portable is not None and not any(p.kind == "npu" for p in io.portable.partitions):
+        why = "run: max_tosa_node_error_lsb gates it"
+    if io.portable is not None and not any(p.kind == Where.NPU for p in io.portable.partitions):
         # the host runs every node: onnxruntime was compared with itself, nothing of TOSA: no figure, not 200 dB
-        summary.update(checked="host only", tosa_snr_db=None, tosa_max_error_lsb=None, tosa_mean_error_lsb=None,
-                       tosa_worst_output=None, tosa_cosine=None)
+        record = replace(record, checked=Checked.HOST_ONLY, tosa_snr_db=None, tosa_max_error_lsb=None,
+                         tosa_mean_error_lsb=None, tosa_worst_output=None, tosa_cosine=None)
     if is_int and not _quantizes(files.reference):
-        summary["quant_snr_db"] = None  # no Q/DQ node in the reference: the float model was compared with itself
+        record = replace(record, quant_snr_db=None)  # no Q/DQ node in the reference: the float model compared with itself
+    checks = None
     if is_int:  # split builds (a family that cannot run some node): the partitioned model, same samples
         whole = WholeGraphCheck(first_raw, partitioned_error) if io.whole_graph else None
         checks = partitioned_numerics(lower_dir, io, samples, reference, whole, runs.first_runs)
-        summary["partitioned"] = {fam: c.to_json() for fam, c in checks.items()}
+    record = replace(record, node_check=why, node_errors=nodes.to_json() if nodes is not None else None,
+                     partitioned=checks)
+    summary = record.to_json()
     write_json(numerics_out, summary)
     if reference_out is not None:
         with atomic_path(reference_out) as tmp, open(tmp, "wb") as fh:
@@ -228,7 +222,7 @@ def reference_model_runs(runner: GraphRunner, feeds_of: list[dict[str, np.ndarra
                          onnxruntime_s: float) -> ReferenceRuns:
     """Every reference-model run of the check, made at once: model.tosa on each sample, each family the lower
     stage found bit-identical to it (`families`) on the first (partitioned_numerics), and the per-node cuts,
-    in that order, over worker processes (engine/fanout.py) when onnxruntime's time on the QDQ model
+    in that order, over worker processes (npubuild/fanout.py) when onnxruntime's time on the QDQ model
     (`onnxruntime_s` a sample) says they are worth it. An error is the first run's in that order, as the runs one by one give
     it. A portable split runs host partitions on onnxruntime, whose threads a fork does not carry: here, and
     its per-node cuts (pure TOSA work) after it, over the workers."""
@@ -262,7 +256,7 @@ def output_lsb_error(spec: IOSpec, ref: np.ndarray, got: np.ndarray) -> np.ndarr
 
 
 def evaluate(evaluation: Evaluation, files: tuple[Path, Path], io: LowerRecord, runner: GraphRunner,
-             float_model: onnx.ModelProto, flt_runner: OnnxSession) -> dict:
+             float_model: onnx.ModelProto, flt_runner: OnnxSession) -> EvaluationAccuracy:
     """Top-1 accuracy on the evaluation set (`files`: inputs, labels): the float model, and the TOSA graph the
     NPU will run."""
     inputs_path, labels_path = files
@@ -289,4 +283,4 @@ def evaluate(evaluation: Evaluation, files: tuple[Path, Path], io: LowerRecord, 
     t_scores = [spec.dequantize(t[out]).reshape(-1) for t in runs]
     fa = accuracy(np.stack(f_scores), labels[:n])
     ta = accuracy(np.stack(t_scores), labels[:n])
-    return {"eval_samples": n, "float_accuracy": fa, "accuracy": ta, "accuracy_drop": fa - ta}
+    return EvaluationAccuracy(n, fa, ta)

@@ -5,8 +5,8 @@ crashes. bench/conformance.py prints the outcome table and the time."""
 from __future__ import annotations
 
 import pytest
-from expected import EXPECTED_FP, EXPECTED_INT
-from nodetests import NodeCase, Result, VelaRunner, quiet_onnxruntime, run_fp, run_int, select
+from npbtest.conformance import NodeCase, Result, VelaRunner, quiet_onnxruntime, run_fp, run_int, select
+from npbtest.conformance.expected import EXPECTED_FP, EXPECTED_INT
 
 CASES = select()
 OK = ("pass", "host")

@@ -14,7 +14,7 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 from npbtest import REPO, read_report, run_cli
-from test_host_fallback import _foo_model
+from npbtest.builds import custom_op_model
 
 from npubuild.deploy.virtual_device import HostRun, VirtualDevice
 from npubuild.models.zoo import alexnet_lrn
@@ -97,7 +97,7 @@ def test_host_fallback_deploys_as_one_tflite(project: Path, capsys):
 
 
 def test_a_host_op_with_no_tflite_builtin_is_not_deployable_on_a_cortex_m(project: Path, capsys):
-    onnx.save(_foo_model("com.microsoft", "Trilu"), project / "configs" / "models" / "trilu.onnx")
+    onnx.save(custom_op_model("com.microsoft", "Trilu"), project / "configs" / "models" / "trilu.onnx")
     spec = project / "configs" / "trilu.yaml"
     spec.write_text("""version: 1
 name: trilu

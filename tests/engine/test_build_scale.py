@@ -17,7 +17,7 @@ import onnx
 import pytest
 from npbtest import read_report, read_run, run_cli
 
-from npubuild.commands.build import matches
+from npubuild.config.selection import matches
 
 TINY = "{extends: ethos-u55-128, name: u55-tiny, pools: {sram: {size_kib: 1}}}"
 

@@ -46,14 +46,16 @@ def cluster():
 
 def test_doit_and_dask_give_identical_metrics_and_a_second_machine_takes_everything_from_cache(
         project: Path, cluster, monkeypatch):
-    from npubuild.engine.session import build
+    from npubuild.engine.run import RunOptions
+    from npubuild.report.run import build_and_report
 
     doit_dir, dask_dir, third_dir = project / "b-doit", project / "b-dask", project / "b-third"
     proc = _build(project, doit_dir, project / "cache-doit")
     assert proc.returncode == 0, proc.stderr
     monkeypatch.setenv("NPUBUILD_CACHE", str(project / "cache-dask"))
     monkeypatch.chdir(project)
-    result = build(load_specs([project / "configs"]), dask_dir, STAGES, client=cluster, quiet=True, executor="dask")
+    result = build_and_report(load_specs([project / "configs"]), dask_dir, STAGES,
+                              RunOptions(quiet=True, executor="dask"), client=cluster)
     assert result.exit_code == 0
     by_doit = {(b["model"], b["target"]): b["metrics"] for b in read_report(doit_dir)["builds"]}
     by_dask = {(b["model"], b["target"]): b["metrics"] for b in read_report(dask_dir)["builds"]}
@@ -99,7 +101,8 @@ def test_corrupt_entry_is_detected_discarded_and_recomputed(project: Path):
 
 
 def test_a_worker_killed_mid_stage_costs_a_retry_and_corrupts_nothing(project: Path, cluster, monkeypatch):
-    from npubuild.engine.session import build
+    from npubuild.engine.run import RunOptions
+    from npubuild.report.run import build_and_report
 
     cache_dir = project / "cache-kill"
     monkeypatch.setenv("NPUBUILD_CACHE", str(cache_dir))
@@ -119,7 +122,8 @@ def test_a_worker_killed_mid_stage_costs_a_retry_and_corrupts_nothing(project: P
 
     t = threading.Thread(target=killer)
     t.start()
-    result = build(load_specs([project / "configs"]), project / "b", STAGES, client=cluster, quiet=True, executor="dask")
+    result = build_and_report(load_specs([project / "configs"]), project / "b", STAGES,
+                              RunOptions(quiet=True, executor="dask"), client=cluster)
     t.join()
     assert killed, "no task was ever seen running"
     assert result.exit_code == 0

@@ -98,7 +98,8 @@ def test_workers_that_see_only_the_cache_build_what_doit_builds_and_a_second_cli
         hidden_cluster, monkeypatch):
     from dask.distributed import get_task_stream
 
-    from npubuild.engine.session import build
+    from npubuild.engine.run import RunOptions
+    from npubuild.report.run import build_and_report
 
     client, client_dir, cache = hidden_cluster
     project = _example_project(client_dir / "product")
@@ -115,7 +116,8 @@ def test_workers_that_see_only_the_cache_build_what_doit_builds_and_a_second_cli
     monkeypatch.chdir(project)
     builds = load_specs([project / "configs"])
     with get_task_stream(client) as stream:
-        result = build(builds, dask_dir, STAGES, client=client, cache=str(cache), executor="dask", quiet=True)
+        result = build_and_report(builds, dask_dir, STAGES, RunOptions(cache=str(cache), executor="dask", quiet=True),
+                                  client=client)
     assert result.exit_code == 0, result.failed
     assert _metrics(dask_dir) == _metrics(doit_dir) and len(_metrics(doit_dir)) == 5
     assert _files(dask_dir) == _files(doit_dir)  # every stage output and firmware file is in the build dir

@@ -63,11 +63,12 @@ def cluster():
 
 
 def _build(executor: str, project: Path, client) -> dict:
-    from npubuild.engine.session import build
+    from npubuild.engine.run import RunOptions
+    from npubuild.report.run import build_and_report
 
-    kw = {"client": client} if executor == "dask" else {}
-    result = build(load_specs([project / "configs"]), project / "build", STAGES, quiet=True, executor=executor,
-                   cache=str(project / "cache"), **kw)
+    result = build_and_report(load_specs([project / "configs"]), project / "build", STAGES,
+                              RunOptions(quiet=True, executor=executor, cache=str(project / "cache")),
+                              client=client if executor == "dask" else None)
     assert result.exit_code == 0, result.report["builds"][0]["errors"]
     return read_run(project / "build")
 

@@ -15,8 +15,8 @@ import numpy as np
 import onnx
 import pytest
 from npbtest import read_report, read_run
+from npbtest.onnx_cases import conv
 from onnx import TensorProto, helper, numpy_helper
-from onnx_cases import conv
 
 from npubuild.engine.isolate import run_isolated
 from npubuild.errors import InputError

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 from npbtest import read_report, read_run, run_cli
-from terminal import run_on_terminal, screen
+from npbtest.terminal import run_on_terminal, screen
 
 from npubuild.config.load import load_specs
 from npubuild.engine.plan import make_plan

@@ -13,7 +13,7 @@ import numpy as np
 import onnx
 import pytest
 from npbtest import REPO
-from ophelpers import calib, quantize_model, single_op_model
+from npbtest.ops import calib, quantize_model, single_op_model
 
 from npubuild.cli import main
 from npubuild.ethosu.families import CheckCache, check_feeds, lower_families, same_as_whole

@@ -194,7 +194,7 @@ def test_configured_executable_relative_to_the_spec_is_used(project: Path, tmp_p
 def test_a_split_model_runs_its_deployable_on_the_fvp(project: Path, stand_in: Path, capsys):
     """Greater and Where run on the host on U55: the FVP gets the one deployable (two ethos-u operators and the
     TFLite builtins of the host partition) and its outputs are compared in the deployable's layout."""
-    from buildhelpers import add_compare_model
+    from npbtest.builds import add_compare_model
 
     runner = project / "configs" / "runner.elf"
     runner.write_text(json.dumps({"uart": []}))

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import numpy as np
 import onnx
-from buildhelpers import write_spec
 from npbtest import REPO, read_report, run_cli
+from npbtest.builds import custom_op_model, write_spec
 from onnx import TensorProto, helper, numpy_helper
 
 from npubuild.lowering.fallback import LOWERING_REFUSED, NO_LOWERING, cut_model, lower_lowerable
@@ -74,19 +74,8 @@ def test_npu_offload_1_still_demands_everything_on_the_npu(project: Path, capsys
     assert "gate npu_offload failed" in err
 
 
-def _foo_model(domain: str, op: str) -> onnx.ModelProto:
-    w = numpy_helper.from_array(np.random.default_rng(0).uniform(-1, 1, (4, 4, 1, 1)).astype(np.float32), "w")
-    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], name="conv"),
-             helper.make_node(op, ["c"], ["y"], name="my_foo", domain=domain)]
-    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, 4, 4])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4, 4, 4])], [w])
-    m = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid(domain, 1)])
-    m.ir_version = 8
-    return m
-
-
 def test_a_custom_op_onnxruntime_cannot_run_is_one_line_exit_2(project: Path, capsys):
-    onnx.save(_foo_model("com.example", "Foo"), project / "configs" / "models" / "foo.onnx")
+    onnx.save(custom_op_model("com.example", "Foo"), project / "configs" / "models" / "foo.onnx")
     spec = write_spec(project, "foo", "foo.onnx", [1, 4, 4, 4], "[ethos-u55-128]")
     code, _, err = run_cli(["build", str(spec), "--build-dir", str(project / "build"), "-q"], capsys)
     assert code == 2
@@ -117,7 +106,7 @@ def test_a_standard_op_onnxruntime_rejects_is_one_line_exit_2(project: Path, cap
 
 def test_fp_profile_checks_the_partitioned_model_against_the_float_model(project: Path, capsys):
     """A contrib op onnxruntime runs and no lowering takes (com.microsoft:Trilu) goes to the host, named by domain."""
-    onnx.save(_foo_model("com.microsoft", "Trilu"), project / "configs" / "models" / "trilu.onnx")
+    onnx.save(custom_op_model("com.microsoft", "Trilu"), project / "configs" / "models" / "trilu.onnx")
     spec = write_spec(project, "trilu", "trilu.onnx", [1, 4, 4, 4], "[ethos-u55-128]", extra="pipeline: fp\n")
     code, _, err = run_cli(["build", str(spec), "--build-dir", str(project / "build"), "-q"], capsys)
     assert code == 0, err

@@ -8,11 +8,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from npbtest.ops import calib, quantize_model
 from onnx import TensorProto, helper, numpy_helper
-from ophelpers import calib, quantize_model
 
+from npubuild.config.accelerator import FAMILIES
 from npubuild.ethosu.families import lower_families
-from npubuild.ethosu.measured import REFERENCE_TARGET, choose, narrow_nhwc_image, vela_figures
+from npubuild.ethosu.measured import choose, narrow_nhwc_image, vela_figures
 from npubuild.lowering.driver import lower_model
 from npubuild.lowering.options import FAMILY_OPTIONS
 from npubuild.tosa.graph import read_tosa
@@ -46,15 +47,15 @@ def test_u65_takes_the_form_vela_estimates_faster_for_this_model(side: int, tmp_
     model = nhwc_image_model(side)
     assert narrow_nhwc_image(model)
     own = FAMILY_OPTIONS["u65"]
-    forms = {opts: lower_model(model, "int", options=opts).tosa for opts in (own, replace(own, planar_input_channels=0))}
+    forms = {opts: lower_model(model, "int", options=opts).tosa for opts in (own, replace(own, planar_input_channels=None))}
     planar, as_is = forms.values()
     assert transposes(planar) > transposes(as_is) == 0  # the planar form reads the image through a TRANSPOSE
-    figures = [vela_figures(t, REFERENCE_TARGET["u65"]) for t in forms.values()]
+    figures = [vela_figures(t, FAMILIES["u65"].measured_on) for t in forms.values()]
     ms = [f["ms"] for f in figures]
     options, record = choose(model, "u65", lambda o: lower_model(model, "int", options=o))
     assert record[0] == {"choice": "narrow image input planar", "target": "ethos-u65-256", "figures": figures,
                          "taken": int(ms[1] < ms[0])}
-    assert (options.planar_input_channels == 0) == (ms[1] < ms[0])
+    assert (options.planar_input_channels is None) == (ms[1] < ms[0])
     io, _ = lower_families(model, "int", tmp_path, ["u65"])  # the lower stage writes the form taken
     (part,) = io.families["u65"].partitions
     assert (tmp_path / part.file).read_bytes() == lower_model(model, "int", options=options).tosa
@@ -63,9 +64,9 @@ def test_u65_takes_the_form_vela_estimates_faster_for_this_model(side: int, tmp_
 def test_u85_stages_a_narrow_image_input_where_vela_estimates_it_faster(tmp_path: Path):
     model = nhwc_image_model(224)
     own = FAMILY_OPTIONS["u85"]
-    forms = [lower_model(model, "int", options=o).tosa for o in (own, replace(own, staged_input_min_row=0))]
+    forms = [lower_model(model, "int", options=o).tosa for o in (own, replace(own, staged_input_min_row=None))]
     assert forms[0] != forms[1]  # the staged form copies the input with a MAXIMUM first
-    figures = [vela_figures(t, REFERENCE_TARGET["u85"]) for t in forms]
+    figures = [vela_figures(t, FAMILIES["u85"].measured_on) for t in forms]
     ms = [f["ms"] for f in figures]
     _, record = choose(model, "u85", lambda o: lower_model(model, "int", options=o))
     assert record[0] == {"choice": "narrow image input staged into SRAM", "target": "ethos-u85-256",

@@ -5,8 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import onnx
-from buildhelpers import add_compare_model
 from npbtest import run_cli
+from npbtest.builds import add_compare_model
 
 
 def test_offloads_on_the_example_model_lists_every_node(project: Path, capsys):

@@ -8,12 +8,12 @@ from pathlib import Path
 
 import numpy as np
 import onnx
-from buildhelpers import add_compare_model
 from npbtest import read_report, run_cli
+from npbtest.builds import add_compare_model
+from npbtest.ops import run_onnx
 
 from npubuild.records.lower import LowerRecord
-from npubuild.tosa.run import run_onnx
-from npubuild.verify.partitioned import run_partitions
+from npubuild.verify.partitioned import PartitionedModel
 
 
 def _io(build_dir: Path) -> tuple[Path, LowerRecord]:
@@ -57,7 +57,7 @@ def test_u55_splits_into_npu_and_host_partitions_and_u85_runs_one(project: Path,
     worst = 0.0
     for _ in range(4):
         x = rng.uniform(-1, 1, (1, 4, 8, 8)).astype(np.float32)
-        got = run_partitions(lower_dir, record.partitions, io.outputs, {"x": x})["y"]
+        got = PartitionedModel(lower_dir, record.partitions, io.outputs)({"x": x})["y"]
         ref = run_onnx(str(qdq), {"x": x})["y"]
         worst = max(worst, float(np.max(np.abs(spec_out.quantize_reference(ref) - got.astype(np.float64)))))
     assert worst <= 1.0

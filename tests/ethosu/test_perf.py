@@ -5,8 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import onnx
-from buildhelpers import add_compare_model
 from npbtest import read_report, run_cli
+from npbtest.builds import add_compare_model
 
 
 def _compute_nodes(build_dir: Path) -> list[onnx.NodeProto]:

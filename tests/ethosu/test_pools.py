@@ -14,8 +14,8 @@ from pathlib import Path
 
 import numpy as np
 import onnx
-from buildhelpers import conv_chain_model, write_spec
 from npbtest import read_report, read_run, run_cli
+from npbtest.builds import conv_chain_model, write_spec
 
 from npubuild.engine.versions import versions
 

@@ -6,79 +6,52 @@ shape under test are exactly the ones the rule reads.
 
 from __future__ import annotations
 
-import subprocess
-import sys
-import tempfile
-from pathlib import Path
-
 import numpy as np
 import pytest
 import tosa_serializer as ts
-
-from npubuild.config.accelerator import Accelerator
-from npubuild.ethosu.support import check_node
-from npubuild.tosa.graph import read_tosa
+from npbtest.support import compare, rule_verdict, tosa_attr, tosa_serializer, vela_compiles
 
 D = ts.DType
 U55, U85 = "ethos-u55-128", "ethos-u85-256"
 
 
-def _attr(kind: str, *args) -> ts.TosaSerializerAttribute:
-    a = ts.TosaSerializerAttribute()
-    getattr(a, f"{kind}Attribute")(*args)
-    return a
-
-
-def _ser() -> ts.TosaSerializer:
-    return ts.TosaSerializer("", ts.ConstMode.EMBED, 1, 0, 0, False)
-
-
-def compare(op_name: str, dtype) -> bytes:
-    s = _ser()
-    a, b = s.addPlaceholder([1, 4, 4, 8], dtype), s.addPlaceholder([1, 4, 4, 8], dtype)
-    o = s.addOutput([1, 4, 4, 8], D.BOOL)
-    kind = {"EQUAL": "Equal", "GREATER": "Greater", "GREATER_EQUAL": "GreaterEqual"}[op_name]
-    s.addOperator(getattr(ts.Op, op_name), [a.name, b.name], [o.name], _attr(kind))
-    return s.serialize()
-
-
 def select() -> bytes:
-    s = _ser()
+    s = tosa_serializer()
     c = s.addPlaceholder([1, 4, 4, 8], D.BOOL)
     a, b = s.addPlaceholder([1, 4, 4, 8], D.INT8), s.addPlaceholder([1, 4, 4, 8], D.INT8)
     o = s.addOutput([1, 4, 4, 8], D.INT8)
-    s.addOperator(ts.Op.SELECT, [c.name, a.name, b.name], [o.name], _attr("Select"))
+    s.addOperator(ts.Op.SELECT, [c.name, a.name, b.name], [o.name], tosa_attr("Select"))
     return s.serialize()
 
 
 def gather() -> bytes:
-    s = _ser()
+    s = tosa_serializer()
     v = s.addPlaceholder([1, 10, 8], D.INT8)
     s.addConst([1, 3], D.INT32, np.array([[0, 2, 5]], np.int32), name="idx")
     o = s.addOutput([1, 3, 8], D.INT8)
-    s.addOperator(ts.Op.GATHER, [v.name, "idx"], [o.name], _attr("Gather"))
+    s.addOperator(ts.Op.GATHER, [v.name, "idx"], [o.name], tosa_attr("Gather"))
     return s.serialize()
 
 
 def argmax(channels: int, axis: int = 3, dtype=D.INT8) -> bytes:
-    s = _ser()
+    s = tosa_serializer()
     shape = [1, 4, 4, channels]
     v = s.addPlaceholder(shape, dtype)
     o = s.addOutput([d for i, d in enumerate(shape) if i != axis], D.INT32)
-    s.addOperator(ts.Op.ARGMAX, [v.name], [o.name], _attr("ArgMax", axis, ts.NanPropagationMode.PROPAGATE))
+    s.addOperator(ts.Op.ARGMAX, [v.name], [o.name], tosa_attr("ArgMax", axis, ts.NanPropagationMode.PROPAGATE))
     return s.serialize()
 
 
 def add(dtype) -> bytes:
-    s = _ser()
+    s = tosa_serializer()
     a, b = s.addPlaceholder([1, 4, 4, 8], dtype), s.addPlaceholder([1, 4, 4, 8], dtype)
     o = s.addOutput([1, 4, 4, 8], dtype)
-    s.addOperator(ts.Op.ADD, [a.name, b.name], [o.name], _attr("Add"))
+    s.addOperator(ts.Op.ADD, [a.name, b.name], [o.name], tosa_attr("Add"))
     return s.serialize()
 
 
 def conv(kh: int, kw: int, stride: int) -> bytes:
-    s = _ser()
+    s = tosa_serializer()
     h, w = kh + 2 * stride, kw + 2 * stride  # exact output size, as TOSA requires
     x = s.addPlaceholder([1, h, w, 4], D.INT8)
     s.addConst([4, kh, kw, 4], D.INT8, np.ones((4, kh, kw, 4), np.int8), name="w")
@@ -87,12 +60,12 @@ def conv(kh: int, kw: int, stride: int) -> bytes:
     s.addConst([1], D.INT8, np.zeros(1, np.int8), name="zw")
     o = s.addOutput([1, (h - kh) // stride + 1, (w - kw) // stride + 1, 4], D.INT32)
     s.addOperator(ts.Op.CONV2D, [x.name, "w", "b", "zi", "zw"], [o.name],
-                  _attr("Conv2d", [0, 0, 0, 0], [stride, stride], [1, 1], False, D.INT32))
+                  tosa_attr("Conv2d", [0, 0, 0, 0], [stride, stride], [1, 1], False, D.INT32))
     return s.serialize()
 
 
 def transpose_conv(sy: int, sx: int, ih: int, iw: int, kh: int, kw: int) -> bytes:
-    s = _ser()
+    s = tosa_serializer()
     x = s.addPlaceholder([1, ih, iw, 4], D.INT8)
     s.addConst([4, kh, kw, 4], D.INT8, np.ones((4, kh, kw, 4), np.int8), name="w")
     s.addConst([4], D.INT32, np.zeros(4, np.int32), name="b")
@@ -100,24 +73,8 @@ def transpose_conv(sy: int, sx: int, ih: int, iw: int, kh: int, kw: int) -> byte
     s.addConst([1], D.INT8, np.zeros(1, np.int8), name="zw")
     o = s.addOutput([1, (ih - 1) * sy + kh, (iw - 1) * sx + kw, 4], D.INT32)
     s.addOperator(ts.Op.TRANSPOSE_CONV2D, [x.name, "w", "b", "zi", "zw"], [o.name],
-                  _attr("TransposeConv2d", [0, 0, 0, 0], [sy, sx], False, D.INT32))
+                  tosa_attr("TransposeConv2d", [0, 0, 0, 0], [sy, sx], False, D.INT32))
     return s.serialize()
-
-
-def vela_compiles(tosa: bytes, accelerator: str) -> bool:
-    with tempfile.TemporaryDirectory() as tmp:
-        p = Path(tmp) / "g.tosa"
-        p.write_bytes(tosa)
-        proc = subprocess.run([sys.executable, "-m", "ethosu.vela", str(p), "--accelerator-config", accelerator,
-                               "--output-dir", str(Path(tmp) / "out")], capture_output=True, text=True, timeout=300)
-        return proc.returncode == 0
-
-
-def rule_verdict(tosa: bytes, accelerator: str) -> str | None:
-    graph = read_tosa(tosa)
-    ops = [o for o in graph.ops if o.op not in ("CONST", "CONST_SHAPE")]
-    verdict = check_node(ops, graph, Accelerator.parse(accelerator).lowering_family)
-    return verdict[0] if verdict else None
 
 
 # (graph, accelerator, rule expected to reject it or None): pairs on both sides of each limit

@@ -18,8 +18,8 @@ from pathlib import Path
 import ethosu.vela
 import numpy as np
 import pytest
+from npbtest.ops import quantize_model
 from onnx import TensorProto, helper, numpy_helper
-from ophelpers import quantize_model
 
 from npubuild.config.load import default_search_path, load_target
 from npubuild.config.schema import ACCELERATORS, TargetProfile
@@ -108,4 +108,3 @@ def test_a_neutral_section_name_would_give_a_u55_the_wide_bus():
 
 def _section(ini_text: str, kind: str) -> str:
     return next(ln[len(kind) + 2:-1] for ln in ini_text.splitlines() if ln.startswith(f"[{kind}."))
-

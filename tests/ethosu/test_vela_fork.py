@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from ophelpers import ROOT, calib, quantize_model, single_op_model
+from npbtest.ops import ROOT, calib, quantize_model, single_op_model
 
 from npubuild.config.load import default_search_path, load_target
 from npubuild.errors import StageError

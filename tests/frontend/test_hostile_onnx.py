@@ -13,8 +13,8 @@ import numpy as np
 import onnx
 import pytest
 from npbtest import REPO, read_report, run_cli
+from npbtest.onnx_cases import CASES, conv, weights
 from onnx import TensorProto
-from onnx_cases import CASES, conv, weights
 
 from npubuild.engine.isolate import run_isolated
 from npubuild.errors import InputError

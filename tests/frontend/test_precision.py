@@ -8,8 +8,8 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
+from npbtest.ops import quantize_model16
 from onnx import TensorProto, helper, numpy_helper
-from ophelpers import quantize_model16
 
 from npubuild.config.schema import Quantization
 from npubuild.errors import InputError

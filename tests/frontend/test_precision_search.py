@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
-from buildhelpers import sensitive_conv_model
+from npbtest.builds import sensitive_conv_model
 
 from npubuild.config.load import default_search_path, load_target
 from npubuild.config.schema import PrecisionBudget

@@ -11,12 +11,13 @@ import numpy as np
 import onnx
 import pytest
 from npbtest import REPO, run_subprocess
+from npbtest.ops import run_onnx
 from onnxruntime import quantization as ortq
 
 from npubuild.frontend.normalise import normalise
 from npubuild.frontend.quantize import ArrayReader
 from npubuild.records.lower import LowerRecord
-from npubuild.tosa.run import run_onnx, run_tosa
+from npubuild.tosa.run import run_tosa
 
 
 def _quantize_elsewhere(tmp: Path, fmt: ortq.QuantFormat) -> Path:

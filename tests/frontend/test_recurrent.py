@@ -11,9 +11,9 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
-from npusim_helpers import assert_bitexact, vela_raw
+from npbtest.npusim import assert_bitexact, vela_raw
+from npbtest.ops import check_fp, check_int, io_dict, rand, vela_op_counts
 from onnx import TensorProto, helper
-from ophelpers import check_fp, check_int, io_dict, rand, vela_op_counts
 
 from npubuild.frontend.normalise import normalise
 

@@ -7,8 +7,8 @@ from __future__ import annotations
 import numpy as np
 import onnx
 import pytest
+from npbtest.ops import rand, vela_op_counts
 from onnx import TensorProto, helper, numpy_helper
-from ophelpers import rand, vela_op_counts
 
 from npubuild.lowering.driver import lower_model
 from npubuild.lowering.pooling import window_counts

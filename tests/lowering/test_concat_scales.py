@@ -17,61 +17,18 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
-from onnx import TensorProto, helper, numpy_helper
-from ophelpers import calib, prepare, quantize_model, rand, single_op_model, vela_run
+from npbtest.lowering import UNET_SHAPE, max_copies, models  # noqa: F401  (models: fixture)
+from npbtest.ops import calib, quantize_model, rand, run_onnx, single_op_model, vela_run
+from onnx import numpy_helper
 
 from npubuild.frontend import concat_order
-from npubuild.frontend.qdq_concat import share_concat_scales, union_params
+from npubuild.frontend.qdq_concat import union_params
 from npubuild.lowering.driver import LoweredGraph, lower_model
-from npubuild.lowering.options import FAMILY_OPTIONS
+from npubuild.lowering.options import FAMILY_OPTIONS, ConcatCopy
 from npubuild.tosa.graph import read_tosa
-from npubuild.tosa.run import run_onnx, run_tosa
+from npubuild.tosa.run import run_tosa
 
 ROOT = Path(__file__).resolve().parents[2]
-SHAPE = [1, 2, 16, 16]
-
-
-def unet_step(size: int = 16, skip: int = 8, deep: int = 16, extra_reader: bool = False,
-              seed: int = 0) -> onnx.ModelProto:
-    """Float x -> conv+relu (skip) -> maxpool -> conv+relu (deep) -> bilinear 2x -> concat(up, skip) -> conv;
-    with `extra_reader` the upsample is also a graph output."""
-    rng = np.random.default_rng(seed)
-
-    def conv(name: str, cin: int, cout: int, k: int, scale: float) -> list:
-        return [numpy_helper.from_array((rng.standard_normal((cout, cin, k, k)) * scale).astype(np.float32), f"{name}_w"),
-                numpy_helper.from_array((rng.standard_normal(cout) * 0.1).astype(np.float32), f"{name}_b")]
-
-    inits = [*conv("c1", 2, skip, 3, 0.4), *conv("c2", skip, deep, 3, 0.5), *conv("c3", skip + deep, 4, 1, 0.3),
-             numpy_helper.from_array(np.array([1, 1, 2, 2], np.float32), "scales")]
-    nodes = [
-        helper.make_node("Conv", ["x", "c1_w", "c1_b"], ["c1"], pads=[1, 1, 1, 1]),
-        helper.make_node("Relu", ["c1"], ["skip"]),
-        helper.make_node("MaxPool", ["skip"], ["pool"], kernel_shape=[2, 2], strides=[2, 2]),
-        helper.make_node("Conv", ["pool", "c2_w", "c2_b"], ["c2"], pads=[1, 1, 1, 1]),
-        helper.make_node("Relu", ["c2"], ["deep"]),
-        helper.make_node("Resize", ["deep", "", "scales"], ["up"], mode="linear",
-                         coordinate_transformation_mode="half_pixel"),
-        helper.make_node("Concat", ["up", "skip"], ["cat"], axis=1),
-        helper.make_node("Conv", ["cat", "c3_w", "c3_b"], ["y"]),
-    ]
-    outputs = [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4, size, size])]
-    if extra_reader:
-        outputs.append(helper.make_tensor_value_info("up", TensorProto.FLOAT, [1, deep, size, size]))
-    graph = helper.make_graph(nodes, "unet_step",
-                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 2, size, size])], outputs, inits)
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    model.ir_version = 8
-    return prepare(model)
-
-
-@pytest.fixture(scope="module")
-def models() -> tuple[onnx.ModelProto, onnx.ModelProto, onnx.ModelProto]:
-    """(float, onnxruntime's QDQ, QDQ after the post-pass)."""
-    fp = unet_step()
-    qdq = quantize_model(fp, calib("x", SHAPE, n=16))
-    shared = copy.deepcopy(qdq)
-    assert share_concat_scales(shared) > 0
-    return fp, qdq, shared
 
 
 def qparams(model: onnx.ModelProto) -> dict[str, tuple[float, int]]:
@@ -108,7 +65,7 @@ def test_union_params_cover_every_range() -> None:
     assert union_params([(0.01, 0), (0.03, 0)], symmetric=True) == pytest.approx((0.03, 0))
 
 
-def test_concat_inputs_take_the_union_of_the_group(models) -> None:
+def test_concat_inputs_take_the_union_of_the_group(models) -> None:  # noqa: F811
     _, qdq, shared = models
     before, after = concat_params(qdq), concat_params(shared)
     assert len(set(before)) > 1, "onnxruntime should calibrate the Concat on its own"
@@ -119,9 +76,9 @@ def test_concat_inputs_take_the_union_of_the_group(models) -> None:
     assert qp[next(k for k in qp if k.startswith("deep") and "QuantizeLinear" in k)] == pytest.approx(after[0])
 
 
-def test_quantisation_error_stays_small(models) -> None:
+def test_quantisation_error_stays_small(models) -> None:  # noqa: F811
     fp, qdq, shared = models
-    feeds = {"x": rand(SHAPE, seed=7)}
+    feeds = {"x": rand(UNET_SHAPE, seed=7)}
     ref = run(fp, feeds)
     # the skip now takes the deep branch's 4x coarser scale (0.014 -> 0.055): 36.9 -> 34.5 dB here; the example
     # U-Nets, whose ranges are closer, lose 0.05 dB
@@ -132,7 +89,7 @@ def lowered_ok(model: onnx.ModelProto, family: str, **changes) -> LoweredGraph:
     """Lower for `family` (with `changes` to its options); the int8 TOSA graph must match onnxruntime on the
     same QDQ model within 1 LSB."""
     g = lower_model(copy.deepcopy(model), "int", options=replace(FAMILY_OPTIONS[family], **changes))
-    feeds = {"x": rand(SHAPE, seed=3)}
+    feeds = {"x": rand(UNET_SHAPE, seed=3)}
     ref, got = run(model, feeds), run_tosa(g.tosa, g, feeds)
     spec = g.outputs[0]
     assert float(np.max(np.abs(spec.quantize_reference(ref) - got[spec.onnx_name].astype(np.float64)))) <= 1.0
@@ -152,7 +109,7 @@ def int8_requantised_concat_inputs(tosa: bytes) -> int:
     return count
 
 
-def test_u85_shared_scales_drop_the_requantisation(models) -> None:
+def test_u85_shared_scales_drop_the_requantisation(models) -> None:  # noqa: F811
     _, qdq, shared = models
     before, after = lowered_ok(qdq, "u85"), lowered_ok(shared, "u85")
     assert int8_requantised_concat_inputs(before.tosa) == 2
@@ -160,7 +117,7 @@ def test_u85_shared_scales_drop_the_requantisation(models) -> None:
     assert vela_run(after.tosa, "ethos-u85-256").cycles < vela_run(before.tosa, "ethos-u85-256").cycles
 
 
-def test_u55_blur_writes_into_the_concat(models) -> None:
+def test_u55_blur_writes_into_the_concat(models) -> None:  # noqa: F811
     _, qdq, shared = models
     before, after = lowered_ok(qdq, "u55"), lowered_ok(shared, "u55")
     info = read_tosa(after.tosa)
@@ -172,12 +129,12 @@ def test_u55_blur_writes_into_the_concat(models) -> None:
     assert vela_run(after.tosa, "ethos-u55-128").cycles < vela_run(before.tosa, "ethos-u55-128").cycles
 
 
-def test_u55_copies_the_skip_first(models) -> None:
+def test_u55_copies_the_skip_first(models) -> None:  # noqa: F811
     _, _, shared = models
     reordered = concat_order.copied_inputs_first(shared)
     cat = next(n for n in reordered.graph.node if n.op_type == "Concat")
     assert cat.input[0].startswith("skip"), list(cat.input)  # the skip is also read by the MaxPool: copied
-    feeds = {"x": rand(SHAPE, seed=5)}
+    feeds = {"x": rand(UNET_SHAPE, seed=5)}
     np.testing.assert_array_equal(run(reordered, feeds), run(shared, feeds))  # conv weights permuted to match
     first = lowered_ok(shared, "u55")
     last = lowered_ok(shared, "u55", concat_order=False)
@@ -210,31 +167,14 @@ def offchip(summary: dict[str, str]) -> float:
     return float(summary["dram_memory_used"]) + float(summary["off_chip_flash_memory_used"])
 
 
-def max_copies(tosa: bytes) -> list[int]:
-    """Positions of the CONCAT inputs that are a MAXIMUM of one tensor with itself (between RESCALEs)."""
-    info = read_tosa(tosa)
-    producer = {out: op for op in info.ops for out in op.outputs}
-    found = []
-    for op in info.ops:
-        if op.op != "CONCAT":
-            continue
-        for pos, t in enumerate(op.inputs):
-            narrow = producer.get(t)
-            top = producer.get(narrow.inputs[0]) if narrow is not None and narrow.op == "RESCALE" else None
-            if top is not None and top.op == "MAXIMUM" and all(producer[i].op == "RESCALE" for i in top.inputs):
-                if len({producer[i].inputs[0] for i in top.inputs}) == 1:
-                    found.append(pos)
-    return found
-
-
-def test_u85_copies_the_skip_with_a_maximum(models) -> None:
+def test_u85_copies_the_skip_with_a_maximum(models) -> None:  # noqa: F811
     """On U85 the skip Vela must copy into the Concat is a MAXIMUM of itself: the same integers, faster than
     Vela's own copy (a pooling pass there) and, unlike U55's depthwise copy, with no constant off-chip."""
     _, _, shared = models
     maxed = lowered_ok(shared, "u85")
     assert max_copies(maxed.tosa) == [0]  # the skip, copied first
-    dw = lowered_ok(shared, "u85", concat_max_copy=False, concat_dw_copy=True)  # first, by a 1x1 depthwise of ones
-    plain = lowered_ok(shared, "u85", concat_max_copy=False, concat_order=False)  # Vela's own copy, last
+    dw = lowered_ok(shared, "u85", concat_copy=ConcatCopy.DEPTHWISE)  # first, by a 1x1 depthwise of ones
+    plain = lowered_ok(shared, "u85", concat_copy=ConcatCopy.VELA, concat_order=False)  # Vela's own copy, last
     assert max_copies(plain.tosa) == []
     a, b, c = (vela_run(g.tosa, "ethos-u85-256").summary for g in (maxed, plain, dw))
     assert float(a["cycles_total"]) < float(b["cycles_total"])

@@ -9,8 +9,8 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
+from npbtest.ops import calib, check_fp, check_int, prepare, rand, single_op_model
 from onnx import TensorProto, helper, numpy_helper
-from ophelpers import calib, check_fp, check_int, prepare, rand, single_op_model
 
 from npubuild.errors import InputError
 from npubuild.frontend.quantize import quantize, vector_gemm_biases

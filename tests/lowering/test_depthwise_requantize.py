@@ -10,13 +10,13 @@ from __future__ import annotations
 import tempfile
 from pathlib import Path
 
-import numpy as np
 import onnx
 import pytest
-from npusim_helpers import assert_bitexact, reference, tosa_inputs, vela_raw
-from ophelpers import calib, io_dict, quantize_model, single_op_model, vela_run
+from npbtest.lowering import assert_same_reference, ops
+from npbtest.npusim import assert_bitexact, vela_raw
+from npbtest.ops import calib, io_dict, quantize_model, single_op_model, vela_run
 
-from npubuild.lowering.driver import LoweredGraph, lower_model
+from npubuild.lowering.driver import lower_model
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -26,18 +26,6 @@ def concat_model(shape: list[int]) -> onnx.ModelProto:
     m = single_op_model("Concat", {"a": shape, "b": shape}, {"y": None}, axis=1)
     cal = {**calib("a", shape, seed=1), "b": calib("b", shape, seed=2)["b"] * 3.0 + 0.5}
     return quantize_model(m, cal)
-
-
-def ops(g: LoweredGraph) -> list[str]:
-    return [op for node_ops in g.node_ops.values() for op in node_ops]
-
-
-def assert_same_reference(a: LoweredGraph, b: LoweredGraph) -> None:
-    io = io_dict(a)
-    for seed in range(3):
-        xs = tosa_inputs(io, seed)
-        for i, (x, y) in enumerate(zip(reference(a.tosa, xs), reference(b.tosa, xs), strict=True)):
-            assert np.array_equal(x, y), f"output {i}, seed {seed}: {int(np.count_nonzero(x != y))} elements differ"
 
 
 def test_depthwise_requantize_identical_and_faster_on_u55():

@@ -11,8 +11,8 @@ from dataclasses import replace
 
 import numpy as np
 import pytest
+from npbtest.ops import calib, quantize_model, vela_run
 from onnx import TensorProto, helper, numpy_helper
-from ophelpers import calib, quantize_model, vela_run
 
 from npubuild.lowering.driver import lower_model
 from npubuild.lowering.ops.conv import taps_for_dilation

@@ -9,9 +9,9 @@ from __future__ import annotations
 import numpy as np
 import onnx
 import pytest
-from npusim_helpers import compile_and_check
+from npbtest.npusim import compile_and_check
+from npbtest.ops import calib, check_fp, check_int, rand, vela_op_counts
 from onnx import TensorProto, helper
-from ophelpers import calib, check_fp, check_int, rand, vela_op_counts
 
 import npubuild.frontend.quantize as quantize_stage
 from npubuild.lowering.fusion import epilogue

@@ -15,11 +15,10 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
-from npusim_helpers import assert_bitexact, vela_raw
+from npbtest.lowering import assert_same_reference, model_of, ops
+from npbtest.npusim import assert_bitexact, vela_raw
+from npbtest.ops import calib, check_int, io_dict, quantize_model, vela_run
 from onnx import helper
-from ophelpers import calib, check_int, io_dict, quantize_model, vela_run
-from test_depthwise_requantize import assert_same_reference, ops
-from test_ops_compute import model_of
 
 from npubuild.lowering.driver import lower_model
 from npubuild.lowering.options import FAMILY_OPTIONS
@@ -36,7 +35,7 @@ def _first_conv(channels: int, h: int, w: int, stride: int = 2) -> onnx.ModelPro
 
 
 def _direct(family: str):
-    return replace(FAMILY_OPTIONS[family], staged_input_min_row=0)
+    return replace(FAMILY_OPTIONS[family], staged_input_min_row=None)
 
 
 @pytest.mark.parametrize("family,target", [("u85", "ethos-u85-256"), ("u85wide", "ethos-u85-1024")])

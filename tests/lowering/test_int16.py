@@ -10,9 +10,8 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
-from npusim_helpers import assert_bitexact, vela_raw
-from onnx import TensorProto, helper
-from ophelpers import (
+from npbtest.npusim import assert_bitexact, vela_raw
+from npbtest.ops import (
     _save,
     calib,
     check_qdq,
@@ -20,13 +19,15 @@ from ophelpers import (
     quantize_model,
     quantize_model16,
     rand,
+    run_onnx,
     single_op_model,
 )
+from onnx import TensorProto, helper
 
 from npubuild.frontend.precision.qdq import QdqModel
 from npubuild.frontend.precision.rewrite import PrecisionPlan, apply_plan
 from npubuild.lowering.driver import lower_model
-from npubuild.tosa.run import run_onnx, run_tosa
+from npubuild.tosa.run import run_tosa
 
 FAMILIES = {"u55": "ethos-u55-128", "u85": "ethos-u85-256"}
 

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from npusim_helpers import assert_bitexact, vela_raw
-from ophelpers import calib, check_qdq, io_dict, quantize_model, quantize_model16, rand, single_op_model
+from npbtest.npusim import assert_bitexact, vela_raw
+from npbtest.ops import calib, check_qdq, io_dict, quantize_model, quantize_model16, rand, single_op_model
 
 from npubuild.ethosu.pools import npz_sizes
 from npubuild.frontend.precision.qdq import QdqModel

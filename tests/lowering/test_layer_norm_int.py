@@ -6,9 +6,8 @@ from dataclasses import replace
 
 import numpy as np
 import pytest
-from ophelpers import calib, check_int, quantize_model, single_op_model, vela_run
-from test_depthwise_requantize import assert_same_reference
-from test_ops_compute import npu_bitexact
+from npbtest.lowering import assert_same_reference, npu_bitexact, rows_of_every_spread
+from npbtest.ops import calib, check_int, quantize_model, single_op_model, vela_run
 
 from npubuild.lowering.driver import lower_model
 from npubuild.lowering.fusion.norm_rows import A0_MAX, fraction_bits, variance_shift
@@ -26,15 +25,6 @@ def test_fraction_bits_keep_every_int32_in_range(count):
     assert np.sqrt(count) * 2.0 ** (frac + e) <= 2**30 and frac >= 8
 
 
-def _rows_of_every_spread(shape: list[int]) -> np.ndarray:
-    """Rows from constant to full range, each with its own offset: the rsqrt sees every exponent."""
-    rng = np.random.default_rng(4)
-    rows, k = shape
-    spread = np.geomspace(1e-3, 2.0, rows - 1)
-    x = rng.uniform(-1, 1, (rows - 1, k)) * spread[:, None] + rng.uniform(-1, 1, (rows - 1, 1)) * (2 - spread[:, None])
-    return np.vstack([x, np.full((1, k), 0.3)]).astype(np.float32)
-
-
 @pytest.mark.parametrize("shape", [[12, 8], [12, 64], [6, 768]])
 def test_rows_of_every_spread_within_one_lsb(shape):
     """Near-constant rows (variance down at eps) and full-range ones alike: <= 1 LSB from onnxruntime's QDQ
@@ -43,7 +33,7 @@ def test_rows_of_every_spread_within_one_lsb(shape):
     k = shape[-1]
     inits = {"g": rng.uniform(-2, 2, k).astype(np.float32), "b": rng.normal(0, 0.5, k).astype(np.float32)}
     model = single_op_model("LayerNormalization", {"x": shape}, {"y": None}, inits, axis=-1, epsilon=1e-5)
-    lowered, err = check_int(model, calib("x", shape, low=-2, high=2), {"x": _rows_of_every_spread(shape)})
+    lowered, err = check_int(model, calib("x", shape, low=-2, high=2), {"x": rows_of_every_spread(shape)})
     print(f"layer norm {shape}: max error {err} LSB")
     npu_bitexact(lowered)
 
@@ -58,7 +48,7 @@ def test_vela_fuses_every_full_size_rescale(accelerator, rescales):
     rng = np.random.default_rng(0)
     inits = {"g": rng.uniform(-2, 2, 64).astype(np.float32), "b": rng.normal(0, 0.5, 64).astype(np.float32)}
     model = single_op_model("LayerNormalization", {"x": shape}, {"y": None}, inits, axis=-1)
-    lowered, _ = check_int(model, calib("x", shape, low=-2, high=2), {"x": _rows_of_every_spread(shape)})
+    lowered, _ = check_int(model, calib("x", shape, low=-2, high=2), {"x": rows_of_every_spread(shape)})
     rows = vela_run(lowered.tosa, accelerator).layers
     assert sum(r["Original Operator"] == "Rescale" for r in rows) == rescales
     assert sum(r["Original Operator"] == "DepthwiseConv2D" for r in rows) == 1

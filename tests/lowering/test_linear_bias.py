@@ -15,14 +15,13 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
-from npusim_helpers import compile_and_check
+from npbtest.npusim import compile_and_check
+from npbtest.ops import calib, check_int, quantize_model, rand, run_onnx, vela_run
 from onnx import TensorProto, helper, numpy_helper
-from ophelpers import calib, check_int, quantize_model, rand, vela_run
 
 import npubuild.frontend.quantize as quantize_stage
 from npubuild.frontend.qdq_linear import fold_linear_bias
 from npubuild.lowering.ops import conv as ops_conv
-from npubuild.tosa.run import run_onnx
 
 ROOT = Path(__file__).resolve().parents[2]
 SHAPE = [1, 8, 16]

@@ -16,11 +16,10 @@ import numpy as np
 import onnx
 import pytest
 from npbtest import compile_builds
-from npusim_helpers import assert_bitexact, vela_raw
+from npbtest.lowering import model_of, ops
+from npbtest.npusim import assert_bitexact, vela_raw
+from npbtest.ops import calib, check_int, io_dict
 from onnx import helper
-from ophelpers import calib, check_int, io_dict
-from test_depthwise_requantize import ops
-from test_ops_compute import model_of
 
 from npubuild.lowering.options import FAMILY_OPTIONS
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from ophelpers import calib, check_fp, check_int, rand, single_op_model, vela_op_counts
+from npbtest.ops import calib, check_fp, check_int, rand, single_op_model, vela_op_counts
 
 CASES = [
     ("Elu", {}, (-3, 3), 17), ("Elu", {"alpha": 0.5}, (-3, 3), 17), ("Selu", {}, (-3, 3), 17),

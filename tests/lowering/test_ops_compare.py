@@ -7,8 +7,8 @@ from __future__ import annotations
 import numpy as np
 import onnx
 import pytest
+from npbtest.ops import calib, check_fp, check_int, rand, vela_op_counts
 from onnx import TensorProto, helper, numpy_helper
-from ophelpers import calib, check_fp, check_int, rand, vela_op_counts
 
 
 def select_model(cmp: str, threshold: float) -> onnx.ModelProto:

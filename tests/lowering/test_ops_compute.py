@@ -9,28 +9,21 @@ test_lone_ops_are_quantized.
 
 from __future__ import annotations
 
-import tempfile
-from pathlib import Path
-
 import numpy as np
-import onnx
-import onnxruntime as ort
 import pytest
-from npusim_helpers import assert_bitexact, vela_raw
-from onnx import TensorProto, helper
-from ophelpers import (
+from npbtest.lowering import conv_model, errors_vs_unfused_qdq, model_of, npu_bitexact, wrapped
+from npbtest.ops import (
     calib,
     check_fp,
     check_int,
-    io_dict,
     quantize_model,
     rand,
     single_op_model,
     vela_op_counts,
 )
+from onnx import helper
 
 from npubuild.lowering.driver import lower_model
-from npubuild.tosa.run import run_tosa
 
 ACCELERATORS = ("ethos-u55-128", "ethos-u85-256")
 
@@ -41,57 +34,11 @@ def all_on_npu(lowered, accelerators=ACCELERATORS) -> None:
         assert cpu == 0 and npu >= 1, (accel, npu, cpu)
 
 
-def npu_bitexact(lowered) -> None:
-    """The U55 command stream Vela compiles equals the TOSA reference model bit for bit (npubuild's npu-sim):
-    catches Vela rewrites that change integer results, which placement counts cannot."""
-    with tempfile.TemporaryDirectory() as tmp:
-        assert_bitexact(lowered.tosa, io_dict(lowered), vela_raw(lowered.tosa, Path(tmp)))
-
-
 def tosa_ops(lowered) -> set[str]:
     return {op for ops in lowered.node_ops.values() for op in ops}
 
 
-def model_of(nodes, inputs: dict[str, list[int]], outputs: dict[str, list[int]], inits: dict[str, np.ndarray]):
-    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info(n, TensorProto.FLOAT, s) for n, s in inputs.items()],
-                              [helper.make_tensor_value_info(n, TensorProto.FLOAT, s) for n, s in outputs.items()],
-                              [onnx.numpy_helper.from_array(np.asarray(v), k) for k, v in inits.items()])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
-    model.ir_version = 8
-    return model
-
-
-def wrapped(op: str, in_shape, out_shape, inits=None, extra_inputs=(), **attrs):
-    """x -> wrap -> op -> wrap -> y, so that onnxruntime quantizes op's input and output.
-
-    The wrappers are ops onnxruntime quantizes even alone and that keep the
-    layout: a 1x1 MaxPool for rank 4 (NHWC stays NHWC), a Reshape otherwise.
-    """
-    inits = dict(inits or {})
-
-    def wrap(src: str, dst: str, shape, name: str):
-        if len(shape) == 4:
-            return helper.make_node("MaxPool", [src], [dst], name=name, kernel_shape=[1, 1])
-        inits[f"s_{name}"] = np.array(shape, np.int64)
-        return helper.make_node("Reshape", [src, f"s_{name}"], [dst], name=name)
-
-    nodes = [wrap("x", "a", in_shape, "w_in"),
-             helper.make_node(op, ["a", *extra_inputs], ["b"], name="the_op", **attrs),
-             wrap("b", "y", out_shape, "w_out")]
-    return model_of(nodes, {"x": in_shape}, {"y": out_shape}, inits)
-
-
 # ---------------------------------------------------------------------------------------------- convolutions
-
-
-def _conv(shape, cout, k, group=1, stride=1, bias=True, seed=0):
-    rng = np.random.default_rng(seed)
-    w = rng.normal(0, 0.3, (cout, shape[1] // group, k, k)).astype(np.float32)
-    inits = {"w": w}
-    if bias:
-        inits["b"] = rng.normal(0, 0.1, cout).astype(np.float32)
-    return single_op_model("Conv", {"x": shape}, {"y": None}, inits, kernel_shape=[k, k], group=group,
-                           strides=[stride, stride], pads=[k // 2] * 4)
 
 
 @pytest.mark.parametrize("case", [
@@ -101,7 +48,7 @@ def _conv(shape, cout, k, group=1, stride=1, bias=True, seed=0):
     dict(shape=[1, 4, 6, 6], cout=6, k=3, bias=False),
 ], ids=lambda c: "-".join(f"{k}{v}" for k, v in c.items()))
 def test_grouped_and_biasless_conv(case):
-    model = _conv(**case)
+    model = conv_model(**case)
     shape = case["shape"]
     check_fp(model, {"x": rand(shape, 1)})
     lowered, _ = check_int(model, calib("x", shape), {"x": rand(shape, 2)})
@@ -389,29 +336,6 @@ def test_batch_norm_not_folded(shape):
 
 
 # ---------------------------------------------------------------------------------------------- accuracy of the decompositions
-
-
-def errors_vs_unfused_qdq(model, name: str, shape, spread: float, seeds=(10, 11)) -> np.ndarray:
-    """|TOSA INT - QDQ reference| in LSB per output element, the reference being onnxruntime with graph
-    optimisations off: DQ -> float op -> Q exactly as the QDQ model says (the optimised session fuses some
-    of these into its own int8 kernels, e.g. QLinearSoftmax, which are themselves up to ~1.2 LSB off)."""
-    qdq = quantize_model(model, calib(name, shape, low=-spread, high=spread))
-    lowered = lower_model(qdq, "int")
-    opts = ort.SessionOptions()
-    opts.log_severity_level = 3
-    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    out = lowered.outputs[0]
-    errs = []
-    with tempfile.TemporaryDirectory() as tmp:
-        path = Path(tmp) / "qdq.onnx"
-        onnx.save(qdq, path)
-        sess = ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
-        for seed in seeds:
-            feeds = {name: rand(shape, seed, -spread, spread)}
-            ref = sess.run([out.onnx_name], feeds)[0]
-            got = run_tosa(lowered.tosa, lowered, feeds)[out.onnx_name].astype(np.float64)
-            errs.append(np.abs(out.quantize_reference(ref) - got).ravel())
-    return np.concatenate(errs)
 
 
 @pytest.mark.parametrize("shape,spread", [([4, 1000], 8.0), ([2, 4, 16, 16], 4.0), ([8, 10], 0.1)])

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from ophelpers import calib, check_fp, check_int, prepare, rand, single_op_model, vela_op_counts
+from npbtest.ops import calib, check_fp, check_int, prepare, rand, single_op_model, vela_op_counts
 
 from npubuild.errors import UnsupportedOpError
 from npubuild.lowering.driver import lower_model

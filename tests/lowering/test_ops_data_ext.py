@@ -6,8 +6,8 @@ from __future__ import annotations
 import numpy as np
 import onnx
 import pytest
+from npbtest.ops import calib, check_fp, check_int, rand, single_op_model, vela_op_counts
 from onnx import TensorProto, helper
-from ophelpers import calib, check_fp, check_int, rand, single_op_model, vela_op_counts
 
 
 def on_npu(lowered) -> None:

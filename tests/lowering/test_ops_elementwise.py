@@ -8,9 +8,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from npusim_helpers import assert_bitexact, vela_raw
+from npbtest.npusim import assert_bitexact, vela_raw
+from npbtest.ops import calib, check_fp, check_int, io_dict, rand, single_op_model, vela_op_counts
 from onnx import TensorProto, helper
-from ophelpers import calib, check_fp, check_int, io_dict, rand, single_op_model, vela_op_counts
 
 ACCELS = ("ethos-u55-128", "ethos-u85-256")
 BINARY = ["Add", "Sub", "Mul", "Div", "Min", "Max"]
@@ -135,4 +135,3 @@ def test_mul_of_same_tensor():
     model = single_op_model("Mul", {"a": X}, {"y": None}, node_inputs=["a", "a"])
     check_fp(model, {"a": rand(X, 1)})
     check_int(model, calib("a", X), {"a": rand(X, 2)}, max_lsb=1)
-

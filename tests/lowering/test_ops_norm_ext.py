@@ -11,8 +11,8 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
-from npusim_helpers import assert_bitexact, vela_raw
-from ophelpers import calib, check_fp, check_int, io_dict, prepare, rand, single_op_model, vela_op_counts
+from npbtest.npusim import assert_bitexact, vela_raw
+from npbtest.ops import calib, check_fp, check_int, io_dict, prepare, rand, single_op_model, vela_op_counts
 
 from npubuild.errors import UnsupportedOpError
 from npubuild.lowering.driver import lower_model

@@ -11,9 +11,9 @@ import numpy as np
 import onnx
 import pytest
 from lowering.test_ops_compute import wrapped
-from npusim_helpers import assert_bitexact, vela_raw
+from npbtest.npusim import assert_bitexact, vela_raw
+from npbtest.ops import calib, check_fp, check_int, io_dict, quantize_model, rand, vela_op_counts
 from onnx import TensorProto, helper
-from ophelpers import calib, check_fp, check_int, io_dict, quantize_model, rand, vela_op_counts
 
 from npubuild.errors import UnsupportedOpError
 from npubuild.lowering.driver import lower_model

@@ -13,22 +13,24 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
-from onnx import TensorProto, helper
-from ophelpers import (
+from npbtest.ops import (
     calib,
     check_fp,
     check_int,
     prepare,
     quantize_model,
     rand,
+    run_onnx,
     single_op_model,
     vela_op_counts,
 )
+from onnx import TensorProto, helper
 
 from npubuild.ethosu.support import check_node
 from npubuild.lowering.driver import lower_model
+from npubuild.records.lower import Where
 from npubuild.tosa.graph import CONST_OPS, read_tosa
-from npubuild.tosa.run import run_onnx, run_tosa
+from npubuild.tosa.run import run_tosa
 
 ACCELS = ("ethos-u55-128", "ethos-u85-256")
 BIG = np.iinfo(np.int64).max
@@ -488,7 +490,7 @@ def test_u55_family_lowering_keeps_bilinear_resize_on_the_npu():
                             mode="linear")
     qdq = quantize_model(model, calib("x", shape))
     portable = plan_partitions(qdq, lower_model(qdq, "int"), "u55")
-    assert [p.kind for p in portable.placements.values() if p.node == "the_resize"] == ["cpu"]
+    assert [p.kind for p in portable.placements.values() if p.node == "the_resize"] == [Where.HOST]
     own = plan_partitions(qdq, lower_model(qdq, "int", family="u55"), "u55")
     assert all(p.kind == "npu" for p in own.placements.values())
 

@@ -13,9 +13,8 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
-from npusim_helpers import assert_bitexact, vela_raw
-from onnx import TensorProto, helper
-from ophelpers import (
+from npbtest.npusim import assert_bitexact, vela_raw
+from npbtest.ops import (
     calib,
     check_fp,
     check_int,
@@ -26,6 +25,7 @@ from ophelpers import (
     single_op_model,
     vela_op_counts,
 )
+from onnx import TensorProto, helper
 
 from npubuild.errors import UnsupportedOpError
 from npubuild.ethosu.support import check_node

@@ -13,9 +13,9 @@ from pathlib import Path
 import numpy as np
 import onnx
 from npbtest import read_report, run_cli
-from ophelpers import vela_run
-from test_support import compare, rule_verdict, vela_compiles
-from test_upsample_split import BIG, unet_step
+from npbtest.lowering import BIG_UNET, qdq_unet_step
+from npbtest.ops import vela_run
+from npbtest.support import compare, rule_verdict, vela_compiles
 
 from npubuild.config.accelerator import Accelerator
 from npubuild.ethosu.partition import plan_partitions
@@ -40,7 +40,7 @@ def test_u65_is_placed_by_u55_rules_as_vela_agrees():
 
 
 def test_u65_keeps_the_upsample_whole_where_u55_splits_it():
-    qdq = unet_step(*BIG)
+    qdq = qdq_unet_step(*BIG_UNET)
     u55, u65 = lower_model(qdq, "int", family="u55"), lower_model(qdq, "int", family="u65")
     # both replicate (nearest RESIZE) + blur, as neither runs a bilinear RESIZE; U55 in two channel halves
     (resize,) = [n.name for n in qdq.graph.node if n.op_type == "Resize"]
@@ -58,13 +58,13 @@ def test_u65_keeps_the_upsample_whole_where_u55_splits_it():
 
 def test_u65_target_compiles_its_own_lowering(project: Path, capsys):
     models = project / "configs" / "models"
-    onnx.save(unet_step(*BIG), models / "step.onnx")  # already QDQ: the quantize stage keeps it
+    onnx.save(qdq_unet_step(*BIG_UNET), models / "step.onnx")  # already QDQ: the quantize stage keeps it
     (project / "configs" / "step.yaml").write_text(f"""version: 1
 name: step
 models:
   m:
     path: models/step.onnx
-    input_shapes: {{x: [1, 2, {BIG[0]}, {BIG[0]}]}}
+    input_shapes: {{x: [1, 2, {BIG_UNET[0]}, {BIG_UNET[0]}]}}
     calibration: {{random: {{samples: 8, seed: 0}}}}
 targets: [{U55}, {U65_RAW}]
 verify: {{tosa: true, samples: 2}}

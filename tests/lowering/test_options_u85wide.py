@@ -16,15 +16,13 @@ from pathlib import Path
 import onnx
 import tosa_serializer as ts
 from npbtest import read_report, run_cli
-from ophelpers import calib, quantize_model, vela_run
-from test_concat_scales import max_copies, models  # noqa: F401  (models: fixture)
-from test_conv_stride_widen import _downsampling_block
-from test_depthwise_requantize import assert_same_reference, ops
-from test_support import compare, rule_verdict, vela_compiles
+from npbtest.lowering import assert_same_reference, downsampling_block, max_copies, models, ops  # noqa: F401  (models: fixture)
+from npbtest.ops import calib, quantize_model, vela_run
+from npbtest.support import compare, rule_verdict, vela_compiles
 
 from npubuild.config.accelerator import Accelerator, rules_of
 from npubuild.lowering.driver import lower_model
-from npubuild.lowering.options import FAMILY_OPTIONS
+from npubuild.lowering.options import FAMILY_OPTIONS, ConcatCopy
 
 U85, WIDE = "ethos-u85-256", "ethos-u85-2048"
 
@@ -44,7 +42,7 @@ def test_wide_u85_is_placed_by_u85_rules_as_vela_agrees():
 def test_wide_u85_keeps_velas_concat_copy(models):  # noqa: F811
     """The U-Net step: U85 copies the skip first by a MAXIMUM; the wide family lowers it portably, faster there."""
     _, _, shared = models
-    assert not FAMILY_OPTIONS["u85wide"].concat_order and not FAMILY_OPTIONS["u85wide"].concat_max_copy
+    assert not FAMILY_OPTIONS["u85wide"].concat_order and FAMILY_OPTIONS["u85wide"].concat_copy == ConcatCopy.VELA
     u85 = lower_model(copy.deepcopy(shared), "int", family="u85")
     wide = lower_model(copy.deepcopy(shared), "int", family="u85wide")
     assert max_copies(u85.tosa) == [0] and max_copies(wide.tosa) == []
@@ -54,7 +52,7 @@ def test_wide_u85_keeps_velas_concat_copy(models):  # noqa: F811
 
 
 def test_wide_u85_takes_the_zero_taps():
-    qdq = quantize_model(_downsampling_block(), calib("x", [1, 32, 16, 16]))
+    qdq = quantize_model(downsampling_block(), calib("x", [1, 32, 16, 16]))
     portable, wide = lower_model(qdq, "int"), lower_model(qdq, "int", family="u85wide")
     assert "SLICE" in ops(portable) and "SLICE" not in ops(wide)
     assert_same_reference(portable, wide)
@@ -63,7 +61,7 @@ def test_wide_u85_takes_the_zero_taps():
 
 def test_wide_u85_target_compiles_its_own_lowering(project: Path, capsys):
     models_dir = project / "configs" / "models"
-    onnx.save(quantize_model(_downsampling_block(), calib("x", [1, 32, 16, 16])), models_dir / "block.onnx")
+    onnx.save(quantize_model(downsampling_block(), calib("x", [1, 32, 16, 16])), models_dir / "block.onnx")
     (project / "configs" / "block.yaml").write_text(f"""version: 1
 name: block
 models:

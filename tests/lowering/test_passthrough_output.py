@@ -10,9 +10,9 @@ import numpy as np
 import onnx
 import onnx_ir as ir
 from npbtest import compile_builds
+from npbtest.lowering import ops
+from npbtest.ops import calib, quantize_model
 from onnx import TensorProto, helper, numpy_helper
-from ophelpers import calib, quantize_model
-from test_depthwise_requantize import ops
 
 from npubuild.frontend.passes import run_passes
 from npubuild.lowering.driver import lower_model

@@ -12,10 +12,10 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
-from npusim_helpers import assert_bitexact, vela_raw
+from npbtest.lowering import model_of
+from npbtest.npusim import assert_bitexact, vela_raw
+from npbtest.ops import calib, check_int, io_dict, quantize_model, vela_run
 from onnx import helper
-from ophelpers import calib, check_int, io_dict, quantize_model, vela_run
-from test_ops_compute import model_of
 
 from npubuild.lowering.driver import lower_model
 from npubuild.lowering.options import FAMILY_OPTIONS

@@ -13,9 +13,8 @@ from dataclasses import replace
 
 import numpy as np
 import pytest
-from ophelpers import calib, quantize_model, vela_run
-from test_depthwise_requantize import ops
-from test_ops_compute import _conv, npu_bitexact
+from npbtest.lowering import conv_model, npu_bitexact, ops
+from npbtest.ops import calib, quantize_model, vela_run
 
 from npubuild.lowering.driver import lower_model
 from npubuild.lowering.options import FAMILY_OPTIONS
@@ -31,7 +30,7 @@ def _same_outputs(a, b, shape) -> None:
 
 @pytest.mark.parametrize("shape, stride", [([1, 3, 96, 96], 2), ([1, 3, 32, 32], 1)])
 def test_u65_planar_input_identical_and_faster(shape, stride):
-    qdq = quantize_model(_conv(shape, 16, 3, stride=stride), calib("x", shape))
+    qdq = quantize_model(conv_model(shape, 16, 3, stride=stride), calib("x", shape))
     portable, u65 = lower_model(qdq, "int"), lower_model(qdq, "int", family="u65")
     assert u65.inputs[0].perm == (0, 1, 2, 3) and portable.inputs[0].perm == (0, 2, 3, 1)
     assert ops(u65)[0] == "TRANSPOSE" and "TRANSPOSE" not in ops(portable)
@@ -42,12 +41,12 @@ def test_u65_planar_input_identical_and_faster(shape, stride):
 def test_planar_input_bitexact_on_npusim():
     """Vela's TRANSPOSE of the planar input and the conv after it: the command stream equals the TOSA reference."""
     shape = [1, 3, 16, 16]
-    npu_bitexact(lower_model(quantize_model(_conv(shape, 8, 3), calib("x", shape)), "int", family="u65"))
+    npu_bitexact(lower_model(quantize_model(conv_model(shape, 8, 3), calib("x", shape)), "int", family="u65"))
 
 
 def test_one_channel_and_deep_inputs_stay_nhwc():
     for shape in ([1, 1, 49, 10], [1, 8, 32, 32]):
-        qdq = quantize_model(_conv(shape, 8, 3), calib("x", shape))
+        qdq = quantize_model(conv_model(shape, 8, 3), calib("x", shape))
         assert lower_model(qdq, "int", family="u65").tosa == lower_model(qdq, "int").tosa
 
 
@@ -56,7 +55,7 @@ def test_u55_and_u85_keep_nhwc(fam, target):
     """U55 reads the input from SRAM (Shared_Sram), U85's DRAM read costs the same either way: the TRANSPOSE
     is then extra (forced, slower)."""
     shape = [1, 3, 96, 96]
-    qdq = quantize_model(_conv(shape, 16, 3, stride=2), calib("x", shape))
+    qdq = quantize_model(conv_model(shape, 16, 3, stride=2), calib("x", shape))
     nhwc = lower_model(qdq, "int", family=fam)
     planar = lower_model(qdq, "int", options=replace(FAMILY_OPTIONS[fam], planar_input_channels=4))
     assert nhwc.inputs[0].perm == (0, 2, 3, 1) and planar.inputs[0].perm == (0, 1, 2, 3)

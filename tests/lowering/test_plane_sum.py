@@ -11,9 +11,8 @@ from dataclasses import replace
 
 import numpy as np
 import pytest
-from ophelpers import calib, check_int, quantize_model, vela_run
-from test_depthwise_requantize import assert_same_reference, ops
-from test_ops_compute import npu_bitexact, wrapped
+from npbtest.lowering import assert_same_reference, npu_bitexact, ops, wrapped
+from npbtest.ops import calib, check_int, quantize_model, vela_run
 
 from npubuild.lowering.driver import lower_model
 from npubuild.lowering.options import FAMILY_OPTIONS, PlaneSumLimits

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from ophelpers import calib, check_int, rand
+from npbtest.ops import calib, check_int, rand
 
 from npubuild.lowering.options import LoweringOptions
 from npubuild.models.builder import GraphBuilder

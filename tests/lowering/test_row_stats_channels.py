@@ -20,10 +20,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from npusim_helpers import assert_bitexact, vela_raw
-from ophelpers import calib, check_int, io_dict, quantize_model, rand, single_op_model, vela_run
-from test_depthwise_requantize import assert_same_reference, ops
-from test_layer_norm_int import _rows_of_every_spread
+from npbtest.lowering import assert_same_reference, ops, rows_of_every_spread
+from npbtest.npusim import assert_bitexact, vela_raw
+from npbtest.ops import calib, check_int, io_dict, quantize_model, rand, single_op_model, vela_run
 
 from npubuild.lowering.driver import lower_model
 from npubuild.lowering.options import FAMILY_OPTIONS
@@ -123,7 +122,7 @@ def test_layer_norm_rows_of_every_spread_on_npusim(family, target):
     onnxruntime's QDQ result, and npu-sim bit-exact with the TOSA reference."""
     shape = [12, 64]
     model = _layer_norm(shape)
-    lowered, err = check_int(model, calib("x", shape, low=-2, high=2), {"x": _rows_of_every_spread(shape)},
+    lowered, err = check_int(model, calib("x", shape, low=-2, high=2), {"x": rows_of_every_spread(shape)},
                              options=FAMILY_OPTIONS[family])
     assert err <= 1 and FAMILY_OPTIONS[family].norm_raw_squares
     with tempfile.TemporaryDirectory() as tmp:

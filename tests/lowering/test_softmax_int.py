@@ -6,8 +6,8 @@ from dataclasses import replace
 
 import numpy as np
 import pytest
-from ophelpers import calib, check_int, quantize_model, rand, single_op_model, vela_run
-from test_ops_compute import errors_vs_unfused_qdq, npu_bitexact, wrapped
+from npbtest.lowering import errors_vs_unfused_qdq, npu_bitexact, wrapped
+from npbtest.ops import calib, check_int, quantize_model, rand, single_op_model, vela_run
 
 from npubuild.lowering.driver import lower_model
 from npubuild.lowering.fusion.softmax_int import EXP_ONE, exp_bytes, reciprocal_plan

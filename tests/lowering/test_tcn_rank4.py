@@ -13,8 +13,8 @@ from dataclasses import replace
 
 import numpy as np
 import pytest
+from npbtest.ops import calib, check_fp, check_int, quantize_model, vela_run
 from onnx import TensorProto, helper, numpy_helper
-from ophelpers import calib, check_fp, check_int, quantize_model, vela_run
 
 from npubuild.lowering.driver import lower_model
 from npubuild.lowering.options import FAMILY_OPTIONS
@@ -68,7 +68,7 @@ def test_blocks_stay_rank4_and_match_the_references(fam, target, views, stem):
     lowered = lower_model(qdq, "int", family=fam)
     g, ops = _ops(lowered.tosa)
     last_add = max(i for i, op in enumerate(ops) if op.op == "ADD")
-    planar = 2 <= shape(stem)[1] <= FAMILY_OPTIONS[fam].planar_1d_input_channels  # u65: the 6-channel input NCL
+    planar = FAMILY_OPTIONS[fam].planar_1d_input(shape(stem)[1])  # u65: the 6-channel input NCL
     assert [op.op for op in ops if op.op == "TRANSPOSE"] == (["TRANSPOSE"] if planar else [])
     assert ops[int(planar)].op == "RESHAPE"  # the channels-last input [1, 128, C] to [1, 1, 128, C]
     assert lowered.inputs[0].perm == ((0, 1, 2) if planar else (0, 2, 1))
@@ -94,7 +94,7 @@ def test_blocks_stay_rank4_and_match_the_references(fam, target, views, stem):
 def test_phase_view_is_faster_than_zero_taps_on_u55():
     qdq = quantize_model(residual_tcn(), calib("x", SHAPE))
     phase = lower_model(qdq, "int", family="u55")
-    taps = lower_model(qdq, "int", options=replace(FAMILY_OPTIONS["u55"], dilation_phase_min=0))
+    taps = lower_model(qdq, "int", options=replace(FAMILY_OPTIONS["u55"], dilation_phase_min=None))
     g, ops = _ops(taps.tosa)
     kernels = [g.tensors[op.inputs[1]].shape[1:3] for op in ops if op.op == "CONV2D"]
     assert (1, 9) in kernels and (1, 5) in kernels  # d = 8 and 4 as zero taps at dilation 2 instead

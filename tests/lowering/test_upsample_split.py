@@ -17,33 +17,24 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
-from npusim_helpers import assert_bitexact, vela_raw
+from npbtest.lowering import BIG_UNET, qdq_unet_step
+from npbtest.npusim import assert_bitexact, vela_raw
+from npbtest.ops import calib, io_dict, prepare, quantize_model, rand, run_onnx, vela_run
 from onnx import TensorProto, helper, numpy_helper
-from ophelpers import calib, io_dict, prepare, quantize_model, rand, vela_run
-from test_concat_scales import unet_step as float_unet_step
 
-from npubuild.frontend.qdq_concat import share_concat_scales
 from npubuild.lowering.driver import LoweredGraph, lower_model
 from npubuild.lowering.options import FAMILY_OPTIONS, PORTABLE, LoweringOptions
 from npubuild.tosa.graph import read_tosa
-from npubuild.tosa.run import run_onnx, run_tosa
+from npubuild.tosa.run import run_tosa
 
 # on U55 every split shares the row pad between both halves (its body copied by a 1x1 depthwise)
-BIG = (32, 16, 32)  # input size, skip channels, deep channels: replicated 36x36x32 (41 KiB), split
 LARGE = (64, 8, 16)  # replicated 68x68x16 (72 KiB), split
 SMALL = (16, 8, 16)  # replicated 20x20x16 (6 KiB): kept whole (ops_resize.SPLIT_MIN_BYTES)
 
 
-def unet_step(size: int, skip: int, deep: int, extra_reader: bool = False) -> onnx.ModelProto:
-    """test_concat_scales' U-Net step, quantised, its Concat sharing one scale as the quantize stage leaves it."""
-    qdq = quantize_model(float_unet_step(size, skip, deep, extra_reader, seed=1), calib("x", [1, 2, size, size], n=16))
-    share_concat_scales(qdq)
-    return qdq
-
-
-@pytest.fixture(scope="module", params=[BIG, LARGE], ids=["16x16x32", "32x32x16"])
+@pytest.fixture(scope="module", params=[BIG_UNET, LARGE], ids=["16x16x32", "32x32x16"])
 def qdq(request) -> onnx.ModelProto:
-    return unet_step(*request.param)
+    return qdq_unet_step(*request.param)
 
 
 def feeds_for(model: onnx.ModelProto, seed: int) -> dict[str, np.ndarray]:
@@ -108,13 +99,13 @@ def test_halves_bitexact_on_npu_sim(qdq) -> None:
 
 
 def test_upsample_read_elsewhere_stays_whole() -> None:
-    g = lowered(unet_step(*BIG, extra_reader=True), True)  # both outputs within 1 LSB
+    g = lowered(qdq_unet_step(*BIG_UNET, extra_reader=True), True)  # both outputs within 1 LSB
     assert resizes(g) == 1
 
 
 def test_small_upsample_stays_whole() -> None:
     """Split, the small one would cost more cycles than its SRAM saving is worth (SPLIT_MIN_BYTES)."""
-    assert resizes(lowered(unet_step(*SMALL), True)) == 1
+    assert resizes(lowered(qdq_unet_step(*SMALL), True)) == 1
 
 
 def test_concat_in_another_layout_takes_the_halves_joined() -> None:

@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import tosa_serializer as ts
-from npusim_helpers import assert_bitexact, vela_raw
+from npbtest.npusim import assert_bitexact, vela_raw
 
 D = ts.DType
 

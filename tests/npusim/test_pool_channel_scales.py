@@ -15,11 +15,9 @@ import tempfile
 from pathlib import Path
 
 import numpy as np
-import onnx
 import pytest
-from npusim_helpers import assert_bitexact, compile_and_check, vela_raw
-from onnx import TensorProto, helper, numpy_helper
-from tosa_graphs import Graph
+from npbtest.npusim import assert_bitexact, compile_and_check, mean_then_channel_mul, vela_raw
+from npbtest.tosa_graphs import Graph
 
 from npubuild.npusim.cmdstream import decode
 from npubuild.npusim.npz import load_raw
@@ -52,20 +50,6 @@ def test_a_per_channel_rescale_is_bit_exact(accelerator):
         if not accelerator.startswith("ethos-u85"):  # what the test is about: a pool reading a scale stream
             assert _per_channel_pools(npz), "Vela no longer runs the per-channel RESCALE as a pool"
         assert_bitexact(tosa, g.io, npz, seeds=(0, 1, 2, 3))
-
-
-def mean_then_channel_mul(time_steps: int = 16, channels: int = 64) -> onnx.ModelProto:
-    """The wake-word head's form: a mean over time of [1, T, C], then a Mul by a constant per channel."""
-    rng = np.random.default_rng(3)
-    gain = numpy_helper.from_array(rng.uniform(0.25, 2.0, channels).astype(np.float32), "gain")
-    nodes = [helper.make_node("ReduceMean", ["x"], ["mean"], axes=[1], keepdims=0),
-             helper.make_node("Mul", ["mean", "gain"], ["y"])]
-    graph = helper.make_graph(nodes, "mean_mul",
-                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, time_steps, channels])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, channels])], [gain])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    model.ir_version = 8
-    return model
 
 
 @pytest.mark.parametrize("accelerator", ["ethos-u55-128", "ethos-u65-256", "ethos-u85-256"])

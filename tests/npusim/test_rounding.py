@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import tosa_serializer as ts
-from npusim_helpers import assert_bitexact, vela_raw
+from npbtest.npusim import assert_bitexact, vela_raw
 
 from npubuild.npusim.cmdstream import decode
 from npubuild.npusim.npz import load_raw

@@ -10,9 +10,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from npusim_helpers import lower_int, reference, tosa_inputs
-from ophelpers import ROOT
-from test_pool_channel_scales import mean_then_channel_mul
+from npbtest.npusim import lower_int, mean_then_channel_mul, reference, tosa_inputs
+from npbtest.ops import ROOT
 
 from npubuild.config.load import default_search_path, load_target
 from npubuild.errors import InputError

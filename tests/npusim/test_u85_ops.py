@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from npusim_helpers import compile_and_check
-from ophelpers import rand, single_op_model
+from npbtest.npusim import compile_and_check
+from npbtest.ops import rand, single_op_model
 
 S = [1, 16, 8, 8]
 

@@ -11,9 +11,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 import tosa_serializer as ts
-from npusim_helpers import lower_int
-from ophelpers import rand, single_op_model
-from tosa_graphs import Graph, attr
+from npbtest.npusim import lower_int
+from npbtest.ops import rand, single_op_model
+from npbtest.tosa_graphs import Graph, attr
 
 from npubuild.npusim.cmdstream import decode
 from npubuild.npusim.npz import load_raw

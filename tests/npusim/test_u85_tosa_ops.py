@@ -9,8 +9,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 import tosa_serializer as ts
-from npusim_helpers import assert_bitexact, vela_raw
-from tosa_graphs import Graph, attr
+from npbtest.npusim import assert_bitexact, vela_raw
+from npbtest.tosa_graphs import Graph, attr
 
 from npubuild.npusim.cmdstream import decode
 from npubuild.npusim.npz import load_raw

@@ -14,9 +14,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 import tosa_serializer as ts
-from npusim_helpers import assert_bitexact, compile_and_check, reference, tosa_inputs, vela_raw
-from ophelpers import single_op_model
-from tosa_graphs import Graph, attr
+from npbtest.npusim import assert_bitexact, compile_and_check, reference, tosa_inputs, vela_raw
+from npbtest.ops import single_op_model
+from npbtest.tosa_graphs import Graph, attr
 
 from npubuild.npusim import VelaMiscompile
 from npubuild.npusim.cmdstream import decode

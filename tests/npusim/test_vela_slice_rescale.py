@@ -27,9 +27,9 @@ import numpy as np
 import onnx
 import pytest
 import tosa_serializer as ts
-from npusim_helpers import compile_and_check, reference, tosa_inputs, vela_raw
+from npbtest.npusim import compile_and_check, reference, tosa_inputs, vela_raw
+from npbtest.tosa_graphs import Graph, attr
 from onnx import TensorProto, helper, numpy_helper
-from tosa_graphs import Graph, attr
 
 from npubuild.errors import StageError
 from npubuild.npusim.cmdstream import decode

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from npusim_helpers import lower_int, vela_raw
-from ophelpers import rand, single_op_model
+from npbtest.npusim import lower_int, vela_raw
+from npbtest.ops import rand, single_op_model
 
 from npubuild.errors import StageError
 from npubuild.npusim.cmdstream import decode

@@ -69,6 +69,11 @@ def test_a_model_the_host_runs_whole_is_reported_as_such(tmp_path: Path, capsys,
     md = (report_dir / "report.md").read_text()
     assert "| passed (host only) |" in md and "## Warnings" in md
     assert "passed (host only)" in (report_dir / "report.html").read_text()
+    # `npubuild report` counts it as the pass it is, not as a build that did not pass
+    code, out, err = run_cli(["report", "--build-dir", str(report_dir)], capsys)
+    assert code == 0, err
+    assert out.startswith("1 builds: 1 passed (1 host only, 0 mostly host), 0 failed, 0 skipped")
+    assert "PASSED" not in out and "None" not in out
 
 
 def test_statuses_by_placement_and_their_regressions():

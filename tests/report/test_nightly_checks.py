@@ -15,8 +15,8 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pytest
-from htmlpage import Page
 from npbtest import run_cli
+from npbtest.htmlpage import Page
 
 U55 = "kws/ds_cnn/ethos-u55-128"
 

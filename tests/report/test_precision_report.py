@@ -7,8 +7,8 @@ import json
 from pathlib import Path
 
 import onnx
-from buildhelpers import sensitive_conv_model, write_spec
 from npbtest import run_cli
+from npbtest.builds import sensitive_conv_model, write_spec
 
 
 def test_auto_precision_is_reported_everywhere(project: Path, capsys):

@@ -8,8 +8,8 @@ import shutil
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
-from htmlpage import Page
 from npbtest import read_report, run_cli
+from npbtest.htmlpage import Page
 
 from npubuild.report.plots import WORSE
 

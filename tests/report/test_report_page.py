@@ -6,7 +6,7 @@ a nightly of real builds meets (many op types in one model, a metric that regres
 
 from __future__ import annotations
 
-from htmlpage import Page, legend
+from npbtest.htmlpage import Page, legend
 
 from npubuild.report.html import render_html
 from npubuild.report.plots import BETTER, WORSE

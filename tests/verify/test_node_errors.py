@@ -6,9 +6,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
-from buildhelpers import conv_chain_model, write_spec
 from npbtest import read_report, run_cli
-from ophelpers import calib, quantize_model
+from npbtest.builds import conv_chain_model, write_spec
+from npbtest.ops import calib, quantize_model
 
 from npubuild.models.builder import GraphBuilder
 from npubuild.verify.node_errors import node_errors

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import numpy as np
 import onnx
-from buildhelpers import conv_chain_model, write_spec
 from npbtest import REPO, read_report, run_cli
+from npbtest.builds import conv_chain_model, write_spec
 from onnx import TensorProto, helper, numpy_helper
 
 from npubuild.verify.numerics import compare_output

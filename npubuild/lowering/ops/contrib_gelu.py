@@ -101,22 +101,26 @@ def _fp_biased(ctx: LoweringContext, bias: np.ndarray | None) -> TTensor:
     return fp.add(ctx, a, b)
 
 
-def _gelu_family(tanh: bool):
-    def lower(ctx: LoweringContext) -> None:
-        bias = _bias(ctx)
-        if ctx.profile == "int":
-            if bias is None:
-                lower_via_table(ctx, node_function(ctx))
-            else:
-                _int_biased(ctx, bias)
-            return
-        ctx.set_output(0, fp.gelu(ctx, _fp_biased(ctx, bias), tanh, ctx.current.output[0]))
-
-    return lower
+def _lower_gelu(ctx: LoweringContext, tanh: bool) -> None:
+    """One TABLE in int8 (after the bias, if any, in int32); TOSA's fp32 GELU, erf or tanh form, in fp32."""
+    bias = _bias(ctx)
+    if ctx.profile == "int":
+        if bias is None:
+            lower_via_table(ctx, node_function(ctx))
+        else:
+            _int_biased(ctx, bias)
+        return
+    ctx.set_output(0, fp.gelu(ctx, _fp_biased(ctx, bias), tanh, ctx.current.output[0]))
 
 
-lowers("com.microsoft:Gelu", "com.microsoft:BiasGelu")(_gelu_family(tanh=False))
-lowers("com.microsoft:FastGelu")(_gelu_family(tanh=True))
+@lowers("com.microsoft:Gelu", "com.microsoft:BiasGelu")
+def lower_gelu(ctx: LoweringContext) -> None:
+    _lower_gelu(ctx, tanh=False)
+
+
+@lowers("com.microsoft:FastGelu")
+def lower_fast_gelu(ctx: LoweringContext) -> None:
+    _lower_gelu(ctx, tanh=True)
 
 
 @lowers("com.microsoft:QuickGelu")

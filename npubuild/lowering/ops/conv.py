@@ -138,7 +138,7 @@ def lower_conv(ctx: LoweringContext) -> None:
         if group == 1 and ctx.profile == "int" else None
     if patched is not None:  # a patch embedding (kernel = stride > 3) as a 1x1 conv of its patch view
         (x, w), stride = patched, (1, 1)
-    elif group == 1 and ctx.profile == "int" and ctx.options.space_to_depth_channels:
+    elif group == 1 and ctx.profile == "int" and ctx.options.space_to_depth_channels is not None:
         folded = fold_stride(ctx, x, w, pads, stride, dilation, ctx.options.space_to_depth_channels)
         if folded is not None:  # a narrow stride-2 conv on its 2x2 space-to-depth view (space_to_depth.py)
             (x, w, pads), stride = folded, (1, 1)
@@ -172,7 +172,7 @@ def phase_view(ctx: LoweringContext) -> tuple[TTensor, np.ndarray, QParams | Non
     that view too, as is the next conv of a TCN block and its residual Add.
     """
     d_min = ctx.options.dilation_phase_min
-    row = ctx.row(0) if d_min else None
+    row = ctx.row(0) if d_min is not None else None
     if row is None:
         return None
     w, w_q = _weights(ctx, 1)

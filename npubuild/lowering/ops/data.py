@@ -29,6 +29,7 @@ from npubuild.lowering.movement import (
     result_q,
     slice_axis,
 )
+from npubuild.lowering.options import ConcatCopy
 from npubuild.lowering.quant import QParams
 from npubuild.lowering.registry import lowers
 
@@ -80,9 +81,10 @@ def _operand(ctx: LoweringContext, t: TTensor, q: QParams | None, copied: bool) 
         return t
     if not t.q.same_as(q):
         return requantize(ctx, t, q)  # int8 operands with other scales move to the output's
-    if copied and ctx.options.concat_dw_copy and ctx.options.depthwise_pays(t, q):
+    how = ctx.options.concat_copy
+    if copied and how == ConcatCopy.DEPTHWISE and ctx.options.depthwise_pays(t, q):
         return requantize_dw(ctx, t, q)
-    if copied and ctx.options.concat_max_copy and fits_max_copy(t):
+    if copied and how == ConcatCopy.MAXIMUM and fits_max_copy(t):
         return max_copy(ctx, t)
     return t
 
@@ -170,15 +172,20 @@ def _runs(idx: list[int]) -> list[tuple[int, int]]:
     return runs
 
 
-@lowers("Gather")
-def lower_gather(ctx: LoweringContext) -> None:
-    """Constant indices: slices of the contiguous index runs, one CONCAT, and a reshape to the output's rank."""
+def _gather_operands(ctx: LoweringContext) -> tuple[np.ndarray, TTensor, tuple[int, ...], int]:
+    """A Gather's or GatherElements' constant indices, data tensor, its logical shape and the axis."""
     idx = ctx.constant(1)
     if idx is None:
         raise ctx.unsupported("only constant indices are supported (U55/U65 have no GATHER)")
     x = ctx.tensor(0)
     shape = x.logical_shape
-    axis = norm_axis(ctx, int(ctx.attr("axis", 0)), len(shape))
+    return idx, x, shape, norm_axis(ctx, int(ctx.attr("axis", 0)), len(shape))
+
+
+@lowers("Gather")
+def lower_gather(ctx: LoweringContext) -> None:
+    """Constant indices: slices of the contiguous index runs, one CONCAT, and a reshape to the output's rank."""
+    idx, x, shape, axis = _gather_operands(ctx)
     dim = shape[axis]
     idx = np.asarray(idx, np.int64)
     flat = [int(i) + dim if i < 0 else int(i) for i in idx.reshape(-1)]
@@ -194,12 +201,7 @@ def lower_gather(ctx: LoweringContext) -> None:
 def lower_gather_elements(ctx: LoweringContext) -> None:
     """Constant indices pick a fixed set of elements: their flat positions in the row-major input, as the
     contiguous runs of a [1, N] view (SLICEs and one CONCAT), reshaped to the indices' shape."""
-    idx = ctx.constant(1)
-    if idx is None:
-        raise ctx.unsupported("only constant indices are supported (U55/U65 have no GATHER)")
-    x = ctx.tensor(0)
-    shape = x.logical_shape
-    axis = norm_axis(ctx, int(ctx.attr("axis", 0)), len(shape))
+    idx, x, shape, axis = _gather_operands(ctx)
     idx = np.asarray(idx, np.int64)
     if idx.ndim != len(shape) or any(idx.shape[a] > shape[a] for a in range(len(shape)) if a != axis):
         raise ctx.unsupported(f"indices of shape {list(idx.shape)} do not fit data of shape {list(shape)}")

@@ -8,27 +8,27 @@ FLOOR with the tie case set to the even neighbour.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 from npubuild.lowering import fp
 from npubuild.lowering.context import LoweringContext, TTensor
 from npubuild.lowering.emit import Op
 from npubuild.lowering.fusion.patterns import fusable
 from npubuild.lowering.registry import lowers, quantize_also
-from npubuild.lowering.table import FpBuild, table_or_fp
+from npubuild.lowering.table import table_or_fp
 
 quantize_also("ThresholdedRelu", "Shrink", "Sign", "Floor", "Ceil", "Round")
 
 
-def _lower(build: FpBuild) -> Callable[[LoweringContext], None]:
-    return fusable(table_or_fp(build))
-
-
+@lowers("ThresholdedRelu")
+@fusable
+@table_or_fp
 def _thresholded_relu(ctx: LoweringContext, x: TTensor, out: str | None) -> TTensor:
     alpha = float(ctx.attr("alpha", 1.0))
     return fp.select(ctx, fp.greater(ctx, x, fp.scalar(ctx, alpha, x)), x, fp.scalar(ctx, 0.0, x), output_of=out)
 
 
+@lowers("Shrink")
+@fusable
+@table_or_fp
 def _shrink(ctx: LoweringContext, x: TTensor, out: str | None) -> TTensor:
     """x < -lambd: x + bias; x > lambd: x - bias; else 0."""
     bias, lambd = float(ctx.attr("bias", 0.0)), float(ctx.attr("lambd", 0.5))
@@ -38,20 +38,32 @@ def _shrink(ctx: LoweringContext, x: TTensor, out: str | None) -> TTensor:
                      output_of=out)
 
 
+@lowers("Sign")
+@fusable
+@table_or_fp
 def _sign(ctx: LoweringContext, x: TTensor, out: str | None) -> TTensor:
     zero = fp.scalar(ctx, 0.0, x)
     neg = fp.select(ctx, fp.greater(ctx, zero, x), fp.scalar(ctx, -1.0, x), zero)
     return fp.select(ctx, fp.greater(ctx, x, zero), fp.scalar(ctx, 1.0, x), neg, output_of=out)
 
 
+@lowers("Floor")
+@fusable
+@table_or_fp
 def _floor(ctx: LoweringContext, x: TTensor, out: str | None) -> TTensor:
     return fp.floor(ctx, x, output_of=out)
 
 
+@lowers("Ceil")
+@fusable
+@table_or_fp
 def _ceil(ctx: LoweringContext, x: TTensor, out: str | None) -> TTensor:
     return fp.unary(ctx, Op.CEIL, "Ceil", x, output_of=out)
 
 
+@lowers("Round")
+@fusable
+@table_or_fp
 def _round(ctx: LoweringContext, x: TTensor, out: str | None) -> TTensor:
     """floor(x) + 1 where the fraction is above one half, or exactly one half and floor(x) is odd."""
     f = fp.floor(ctx, x)
@@ -61,11 +73,3 @@ def _round(ctx: LoweringContext, x: TTensor, out: str | None) -> TTensor:
     tie_up = fp.logical(ctx, Op.LOGICAL_AND, "LogicalAnd", fp.equal(ctx, frac, half), odd)
     up = fp.logical(ctx, Op.LOGICAL_OR, "LogicalOr", fp.greater(ctx, frac, half), tie_up)
     return fp.add(ctx, f, fp.select(ctx, up, fp.scalar(ctx, 1.0, x), fp.scalar(ctx, 0.0, x)), output_of=out)
-
-
-lowers("ThresholdedRelu")(_lower(_thresholded_relu))
-lowers("Shrink")(_lower(_shrink))
-lowers("Sign")(_lower(_sign))
-lowers("Floor")(_lower(_floor))
-lowers("Ceil")(_lower(_ceil))
-lowers("Round")(_lower(_round))

@@ -70,23 +70,23 @@ def _finish(ctx: LoweringContext, y: TTensor, axes: list[int], keepdims: bool) -
     ctx.set_output(0, drop_axes(ctx, y, axes, keepdims, out_name if ctx.is_graph_output(out_name) else None))
 
 
-def _reduction(ctx: LoweringContext) -> tuple[TTensor, list[int], bool] | None:
-    """The input, its logical reduce axes and keepdims; None (output bound to the input) for a no-op reduce."""
+def _reduction(ctx: LoweringContext) -> tuple[TTensor, list[int], bool, int, list[int]] | None:
+    """The input, its logical reduce axes, keepdims, the elements each output reduces and the physical axes;
+    None (output bound to the input) for a no-op reduce."""
     x = ctx.tensor(0)
     axes = reduce_axes(ctx, len(x.shape))
     if axes is None:
         ctx.set_output(0, x)
         return None
-    return x, axes, bool(int(ctx.attr("keepdims", 1)))
+    return x, axes, bool(int(ctx.attr("keepdims", 1))), int(np.prod([x.logical_shape[a] for a in axes])), \
+        physical_axes(x, axes)
 
 
 def _sum_like(ctx: LoweringContext, mean: bool) -> None:
     args = _reduction(ctx)
     if args is None:
         return
-    x, axes, keepdims = args
-    count = int(np.prod([x.logical_shape[a] for a in axes]))
-    phys = physical_axes(x, axes)
+    x, axes, keepdims, count, phys = args
     if mean and ctx.profile == "int" and _spatial_mean(ctx, x, phys, keepdims):
         return
     if ctx.profile == "fp":
@@ -118,8 +118,8 @@ def _max_like(ctx: LoweringContext, op) -> None:
     args = _reduction(ctx)
     if args is None:
         return
-    x, axes, keepdims = args
-    y = emit_reduce(ctx, op, x, physical_axes(x, axes))
+    x, axes, keepdims, _, phys = args
+    y = emit_reduce(ctx, op, x, phys)
     if ctx.profile == "int":
         out_q = ctx.output_q()
         if out_q is not None and x.q is not None and not x.q.same_as(out_q):
@@ -174,9 +174,7 @@ def _sum_square_like(ctx: LoweringContext, kind: str) -> None:
     args = _reduction(ctx)
     if args is None:
         return
-    x, axes, keepdims = args
-    count = int(np.prod([x.logical_shape[a] for a in axes]))
-    phys = physical_axes(x, axes)
+    x, axes, keepdims, count, phys = args
     if ctx.profile == "fp":
         t = fp.mul(ctx, x, x) if kind != "abs" else fp.unary(ctx, Op.ABS, "Abs", x)
         y = emit_reduce(ctx, Op.REDUCE_SUM, t, phys)
@@ -234,9 +232,7 @@ def lower_reduce_log_sum(ctx: LoweringContext) -> None:
     args = _reduction(ctx)
     if args is None:
         return
-    x, axes, keepdims = args
-    count = int(np.prod([x.logical_shape[a] for a in axes]))
-    phys = physical_axes(x, axes)
+    x, axes, keepdims, count, phys = args
     if ctx.profile == "fp":
         _finish(ctx, fp.unary(ctx, Op.LOG, "Log", emit_reduce(ctx, Op.REDUCE_SUM, x, phys)), axes, keepdims)
         return
@@ -257,9 +253,8 @@ def lower_reduce_log_sum_exp(ctx: LoweringContext) -> None:
     args = _reduction(ctx)
     if args is None:
         return
-    x, axes, keepdims = args
+    x, axes, keepdims, _, phys = args
     if ctx.profile == "fp":
-        phys = physical_axes(x, axes)
         mx = emit_reduce(ctx, Op.REDUCE_MAX, x, phys)
         e = fp.unary(ctx, Op.EXP, "Exp", fp.sub(ctx, x, mx))
         y = fp.add(ctx, mx, fp.unary(ctx, Op.LOG, "Log", emit_reduce(ctx, Op.REDUCE_SUM, e, phys)))
@@ -297,9 +292,9 @@ def lower_reduce_prod(ctx: LoweringContext) -> None:
     args = _reduction(ctx)
     if args is None:
         return
-    x, axes, keepdims = args
+    x, axes, keepdims, _, phys = args
     if ctx.profile == "fp":
-        _finish(ctx, emit_reduce(ctx, Op.REDUCE_PRODUCT, x, physical_axes(x, axes)), axes, keepdims)
+        _finish(ctx, emit_reduce(ctx, Op.REDUCE_PRODUCT, x, phys), axes, keepdims)
         return
     out_q = ctx.require_output_q()
     if x.q is None or x.dtype != np.int8:

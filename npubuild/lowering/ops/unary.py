@@ -39,14 +39,6 @@ quantize_also("Tanh", "HardSigmoid", "HardSwish", "Gelu", "Erf", "Exp", "Log", "
 FMAX = 3.4e38
 
 
-def _erf(x: np.ndarray) -> np.ndarray:
-    return np.vectorize(math.erf)(np.asarray(x, np.float64))
-
-
-def _sigmoid(x: np.ndarray) -> np.ndarray:
-    return 1.0 / (1.0 + np.exp(-np.asarray(x, np.float64)))
-
-
 def _hard_sigmoid(alpha: float, beta: float) -> Callable[[np.ndarray], np.ndarray]:
     return lambda x: np.clip(alpha * np.asarray(x, np.float64) + beta, 0.0, 1.0)
 
@@ -73,19 +65,32 @@ def _unary(ctx: LoweringContext, fn: Callable[[np.ndarray], np.ndarray], build_f
     ctx.set_output(0, build_fp(ctx.tensor(0), _out(ctx)))
 
 
-def _direct(op, kind: str, fn: Callable[[np.ndarray], np.ndarray]):
-    def lower(ctx: LoweringContext) -> None:
-        _unary(ctx, fn, lambda x, out: fp.unary(ctx, op, kind, x, output_of=out))
-    return fusable(lower)
+def _erf(x: np.ndarray) -> np.ndarray:
+    return np.vectorize(math.erf)(np.asarray(x, np.float64))
 
 
-lowers("Sigmoid")(_direct(Op.SIGMOID, "Sigmoid", _sigmoid))
-lowers("Tanh")(_direct(Op.TANH, "Tanh", np.tanh))
-lowers("Exp")(_direct(Op.EXP, "Exp", np.exp))
-lowers("Log")(_direct(Op.LOG, "Log", np.log))
-lowers("Erf")(_direct(Op.ERF, "Erf", _erf))
-lowers("Abs")(_direct(Op.ABS, "Abs", np.abs))
-lowers("Reciprocal")(_direct(Op.RECIPROCAL, "Reciprocal", lambda x: 1.0 / np.asarray(x, np.float64)))
+def _sigmoid(x: np.ndarray) -> np.ndarray:
+    return 1.0 / (1.0 + np.exp(-np.asarray(x, np.float64)))
+
+
+def _reciprocal(x: np.ndarray) -> np.ndarray:
+    return 1.0 / np.asarray(x, np.float64)
+
+
+# ONNX ops TOSA has as one elementwise op of the same name: the op, and the function of the values an int8
+# TABLE samples
+DIRECT: dict[str, tuple[Op, Callable[[np.ndarray], np.ndarray]]] = {
+    "Sigmoid": (Op.SIGMOID, _sigmoid), "Tanh": (Op.TANH, np.tanh), "Exp": (Op.EXP, np.exp), "Log": (Op.LOG, np.log),
+    "Erf": (Op.ERF, _erf), "Abs": (Op.ABS, np.abs), "Reciprocal": (Op.RECIPROCAL, _reciprocal)}
+
+
+@lowers(*DIRECT)
+@fusable
+def lower_direct(ctx: LoweringContext) -> None:
+    """A TABLE of the function in int8; TOSA's own elementwise op in fp32."""
+    kind = ctx.current.op_type
+    op, fn = DIRECT[kind]
+    _unary(ctx, fn, lambda x, out: fp.unary(ctx, op, kind, x, output_of=out))
 
 
 @lowers("Neg")

@@ -8,7 +8,7 @@ from npubuild.errors import InputError, StageError
 from npubuild.npusim import NotModelled
 from npubuild.npusim.cmdstream import Command, decode
 from npubuild.npusim.memory import place_inputs, read_outputs, region_memory, region_of
-from npubuild.npusim.npu_op import OpResult, SimResult
+from npubuild.npusim.npu_op import OpResult, SimResult, traced
 from npubuild.npusim.npz import RawModel
 from npubuild.npusim.u55 import ops
 
@@ -25,6 +25,13 @@ def _dma(mem: dict, cmd: Command) -> None:
     dst[d:d + n] = src[s:s + n]
 
 
+def _run_op(mem: dict, cmd: Command, model: RawModel) -> OpResult:
+    if cmd.kind in ("CONV", "DEPTHWISE"):
+        return ops.run_conv(mem, cmd, model.accelerator, model.ncores)
+    if cmd.kind == "POOL":
+        return ops.run_pool(mem, cmd, model.ncores)
+    return ops.run_elementwise(mem, cmd)
+
 
 def run(model: RawModel, inputs: list[np.ndarray], keep_ofms: bool = True) -> SimResult:
     """Run an Ethos-U55/U65 command stream on integer inputs (in the artifact's NHWC shapes); returns outputs and
@@ -38,16 +45,5 @@ def run(model: RawModel, inputs: list[np.ndarray], keep_ofms: bool = True) -> Si
         if cmd.kind == "DMA_START":
             _dma(mem, cmd)
             continue
-        try:
-            if cmd.kind in ("CONV", "DEPTHWISE"):
-                res = ops.run_conv(mem, cmd, model.accelerator, model.ncores)
-            elif cmd.kind == "POOL":
-                res = ops.run_pool(mem, cmd, model.ncores)
-            else:
-                res = ops.run_elementwise(mem, cmd)
-        except StageError as exc:
-            raise type(exc)(f"NPU op #{len(trace)} {cmd.kind}: {exc.message}") from None
-        if not keep_ofms:
-            res.ofm = np.zeros(0)
-        trace.append(res)
+        traced(trace, cmd, lambda cmd=cmd: _run_op(mem, cmd, model), keep_ofms)
     return SimResult(read_outputs(mem, model), trace)

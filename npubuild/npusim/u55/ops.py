@@ -12,7 +12,7 @@ import numpy as np
 from npubuild.errors import StageError
 from npubuild.npusim import NotModelled, VelaMiscompile, fmap
 from npubuild.npusim.cmdstream import Command
-from npubuild.npusim.npu_op import Kernel, OpResult, kernel_of, ofm_shape
+from npubuild.npusim.npu_op import Kernel, OpResult, clz, conv_accumulate, kernel_of, ofm_shape, taps
 from npubuild.npusim.u55.scaling import saturate, scale
 from npubuild.npusim.weights import WeightLayout, decode_cached, decode_scales, unpack_weights
 
@@ -50,14 +50,6 @@ def _read_ifm_window(mem: dict, cmd: Command, k: Kernel, depth: int, pad_value: 
     padded = np.full((eh, ew, depth), fill, np.int64)
     padded[k.top:k.top + ih, k.left:k.left + iw] = x
     return padded, (ih, iw, depth), ifm
-
-
-def _windows(padded: np.ndarray, k: Kernel, oh: int, ow: int):
-    """Yield (ky, kx, view of shape (oh, ow, c)) for every kernel tap."""
-    for ky in range(k.h):
-        for kx in range(k.w):
-            y0, x0 = ky * k.dy, kx * k.dx
-            yield ky, kx, padded[y0:y0 + (oh - 1) * k.sy + 1:k.sy, x0:x0 + (ow - 1) * k.sx + 1:k.sx]
 
 
 def _per_core_weights(mem: dict, cmd: Command, accel: str, ncores: int, oc: int, k: Kernel, ic: int,
@@ -158,16 +150,7 @@ def run_conv(mem: dict, cmd: Command, accel: str, ncores: int) -> OpResult:
     padded, ishape, ifm = _read_ifm_window(mem, cmd, k, ic, None)
     x = padded - ifm.zero_point
     w, bias, mult, shift = _per_core_weights(mem, cmd, accel, ncores, oc, k, ic, depthwise, ifm.bits)
-    if depthwise:
-        acc = np.zeros((oh, ow, oc), np.int64)
-        for ky, kx, win in _windows(x, k, oh, ow):
-            acc += win * w[:, ky, kx, 0]
-    else:
-        cols = np.concatenate([win for _, _, win in _windows(x, k, oh, ow)], axis=2)
-        wmat = w.transpose(1, 2, 3, 0).reshape(-1, oc)
-        acc = np.rint(cols.reshape(-1, cols.shape[2]).astype(np.float64) @ wmat.astype(np.float64))
-        acc = acc.astype(np.int64).reshape(oh, ow, oc)
-    acc = acc + bias
+    acc = conv_accumulate(x, w, k, oh, ow, oc, depthwise) + bias
     ofm = fmap.operand(cmd, "OFM")
     if not per_channel_mode(cmd):
         m, s = _ofm_global_scale(cmd)
@@ -184,7 +167,7 @@ def _valid_count_scale(eshape, ishape, k: Kernel, oh: int, ow: int) -> tuple[np.
     valid = np.zeros(eshape, np.int64)
     valid[k.top:k.top + ishape[0], k.left:k.left + ishape[1]] = 1
     count = np.zeros((oh, ow), np.int64)
-    for _, _, win in _windows(valid[..., None], k, oh, ow):
+    for _, _, win in taps(valid[..., None], k, oh, ow):
         count += win[..., 0]
     count = np.maximum(count, 1)
     kbits = np.array([int(c - 1).bit_length() for c in count.ravel()], np.int64).reshape(count.shape)
@@ -205,12 +188,12 @@ def run_pool(mem: dict, cmd: Command, ncores: int = 1) -> OpResult:
     padded, ishape, ifm = _read_ifm_window(mem, cmd, k, depth, pad)
     if mode == "MAX":
         acc = None
-        for _, _, win in _windows(padded, k, oh, ow):
+        for _, _, win in taps(padded, k, oh, ow):
             acc = win.copy() if acc is None else np.maximum(acc, win)
         acc = acc - ifm0.zero_point
     else:
         acc = np.zeros((oh, ow, depth), np.int64)
-        for _, _, win in _windows(padded - ifm0.zero_point, k, oh, ow):
+        for _, _, win in taps(padded - ifm0.zero_point, k, oh, ow):
             acc += win
         if mode == "REDUCE_SUM":
             acc = acc.sum(axis=2, keepdims=True)
@@ -238,14 +221,6 @@ def _ifm2(mem: dict, cmd: Command, oh: int, ow: int, oc: int) -> tuple[np.ndarra
     h, w, c = (1 if b & 1 else oh), (1 if b >> 1 & 1 else ow), (1 if b >> 2 & 1 else oc)
     x = fmap.read(mem[fm.region], fm, h, w, c)
     return np.broadcast_to(x, (oh, ow, oc)), fm, fm.zero_point
-
-
-def _clz(a: np.ndarray) -> np.ndarray:
-    u = (a & 0xFFFFFFFF).astype(np.uint64)
-    n = np.full(u.shape, 32, np.int64)
-    for bit in range(32):
-        n = np.where((u >> np.uint64(bit)) != 0, 31 - bit, n)
-    return n
 
 
 def _require_full_ifm(cmd: Command, mode: str, ifm: fmap.FeatureMap, oshape: tuple[int, int, int]) -> None:
@@ -311,7 +286,7 @@ def run_elementwise(mem: dict, cmd: Command) -> OpResult:
     elif mode == "ABS":
         acc = np.abs(a)
     elif mode == "CLZ":
-        acc = _clz(a)
+        acc = clz(a)
     elif mode == "SHL":
         acc = (a << np.clip(b, 0, 31)) & 0xFFFFFFFF
         acc = np.where(acc >= 1 << 31, acc - (1 << 32), acc)

@@ -13,11 +13,11 @@ from __future__ import annotations
 import numpy as np
 
 from npubuild.errors import StageError
-from npubuild.npusim.npu_op import Kernel, kernel_of, ofm_shape
+from npubuild.npusim.npu_op import Kernel, conv_accumulate, kernel_of, ofm_shape
 from npubuild.npusim.u85 import weights as wts
 from npubuild.npusim.u85.machine_state import ACC_IFM2, Machine, OpResult, acc_format
 from npubuild.npusim.u85.operands import operand, read
-from npubuild.npusim.u85.window import padded_ifm, taps
+from npubuild.npusim.u85.window import padded_ifm
 from npubuild.npusim.weights import decode_cached as decode_swd
 
 # (macs, MICROBLOCK) -> OFM micro-block depth; each configuration's micro-blocks differ in H x W
@@ -79,14 +79,7 @@ def run_conv(m: Machine, cmd) -> OpResult:
         kind = "MATMUL"
     else:
         w = weights_of(m, cmd, k, oc, ic, depthwise, ifm.fm.bits)
-        if depthwise:
-            acc = np.zeros((oh, ow, oc), np.int64)
-            for ky, kx, win in taps(x, k, oh, ow):
-                acc += win * w[:, ky, kx, 0]
-        else:
-            cols = np.concatenate([win for _, _, win in taps(x, k, oh, ow)], axis=2)
-            wmat = w.transpose(1, 2, 3, 0).reshape(-1, oc)
-            acc = _exact_matmul(cols.reshape(-1, cols.shape[2]), wmat).reshape(oh, ow, oc)
+        acc = conv_accumulate(x, w, k, oh, ow, oc, depthwise)
         kind = cmd.kind
     if acc_format(cmd).source == ACC_IFM2 and not matmul:
         ifm2 = operand(cmd, "IFM2")
@@ -102,10 +95,3 @@ def _exact_matmul_rows(a: np.ndarray, b: np.ndarray) -> np.ndarray:
         return np.rint(np.einsum("yxk,ynk->yxn", a.astype(np.float64), b.astype(np.float64))).astype(np.int64)
     return np.einsum("yxk,ynk->yxn", a.astype(np.int64), b.astype(np.int64))
 
-
-def _exact_matmul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """Integer matrix product via float64 when every partial sum is exact (|sum| < 2^53), else int64."""
-    bound = float(np.abs(a).max(initial=0)) * float(np.abs(b).max(initial=0)) * a.shape[1]
-    if bound < 2.0 ** 52:
-        return np.rint(a.astype(np.float64) @ b.astype(np.float64)).astype(np.int64)
-    return a.astype(np.int64) @ b.astype(np.int64)

@@ -14,7 +14,7 @@ import numpy as np
 
 from npubuild.errors import StageError
 from npubuild.npusim import NotModelled
-from npubuild.npusim.npu_op import ofm_shape
+from npubuild.npusim.npu_op import clz, ofm_shape
 from npubuild.npusim.u85.activation import global_scale, ofm_rounding
 from npubuild.npusim.u85.machine_state import Machine, OpResult
 from npubuild.npusim.u85.operands import Operand, operand, read
@@ -54,14 +54,6 @@ def _scaled(cmd, reg: str, v: np.ndarray) -> np.ndarray:
     return scale(v, mult, shift, rnd, (cmd.hi.get(reg, 0) >> 6) & 0x1F)
 
 
-def _clz(a: np.ndarray) -> np.ndarray:
-    u = (a & 0xFFFFFFFF).astype(np.uint64)
-    n = np.full(u.shape, 32, np.int64)
-    for bit in range(32):
-        n = np.where((u >> np.uint64(bit)) != 0, 31 - bit, n)
-    return n
-
-
 def _compute(mode: str, a: np.ndarray, b: np.ndarray, cmd, bits: int) -> np.ndarray:
     if mode == "ADD":
         return a + b
@@ -76,7 +68,7 @@ def _compute(mode: str, a: np.ndarray, b: np.ndarray, cmd, bits: int) -> np.ndar
     if mode == "ABS":
         return np.abs(a)
     if mode == "CLZ":
-        return _clz(a)
+        return clz(a)
     if mode == "SHL":
         return _wrap32(a << np.clip(b, 0, 31))
     if mode == "SHR":

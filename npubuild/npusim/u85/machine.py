@@ -8,7 +8,7 @@ from npubuild.errors import InputError, StageError
 from npubuild.npusim import NotModelled
 from npubuild.npusim.cmdstream import decode
 from npubuild.npusim.memory import place_inputs, read_outputs, region_memory
-from npubuild.npusim.npu_op import SimResult
+from npubuild.npusim.npu_op import SimResult, traced
 from npubuild.npusim.npz import RawModel
 from npubuild.npusim.u85.conv import run_conv
 from npubuild.npusim.u85.dma import run_dma
@@ -39,11 +39,5 @@ def run(model: RawModel, inputs: list[np.ndarray], keep_ofms: bool = True) -> Si
             continue
         if cmd.kind == "BRANCH":
             raise NotModelled(f"NPU op #{len(trace)} BRANCH: control flow (IF/WHILE) is not modelled")
-        try:
-            res = RUNNERS[cmd.kind](m, cmd)
-        except StageError as exc:
-            raise type(exc)(f"NPU op #{len(trace)} {cmd.kind}: {exc.message}") from None
-        if not keep_ofms:
-            res.ofm = np.zeros(0)
-        trace.append(res)
+        traced(trace, cmd, lambda cmd=cmd: RUNNERS[cmd.kind](m, cmd), keep_ofms)
     return SimResult(read_outputs(mem, model), trace)

@@ -13,11 +13,11 @@ from __future__ import annotations
 import numpy as np
 
 from npubuild.errors import StageError
-from npubuild.npusim.npu_op import kernel_of, ofm_shape
+from npubuild.npusim.npu_op import kernel_of, ofm_shape, taps
 from npubuild.npusim.u85.machine_state import ACC_IFM2, Machine, OpResult, acc_format
 from npubuild.npusim.u85.operands import operand, read
 from npubuild.npusim.u85.scaling import NATURAL, scale
-from npubuild.npusim.u85.window import padded_ifm, taps
+from npubuild.npusim.u85.window import padded_ifm
 
 MODES = {0: "MAX", 1: "AVERAGE", 2: "REDUCE_SUM", 3: "SUM", 4: "NONE", 5: "MIN", 6: "ARGMAX_X", 7: "ARGMAX_Y"}
 LOW, HIGH = -(1 << 62), 1 << 62  # padding values that never win a MAX / MIN

@@ -33,11 +33,3 @@ def padded_ifm(m: Machine, cmd, ifm: Operand, k: Kernel, oh: int, ow: int, depth
     padded = np.full((eh, ew, depth), fill, np.int64)
     padded[k.top:k.top + ih, k.left:k.left + iw] = x
     return padded, (ih, iw, depth)
-
-
-def taps(padded: np.ndarray, k: Kernel, oh: int, ow: int):
-    """Yield (ky, kx, view of shape (oh, ow, c)) for every kernel tap."""
-    for ky in range(k.h):
-        for kx in range(k.w):
-            y0, x0 = ky * k.dy, kx * k.dx
-            yield ky, kx, padded[y0:y0 + (oh - 1) * k.sy + 1:k.sy, x0:x0 + (ow - 1) * k.sx + 1:k.sx]

@@ -1,4 +1,4 @@
-"""build/fanout: a stage's independent reference-model runs on forked workers, with the results, the errors and
+"""npubuild/fanout: a stage's independent reference-model runs on forked workers, with the results, the errors and
 the crashes exactly as the runs in process give them."""
 
 from __future__ import annotations
@@ -8,12 +8,12 @@ import signal
 
 import numpy as np
 import pytest
-from ophelpers import calib, quantize_model
+from npbtest.ops import calib, quantize_model
 
-from npubuild.engine import fanout
+from npubuild import fanout
 from npubuild.engine.doit_executor import doit_jobs, share_cores
-from npubuild.engine.fanout import WORKERS_ENV, fan_out, stage_workers
 from npubuild.errors import Location, StageError
+from npubuild.fanout import WORKERS_ENV, fan_out, stage_workers
 from npubuild.models.builder import GraphBuilder
 from npubuild.verify.node_errors import node_errors
 

@@ -70,6 +70,18 @@ def conv_chain_model(size: int = 48, channels: int = 16) -> onnx.ModelProto:
     return model
 
 
+def custom_op_model(domain: str, op: str) -> onnx.ModelProto:
+    """Conv, then one node of op type `op` in `domain` (a custom op, or one onnxruntime has no kernel for)."""
+    w = numpy_helper.from_array(np.random.default_rng(0).uniform(-1, 1, (4, 4, 1, 1)).astype(np.float32), "w")
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], name="conv"),
+             helper.make_node(op, ["c"], ["y"], name="my_foo", domain=domain)]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, 4, 4])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4, 4, 4])], [w])
+    m = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid(domain, 1)])
+    m.ir_version = 8
+    return m
+
+
 def sensitive_conv_model(rng: np.random.Generator | None = None) -> onnx.ModelProto:
     """Four 1x1/3x3 convs; conv2's output channel 0 is 100x the others and conv3 ignores it: int8 at conv2's
     output spends its grid on that channel (the model 3 dB from float), every other activation is benign: the one

@@ -100,7 +100,7 @@ def chart_png(a: Advice, cache_dir=None) -> bytes:
     importing and running matplotlib is most of its time)."""
     from npubuild.report.plots import cached_png
 
-    return cached_png(cache_dir, "advice", (a.as_json(),))
+    return cached_png(cache_dir, "advice", (a.as_json(),), draw_chart)
 
 
 def draw_chart(data: dict) -> bytes:

@@ -1,4 +1,5 @@
-"""Gates: the spec's `expect:` limits checked against a build's metrics (the table is config.metrics.GATES)."""
+"""Gates: the spec's `expect:` limits checked against a build's metrics (the table is config.metrics.GATES): by the
+report stage, and by the TOSA check deciding whether its per-node check must run."""
 
 from __future__ import annotations
 

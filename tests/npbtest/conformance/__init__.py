@@ -54,7 +54,7 @@ from npubuild.frontend.quantize import quantize
 from npubuild.records.iospec import IOSpec
 from npubuild.tosa.run import OnnxSession, run_tosa
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 NODE_DIR = Path(onnx.__file__).parent / "backend" / "test" / "data" / "node"
 EXPANDED = "_expanded"
 
@@ -228,7 +228,7 @@ def lower(model: onnx.ModelProto, profile: Literal["int", "fp"], out_dir: Path) 
     fams = tuple(f for f, _ in VELA_TARGETS) if profile == "int" else ()
     rec, _ = lower_families(model, profile, out_dir, families=fams)
     host = tuple(f"{p.node} ({p.op_type}): {p.reason}" for p in (rec.portable.placements if rec.portable else ())
-                 if p.kind == "cpu")
+                 if p.kind != "npu")  # "cpu" in older trees, Where.HOST now
     parts = {f: [out_dir / p.file for p in r.partitions if p.kind == "npu"] for f, r in rec.families.items()}
     return Lowered(graph_runner(rec, out_dir), tuple(rec.outputs), host, parts)
 

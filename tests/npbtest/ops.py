@@ -29,9 +29,15 @@ from npubuild.frontend.normalise import normalise
 from npubuild.frontend.quantize import quantize
 from npubuild.lowering.driver import LoweredGraph, lower_model
 from npubuild.lowering.options import LoweringOptions
-from npubuild.tosa.run import run_onnx, run_tosa
+from npubuild.tosa.run import OnnxSession, run_tosa
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def run_onnx(model_path: str, feeds: dict[str, np.ndarray], qdq_semantics: bool = False) -> dict[str, np.ndarray]:
+    """One run of a model file on onnxruntime (npubuild.tosa.run.OnnxSession; default: its own graph
+    optimisation)."""
+    return OnnxSession(model_path, qdq_semantics)(feeds)
 
 
 def single_op_model(op: str, input_shapes: dict[str, list[int]], output_shapes: dict[str, list[int] | None],

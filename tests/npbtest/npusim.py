@@ -9,8 +9,9 @@ from pathlib import Path
 
 import numpy as np
 import onnx
-from ophelpers import calib, io_dict, quantize_model
+from onnx import TensorProto, helper, numpy_helper
 
+from npbtest.ops import calib, io_dict, quantize_model
 from npubuild.lowering.driver import lower_model
 from npubuild.lowering.options import LoweringOptions
 from npubuild.npusim.npz import RawModel, load_raw
@@ -80,3 +81,17 @@ def compile_and_check(model: onnx.ModelProto, input_shape: list[int], accelerato
         npz = vela_raw(tosa, Path(tmp), accelerator, *flags)
         assert_bitexact(tosa, io, npz)
         return load_raw(npz)
+
+
+def mean_then_channel_mul(time_steps: int = 16, channels: int = 64) -> onnx.ModelProto:
+    """The wake-word head's form: a mean over time of [1, T, C], then a Mul by a constant per channel."""
+    rng = np.random.default_rng(3)
+    gain = numpy_helper.from_array(rng.uniform(0.25, 2.0, channels).astype(np.float32), "gain")
+    nodes = [helper.make_node("ReduceMean", ["x"], ["mean"], axes=[1], keepdims=0),
+             helper.make_node("Mul", ["mean", "gain"], ["y"])]
+    graph = helper.make_graph(nodes, "mean_mul",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, time_steps, channels])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, channels])], [gain])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    return model
