@@ -50,13 +50,9 @@ class Placement:
         """As io.json and summary.json hold it: without `precision` where there is none (an 8x8 build's records
         are what they were)."""
         d = asdict(self)
+        d["kind"] = PLACEMENT_WORD[self.kind]
         if self.precision is None:
             del d["precision"]
-        return d
-
-    def to_json(self) -> dict[str, Any]:
-        d = asdict(self)
-        d["kind"] = PLACEMENT_WORD[self.kind]
         return d
 
     @classmethod

@@ -65,7 +65,7 @@ def test_a_budget_16_bits_cannot_reach_fails_its_gate_with_the_best_plan(sensiti
     """A budget past what 16 bits everywhere gives (the int8 weights' limit): the search keeps every group int16
     (Vela's figure for that is within the slowdown), says the budget is out of reach, and the build's
     `quantization.budget` gate fails with the SNR reached."""
-    from npubuild.report.gates import evaluate
+    from npubuild.config.gates import evaluate
 
     model, int8, arrays, cost = sensitive
     budget = PrecisionBudget(min_snr_db=150.0, max_slowdown=10.0, weights_int4=False)
