@@ -31,6 +31,10 @@ import warnings
 from pathlib import Path
 from unittest import mock
 
+# ExecuTorch's Arm backend imported before any torch.export runs: imported after one (torch 2.13, sympy 1.14),
+# torch._inductor.sizevars fails with "module 'sympy.logic' has no attribute 'boolalg'" on every model
+import executorch.backends.arm.ethosu  # noqa: F401
+import executorch.exir  # noqa: F401
 import numpy as np
 import torch
 

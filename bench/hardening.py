@@ -7,6 +7,9 @@ Prints one Markdown table:
   frontend/quantize.py refuses models past MAX_QUANTIZE_NODES instead of sitting in quantize for minutes;
 - the import stage in a forked child (engine/isolate.py) against in-process, on the kws DS-CNN;
 - how long a model too big for its only target takes to fail (the early pool check at import).
+
+`--issue34 [--tree DIR] [--huge-n]`: issue 34's cases instead (bench/hardening_issue34.py): stale results,
+-n past the machine, planted cache files, streamed entries, full disks, input faults, debris.
 """
 
 from __future__ import annotations
@@ -118,6 +121,11 @@ def early_failure_seconds(tmp: Path) -> tuple[float, str]:
 
 
 def main() -> int:
+    if "--issue34" in sys.argv:
+        sys.path.insert(0, str(Path(__file__).resolve().parent))
+        from hardening_issue34 import main as issue34
+
+        return issue34(sys.argv[1:])
     rows: list[tuple[str, str]] = []
     only_isolation = sys.argv[1:] == ["--isolation"]  # the fork rows alone (seconds, not the quantiser's minutes)
     with tempfile.TemporaryDirectory(prefix="npubuild-hardening-") as d:

@@ -118,6 +118,30 @@ def convert(onnx_path: Path, work: Path, samples: int = 32, seed: int = 0) -> Pa
     return out
 
 
+def _convert_child(onnx_path: Path, work: Path) -> None:
+    try:
+        convert(onnx_path, work)
+    except Exception as exc:
+        (work / "convert_error.txt").write_text(f"{type(exc).__name__}: {exc}")
+        raise SystemExit(1) from None
+
+
+def convert_isolated(onnx_path: Path, work: Path) -> Path:
+    """convert() in a fresh interpreter: the TF converter segfaults on some graphs (the unrolled GRU / LSTM
+    examples), which must be one failed row, not the end of the run."""
+    import multiprocessing
+
+    work.mkdir(parents=True, exist_ok=True)
+    (work / "convert_error.txt").unlink(missing_ok=True)
+    proc = multiprocessing.get_context("spawn").Process(target=_convert_child, args=(onnx_path, work))
+    proc.start()
+    proc.join()
+    if proc.exitcode != 0:
+        err = work / "convert_error.txt"
+        raise RuntimeError(err.read_text() if err.exists() else f"the TFLite converter crashed (exit {proc.exitcode})")
+    return work / "model_int8.tflite"
+
+
 def tflite_snr(tfl: Path, onnx_path: Path, n: int = 8, seed: int = 1) -> float:
     """SNR (dB) of the int8 TFLite model against onnxruntime on the float ONNX model.
 
@@ -265,7 +289,7 @@ def main(argv: list[str]) -> int:
                 work.mkdir(parents=True, exist_ok=True)
                 static_model(src, fixed)
                 start = time.perf_counter()
-                tfl = convert(fixed, work)
+                tfl = convert_isolated(fixed, work)
                 convert_s[model] = time.perf_counter() - start
                 converted[model] = (tfl, tflite_snr(tfl, fixed))
             except Exception as exc:  # report the route's failure in the table, keep going

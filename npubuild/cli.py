@@ -9,20 +9,25 @@ import sys
 import traceback
 
 from npubuild.commands import register_all
-from npubuild.errors import InputError, NpubuildError
+from npubuild.errors import DiskFull, InputError, NpubuildError, is_disk_full, written_path
 from npubuild.longlived import long_lived
 from npubuild.suggest import did_you_mean
 
 EPILOG = """\
 exit codes:
   0  built, and every gate holds (report: the baseline comparison found no regression)
-  1  a stage failed, a gate fell short, or a regression against the baseline
+  1  a stage failed, a gate fell short, a regression against the baseline, or a full disk
   2  bad input: a config, a model or an argument to fix (one line, file:line:col for YAML)
   130 interrupted (Ctrl-C); everything finished so far is kept
 
 environment:
   NPUBUILD_CACHE       shared stage cache, a directory or fsspec URL, or 'off'
                        (default: .npubuild/cache in the project holding the build dir)
+  NPUBUILD_CACHE_KEY   the team key signing the shared cache's entries (or NPUBUILD_CACHE_KEY_FILE);
+                       a cache reached over a URL needs it, or NPUBUILD_CACHE_UNKEYED=1 (trust every writer)
+  NPUBUILD_STAGE_MEMORY_MIB  memory a stage task may add to the build process (default 4096)
+  NPUBUILD_STAGE_WORKERS     worker processes a stage may fan out to (default: the cores; never more
+                       than the machine holds, as for -n)
   NPUBUILD_WAIT=1      plain doit: wait for a build dir another build holds (npubuild build: --wait)
   NPUBUILD_SPECS       plain doit: spec files or directories, separated by ':' (default: configs/)
   NPUBUILD_BUILD_DIR   plain doit: the build directory (default: build/ next to dodo.py)
@@ -142,12 +147,18 @@ def main(argv: list[str] | None = None) -> int:
     except OSError as exc:  # a path from the command line or the environment: one line, exit 2
         if debug:
             traceback.print_exc()
+        if is_disk_full(exc):  # not the path's fault: the disk it is on (exit 1)
+            print(DiskFull(written_path(exc), "a file of this command"), file=sys.stderr)
+            return 1
         where = f"{exc.filename}: " if exc.filename else ""
         print(f"{where}error: {exc.strerror or exc}", file=sys.stderr)
         return 2
     except Exception as exc:  # a bug: one line (the traceback with --debug), exit 1
         if debug:
             raise
+        if is_disk_full(exc):
+            print(DiskFull(written_path(exc), "a file of this command"), file=sys.stderr)
+            return 1
         first = (str(exc).strip().splitlines() or [""])[0]
         print(f"error: internal error: {type(exc).__name__}: {first} (--debug shows the traceback)", file=sys.stderr)
         return 1

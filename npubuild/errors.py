@@ -152,3 +152,82 @@ def is_out_of_memory(exc: BaseException) -> bool:
             return True
         exc = exc.__cause__ or exc.__context__
     return False
+
+
+DISK_FULL_ERRNOS = frozenset({28, 122})  # ENOSPC, EDQUOT (a quota is a full disk to the writer)
+
+
+def is_disk_full(exc: BaseException | None) -> bool:
+    """Whether `exc`, or what caused it, is a write that found its filesystem full: ENOSPC or EDQUOT, or
+    sqlite's 'database or disk is full'."""
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        if isinstance(exc, OSError) and exc.errno in DISK_FULL_ERRNOS:
+            return True
+        if type(exc).__name__ == "OperationalError" and "disk is full" in str(exc):
+            return True
+        exc = exc.__cause__ or exc.__context__
+    return False
+
+
+NEARLY_FULL_BYTES = 1 << 20
+
+
+def nearly_full(path: str | Path) -> bool:
+    """Whether the filesystem holding `path` has under NEARLY_FULL_BYTES left for this user: a stage that fails
+    then most likely failed for it (a native library that writes a temp file ignores a short write and then
+    fails to parse what it wrote: onnx's infer_shapes_path did)."""
+    import os
+
+    try:
+        st = os.statvfs(path)
+    except OSError:
+        return False
+    return st.f_bavail * st.f_frsize < NEARLY_FULL_BYTES
+
+
+def written_path(exc: BaseException) -> str | None:
+    """The file a failed write was writing, where the error says (a copy's destination is its second name)."""
+    if isinstance(exc, OSError):
+        return exc.filename2 or exc.filename
+    return None
+
+
+def describe_disk(path: str | Path) -> str:
+    """The filesystem holding `path`, as people find it: its mount point, size and free space (`/tmp/x (a
+    1.0 MiB filesystem, 0 B free)`); the path itself where it cannot be found."""
+    import os
+
+    p = Path(os.path.abspath(path))
+    while not p.exists() and p != p.parent:
+        p = p.parent
+    mount = p
+    while not os.path.ismount(mount) and mount != mount.parent:
+        mount = mount.parent
+    try:
+        st = os.statvfs(p)
+    except OSError:
+        return str(mount)
+    return f"{mount} (a {_size(st.f_blocks * st.f_frsize)} filesystem)"
+
+
+def _size(n: int) -> str:
+    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= scale:
+            return f"{n / scale:.1f} {unit}"
+    return f"{n} B"
+
+
+class DiskFull(StageError):
+    """A write that found its filesystem full: the disk and what could not be written, in one line. Neither the
+    input's fault (exit 2) nor npubuild's (an internal error): exit 1, as a stage that failed."""
+
+    def __init__(self, path: str | Path | None, what: str | None = None):
+        target = str(path) if path is not None else None
+        where = describe_disk(target) if target is not None else "a filesystem"
+        text = f"no space left on device: {where} is full; could not write {what or target or 'a file'}"
+        if what and target and target not in what:
+            text += f" ({target})"
+        super().__init__(text)
+        self.path = target

@@ -20,11 +20,17 @@ import os
 from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
-from pathlib import Path
 from typing import TypeVar
 
+from npubuild.machine import (  # noqa: F401 - re-exported: where the worker count is decided
+    CGROUP_FILES,
+    WORKERS_ENV,
+    Capacity,
+    available_cores,
+    cgroup_cpu_quota,
+)
+
 T = TypeVar("T")
-WORKERS_ENV = "NPUBUILD_STAGE_WORKERS"
 # Work the caller expects to take less than this runs in process: starting the workers and handing results
 # back costs ~20-60 ms, which a small model's whole check does not repay (bench/compile_speed.md)
 MIN_PARALLEL_S = 0.5
@@ -33,48 +39,14 @@ _task: Callable[[int], object] | None = None  # what the workers run: their fork
 _in_worker = False
 
 
-def available_cores() -> int:
-    """The cores this process may run on: its CPU affinity, capped by a container's CPU quota (a CI runner's
-    cgroup of 2 CPUs on a 64-core host must not start 64 workers)."""
-    try:
-        cores = len(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        cores = os.cpu_count() or 1
-    quota = cgroup_cpu_quota()
-    return max(1, min(cores, int(quota))) if quota is not None else cores
-
-
-CGROUP_FILES = (("/sys/fs/cgroup/cpu.max", None),  # v2: "QUOTA PERIOD" or "max PERIOD"
-                ("/sys/fs/cgroup/cpu/cpu.cfs_quota_us", "/sys/fs/cgroup/cpu/cpu.cfs_period_us"))  # v1
-
-
-def cgroup_cpu_quota(files: tuple[tuple[str, str | None], ...] = CGROUP_FILES) -> float | None:
-    """CPUs the cgroup's quota allows (quota / period), or None where there is no quota."""
-    for quota_file, period_file in files:
-        try:
-            fields = Path(quota_file).read_text().split()
-            if period_file is not None:
-                fields.append(Path(period_file).read_text().strip())
-        except OSError:
-            continue
-        if len(fields) >= 2 and fields[0].lstrip("-").isdigit() and fields[1].isdigit():
-            quota, period = int(fields[0]), int(fields[1])
-            return quota / period if quota > 0 and period > 0 else None
-        return None
-    return None
-
-
 def stage_workers() -> int:
-    """Worker processes a stage may use: $NPUBUILD_STAGE_WORKERS, else the cores it may run on."""
+    """Worker processes a stage may use: $NPUBUILD_STAGE_WORKERS, else the cores it may run on; never more
+    than the machine holds (machine.py; engine/capacity.py says so once when the variable asks for more)."""
     text = os.environ.get(WORKERS_ENV, "").strip()
+    held = Capacity.here().tasks
     if text.isdigit() and int(text) > 0:
-        return int(text)
-    return available_cores()
-
-
-def workers_for_jobs(jobs: int) -> str:
-    """$NPUBUILD_STAGE_WORKERS for a build that runs `jobs` tasks at once: the cores shared among them."""
-    return str(max(1, available_cores() // max(1, jobs)))
+        return min(int(text), held)
+    return held
 
 
 def _mark_worker() -> None:

@@ -16,6 +16,7 @@ from typing import Any
 
 _UMASK = os.umask(0)
 os.umask(_UMASK)
+FILE_MODE = 0o666 & ~_UMASK  # what open() would give a new file (mkstemp gives 0600)
 
 
 @contextlib.contextmanager
@@ -29,7 +30,7 @@ def atomic_path(path: Path) -> Iterator[Path]:
         yield tmp_path
         with open(tmp_path, "rb+") as f:
             os.fsync(f.fileno())
-        os.chmod(tmp_path, 0o666 & ~_UMASK)
+        os.chmod(tmp_path, FILE_MODE)
         os.replace(tmp_path, path)
     finally:
         if tmp_path.exists():

@@ -19,7 +19,7 @@ PACKAGE = Path(npubuild.__file__).resolve().parent
 # Bottom first. A unit is a package or a top-level module of npubuild (a subpackage only where it is its own
 # layer). Units in one layer are siblings: neither imports the other.
 LAYERS: tuple[tuple[str, ...], ...] = (
-    ("errors", "deferred_imports", "longlived", "version", "suggest"),  # the ground: no npubuild imports
+    ("errors", "deferred_imports", "longlived", "version", "suggest", "machine"),  # the ground: no npubuild imports
     ("fileio", "fanout"),  # files written whole; a stage's work over forked workers
     ("records",),  # the typed records stages write and readers read
     ("frontend.passes",),  # the onnx-ir passes pipelines name (config checks a pipeline's names against them)

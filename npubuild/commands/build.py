@@ -36,10 +36,12 @@ def dodo_namespace(dodo_file: str) -> dict:
     """
     from npubuild.config.selection import Selection
     from npubuild.engine.cache import resolve_cache
-    from npubuild.engine.doit_executor import doit_jobs, namespace, share_cores
+    from npubuild.engine.capacity import stage_workers_setting
+    from npubuild.engine.doit_executor import check_doit_jobs, doit_jobs, namespace
     from npubuild.engine.lock import acquire
     from npubuild.engine.plan import make_plan
     from npubuild.engine.session import Session
+    from npubuild.machine import WORKERS_ENV
     from npubuild.report.run import RunReports
     from npubuild.stages import STAGES
 
@@ -48,13 +50,18 @@ def dodo_namespace(dodo_file: str) -> dict:
     try:
         selection, builds = Selection.load(specs, default="NPUBUILD_SPECS" not in os.environ)
         plan = make_plan(builds, Path(os.environ.get("NPUBUILD_BUILD_DIR", here / "build")), STAGES)
+        jobs = doit_jobs(sys.argv[1:])
+        check_doit_jobs(jobs, plan)  # doit forks its -n job slots itself: past what fits, refused
+        workers = stage_workers_setting(jobs)
+        cache_url = resolve_cache(None, plan.build_dir)
         lock_fd = acquire(plan.build_dir, wait=os.environ.get("NPUBUILD_WAIT") == "1")
     except NpubuildError as exc:
         print(exc, file=sys.stderr)
         sys.exit(exc.exit_code)
-    session = Session(plan, RunReports(selection=selection))
-    share_cores(doit_jobs(sys.argv[1:]))
-    ns = namespace(plan, session, False, resolve_cache(None, plan.build_dir))
+    if workers is not None:  # this doit process and its workers only: it ends with the run
+        os.environ[WORKERS_ENV] = str(workers)
+    session = Session(plan, RunReports(selection=selection), jobs=jobs)
+    ns = namespace(plan, session, False, cache_url)
     ns["_npubuild_lock"] = lock_fd  # held until doit exits: no other build may write this build dir meanwhile
     return ns
 

@@ -49,6 +49,11 @@ def stale_plots(build_dir: Path) -> list[Path]:
     return sorted(p for p in plots.glob("*.png") if p.stat().st_mtime < newest)
 
 
+def top_level_debris(build_dir: Path) -> list[Path]:
+    """Temp files a killed run left beside the reports (fileio.atomic_path's `.report.json.*.tmp`)."""
+    return sorted(p for p in build_dir.glob(".*") if p.is_file() and p.suffix in (".tmp", ".part"))
+
+
 def _prune_empty(root: Path) -> None:
     if not root.is_dir():
         return
@@ -59,6 +64,7 @@ def _prune_empty(root: Path) -> None:
 
 def cmd_clean(args) -> int:
     from npubuild.engine.lock import LOCK_NAME, locked
+    from npubuild.engine.uptodate import debris_in, remove_debris
 
     build_dir = build_dir_of(args).resolve()
     if not build_dir.is_dir():
@@ -72,17 +78,19 @@ def cmd_clean(args) -> int:
         keep = {t.dir for t in plan.tasks.values()}
         with locked(build_dir, args.wait):
             dirs, plots = stale_dirs(build_dir, keep), stale_plots(build_dir)
-            victims = dirs + plots
+            debris = [p for d in sorted(keep) for p in debris_in(d)] + top_level_debris(build_dir)
+            victims = dirs + plots + debris
             freed = sum(_size(d) for d in victims)
             if not args.dry_run:
-                for d in victims:
+                for d in dirs + plots:
                     shutil.rmtree(d) if d.is_dir() else d.unlink()
+                remove_debris(debris)
                 _prune_empty(build_dir / "builds")
         verb = "would remove" if args.dry_run else "removed"
         for d in victims if args.dry_run else []:
             print(d.relative_to(build_dir))
-        print(f"{verb} {len(dirs)} stale task dir(s) and {len(plots)} plot(s), {freed / 2**20:.1f} MiB; "
-              f"kept {len(keep)} used by the current plan")
+        print(f"{verb} {len(dirs)} stale task dir(s), {len(debris)} temp file(s) of killed runs and {len(plots)} "
+              f"plot(s), {freed / 2**20:.1f} MiB; kept {len(keep)} used by the current plan")
         return 0
     if args.specs:
         raise InputError("spec arguments only make sense with --stale")

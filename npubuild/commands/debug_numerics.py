@@ -50,7 +50,7 @@ def cmd_debug_numerics(args) -> int:
     float_model = onnx.load(str(float_path))
     v = b.spec.verify
     if b.evaluation is not None:  # real data with real variety (calibration data may be the problem)
-        samples = subset(load_arrays(b.evaluation[0], float_model), args.samples or v.samples, v.seed)
+        samples = subset(load_arrays(b.evaluation.inputs, float_model), args.samples or v.samples, v.seed)
     else:
         samples = sample_arrays(float_model, b.model.calibration.model_dump(), b.calibration_npy,
                                 args.samples or v.samples, v.seed)
@@ -68,10 +68,19 @@ def cmd_debug_numerics(args) -> int:
     return 0
 
 
-def _positive(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise ValueError(text)
+MAX_SAMPLES = 1000  # the spec's own bound for verify.samples (config/schema.py's Verify)
+
+
+def _samples(text: str) -> int:
+    """1 to MAX_SAMPLES: a count that allocates its inputs up front is bounded (10^9 asked for 1.78 TiB)."""
+    import argparse
+
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"'{text}' is not a whole number") from None
+    if not 1 <= value <= MAX_SAMPLES:
+        raise argparse.ArgumentTypeError(f"{value} is not between 1 and {MAX_SAMPLES} (verify.samples' range)")
     return value
 
 
@@ -81,6 +90,7 @@ def register(sub) -> None:
     d.add_argument("--model", help="model name in the spec (needed if it has several)")
     d.add_argument("--target", help="target name in the spec (needed if it has several)")
     add_build_dir(d)
-    d.add_argument("--samples", type=_positive, help="number of inputs (default: the spec's verify.samples)")
+    d.add_argument("--samples", type=_samples, help=f"number of inputs, 1 to {MAX_SAMPLES} (default: the spec's "
+                                                    "verify.samples)")
     d.add_argument("--json", action="store_true", help="print the result as JSON")
     d.set_defaults(func=cmd_debug_numerics)

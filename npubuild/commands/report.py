@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 
 from npubuild.commands import add_build_dir, build_dir_of
-from npubuild.errors import InputError
+from npubuild.errors import DiskFull, InputError, is_disk_full
 
 
 def summary_text(report: dict, build_dir: Path) -> str:
@@ -39,12 +39,14 @@ def cmd_report(args) -> int:
     from npubuild.report import history
     from npubuild.report.junit import write_junit
     from npubuild.report.regress import compare, load_thresholds, render_comparison
-    from npubuild.report.reportfile import load_report
+    from npubuild.report.reportfile import load_report, unreadable_metric
     from npubuild.report.status import passed
     from npubuild.report.summary import render_markdown, write_html
 
     if args.keep < 1:
         raise InputError(f"--keep must be at least 1, got {args.keep}")
+    if args.junit and Path(args.junit).is_dir():
+        raise InputError("is a directory: --junit takes the XML file's path (e.g. DIR/junit.xml)", args.junit)
     build_dir = build_dir_of(args)
     report = load_report(build_dir / "report.json")
     comparison, baseline = None, None
@@ -52,6 +54,10 @@ def cmd_report(args) -> int:
     if args.baseline:
         baseline = load_report(Path(args.baseline))
         thresholds = load_thresholds(Path(args.thresholds) if args.thresholds else None, project_dir())
+        for path, compared in ((build_dir / "report.json", report), (Path(args.baseline), baseline)):
+            problem = unreadable_metric(compared, thresholds)
+            if problem is not None:  # a damaged figure would make its comparison silently hold
+                raise InputError(problem, str(path))
         comparison = compare(report, baseline, thresholds)
         text += "\n" + render_comparison(comparison, args.baseline)
     history_dir = args.history or os.environ.get("NPUBUILD_HISTORY")
@@ -62,7 +68,12 @@ def cmd_report(args) -> int:
     write_html(build_dir / "report.html", report, comparison, baseline=args.baseline,
                cache_dir=build_dir / ".cache" / "plots", history=runs)
     if args.junit:
-        write_junit(Path(args.junit), report, comparison, baseline)
+        try:
+            write_junit(Path(args.junit), report, comparison, baseline)
+        except OSError as exc:  # said of the path given, not of the temp file written beside it
+            if is_disk_full(exc):
+                raise DiskFull(args.junit, "the JUnit XML") from None
+            raise InputError(f"cannot write the JUnit XML: {exc.strerror or exc}", args.junit) from None
     failed = [b for b in report["builds"] if not passed(b["status"])]
     for r in comparison.regressions if comparison else []:
         print(f"regression: {r.line()}", file=sys.stderr)

@@ -1,4 +1,4 @@
-"""`npubuild simulate`: run a compiled raw Vela artifact on npu-sim (outputs and a per-op listing), or a build's
+"""`npubuild simulate`: run a compiled Vela artifact on npu-sim (outputs and a per-op listing), or a build's
 deployable .tflite on the virtual device (TensorFlow Lite Micro for the host operators, npu-sim for the NPU)."""
 
 from __future__ import annotations
@@ -111,8 +111,7 @@ def simulate_device(tflite: Path, label: str, summary: dict | None, args) -> int
 
 
 def cmd_simulate(args) -> int:
-    from npubuild.npusim.artifact import layer_cycles, locate, prepare_input
-    from npubuild.npusim.npz import load_raw
+    from npubuild.npusim.artifact import layer_cycles, load_artifact, locate, prepare_input
     from npubuild.npusim.sim import run
 
     path = Path(args.artifact)
@@ -123,7 +122,7 @@ def cmd_simulate(args) -> int:
         if device is not None:
             return simulate_device(*device, args)
     art = locate(args.artifact, args.build)
-    model = load_raw(art.npz)
+    model = load_artifact(art.path)
     if art.io and not _same_io(art.io, model):
         art.io, art.tosa = None, None  # one NPU partition of a split graph: its I/O is not the model's
     if args.input and len(args.input) != len(model.inputs):
@@ -142,7 +141,7 @@ def cmd_simulate(args) -> int:
     seconds = time.perf_counter() - t0
     print(f"{art.label}: {model.accelerator}, {len(result.ops)} NPU ops, simulated in {seconds:.3f} s"
           + ("" if args.input else f" (random input, seed {args.seed})"))
-    tensors, cycles = _tosa_names(art, model, feeds, result.ops), layer_cycles(art.npz)
+    tensors, cycles = _tosa_names(art, model, feeds, result.ops), layer_cycles(art.path)
     print(f"{'#':>4}  {'op':<18} {'ifm':<14} {'ifm fmt':<8} {'ofm':<14} {'ofm fmt':<8} {'tosa':<12} "
           f"{'cycles':>8}  detail")
     for n, op in enumerate(result.ops):
@@ -168,14 +167,15 @@ def cmd_simulate(args) -> int:
 
 
 def register(sub) -> None:
-    s = sub.add_parser("simulate", help="run a compiled raw Vela artifact (.npz) on npu-sim, the NPU functional model, "
+    s = sub.add_parser("simulate", help="run a compiled Vela artifact on npu-sim, the NPU functional model, "
                        "or a deployable .tflite on the virtual device (TFLite Micro + npu-sim)")
-    s.add_argument("artifact", metavar="BUILD_OR_NPZ", help="a *_vela.npz, its stage directory, a deployable .tflite, or "
-                   "a build directory (a build with host partitions runs its whole deployable)")
+    s.add_argument("artifact", metavar="BUILD_OR_NPZ", help="a *_vela.npz, a vela stage directory, a .tflite (run on "
+                   "the virtual device), or a build directory (a build with host partitions runs its whole "
+                   "deployable; a whole-graph build lists npu-sim's ops)")
     s.add_argument("--input", action="append", metavar="NPY", help="input .npy (repeat per input): integers in the artifact's "
                    "NHWC shape, or floats in ONNX layout when a build directory gives the quantisation")
     s.add_argument("--build", metavar="ID", help="spec/model/target (or target) when the build directory has several "
-                   "raw builds (default: its only one)")
+                   "builds (default: its only one)")
     s.add_argument("--seed", type=int, default=0, help="seed of the random input used without --input")
     s.add_argument("--save", metavar="DIR", help="directory to write output<i>.npy (default: not saved)")
     s.set_defaults(func=cmd_simulate)

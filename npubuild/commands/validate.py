@@ -54,7 +54,7 @@ def check_data_files(builds) -> None:
 
     seen: set[tuple] = set()
     for b in builds:
-        files = [f for f in (b.calibration_npy, b.evaluation[0] if b.evaluation else None) if f is not None]
+        files = [f for f in (b.calibration_npy, b.evaluation.inputs if b.evaluation else None) if f is not None]
         for f in files:
             key = (b.model_path, f, repr(sorted(b.model.input_shapes.items())))
             if key not in seen:

@@ -6,13 +6,18 @@ from __future__ import annotations
 from npubuild.config.metrics import GATE_BY_KEY
 
 
-def evaluate(expect: dict, metrics: dict) -> list[dict]:
+def evaluate(expect: dict, metrics: dict, defaults: tuple[str, ...] | list[str] = ()) -> list[dict]:
+    """Each gate against the build's metrics. A gate the spec set fails on a metric nobody measured (a build
+    must not pass on what it did not check); a default gate (`defaults`: the profile's or the pipeline's, not
+    set by the spec) is then left out: it asks only what the build measures."""
     gates = []
     for key, limit in expect.items():
         if limit is None or key not in GATE_BY_KEY:
             continue
         gate = GATE_BY_KEY[key]
         value = metrics.get(gate.metric)
+        if value is None and key in defaults:
+            continue
         if value is None:
             ok = False
         elif gate.compare == "eq":
@@ -21,7 +26,8 @@ def evaluate(expect: dict, metrics: dict) -> list[dict]:
             ok = value >= limit
         else:
             ok = value <= limit
-        gates.append({"name": key, "metric": gate.metric, "limit": limit, "value": value, "ok": bool(ok)})
+        gates.append({"name": key, "metric": gate.metric, "limit": limit, "value": value, "ok": bool(ok),
+                      **({"default": True} if key in defaults else {})})
     return gates + precision_budget_gates(metrics)
 
 

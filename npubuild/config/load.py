@@ -24,7 +24,8 @@ from typing import Any, TypeVar
 from pydantic import BaseModel, ValidationError
 
 from npubuild.config.accelerator import Accelerator
-from npubuild.config.schema import CompileSpec, Pipeline, TargetProfile, VelaOptions
+from npubuild.config.metrics import DEFAULT_GATES
+from npubuild.config.schema import NAME_RE, CompileSpec, Pipeline, TargetProfile, VelaOptions
 from npubuild.config.yamlfile import KEY, KeyPath, Marks, deep_merge, load_yaml, locate
 from npubuild.errors import InputError, Location
 from npubuild.suggest import allowed_keys, did_you_mean
@@ -210,6 +211,9 @@ def resolve_ref(ref: str, from_file: Path, kind: str | None, search: SearchPath,
 
 def _load_named(model: type[M], kind: str, name: str, search: SearchPath, where: Location) -> tuple[M, Path]:
     """A target profile or pipeline by name: `<dir>/<kind>/<name>.yaml` on the search path, extends merged."""
+    if not isinstance(name, str) or not NAME_RE.match(name) or len(name) > 80:
+        raise InputError(f"'{str(name)[:80]}' is not a {kind[:-1]} name (letters, digits, '.', '_' and '-', "
+                         f"starting with a letter or digit; `npubuild {kind}` lists them)", where)
     path = search.find(kind, name, where=where)
     if path is None:
         names = search.names(kind)
@@ -229,6 +233,16 @@ def load_pipeline(name: str, search: SearchPath, where: Location) -> tuple[Pipel
 
 
 @dataclass(frozen=True)
+class EvaluationFiles:
+    """The files of a model's evaluation: its inputs, its labels (optional but for top1) and, for a user
+    metric `module:function`, the module's file."""
+
+    inputs: Path
+    labels: Path | None = None
+    metric_module: Path | None = None
+
+
+@dataclass(frozen=True)
 class Build:
     """One spec x model x target: everything the stages need, resolved and validated."""
 
@@ -241,7 +255,7 @@ class Build:
     target: TargetProfile
     pipeline: Pipeline
     vela: VelaOptions
-    evaluation: tuple[Path, Path] | None = None  # (inputs, labels) of the model's evaluation set
+    evaluation: EvaluationFiles | None = None  # the model's evaluation set (`evaluate:`/`evaluation:`)
     fvp_runner: Path | None = None  # the spec's fvp.runner, resolved inside the project and present
     # the lowering families of every target of its spec: what its lower stage lowers, so that a command
     # planning this build alone (debug-numerics, offloads) shares the spec build's lower task
@@ -259,6 +273,31 @@ class Build:
     @property
     def model(self):
         return self.spec.models[self.model_name]
+
+    @property
+    def evaluation_inputs(self) -> Path | None:
+        """The model's evaluation inputs (`evaluate:` or `evaluation:`), held out by the spec's author."""
+        return self.evaluation.inputs if self.evaluation is not None else None
+
+    def _gate_layers(self) -> list[dict]:
+        """The gates' sources, later wins: the profile's defaults, the pipeline's `expect:`, the spec's."""
+        return [dict(DEFAULT_GATES.get(self.pipeline.profile, {})),
+                {k: getattr(self.pipeline.expect, k) for k in self.pipeline.expect.model_fields_set},
+                {k: getattr(self.spec.expect, k) for k in self.spec.expect.model_fields_set}]
+
+    @property
+    def expect(self) -> dict[str, object]:
+        """The gates this build is held to: a key set in a later layer wins, `null` there turns it off."""
+        out: dict[str, object] = {}
+        for layer in self._gate_layers():
+            out.update(layer)
+        return {k: v for k, v in out.items() if v is not None}
+
+    @property
+    def default_gates(self) -> tuple[str, ...]:
+        """The gates the spec did not set itself (a default one on a metric nobody measured is not evaluated)."""
+        own = self.spec.expect.model_fields_set
+        return tuple(sorted(k for k in self.expect if k not in own))
 
 
 def load_spec(path: Path) -> list[Build]:
@@ -353,19 +392,36 @@ def vela_options(target: VelaOptions, spec: VelaOptions | None, optimise: str | 
     return opts
 
 
-def _evaluation_files(model, model_name: str, path: Path, root: Path, marks: Marks) -> tuple[Path, Path] | None:
-    """The evaluation set's (inputs, labels) files, inside the project and present."""
-    if model.evaluation is None:
+def _evaluation_files(model, model_name: str, path: Path, root: Path, marks: Marks) -> EvaluationFiles | None:
+    """The evaluation's files (`evaluate:` or the older `evaluation:`), inside the project and present: inputs,
+    labels, and for a `module:function` metric the module's .py file (a dotted path under the spec's
+    directory: never a module from sys.path, so a spec cannot run code from outside its project)."""
+    key = "evaluate" if model.evaluate is not None else "evaluation"
+    ev = model.evaluation_spec
+    if ev is None:
         return None
-    found = []
-    for key in ("inputs", "labels"):
-        rel = getattr(model.evaluation, key)
-        where = locate(marks, ("models", model_name, "evaluation", key), Location(str(path)))
-        f = inside(path.parent / rel, root, f"evaluation {key} file", where)
+    found: dict[str, Path | None] = {}
+    for what in ("inputs", "labels"):
+        rel = getattr(ev, what)
+        if rel is None:
+            found[what] = None
+            continue
+        where = locate(marks, ("models", model_name, key, what), Location(str(path)))
+        f = inside(path.parent / rel, root, f"{key} {what} file", where)
         if not f.is_file():
-            raise InputError(f"evaluation {key} file '{rel}' not found", where)
-        found.append(f)
-    return found[0], found[1]
+            raise InputError(f"{key} {what} file '{rel}' not found", where)
+        found[what] = f
+    module = None
+    if ":" in ev.metric:
+        where = locate(marks, ("models", model_name, key, "metric"), Location(str(path)))
+        dotted = ev.metric.split(":")[0]
+        rel = Path(*dotted.split(".")).with_suffix(".py")
+        module = inside(path.parent / rel, root, "metric module", where)
+        if not module.is_file():
+            raise InputError(f"metric module '{dotted}' not found (expected {rel} beside the spec)", where)
+    inputs = found["inputs"]
+    assert inputs is not None
+    return EvaluationFiles(inputs, found["labels"], module)
 
 
 def _spec_search_path(data: dict, marks: Marks, path: Path, root: Path) -> SearchPath:
@@ -384,8 +440,10 @@ def collect_spec_files(paths: Iterable[Path]) -> list[Path]:
     files: list[Path] = []
     for p in paths:
         if p.is_dir():
-            files.extend(sorted(f for f in p.glob("*.yaml") if f.is_file()))
-            files.extend(sorted(f for f in p.glob("*.yml") if f.is_file()))
+            found = sorted(f for f in p.glob("*.yaml") if f.is_file()) + sorted(f for f in p.glob("*.yml") if f.is_file())
+            if not found:  # a wrong directory, not an empty success (`validate` said `ok: 0 spec(s)`)
+                raise InputError("no compile spec here (*.yaml, *.yml)", str(p))
+            files.extend(found)
         elif p.is_file():
             files.append(p)
         else:
@@ -413,10 +471,14 @@ def adhoc_builds(model_path: Path, target_names: list[str], pipeline_name: str =
     where = Location("<command line>")
     if not model_path.is_file():
         raise InputError("model file not found", str(model_path))
-    spec = CompileSpec(name="adhoc", models={_safe_name(model_path.stem): {"path": str(model_path.resolve())}},
-                       targets=target_names)
     pipeline, _ = load_pipeline(pipeline_name, search, where)
-    profiles = [load_target(name, search, where)[0] for name in target_names]
+    profiles = [load_target(name, search, where)[0] for name in target_names]  # each name checked first
+    try:
+        spec = CompileSpec(name="adhoc", models={_safe_name(model_path.stem): {"path": str(model_path.resolve())}},
+                           targets=target_names)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        raise InputError(f"--target: {first.get('msg', 'invalid')}", where) from None
     families = lowering_families(profiles)
     return [Build(spec=spec, spec_path=root / "<command line>", project_root=root, model_name=next(iter(spec.models)),
                   model_path=model_path.resolve(), calibration_npy=None, target=profile, pipeline=pipeline,

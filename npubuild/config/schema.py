@@ -132,13 +132,30 @@ class TargetProfile(Strict):
 # --------------------------------------------------------------------------- pipelines
 
 
+def _expect_model() -> type[BaseModel]:
+    """Gates: each is checked after the build; one that falls short fails it (exit 1). Made from
+    metrics.GATES, the one table of gate keys, their metrics and bounds."""
+    fields = {g.key: (g.type | None, Field(default=None, description=g.description or None, **g.bounds))
+              for g in GATES}
+    model = create_model("Expect", __base__=Strict, __doc__=_expect_model.__doc__, **fields)
+    model.__module__ = __name__
+    return model
+
+
+Expect = _expect_model()
+
+
 class Pipeline(Strict):
-    """A named list of graph passes run before lowering, and the TOSA profile to lower to."""
+    """A named list of graph passes run before lowering, the TOSA profile to lower to, and the gates every
+    build through it gets unless its spec sets them (`expect:`; a spec's `null` turns one off)."""
 
     name: Name
     description: str = ""
     profile: Literal["int", "fp"] = "int"
     passes: list[str] = []
+    expect: Expect = Field(default_factory=lambda: Expect(), description=(
+        "Default gates: a spec's own `expect:` value for a key wins, `null` relaxes it. A default gate on a "
+        "metric the build did not measure (verify.tosa off) is not evaluated"))
     warn_below_npu_offload: float | None = Field(
         default=None, ge=0, le=1, description="Warn, naming the nodes that cause it, when a build runs less than "
                                               "this fraction of its model's nodes on the NPU (null: never)")
@@ -176,11 +193,65 @@ class Evaluation(Strict):
     samples: int | None = Field(default=None, ge=1, description="Use only the first N samples")
 
 
+EVAL_METRICS = ("top1", "top1_agreement", "mask_iou", "detection_agreement", "snr")
+USER_METRIC_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*$")
+
+
+class Evaluate(Strict):
+    """A task-level evaluation: real inputs through the float model and the graph each target deploys,
+    compared by one metric (npubuild/verify/evaluate.py says what each computes)."""
+
+    inputs: str = Field(description=".npy (N, *input_shape) or .npz per input, relative to the spec file")
+    labels: str | None = Field(default=None, description=".npy of N labels (needed by top1), relative to the spec file")
+    metric: str = Field(default="top1_agreement", max_length=200, description=(
+        "top1 (accuracy on the labels), top1_agreement, mask_iou, detection_agreement, snr (dB), or "
+        "module:function, a function(float_outputs, int8_outputs, labels) -> float in a .py file under the "
+        "spec's directory (module a dotted path relative to it)"))
+    output: str | None = Field(default=None, description="Graph output the metric reads (default: the first)")
+    samples: int | None = Field(default=None, ge=1, le=100000, description="Use only the first N samples")
+    threshold: float = Field(default=0.5, description="mask_iou: the mask's threshold; detection_agreement: the "
+                             "model's own score threshold")
+    boxes: str | None = Field(default=None, description="detection_agreement: the output holding each candidate's "
+                              "box (last axis: 4 values, or more with the box first); without it, candidates agree "
+                              "by position")
+    box_format: Literal["cxcywh", "xyxy"] = "cxcywh"
+    logits: bool = Field(default=False, description="detection_agreement: scores are logits (sigmoid before the threshold)")
+    iou: float = Field(default=0.5, gt=0, le=1, description="detection_agreement: IoU for a match (and NMS)")
+
+    @field_validator("metric")
+    @classmethod
+    def _known_metric(cls, metric: str) -> str:
+        if metric not in EVAL_METRICS and not USER_METRIC_RE.match(metric):
+            raise ValueError(f"unknown metric '{metric}': one of {', '.join(EVAL_METRICS)}, or module:function")
+        return metric
+
+    @model_validator(mode="after")
+    def _labels_for_top1(self) -> Evaluate:
+        if self.metric == "top1" and self.labels is None:
+            raise ValueError("metric top1 needs labels")
+        return self
+
+
 class ModelSpec(Strict):
     path: str = Field(description="ONNX file, relative to the spec file")
     input_shapes: dict[str, list[Annotated[int, Field(ge=1)]]] = {}
     calibration: Calibration = Calibration(random=RandomCalibration())
-    evaluation: Evaluation | None = None
+    evaluation: Evaluation | None = Field(default=None, description="The older form of `evaluate: {metric: top1}`")
+    evaluate: Evaluate | None = None
+
+    @model_validator(mode="after")
+    def _one_evaluation(self) -> ModelSpec:
+        if self.evaluation is not None and self.evaluate is not None:
+            raise ValueError("give either 'evaluate' or the older 'evaluation', not both")
+        return self
+
+    @property
+    def evaluation_spec(self) -> Evaluate | None:
+        """`evaluate:`, or the older `evaluation:` as the top1 evaluation it is."""
+        if self.evaluation is not None:
+            e = self.evaluation
+            return Evaluate(inputs=e.inputs, labels=e.labels, metric="top1", output=e.output, samples=e.samples)
+        return self.evaluate
 
 
 class LayerPrecision(Strict):
@@ -257,19 +328,12 @@ class Verify(Strict):
     samples: int = Field(default=4, ge=1, le=1000)
     seed: int = 1
     fvp: Literal["auto", "required", "off"] = "auto"
+    holdout: bool = Field(default=True, description=(
+        "A model with a calibration file and no evaluation set: hold `samples` of its rows (at most a quarter) "
+        "back from calibration and verify on them, so the figures against float are on unseen data "
+        "(npubuild/frontend/samples.py); false: verify on calibration rows"))
 
 
-def _expect_model() -> type[BaseModel]:
-    """Gates: each is checked after the build; one that falls short fails it (exit 1). Made from
-    metrics.GATES, the one table of gate keys, their metrics and bounds."""
-    fields = {g.key: (g.type | None, Field(default=None, description=g.description or None, **g.bounds))
-              for g in GATES}
-    model = create_model("Expect", __base__=Strict, __doc__=_expect_model.__doc__, **fields)
-    model.__module__ = __name__
-    return model
-
-
-Expect = _expect_model()
 
 
 class FvpOptions(Strict):

@@ -106,6 +106,17 @@ def _reader_error(exc: yaml.reader.ReaderError, text: str, file: str) -> InputEr
                       Location(file, line, col))
 
 
+def _decode_error(exc: UnicodeDecodeError, data: bytes, file: str) -> InputError:
+    """Bytes that are not UTF-8, at their line and column (in characters, as an editor counts them)."""
+    pos = exc.start
+    line_start = data.rfind(b"\n", 0, pos) + 1
+    line = data.count(b"\n", 0, pos) + 1
+    col = len(data[line_start:pos].decode("utf-8", errors="replace")) + 1
+    hint = " (the file looks like UTF-16: save it as UTF-8)" if data[:2] in (b"\xff\xfe", b"\xfe\xff") else \
+        " (save the file as UTF-8)"
+    return InputError(f"invalid YAML: byte 0x{data[pos]:02X} is not UTF-8{hint}", Location(file, line, col))
+
+
 def _mark(file: str, node: yaml.Node) -> Location:
     return Location(file, node.start_mark.line + 1, node.start_mark.column + 1)
 
@@ -136,11 +147,15 @@ def load_yaml(path: Path) -> tuple[Any, Marks]:
     """Load one YAML document safely; returns the data and a map key-path -> location."""
     file = str(path)
     try:
-        text = path.read_text(encoding="utf-8")
+        data = path.read_bytes()
     except FileNotFoundError:
         raise InputError("file not found", file) from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise InputError(f"cannot read file: {exc}", file) from None
+    except OSError as exc:
+        raise InputError(f"cannot read file: {exc.strerror or exc}", file) from None
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise _decode_error(exc, data, file) from None
     try:
         scanner = yaml.SafeLoader(text)
     except yaml.reader.ReaderError as exc:

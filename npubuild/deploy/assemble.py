@@ -85,21 +85,28 @@ def _same_form(v: Value, spec: IOSpec) -> bool:
 
 
 def _host_output_spec(model: onnx.ModelProto, name: str, shape: tuple[int, ...]) -> IOSpec:
-    """A host partition output nothing on the NPU reads: int8 (int16) at its DequantizeLinear's parameters."""
+    """A host partition output nothing on the NPU reads (another host partition does): int8 (int16) at its
+    DequantizeLinear's parameters where the QDQ model quantises it, else in its own type (a comparison's bool,
+    an index), as onnxruntime passes it."""
     consts = {i.name: onnx.numpy_helper.to_array(i) for i in model.graph.initializer}
     dq = next((n for n in model.graph.node if n.op_type == "DequantizeLinear" and n.output[0] == name), None)
-    if dq is None:
-        raise NotDeployable(onnx.NodeProto(name=name, op_type="<output>"), "a float host output (not quantised)")
-    scale, zp = consts[dq.input[1]], consts[dq.input[2]]
     rank = len(shape)
+    if dq is None:
+        dtype = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(_onnx_type(model, name).elem_type))
+        return IOSpec(name, name, tuple(shape), tuple(range(rank)), dtype.name, None, None)
+    scale, zp = consts[dq.input[1]], consts[dq.input[2]]
     return IOSpec(name, name, tuple(shape), tuple(range(rank)), zp.dtype.name, float(scale), int(zp))
 
 
-def _onnx_shape(model: onnx.ModelProto, name: str) -> tuple[int, ...]:
+def _onnx_type(model: onnx.ModelProto, name: str) -> onnx.TypeProto.Tensor:
     for vi in [*model.graph.input, *model.graph.output, *model.graph.value_info]:
         if vi.name == name:
-            return tuple(d.dim_value for d in vi.type.tensor_type.shape.dim)
+            return vi.type.tensor_type
     raise KeyError(name)
+
+
+def _onnx_shape(model: onnx.ModelProto, name: str) -> tuple[int, ...]:
+    return tuple(d.dim_value for d in _onnx_type(model, name).shape.dim)
 
 
 def assemble(partitions: Sequence[PartitionRecord], inputs: Sequence[IOSpec], outputs: Sequence[IOSpec],
@@ -130,10 +137,10 @@ def assemble(partitions: Sequence[PartitionRecord], inputs: Sequence[IOSpec], ou
         model = onnx.load(str(lower_dir / part.file))
         ins = {n: values[n] for n in part.inputs}
         outs = {}
-        for n in part.outputs:
-            spec = readers.get(n) or out_specs.get(n) or _host_output_spec(model, n, _onnx_shape(model, n))
-            outs[n] = _spec_value(g, spec)
         try:
+            for n in part.outputs:
+                spec = readers.get(n) or out_specs.get(n) or _host_output_spec(model, n, _onnx_shape(model, n))
+                outs[n] = _spec_value(g, spec)
             used = emit_host_partition(g, model, ins, outs)
         except NotDeployable as exc:
             results.append(PartitionResult(part.index, "host", not_deployable=str(exc)))

@@ -221,7 +221,7 @@ def _unary(t: HostTranslation) -> None:
 def _operand(t: HostTranslation, name: str, like: Value) -> me.Tensor:
     """A binary op's operand in `like`'s layout: a constant broadcast to its rank and permuted, or a tensor."""
     if name in t.consts:
-        c = np.asarray(t.consts[name], np.float32)
+        c = _const_as(t, name, like.dtype)
         c = c.reshape((1,) * (len(like.shape) - c.ndim) + c.shape)
         return t.const(np.transpose(c, like.perm), "operand")
     v = t.as_float(t.value(name))
@@ -230,6 +230,17 @@ def _operand(t: HostTranslation, name: str, like: Value) -> me.Tensor:
     if len(v.shape) != len(like.shape):
         raise t.unsupported("operands of different rank")
     return t.in_layout(v, like.perm).tensor
+
+
+def _const_as(t: HostTranslation, name: str, dtype: np.dtype) -> np.ndarray:
+    """A constant in the type of the tensor it meets: float32 beside a float (or dequantised) value, int32 beside
+    an index (the device's int64: device_dtype), bool beside a bool."""
+    c = np.asarray(t.consts[name])
+    if dtype == np.int32:
+        if c.dtype.kind not in "iub" or (c.size and (c.min() < -2**31 or c.max() >= 2**31)):
+            raise t.unsupported(f"constant '{name}' ({c.dtype}) does not fit the device's int32 tensor")
+        return c.astype(np.int32)
+    return c.astype(np.bool_ if dtype == np.bool_ else np.float32)
 
 
 COMPARE = {"Greater": B.GREATER, "Less": B.LESS, "Equal": B.EQUAL, "GreaterOrEqual": B.GREATER_EQUAL,
@@ -351,26 +362,43 @@ def _reshape_to(t: HostTranslation, x: Value, shape: tuple[int, ...]) -> Value:
     return out
 
 
+GATHER_TYPES = (np.dtype(np.float32), np.dtype(np.int8))  # what TensorFlow Lite Micro's GATHER kernel takes
+
+
 @host_op("Gather")
 def _gather(t: HostTranslation) -> None:
-    """GATHER of a (dequantised) constant table or a tensor by int32 indices, in the ONNX layout."""
+    """GATHER of a (dequantised) constant table or a tensor (float, or int32 indices of its own) by int32
+    positions, constant or computed, in the ONNX layout."""
     data_name, idx_name = t.node.input[0], t.node.input[1]
-    if idx_name in t.consts:
-        raise t.unsupported("constant indices (a slice, left to the NPU lowering)")
-    idx = t.value(idx_name)
-    if idx.dtype != np.int32:
-        raise t.unsupported(f"{idx.dtype} indices: TensorFlow Lite Micro's GATHER takes int32 positions")
     if data_name in t.consts:
         data = np.asarray(t.consts[data_name], np.float32)
-        params, rank = t.const(data, "table"), data.ndim
-        shape_d = data.shape
+        params, shape_d, dtype = t.const(data, "table"), data.shape, np.dtype(np.float32)
     else:
         v = t.in_layout(t.as_float(t.value(data_name)), identity(len(t.value(data_name).shape)))
-        params, rank, shape_d = v.tensor, len(v.shape), v.shape
-    axis = int(t.attr("axis", 0)) % rank
+        params, shape_d, dtype = v.tensor, v.shape, v.dtype
+    axis = int(t.attr("axis", 0)) % len(shape_d)
+    if idx_name in t.consts:  # a constant position (Silero's `sr[0]` on the host, beside its comparison)
+        positions = _const_as(t, idx_name, np.dtype(np.int32))
+        positions = np.where(positions < 0, positions + shape_d[axis], positions).astype(np.int32)
+        idx = Value(t.const(positions, "positions"), positions.shape, identity(positions.ndim), None,
+                    np.dtype(np.int32))
+    else:
+        idx = t.value(idx_name)
+    if idx.dtype != np.int32:
+        raise t.unsupported(f"{idx.dtype} indices: TensorFlow Lite Micro's GATHER takes int32 positions")
     idx = t.in_layout(idx, identity(len(idx.shape)))
     shape = (*shape_d[:axis], *idx.shape, *shape_d[axis + 1:])
-    out = t.new(shape, identity(len(shape)))
+    if dtype not in GATHER_TYPES:
+        if idx_name not in t.consts or positions.size != 1:
+            raise t.unsupported(f"a {dtype} table: TensorFlow Lite Micro's GATHER takes float32 or int8 ones")
+        begin = np.zeros(len(shape_d), np.int32)
+        begin[axis] = int(positions.ravel()[0])
+        size = np.asarray([1 if k == axis else d for k, d in enumerate(shape_d)], np.int32)
+        picked = t.new(tuple(int(d) for d in size), identity(len(shape_d)), dtype, None, "sliced")
+        t.op(B.SLICE, [params, t.const(begin, "begin"), t.const(size, "size")], [picked.tensor])
+        t.set_output(_reshape_to(t, picked, shape))
+        return
+    out = t.new(shape, identity(len(shape)), dtype)
     t.op(B.GATHER, [params, idx.tensor], [out.tensor], options("Gather", axis=axis, batchDims=0))
     t.set_output(out)
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import re
 import tempfile
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -22,6 +23,7 @@ from npubuild.deploy.tflite_graph import NP_TYPES
 from npubuild.errors import StageError
 from npubuild.npusim.sim import run as run_npu
 from npubuild.npusim.tflite import ETHOS_U, OFFLINE_PLAN, NpuOperator, npu_operators
+from npubuild.records.iospec import IOSpec
 
 ARENA_LIMIT = 1 << 28  # the largest arena the interpreter is offered (then measured)
 
@@ -148,3 +150,20 @@ class VirtualDevice:
             if step.arena_bytes is None:
                 step.arena_bytes = measure_arena(it)
         return [env[i] for i in self.graph_outputs]
+
+
+class OnDevice:
+    """The deployable run on the model's own inputs: ONNX-layout float (or bool, index) feeds in, the codes the
+    device writes out, back in ONNX layout (`{output name: raw}`, as the TOSA check's graphs give them). The
+    deployable's I/O specs (the vela stage's `deployable` metrics) say how each is quantised and laid out."""
+
+    def __init__(self, data: bytes, inputs: Sequence[IOSpec], outputs: Sequence[IOSpec], where: str = "<deployable>"):
+        self.device = VirtualDevice(data, where)
+        self.inputs, self.outputs = list(inputs), list(outputs)
+
+    def __call__(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        got = self.device.run([s.to_tosa(feeds[s.onnx_name]) if s.quantized else  # a bool or index input as it is
+                               np.transpose(np.asarray(feeds[s.onnx_name]), s.perm).astype(s.dtype)
+                               for s in self.inputs])
+        return {spec.onnx_name: spec.from_tosa(np.asarray(y).reshape(spec.shape))
+                for spec, y in zip(self.outputs, got, strict=True)}

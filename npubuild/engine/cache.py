@@ -32,6 +32,7 @@ import hmac
 import json
 import os
 import re
+import tempfile
 import time
 import uuid
 from dataclasses import dataclass
@@ -41,12 +42,17 @@ import fsspec
 
 from npubuild.engine.notice import warn
 from npubuild.errors import InputError
-from npubuild.fileio import atomic_path, file_hash, stable_hash
+from npubuild.fileio import FILE_MODE, file_hash, stable_hash
 
 MANIFEST = "manifest.json"
 DEBRIS_GRACE_S = 3600.0  # a writer directory without a manifest this old is a killed writer's, not a live one
 KEY_ENV, KEY_FILE_ENV = "NPUBUILD_CACHE_KEY", "NPUBUILD_CACHE_KEY_FILE"
+UNKEYED_ENV = "NPUBUILD_CACHE_UNKEYED"  # =1: a URL cache used without a key, every writer trusted (require_trust)
 MAX_MANIFEST_BYTES = 16 << 20  # a real manifest is a few KiB (one line per output file)
+# the largest file an entry may hold: ONNX's protobuf limit is 2 GiB, and an Ethos-U model's Vela output, the
+# user inputs a Dask build ships (calibration arrays are refused past 1 GiB) are far smaller
+MAX_FILE_BYTES = 4 << 30
+CHUNK = 1 << 20  # what an entry file is streamed in
 RESERVED = frozenset({"stage.json", "inputs.json", "error.json"})  # a stage dir's own records: never restored
 _WRITER = re.compile(r"[0-9a-f]{1,64}")
 _SHA256 = re.compile(r"[0-9a-f]{64}")
@@ -60,9 +66,9 @@ def team_key() -> bytes | None:
         try:
             text = path.read_text().strip()
         except OSError as exc:
-            raise InputError(f"cannot read the cache key file: {exc.strerror}", str(path)) from None
+            raise InputError(f"cannot read the cache key file (${KEY_FILE_ENV}): {exc.strerror}", str(path)) from None
         if not text:
-            raise InputError("the cache key file is empty", str(path))
+            raise InputError(f"the cache key file (${KEY_FILE_ENV}) is empty", str(path))
     return text.encode() if text else None
 
 
@@ -105,10 +111,15 @@ def manifest_problem(key: str, manifest: object) -> str | None:
     return None
 
 
-def cache_key(config: dict, inputs: dict[str, Path], hashes: dict[str, str] | None = None) -> str:
-    """The full key: resolved config + content of every input file (`hashes`: their sha256, if known)."""
+def cache_key(config: dict, inputs: dict[str, Path], hashes: dict[str, str] | None = None,
+              upstream: dict[str, str] | None = None) -> str:
+    """The full key: resolved config + content of every input file (`hashes`: their sha256, if known) + the
+    content of every file the upstream stages wrote beside them (`upstream`: uptodate.upstream_digests)."""
     hashes = hashes if hashes is not None else {k: file_hash(p) for k, p in inputs.items()}
-    return stable_hash({"config": config, "inputs": {k: hashes[k] for k in sorted(inputs)}}, 40)
+    body: dict = {"config": config, "inputs": {k: hashes[k] for k in sorted(inputs)}}
+    if upstream:  # a stage reading only the user's files (the import) keeps the key it had
+        body["upstream"] = upstream
+    return stable_hash(body, 40)
 
 
 DEFAULT_CACHE = Path(".npubuild") / "cache"
@@ -129,9 +140,48 @@ def default_cache_dir(build_dir: Path) -> Path:
 
 def resolve_cache(url: str | None, build_dir: Path) -> str | None:
     """The shared stage cache of a build, the same for every entry point (build, compile, offloads,
-    debug-numerics, plain doit): `url` (--cache), else $NPUBUILD_CACHE, else default_cache_dir; 'off': none."""
+    debug-numerics, plain doit): `url` (--cache), else $NPUBUILD_CACHE, else default_cache_dir; 'off': none.
+    A cache reached over a URL must be keyed, or said to be trusted unkeyed (require_trust)."""
     url = url or os.environ.get("NPUBUILD_CACHE") or str(default_cache_dir(build_dir))
-    return None if url == "off" else url
+    if url == "off":
+        return None
+    require_trust(url)
+    return url
+
+
+LOCAL_PROTOCOLS = frozenset({"memory"})  # in this process's memory: nobody else can write to it
+
+
+def protocol_of(url: str) -> str | None:
+    """The URL's scheme (`s3`, `file`, `memory`...), None for a plain directory path; an fsspec protocol that
+    is not installed is bad input (one line), not a ValueError from fsspec."""
+    if "://" not in url:
+        return None
+    protocol = url.split("://", 1)[0].split("::")[-1]
+    from fsspec.registry import known_implementations, registry
+
+    if protocol not in registry and protocol not in known_implementations:
+        raise InputError(f"the stage cache URL {url!r} names protocol '{protocol}', which fsspec does not know "
+                         "(a directory, file:///path, s3://bucket/path, ... or 'off')")
+    return protocol
+
+
+def require_trust(url: str) -> None:
+    """A cache reached over a URL (s3://, gs://, file:// on a filesystem every worker mounts...) is shared
+    between machines or people, and without a team key every build restores whatever anyone who can write to
+    it put there (issue 34: a Vela model and its manifest replaced together shipped as `passed`). Such a cache
+    needs $NPUBUILD_CACHE_KEY / $NPUBUILD_CACHE_KEY_FILE, or the explicit opt-out $NPUBUILD_CACHE_UNKEYED=1
+    (every writer trusted); a directory path (the project's own cache) may stay unkeyed."""
+    protocol = protocol_of(url)
+    key = team_key()  # a key file that cannot be read is one line here, before any task (not one per task)
+    if protocol is None or protocol in LOCAL_PROTOCOLS:
+        return
+    if os.environ.get(UNKEYED_ENV) == "1" or key is not None:
+        return
+    raise InputError(f"the stage cache {url} is reached over a URL, so shared, and has no team key: set "
+                     f"${KEY_ENV} (or ${KEY_FILE_ENV}) on every machine that builds, so that a build restores "
+                     f"only entries signed with it, or ${UNKEYED_ENV}=1 to trust whatever anyone who can write "
+                     "there puts in it")
 
 
 @dataclass
@@ -197,18 +247,46 @@ class StageCache:
         if not required <= set(manifest["files"]):
             self.discard(key)
             return None
-        staged: list[tuple[Path, bytes]] = []
-        for name, info in manifest["files"].items():
-            data = self._read_file(key, info)
-            if data is None or len(data) != info["size"] or _sha256(data) != info["sha256"]:
-                self.discard(key)
-                return None
-            staged.append((dest / name, data))
-        for path, data in staged:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            with atomic_path(path) as tmp:
-                tmp.write_bytes(data)
+        too_big = [n for n, info in manifest["files"].items() if info["size"] > MAX_FILE_BYTES]
+        if too_big:
+            warn(f"cache entry {key}: {too_big[0]} is {manifest['files'][too_big[0]]['size'] / 2**30:.1f} GiB, "
+                 f"over the {MAX_FILE_BYTES / 2**30:.0f} GiB a stage output may be: discarded")
+            self.discard(key)
+            return None
+        staged: list[tuple[Path, Path]] = []  # (final path, verified temp file beside it)
+        try:
+            dest.mkdir(parents=True, exist_ok=True)
+            for name, info in manifest["files"].items():
+                # staged in the stage dir itself (hidden: a killed restore's debris is cleared), so that a bad
+                # entry leaves not even a subdirectory behind
+                fd, tmp = tempfile.mkstemp(prefix=f".{Path(name).name}.", suffix=".part", dir=dest)
+                os.fchmod(fd, FILE_MODE)
+                os.close(fd)
+                staged.append((dest / name, Path(tmp)))
+                if not self._fetch(key, info, Path(tmp)):
+                    self.discard(key)
+                    return None
+            for final, tmp in staged:  # every file verified: only now does any of them replace an output
+                final.parent.mkdir(parents=True, exist_ok=True)
+                os.replace(tmp, final)
+        finally:
+            for _, tmp in staged:
+                tmp.unlink(missing_ok=True)
         return CacheEntry(key, manifest["files"], manifest.get("metrics", {}), manifest.get("created", 0.0))
+
+    def _fetch(self, key: str, info: dict, out: Path) -> bool:
+        """Stream an entry file into `out` (fsync'd), hashing as it comes; False if it is absent, longer or
+        shorter than its manifest says, or hashes otherwise. Never more than CHUNK bytes in memory, never more
+        than the manifest's size (+1) read: a planted 5 GiB file cost 5.3 GB of RSS when entries were read
+        whole (issue 34)."""
+        src = self._open_entry_file(key, info)
+        if src is None:
+            return False
+        with src, open(out, "wb") as f:
+            ok = _matches(src, info, f.write)
+            f.flush()
+            os.fsync(f.fileno())
+        return ok
 
     def has(self, key: str, required: set[str] = frozenset()) -> bool:
         """Whether a trusted entry for `key` holding `required` is there (its manifest only: files unread)."""
@@ -227,19 +305,39 @@ class StageCache:
         self.put_files(key, files, metrics)
 
     def put_files(self, key: str, files: dict[str, Path], metrics: dict) -> None:
-        """Upload `files` (entry path -> local file) under a writer-private directory, then the manifest."""
+        """Upload `files` (entry path -> local file) under a writer-private directory, then the manifest. Each
+        file is streamed and hashed as it goes (never read whole)."""
         writer = uuid.uuid4().hex[:12]
         base = self._dir(key)
+        try:
+            self._put(key, base, writer, files, metrics)
+        except BaseException:  # a full disk, a lost connection: take back what this writer wrote
+            for path in (f"{base}/{writer}", f"{base}/.{MANIFEST}.{writer}"):
+                try:
+                    self.fs.rm(path, recursive=True)
+                except (FileNotFoundError, OSError):
+                    pass
+            try:  # the key's dir, if this writer made it and nothing else is there
+                if not self.fs.ls(base, detail=False):
+                    self.fs.rmdir(base)
+            except (FileNotFoundError, OSError):
+                pass
+            raise
+
+    def _put(self, key: str, base: str, writer: str, files: dict[str, Path], metrics: dict) -> None:
         self.fs.makedirs(f"{base}/{writer}", exist_ok=True)
         stored = {}
         for name, path in files.items():
-            data = path.read_bytes()
             rel = f"{writer}/{name}"
             if "/" in name:
                 self.fs.makedirs(f"{base}/{rel.rsplit('/', 1)[0]}", exist_ok=True)
-            with self.fs.open(f"{base}/{rel}", "wb") as f:
-                f.write(data)
-            stored[name] = {"path": rel, "sha256": _sha256(data), "size": len(data)}
+            digest, size = hashlib.sha256(), 0
+            with open(path, "rb") as src, self.fs.open(f"{base}/{rel}", "wb") as f:
+                for chunk in iter(lambda: src.read(CHUNK), b""):
+                    digest.update(chunk)
+                    size += len(chunk)
+                    f.write(chunk)
+            stored[name] = {"path": rel, "sha256": digest.hexdigest(), "size": size}
         body = {"key": key, "files": stored, "metrics": metrics, "created": time.time(), "writer": writer}
         if self.key is not None:
             body["mac"] = manifest_mac(body, self.key)
@@ -337,23 +435,26 @@ class StageCache:
             return sum(self.fs.du(info["name"], total=False).values()) if self.fs.exists(info["name"]) else 0
         return int(info.get("size") or 0)
 
-    def _read_file(self, key: str, info: dict) -> bytes | None:
-        """An entry file's bytes (at most one more than its manifest size), None if absent or, on a local
-        cache, if a symlink leads out of the entry's directory (a planted link would read the builder's files)."""
+    def _open_entry_file(self, key: str, info: dict):
+        """An entry file opened for reading, None if absent or, on a local cache, if a symlink leads out of the
+        entry's directory (a planted link would read the builder's files)."""
         path = f"{self._dir(key)}/{info['path']}"
         if "file" in (self.fs.protocol if isinstance(self.fs.protocol, tuple) else (self.fs.protocol,)):
             entry = os.path.realpath(self._dir(key))
             if not os.path.realpath(path).startswith(entry + os.sep):
                 return None
         try:
-            with self.fs.open(path, "rb") as f:
-                return f.read(info["size"] + 1)
+            return self.fs.open(path, "rb")
         except (FileNotFoundError, OSError):
             return None
 
     def _file_ok(self, key: str, info: dict) -> bool:
-        data = self._read_file(key, info)
-        return data is not None and len(data) == info["size"] and _sha256(data) == info["sha256"]
+        """Whether an entry file is there with its manifest's size and sha256 (streamed, size-bounded)."""
+        src = self._open_entry_file(key, info)
+        if src is None:
+            return False
+        with src:
+            return _matches(src, info)
 
     def prune(self, older_than_s: float) -> int:
         """Remove entries created before `older_than_s` ago, and killed writers' debris."""
@@ -371,8 +472,19 @@ class StageCache:
         return removed
 
 
-def _sha256(data: bytes) -> str:
-    return hashlib.sha256(data).hexdigest()
+def _matches(src, info: dict, sink=None) -> bool:
+    """Whether the stream holds exactly the manifest's size and sha256, read CHUNK by CHUNK and never past
+    size + 1 bytes (each chunk handed to `sink` too, when given)."""
+    digest, size, limit = hashlib.sha256(), 0, info["size"]
+    while size <= limit:
+        chunk = src.read(min(CHUNK, limit + 1 - size))
+        if not chunk:
+            break
+        size += len(chunk)
+        digest.update(chunk)
+        if sink is not None:
+            sink(chunk)
+    return size == limit and digest.hexdigest() == info["sha256"]
 
 
 def _mtime(fs, info: dict) -> float:

@@ -28,13 +28,13 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from npubuild.engine.cache import StageCache
-from npubuild.engine.execute import run_stage, stage_modules
+from npubuild.engine.execute import output_error, run_stage, stage_modules
 from npubuild.engine.plan import BuildPlan
 from npubuild.engine.session import Session
 from npubuild.engine.shipping import Prepared, Shipping
 from npubuild.engine.uptodate import is_done
 from npubuild.engine.worker import run_remote
-from npubuild.errors import InputError, NpubuildError
+from npubuild.errors import InputError, NpubuildError, is_disk_full
 
 TASK_RETRIES = 3
 CONNECT_TIMEOUT_S = 30
@@ -109,11 +109,15 @@ class DaskExecutor:
         assert cache_url is not None
         self.cache_url, self.debug, self.scheduler, self.workers, self.client = \
             cache_url, debug, scheduler, workers, client
+        self.jobs = workers if scheduler is None and client is None else None  # a cluster's own size otherwise
         self.keep_going = keep_going  # False: start no task after the first failure, as doit without --continue
         self._own = self._cluster = None  # the client and LocalCluster this executor started
 
     def run(self, plan: BuildPlan, session: Session) -> int:
         import dask
+        import distributed  # noqa: F401 - its config defaults in place first: dask.config.set records a section
+        # that is not there yet as its own and removes it whole on exit (a process's first Dask build, with
+        # nothing to run, left it without any `distributed` config: the next LocalCluster failed)
 
         # Workers that may have children, so each task runs isolated in one (engine/isolate.py); the nanny
         # reads this whenever it (re)starts a worker, so it holds for the whole run.
@@ -222,7 +226,7 @@ class _Walk:
                 return None
             prepared = self.shipping.prepare(task, self.session.run_id)
         except (NpubuildError, OSError) as exc:  # OSError: the cache unreachable while restoring a hit
-            self._settle(name, "failed", str(exc))
+            self._settle(name, "failed", str(output_error(task, exc) if is_disk_full(exc) else exc))
             return None
         if prepared.remote is None:
             self._settle(name, "from-cache")
@@ -247,7 +251,7 @@ class _Walk:
         try:
             failure = self.shipping.finish(task, prepared, result, self.session.run_id)
         except (NpubuildError, OSError) as exc:
-            failure = str(exc)
+            failure = str(output_error(task, exc) if is_disk_full(exc) else exc)
         if failure is not None:
             self._settle(name, "failed", failure)
         else:

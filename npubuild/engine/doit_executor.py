@@ -8,29 +8,30 @@ session, which hands the outcome to its reporter (the reports) when doit ends th
 
 from __future__ import annotations
 
-import os
 import sys
 from collections.abc import Iterator
 
 from doit.exceptions import TaskFailed, UnmetDependency
 
-from npubuild.engine.execute import run_stage, stage_modules, was_restored
+from npubuild.engine.execute import Notice, run_stage, stage_modules, was_restored
 from npubuild.engine.plan import BuildPlan
 from npubuild.engine.session import Session
 from npubuild.engine.stage import StageTask
 from npubuild.engine.uptodate import is_done
-from npubuild.errors import NpubuildError
-from npubuild.fanout import WORKERS_ENV, workers_for_jobs
+from npubuild.errors import InputError, NpubuildError
 
 
 def doit_action(task: StageTask, run_id: str, debug: bool, cache_url: str | None,
-                preload: tuple[str, ...] = ()) -> TaskFailed | None:
-    """doit python-action: run the stage; a failure is one line, never a traceback."""
+                preload: tuple[str, ...] = ()) -> TaskFailed | dict | None:
+    """doit python-action: run the stage; a failure is one line, never a traceback. Its warnings that a run
+    shows once (Notice) travel back as the task's doit values, from a `-n` worker process too, to the
+    session, which prints the first of each kind."""
+    notices: list[Notice] = []
     try:
-        run_stage(task, run_id, debug, cache_url, preload)
+        run_stage(task, run_id, debug, cache_url, preload, notices)
     except NpubuildError as exc:
         return TaskFailed(str(exc))
-    return None
+    return {"notices": [[n.kind, n.text] for n in notices]} if notices else None
 
 
 def stage_done(stage_task: StageTask) -> bool:
@@ -62,8 +63,11 @@ def depth_first(plan: BuildPlan) -> list[str]:
 
 def doit_config(plan: BuildPlan, reporter: type) -> dict:
     return {
+        # doit's dependency database in memory: npubuild's tasks have no file_dep, their up-to-date check is
+        # npubuild's own (stage_done), so doit only ever writes it; on disk it was one more file a full disk
+        # turned into a sqlite traceback at the end of the run (issue 34), and one a killed run left stale
         "backend": "sqlite3",
-        "dep_file": str(plan.build_dir / ".doit.db"),
+        "dep_file": ":memory:",
         "reporter": reporter,
         "verbosity": 0,
         "default_tasks": depth_first(plan) or [s.name for s in plan.stages],
@@ -120,6 +124,8 @@ def make_reporter(session: Session) -> type:
                 session.started(task.name)
 
         def add_success(self, task):
+            for kind, text in (task.values or {}).get("notices", ()):
+                session.notice(kind, text)
             if task.actions:
                 restored = task.name in tasks and was_restored(tasks[task.name])
                 session.finished(task.name, "from-cache" if restored else "ran")
@@ -179,20 +185,27 @@ class DoitExecutor:
         from doit.doit_cmd import DoitMain
 
         args = ["run"]
-        if self.jobs > 1:
+        if self.jobs > 1:  # npubuild.engine.run.build clamped it to what the machine and the plan hold
             args += ["-n", str(self.jobs), "-P", "process"]
-            share_cores(self.jobs)
         if self.keep_going:
             args.append("--continue")
         ns = namespace(plan, session, self.debug, self.cache_url)
         return DoitMain(ModuleTaskLoader(ns), extra_config={"GLOBAL": {}}).run(args)
 
 
-def share_cores(jobs: int) -> None:
-    """Tasks run `jobs` at a time share the cores: each stage's worker processes (npubuild/fanout.py) are the
-    cores divided by the jobs, unless the user set $NPUBUILD_STAGE_WORKERS."""
-    if jobs > 1:
-        os.environ.setdefault(WORKERS_ENV, workers_for_jobs(jobs))
+def check_doit_jobs(jobs: int, plan: BuildPlan) -> None:
+    """Plain `doit -n N`: doit starts its N worker processes itself (one per job slot, ready task or not), so
+    npubuild cannot run fewer as `npubuild build -n` does (engine/capacity.py); more than the machine holds
+    is refused in one line instead of forking them."""
+    from npubuild.engine.capacity import plan_width
+    from npubuild.machine import Capacity
+
+    capacity = Capacity.here()
+    bound = max(1, min(capacity.tasks, plan_width(plan)))
+    if jobs > bound:
+        raise InputError(f"doit -n {jobs}: this machine and plan hold {bound} task(s) at a time "
+                         f"({capacity.describe()}; at most {plan_width(plan)} of the plan's {len(plan.tasks)} tasks "
+                         f"can run at once): give -n {bound} or less (npubuild build -n clamps it itself)")
 
 
 def doit_jobs(argv: list[str]) -> int:

@@ -34,11 +34,18 @@ import traceback
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from npubuild.errors import InputError, Location, NpubuildError, is_out_of_memory
+from npubuild.errors import (
+    DiskFull,
+    InputError,
+    Location,
+    NpubuildError,
+    is_disk_full,
+    is_out_of_memory,
+    written_path,
+)
+from npubuild.machine import MEMORY_ENV, memory_limit_bytes
 
 T = TypeVar("T")
-MEMORY_ENV = "NPUBUILD_STAGE_MEMORY_MIB"
-DEFAULT_MEMORY_MIB = 4096  # address space a child may add to what it inherits
 DEFAULT_TIMEOUT_S = 3600.0
 PRELOAD = ("__main__", "numpy", "onnx", "onnxruntime")  # the caller's main module (else each child imports it)
 
@@ -49,14 +56,6 @@ class ChildFailure(Exception):
     def __init__(self, summary: str, child_traceback: str):
         super().__init__(summary)
         self.child_traceback = child_traceback
-
-
-def memory_limit_bytes() -> int:
-    """The child's added address space: $NPUBUILD_STAGE_MEMORY_MIB, else DEFAULT_MEMORY_MIB."""
-    text = os.environ.get(MEMORY_ENV, "")
-    if text.isdigit() and int(text) > 0:
-        return int(text) << 20
-    return DEFAULT_MEMORY_MIB << 20
 
 
 def isolation_possible() -> bool:
@@ -82,6 +81,8 @@ def _rebuild(kind: str, payload: dict, failure: type[NpubuildError], where: str 
         exc.exit_code = payload["exit_code"]
         exc.detail = payload.get("detail") or {}
         return exc
+    if kind == "disk":
+        return DiskFull(payload["path"])
     if kind == "memory":
         return failure(f"{payload['what']} needs more than {payload['limit_mib']} MiB of memory "
                        f"(${MEMORY_ENV} raises the limit)", where)
@@ -126,7 +127,9 @@ def _outcome(fn: Callable[..., Any], args: tuple, memory_bytes: int, what: str) 
                                "location": (loc.file, loc.line, loc.col) if loc is not None else None,
                                "error": _pickled(exc)})  # whole: its class (InternalError...) and detail
     except Exception as exc:  # a bug (the parent records it as an internal error with this traceback), or
-        if is_out_of_memory(exc) or _near(limit):  # the limit: a MemoryError, ENOMEM, an unmappable library,
+        if is_disk_full(exc):  # a full disk: said as such by the parent, naming it and the file
+            result = ("disk", {"path": written_path(exc)})
+        elif is_out_of_memory(exc) or _near(limit):  # the limit: a MemoryError, ENOMEM, an unmappable library,
             result = ("memory", {"what": what, "limit_mib": memory_bytes >> 20})  # or a library's own error
         else:
             result = ("bug", {"summary": f"{type(exc).__name__}: {exc}",

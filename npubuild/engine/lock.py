@@ -23,7 +23,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from npubuild.errors import InputError
+from npubuild.errors import DiskFull, InputError, is_disk_full
 
 LOCK_NAME = ".lock"
 PR_SET_PDEATHSIG = 1
@@ -112,6 +112,8 @@ def _open_lock_file(build_dir: Path) -> int:
     except NotADirectoryError:
         raise InputError("cannot use as a build dir: a directory above it is a file", str(build_dir)) from None
     except OSError as exc:
+        if is_disk_full(exc):
+            raise DiskFull(build_dir, "the build dir") from None
         raise InputError(f"cannot use as a build dir: {exc.strerror or exc}", str(build_dir)) from None
     path = build_dir / LOCK_NAME
     try:
@@ -119,12 +121,16 @@ def _open_lock_file(build_dir: Path) -> int:
     except IsADirectoryError:
         raise InputError("is a directory, not npubuild's lock file: remove it", str(path)) from None
     except OSError as exc:
+        if is_disk_full(exc):
+            raise DiskFull(path, "the build dir's lock file") from None
         raise InputError(f"cannot open the build dir's lock file: {exc.strerror or exc}", str(path)) from None
 
 
 def acquire(build_dir: Path, wait: bool = False, poll_s: float = 0.2) -> int:
-    """Take the lock; returns the open fd that holds it (close it with `release`)."""
+    """Take the lock; returns the open fd that holds it (close it with `release`). `wait`: block until the
+    holder is done, saying so once on stderr (as cargo does: a silent wait looks like a hang)."""
     fd = _open_lock_file(build_dir)
+    said = False
     while True:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -135,6 +141,10 @@ def acquire(build_dir: Path, wait: bool = False, poll_s: float = 0.2) -> int:
                 os.close(fd)
                 raise BuildDirBusy(f"build dir is in use by another npubuild build{holder}; "
                                    "wait for it, pass --wait, or use another --build-dir", str(build_dir)) from None
+            if not said:
+                sys.stderr.write(f"{build_dir}: waiting for another npubuild build{_holder(fd)} to finish\n")
+                sys.stderr.flush()
+                said = True
             time.sleep(poll_s)
         except OSError as exc:  # e.g. ENOLCK: a file system without locks
             os.close(fd)
@@ -144,6 +154,8 @@ def acquire(build_dir: Path, wait: bool = False, poll_s: float = 0.2) -> int:
         os.pwrite(fd, str(os.getpid()).encode(), 0)
     except OSError as exc:
         os.close(fd)
+        if is_disk_full(exc):
+            raise DiskFull(build_dir / LOCK_NAME, "the build dir's lock file") from None
         raise InputError(f"cannot write the build dir's lock file: {exc.strerror or exc}", str(build_dir)) from None
     _install_fork_hook()
     if sys.platform.startswith("linux"):

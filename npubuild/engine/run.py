@@ -44,6 +44,7 @@ class Executor(Protocol):
     """Runs a plan's tasks in dependency order, reporting each task's outcome to the session."""
 
     name: str
+    jobs: int | None  # tasks it runs at once (None: a cluster's own size, not set here)
 
     def run(self, plan: BuildPlan, session: Session) -> int:
         """Run every task; returns a non-zero code if the executor itself failed."""
@@ -57,7 +58,7 @@ def run_plan(plan: BuildPlan, executor: Executor, options: RunOptions | None = N
     options = options or RunOptions()
     with locked(plan.build_dir, options.wait):
         session = Session(plan, reporter, quiet=options.quiet, live=options.live, executor=executor.name,
-                          verbose=options.verbose, per_build=options.per_build)
+                          verbose=options.verbose, jobs=executor.jobs, per_build=options.per_build)
         code = executor.run(plan, session)
         sys.stdout.flush()
         return session.close(code)
@@ -68,6 +69,7 @@ def build(builds: list[Build], build_dir: Path, stages: tuple[Stage, ...], optio
     """Plan and run builds through `stages` (npubuild.stages.STAGES, in run order); `client`: a Dask client to
     run on (tests and benches; `options.scheduler` names one by address)."""
     from npubuild.engine.cache import resolve_cache
+    from npubuild.engine.capacity import clamp_jobs, stage_workers_for
 
     options = options or RunOptions()
     try:
@@ -77,12 +79,17 @@ def build(builds: list[Build], build_dir: Path, stages: tuple[Stage, ...], optio
             if options.executor == "dask":
                 from npubuild.engine.dask_executor import DaskExecutor
 
-                ex: Executor = DaskExecutor(cache_url, options.debug, options.scheduler,
-                                            options.jobs if options.jobs > 1 else 2, client, options.keep_going)
+                jobs = options.jobs if options.jobs > 1 else 2
+                if options.scheduler is None and client is None:  # the local cluster's workers are processes here
+                    jobs = clamp_jobs(jobs, plan, None if options.jobs > 1 else "a local Dask cluster of 2 workers")
+                ex: Executor = DaskExecutor(cache_url, options.debug, options.scheduler, jobs, client,
+                                            options.keep_going)
             else:
                 from npubuild.engine.doit_executor import DoitExecutor
 
-                ex = DoitExecutor(cache_url, options.debug, options.jobs, options.keep_going)
-        return run_plan(plan, ex, options, reporter)
+                jobs = clamp_jobs(options.jobs, plan)  # doit starts a process per job slot: no more than fit
+                ex = DoitExecutor(cache_url, options.debug, jobs, options.keep_going)
+        with stage_workers_for(jobs):  # the stage worker pools share the cores among the tasks run at once
+            return run_plan(plan, ex, options, reporter)
     finally:
         gc.unfreeze()  # what long_lived froze for this build's forks: collectable again in a process that goes on

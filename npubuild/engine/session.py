@@ -22,6 +22,7 @@ from typing import Protocol
 
 from npubuild.engine.plan import BuildPlan
 from npubuild.engine.progress import LiveDisplay, StageProgress
+from npubuild.errors import plain_message
 from npubuild.records.build import Outcome
 
 OUTCOMES = tuple(o.value for o in Outcome)
@@ -38,10 +39,25 @@ class RunOutcome:
     plan: BuildPlan
     run_id: str
     executor: str  # doit or dask
-    tasks: dict[str, list[str]]  # outcome (ran, from-cache, cached, failed, blocked) -> task names, as they came
+    tasks: dict[str, list[str]]  # outcome (ran, from-cache, cached, failed, blocked, not-run) -> task names
     started: float  # time.perf_counter() when the session started (the closing summary's elapsed time)
     executor_code: int = 0  # non-zero: the executor itself failed (not a task)
     messages: dict[str, str] = field(default_factory=dict)  # failed task -> its error
+    jobs: int | None = None  # tasks run at once, as the executor was given them (None: a cluster's own size)
+    stopped: str | None = None  # why the run ended before reaching every task (the first failure, Ctrl-C)
+
+    _by_task: dict[str, Outcome] | None = field(default=None, init=False, repr=False, compare=False)
+
+    def outcome(self, task: str) -> Outcome:
+        """What became of `task` in this run; NOT_RUN if the run never reached it."""
+        if self._by_task is None:
+            self._by_task = {name: Outcome(o) for o, names in self.tasks.items() for name in names}
+        return self._by_task.get(task, Outcome.NOT_RUN)
+
+    def is_current(self, task: str) -> bool:
+        """Whether the task's record is this run's word on it (Outcome.current): only then may a report
+        show its figures; any other record is an earlier run's, whatever its key says."""
+        return self.outcome(task).current
 
     @property
     def executed(self) -> list[str]:
@@ -66,11 +82,16 @@ class RunOutcome:
         """Not run: an upstream task failed."""
         return sorted(self.tasks["blocked"])
 
+    @property
+    def not_run(self) -> list[str]:
+        """Not reached: the run stopped first (a failure without --keep-going, Ctrl-C, the executor failed)."""
+        return sorted(self.tasks[Outcome.NOT_RUN])
+
     def run_json(self) -> dict:
-        """run.json: which tasks ran, were restored, up to date, failed or blocked."""
-        return {"run_id": self.run_id, "executor": self.executor, "executed": self.executed,
+        """run.json: which tasks ran, were restored, up to date, failed, blocked or not reached."""
+        return {"run_id": self.run_id, "executor": self.executor, "jobs": self.jobs, "executed": self.executed,
                 "from_cache": self.from_cache, "cached": self.cached, "failed": self.failed,
-                "blocked": self.blocked}
+                "blocked": self.blocked, "not_run": self.not_run}
 
 
 @dataclass(frozen=True)
@@ -109,10 +130,11 @@ class Session:
 
     def __init__(self, plan: BuildPlan, reporter: Reporter | None = None, run_id: str | None = None,
                  quiet: bool = False, live: bool | None = None, executor: str = "doit", verbose: bool = False,
-                 per_build: bool = True):
+                 per_build: bool = True, jobs: int | None = None):
         self.plan = plan
         self.reporter = reporter
         self.per_build = per_build
+        self.jobs = jobs  # tasks run at once, as the executor was given them (None: a cluster's own size)
         self.run_id = run_id or new_run_id()
         self.quiet = quiet
         self.verbose = verbose
@@ -127,6 +149,8 @@ class Session:
         self._left: dict[str, set[str]] = {bid: set(chain.values()) for bid, chain in plan.build_tasks.items()}
         self._worked: set[str] = set()  # builds with a task that ran, was restored or failed in this run
         self._cause: dict[str, str] = {}  # build id -> the stage of its first failed task
+        self._aborted: str | None = None  # the executor itself failed (Session.abort)
+        self._noticed: set[str] = set()  # kinds of warning shown once per run already (Session.notice)
 
     # ------------------------------------------------------------------ events from the executor
 
@@ -158,6 +182,14 @@ class Session:
                 left.discard(task_name)
                 if not left:
                     self._build_finished(bid)
+
+    def notice(self, kind: str, text: str) -> None:
+        """A warning shown once per run for its `kind` (a shared cache that cannot take outputs: every task
+        meets it, one line says it)."""
+        if kind not in self._noticed:
+            self._noticed.add(kind)
+            sys.stderr.write(f"warning: {text}\n")
+            sys.stderr.flush()
 
     def _build_finished(self, build_id: str) -> None:
         """Every task of the build has an outcome: say whether it passed, as soon as it is known. Each failure's
@@ -202,8 +234,11 @@ class Session:
             self.outcome.executor_code = self.outcome.executor_code or executor_code
             return self.outcome
         self._stop_live()
+        settled = {t for names in self.outcomes.values() for t in names}
+        self.outcomes[Outcome.NOT_RUN] = [t for t in self.plan.tasks if t not in settled]
         self.outcome = RunOutcome(self.plan, self.run_id, self.executor, self.outcomes, self.progress.start,
-                                  executor_code, self.messages)
+                                  executor_code, self.messages, self.jobs,
+                                  self._stop_reason() if self.outcomes[Outcome.NOT_RUN] else None)
         if self.reporter is not None:
             self.reporter.close(self.outcome, self._error)
         return self.outcome
@@ -232,7 +267,19 @@ class Session:
     def abort(self, text: str) -> None:
         """The executor itself failed (not a task): stop the live table, say why in one line."""
         self._stop_live()
+        self._aborted = self._aborted or text
         sys.stderr.write(f"error: {text}\n")
+
+    def _stop_reason(self) -> str:
+        """Why the run ended before reaching every task: what the tasks not reached say in the report."""
+        if isinstance(sys.exc_info()[1], KeyboardInterrupt):  # closed by doit on its way out of a Ctrl-C
+            return "the run was interrupted (Ctrl-C) before it"
+        if self._aborted is not None:
+            return f"the run stopped before it: {plain_message(self._aborted)}"
+        failed = self.outcomes["failed"]
+        if failed:
+            return f"the run stopped at the first failure ({failed[0]}) before it; --keep-going builds the rest"
+        return "the run ended before it"
 
 
 def _same_terminal(a, b) -> bool:

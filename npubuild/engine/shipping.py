@@ -13,7 +13,7 @@ tell which executor ran it.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from npubuild.engine.cache import KEY_ENV, StageCache, cache_key
@@ -26,6 +26,7 @@ from npubuild.engine.uptodate import (
     clear_debris,
     fingerprint,
     read_record,
+    upstream_digests,
     write_inputs,
 )
 from npubuild.engine.worker import Address, RemoteResult, RemoteTask
@@ -38,8 +39,9 @@ class Prepared:
     """A task about to leave the client: its inputs' fingerprints (for inputs.json) and the worker's task."""
 
     fp: dict[str, list]
-    key: str  # the task's cache key (config + input contents)
+    key: str  # the task's cache key (config + input contents + the upstream stages' outputs)
     remote: RemoteTask | None  # None: restored from the cache here, nothing to run
+    upstream: dict[str, str] = field(default_factory=dict)  # uptodate.upstream_digests, for inputs.json
 
 
 class Shipping:
@@ -102,28 +104,31 @@ class Shipping:
         corrupted = check_producers(task, hashes)
         if corrupted is not None:
             raise StageError(f"stage {task.stage}: {corrupted}")
+        upstream = upstream_digests(task)
         for p in (task.outputs["record"], error_path(task)):
             p.unlink(missing_ok=True)
         task.dir.mkdir(parents=True, exist_ok=True)
-        key = cache_key(task.config, {**task.inputs, **companion_inputs(task)}, hashes)
+        key = cache_key(task.config, {**task.inputs, **companion_inputs(task)}, hashes, upstream)
         start = time.perf_counter()
         entry = self.cache.get(key, task.dir, self._required(task))
         if entry is not None:
             record = write_record(task, run_id, start, entry.metrics, key, from_cache=True)
-            write_inputs(task, fp, record["outputs"])
+            write_inputs(task, fp, record["outputs"], upstream)
             self.published.add(key)
-            return Prepared(fp, key, None)
+            return Prepared(fp, key, None, upstream)
         companions = stage_of(task).companions
-        inputs = {name: self._address(p, hashes[name], companions.get(name)) for name, p in task.inputs.items()}
+        inputs = {name: self._address(p, hashes[name], companions.get(name), upstream.get(name))
+                  for name, p in task.inputs.items()}
         remote = RemoteTask(task.name, task.stage, task.module, task.label, task.config, inputs,
                             {n: p.relative_to(task.dir).as_posix() for n, p in task.outputs.items() if n != "record"},
                             key, list(task.builds))
-        return Prepared(fp, key, remote)
+        return Prepared(fp, key, remote, upstream)
 
-    def _address(self, path: Path, sha256: str, companions: Companions | None = None) -> Address:
+    def _address(self, path: Path, sha256: str, companions: Companions | None = None,
+                 upstream: str | None = None) -> Address:
         if path in self.producer:
             producer, rel = self.producer[path]
-            return Address(self._entry_of(producer), rel, sha256)
+            return Address(self._entry_of(producer), rel, sha256, upstream)
         addr = self.user.get(path)
         if addr is None or addr.sha256 != sha256:  # not published yet, or edited since: publish what is there
             addr = self.user[path] = self._publish_file(path, companions)
@@ -152,7 +157,7 @@ class Shipping:
         self.published.add(entry.key)
         record = write_record(task, run_id, start, entry.metrics, entry.key, from_cache=result.status == "from-cache",
                               seconds=result.seconds if result.status == "ran" else None)
-        write_inputs(task, prepared.fp, record["outputs"])
+        write_inputs(task, prepared.fp, record["outputs"], prepared.upstream)
         return None
 
     @staticmethod

@@ -27,7 +27,7 @@ from pathlib import Path
 
 from npubuild.engine.notice import warn
 from npubuild.engine.stage import StageTask
-from npubuild.fileio import file_hash, read_json, write_json
+from npubuild.fileio import file_hash, read_json, stable_hash, write_json
 
 INPUTS_NAME = "inputs.json"
 RECORD_NAME = "stage.json"
@@ -95,15 +95,17 @@ def hash_outputs(task: StageTask) -> dict[str, dict]:
     return {rel: {"size": p.stat().st_size, "sha256": file_hash(p)} for rel, p in output_files(task).items()}
 
 
-def write_inputs(task: StageTask, fp: dict[str, list], outputs: dict[str, dict] | None = None) -> None:
-    """inputs.json: the inputs' fingerprints and the stat signature of each output named in the record."""
+def write_inputs(task: StageTask, fp: dict[str, list], outputs: dict[str, dict] | None = None,
+                 upstream: dict[str, str] | None = None) -> None:
+    """inputs.json: the inputs' fingerprints, the digests of the upstream stages' outputs they came with
+    (upstream_digests) and the stat signature of each output named in the record."""
     sigs = {}
     for rel in outputs or {}:
         try:
             sigs[rel] = stat_signature(os.stat(task.dir / rel))
         except OSError:
             pass
-    write_json(task.dir / INPUTS_NAME, {"key": task.key, "inputs": fp, "outputs": sigs})
+    write_json(task.dir / INPUTS_NAME, {"key": task.key, "inputs": fp, "upstream": upstream or {}, "outputs": sigs})
 
 
 def _input_same(path: Path, saved: list) -> tuple[bool, list | None]:
@@ -174,6 +176,8 @@ def _is_done(task: StageTask) -> bool:
     paths = recorded_inputs(task, fp) if isinstance(fp, dict) else None
     if paths is None:
         return False
+    if saved.get("upstream", {}) != upstream_digests(task):  # an upstream stage's files are not those it ran on
+        return False
     new_inputs: dict[str, list] = {}
     for name, p in paths.items():
         same, refreshed = _input_same(p, fp[name])
@@ -214,6 +218,38 @@ def recorded_inputs(task: StageTask, fp: dict) -> dict[str, Path] | None:
     return paths
 
 
+def producer_record(stage_dir: Path) -> dict | None:
+    """The stage.json in `stage_dir` if it is a stage's completion record (a user's file named stage.json beside
+    a model is not), else None."""
+    record_path = stage_dir / RECORD_NAME
+    if not record_path.is_file():
+        return None
+    try:
+        rec = read_json_cached(record_path)
+    except (OSError, ValueError):
+        return None
+    return rec if isinstance(rec, dict) and "stage" in rec and "key" in rec else None
+
+
+def upstream_digests(task: StageTask) -> dict[str, str]:
+    """Input name -> a digest of every file the stage that wrote the input recorded (its stage.json `outputs`:
+    each file's sha256), for each input an upstream stage produced. A stage reads files beside its declared
+    input (vela and tosa-check read the .tosa graphs io.json names, fvp the Vela model beside summary.json), so
+    its cache key and its up-to-date check cover the content of all of them, as Bazel keys an action by the
+    digests of its inputs: a changed or planted upstream file reruns the checks that read it. (A task's own
+    `key`, its stage dir's name, is its config's, known when the plan is made.)"""
+    out: dict[str, str] = {}
+    for name, path in sorted(task.inputs.items()):
+        if path.name in BOOKKEEPING or path.parent == task.dir:
+            continue  # the report reads records only: their own fingerprints are its inputs
+        rec = producer_record(path.parent)
+        outputs = rec.get("outputs") if rec is not None else None
+        if isinstance(outputs, dict):
+            out[name] = stable_hash({rel: info.get("sha256") if isinstance(info, dict) else None
+                                     for rel, info in outputs.items()}, 64)
+    return out
+
+
 def check_producers(task: StageTask, hashes: dict[str, str]) -> str | None:
     """Before a task consumes its inputs: every file the producing stages recorded must hash to what they
     recorded, the declared inputs (`hashes`, computed anyway) and the files a consumer reads beside them (vela
@@ -223,15 +259,9 @@ def check_producers(task: StageTask, hashes: dict[str, str]) -> str | None:
     by_path = {path: hashes.get(name) for name, path in task.inputs.items()}
     consumed = {path.parent for path in task.inputs.values() if path.name not in BOOKKEEPING}  # the report
     for producer in sorted(consumed):  # reads only records: the producers' own checks cover the rest
-        record_path = producer / RECORD_NAME
-        if producer == task.dir or not record_path.is_file():
+        rec = producer_record(producer) if producer != task.dir else None
+        if rec is None:
             continue
-        try:
-            rec = read_json_cached(record_path)
-        except (OSError, ValueError):
-            continue
-        if not isinstance(rec, dict) or "stage" not in rec or "key" not in rec:
-            continue  # not a stage's record (a user's file named stage.json beside a model)
         outputs = rec.get("outputs")
         for rel, info in (outputs.items() if isinstance(outputs, dict) else ()):
             if not isinstance(info, dict) or rel in BOOKKEEPING:
@@ -242,19 +272,43 @@ def check_producers(task: StageTask, hashes: dict[str, str]) -> str | None:
             except OSError:
                 actual = None
             if actual != info.get("sha256"):
-                record_path.unlink(missing_ok=True)
+                (producer / RECORD_NAME).unlink(missing_ok=True)
                 return (f"{rel} of {rec.get('task', producer.name)} changed on disk after it was built "
                         f"(sha256 differs from its record); its task reruns on the next build")
     return None
 
 
+def debris_in(directory: Path) -> list[Path]:
+    """What killed runs left under a stage dir, at any depth (vela's raw/ and firmware/ too): every file or
+    directory whose name starts with '.' (temp files, .vela-* work dirs, restores' .part files), the topmost
+    of each, never one inside another."""
+    out: list[Path] = []
+    if not directory.is_dir():
+        return out
+    stack = [directory]
+    while stack:
+        d = stack.pop()
+        try:
+            entries = sorted(d.iterdir())
+        except OSError:
+            continue
+        for p in entries:
+            if p.name.startswith("."):
+                out.append(p)
+            elif p.is_dir() and not p.is_symlink():
+                stack.append(p)
+    return out
+
+
+def remove_debris(paths: list[Path]) -> None:
+    for p in paths:
+        if p.is_dir() and not p.is_symlink():
+            shutil.rmtree(p, ignore_errors=True)
+        else:
+            p.unlink(missing_ok=True)
+
+
 def clear_debris(task: StageTask) -> None:
-    """Remove temp files and dirs a killed run left in the stage dir (names starting with '.')."""
-    if not task.dir.is_dir():
-        return
-    for p in task.dir.iterdir():
-        if p.name.startswith("."):
-            if p.is_dir():
-                shutil.rmtree(p, ignore_errors=True)
-            else:
-                p.unlink(missing_ok=True)
+    """Remove temp files and dirs a killed run left in the stage dir, in its subdirectories too (names
+    starting with '.'; they looked at the top level only, so a killed Vela's firmware/.x.tmp survived)."""
+    remove_debris(debris_in(task.dir))

@@ -22,6 +22,7 @@ from npubuild.engine.execute import execute, read_error
 from npubuild.engine.stage import StageTask
 from npubuild.engine.uptodate import RECORD_NAME
 from npubuild.errors import NpubuildError, StageError
+from npubuild.fileio import stable_hash
 
 
 @dataclass(frozen=True)
@@ -31,6 +32,9 @@ class Address:
     entry: str  # the cache key of the entry holding the file
     file: str  # its path inside the entry
     sha256: str
+    # an upstream stage's output: the digest of every file of its entry (uptodate.upstream_digests), which is
+    # part of the task's key; the worker reads the files beside this one too, so all must be what was keyed
+    upstream: str | None = None
 
 
 @dataclass
@@ -79,12 +83,17 @@ def run_remote(task: RemoteTask, cache_url: str, run_id: str, debug: bool = Fals
                           {**{n: out / f for n, f in task.outputs.items()}, "record": out / RECORD_NAME},
                           builds=list(task.builds))
         try:
-            record = execute(local, run_id, debug, cache, key=task.cache_key, preload=preload)
+            record = execute(local, run_id, debug, cache, key=task.cache_key, preload=preload, cache_required=True)
         except NpubuildError as exc:
             error = read_error(local) or {"kind": "stage", "message": str(exc), "run_id": run_id}
             return RemoteResult(task.name, "failed", error={**error, "message": str(exc)}, worker_paths=paths)
         return RemoteResult(task.name, "from-cache" if record["from_cache"] else "ran", record["cache_key"],
                             record["metrics"], record["seconds"], worker_paths=paths)
+
+
+def entry_digest(files: dict[str, dict]) -> str:
+    """The digest of an entry's files as uptodate.upstream_digests takes it from the stage's record."""
+    return stable_hash({name: info.get("sha256") for name, info in files.items()}, 64)
 
 
 def fetch_inputs(task: RemoteTask, cache: StageCache, dest: Path) -> dict[str, Path]:
@@ -99,7 +108,8 @@ def fetch_inputs(task: RemoteTask, cache: StageCache, dest: Path) -> dict[str, P
                                  f"{cache.url} (entry {addr.entry}); the next build publishes it again")
             restored[addr.entry] = entry.files
         info = restored[addr.entry].get(addr.file)
-        if info is None or info.get("sha256") != addr.sha256:
+        if info is None or info.get("sha256") != addr.sha256 or (
+                addr.upstream is not None and entry_digest(restored[addr.entry]) != addr.upstream):
             raise StageError(f"stage {task.stage}: input '{name}' in the shared cache (entry {addr.entry}) "
                              f"is not the file the client planned with (sha256 differs)")
         out[name] = dest / addr.entry / addr.file

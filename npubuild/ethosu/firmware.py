@@ -1,7 +1,7 @@
 """Firmware-ready output: a deployment manifest (JSON) and a C header/source pair per NPU partition.
 
-Everything comes from what was compiled (Vela's raw .npz, the lowered graph's
-I/O quantisation, the target profile's pools and memory mode), so firmware
+Everything comes from what was compiled (the ethos-u operator of Vela's .tflite: ethosu/artifact.py; the
+lowered graph's I/O quantisation; the target profile's pools and memory mode), so firmware
 built against these files cannot disagree with the compile: the command
 stream and constants are embedded byte for byte, and the arena and fast
 scratch sizes, region map, I/O offsets and quantisation are constants.
@@ -13,10 +13,9 @@ import re
 from collections.abc import Sequence
 from pathlib import Path
 
-import numpy as np
-
 from npubuild.config.schema import TargetProfile, VelaOptions
 from npubuild.errors import StageError
+from npubuild.ethosu.artifact import Placed, VelaArtifact
 from npubuild.ethosu.vela_ini import arena_cache_bytes, memory_mode_name
 from npubuild.fileio import write_json, write_text
 from npubuild.records.iospec import GraphIO, IOSpec
@@ -31,35 +30,24 @@ def c_ident(text: str) -> str:
     return ident if re.match(r"[A-Za-z_]", ident) else f"m_{ident}"
 
 
-def _io_entries(z, kind: str, specs: Sequence[IOSpec]) -> list[dict]:
-    if len(z[f"{kind}_shape"]) != len(specs):  # Vela left out a graph input it does not read (nothing maps it)
-        raise StageError(f"Vela's raw output has {len(z[f'{kind}_shape'])} {kind}s where the TOSA graph has "
+def _io_entries(places: Sequence[Placed], kind: str, specs: Sequence[IOSpec]) -> list[dict]:
+    if len(places) != len(specs):  # Vela left out a graph input it does not read (nothing maps it)
+        raise StageError(f"Vela's ethos-u operator has {len(places)} {kind}s where the TOSA graph has "
                          f"{len(specs)} ({', '.join(s.onnx_name for s in specs)}): the firmware's {kind} map "
                          "cannot be written")
-    out = []
-    for i, spec in enumerate(specs):
-        shape = [int(d) for d in z[f"{kind}_shape"][i]]
-        elem = int(z[f"{kind}_elem_size"][i])
-        out.append({"name": spec.onnx_name, "region": int(z[f"{kind}_region"][i]),
-                    "offset": int(z[f"{kind}_offset"][i]), "shape": shape, "elem_size": elem,
-                    "size": int(np.prod(shape)) * elem, "dtype": spec.dtype, "layout": spec.layout,
-                    "scale": spec.scale, "zero_point": spec.zero_point})
-    return out
+    return [{"name": spec.onnx_name, "region": p.region, "offset": p.offset, "shape": list(p.shape),
+             "elem_size": p.elem_size, "size": p.nbytes, "dtype": spec.dtype, "layout": spec.layout,
+             "scale": spec.scale, "zero_point": spec.zero_point} for p, spec in zip(places, specs, strict=True)]
 
 
-def manifest(npz: Path, io: GraphIO, profile: TargetProfile, opts: VelaOptions) -> dict:
-    """What the firmware must provide and where, from the raw output and the profile."""
+def manifest(art: VelaArtifact, io: GraphIO, profile: TargetProfile, opts: VelaOptions) -> dict:
+    """What the firmware must provide and where, from the compiled artifact and the profile."""
     p = profile.placement
     pool_of = {"constants": p.constants, "arena": p.arena, "fast_scratch": p.cache}
-    with np.load(npz) as z:
-        sizes = {"constants": len(z["weight_data"].item()), "arena": int(z["scratch_size"]),
-                 "fast_scratch": int(z["scratch_fast_size"])}
-        regions = {int(z["weight_region"]): "constants", int(z["scratch_region"]): "arena"}
-        if sizes["fast_scratch"] > 0:  # without an arena cache (Shared_Sram, Sram_Only) there is no such region
-            regions[int(z["scratch_fast_region"])] = "fast_scratch"
-        inputs = _io_entries(z, "input", io.inputs)
-        outputs = _io_entries(z, "output", io.outputs)
-        cmd_len = len(z["cmd_data"].item())
+    sizes = {"constants": len(art.constants), "arena": art.arena_bytes, "fast_scratch": art.fast_scratch_bytes}
+    regions = {art.weight_region: "constants", art.scratch_region: "arena"}
+    if sizes["fast_scratch"] > 0:  # without an arena cache (Shared_Sram, Sram_Only) there is no such region
+        regions[art.fast_region] = "fast_scratch"
     region_list = []
     for idx, role in sorted(regions.items()):
         pool = profile.pools[pool_of[role]]
@@ -73,13 +61,13 @@ def manifest(npz: Path, io: GraphIO, profile: TargetProfile, opts: VelaOptions) 
         "memory_mode": memory_mode_name(profile),
         "arena_cache_size": arena_cache_bytes(profile),
         "vela_options": opts.model_dump(),
-        "command_stream_size": cmd_len,
+        "command_stream_size": len(art.command_stream),
         "constants_size": sizes["constants"],
         "arena_size": sizes["arena"],
         "fast_scratch_size": sizes["fast_scratch"],
         "regions": region_list,
-        "inputs": inputs,
-        "outputs": outputs,
+        "inputs": _io_entries(art.inputs, "input", io.inputs),
+        "outputs": _io_entries(art.outputs, "output", io.outputs),
     }
 
 
@@ -171,14 +159,13 @@ const {prefix}_io_t {prefix}_outputs[] = {{
     return header, source
 
 
-def write_firmware(out_dir: Path, stem: str, npz: Path, io: GraphIO, profile: TargetProfile, opts: VelaOptions) -> dict:
+def write_firmware(out_dir: Path, stem: str, art: VelaArtifact, io: GraphIO, profile: TargetProfile,
+                   opts: VelaOptions) -> dict:
     """Write <prefix>.json, <prefix>.h and <prefix>.c; returns their paths and the manifest's sizes."""
     out_dir.mkdir(parents=True, exist_ok=True)
     prefix = c_ident(f"npubuild_{stem}")
-    man = manifest(npz, io, profile, opts)
-    with np.load(npz) as z:
-        cmd, constants = bytes(z["cmd_data"].item()), bytes(z["weight_data"].item())
-    header, source = render_c(prefix, man, cmd, constants)
+    man = manifest(art, io, profile, opts)
+    header, source = render_c(prefix, man, art.command_stream, art.constants)
     paths = {"manifest": out_dir / f"{prefix}.json", "header": out_dir / f"{prefix}.h",
              "source": out_dir / f"{prefix}.c"}
     write_json(paths["manifest"], man)

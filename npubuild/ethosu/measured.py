@@ -70,6 +70,14 @@ class Choice:
 # as-is reads of a 3-channel image from DRAM cost MediaPipe selfie segmentation's first conv 1.08M cycles.
 STAGED_INPUT = Choice("narrow image input staged into SRAM", lambda m, o: narrow_image(m),
                       lambda o: [replace(o, staged_input_min_row=None if o.staged_input_min_row is not None else 128)])
+# U85-256 sums a small changing-scale plane (DS-CNN's 25x5x64 mean) in one REDUCE_SUM by its threshold (plane_rows'
+# min_elements 16384: the row sums' ones weights cost 0.2-0.7 KiB of DRAM for 0.2-3.5% there, bench/perf_choices.md).
+# Performance mode takes the time, size mode the memory: measured per model, the row sums for every plane they fit.
+SMALL_PLANE_ROWS = Choice("row sums for small plane means",
+                          lambda m, o: o.plane_rows is not None and o.plane_rows.min_elements > 0,
+                          lambda o: [replace(o, plane_rows=replace(o.plane_rows, min_elements=0))])
+
+
 def has_op(model: onnx.ModelProto, op_type: str) -> bool:
     return any(n.op_type == op_type for n in model.graph.node)
 
@@ -80,11 +88,49 @@ def has_op(model: onnx.ModelProto, op_type: str) -> bool:
 # selfie segmentation U65-256 included: 4.648 ms as phases, 4.802 as TRANSPOSE_CONV2D.)
 PHASES = Choice("transposed conv as a 1x1 conv of its phases", lambda m, o: not o.transpose_conv_phases and
                 has_op(m, "ConvTranspose"), lambda o: [replace(o, transpose_conv_phases=True)])
-CHOICES: dict[str, tuple[Choice, ...]] = {
-    "u65": (Choice("narrow image input planar", lambda m, o: o.planar_input_channels is not None and narrow_image(m),
-                   lambda o: [replace(o, planar_input_channels=None)]), STAGED_INPUT),
-    "u85": (STAGED_INPUT, PHASES),
-    "u85wide": (STAGED_INPUT, PHASES),
+@dataclass(frozen=True)
+class NodeChoice:
+    """A form decided node by node: `nodes` are the ones it may apply to, `on(options, nodes)` the options with
+    it on those. Both extremes are lowered and compiled once with Vela's per-layer estimate; each node takes
+    the form under which its own layers cost fewer cycles, and that mix is compiled too: the best of the three
+    whole graphs by Vela's figures is kept (a node's form moves its neighbours' schedule, which the per-layer
+    charge does not see). Three Vela compiles where a search over the nodes would take one per node."""
+
+    name: str
+    nodes: Callable[[onnx.ModelProto, LoweringOptions], list[str]]
+    on: Callable[[LoweringOptions, frozenset[str]], LoweringOptions]
+
+
+# U85 chains a MAXIMUM / MINIMUM onto a depthwise conv: a per-channel PRelu as the max / min of its two pieces is
+# one or two chained passes where its branches make three (palm detection's 96x96x32 maps in DRAM: 407k -> 297k
+# cycles each). Each depthwise reads its per-channel scales, which Vela 5.2 charges once per OFM block: on
+# palm's 12x12x256 PRelus two of them cost 112k cycles against the branches' 84k. So per node, by Vela's
+# per-layer estimate. U55 / U65 chain nothing: the form loses there (palm U55-128 41.9 -> 63.7 ms).
+PRELU_SELECT = NodeChoice("PRelu as max / min of its pieces",
+                          lambda m, o: [] if o.prelu_select else [n.name for n in m.graph.node if n.op_type == "PRelu"],
+                          lambda o, nodes: replace(o, prelu_select_nodes=nodes))
+
+
+def feature_map_matmuls(model: onnx.ModelProto) -> list[str]:
+    """MatMul nodes whose second operand is not a constant (an initializer, or one dequantised)."""
+    inits = {i.name for i in model.graph.initializer}
+    const = inits | {n.output[0] for n in model.graph.node if n.op_type == "DequantizeLinear" and n.input[0] in inits}
+    return [n.name for n in model.graph.node if n.op_type == "MatMul" and n.input[1] not in const]
+
+
+# U65 runs a MatMul of two feature maps (Vela 5.2's MATMUL: a long command sequence, 36.9k cycles for the
+# transformer's [4, 16, 16] x [4, 16, 16]) faster as one broadcast MUL of every product and a REDUCE_SUM (~25k:
+# transformer U65-256 0.224 -> 0.178 ms), for the int32 products' SRAM (12.5 -> 83 KiB); U55-128 and U85-256
+# lose (0.407 -> 0.643, 0.062 -> 0.091 ms): U65 only, per node, so size mode keeps MATMUL where memory grows.
+MATMUL_PRODUCTS = NodeChoice("MatMul of feature maps as products and a sum",
+                             lambda m, o: [] if o.matmul_products else feature_map_matmuls(m),
+                             lambda o, nodes: replace(o, matmul_products_nodes=nodes))
+CHOICES: dict[str, tuple[Choice | NodeChoice, ...]] = {
+    "u65": (MATMUL_PRODUCTS, Choice("narrow image input planar",
+                                    lambda m, o: o.planar_input_channels is not None and narrow_image(m),
+                                    lambda o: [replace(o, planar_input_channels=None)]), STAGED_INPUT),
+    "u85": (PRELU_SELECT, STAGED_INPUT, PHASES, SMALL_PLANE_ROWS),
+    "u85wide": (PRELU_SELECT, STAGED_INPUT, PHASES, SMALL_PLANE_ROWS),
 }
 
 
@@ -104,10 +150,12 @@ SIZE_CHOICES: tuple[Choice, ...] = tuple(_off(f) for f in (
     "conv_stride_taps", "staged_input_min_row", "concat_order"))
 
 
-def vela_figures(tosa: bytes, accelerator: str, optimise: str = "performance") -> dict | None:
+def vela_figures(tosa: bytes, accelerator: str, optimise: str = "performance", layers: bool = False) -> dict | None:
     """Vela's estimate for one whole TOSA graph on the shipped profile of `accelerator`: inference ms, SRAM and
-    off-chip KiB (None if Vela fails). `optimise` "size" compiles with Vela's --optimise Size."""
+    off-chip KiB (None if Vela fails). `optimise` "size" compiles with Vela's --optimise Size. `layers`: also
+    Vela's per-layer rows (perf.parse_per_layer, no ONNX nodes yet) under "layers"."""
     from npubuild.config.load import SHIPPED_ROOT, default_search_path, load_target
+    from npubuild.ethosu.perf import parse_per_layer
     from npubuild.ethosu.vela import parse_summary_csv, vela_command
     from npubuild.ethosu.vela_ini import render_ini
 
@@ -117,14 +165,21 @@ def vela_figures(tosa: bytes, accelerator: str, optimise: str = "performance") -
         src, ini, out = Path(tmp) / "m.tosa", Path(tmp) / "system.ini", Path(tmp) / "out"
         src.write_bytes(tosa)
         ini.write_text(render_ini(profile))
-        proc = subprocess.run(vela_command(src, ini, out, profile, opts), capture_output=True, text=True,
-                              check=False, timeout=600)
+        cmd = vela_command(src, ini, out, profile, opts) + (["--verbose-performance"] if layers else [])
+        proc = subprocess.run(cmd, capture_output=True, text=True, check=False, timeout=600)
         summaries = sorted(out.glob("*_summary_*.csv")) if proc.returncode == 0 else []
         if not summaries:
             return None
         row = parse_summary_csv(summaries[0])
-        return {"ms": round(float(row["inference_time"]) * 1e3, 6), "sram_kib": round(float(row["sram_memory_used"]), 3),
-                "offchip_kib": round(float(row["off_chip_flash_memory_used"]) + float(row["dram_memory_used"]), 3)}
+        figures = {"ms": round(float(row["inference_time"]) * 1e3, 6),
+                   "sram_kib": round(float(row["sram_memory_used"]), 3),
+                   "offchip_kib": round(float(row["off_chip_flash_memory_used"]) + float(row["dram_memory_used"]), 3)}
+        if layers:
+            per_layer = sorted(out.glob("*_per-layer.csv"))
+            if not per_layer:
+                return None
+            figures["layers"] = parse_per_layer(per_layer[0], {})
+        return figures
 
 
 def vela_inference_ms(tosa: bytes, accelerator: str) -> float | None:
@@ -154,6 +209,9 @@ def choose(model: onnx.ModelProto, fam: str, lower: Callable[[LoweringOptions], 
     record = []
     choices = (*CHOICES.get(fam, ()), *(SIZE_CHOICES if optimise == "size" else ()))
     for choice in choices:
+        if isinstance(choice, NodeChoice):
+            options = _by_node(choice, model, fam, options, lower, measure, optimise, record)
+            continue
         if not choice.applies(model, options):
             continue
         candidates = [options, *choice.variants(options)]
@@ -171,6 +229,57 @@ def choose(model: onnx.ModelProto, fam: str, lower: Callable[[LoweringOptions], 
         record.append({"choice": choice.name, "target": FAMILIES[fam].measured_on, "figures": figures, "taken": best})
         options = candidates[best]
     return options, record
+
+
+def node_cycles(lowered: LoweredGraph, layers: list[dict]) -> dict[str, int]:
+    """Vela's cycles per ONNX node: each per-layer row charged to the node whose lowering made its output
+    tensor (families.node_tensors' map; Vela's own inserted layers to the node after them)."""
+    from npubuild.ethosu.perf import charge_nodes
+    from npubuild.tosa.graph import ops_by_node, read_tosa, tensor_nodes
+
+    try:
+        owners = tensor_nodes(ops_by_node(read_tosa(lowered.tosa), lowered.node_ops))
+    except ValueError:
+        return {}
+    cycles: dict[str, int] = {}
+    for layer in charge_nodes(layers, owners):
+        if layer.get("onnx_node"):
+            cycles[layer["onnx_node"]] = cycles.get(layer["onnx_node"], 0) + (layer.get("cycles") or 0)
+    return cycles
+
+
+def _by_node(choice: NodeChoice, model: onnx.ModelProto, fam: str, options: LoweringOptions,
+             lower: Callable[[LoweringOptions], LoweredGraph | None], measure: Callable[..., dict | None],
+             optimise: str, record: list[dict]) -> LoweringOptions:
+    """`options` with `choice` decided per node (NodeChoice); what was measured appended to `record`."""
+    nodes = choice.nodes(model, options)
+    if not nodes:
+        return options
+    candidates = [options, choice.on(options, frozenset(nodes))]
+    graphs = [lower(o) for o in candidates]
+    if any(g is None for g in graphs) or graphs[0].tosa == graphs[1].tosa:
+        return options
+    target = FAMILIES[fam].measured_on
+    figures = [measure(g.tosa, target, optimise, layers=True) for g in graphs]
+    if any(f is None for f in figures):
+        record.append({"choice": choice.name, "figures": figures, "taken": 0})
+        return options
+    per_node = [node_cycles(g, f.pop("layers")) for g, f in zip(graphs, figures, strict=True)]
+    taken = frozenset(n for n in nodes if per_node[1].get(n, 0) < per_node[0].get(n, 0))
+    if taken and taken != frozenset(nodes):
+        mixed = choice.on(options, taken)
+        graph = lower(mixed)
+        mixed_figures = measure(graph.tosa, target, optimise) if graph is not None else None
+        if mixed_figures is not None:
+            candidates.append(mixed)
+            figures.append(mixed_figures)
+    best = 0
+    for i in range(1, len(candidates)):
+        if better(figures[i], figures[best], optimise):
+            best = i
+    record.append({"choice": choice.name, "target": target, "figures": figures, "taken": best,
+                   "nodes": {n: [per_node[0].get(n, 0), per_node[1].get(n, 0)] for n in nodes}})
+    return candidates[best]
 
 
 def _main() -> None:  # pragma: no cover - a debugging aid: python -m npubuild.ethosu.measured MODEL.onnx FAMILY

@@ -64,9 +64,16 @@ def parse_per_layer(path: Path, tensor_nodes: dict[str, str], partition: int = 0
     layers = []
     for row in rows:
         layer = {key: _value(kind, row.get(col, "")) for col, (key, kind) in COLUMNS.items()}
-        layer["onnx_node"] = tensor_nodes.get(layer["tensor"])
         layer["partition"] = partition
         layers.append(layer)
+    return charge_nodes(layers, tensor_nodes)
+
+
+def charge_nodes(layers: list[dict], tensor_nodes: dict[str, str]) -> list[dict]:
+    """Each layer with the ONNX node it is charged to (`onnx_node`, None if unknown), set in place."""
+    for layer in layers:
+        layer["onnx_node"] = tensor_nodes.get(layer["tensor"])
+        layer.pop("vela_inserted", None)
     for i, layer in enumerate(layers):
         if layer["onnx_node"] is None and ("_" in layer["tensor"] or layer["tensor"].startswith("#")):
             # Vela's own layers are named after their input ("layer-18_transpose" before a REDUCE_SUM) or

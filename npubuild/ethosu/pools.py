@@ -1,8 +1,8 @@
 """Memory-pool checks after Vela: the arena, the fast scratch and the constants against their pools.
 
-Vela's raw output (.npz) gives the exact byte sizes the firmware must provide:
-`scratch_size` (the tensor arena), `scratch_fast_size` (the fast scratch, the
-arena cache in a Dedicated_Sram memory mode) and the weights/constants blob.
+Vela's compiled artifact (ethosu/artifact.py) gives the exact byte sizes the firmware must provide:
+the scratch (the tensor arena), the fast scratch (the arena cache in a Dedicated_Sram memory mode) and the
+weights/constants blob.
 Each is charged to the pool the profile's placement puts it in; a pool that
 holds several (Sram_Only) is charged their sum. The command stream is charged
 with the constants: the firmware keeps it as a const array beside the weights,
@@ -14,7 +14,6 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Protocol
 
 from npubuild.config.schema import MemoryPool, Placement, TargetProfile
@@ -53,19 +52,6 @@ class TargetPools:
     def from_json(cls, d: Mapping[str, Any]) -> TargetPools:
         return cls(d["name"], {k: MemoryPool.model_validate(p) for k, p in d["pools"].items()},
                    Placement.model_validate(d["placement"]))
-
-
-def npz_sizes(npz: Path) -> dict[str, int]:
-    """Byte sizes of what the firmware must place, straight from Vela's raw output."""
-    import numpy as np  # here: the early-fit stage's plan imports this module, and planning needs no numpy
-
-    with np.load(npz) as z:
-        return {
-            "arena_bytes": int(z["scratch_size"]),
-            "fast_scratch_bytes": int(z["scratch_fast_size"]),
-            "constants_bytes": len(z["weight_data"].item()),
-            "command_stream_bytes": len(z["cmd_data"].item()),
-        }
 
 
 def pool_usage(profile: PoolLayout, sizes: dict[str, int]) -> list[dict]:

@@ -1,10 +1,13 @@
 """vela stage: compile each NPU partition's TOSA graph with Vela for one target, check memory, emit firmware.
 
-Per NPU partition Vela runs with the profile's (or spec's) options and
-`--verbose-performance` (its per-layer CSV); the raw .npz output is always
-produced too (a second run when the user asked for .tflite) because it holds
-the exact arena, fast-scratch and constant sizes the pool check and the
-firmware files need.
+Per NPU partition Vela runs once, with the profile's (or spec's) options,
+`--verbose-performance` (its per-layer CSV) and `--output-format tflite`: the
+deployable is made of that file's ethos-u operator, and its command stream,
+constants, arena and fast-scratch sizes and I/O placement (ethosu/artifact.py)
+are what the pool check and the firmware files read. A spec asking for Vela's
+raw output gets the .npz written from the same compile (the .tflite then sits
+in tflite/). One compile where there were two: the stage's CPU -26% on the real models
+(bench/vela_stage.md).
 """
 
 from __future__ import annotations
@@ -30,9 +33,10 @@ from npubuild.config.accelerator import Accelerator
 from npubuild.config.schema import TargetProfile, VelaOptions
 from npubuild.deploy.package import package
 from npubuild.errors import PoolsTooSmall, StageError
+from npubuild.ethosu.artifact import VelaArtifact
 from npubuild.ethosu.firmware import write_deployment, write_firmware
 from npubuild.ethosu.perf import attach_bytes, parse_layer_bytes, parse_per_layer, roofline, top_layers
-from npubuild.ethosu.pools import npz_sizes, pool_failure, pool_usage
+from npubuild.ethosu.pools import pool_failure, pool_usage
 from npubuild.ethosu.vela_ini import MEMORY_MODE, memory_mode_name, render_ini, system_config_name
 from npubuild.fileio import write_json, write_text
 from npubuild.records.iospec import specs_to_json
@@ -99,17 +103,18 @@ def _vela_child(argv: list[str], out_fd: int, err_fd: int) -> int:
     return code
 
 
-def _run_vela_all(cmds: list[list[str]], accelerator: str) -> list[subprocess.CompletedProcess]:
-    """Vela on each command line at once, each with its own output dir (the graph's .tflite and its raw
-    output are independent compiles of the same input): the stage waits for one Vela, not one after another.
-    Each runs in a forked child of this process (vela_command's argv after `python -m ethosu.vela`), or, in a
+def _run_vela_all(cmds: list[list[str]], accelerator: str, log_dir: Path) -> list[subprocess.CompletedProcess]:
+    """Vela on each command line at once, each with its own output dir (the stage runs one; a caller with
+    independent compiles waits for the slowest, not their sum). Each runs in a forked child of this process
+    (vela_command's argv after `python -m ethosu.vela`), or, in a
     process running other threads (a stage run in process by a Dask worker), where a fork without exec may
-    inherit a lock some thread holds, as its own interpreter. Output goes to temp files. A failure is the first
-    failing command's last line, as if they had run in turn."""
+    inherit a lock some thread holds, as its own interpreter. Output goes to temp files in `log_dir` (the
+    stage's own temp dir, in the build dir: the system's temp dir may be another, fuller, disk). A failure is
+    the first failing command's last line, as if they had run in turn."""
     deadline = time.monotonic() + VELA_TIMEOUT_S
     with ExitStack() as stack:
-        logs = [(stack.enter_context(tempfile.TemporaryFile("w+")), stack.enter_context(tempfile.TemporaryFile("w+")))
-                for _ in cmds]
+        logs = [(stack.enter_context(tempfile.TemporaryFile("w+", dir=log_dir)),
+                 stack.enter_context(tempfile.TemporaryFile("w+", dir=log_dir))) for _ in cmds]
         codes = _fork_all(cmds, logs, deadline) if threading.active_count() == 1 else _spawn_all(cmds, logs, deadline)
         results = []
         for cmd, code, (out, err) in zip(cmds, codes, logs, strict=True):
@@ -178,20 +183,21 @@ def _wait_all(pids: list[int], deadline: float) -> list[int]:
 
 def compile_partition(tosa_src: Path, stem: str, ini: Path, stage_dir: Path, profile: TargetProfile,
                       opts: VelaOptions) -> dict:
-    """Vela on one .tosa: returns its summary, op counts, per-layer CSV path, artifacts and raw .npz path."""
+    """Vela on one .tosa: returns its summary, op counts, per-layer CSV path, artifacts, the .tflite and what it
+    holds (VelaArtifact), and the raw .npz when the spec asks for Vela's raw output (written from the .tflite)."""
     with tempfile.TemporaryDirectory(prefix=".vela-", dir=stage_dir) as tmp:
         out_dir = Path(tmp)
         tosa = out_dir / f"{stem}.tosa"  # Vela names its outputs after the input file
         shutil.copyfile(tosa_src, tosa)
         # the debug database has the bytes per layer and memory the roofline needs (perf.parse_layer_bytes);
         # it changes nothing Vela compiles
-        cmd = vela_command(tosa, ini, out_dir / "out", profile, opts) + ["--verbose-performance", "--enable-debug-db"]
-        # the other format too: the raw output has the exact pool sizes the firmware files need, the .tflite is
-        # what the deployable is made of (deploy/assemble.py)
-        other = "tflite" if opts.output_format == "raw" else "raw"
-        cmds = [cmd, vela_command(tosa, ini, out_dir / other, profile, opts, other)]
-        proc = _run_vela_all(cmds, profile.accelerator)[0]
-        write_text(stage_dir / ("vela.log" if stem == "model" else f"{stem}.vela.log"), proc.stdout + proc.stderr)
+        cmd = vela_command(tosa, ini, out_dir / "out", profile, opts, "tflite") + ["--verbose-performance",
+                                                                                   "--enable-debug-db"]
+        (proc,) = _run_vela_all([cmd], profile.accelerator, out_dir)
+        # Vela names its output files by their temp path: written as the stage dir's own, so that the log is the
+        # same whenever the same graph is compiled (a later stage's key covers every file of this one)
+        log = (proc.stdout + proc.stderr).replace(f"{out_dir}/out/", "").replace(str(out_dir), ".")
+        write_text(stage_dir / ("vela.log" if stem == "model" else f"{stem}.vela.log"), log)
         produced = sorted((out_dir / "out").iterdir())
         csvs = [p for p in produced if p.name.endswith(".csv") and "_summary_" in p.name]
         if not csvs:
@@ -201,18 +207,22 @@ def compile_partition(tosa_src: Path, stem: str, ini: Path, stage_dir: Path, pro
         moved = parse_layer_bytes(debug_db) if debug_db.is_file() else []
         artifacts = []
         for p in produced:
-            if p.suffix in (".tflite", ".npz") or p.name.endswith("_per-layer.csv"):
+            if p.name.endswith("_per-layer.csv"):
                 os.replace(p, stage_dir / p.name)
                 artifacts.append(p.name)
-        paths = {"raw": stage_dir / f"{stem}_vela.npz", "tflite": stage_dir / f"{stem}_vela.tflite"}
-        ext = {"raw": "npz", "tflite": "tflite"}[other]
-        alt_dir = stage_dir / other
-        alt_dir.mkdir(exist_ok=True)
-        paths[other] = alt_dir / f"{stem}_vela.{ext}"
-        os.replace(out_dir / other / f"{stem}_vela.{ext}", paths[other])
+        name = f"{stem}_vela.tflite"
+        tflite = stage_dir / name if opts.output_format == "tflite" else stage_dir / "tflite" / name
+        tflite.parent.mkdir(exist_ok=True)
+        os.replace(out_dir / "out" / name, tflite)
+    artifact = VelaArtifact.from_tflite(tflite)
+    npz = None
+    if opts.output_format == "raw":
+        npz = stage_dir / f"{stem}_vela.npz"
+        artifact.write_npz(npz)
+    artifacts.append((npz or tflite).name)
     npu_ops, cpu_ops = parse_operator_counts(proc.stdout)
-    return {"summary": summary, "npu_ops": npu_ops, "cpu_ops": cpu_ops, "artifacts": artifacts,
-            "npz": paths["raw"], "tflite": paths["tflite"], "per_layer": stage_dir / f"{stem}_per-layer.csv",
+    return {"summary": summary, "npu_ops": npu_ops, "cpu_ops": cpu_ops, "artifacts": sorted(artifacts),
+            "npz": npz, "tflite": tflite, "artifact": artifact, "per_layer": stage_dir / f"{stem}_per-layer.csv",
             "moved": moved}
 
 
@@ -235,7 +245,7 @@ def compile_model(io_path: Path, profile: TargetProfile, opts: VelaOptions, stag
         stem = vela_stem(index, part.file)
         res = compile_partition(tosa, stem, ini, stage_dir, profile, opts)
         res["index"] = index
-        res["sizes"] = npz_sizes(res["npz"])
+        res["sizes"] = res["artifact"].sizes()
         part_pools = pool_usage(profile, res["sizes"])
         pools += [{**p, "partition": index} for p in part_pools]
         failure = failure or pool_failure(profile.name, part_pools)
@@ -246,7 +256,7 @@ def compile_model(io_path: Path, profile: TargetProfile, opts: VelaOptions, stag
         # the firmware of a whole graph is npubuild_model.* whichever family's lowering Vela compiled: its file
         # and symbol names are what a product's firmware includes, and must not change with a lowering form
         fw_stem = "model" if tosa.name == f"{fam}_model.tosa" else stem
-        res["firmware"] = write_firmware(stage_dir / "firmware", fw_stem, res["npz"], part.io, profile, opts)
+        res["firmware"] = write_firmware(stage_dir / "firmware", fw_stem, res["artifact"], part.io, profile, opts)
         results.append(res)
     metrics = combine(profile, results)
     placed = io.families.get(fam)

@@ -36,6 +36,9 @@ def check_model(model: onnx.ModelProto, where: str) -> None:
     An infinite constant is allowed where it bounds a Min, Max or Clip on the side it leaves unchanged
     (TensorFlow's clip_by_value(x, lo, inf)): the infinite_bounds pass removes it, and check_finite
     refuses whatever infinity the import passes leave."""
+    bad = first_non_utf8_string(model)
+    if bad is not None:
+        raise InputError(f"not a valid ONNX model: string field {bad} is not UTF-8 (a damaged file?)", where)
     _check_inputs(model.graph, where)
     for node in model.graph.node:
         _check_node(node, where)
@@ -87,6 +90,25 @@ def _collect_uses(graph: onnx.GraphProto, uses: dict[str, list[tuple[str, int]]]
         for a in node.attribute:
             for sub in ([a.g] if a.type == onnx.AttributeProto.GRAPH else list(a.graphs)):
                 _collect_uses(sub, uses)
+
+
+def first_non_utf8_string(message, path: str = "") -> str | None:
+    """The path of the first string field whose bytes are not UTF-8 (protobuf hands those back as bytes), None
+    if every one is text: onnx's checker and onnx-ir fail on them with a UnicodeDecodeError or a SerdeError
+    (a byte flipped in a model's producer name was an internal error)."""
+    for fd, value in message.ListFields():
+        name = f"{path}.{fd.name}" if path else fd.name
+        values = list(value) if fd.is_repeated else [value]
+        if fd.type == fd.TYPE_STRING:
+            for i, v in enumerate(values):
+                if isinstance(v, bytes):
+                    return name + (f"[{i}]" if fd.is_repeated else "")
+        elif fd.type == fd.TYPE_MESSAGE:
+            for i, sub in enumerate(values):
+                found = first_non_utf8_string(sub, name + (f"[{i}]" if fd.is_repeated else ""))
+                if found is not None:
+                    return found
+    return None
 
 
 def _check_inputs(graph: onnx.GraphProto, where: str) -> None:

@@ -109,6 +109,10 @@ def normalise(model: onnx.ModelProto, shapes: dict[str, list[int]], where: str) 
             break
     check_finite(model, where)
     model = infer_custom_shapes(model)
+    if not model.graph.node:  # Vela's raw writer refused it as an internal error ("expects 1 operation")
+        outputs = ", ".join(f"'{o.name}'" for o in model.graph.output[:3])
+        raise InputError(f"the model computes nothing: its outputs ({outputs}) are its inputs or constants, "
+                         "with no node between (nothing to compile for an NPU)", where)
     check_onnxruntime_runs(model, where)
     return model
 

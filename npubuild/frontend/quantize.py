@@ -29,6 +29,7 @@ from npubuild.frontend.qdq_concat import share_concat_scales
 from npubuild.frontend.qdq_linear import fold_linear_bias
 from npubuild.frontend.qoperator import is_quantized
 from npubuild.frontend.quantized_ops import quantized_op_types
+from npubuild.frontend.samples import SampleSource
 
 MAX_CALIBRATION_BYTES = 1 << 30  # random calibration arrays held in memory at once
 MAX_QUANTIZE_NODES = 2500  # onnxruntime's quantiser is quadratic in the node count (bench/hardening.md)
@@ -70,10 +71,14 @@ def quantize(float_model: Path, arrays: dict[str, np.ndarray], q: dict) -> onnx.
     source = onnx.load(str(float_model))
     model = vector_gemm_biases(source)
     with tempfile.TemporaryDirectory(prefix="npubuild-quant-") as tmp:
-        path = float_model
+        # onnxruntime's calibrator writes `<model>-inferred.onnx` beside the model it is given: given the import
+        # stage's model.onnx it wrote into that stage's dir (on a full disk a truncated file, which it then
+        # failed to parse); so it is given a link in its own temp dir
+        path = Path(tmp) / "float.onnx"
         if model is not source:
-            path = Path(tmp) / "float.onnx"
             onnx.save(model, path)
+        else:
+            path.symlink_to(Path(float_model).resolve())
         out = Path(tmp) / "qdq.onnx"
         logging.getLogger().setLevel(logging.ERROR)
         op_types = quantized_op_types()
@@ -271,7 +276,7 @@ def _check_scales(qdq: onnx.ModelProto) -> None:
 
 
 def quantize_model(float_model: Path, quantization: Quantization, calibration: Calibration,
-                   calibration_npy: Path | None, out: Path) -> dict:
+                   calibration_npy: Path | None, out: Path, held_back: SampleSource | None = None) -> dict:
     """The quantize stage's work: the float model quantised to a QDQ model at `out` (one quantised by another
     tool kept as it is); its metrics."""
     model = onnx.load(str(float_model))
@@ -285,6 +290,8 @@ def quantize_model(float_model: Path, quantization: Quantization, calibration: C
                 **{op: sum(n.op_type == op for n in model.graph.node) for op in ("QuantizeLinear", "DequantizeLinear")}}
     check_calibration_size(model, calibration.model_dump())
     arrays = calibration_arrays(model, calibration.model_dump(), calibration_npy)
+    if held_back is not None:  # the rows the checks verify on calibrate nothing (frontend/samples.py)
+        arrays = held_back.calibration_rows(arrays)
     qdq, choice = quantize_chosen(float_model, model, arrays,
                                   resolve_auto(quantization.model_dump(), calibration.model_dump()))
     write_bytes(out, qdq.SerializeToString())

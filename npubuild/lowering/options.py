@@ -130,6 +130,17 @@ class LoweringOptions:
     # elementwise ops at 4 elements a cycle, a CLAMP as a 1x1 pool at 2), the same integers as the CLAMPs and
     # RESCALE (ops/unary._int_prelu_branches)
     prelu_elementwise: bool = False
+    # a per-channel PRelu as the max / min of its two linear pieces, a 1x1 depthwise conv and the input's RESCALE,
+    # in one MAXIMUM / MINIMUM (ops/unary._int_prelu_select: the same integers). U85 chains it onto the depthwise:
+    # one or two passes over x, not three, but each depthwise reads its per-channel scales: every PRelu, or the
+    # nodes named (ethosu/measured.py decides per node by Vela's per-layer estimate)
+    prelu_select: bool = False
+    # a MatMul of two feature maps as one broadcast int16 MUL of every product and a REDUCE_SUM over K (ops/conv.
+    # _matmul_products: the same int32 sums), not Vela's MATMUL command sequence: every such MatMul, or the nodes
+    # named (ethosu/measured.py decides per node on U65)
+    matmul_products: bool = False
+    matmul_products_nodes: frozenset[str] = frozenset()
+    prelu_select_nodes: frozenset[str] = frozenset()
     # fold INT bias Adds behind a Q/DQ pair into the conv bias too (epilogue: exact per op to 1 LSB but drifts
     # from the QDQ reference, transformer TOSA SNR 32.8 -> 27.6 dB; off everywhere)
     int_bias_add: bool = False

@@ -35,6 +35,8 @@ class NpuOperator:
     inputs: tuple[int, ...]  # tensor indices of its IFMs (after the command stream, constants and scratches)
     outputs: tuple[int, ...]
     model: RawModel
+    payload: bytes = b""  # its command stream tensor: the driver payload (COP1 header + command words)
+    fast_of_its_own: bool = False  # a fast-scratch tensor apart from the scratch (an arena cache)
 
 
 def offline_offsets(metadata: dict[str, bytes], n_tensors: int, where: str) -> list[int]:
@@ -96,7 +98,8 @@ def npu_operators(data: bytes, where: str = "<tflite>") -> list[NpuOperator]:
         raw = RawModel(f"{where}#op{op.index}", accel, ncores, commands, bytes(const.buffer or b""), READ_ONLY,
                        SCRATCH, int(np.prod(scratch.shape)), SCRATCH_FAST, fast_size, max(shram // ncores, 16),
                        ins, outs)
-        found.append(NpuOperator(op.index, tuple(index[id(t)] for t in ifms), tuple(index[id(t)] for t in ofms), raw))
+        found.append(NpuOperator(op.index, tuple(index[id(t)] for t in ifms), tuple(index[id(t)] for t in ofms), raw,
+                                 bytes(cms.buffer or b""), fast is not scratch))
     return found
 
 

@@ -44,6 +44,9 @@ class Verdict:
     first_bad_op: Mismatch | None = None
     sim_seconds: float = 0.0
     npu_ops: int = 0
+    # npu-sim's outputs per sample (the artifact's, in TOSA layout): what the deployed command stream computed,
+    # which the npu-sim stage measures against the float model without running it again
+    outputs: list[list[np.ndarray]] = field(default_factory=list)
 
     @property
     def bitexact(self) -> bool:
@@ -182,6 +185,7 @@ def compare(model: RawModel, tosa: bytes, samples: list[list[np.ndarray]], names
         res = run(model, xs)
         v.sim_seconds += time.perf_counter() - t0
         v.npu_ops = len(res.ops)
+        v.outputs.append([np.asarray(g) for g in res.outputs])
         bad_here = False
         for name, w, g in zip(names, want, res.outputs, strict=True):
             w = np.asarray(w)

@@ -18,6 +18,14 @@ class Outcome(StrEnum):
     CACHED = "cached"  # up to date in the build dir
     FAILED = "failed"
     BLOCKED = "blocked"  # not run: an upstream task failed
+    NOT_RUN = "not-run"  # not reached: the run stopped first (a failure without --keep-going, Ctrl-C)
+
+    @property
+    def current(self) -> bool:
+        """Whether the task's record is this run's word on it: it ran, was restored, or was checked up to date
+        (its inputs and outputs compared with what it recorded). A record of any other task is an earlier
+        run's, whatever its key says: its inputs may have changed since (a model edited in place)."""
+        return self in (Outcome.RAN, Outcome.FROM_CACHE, Outcome.CACHED)
 
 
 class Status(StrEnum):
@@ -95,7 +103,10 @@ class StageEntry:
     cached: bool = False
     from_cache: bool | None = None  # only for a stage that ran or was restored
     error: str | None = None  # a failed stage's message
-    reason: str | None = None  # a skipped stage's reason
+    reason: str | None = None  # a skipped stage's reason, where the plan or the stage decided so (not a failure)
+    # why a stage that should have run did not in this run (an upstream task failed, the run stopped first):
+    # the build is not built, and no record of an earlier run stands in for this one
+    not_run: str | None = None
 
     @classmethod
     def of(cls, record: StageRecord, run_id: str) -> StageEntry:
@@ -112,12 +123,14 @@ class StageEntry:
             d["error"] = self.error
         if self.reason is not None:
             d["reason"] = self.reason
+        if self.not_run is not None:
+            d["not_run"] = self.not_run
         return d
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> StageEntry:
         return cls(Status(d["status"]), d.get("seconds"), bool(d.get("cached")), d.get("from_cache"),
-                   d.get("error"), d.get("reason"))
+                   d.get("error"), d.get("reason"), d.get("not_run"))
 
 
 @dataclass(frozen=True)

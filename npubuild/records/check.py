@@ -1,6 +1,7 @@
 """The tosa-check stage's numerics.json, written and read through `CheckRecord`: the TOSA graph's error against
-the model it is held to, per family the deployed (partitioned or own-lowered) graph's, the per-node check and
-the evaluation set's accuracy.
+the model it is held to, per family the deployed (partitioned or own-lowered) graph's, the per-node check, and
+per family the deployed graph against the float model (records/accuracy.py; the evaluation set's accuracy is
+the evaluate stage's: records/evaluate.py).
 
 The file's top-level keys are names the report's metric table reads (config/metrics.py: a metric's
 `source_key`); the per-output comparisons, the I/O summary and the per-node check are the verify package's
@@ -14,6 +15,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
+from npubuild.records.accuracy import FloatCheck, FloatChecks
 from npubuild.records.lower import PartitionedCheck
 
 
@@ -22,19 +24,6 @@ class Checked(StrEnum):
 
     PARTITIONED = "partitioned"  # nodes no lowering takes: the portable split (host partitions on onnxruntime)
     HOST_ONLY = "host only"  # no NPU partition: onnxruntime against itself, so no TOSA figure
-
-
-@dataclass(frozen=True)
-class EvaluationAccuracy:
-    """Top-1 accuracy on the model's evaluation set: the float model's, and the TOSA graph's (what the NPU runs)."""
-
-    samples: int
-    float_accuracy: float
-    accuracy: float
-
-    def to_json(self) -> dict[str, Any]:
-        return {"eval_samples": self.samples, "float_accuracy": self.float_accuracy, "accuracy": self.accuracy,
-                "accuracy_drop": self.float_accuracy - self.accuracy}
 
 
 @dataclass(frozen=True)
@@ -56,7 +45,11 @@ class CheckRecord:
     checked: Checked | None = None  # not the one TOSA graph (None): the portable split, or nothing of TOSA
     # family -> its deployed graph's check (an integer check's; None for FP)
     partitioned: Mapping[str, PartitionedCheck] | None = None
-    evaluation: EvaluationAccuracy | None = None
+    float_checks: FloatChecks | None = None  # an integer check's: the graphs against the float model
+
+    def deployed_float(self, family: str) -> FloatCheck | None:
+        """The graph a family deploys against the float model (its own, else model.tosa's), None unmeasured."""
+        return self.float_checks.for_family(family) if self.float_checks is not None else None
 
     @property
     def tosa_worst_node(self) -> Mapping[str, Any] | None:
@@ -78,8 +71,6 @@ class CheckRecord:
             "tosa_max_error_lsb": self.tosa_max_error_lsb, "tosa_mean_error_lsb": self.tosa_mean_error_lsb,
             "tosa_worst_output": self.tosa_worst_output, "tosa_cosine": self.tosa_cosine,
             "quant_snr_db": self.quant_snr_db, "outputs": self.outputs, "io": self.io}
-        if self.evaluation is not None:
-            d.update(self.evaluation.to_json())
         if self.node_check is not None:
             d["node_check"] = self.node_check
         if self.node_errors is not None:
@@ -89,18 +80,18 @@ class CheckRecord:
             d["checked"] = self.checked.value
         if self.partitioned is not None:
             d["partitioned"] = {fam: c.to_json() for fam, c in self.partitioned.items()}
+        if self.float_checks is not None:
+            d["float_checks"] = self.float_checks.to_json()
         return d
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> CheckRecord:
         """Read numerics.json (or the tosa-check stage's metrics; {} where the stage did not run)."""
         partitioned = d.get("partitioned")
-        evaluation = (EvaluationAccuracy(d["eval_samples"], d["float_accuracy"], d["accuracy"])
-                      if "eval_samples" in d else None)
         return cls(int(d.get("samples") or 0), str(d.get("profile", "")), d.get("tosa_snr_db"),
                    d.get("tosa_max_error_lsb"), d.get("quant_snr_db"), d.get("tosa_mean_error_lsb"),
                    d.get("tosa_worst_output"), d.get("tosa_cosine"), d.get("outputs") or {}, d.get("io") or {},
                    d.get("node_errors"), d.get("node_check"), Checked(d["checked"]) if d.get("checked") else None,
                    None if partitioned is None else
                    {f: PartitionedCheck.from_json(c) for f, c in partitioned.items() if c},
-                   evaluation)
+                   FloatChecks.from_json(d["float_checks"]) if d.get("float_checks") else None)

@@ -6,6 +6,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from npubuild.records.accuracy import FloatCheck
 from npubuild.records.build import Skip
 
 
@@ -27,6 +28,9 @@ class NpuSimRecord:
     device_max_error_lsb: float | None = None
     device_samples: int | None = None
     tflm_arena_bytes: int | None = None
+    # what the device computed on those samples against the float model (verify/npu_sim.py); None where the
+    # deployable did not run (a failed comparison, no deployable)
+    float_check: FloatCheck | None = None
 
     def to_json(self) -> dict[str, Any]:
         if self.skip is not None:
@@ -36,7 +40,8 @@ class NpuSimRecord:
                 "mismatches": {k: dict(v) for k, v in self.mismatches.items()},
                 "first_bad_sample": self.first_bad_sample, "first_bad_op": self.first_bad_op,
                 "device_max_error_lsb": self.device_max_error_lsb, "device_samples": self.device_samples,
-                "tflm_arena_bytes": self.tflm_arena_bytes}
+                "tflm_arena_bytes": self.tflm_arena_bytes,
+                "float_check": self.float_check.to_json() if self.float_check is not None else None}
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> NpuSimRecord:
@@ -45,4 +50,5 @@ class NpuSimRecord:
             return cls(skip)
         return cls(None, d["samples"], d["partitions"], d["bitexact"], d["npu_ops"], d["sim_seconds"],
                    d.get("mismatches") or {}, d.get("first_bad_sample"), d.get("first_bad_op"),
-                   d.get("device_max_error_lsb"), d.get("device_samples"), d.get("tflm_arena_bytes"))
+                   d.get("device_max_error_lsb"), d.get("device_samples"), d.get("tflm_arena_bytes"),
+                   FloatCheck.from_json(d["float_check"]) if d.get("float_check") else None)

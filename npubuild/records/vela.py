@@ -52,8 +52,8 @@ class VelaPartition:
     index: int  # in the family's partition graph
     tosa: str  # the graph Vela compiled, in the lower stage's directory
     stem: str  # vela_stem: what its files are named after
-    tflite: str | None  # the Vela model (tflite output format), None for raw output
-    npz: str  # the raw artifact (npu-sim, firmware): in raw/ beside a tflite build's model
+    tflite: str  # Vela's model (what npu-sim runs and the deployable is made of): in tflite/ for raw output
+    npz: str | None  # Vela's raw format, written from the same compile when the spec asks for raw output
     per_layer_csv: str | None
     log: str
     firmware: FirmwareFiles | None
@@ -62,13 +62,13 @@ class VelaPartition:
     @classmethod
     def named(cls, index: int, tosa: str, artifacts: Sequence[str], firmware: FirmwareFiles | None,
               summary: Mapping[str, str]) -> VelaPartition:
-        """The partition's files by their names: `<stem>_vela.tflite` (tflite output), `<stem>_vela.npz` in the
-        stage dir (raw output) or raw/ (beside a tflite build's), `<stem>_per-layer.csv`, and its log,
-        `vela.log` for the whole model's graph, `<stem>.vela.log` otherwise."""
+        """The partition's files by their names: `<stem>_vela.tflite` in the stage dir (tflite output) or tflite/
+        (beside the .npz of raw output), `<stem>_vela.npz`, `<stem>_per-layer.csv`, and its log, `vela.log` for
+        the whole model's graph, `<stem>.vela.log` otherwise."""
         stem = vela_stem(index, tosa)
         have = set(artifacts)
         tflite, npz, csv = f"{stem}_vela.tflite", f"{stem}_vela.npz", f"{stem}_per-layer.csv"
-        return cls(index, tosa, stem, tflite if tflite in have else None, npz if npz in have else f"raw/{npz}",
+        return cls(index, tosa, stem, tflite if tflite in have else f"tflite/{tflite}", npz if npz in have else None,
                    csv if csv in have else None, "vela.log" if stem == "model" else f"{stem}.vela.log", firmware,
                    summary)
 

@@ -42,6 +42,31 @@ def gate_text(g: dict) -> str:
     return f"gate {g['name']} failed: {g['metric']} = {value}, limit {num(g['limit'])}"
 
 
+def gate_failure_text(g: dict, metrics: dict) -> str:
+    """A failed gate's line, and for the collapse gate which outputs collapsed and how far from float."""
+    return gate_text(g) + (collapse_text(metrics) if g["name"] == "max_collapsed_outputs" else "")
+
+
+def collapse_text(metrics: dict) -> str:
+    """` ('scores' 0.4 dB, 37.2 LSB mean vs float on 4 held-back samples)`: what collapsed (verify/accuracy.py)."""
+    outs = [(k, o) for k, o in (metrics.get("float_outputs") or {}).items() if o.get("collapsed")]
+    if not outs:
+        return ""
+    parts = [f"'{k}' {o['snr_db']:.1f} dB" + (f", {o['mean_error_lsb']:.1f} LSB mean" if o.get("mean_error_lsb")
+                                               is not None else "") for k, o in outs[:3]]
+    return (f" ({'; '.join(parts)} vs float on {metrics.get('float_samples')} {metrics.get('float_samples_from')} "
+            "samples: the int8 model has collapsed)")
+
+
+def eval_text(metrics: dict) -> str | None:
+    """`top1_agreement 0.891 (QDQ 0.906)`: the spec's evaluate: metric on the deployed graph, or None."""
+    score = metrics.get("eval_score")
+    if not isinstance(score, (int, float)):
+        return None
+    qdq = metrics.get("eval_qdq_score")
+    return f"{metrics.get('eval_metric')} {num(score)}" + (f" (QDQ {num(qdq)})" if isinstance(qdq, (int, float)) else "")
+
+
 def failure_cause(entry: dict) -> str | None:
     """Why a report entry did not pass: the failed stage and its first error line, else the gates that fell
     short, else what kept it from being built; None for a passed build."""
@@ -54,10 +79,12 @@ def failure_cause(entry: dict) -> str | None:
         return plain_message(entry["errors"][0])
     bad = [g for g in entry.get("gates", []) if not g.get("ok")]
     if bad:
-        return "; ".join(gate_text(g) for g in bad)
-    missing = [k for k, s in entry.get("stages", {}).items() if s.get("status") == "skipped" and "reason" not in s]
+        return "; ".join(gate_failure_text(g, entry.get("metrics") or {}) for g in bad)
+    missing = [(k, s) for k, s in entry.get("stages", {}).items() if s.get("status") == "skipped" and "reason" not in s]
     if missing:
-        return f"not built: stage {missing[0]} did not run (an earlier task failed or the run stopped)"
+        stage, s = missing[0]
+        why = s.get("not_run") or "an earlier task failed or the run stopped"
+        return f"not built: stage {stage} did not run ({why})"
     return str(entry.get("status", "failed"))
 
 
@@ -90,7 +117,8 @@ def result_line(build_id: str, entry: dict, where: str | None = None) -> str:
 
 
 def headline(metrics: dict, status: str | None = None) -> str:
-    """A passed build's figures for its result line: time, rate, memory, offload (and, for a build the host
+    """A passed build's figures for its result line: time, rate, memory, offload, the integer graph's SNR against
+    the QDQ model and the deployed graph's against float, the spec's evaluate: metric (and, for a build the host
     runs wholly or mostly, that first)."""
     parts = [status.removeprefix("passed ").strip("()")] if status in (Status.HOST_ONLY, Status.MOSTLY_HOST) else []
     ms = metrics.get("inference_ms")
@@ -105,4 +133,10 @@ def headline(metrics: dict, status: str | None = None) -> str:
     snr = metrics.get("tosa_snr_db")
     if isinstance(snr, (int, float)):
         parts.append(f"SNR {snr:.1f} dB")
+    vs_float = metrics.get("float_snr_db")
+    if isinstance(vs_float, (int, float)):
+        parts.append(f"vs float {vs_float:.1f} dB")
+    ev = eval_text(metrics)
+    if ev:
+        parts.append(ev)
     return ", ".join(parts)

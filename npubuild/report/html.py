@@ -18,7 +18,7 @@ from npubuild.report import glance
 from npubuild.report.brief import failure_cause, num
 from npubuild.report.history import TREND_METRICS, moved, run_labels, series
 from npubuild.report.markup import CSS, SCRIPT, cell, fmt, img, link, meter, table
-from npubuild.report.numerics import worst_node_text
+from npubuild.report.numerics import agreement_text, evaluate_text, float_text, worst_node_text
 from npubuild.report.plots import cached_png, deltas_svg, layers_svg, page_colours, pools_svg
 from npubuild.report.precision import precision_html
 from npubuild.report.regress import Comparison, better_direction, build_id
@@ -368,6 +368,10 @@ def _figures(b: dict) -> str:
     extra = [n for n in (*glance.VS_FLOAT_SNR, *(a for a, _ in glance.VS_FLOAT_AGREEMENT), "collapsed_outputs")
              if n != "quant_snr_db" and n in m]
     pairs += [(n, cell(m[n], fmt(m[n], 3))) for n in extra]
+    # against float as the report.md table words it, and the spec's evaluate: metric (verify/accuracy.py)
+    pairs += [("vs float: SNR dB (QDQ) / LSB max, mean / samples", f"<td>{escape(float_text(m).replace('**', ''))}</td>"),
+              ("agreement with float", f"<td>{escape(agreement_text(m))}</td>"),
+              ("evaluate: deployed (QDQ, float)", f"<td>{escape(evaluate_text(m))}</td>")]
     half = (len(pairs) + 1) // 2
     rows = [[pairs[i][0], pairs[i][1], *(pairs[i + half] if i + half < len(pairs) else ("", "<td></td>"))]
             for i in range(half)]

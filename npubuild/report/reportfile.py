@@ -17,6 +17,8 @@ def load_report(path: Path) -> dict:
         report = read_json(path)
     except (ValueError, UnicodeDecodeError) as exc:
         raise InputError(f"not a valid report: {exc}", str(path)) from None
+    except RecursionError:  # json's C decoder recurses once per nesting level
+        raise InputError("not a valid report: nested too deeply to be one", str(path)) from None
     if not isinstance(report, dict) or not isinstance(report.get("builds"), list):
         raise InputError("not a valid report: no 'builds' list", str(path))
     if not isinstance(report.get("versions"), dict):
@@ -45,4 +47,23 @@ def entry_problem(entry) -> str | None:
         return "has a gate without 'name' and 'ok'"
     if not all(isinstance(s, dict) and "status" in s for s in entry["stages"].values()):
         return "has a stage without 'status'"
+    return None
+
+
+def unreadable_metric(report: dict, thresholds: dict) -> str | None:
+    """The first metric a baseline comparison reads (the shown ones and every threshold's) whose value is
+    neither null (not measured) nor a finite number, named with its build; None if there is none. NaN compares
+    false with everything, so a damaged baseline said `No regression.` and exit 0 (issue 34)."""
+    import math
+
+    from npubuild.report.regress import SHOWN, build_id
+
+    for b in report["builds"]:
+        for metric in dict.fromkeys((*SHOWN, *thresholds)):
+            v = b["metrics"].get(metric)
+            if v is None:
+                continue
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+                return (f"build {build_id(b)}: metric {metric} is {str(v)[:40]!r}, not a finite number: the "
+                        "comparison cannot use this report")
     return None

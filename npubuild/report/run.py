@@ -20,9 +20,10 @@ from npubuild.engine.plan import BuildPlan
 from npubuild.engine.progress import format_seconds
 from npubuild.engine.run import RunOptions, build
 from npubuild.engine.session import BuildVerdict, RunOutcome
+from npubuild.errors import DiskFull, NpubuildError, is_disk_full, written_path
 from npubuild.fileio import read_json, write_json
 from npubuild.records.build import Status
-from npubuild.report.brief import gate_text, result_line
+from npubuild.report.brief import gate_failure_text, result_line
 from npubuild.report.status import passed
 from npubuild.report.summary import make_report, write_reports
 
@@ -33,6 +34,7 @@ if TYPE_CHECKING:
 
 BUILD_DIR = "build-dir"  # `where`: the project's reports in the build dir (every other value is a path or None)
 REPORT_STAGE = "report"  # the stage whose task writes a build's report entry (stages/report.py)
+REPORT_FILES = ("report.json", "report.md", "report.html", "run.json")  # a run's reports, where they go
 
 
 @dataclass
@@ -43,6 +45,7 @@ class RunResult:
     report: dict
     report_dir: Path | None  # None: not written
     seconds: float = 0.0  # the run's wall time
+    unwritten: str | None = None  # why the reports could not be written (a full disk): the run failed
 
     @property
     def plan(self) -> BuildPlan:
@@ -78,7 +81,8 @@ class RunResult:
         builds = self.report["builds"]
         if any("input" in b.get("error_kinds", []) for b in builds):
             return 2
-        if self.outcome.executor_code != 0 or self.outcome.failed or any(not passed(b["status"]) for b in builds):
+        if self.outcome.executor_code != 0 or self.outcome.failed or self.unwritten is not None or \
+                any(not passed(b["status"]) for b in builds):
             return 1
         return 0
 
@@ -123,7 +127,8 @@ class RunReports:
         self._gates_said.add(build_id)
         where = ", ".join(f"gate {g['name']}" for g in bad) or None
         return BuildVerdict(where, result_line(build_id, {"status": "passed", **entry}, where),
-                            tuple(f"error: {build_id}: {gate_text(g)}" for g in bad))
+                            tuple(f"error: {build_id}: {gate_failure_text(g, entry.get('metrics') or {})}"
+                                  for g in bad))
 
     @staticmethod
     def _entry(plan: BuildPlan, build_id: str) -> dict:
@@ -140,24 +145,57 @@ class RunReports:
         yet said (the run stopped before them), print the warnings and the closing line."""
         plan = outcome.plan
         report_dir = plan.build_dir if self.where == BUILD_DIR else (None if self.where is None else Path(self.where))
-        report = make_report(plan, outcome.run_id, self.selection.to_json() if self.selection else None)
+        report = make_report(plan, outcome.run_id, self.selection.to_json() if self.selection else None, outcome)
+        unwritten = None
         if report_dir is not None:
-            write_reports(report, report_dir, plot_cache=plan.build_dir / ".cache" / "plots")
-            write_json(report_dir / "run.json", outcome.run_json())
-            if report_dir == plan.build_dir:
-                from npubuild.config.schema import write_schemas
+            try:
+                write_reports(report, report_dir, plot_cache=plan.build_dir / ".cache" / "plots")
+                write_json(report_dir / "run.json", outcome.run_json())
+                if report_dir == plan.build_dir:
+                    from npubuild.config.schema import write_schemas
 
-                write_schemas(plan.build_dir)
+                    write_schemas(plan.build_dir)
+            except OSError as exc:  # one line, never a traceback out of doit's reporter (exit 1)
+                unwritten = unwritable_reports(report_dir, exc)
         for b in report["builds"]:  # the gates of builds the run stopped before finishing (no --keep-going)
             bid = f"{b['spec']}/{b['model']}/{b['target']}"
             if bid not in self._gates_said:
                 for g in b["gates"]:
                     if not g["ok"]:
-                        say(f"error: {bid}: {gate_text(g)}")
-        self.result = RunResult(outcome, report, report_dir, time.perf_counter() - outcome.started)
+                        say(f"error: {bid}: {gate_failure_text(g, b.get('metrics') or {})}")
+        self.result = RunResult(outcome, report, report_dir if unwritten is None else None,
+                                time.perf_counter() - outcome.started, unwritten)
         if self.summary:  # what passed but is not what it seems (most of it on the host): said even with -q
-            sys.stdout.write(warnings_block(report) + self.result.summary_line() + "\n")
+            sys.stdout.write(warnings_block(report) + not_built_line(report, outcome) + self.result.summary_line()
+                             + "\n")
             sys.stdout.flush()
+
+
+def unwritable_reports(report_dir: Path, exc: OSError) -> str:
+    """The reports could not be written (a full disk, a read-only dir): one line on stderr, and the earlier
+    run's reports there removed, since left there they would be taken for this run's. Returns the line."""
+    what = "this run's report.json/md/html and run.json"
+    error = DiskFull(written_path(exc) or report_dir, what) if is_disk_full(exc) else \
+        NpubuildError(f"cannot write {what} in {report_dir}: {exc.strerror or exc}")
+    removed = 0
+    for name in REPORT_FILES:
+        try:
+            (report_dir / name).unlink()
+            removed += 1
+        except OSError:
+            pass
+    sys.stderr.write(f"{error}{'; the earlier run reports there are removed' if removed else ''}\n")
+    sys.stderr.flush()
+    return str(error)
+
+
+def not_built_line(report: dict, outcome: RunOutcome) -> str:
+    """`not built (N build(s), M task(s) not reached): why` when the run stopped before finishing builds
+    (they are `skipped` in the report, with that reason); '' otherwise."""
+    unbuilt = sum(1 for b in report["builds"] if b["status"] == Status.SKIPPED)
+    if outcome.stopped is None or not unbuilt:
+        return ""
+    return f"not built ({unbuilt} build(s), {len(outcome.not_run)} task(s) not reached): {outcome.stopped}\n"
 
 
 def warnings_block(report: dict) -> str:

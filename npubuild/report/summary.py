@@ -17,10 +17,11 @@ from npubuild.config.load import Build
 from npubuild.config.metrics import GATE_BY_KEY
 from npubuild.engine.execute import read_error
 from npubuild.engine.plan import BuildPlan
+from npubuild.engine.session import RunOutcome
 from npubuild.engine.uptodate import INPUTS_NAME, read_json_cached, read_record
 from npubuild.engine.versions import all_versions
 from npubuild.fileio import _json_default, stable_hash, write_text
-from npubuild.records.build import BuildEntry, StageEntry, StageRecord, Status
+from npubuild.records.build import BuildEntry, Outcome, StageEntry, StageRecord, Status
 from npubuild.records.lower import LowerRecord
 from npubuild.records.vela import VelaRecord
 from npubuild.report.brief import failure_cause, gate_text, num, pools_text
@@ -32,7 +33,11 @@ from npubuild.report.precision import precision_markdown
 from npubuild.report.status import placement_status
 
 
-def build_entries(plan: BuildPlan, run_id: str) -> list[dict]:
+def build_entries(plan: BuildPlan, run_id: str, run: RunOutcome | None = None) -> list[dict]:
+    """One entry per build. `run`: what became of each task in this run; a stage whose task it did not run,
+    restore or check up to date is not built in this report (`not_run`, the build skipped), whatever record an
+    earlier run left: that record's inputs were not checked, so its figures may not be the build's now. None:
+    every record on disk is taken as current (a report made outside a run)."""
     entries = []
     for b in plan.builds:
         chain = plan.build_tasks[b.id]
@@ -46,7 +51,8 @@ def build_entries(plan: BuildPlan, run_id: str) -> list[dict]:
         failed_pools: list[dict] | None = None  # a pool check that failed: what each pool needs and has
         for stage, name in chain.items():
             task = plan.tasks[name]
-            rec = read_record(task)
+            outcome = run.outcome(name) if run is not None else None
+            rec = read_record(task) if outcome is None or outcome.current else None
             if rec is not None:
                 records[stage] = rec
                 stages[stage] = StageEntry.of(StageRecord.from_json(rec), run_id)
@@ -54,14 +60,20 @@ def build_entries(plan: BuildPlan, run_id: str) -> list[dict]:
                     entry_metrics, gates = rec["metrics"]["metrics"], rec["metrics"]["gates"]
                     warnings = list(rec["metrics"].get("warnings") or [])
                 continue
-            err = read_error(task)
+            err = read_error(task) if outcome in (None, Outcome.FAILED) else None
+            if run is not None and err is not None and err.get("run_id") != run_id:
+                err = None  # an earlier run's error: this run failed before the stage started (an input unreadable)
+            if outcome == Outcome.FAILED and err is None:
+                err = {"kind": "stage", "message": run.messages.get(name) or "failed"}
             if err is not None:
                 stages[stage] = StageEntry(Status.FAILED, error=err["message"])
                 errors.append(err["message"])
                 error_kinds.add(err.get("kind", "stage"))
                 failed_pools = failed_pools or failure_pools(err, b.target.name)
-            else:  # not run: an upstream task failed, or the run stopped before it
+            elif run is None:  # not run: an upstream task failed, or the run stopped before it
                 stages[stage] = StageEntry(Status.SKIPPED)
+            else:
+                stages[stage] = StageEntry(Status.SKIPPED, not_run=not_run_reason(plan, run, name))
         if "report" not in records and any(s != "report" for s in records):
             entry_metrics = known_metrics(plan, b, records)  # a stage failed: what the finished ones measured
         if failed_pools is not None:
@@ -79,12 +91,29 @@ def build_entries(plan: BuildPlan, run_id: str) -> list[dict]:
         entry = BuildEntry(b.spec.name, b.model_name, b.target.name, b.target.accelerator, status, stages,
                            entry_metrics, tuple(gates), tuple(errors), tuple(sorted(error_kinds)),
                            artifacts(plan, b.id, records),
-                           {"clock_mhz": b.target.clock_mhz, "inputs": build_inputs(plan, b),
+                           {"clock_mhz": b.target.clock_mhz, "inputs": build_inputs(plan, b, "import" in records),
                             **({} if "report" in records else {"unchecked_gates": unchecked_gates(b)}),
                             **stored_layers(plan.build_dir, b.id, records.get("lower", {}).get("cache_key"))},
                            tuple(warnings))
         entries.append(entry.to_json())
     return entries
+
+
+def not_run_reason(plan: BuildPlan, run: RunOutcome, name: str) -> str:
+    """Why a task did not run in this run: the upstream task that failed (blocked), else why the run stopped."""
+    if run.outcome(name) == Outcome.BLOCKED:
+        seen: set[str] = set()
+        stack = list(plan.tasks[name].deps)
+        while stack:
+            dep = stack.pop(0)
+            if dep in seen:
+                continue
+            seen.add(dep)
+            if run.outcome(dep) == Outcome.FAILED:
+                return f"its upstream task {dep} failed"
+            stack.extend(plan.tasks[dep].deps)
+        return "an upstream task failed"
+    return run.stopped or "the run ended before it"
 
 
 def failure_pools(err: dict, target: str) -> list[dict] | None:
@@ -101,16 +130,17 @@ def unchecked_gates(b: Build) -> list[dict]:
     """The gates of a build whose report stage did not run (it failed earlier or was not built): kept so
     that JUnit and the HTML still list them, as not evaluated, and a failing night has as many testcases."""
     return [{"name": k, "metric": GATE_BY_KEY[k].metric, "limit": v}
-            for k, v in b.spec.expect.model_dump().items() if v is not None and k in GATE_BY_KEY]
+            for k, v in b.expect.items() if k in GATE_BY_KEY]
 
 
-def build_inputs(plan: BuildPlan, b: Build) -> dict[str, str | None]:
+def build_inputs(plan: BuildPlan, b: Build, imported: bool = True) -> dict[str, str | None]:
     """Fingerprints of what a build is made from, so a comparison can say what changed: the model file's
-    sha256 (from the import stage's inputs.json), the resolved spec, target profile and pipeline."""
+    sha256 (from the import stage's inputs.json, when the import is current in this run: `imported`), the
+    resolved spec, target profile and pipeline."""
     model = None
     task = plan.tasks[plan.build_tasks[b.id]["import"]]
     try:
-        model = read_json_cached(task.dir / INPUTS_NAME)["inputs"]["model"][2]
+        model = read_json_cached(task.dir / INPUTS_NAME)["inputs"]["model"][2] if imported else None
     except (OSError, ValueError, KeyError, IndexError, TypeError):
         pass
     spec = b.spec.model_dump(exclude={"targets", "description"})
@@ -155,6 +185,11 @@ def artifacts(plan: BuildPlan, build_id: str, records: dict[str, dict] | None = 
     the TOSA graph, the Vela model, vela.log, Vela's per-layer CSV and the firmware C files."""
     chain = plan.build_tasks[build_id]
     out = {}
+    # the float model as imported, the quantised (QDQ) model the integer graph implements, and io.json (how
+    # to feed and read the graphs): what a user or a bench needs to run the build's models side by side
+    for key, stage, output in (("float", "import", "onnx"), ("qdq", "quantize", "onnx"), ("io", "lower", "io")):
+        if stage in chain:
+            out[key] = str(plan.tasks[chain[stage]].outputs[output])
     lower_dir = plan.tasks[chain["lower"]].dir
     # a model with nodes no lowering takes has no model.tosa: it runs as partitions (io.json's `portable`)
     if (lower_dir / "model.tosa").is_file() or not (lower_dir / "io.json").is_file():
@@ -168,7 +203,7 @@ def artifacts(plan: BuildPlan, build_id: str, records: dict[str, dict] | None = 
     except (OSError, ValueError, KeyError, TypeError):
         return out
     parts = rec.partitions
-    models = sorted(p.tflite for p in parts if p.tflite) or sorted(p.npz for p in parts if p.npz in rec.artifacts)
+    models = sorted(f for p in parts for f in (p.tflite, p.npz) if f in rec.artifacts)  # the format asked for
     if models:
         out["vela"] = str(vela.dir / models[-1])
     if not vela_rec:
@@ -187,13 +222,13 @@ def artifacts(plan: BuildPlan, build_id: str, records: dict[str, dict] | None = 
     return out
 
 
-def make_report(plan: BuildPlan, run_id: str, selection: dict | None = None) -> dict:
+def make_report(plan: BuildPlan, run_id: str, selection: dict | None = None, run: RunOutcome | None = None) -> dict:
     """report.json's content: the run (id, time, what was asked for, the project's commit), tool versions and
-    one entry per build."""
+    one entry per build (`run`: see build_entries)."""
     roots = sorted({b.project_root for b in plan.builds})
     return {"run_id": run_id, "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
             "selection": selection, "commit": project_commit(roots[0]) if roots else None,
-            "versions": all_versions(), "builds": build_entries(plan, run_id)}
+            "versions": all_versions(), "builds": build_entries(plan, run_id, run)}
 
 
 def write_reports(report: dict, out_dir: Path, plot_cache: Path | None = None) -> None:

@@ -13,6 +13,7 @@ from __future__ import annotations
 from npubuild.engine.stage import Stage
 from npubuild.stages import (
     early_fit,
+    evaluate,
     fvp,
     importer,
     lower,
@@ -25,6 +26,6 @@ from npubuild.stages import (
 )
 
 STAGES: tuple[Stage, ...] = tuple(m.STAGE for m in (importer, early_fit, quantize, precision, lower, tosa_check, vela,
-                                                    npu_sim, fvp, report))
+                                                    npu_sim, evaluate, fvp, report))
 STAGE_NAMES: tuple[str, ...] = tuple(s.name for s in STAGES)
 BY_NAME: dict[str, Stage] = {s.name: s for s in STAGES}

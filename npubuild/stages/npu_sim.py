@@ -1,4 +1,5 @@
-"""npu-sim stage: the raw Vela artifact run on npu-sim, bit-exact against the TOSA reference (verify/npu_sim.py)."""
+"""npu-sim stage: the Vela artifact run on npu-sim, bit-exact against the TOSA reference, and the deployable measured
+against the float model (verify/npu_sim.py)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from npubuild.config.schema import Calibration, Verify
 from npubuild.engine.stage import Chain, Stage, StageTask, TaskSpec
+from npubuild.frontend.samples import SampleSource
 from npubuild.records.build import Skip
 
 if TYPE_CHECKING:
@@ -24,15 +26,17 @@ class NpuSimConfig:
     output_format: str
     verify: Verify
     calibration: Calibration
+    samples_from: SampleSource  # tosa-check's samples (frontend/samples.py)
 
     def to_json(self) -> dict[str, Any]:
         return {"vela": self.vela_key, "accelerator": self.accelerator, "output_format": self.output_format,
-                "verify": self.verify.model_dump(exclude={"fvp"}), "calibration": self.calibration.model_dump()}
+                "verify": self.verify.model_dump(exclude={"fvp"}), "calibration": self.calibration.model_dump(),
+                "samples_from": self.samples_from.to_json()}
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> NpuSimConfig:
         return cls(d["vela"], d["accelerator"], d["output_format"], Verify.model_validate(d["verify"]),
-                   Calibration.model_validate(d["calibration"]))
+                   Calibration.model_validate(d["calibration"]), SampleSource.from_json(d["samples_from"]))
 
 
 def skip_reason(output_format: str) -> str | None:
@@ -56,23 +60,25 @@ def plan(b: Build, chain: Chain) -> TaskSpec | Skip | None:
     vela, lower, model = chain["vela"], chain["lower"], b.model
     inputs = {"vela": vela.outputs["summary"], "io": lower.outputs["io"],
               "float": chain["import"].outputs["onnx"]}
-    if "quantize" in chain:  # the QDQ model, which the virtual device's output is held to
+    source = SampleSource.of(b)
+    if "quantize" in chain:  # the QDQ model, which the deployed outputs are held to (and set beside float)
         inputs["reference"] = chain["quantize"].outputs["onnx"]
     if b.calibration_npy is not None:
         inputs["calibration"] = b.calibration_npy
-    config = NpuSimConfig(vela.key, b.target.accelerator, b.vela.output_format, b.spec.verify, model.calibration)
+    if source.kind == "evaluation" and b.evaluation is not None:
+        inputs["eval_inputs"] = b.evaluation.inputs
+    config = NpuSimConfig(vela.key, b.target.accelerator, b.vela.output_format, b.spec.verify, model.calibration,
+                          source)
     return TaskSpec(f"{b.model_name}-{b.target.name}", config.to_json(), inputs, {"result": "npusim.json"}, ("vela",))
 
 
 def run(task: StageTask) -> dict:
-    from npubuild.frontend.samples import SampleSource
-    from npubuild.verify.npu_sim import SimFiles, simulate_build
+    from npubuild.verify.npu_sim import SimFiles, SimSamples, simulate_build
 
     config = NpuSimConfig.from_json(task.config)
     files = SimFiles(task.inputs["vela"], task.inputs["io"], task.inputs["float"], task.inputs.get("calibration"),
-                     task.inputs.get("reference"))
-    return simulate_build(files, SampleSource(config.verify.samples, config.verify.seed), config.calibration,
-                          task.outputs["result"])
+                     task.inputs.get("eval_inputs"), task.inputs.get("reference"))
+    return simulate_build(files, SimSamples(config.samples_from, config.calibration), task.outputs["result"])
 
 
 STAGE = Stage("npu-sim", __name__, "npubuild.verify.npu_sim", ("ethos-u-vela", "tosa-tools"), plan, run)

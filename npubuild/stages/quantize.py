@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 from npubuild.config.schema import Calibration, Quantization
 from npubuild.engine.stage import Chain, Stage, StageTask, TaskSpec
+from npubuild.frontend.samples import SampleSource
 
 if TYPE_CHECKING:
     from npubuild.config.load import Build
@@ -15,20 +16,26 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class QuantizeConfig:
-    """The quantize task's config (its key): the import task's key, the spec's quantisation and calibration."""
+    """The quantize task's config (its key): the import task's key, the spec's quantisation and calibration, and
+    the calibration rows held back for verification (frontend/samples.py; only a `held-back` source has any)."""
 
     import_key: str
     quantization: Quantization
     calibration: Calibration
+    held_back: SampleSource | None = None
 
     def to_json(self) -> dict[str, Any]:
-        return {"import": self.import_key, "quantization": self.quantization.recipe(),
-                "calibration": self.calibration.model_dump()}
+        d = {"import": self.import_key, "quantization": self.quantization.recipe(),
+             "calibration": self.calibration.model_dump()}
+        if self.held_back is not None:  # absent otherwise: a build without held-back rows keeps its key
+            d["held_back"] = self.held_back.to_json()
+        return d
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> QuantizeConfig:
         return cls(d["import"], Quantization.model_validate(d["quantization"]),
-                   Calibration.model_validate(d["calibration"]))
+                   Calibration.model_validate(d["calibration"]),
+                   SampleSource.from_json(d["held_back"]) if d.get("held_back") else None)
 
 
 def plan(b: Build, chain: Chain) -> TaskSpec | None:
@@ -38,7 +45,9 @@ def plan(b: Build, chain: Chain) -> TaskSpec | None:
     inputs = {"float": imp.outputs["onnx"]}
     if b.calibration_npy is not None:
         inputs["calibration"] = b.calibration_npy
-    config = QuantizeConfig(imp.key, b.spec.quantization, b.model.calibration)
+    source = SampleSource.of(b)
+    config = QuantizeConfig(imp.key, b.spec.quantization, b.model.calibration,
+                            source if source.kind == "held-back" else None)
     deps = ("import", "early-fit") if "early-fit" in chain else ("import",)  # no quantising a model that cannot fit
     return TaskSpec(b.model_name, config.to_json(), inputs, {"onnx": "model_qdq.onnx"}, deps)
 
@@ -48,7 +57,7 @@ def run(task: StageTask) -> dict:
 
     config = QuantizeConfig.from_json(task.config)
     return quantize_model(task.inputs["float"], config.quantization, config.calibration,
-                          task.inputs.get("calibration"), task.outputs["onnx"])
+                          task.inputs.get("calibration"), task.outputs["onnx"], config.held_back)
 
 
 STAGE = Stage("quantize", __name__, "npubuild.frontend.quantize", ("onnx", "onnxruntime"), plan, run,

@@ -1,15 +1,22 @@
-"""npu-sim stage: run the compiled raw artifact on npu-sim and require bit-exact agreement with TOSA.
+"""npu-sim stage: run the compiled artifact on npu-sim, require bit-exact agreement with TOSA, and measure what
+is deployed against the float model.
 
-The same sample inputs as tosa-check, quantised with the graph's input
-parameters, go through the TOSA reference model and through npu-sim on
-Vela's command stream and weights. Any differing element fails the build,
-naming the output, the count and the first NPU op writing a wrong value (npusim.verify.localise
-traces the first TOSA result npu-sim does not reproduce). A graph split around host operators has each NPU partition's
-artifact checked against its TOSA partition. U55, U65 and U85 artifacts run
-alike (npusim.sim.run picks the generation); tflite-format builds, a model
-with no NPU partition at all (every node on the host) and features npu-sim does not model (npusim.NotModelled) are reported as skipped
+The same sample inputs as tosa-check (frontend/samples.py: held back from calibration where the spec gives real
+data), quantised with the graph's input parameters, go through the TOSA reference model and through npu-sim on
+Vela's command stream and weights (the ethos-u operator of the .tflite, or the raw .npz). Any differing element
+fails the build, naming the output, the count and the first NPU op writing a wrong value (npusim.verify.localise
+traces the first TOSA result npu-sim does not reproduce). A graph split around host operators has each NPU
+partition's artifact checked against its TOSA partition, and the build's deployable .tflite runs on the virtual
+device (deploy/virtual_device.py: TensorFlow Lite Micro for the host operators) against the whole QDQ model.
+U55, U65 and U85 artifacts run alike (npusim.sim.run picks the generation); a model with no NPU partition at
+all (every node on the host) and features npu-sim does not model (npusim.NotModelled) are reported as skipped
 with the reason. A command stream Vela got wrong (npusim.VelaMiscompile: e.g. a U55 elementwise IFM smaller
 than its OFM) fails the build with what is wrong in it.
+
+What the device computed on those samples (npu-sim's outputs of a whole-graph build, whose deployable is that one
+ethos-u operator; the virtual device's of a split one) is measured against the float model and the QDQ model
+(verify/accuracy.py): `float_check`, the build's figures against float (the report reads them from here, and
+falls back to tosa-check's TOSA graph only where this stage did not run the deployable).
 """
 
 from __future__ import annotations
@@ -25,10 +32,11 @@ from npubuild.errors import StageError
 from npubuild.fileio import write_json
 from npubuild.frontend.samples import SampleSource
 from npubuild.npusim import NotModelled
-from npubuild.npusim.npz import RawModel, load_raw
+from npubuild.npusim.npz import RawModel
 from npubuild.npusim.tflite import load_tflite
 from npubuild.npusim.tosa_probe import graph_io
 from npubuild.npusim.verify import compare
+from npubuild.records.accuracy import FloatCheck
 from npubuild.records.build import Skip
 from npubuild.records.lower import LowerRecord, Where
 from npubuild.records.npusim import NpuSimRecord
@@ -38,18 +46,28 @@ from npubuild.records.vela import VelaRecord
 @dataclass(frozen=True)
 class SimFiles:
     """What the npu-sim stage reads: Vela's summary.json (the artifacts beside it), the lower stage's io.json
-    (the TOSA graphs beside it), the float model and the calibration file (tosa-check's samples)."""
+    (the TOSA graphs beside it), the float model and the data files tosa-check's samples come from."""
 
     vela_summary: Path
     io: Path
     float_model: Path
     calibration: Path | None = None
+    eval_inputs: Path | None = None  # the evaluation set, where the samples come from it (frontend/samples.py)
     reference: Path | None = None  # the QDQ model, which the virtual device's output is held to
 
 
-def simulate_build(files: SimFiles, draw: SampleSource, calibration: Calibration, result_out: Path) -> dict:
-    """The npu-sim stage's work (planned for raw builds: stages/npu_sim.py says why not otherwise):
-    npusim.json, returned as the stage's metrics; a difference from the TOSA reference model fails it."""
+@dataclass(frozen=True)
+class SimSamples:
+    """tosa-check's samples (frontend/samples.py: how many, their seed, from where), and the random range where
+    there is no calibration file."""
+
+    source: SampleSource
+    calibration: Calibration
+
+
+def simulate_build(files: SimFiles, draw: SimSamples, result_out: Path) -> dict:
+    """The npu-sim stage's work: npusim.json, returned as the stage's metrics; a difference from the TOSA
+    reference model fails it."""
     vela = VelaRecord.read(files.vela_summary)
     io = LowerRecord.read(files.io)
     if io.profile != "int":
@@ -59,8 +77,12 @@ def simulate_build(files: SimFiles, draw: SampleSource, calibration: Calibration
     if vela.vela_cpu_ops:
         return _skip(result_out, f"Vela left {vela.vela_cpu_ops} operators on the CPU inside an NPU partition; "
                      "npu-sim verifies what runs on the NPU only")
+    float_model = onnx.load(str(files.float_model))
+    arrays, samples_from = draw.source.verification(float_model, draw.calibration.model_dump(), files.calibration,
+                                                    files.eval_inputs)
+    feeds_of = [{k: v[i] for k, v in arrays.items()} for i in range(next(iter(arrays.values())).shape[0])]
     try:
-        jobs = _jobs(files, draw, calibration, vela, io)
+        jobs = _jobs(files, draw, vela, io, feeds_of)
         results = [(label, compare(model, tosa, samples, names)) for label, model, tosa, samples, names in jobs]
     except NotModelled as exc:
         return _skip(result_out, f"the artifact uses what npu-sim does not model yet: {exc.message}")
@@ -74,7 +96,13 @@ def simulate_build(files: SimFiles, draw: SampleSource, calibration: Calibration
         first[1].first_bad_sample if first else None,
         f"{first[0]}{first[1].first_bad_op.describe()}" if first and first[1].first_bad_op else None)
     if not bad:
-        record = replace(record, **_device_check(files, draw, calibration, vela))
+        if len(jobs) == 1 and len(vela.partition_graph) <= 1:  # the deployable is the artifact just run
+            deployed = [{spec.onnx_name: spec.from_tosa(np.asarray(y).reshape(spec.shape))
+                         for spec, y in zip(io.outputs, outs, strict=True)} for outs in results[0][1].outputs]
+            record = replace(record, float_check=_float_check(files, float_model, io.outputs, feeds_of, deployed,
+                                                              samples_from))
+        else:
+            record = replace(record, **_device_check(files, float_model, vela, feeds_of, samples_from))
     metrics = record.to_json()
     write_json(result_out, metrics)
     if bad:
@@ -91,71 +119,83 @@ def _skip(result_out: Path, reason: str) -> dict:
     return metrics
 
 
-def _jobs(files: SimFiles, draw: SampleSource, calibration: Calibration, vela: VelaRecord,
-          io: LowerRecord) -> list[tuple[str, object, bytes, list, list[str]]]:
+def _jobs(files: SimFiles, draw: SimSamples, vela: VelaRecord, io: LowerRecord,
+          feeds_of: list[dict[str, np.ndarray]]) -> list[tuple[str, object, bytes, list, list[str]]]:
     """(label, artifact, TOSA graph, integer samples, output names) per NPU partition (one for a whole graph).
 
-    A whole graph runs tosa-check's samples; the NPU partitions of a split graph run seeded random
+    A whole graph runs tosa-check's samples (`feeds_of`); the NPU partitions of a split graph run seeded random
     integers over their inputs' full range (bit-exactness must hold for any input).
     """
     vela_dir, lower_dir = files.vela_summary.parent, files.io.parent
     if len(vela.partition_graph) <= 1:
         if not vela.partitions:
-            raise StageError("the vela stage wrote no .tflite or raw .npz artifact")
+            raise StageError("the vela stage wrote no .tflite artifact")
         whole = vela.partitions[0]
-        float_model = onnx.load(str(files.float_model))
-        arrays = draw.verification(float_model, calibration.model_dump(), files.calibration)
-        n = next(iter(arrays.values())).shape[0]
-        samples = [[spec.to_tosa(arrays[spec.onnx_name][i]) for spec in io.inputs] for i in range(n)]
+        samples = [[spec.to_tosa(feeds[spec.onnx_name]) for spec in io.inputs] for feeds in feeds_of]
         tosa = lower_dir / whole.tosa
-        return [("", _artifact(vela_dir / (whole.tflite or whole.npz)), tosa.read_bytes(), samples,
+        return [("", _artifact(vela_dir / whole.tflite), tosa.read_bytes(), samples,
                  [o.onnx_name for o in io.outputs])]
     jobs = []
-    rng = np.random.default_rng(draw.seed)
+    rng = np.random.default_rng(draw.source.seed)
     for p in vela.partitions:
         tosa = (lower_dir / p.tosa).read_bytes()
-        model = _artifact(vela_dir / (p.tflite or p.npz))
+        model = _artifact(vela_dir / p.tflite)
         inputs, outputs = graph_io(tosa)
         samples = [[rng.integers(np.iinfo(t).min, np.iinfo(t).max + 1, shape).astype(t) for _, shape, t in inputs]
-                   for _ in range(draw.samples)]
+                   for _ in range(draw.source.samples)]
         jobs.append((f"{p.stem}/", model, tosa, samples, outputs))
     return jobs
 
 
 def _artifact(path: Path) -> RawModel:
-    """The NPU artifact Vela wrote: the one ethos-u operator of its .tflite (what is deployed), or a raw .npz."""
-    if path.suffix == ".npz":
-        return load_raw(path)
+    """The NPU artifact Vela wrote: the one ethos-u operator of its .tflite (what is deployed)."""
     models = load_tflite(path)
     if len(models) != 1:
         raise StageError(f"{path.name} holds {len(models)} ethos-u operators; Vela writes one per TOSA graph")
     return models[0]
 
 
-def _device_check(files: SimFiles, draw: SampleSource, calibration: Calibration, vela: VelaRecord) -> dict:
+def _device_check(files: SimFiles, float_model: onnx.ModelProto, vela: VelaRecord,
+                  feeds_of: list[dict[str, np.ndarray]], samples_from: str) -> dict:
     """A build with host partitions: its deployable .tflite on the virtual device (host operators in TensorFlow
-    Lite Micro, ethos-u operators in npu-sim), on tosa-check's samples, against the whole QDQ model; the max
-    LSB error. A whole-graph build's deployable is the artifact checked above."""
-    from npubuild.deploy.virtual_device import VirtualDevice
+    Lite Micro, ethos-u operators in npu-sim), on tosa-check's samples, against the whole QDQ model (the max
+    LSB error) and against the float model (`float_check`). Nothing where there is no deployable (a host
+    partition with no TFLite translation, on a Cortex-A target)."""
+    from npubuild.deploy.virtual_device import OnDevice
     from npubuild.records.iospec import specs_from_json
     from npubuild.tosa.run import OnnxSession
 
     deployable = vela.metrics.get("deployable") or {}
-    if not deployable or files.reference is None or not any(p.kind == Where.HOST for p in vela.partition_graph):
+    if not deployable.get("tflite") or files.reference is None:
         return {}
     stage_dir = files.vela_summary.parent
-    device = VirtualDevice((stage_dir / deployable["tflite"]).read_bytes(), deployable["tflite"])
-    ins, outs = specs_from_json(deployable["inputs"]), specs_from_json(deployable["outputs"])
-    arrays = draw.verification(onnx.load(str(files.float_model)), calibration.model_dump(), files.calibration)
+    device = OnDevice((stage_dir / deployable["tflite"]).read_bytes(), specs_from_json(deployable["inputs"]),
+                      specs_from_json(deployable["outputs"]), deployable["tflite"])
     reference = OnnxSession(files.reference)
-    worst, n = 0.0, next(iter(arrays.values())).shape[0]
-    for i in range(n):
-        feeds = {s.onnx_name: arrays[s.onnx_name][i] for s in ins}
-        got = device.run([s.to_tosa(feeds[s.onnx_name]) if s.quantized else  # a bool or index input as it is
-                          np.transpose(np.asarray(feeds[s.onnx_name]), s.perm).astype(s.dtype) for s in ins])
-        want = reference(dict(feeds))
-        for spec, y in zip(outs, got, strict=True):
-            y = spec.from_tosa(np.asarray(y).reshape(spec.shape))
+    worst, deployed = 0.0, []
+    for feeds in feeds_of:
+        got, want = device(feeds), reference(dict(feeds))
+        deployed.append(got)
+        for spec in device.outputs:
+            y = got[spec.onnx_name]
             worst = max(worst, float(spec.lsb_error(want[spec.onnx_name], y).max()) if spec.quantized
                         else float(np.abs(want[spec.onnx_name] - y).max()))
-    return {"device_max_error_lsb": worst, "device_samples": n, "tflm_arena_bytes": device.host_arena_bytes}
+    return {"device_max_error_lsb": worst, "device_samples": len(feeds_of),
+            "tflm_arena_bytes": device.device.host_arena_bytes,
+            "float_check": _float_check(files, float_model, device.outputs, feeds_of, deployed, samples_from)}
+
+
+def _float_check(files: SimFiles, float_model: onnx.ModelProto, outputs, feeds_of: list[dict[str, np.ndarray]],
+                 deployed: list[dict[str, np.ndarray]], samples_from: str) -> FloatCheck | None:
+    """What the device computed (raw outputs per sample, ONNX layout) against the float model, with the QDQ
+    model's own figure beside it (verify/accuracy.py)."""
+    from npubuild.tosa.run import OnnxSession
+    from npubuild.verify.accuracy import float_check, probability_outputs, stacked
+
+    if not feeds_of or files.reference is None:
+        return None
+    flt_session, qdq_session = OnnxSession(files.float_model), OnnxSession(files.reference)
+    flt = stacked([flt_session(dict(f)) for f in feeds_of])
+    qdq = stacked([qdq_session(dict(f)) for f in feeds_of])
+    return float_check(outputs, flt, stacked(deployed), qdq, probability_outputs(float_model), samples_from,
+                       len(feeds_of))

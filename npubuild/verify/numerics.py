@@ -93,9 +93,3 @@ def _classes(a: np.ndarray) -> np.ndarray | None:
     if a.ndim > 2 and any(d != 1 for d in a.shape[1:-1]):
         return None  # spatial outputs (segmentation maps, features) are not single-label classifiers
     return a.reshape(a.shape[0], -1)
-
-
-def accuracy(logits: np.ndarray, labels: np.ndarray) -> float:
-    """Top-1 accuracy of (N, classes) scores against integer labels (N,)."""
-    pred = np.argmax(np.asarray(logits).reshape(len(labels), -1), axis=1)
-    return float(np.mean(pred == np.asarray(labels).reshape(-1)))

@@ -100,7 +100,9 @@ def bitexact_families(lower_dir: Path, io: LowerRecord) -> dict[str, Partitioned
 def partitioned_numerics(lower_dir: Path, io: LowerRecord, samples: dict[str, np.ndarray],
                          reference: Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]],
                          whole: WholeGraphCheck | None = None,
-                         first_runs: dict[str, dict[str, np.ndarray]] | None = None) -> dict[str, PartitionedCheck]:
+                         first_runs: dict[str, dict[str, np.ndarray]] | None = None,
+                         outputs_of: dict[str, list[dict[str, np.ndarray]]] | None = None,
+                         ) -> dict[str, PartitionedCheck]:
     """For every family that does not run model.tosa as is (split, or its own lowering): vs the QDQ model.
 
     `reference(feeds)` runs the QDQ model on onnxruntime. Returns family -> max error (output LSB) and samples.
@@ -109,7 +111,9 @@ def partitioned_numerics(lower_dir: Path, io: LowerRecord, samples: dict[str, np
     identical, its error over the samples is model.tosa's, measured by the same samples (3 fewer TOSA
     reference-model runs of 4; why one suffices: ethosu/families.same_as_whole); otherwise it is measured
     on every sample as a split family is. `first_runs`: such families' outputs on the first sample, when the
-    caller has run them already.
+    caller has run them already. `outputs_of`, when given, receives each family's outputs on every sample
+    (the families measured on every sample: a bit-identical one's are model.tosa's), for the check against
+    the float model (verify/accuracy.py).
     """
     out = {}
     n = next(iter(samples.values())).shape[0] if samples else 0
@@ -126,7 +130,10 @@ def partitioned_numerics(lower_dir: Path, io: LowerRecord, samples: dict[str, np
         worst = 0.0
         for i in range(n):
             feeds = {k: v[i] for k, v in samples.items()}
-            worst = worst_error(model, feeds, reference(feeds), worst)
+            got = model(feeds)
+            worst = worst_error(model, feeds, reference(feeds), worst, got)
+            if outputs_of is not None:
+                outputs_of.setdefault(fam, []).append(got)
         out[fam] = PartitionedCheck(worst, n, rec.npu_partitions, rec.host_partitions)
     return out
 

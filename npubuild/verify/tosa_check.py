@@ -11,9 +11,11 @@ the spec gates it (max_tosa_node_error_lsb) or a whole-graph gate falls short (n
 says which; the cuts are ~1.2 whole-graph runs a sample of the reference model's time); the output
 with the largest error is `tosa_worst_output`. A model with nodes no lowering takes has no model.tosa: its portable split is run
 instead, and its per-node check measures every node whose cut lowers (the others are listed unchecked).
-With an evaluation set, top-1 accuracy of the float model and of the TOSA
-graph (what the NPU runs) on its labels. The TOSA outputs of the first sample
-are kept (reference.npz) so that later stages (the FVP) compare against them.
+The samples are held back from calibration where the spec gives real data (frontend/samples.py), and the
+TOSA graph each family would deploy is measured against the float model on them (verify/accuracy.py:
+`float_checks`): the build's figures against float where no deployable runs (the npu-sim stage measures the
+deployable itself: verify/npu_sim.py). The TOSA outputs of the first sample are kept (reference.npz) so that later stages (the
+FVP) compare against them.
 """
 
 from __future__ import annotations
@@ -28,18 +30,19 @@ import numpy as np
 import onnx
 
 from npubuild.config.gates import evaluate as evaluate_gates
-from npubuild.config.schema import Calibration, Evaluation
-from npubuild.errors import InputError, StageError
+from npubuild.config.schema import Calibration
+from npubuild.errors import StageError
 from npubuild.fanout import fan_out
 from npubuild.fileio import atomic_path, write_json
-from npubuild.frontend.data import load_arrays
 from npubuild.frontend.samples import SampleSource
-from npubuild.records.check import Checked, CheckRecord, EvaluationAccuracy
+from npubuild.records.accuracy import FloatChecks
+from npubuild.records.check import Checked, CheckRecord
 from npubuild.records.iospec import IOSpec
 from npubuild.records.lower import LowerRecord, Where
 from npubuild.tosa.run import REFERENCE_MODEL_PER_ONNXRUNTIME, OnnxSession, run_tosa, timed_runs
+from npubuild.verify.accuracy import float_check, probability_outputs, stacked
 from npubuild.verify.node_errors import NodeCheck, NodeErrors, prepare_node_check
-from npubuild.verify.numerics import accuracy, compare_output
+from npubuild.verify.numerics import compare_output
 from npubuild.verify.partitioned import (
     PartitionedModel,
     WholeGraphCheck,
@@ -81,17 +84,16 @@ class CheckFiles:
     reference: Path
     float_model: Path
     calibration: Path | None = None
-    evaluation: tuple[Path, Path] | None = None  # (inputs, labels)
+    eval_inputs: Path | None = None  # the evaluation set's inputs, where the samples come from it
 
 
 @dataclass(frozen=True)
 class CheckOptions:
-    """How the check samples and what else it measures."""
+    """How the check samples (frontend/samples.py: how many, from where) and cuts the model."""
 
     samples: SampleSource
     calibration: Calibration  # the random samples' range where there is no calibration file
     passes: tuple[str, ...] = ()  # the pipeline's: the per-node check cuts the model as the lower stage sees it
-    evaluation: Evaluation | None = None
     # when the per-node cuts run (stages/tosa_check.node_check_policy): None is always, as a gated spec
     node_check: Mapping[str, Any] | None = None
 
@@ -105,7 +107,8 @@ def check_tosa(files: CheckFiles, options: CheckOptions, numerics_out: Path, ref
     what = "the TOSA graph" if io.whole_graph else "the partitioned model"
     is_int = io.profile == "int"
     float_model = onnx.load(str(files.float_model))
-    samples = options.samples.verification(float_model, options.calibration.model_dump(), files.calibration)
+    samples, samples_from = options.samples.verification(float_model, options.calibration.model_dump(),
+                                                         files.calibration, files.eval_inputs)
     n = next(iter(samples.values())).shape[0]
     reference, flt_runner = OnnxSession(files.reference), OnnxSession(files.float_model)
     names = [o.onnx_name for o in io.outputs]
@@ -114,6 +117,7 @@ def check_tosa(files: CheckFiles, options: CheckOptions, numerics_out: Path, ref
     flt: dict[str, list] = {k: [] for k in names}
     lsb: dict[str, list] = {k: [] for k in names}
     first_raw: dict[str, np.ndarray] = {}
+    per_sample: list[tuple[dict, dict, dict]] = []  # (raw graph outputs, float's, QDQ's) for the float check
     partitioned_error = 0.0  # model.tosa's error as the partitioned check measures it (WholeGraphCheck)
     feeds_of = [{k: v[i] for k, v in samples.items()} for i in range(n)]
     refs, onnxruntime_s = timed_runs(reference, feeds_of)
@@ -132,6 +136,7 @@ def check_tosa(files: CheckFiles, options: CheckOptions, numerics_out: Path, ref
         bad = shape_mismatch(io.outputs, t, r, what)
         if bad:
             raise StageError(bad)
+        per_sample.append((t, f, r))
         for spec in io.outputs:
             name = spec.onnx_name
             if i == 0:
@@ -156,9 +161,6 @@ def check_tosa(files: CheckFiles, options: CheckOptions, numerics_out: Path, ref
     if unmatched:
         raise StageError(f"NaN/inf where onnxruntime has none, or the other way round ({what}): "
                          f"{', '.join(unmatched)} elements of {n} samples")
-    evaluation = None
-    if files.evaluation is not None and options.evaluation is not None:
-        evaluation = evaluate(options.evaluation, files.evaluation, io, runner, float_model, flt_runner)
     record = CheckRecord(
         n, io.profile, min(e["snr_db"] for e in per_output.values()),
         max(e["max_error_lsb"] for e in per_output.values()) if is_int else None,
@@ -166,7 +168,7 @@ def check_tosa(files: CheckFiles, options: CheckOptions, numerics_out: Path, ref
         tosa_mean_error_lsb=max(e["mean_error_lsb"] for e in per_output.values()) if is_int else None,
         tosa_worst_output=max(per_output, key=lambda k: per_output[k]["max_error_lsb"]) if is_int else None,
         tosa_cosine=min(e["cosine"] for e in per_output.values()), outputs=per_output, io=io_summary(io),
-        checked=None if io.whole_graph else Checked.PARTITIONED, evaluation=evaluation)
+        checked=None if io.whole_graph else Checked.PARTITIONED)
     nodes, why = runs.nodes, None
     if nodes is None and is_int:
         short = [g["name"] for g in evaluate_gates(policy.get("whole_graph_expect") or {}, record.to_json())
@@ -187,7 +189,9 @@ def check_tosa(files: CheckFiles, options: CheckOptions, numerics_out: Path, ref
     checks = None
     if is_int:  # split builds (a family that cannot run some node): the partitioned model, same samples
         whole = WholeGraphCheck(first_raw, partitioned_error) if io.whole_graph else None
-        checks = partitioned_numerics(lower_dir, io, samples, reference, whole, runs.first_runs)
+        family_outputs: dict[str, list[dict[str, np.ndarray]]] = {}
+        checks = partitioned_numerics(lower_dir, io, samples, reference, whole, runs.first_runs, family_outputs)
+        record = replace(record, float_checks=against_float(io, float_model, per_sample, family_outputs, samples_from))
     record = replace(record, node_check=why, node_errors=nodes.to_json() if nodes is not None else None,
                      partitioned=checks)
     summary = record.to_json()
@@ -255,32 +259,12 @@ def output_lsb_error(spec: IOSpec, ref: np.ndarray, got: np.ndarray) -> np.ndarr
     return np.where(both, np.abs(r - g), 0.0)
 
 
-def evaluate(evaluation: Evaluation, files: tuple[Path, Path], io: LowerRecord, runner: GraphRunner,
-             float_model: onnx.ModelProto, flt_runner: OnnxSession) -> EvaluationAccuracy:
-    """Top-1 accuracy on the evaluation set (`files`: inputs, labels): the float model, and the TOSA graph the
-    NPU will run."""
-    inputs_path, labels_path = files
-    inputs = load_arrays(inputs_path, float_model)
-    try:
-        labels = np.load(labels_path, allow_pickle=False)
-    except (OSError, ValueError) as exc:
-        raise InputError(f"cannot load labels: {exc}", str(labels_path)) from None
-    n = next(iter(inputs.values())).shape[0]
-    if labels.ndim != 1 or labels.shape[0] != n or not np.issubdtype(labels.dtype, np.integer):
-        raise InputError(f"labels must be {n} integers (one per input sample), got {labels.dtype} "
-                         f"{list(labels.shape)}", str(labels_path))
-    if evaluation.samples:
-        n = min(n, evaluation.samples)
-    names = [o.onnx_name for o in io.outputs]
-    out = evaluation.output or names[0]
-    if out not in names:
-        raise InputError(f"evaluation output '{out}' is not a graph output (outputs: {', '.join(names)})")
-    spec = io.outputs[names.index(out)]
-    feeds_of = [{k: v[i] for k, v in inputs.items()} for i in range(n)]
-    floats, onnxruntime_s = timed_runs(flt_runner, feeds_of)
-    f_scores = [f[out].reshape(-1) for f in floats]
-    runs = reference_model_runs(runner, feeds_of, io.whole_graph, {}, None, onnxruntime_s).samples
-    t_scores = [spec.dequantize(t[out]).reshape(-1) for t in runs]
-    fa = accuracy(np.stack(f_scores), labels[:n])
-    ta = accuracy(np.stack(t_scores), labels[:n])
-    return EvaluationAccuracy(n, fa, ta)
+def against_float(io: LowerRecord, float_model: onnx.ModelProto, per_sample: list[tuple[dict, dict, dict]],
+                  family_outputs: dict[str, list[dict[str, np.ndarray]]], samples_from: str) -> FloatChecks:
+    """The checked graph and every family measured on all samples, against the float model (verify/accuracy)."""
+    probs = probability_outputs(float_model)
+    raw, flt, qdq = (stacked([s[k] for s in per_sample]) for k in range(3))
+    n = len(per_sample)
+    graph = float_check(io.outputs, flt, raw, qdq, probs, samples_from, n)
+    return FloatChecks(graph, {fam: float_check(io.outputs, flt, stacked(outs), qdq, probs, samples_from, n)
+                               for fam, outs in family_outputs.items()})

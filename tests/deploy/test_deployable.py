@@ -120,3 +120,54 @@ targets:
                            "npubuild_deployment.json").read_text())
     assert [p["runs_on"] for p in manifest["partitions"]] == ["ethos-u", "onnxruntime"]
     assert "Trilu" in manifest["partitions"][1]["not_deployable_on_cortex_m"]
+
+
+def rate_gated_model() -> onnx.ModelProto:
+    """Silero VAD's opset-18 export, small: an int64 sample-rate input picks one of two branches (`sr[0] == 16000`,
+    a Reshape, a Gather of a constant position and an Equal); the import runs both and selects (a Where), the
+    comparison on the host before the NPU partition, the select after it: a bool passes host to host."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(5)
+    inits = [numpy_helper.from_array(rng.normal(size=(16, 8)).astype(np.float32), "w16"),
+             numpy_helper.from_array(rng.normal(size=(16, 8)).astype(np.float32), "w8"),
+             numpy_helper.from_array(np.array([-1], np.int64), "flat"),
+             numpy_helper.from_array(np.array(0, np.int64), "first"),
+             numpy_helper.from_array(np.array(16000, np.int64), "rate16k")]
+    vi = helper.make_tensor_value_info
+    branch = [helper.make_graph([helper.make_node("MatMul", ["x", w], [f"y{w}"], name=f"fc_{w}"),
+                                 helper.make_node("Relu", [f"y{w}"], [f"r{w}"], name=f"relu_{w}")], w, [],
+                                [vi(f"r{w}", TensorProto.FLOAT, [1, 8])]) for w in ("w16", "w8")]
+    nodes = [helper.make_node("Reshape", ["sr", "flat"], ["rates"], name="node_Reshape_1"),
+             helper.make_node("Gather", ["rates", "first"], ["rate"], name="node_Gather_3"),
+             helper.make_node("Equal", ["rate", "rate16k"], ["eq_2"], name="node_eq_2"),
+             helper.make_node("If", ["eq_2"], ["y"], name="node_cond__1", then_branch=branch[0],
+                              else_branch=branch[1])]
+    graph = helper.make_graph(nodes, "vad", [vi("x", TensorProto.FLOAT, [1, 16]), vi("sr", TensorProto.INT64, [1])],
+                              [vi("y", TensorProto.FLOAT, [1, 8])], inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+
+
+def test_a_data_dependent_gate_on_an_integer_input_deploys_on_a_cortex_m(project: Path, capsys):
+    """Was: an internal error (NotDeployable: 'eq_2' "a float host output") once the comparison's bool crossed from
+    one host partition to the next, and then 'constant indices' for the Gather of `sr[0]`, on every Cortex-M
+    target; TFLite Micro's GATHER takes no int32 table, so the constant position is a SLICE."""
+    onnx.save(rate_gated_model(), project / "configs" / "models" / "vad.onnx")
+    rng = np.random.default_rng(6)
+    np.savez(project / "configs" / "vad_calib.npz", x=rng.normal(size=(8, 1, 16)).astype(np.float32),
+             sr=np.array([16000, 8000] * 4, np.int64).reshape(8, 1))
+    spec = project / "configs" / "vad.yaml"
+    spec.write_text("version: 1\nname: vad\nmodels:\n  vad: {path: models/vad.onnx, calibration: {npy: vad_calib.npz}}"
+                    "\ntargets: [ethos-u55-128]\nverify: {tosa: true, samples: 8}\n"
+                    "expect: {max_device_error_lsb: 1}\n")
+    build = project / "build"
+    code, _, err = run_cli(["build", str(spec), "--build-dir", str(build), "-q"], capsys)
+    assert code == 0, err
+    (b,) = read_report(build)["builds"]
+    m = b["metrics"]
+    assert m["cortex_m_deployable"] is True and m["device_max_error_lsb"] is not None and m["device_max_error_lsb"] <= 1
+    manifest = json.loads((_stage_dir(build, "vela", "vad-ethos-u55-128") / "firmware" /
+                           "npubuild_deployment.json").read_text())
+    parts = manifest["partitions"]
+    assert [p["runs_on"] for p in parts] == ["tflite-micro", "ethos-u", "tflite-micro"]
+    assert {"SLICE", "EQUAL"} <= set(parts[0]["tflite_builtins"]) and "SELECT_V2" in parts[2]["tflite_builtins"]

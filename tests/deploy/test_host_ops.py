@@ -132,3 +132,37 @@ def test_an_op_with_no_builtin_is_not_deployable_naming_node_and_op():
     model = host_partition([node], {"x": [1, 4, 4]}, [1, 4, 4], Quant(0.02, 0), domain="com.microsoft")
     with pytest.raises(NotDeployable, match=r"node 'upper' \(Trilu\): operator domain 'com.microsoft'"):
         run_both(model, {"x": Quant(0.02, 0)}, Quant(0.02, 0))
+
+
+def test_an_integer_rate_input_picked_and_compared_selects_on_the_device():
+    """Silero VAD's `sr == 16000` on the host: an int64 scalar input (int32 on the device), one element picked by
+    a constant position (a SLICE: TFLite Micro's GATHER takes no int32 data), compared with an integer
+    constant (of the input's type), the bool selecting between two float branches."""
+    consts = [numpy_helper.from_array(np.array([1], np.int64), "one"), numpy_helper.from_array(np.array(0, np.int64), "i0"),
+              numpy_helper.from_array(np.array(16000, np.int64), "rate")]
+    nodes = [helper.make_node("Reshape", ["sr", "one"], ["sr1"], name="flat"),
+             helper.make_node("Gather", ["sr1", "i0"], ["s"], name="pick", axis=0),
+             helper.make_node("Equal", ["s", "rate"], ["is16k"], name="eq"),
+             helper.make_node("Relu", ["x"], ["r"], name="relu"),
+             helper.make_node("Where", ["is16k", "x", "r"], ["y"], name="sel")]
+    model = host_partition(nodes, {"x": [1, 8]}, [1, 8], Quant(0.02, -10), consts)
+    model.graph.input.append(helper.make_tensor_value_info("sr", TensorProto.INT64, []))
+    model = onnx.shape_inference.infer_shapes(model)
+    g = TflGraph()
+    xq = Quant(0.02, -10)
+    x = Value(g.tensor("x", [1, 8], np.int8, xq), (1, 8), (0, 1), xq)
+    sr = Value(g.tensor("sr", [], np.int32, None), (), (), None, np.dtype(np.int32))
+    out = Value(g.tensor("out", [1, 8], np.int8, xq), (1, 8), (0, 1), xq)
+    emit_host_partition(g, model, {"x": x, "sr": sr}, {"out": out})
+    g.sg.inputs, g.sg.outputs = [x.tensor, sr.tensor], [out.tensor]
+    interpreter = runtime.Interpreter.from_bytes(g.build(), arena_size=1 << 20)
+    session = ort.InferenceSession(model.SerializeToString())
+    codes = np.arange(-64, 64, 16, dtype=np.int8).reshape(1, 8)
+    for rate in (16000, 8000):
+        interpreter.set_input(codes, 0)
+        interpreter.set_input(np.array(rate, np.int32), 1)
+        interpreter.invoke()
+        got = np.asarray(interpreter.get_output(0)).astype(np.int64)
+        ref = session.run(None, {"x": (codes.astype(np.float32) + 10) * np.float32(0.02), "sr": np.array(rate)})[0]
+        assert np.array_equal(got, np.clip(np.round(ref / 0.02) - 10, -128, 127))
+    assert not np.array_equal(*(np.maximum(codes, -10) if r == 8000 else codes for r in (16000, 8000)))

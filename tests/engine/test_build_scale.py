@@ -84,9 +84,17 @@ def _env() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if k != "NPUBUILD_CACHE"}
 
 
+def _as_a_terminal_starts_it() -> None:
+    """Ctrl-C at its default, as in a terminal's foreground job: a runner that starts the suite in the
+    background of a non-interactive shell (`.ci/run &`, nohup) has SIGINT ignored, every child inherits that,
+    and a build that ignores SIGINT finishes instead of being interrupted (the CI failure of issue 34)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def _npubuild(args: list[str], cwd: Path) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-m", "npubuild", *args], cwd=cwd, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True, env=_env())
+                            stderr=subprocess.PIPE, text=True, start_new_session=True, env=_env(),
+                            preexec_fn=_as_a_terminal_starts_it)
 
 
 def test_a_busy_build_dir_stops_a_second_build_with_one_line(project: Path):
@@ -103,8 +111,9 @@ def test_a_busy_build_dir_stops_a_second_build_with_one_line(project: Path):
         assert err.count("\n") == 1 and f"in use by another npubuild build (pid {holder.pid})" in err
         assert not (build_dir / "stages").exists()  # it wrote nothing
         waiting = _npubuild(["build", "-q", "--wait"], project)
-        time.sleep(1.5)
-        assert waiting.poll() is None  # still waiting for the holder
+        said = waiting.stderr.readline()  # the event: it found the build dir busy and waits (one line says so)
+        assert said == f"{build_dir}: waiting for another npubuild build (pid {holder.pid}) to finish\n", said
+        assert waiting.poll() is None  # and it waits: the holder has not let go
     finally:
         holder.kill()
         holder.wait()

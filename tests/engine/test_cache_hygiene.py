@@ -7,7 +7,6 @@ import os
 import shutil
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -114,7 +113,7 @@ def test_clean_stale_removes_only_what_the_plan_no_longer_uses(project: Path, ca
     assert code == 0 and all(str(p.relative_to(build_dir)) in out for p in replaced)
     assert {p for p in build_dir.glob("stages/*/*")} == current  # a dry run removes nothing
     code, out, _ = run_cli(["clean", "--stale"], capsys, cwd=project)
-    assert code == 0 and f"removed {len(replaced)} stale task dir(s) and " in out
+    assert code == 0 and f"removed {len(replaced)} stale task dir(s), 0 temp file(s) of killed runs and " in out
     assert {p for p in build_dir.glob("stages/*/*")} == current - replaced
     # plots: `report --history` drew the history of inference_ms (u55 got slower between the two runs); the
     # next build's report.html no longer shows it
@@ -124,10 +123,12 @@ def test_clean_stale_removes_only_what_the_plan_no_longer_uses(project: Path, ca
     assert run_cli(["report", "--history", str(history)], capsys, cwd=project)[0] == 0
     drawn = set(build_dir.glob(".cache/plots/history-*.png"))
     assert len(drawn) == 1
-    time.sleep(1)  # plot staleness is by mtime against the latest report.html
+    old = (build_dir / "report.html").stat().st_mtime - 10  # plot staleness is by mtime against report.html
+    for plot in drawn:
+        os.utime(plot, (old, old))
     assert run_cli(["build", "-q"], capsys, cwd=project)[0] == 0
     code, out, _ = run_cli(["clean", "--stale"], capsys, cwd=project)
-    assert code == 0 and "removed 0 stale task dir(s) and 1 plot(s)" in out
+    assert code == 0 and "removed 0 stale task dir(s), 0 temp file(s) of killed runs and 1 plot(s)" in out
     # a build's report.html draws its charts as SVG: the history plot was the only PNG, and it is gone
     assert not set(build_dir.glob(".cache/plots/*.png"))
     assert "data:image/png" not in (build_dir / "report.html").read_text()

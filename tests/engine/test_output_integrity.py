@@ -75,7 +75,7 @@ CASES = [  # finding 1: finished outputs (stage, file, how it is damaged)
     ("tosa-check", "numerics.json", "truncate"),
     ("quantize", "model_qdq.onnx", "flip"),
     ("lower", "model.tosa", "flip-keep-mtime"),
-    ("vela", "raw/*model_vela.npz", "flip-keep-mtime"),
+    ("vela", "firmware/npubuild_deployable.tflite", "flip-keep-mtime"),
     # finding 2: truncated intermediates were an internal error until `npubuild clean`
     ("lower", "model.tosa", "truncate"),
     ("import", "model.onnx", "truncate"),

@@ -1,4 +1,6 @@
-"""Firmware-ready output: the generated C compiles with gcc -Wall -Werror and carries exactly what Vela produced."""
+"""Firmware-ready output: the generated C compiles with gcc -Wall -Werror and carries exactly what Vela produced (the
+ethos-u operator of its .tflite, read here by npu-sim's reader, which tests/npusim/test_tflite_artifact.py holds to
+Vela's own raw output)."""
 
 from __future__ import annotations
 
@@ -10,6 +12,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 from npbtest import REPO, read_report, run_cli
+
+from npubuild.npusim.tflite import npu_operators
+
+
+def _vela_operator(vela_dir: Path):
+    """The ethos-u operator of the stage's Vela .tflite (in the stage dir, or in tflite/ beside raw output)."""
+    (path,) = sorted(vela_dir.glob("*_vela.tflite")) or sorted(vela_dir.glob("tflite/*_vela.tflite"))
+    (op,) = npu_operators(path.read_bytes(), str(path))
+    return op
 
 MAIN_C = """#include <stdio.h>
 #include "{p}.h"
@@ -35,7 +46,7 @@ int main(int argc, char **argv) {{
 
 
 @pytest.mark.skipif(shutil.which("gcc") is None, reason="needs the host C compiler")
-def test_generated_c_compiles_and_matches_the_npz(tmp_path: Path, capsys):
+def test_generated_c_compiles_and_matches_the_compiled_artifact(tmp_path: Path, capsys):
     build_dir = tmp_path / "build"
     code, _, err = run_cli(["compile", str(REPO / "configs" / "models" / "ds_cnn.onnx"), "--target", "ethos-u55-128",
                             "--target", "ethos-u65-256", "--build-dir", str(build_dir), "--json"], capsys,
@@ -62,20 +73,19 @@ def test_generated_c_compiles_and_matches_the_npz(tmp_path: Path, capsys):
                              text=True, check=True)
         lines = run.stdout.splitlines()
         arena, fast, const_size, cmd_size, mode = lines[0].split()
-        npz = next(vela_dir.glob("raw/*_vela.npz"))
-        with np.load(npz) as z:
-            assert (work / "cmd.bin").read_bytes() == bytes(z["cmd_data"].item())
-            assert (work / "weights.bin").read_bytes() == bytes(z["weight_data"].item())
-            assert int(arena) == int(z["scratch_size"]) == manifest["arena_size"]
-            assert int(fast) == int(z["scratch_fast_size"]) == manifest["fast_scratch_size"]
-            assert int(const_size) == len(z["weight_data"].item()) and int(cmd_size) == len(z["cmd_data"].item())
-            ins = [ln.split() for ln in lines if ln.startswith("input ")]
-            outs = [ln.split() for ln in lines if ln.startswith("output ")]
-            assert [int(r[3]) for r in ins] == [int(v) for v in z["input_offset"]]
-            assert [int(r[2]) for r in ins] == [int(v) for v in z["input_region"]]
-            assert [int(r[3]) for r in outs] == [int(v) for v in z["output_offset"]]
-            assert [int(r[4]) for r in outs] == [int(np.prod(s)) * int(e) for s, e in
-                                                 zip(z["output_shape"], z["output_elem_size"], strict=True)]
+        op = _vela_operator(vela_dir)
+        raw = op.model
+        assert (work / "cmd.bin").read_bytes() == op.payload
+        assert (work / "weights.bin").read_bytes() == raw.weights  # every byte, trailing zeros too
+        assert int(arena) == raw.scratch_size == manifest["arena_size"]
+        assert int(fast) == raw.fast_size == manifest["fast_scratch_size"]
+        assert int(const_size) == len(raw.weights) and int(cmd_size) == len(op.payload)
+        ins = [ln.split() for ln in lines if ln.startswith("input ")]
+        outs = [ln.split() for ln in lines if ln.startswith("output ")]
+        assert [int(r[3]) for r in ins] == [p.offset for p in raw.inputs]
+        assert [int(r[2]) for r in ins] == [p.region for p in raw.inputs]
+        assert [int(r[3]) for r in outs] == [p.offset for p in raw.outputs]
+        assert [int(r[4]) for r in outs] == [p.nbytes for p in raw.outputs]
         for row, spec in zip(ins + outs, io["inputs"] + io["outputs"], strict=True):
             assert row[1] == spec["onnx_name"]
             assert float(row[5]) == pytest.approx(spec["scale"], rel=1e-6) and int(row[6]) == spec["zero_point"]
@@ -107,14 +117,17 @@ def test_vela_options_from_the_spec_reach_vela_and_the_manifest(project: Path, c
     npz = Path(b["artifacts"]["vela"])  # model_vela.npz, or u55_model_vela.npz where U55 lowers it its own way
     assert npz.name == "u55_model_vela.npz"  # DS-CNN's U55 graph has its own forms (the space-to-depth stem) ...
     assert b["metrics"]["firmware"][0]["prefix"] == "npubuild_model"  # ... its firmware names stay the model's
-    assert not (vela_dir / "raw").exists()  # the raw output is the artifact itself: one Vela run
+    # one Vela run: its .tflite (what is deployed) in tflite/, the raw output written from it
+    assert [p.name for p in (vela_dir / "tflite").iterdir()] == ["u55_model_vela.tflite"]
+    assert not (vela_dir / "raw").exists()
     manifest = json.loads((vela_dir / b["metrics"]["firmware"][0]["manifest"]).read_text())
     assert manifest["vela_options"]["optimise"] == "Size" and manifest["vela_options"]["tensor_allocator"] == "Greedy"
     with np.load(npz) as z:
         assert manifest["arena_size"] == int(z["scratch_size"]) == b["metrics"]["memory"]["arena_bytes"]
+        assert z["weight_data"].tobytes() == _vela_operator(vela_dir).model.weights
 
 
-def test_a_vela_stage_served_from_the_shared_cache_keeps_its_raw_output_and_firmware(tmp_path: Path, capsys,
+def test_a_vela_stage_served_from_the_shared_cache_keeps_its_model_and_firmware(tmp_path: Path, capsys,
                                                                                      monkeypatch):
     monkeypatch.setenv("NPUBUILD_CACHE", str(tmp_path / "cache"))
     dirs = []
@@ -125,8 +138,9 @@ def test_a_vela_stage_served_from_the_shared_cache_keeps_its_raw_output_and_firm
         assert code == 0, err
         dirs.append(next((build_dir / "stages" / "vela").glob("ds_cnn-*")))
     assert json.loads((dirs[1] / "stage.json").read_text()).get("from_cache") is True
-    npz = next(dirs[0].glob("raw/*_vela.npz")).relative_to(dirs[0])
-    for rel in (str(npz), "firmware/npubuild_model.h", "firmware/npubuild_model.c", "firmware/npubuild_model.json"):
+    tflite = next(dirs[0].glob("*_vela.tflite")).relative_to(dirs[0])
+    for rel in (str(tflite), "firmware/npubuild_model.h", "firmware/npubuild_model.c", "firmware/npubuild_model.json",
+                "firmware/npubuild_deployable.tflite"):
         assert (dirs[1] / rel).read_bytes() == (dirs[0] / rel).read_bytes(), rel
 
 

@@ -84,3 +84,46 @@ def test_size_mode_decides_by_memory(tmp_path: Path):
                                       and (off["sram_kib"], off["offchip_kib"]) != (own["sram_kib"], own["offchip_kib"])
                                       or (off["sram_kib"], off["offchip_kib"]) == (own["sram_kib"], own["offchip_kib"])
                                       and off["ms"] < own["ms"])
+
+
+def two_prelus():
+    """Palm detection's two kinds of PRelu: one on a 96x96x32 map (in DRAM on U85-256), one on 12x12x256."""
+    rng = np.random.default_rng(0)
+
+    def w(name, shape):
+        return numpy_helper.from_array(rng.normal(0, 0.3, shape).astype(np.float32), name)
+
+    def slope(name, c):  # slopes on both sides of 1: both kinds of channel
+        return numpy_helper.from_array(rng.uniform(-1, 2, (c, 1, 1)).astype(np.float32), name)
+
+    inits = [w("w0", (32, 8, 1, 1)), slope("s0", 32), w("w1", (256, 32, 1, 1)), slope("s1", 256),
+             w("w2", (16, 256, 1, 1))]
+    nodes = [helper.make_node("Conv", ["x", "w0"], ["c0"], name="conv0"),
+             helper.make_node("PRelu", ["c0", "s0"], ["p0"], name="prelu_big"),
+             helper.make_node("MaxPool", ["p0"], ["m0"], kernel_shape=[8, 8], strides=[8, 8], name="pool"),
+             helper.make_node("Conv", ["m0", "w1"], ["c1"], name="conv1"),
+             helper.make_node("PRelu", ["c1", "s1"], ["p1"], name="prelu_small"),
+             helper.make_node("Conv", ["p1", "w2"], ["y"], name="conv2")]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8, 96, 96])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 16, 12, 12])], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    return quantize_model(model, calib("x", [1, 8, 96, 96], n=4))
+
+
+def test_u85_decides_the_prelu_form_node_by_node(tmp_path: Path):
+    """Each PRelu takes the form under which Vela's per-layer estimate charges it fewer cycles: the max / min
+    form chained onto its depthwise on the big map, the branches on the small one (two depthwise convs reading
+    256 per-channel scales each cost more than the branches' passes there); the mix beats both extremes."""
+    model = two_prelus()
+    options, record = choose(model, "u85", lambda o: lower_model(model, "int", options=o))
+    prelu = record[0]
+    assert prelu["choice"] == "PRelu as max / min of its pieces" and prelu["target"] == "ethos-u85-256"
+    (branches_big, select_big), (branches_small, select_small) = prelu["nodes"]["prelu_big"], prelu["nodes"]["prelu_small"]
+    assert select_big < branches_big and select_small > branches_small
+    branches, select, mixed = (f["ms"] for f in prelu["figures"])
+    assert prelu["taken"] == 2 and mixed < min(branches, select)
+    assert options.prelu_select_nodes == {"prelu_big"} and not options.prelu_select
+    io, _ = lower_families(model, "int", tmp_path, ["u85"])  # the lower stage writes the mix, checked bit for bit
+    (part,) = io.families["u85"].partitions
+    assert io.families["u85"].same_as_model_tosa
+    assert (tmp_path / part.file).read_bytes() == lower_model(model, "int", options=options).tosa

@@ -83,7 +83,9 @@ def test_partition_gates(project: Path, capsys):
     code, _, err = run_cli(["build", str(spec), "--build-dir", str(project / "build"), "-q"], capsys)
     assert code == 0, err
     gates = {g["name"]: g for g in read_report(project / "build")["builds"][0]["gates"]}
-    assert set(gates) == {"npu_partitions", "host_ops", "max_deployed_error_lsb"} and all(g["ok"] for g in gates.values())
+    # the spec's three, and the int profile's default collapse gate (config/metrics.DEFAULT_GATES)
+    assert set(gates) == {"npu_partitions", "host_ops", "max_deployed_error_lsb", "max_collapsed_outputs"}
+    assert all(g["ok"] for g in gates.values()) and gates["max_collapsed_outputs"]["default"]
 
 
 def test_an_npu_partition_is_never_only_the_q_dq_of_graph_inputs():

@@ -1,7 +1,7 @@
 """Memory pools proved with exact numbers: one model, cascading on and off, two SRAM sizes.
 
 The figures npubuild reports and checks are Vela's own: its summary's SRAM use
-and the raw output's arena size (scratch_size) agree to the byte, the golden
+and its compiled operator's arena (the scratch tensor of the ethos-u operator) agree to the byte, the golden
 numbers below are what Vela 5.2 reports for this model, and the one case that
 does not fit (no cascading, 64 KiB of SRAM) fails the build with one line
 naming the pool, the KiB needed and the KiB available, losing nothing built.
@@ -12,12 +12,19 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-import numpy as np
 import onnx
 from npbtest import read_report, read_run, run_cli
 from npbtest.builds import conv_chain_model, write_spec
 
 from npubuild.engine.versions import versions
+from npubuild.npusim.tflite import npu_operators
+
+
+def _vela_operator(stage_dir: Path):
+    """The arena, constants and command stream bytes of the stage's Vela .tflite (its one ethos-u operator)."""
+    path = next(stage_dir.glob("*_vela.tflite"))
+    (op,) = npu_operators(path.read_bytes(), str(path))
+    return op.model.scratch_size, len(op.model.weights), len(op.payload)
 
 TARGETS = ("[{extends: ethos-u55-128, name: u55-sram2m},"
            " {extends: ethos-u55-128, name: u55-sram64k, pools: {sram: {size_kib: 64}}}]")
@@ -58,11 +65,8 @@ def test_cascading_and_sram_size_give_exact_sram_figures_and_a_too_small_pool_fa
             assert b["status"] == "failed"
         else:
             assert b["status"] == "passed", b["errors"]
-        # our figures are Vela's: summary SRAM == log SRAM == raw arena size / 1024 (Shared_Sram: arena in SRAM)
-        npz = next(vela_dir.glob("raw/*_vela.npz"))
-        with np.load(npz) as z:
-            arena = int(z["scratch_size"])
-            weights, cmd = len(z["weight_data"].item()), len(z["cmd_data"].item())
+        # our figures are Vela's: summary SRAM == log SRAM == its arena size / 1024 (Shared_Sram: arena in SRAM)
+        arena, weights, cmd = _vela_operator(vela_dir)
         assert round(arena / 1024, 2) == _vela_log_sram_kib(vela_dir)
         if b["status"] == "passed":
             m = b["metrics"]
@@ -101,9 +105,8 @@ def test_constants_that_do_not_fit_their_pool_fail_naming_it(project: Path, caps
     code, _, err = run_cli(["build", "--build-dir", str(build_dir), "-q"], capsys, cwd=project)
     assert code == 1
     line = err.strip().splitlines()[-1]
-    npz = next((build_dir / "stages" / "vela").glob("*/raw/*_vela.npz"))
-    with np.load(npz) as z:
-        weights, cmd = len(z["weight_data"].item()) / 1024, len(z["cmd_data"].item()) / 1024
+    _, weights, cmd = _vela_operator(next((build_dir / "stages" / "vela").iterdir()))
+    weights, cmd = weights / 1024, cmd / 1024
     # the command stream is a const array beside the weights in the firmware: the flash holds both
     assert (f"pool 'flash' (off_chip_flash) needs {weights + cmd:.1f} KiB (constants {weights:.1f} KiB, "
             f"command_stream {cmd:.1f} KiB) but has 16.0 KiB") in line

@@ -5,6 +5,7 @@ command line Vela refuses fails the stage with Vela's own last line."""
 from __future__ import annotations
 
 import subprocess
+import tempfile
 import threading
 from pathlib import Path
 
@@ -38,7 +39,7 @@ def test_forked_vela_writes_what_the_vela_command_writes(tmp_path: Path):
     src, ini, profile = _graph(tmp_path)
     forked = [vela_command(src, ini, tmp_path / "fork", profile, profile.vela),
               vela_command(src, ini, tmp_path / "fork-raw", profile, profile.vela, "raw")]
-    procs = _run_vela_all(forked, profile.accelerator)
+    procs = _run_vela_all(forked, profile.accelerator, tmp_path)
     assert [p.returncode for p in procs] == [0, 0]
     assert "NPU operators" in procs[0].stdout  # Vela's report, read for the op counts
     for cmd, out in zip(forked, ("fork", "fork-raw"), strict=True):
@@ -59,7 +60,7 @@ def test_a_command_line_vela_refuses_fails_with_its_last_line(tmp_path: Path):
     assert proc.returncode != 0
     last = proc.stderr.strip().splitlines()[-1]  # Vela's own crash, as the subprocess it was printed it
     with pytest.raises(StageError) as exc:
-        _run_vela_all([bad], profile.accelerator)
+        _run_vela_all([bad], profile.accelerator, tmp_path)
     assert str(exc.value).endswith(f"Vela failed (ethos-u55-128): {last}") and "Nonsense" in last
 
 
@@ -67,14 +68,25 @@ def test_a_process_running_other_threads_spawns_vela_instead_and_gets_the_same_o
     src, ini, profile = _graph(tmp_path)
     forked = vela_command(src, ini, tmp_path / "fork", profile, profile.vela)
     spawned = vela_command(src, ini, tmp_path / "spawn", profile, profile.vela)
-    _run_vela_all([forked], profile.accelerator)
+    _run_vela_all([forked], profile.accelerator, tmp_path)
     stop = threading.Event()
     other = threading.Thread(target=stop.wait)  # e.g. a Dask worker's threads: fork without exec is unsafe
     other.start()
     try:
-        (proc,) = _run_vela_all([spawned], profile.accelerator)
+        (proc,) = _run_vela_all([spawned], profile.accelerator, tmp_path)
     finally:
         stop.set()
         other.join()
     assert proc.returncode == 0 and "NPU operators" in proc.stdout
     assert _files(tmp_path / "spawn") == _files(tmp_path / "fork")
+
+
+def test_vela_logs_stay_in_the_build_dir_whatever_the_system_temp_dir(tmp_path: Path, monkeypatch):
+    """The logs Vela's output is read from are written where the stage writes (its temp dir in the build dir),
+    never in the system's: /tmp on another, fuller disk failed a build whose own disk had room ('No usable
+    temporary directory found')."""
+    src, ini, profile = _graph(tmp_path)
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "no-such-dir"))  # the system's: unusable
+    (proc,) = _run_vela_all([vela_command(src, ini, tmp_path / "out", profile, profile.vela)], profile.accelerator,
+                            tmp_path)
+    assert proc.returncode == 0 and "NPU operators" in proc.stdout

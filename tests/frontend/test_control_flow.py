@@ -128,6 +128,8 @@ def test_the_gated_head_builds_on_the_npu_with_only_the_comparison_and_select_on
     assert u55["status"] == "passed" and u85["status"] == "passed"
     host = {o["op_type"] for o in u55["metrics"]["offloads"] if o["kind"] != "npu"}
     assert host <= {"GreaterOrEqual", "Where", "Reshape"}  # Vela has no GREATER_EQUAL or SELECT on U55
+    # ... which the Cortex-M runs in TensorFlow Lite Micro: the deployable on the virtual device is the QDQ model's
+    assert u55["metrics"]["cortex_m_deployable"] is True and u55["metrics"]["device_max_error_lsb"] <= 1
     assert {o["op_type"] for o in u85["metrics"]["offloads"] if o["kind"] != "npu"} == set()
 
 

@@ -20,6 +20,7 @@ from npbtest.npusim import assert_bitexact, vela_raw
 from npbtest.ops import calib, check_int, io_dict, quantize_model, vela_run
 from onnx import helper
 
+from npubuild.ethosu.measured import choose
 from npubuild.lowering.driver import lower_model
 from npubuild.lowering.options import FAMILY_OPTIONS, PlaneRowsLimits
 
@@ -85,17 +86,21 @@ def test_small_planes_keep_one_sum(family, target, hwc):
     assert vela_run(forced.tosa, target).cycles > vela_run(kept.tosa, target).cycles
 
 
-def test_u85_keeps_one_sum_where_the_rows_gain_little_for_their_constants():
-    """On U85 the rows' ones weights and per-channel scales (W*C + 10*C bytes of DRAM constants) pay only on
-    large planes: DS-CNN's 25x5x64 head gained 2.6% for 0.7 KiB, which put it over ExecuTorch's off-chip
-    (bench/perf_choices.md). A plane under 16384 elements keeps one REDUCE_SUM; forced, the rows are a little
-    faster and take more off-chip memory, which is the trade the limit declines."""
+def test_u85_small_plane_rows_measured_per_model():
+    """On U85 the rows' ones weights and per-channel scales (W*C + 10*C bytes of DRAM constants) are a small gain
+    on small planes: DS-CNN's 25x5x64 head 2.6% for 0.7 KiB (bench/perf_choices.md). The family's options keep one
+    REDUCE_SUM under 16384 elements; the lower stage measures the rows for every plane (ethosu/measured.py): the
+    faster form in performance mode, the smaller one in size mode."""
     qdq = quantize_model(_se_pool(64, 25, 5), calib("x", [1, 8, 25, 5], low=-1.0, high=3.0))
     kept = lower_model(qdq, "int", family="u85")
     assert kept.tosa == lower_model(qdq, "int", options=_without_rows("u85")).tosa
-    forced = lower_model(qdq, "int", options=replace(FAMILY_OPTIONS["u85"], plane_rows=PlaneRowsLimits(4, 49, 1, 256)))
+    forced = lower_model(qdq, "int", options=replace(FAMILY_OPTIONS["u85"], plane_rows=PlaneRowsLimits(4, 49, 0, 256)))
     assert "DEPTHWISE_CONV2D" in ops(forced) and "DEPTHWISE_CONV2D" not in ops(kept)
     one, rows = vela_run(kept.tosa, "ethos-u85-256"), vela_run(forced.tosa, "ethos-u85-256")
     offchip = "off_chip_flash_memory_used", "dram_memory_used"
     assert sum(float(rows.summary[k]) for k in offchip) > sum(float(one.summary[k]) for k in offchip)
     assert rows.cycles < one.cycles  # 11436 vs 11855 here: 3.5% of this layer, 2.6% of DS-CNN
+    lower = lambda o: lower_model(qdq, "int", options=o)  # noqa: E731
+    perf, _ = choose(qdq, "u85", lower)
+    size, _ = choose(qdq, "u85", lower, optimise="size")
+    assert lower(perf).tosa == forced.tosa and lower(size).tosa == kept.tosa

@@ -185,3 +185,76 @@ def mutate_model(rng: random.Random) -> bytes:
     for _ in range(rng.randint(1, 3)):
         _mutate_fields(rng, m)
     return m.SerializeToString()
+
+
+# ------------------------------------------------------------------ issue 34: bytes, strings, reports, flags
+
+def mutate_spec_bytes(rng: random.Random, text: str = SPEC) -> tuple[bytes, int, int]:
+    """The spec with one byte that cannot start or continue UTF-8 put somewhere: (bytes, its 1-based line,
+    its 1-based column in characters)."""
+    lines = text.splitlines(keepends=True)
+    i = rng.randrange(len(lines))
+    pos = rng.randrange(len(lines[i].rstrip("\n")) + 1)
+    bad = bytes([rng.choice([0x80, 0x9B, 0xC0, 0xC3, 0xE9, 0xF8, 0xFE, 0xFF])])
+    tail = b"" if bad[0] not in (0xC3, 0xE9) else b"x"  # a lead byte followed by a non-continuation byte
+    data = "".join(lines[:i]).encode() + lines[i][:pos].encode() + bad + tail + lines[i][pos:].encode() + \
+        "".join(lines[i + 1:]).encode()
+    return data, i + 1, pos + 1
+
+
+def mutate_model_strings(rng: random.Random) -> tuple[bytes, str]:
+    """The base model with one byte of one of its strings (producer, node, input or output names) made a byte
+    that is not UTF-8, as a bit flip in the file does: (bytes, the string's value)."""
+    m = base_model()
+    m.producer_name = "npubuild.fuzz"
+    strings = [m.producer_name, *(n.name for n in m.graph.node), *(n.op_type for n in m.graph.node),
+               *(i.name for i in m.graph.input), *(o.name for o in m.graph.output)]
+    data = bytearray(m.SerializeToString())
+    target = rng.choice(sorted(set(s for s in strings if len(s) > 1)))
+    at = data.find(target.encode())
+    data[at + rng.randrange(len(target))] = rng.choice([0x80, 0x9B, 0xC3, 0xFF])
+    return bytes(data), target
+
+
+HOSTILE_METRICS = ["NaN", "Infinity", "-Infinity", '"12.5"', "true", "[]", "{}", "1e999", '"NaN"']
+
+
+def mutate_report(rng: random.Random, report: dict) -> tuple[str, bool]:
+    """A report.json with one metric of one build replaced by a hostile JSON value, or (one case in four) a
+    plain number: (the JSON text, whether the damage should be refused)."""
+    import json
+
+    out = json.loads(json.dumps(report))
+    b = rng.choice(out["builds"])
+    metric = rng.choice(["inference_ms", "sram_kib", "tosa_snr_db", "npu_offload", "tosa_max_error_lsb"])
+    if rng.random() < 0.25:
+        b["metrics"][metric] = rng.choice([0, 1.5, 1e6, -3])
+        return json.dumps(out), False
+    b["metrics"][metric] = "@@HOSTILE@@"
+    text = json.dumps(out).replace('"@@HOSTILE@@"', rng.choice(HOSTILE_METRICS))
+    return text, True
+
+
+def hostile_flags(rng: random.Random) -> tuple[list[str], dict[str, str], str]:
+    """One hostile command line or environment for a built project: (args, env, what the answer must be:
+    'ok', 'clamped' or 'bad')."""
+    case = rng.randrange(9)
+    if case == 0:
+        return ["build", "-q", "-n", str(rng.choice([3, 64, 10**5, 10**12]))], {}, "clamped"
+    if case == 1:
+        return ["build", "-q", "-n", rng.choice(["0", "-4", "x", "1e3"])], {}, "bad"
+    if case == 2:
+        return ["build", "-q"], {"NPUBUILD_STAGE_WORKERS": rng.choice(["0", "-1", "many", "1.5"])}, "bad"
+    if case == 3:
+        return ["build", "-q"], {"NPUBUILD_STAGE_MEMORY_MIB": rng.choice(["0", "4G", "-9", "x"])}, "bad"
+    if case == 4:
+        return ["build", "-q", "--cache", rng.choice(["nosuchproto://x", "s3x://b", "file://" + "a" * 10])], {}, "bad"
+    if case == 5:
+        return ["build", "-q"], {"NPUBUILD_CACHE_KEY_FILE": rng.choice(["/nonexistent/key", "/", "/dev/null"])}, "bad"
+    if case == 6:
+        return ["debug-numerics", "configs/fuzz.yaml", "--target", "ethos-u55-128", "--samples",
+                rng.choice(["0", "1001", str(10**9), "-1", "two"])], {}, "bad"
+    if case == 7:
+        return ["compile", "configs/models/m.onnx", "--target",
+                rng.choice(["../../../../etc/passwd", "/etc/passwd", "..", "a/b", "ethos-u55-128/../x"])], {}, "bad"
+    return ["report", "--junit", rng.choice([".", "configs", "/"])], {}, "bad"

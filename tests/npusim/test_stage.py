@@ -124,18 +124,18 @@ def test_simulate_command_lists_ops_and_prints_outputs(kws_build, capsys, tmp_pa
     convs = [ln for ln in out.splitlines() if " CONV " in ln]
     traced = [m for m in (re.search(r" NHCWB16 +(layer-\d+) +(\d+) ", ln) for ln in convs) if m]
     assert len(traced) >= 4 and all(int(m.group(2)) > 0 for m in traced), out
-    # a tflite build: the vela stage keeps the raw output of the same compile, which simulate runs
+    # a tflite build: simulate runs the ethos-u operator of Vela's .tflite (the only artifact such a build has)
     code, out, _ = run_cli(["simulate", str(kws_build), "--build", "ethos-u55-64", "--input", str(x)], capsys)
     assert code == 0 and "ethos-u55-64" in out and "gemm_86_out" in out
-    # U85 artifacts (raw, and the raw copy of a tflite build): ops traced to the TOSA graph the same way
+    # U85 artifacts (raw and tflite builds): ops traced to the TOSA graph the same way
     for target in ("u85-raw", "ethos-u85-256"):
         code, out, _ = run_cli(["simulate", str(kws_build), "--build", target, "--input", str(x)], capsys)
         assert code == 0 and "ethos-u85-256" in out and "gemm_86_out: shape [1, 12]" in out
         traced = [ln for ln in out.splitlines() if re.search(r" (CONV|DEPTHWISE) .* layer-\d+ +\d+ ", ln)]
         assert len(traced) >= 5, out
     code, _, err = run_cli(["simulate", str(kws_build), "--build", "nosuch"], capsys)
-    assert code == 2 and "no build with a raw Vela artifact" in err and "matching 'nosuch'" in err
+    assert code == 2 and "no build with a Vela artifact" in err and "matching 'nosuch'" in err
     code, _, err = run_cli(["simulate", str(kws_build)], capsys)
-    assert code == 2 and "several raw builds" in err and err.count("\n") == 1
+    assert code == 2 and "several builds" in err and err.count("\n") == 1
     code, _, err = run_cli(["simulate", str(x)], capsys)
     assert code == 2 and err.startswith(str(x))

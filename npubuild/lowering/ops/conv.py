@@ -30,10 +30,11 @@ from npubuild.lowering.convolution import (
     rescale_acc,
     slice_hw,
 )
-from npubuild.lowering.emit import Op, as_int16, attr, reshape, to_layout, transpose
+from npubuild.lowering.emit import Op, as_int16, attr, rescale, reshape, to_layout, transpose
 from npubuild.lowering.fusion import epilogue
 from npubuild.lowering.movement import phys_reshape
 from npubuild.lowering.quant import QParams, accumulator
+from npubuild.lowering.reduction import emit_reduce
 from npubuild.lowering.registry import lowers
 from npubuild.lowering.space_to_depth import fold_stride, patch_view
 from npubuild.lowering.spatial import (
@@ -512,6 +513,35 @@ def _as_matrix(ctx: LoweringContext, x: TTensor, shape: tuple[int, ...]) -> TTen
     return reshape(ctx, to_layout(ctx, x, (0,)), shape, (0, 1))
 
 
+MAX_PRODUCTS = 1 << 18  # int32 elements of the products tensor (1 MiB): beyond it the form cannot pay
+
+
+def _products_pay(ctx: LoweringContext, a3: TTensor, b3: TTensor, b_cols: np.ndarray | None) -> bool:
+    """Whether this MatMul of two feature maps takes the products form (LoweringOptions.matmul_products)."""
+    named = ctx.current is not None and ctx.current.name in ctx.options.matmul_products_nodes
+    if not (ctx.options.matmul_products or named) or b_cols is not None or a3.shape[0] != b3.shape[0]:
+        return False
+    return a3.shape[0] * a3.shape[1] * a3.shape[2] * b3.shape[2] <= MAX_PRODUCTS
+
+
+def _matmul_products(ctx: LoweringContext, a3: TTensor, b3: TTensor) -> TTensor:
+    """The int32 MATMUL result of [B, M, K] x [B, K, N] as every product (a - za)(b - zb) in one broadcast int16
+    MUL to [B, M, N, K] and a REDUCE_SUM over K (the channel axis): the same sums. Vela 5.2 runs a MATMUL of two
+    feature maps on U55 / U65 as a long command sequence (the transformer's [4, 16, 16] products: 36.9k cycles
+    each on U65-256, 16k of them command cycles); as two elementwise-sized ops it is one pass each."""
+    batch, m, k = a3.shape
+    n = b3.shape[2]
+    a4 = reshape(ctx, a3, (batch, m, 1, k), (0, 1, 2, 3))
+    bt = transpose(ctx, b3, (0, 2, 1), (0, 1, 2))  # [B, N, K]
+    b4 = reshape(ctx, bt, (batch, 1, n, k), (0, 1, 2, 3))
+    a16 = rescale(ctx, a4, 1.0, np.int16, int(a3.q.zp), 0, None)
+    b16 = rescale(ctx, b4, 1.0, np.int16, int(b3.q.zp), 0, None)
+    prod = ctx.new_tensor((batch, m, n, k), np.int32, (0, 1, 2, 3))
+    ctx.op(Op.MUL, [a16.name, b16.name, ctx.const(np.zeros(1, np.int8), "shift")], [prod.name], attr("Mul"))
+    total = emit_reduce(ctx, Op.REDUCE_SUM, prod, [3])
+    return reshape(ctx, total, (batch, m, n), (0, 1, 2))
+
+
 def matmul(ctx: LoweringContext, a: TTensor, b: TTensor, b_cols: np.ndarray | None = None, gain: float = 1.0) -> None:
     """gain * a @ b with numpy batch broadcasting, as TOSA MATMUL on rank 3 (b_cols: B's per-column scales)."""
     la, lb = a.logical_shape, b.logical_shape
@@ -558,9 +588,12 @@ def matmul(ctx: LoweringContext, a: TTensor, b: TTensor, b_cols: np.ndarray | No
             raise ctx.unsupported("per-channel quantized B is only supported for constant weights")
         if a3.dtype != b3.dtype:  # TOSA MATMUL takes int8 x int8 or int16 x int16: the int8 one widened, exactly
             a3, b3 = as_int16(ctx, a3), as_int16(ctx, b3)
-        acc = ctx.new_tensor((batch, rows, n), accumulator(a3.dtype), (0, 1, 2))
-        ctx.op(Op.MATMUL, [a3.name, b3.name, ctx.zp(a3.q.zp, a3.dtype), ctx.zp(b3.q.zp, b3.dtype)], [acc.name],
-               attr("MatMul"))
+        if a3.dtype == np.int8 and _products_pay(ctx, a3, b3, b_cols):
+            acc = _matmul_products(ctx, a3, b3)
+        else:
+            acc = ctx.new_tensor((batch, rows, n), accumulator(a3.dtype), (0, 1, 2))
+            ctx.op(Op.MATMUL, [a3.name, b3.name, ctx.zp(a3.q.zp, a3.dtype), ctx.zp(b3.q.zp, b3.dtype)], [acc.name],
+                   attr("MatMul"))
         b_scale = b_cols if b_cols is not None else np.array([b3.q.s])
         y = rescale_acc(ctx, acc, gain * a3.q.s * b_scale, None, out_q)
     else:

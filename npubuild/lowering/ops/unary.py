@@ -290,6 +290,9 @@ def _int_prelu_branches(ctx: LoweringContext, x: TTensor, slope: np.ndarray) -> 
         return False
     c = x.shape[3]
     zp, zp_y = int(x.q.zp), int(out_q.zp)
+    if ctx.options.prelu_select or (ctx.current is not None and ctx.current.name in ctx.options.prelu_select_nodes):
+        _int_prelu_select(ctx, x, per_c, a, scales, out_q)
+        return True
     if ctx.options.prelu_elementwise:
         pos = _min_max(ctx, Op.MAXIMUM, x, zp, a, out_q)  # max(R(a (x - zp)), 0) + zp_y: one rounding
         neg_in = _min_max(ctx, Op.MINIMUM, x, zp)
@@ -315,6 +318,47 @@ def _int_prelu_branches(ctx: LoweringContext, x: TTensor, slope: np.ndarray) -> 
     ctx.op(Op.ADD, [p32.name, n32.name], [acc2.name], attr("Add"))
     ctx.set_output(0, _rescale_fixed(ctx, acc2, 1 << 30, 49, np.int8, 0, zp_y, out_q, output_of=_out(ctx)))
     return True
+
+
+def _int_prelu_select(ctx: LoweringContext, x: TTensor, slope: np.ndarray, a: float, scales: np.ndarray,
+                      out_q) -> None:
+    """y = max(P, D) on the channels whose slope is at most 1 (PRelu is convex there), min(P, D) on the others
+    (concave), with P = R(a (x - zp)) and D = R(slope a (x - zp)) each rounded once: for x >= zp y is P, for
+    x < zp it is D (rounding is monotone), so y is the branch form's integers for every input, saturation
+    included. D is a 1x1 DEPTHWISE_CONV2D of x, P the elementwise op's own input RESCALE: U85 chains the
+    MAXIMUM / MINIMUM onto the depthwise, one pass over x where the branches made three (palm detection's
+    96x96x32 maps live in DRAM on U85-256: 407k -> 297k cycles a PRelu). Both kinds of channel: two passes,
+    z = min(D', P) with D' at int8's top on the convex channels (z is P there), then y = max(D'', z) with D''
+    at its bottom on the concave ones (y is z there). D comes first in each pair: Vela chains that operand."""
+    convex = slope <= 1.0
+    zp, zp_y = int(x.q.zp), int(out_q.zp)
+    c = x.shape[3]
+
+    def depthwise(keep: np.ndarray, fill: int) -> TTensor:
+        """D on the `keep` channels; the others saturate to int8's end `fill` (+1 / -1), whatever x is."""
+        weights = np.where(keep, np.sign(slope), 0).astype(np.int8).reshape(1, 1, c, 1)
+        bias = np.where(keep, 0, fill << 16).astype(np.int32)
+        acc = ctx.new_tensor(x.shape, np.int32, x.perm)
+        ctx.op(Op.DEPTHWISE_CONV2D, [x.name, ctx.const(weights, "prelu_sign"), ctx.const(bias, "bias"),
+                                     ctx.zp(zp, np.int8), ctx.zp(0, np.int8)], [acc.name],
+               attr("DepthwiseConv2d", [0, 0, 0, 0], [1, 1], [1, 1], False, ts.DType.INT32))
+        return rescale(ctx, acc, np.where(keep, scales, 1.0), np.int8, 0, zp_y, out_q)
+
+    def pick(op, d: TTensor, other: TTensor, other_scale: float, other_zp: int, output_of=None) -> TTensor:
+        d32 = rescale(ctx, d, 1.0, np.int32, zp_y, 0, None)
+        o32 = rescale(ctx, other, other_scale, np.int32, other_zp, 0, None)
+        acc = ctx.new_tensor(x.shape, np.int32, x.perm)
+        ctx.op(op, [d32.name, o32.name], [acc.name], attr("Minimum" if op == Op.MINIMUM else "Maximum", fp.NAN_MODE))
+        return rescale(ctx, acc, 1.0, np.int8, 0, zp_y, out_q, output_of=output_of)
+
+    if convex.all():
+        y = pick(Op.MAXIMUM, depthwise(convex, 0), x, a, zp, _out(ctx))
+    elif not convex.any():
+        y = pick(Op.MINIMUM, depthwise(~convex, 0), x, a, zp, _out(ctx))
+    else:
+        z = pick(Op.MINIMUM, depthwise(~convex, 1), x, a, zp)
+        y = pick(Op.MAXIMUM, depthwise(convex, -1), z, 1.0, zp_y, _out(ctx))
+    ctx.set_output(0, y)
 
 
 def _min_max(ctx: LoweringContext, op, x: TTensor, value: int, scale: float = 1.0, out_q=None) -> TTensor:
