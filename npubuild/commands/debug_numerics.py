@@ -39,7 +39,7 @@ def cmd_debug_numerics(args) -> int:
     result = build_and_report([b], build_dir, STAGES, RunOptions(quiet=True, debug=args.debug),
                               RunReports(None, summary=False))
     chain = result.plan.build_tasks[b.id]
-    stage_in = "quantize" if b.pipeline.profile == "int" else "import"
+    stage_in = next(s for s in ("precision", "quantize", "import") if s in chain)
     for stage in ("import", stage_in):
         task = result.plan.tasks[chain[stage]]
         if read_record(task) is None:

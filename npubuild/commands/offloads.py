@@ -18,9 +18,10 @@ from npubuild.errors import InputError
 
 def offload_line(p: dict) -> str:
     ops = ", ".join(p["tosa_ops"]) or "-"
+    precision = f"  {p['precision']}" if p.get("precision") else ""  # a build with 16-bit or 4-bit layers
     if p["kind"] == "npu":
-        return f"{p['node']}  {p['op_type']}  -> NPU partition {p['partition']}  [{ops}]"
-    return (f"{p['node']}  {p['op_type']}  -> CPU (host partition {p['partition']})  [{ops}]  "
+        return f"{p['node']}  {p['op_type']}{precision}  -> NPU partition {p['partition']}  [{ops}]"
+    return (f"{p['node']}  {p['op_type']}{precision}  -> CPU (host partition {p['partition']})  [{ops}]  "
             f"rule {p['rule']}: {p['reason']}")
 
 

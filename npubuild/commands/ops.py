@@ -3,7 +3,9 @@
 Not a hand-kept table: each op type in the lowering registry is lowered for real, as a small int8 model
 (quantised by onnxruntime as the quantize stage does, lowered per family as the lower stage does), and
 the family's support rules (ethosu/support.py, from Vela's TOSA constraints) place it, exactly as in a
-build. Rules that depend on shapes or types (RESIZE on U55/U65, ARGMAX channels, comparison types) are
+build. Then the same model with every activation that may be 16-bit on the family made so (16x8, as
+`quantization: {activations: int16}` builds it, frontend/precision) is lowered again: the `int16` columns say
+the precision the node got on each family (16: an int16 form; 8: it keeps int8 there). Rules that depend on shapes or types (RESIZE on U55/U65, ARGMAX channels, comparison types) are
 named beside the op types whose TOSA ops they can reject. An op type not listed has no lowering: a model
 using it runs that node on the host (onnxruntime), with the reason in the offload report. Like `vela --supported-ops-report`, but per ONNX op.
 """
@@ -23,6 +25,9 @@ from npubuild.config.accelerator import FAMILIES
 STRUCTURAL = {
     "QuantizeLinear": "absorbed: int8 scales and zero points of the integer ops around it",
     "DequantizeLinear": "absorbed: int8 scales and zero points of the integer ops around it",
+    # onnxruntime's contrib Q/DQ (its quantiser writes them for 16-bit and 4-bit types below opset 21)
+    "com.microsoft:QuantizeLinear": "absorbed: int8/int16 scales and zero points of the integer ops around it",
+    "com.microsoft:DequantizeLinear": "absorbed: int8/int16 scales and zero points of the integer ops around it",
     "Constant": "folded into the constants of the ops that read it",
     "Identity": "removed by the pipeline (eliminate_identity)",
     "Dropout": "removed by the pipeline (eliminate_dropout; inference only)",
@@ -217,9 +222,27 @@ def probe(p: Probe) -> dict:
                 continue
             row["families"][fam] = {"where": PLACEMENT_WORD[placed.kind], "tosa_ops": sorted(set(placed.tosa_ops)),
                                     "rule": placed.rule, "reason": placed.reason}
+        row["int16"] = {fam: int16_precision(qdq, fam) for fam in LOWERING_FAMILIES}
     except (NpubuildError, ValueError, RuntimeError) as exc:
         row["error"] = str(exc).splitlines()[0]
     return row
+
+
+def int16_precision(qdq, fam: str) -> str | None:
+    """The probed node's precision in the 16x8 form of its model on one family (None: it has no lowering)."""
+    from npubuild.errors import NpubuildError
+    from npubuild.frontend.precision.qdq import QdqModel, node_precisions
+    from npubuild.frontend.precision.rewrite import PrecisionPlan, apply_plan, promotable
+    from npubuild.lowering.driver import lower_model
+
+    info = QdqModel(qdq)
+    groups = frozenset(g for g in info.groups if promotable(info, g, (fam,)) is None)
+    mixed = apply_plan(qdq, PrecisionPlan(groups), (fam,))
+    try:
+        lower_model(mixed, "int", family=fam)
+    except (NpubuildError, ValueError):
+        return None
+    return node_precisions(mixed).get("probe", "int8")
 
 
 def conditions(row: dict) -> list[str]:
@@ -237,7 +260,8 @@ def table(rows: list[dict]) -> str:
     body = []
     for r in rows:
         if "error" in r or "note" in r:
-            body.append((r["label"], ["-"] * len(fams), "", f"probe failed: {r['error']}" if "error" in r else r["note"]))
+            body.append((r["label"], ["-"] * len(fams), "", "", f"probe failed: {r['error']}" if "error" in r
+                         else r["note"]))
             continue
         cells, notes = [], []
         for f in fams:
@@ -248,21 +272,34 @@ def table(rows: list[dict]) -> str:
             if v["where"] == "fused" and "fused into the op before it (its epilogue)" not in notes:
                 notes.append("fused into the op before it (its epilogue)")
         notes += [f"depends: {c}" for c in conditions(r)]
-        body.append((r["label"], cells, ", ".join(r["families"]["u55"]["tosa_ops"]) or "-", "; ".join(notes)))
+        int16 = "/".join(_bits(r.get("int16", {}).get(f)) for f in fams)
+        body.append((r["label"], cells, int16, ", ".join(r["families"]["u55"]["tosa_ops"]) or "-", "; ".join(notes)))
     label_w = max([len("ONNX op"), *(len(b[0]) for b in body)]) + 2
     fam_w = max(len(f) for f in fams) + 2
+    int16_head = "int16 " + "/".join(fams)
+    int16_w = len(int16_head) + 2
     # aligned for the usual lists; a longer one is written whole and moves its own row's notes along
-    ops_w = min(OPS_ALIGN, max([len("TOSA ops (u55)"), *(len(b[2]) for b in body)])) + 2
-    lines = [f"{'ONNX op':<{label_w}}" + "".join(f"{f:<{fam_w}}" for f in fams) + f"{'TOSA ops (u55)':<{ops_w}}notes",
-             f"{'':<{label_w}}" + "".join(f"{'-' * (fam_w - 2):<{fam_w}}" for _ in fams)]
-    for label, cells, ops, notes in body:
-        lines.append((f"{label:<{label_w}}" + "".join(f"{c:<{fam_w}}" for c in cells) + f"{ops:<{ops_w - 2}}  "
-                      + notes).rstrip())
+    ops_w = min(OPS_ALIGN, max([len("TOSA ops (u55)"), *(len(b[3]) for b in body)])) + 2
+    lines = [f"{'ONNX op':<{label_w}}" + "".join(f"{f:<{fam_w}}" for f in fams) + f"{int16_head:<{int16_w}}"
+             + f"{'TOSA ops (u55)':<{ops_w}}notes",
+             f"{'':<{label_w}}" + "".join(f"{'-' * (fam_w - 2):<{fam_w}}" for _ in fams) + "-" * (int16_w - 2)]
+    for label, cells, int16, ops, notes in body:
+        lines.append((f"{label:<{label_w}}" + "".join(f"{c:<{fam_w}}" for c in cells) + f"{int16:<{int16_w}}"
+                      + f"{ops:<{ops_w - 2}}  " + notes).rstrip())
     lines.append("")
     lines.append("Families: " + ", ".join(f"{k} = {f.display}" for k, f in FAMILIES.items()) + ". NPU: compiled by Vela; "
                  "CPU: a host partition run by onnxruntime (the rule says why).")
+    lines.append("int16: the precision the op gets in a 16x8 build on each family (16: its 16-bit form; 8: int8 there, "
+                 "its neighbours reading and writing it through int8 copies; -: none).")
     lines.append("An ONNX op type not listed has no lowering: a build runs it on the host (rule no-lowering).")
     return "\n".join(lines)
+
+
+def _bits(precision: str | None) -> str:
+    """16 where the node computes or writes 16-bit activations, 8 where it stays int8, - where it has no form."""
+    if precision is None:
+        return "-"
+    return "16" if "16" in precision else "8"
 
 
 def compute_rows() -> list[dict]:

@@ -28,4 +28,25 @@ def evaluate(expect: dict, metrics: dict, defaults: tuple[str, ...] | list[str] 
             ok = value <= limit
         gates.append({"name": key, "metric": gate.metric, "limit": limit, "value": value, "ok": bool(ok),
                       **({"default": True} if key in defaults else {})})
+    return gates + precision_budget_gates(metrics)
+
+
+BUDGET_KEYS = {"min_snr_db": "snr_db", "min_top1_agreement": "top1_agreement"}
+
+
+def precision_budget_gates(metrics: dict) -> list[dict]:
+    """`quantization.budget` of a `precision: auto` build as gates of their own: a plan that misses the accuracy
+    the spec asked for (against float on the calibration samples, as the search measured it) fails the build,
+    with what it reached."""
+    p = metrics.get("precision") or {}
+    if "met" not in p:
+        return []
+    budget, chosen = p.get("budget") or {}, p.get("chosen") or {}
+    gates = []
+    for key, measured in BUDGET_KEYS.items():
+        if budget.get(key) is None:
+            continue
+        value = chosen.get(measured)
+        gates.append({"name": f"quantization.budget.{key}", "metric": f"precision.chosen.{measured}",
+                      "limit": budget[key], "value": value, "ok": value is not None and value >= budget[key]})
     return gates

@@ -39,6 +39,7 @@ METRICS: tuple[Metric, ...] = (
     *_m("tosa-check", "outputs", "io"),
     Metric("tosa_ops", "lower", "tosa_op_count"),
     Metric("quantization", "quantize"),  # the recipe the quantize stage chose and each candidate's SNR vs float
+    Metric("precision", "precision"),  # int16 groups and int4 layers, fixed or chosen (frontend/precision/)
     Metric("transposes", "lower"),
     *_m("vela", "vela_npu_ops", "vela_cpu_ops", "memory_mode", "pools", "npu_partitions", "host_ops", "offloads",
         "partition_graph", "memory", "layers", "top_layers", "firmware", "deployment"),

@@ -254,16 +254,73 @@ class ModelSpec(Strict):
         return self.evaluate
 
 
+class LayerPrecision(Strict):
+    """One layer's precision over the model-wide setting: its output activation (and what shares its
+    quantisation through data movement) in 16 bits, its weights in 4."""
+
+    activations: Literal["int8", "int16"] | None = None
+    weights: Literal["int8", "int4"] | None = None
+
+
+class PrecisionBudget(Strict):
+    """What `precision: auto` must hold (frontend/precision/search.py): the accuracy to reach against the float
+    model, at most this much slower than the int8 build on every target. The search promotes the layers whose
+    16 bits buy the most accuracy per cycle until the accuracy is met, then demotes to 4-bit weights the layers
+    whose weights cost the least accuracy per byte saved while it still is."""
+
+    min_snr_db: float | None = Field(default=None, description="Worst output's SNR against the float model, dB")
+    min_top1_agreement: float | None = Field(default=None, ge=0, le=1,
+                                             description="Classifier: share of samples whose top-1 is float's")
+    max_slowdown: float = Field(default=2.0, ge=1.0, le=16.0, description="Inference time over the int8 build's, "
+                                                                           "on every target")
+    weights_int4: bool = Field(default=True, description="Also demote weights to int4 where the budget allows")
+
+    @model_validator(mode="after")
+    def _some_accuracy(self) -> PrecisionBudget:
+        if self.min_snr_db is None and self.min_top1_agreement is None:
+            raise ValueError("give min_snr_db or min_top1_agreement: what the search must reach")
+        return self
+
+
+PRECISION_KEYS = ("activations", "weights", "precision", "budget", "layers")
+
+
 class Quantization(Strict):
     """How the float model is quantised. `auto` (the default of each) tries every activation range estimator,
     bias correction and cross-layer equalisation and keeps what measures closest to float on the calibration
-    data (frontend/ptq/choose.py); a value fixes that choice."""
+    data (frontend/ptq/choose.py); a value fixes that choice.
+
+    Precision (frontend/precision/): `activations: int16` makes every activation 16-bit (16x8) where the op has
+    an int16 form on the build's NPU families, `weights: int4` every conv and fully connected layer's weights
+    4-bit (8x4); `layers` sets single layers (ONNX node names, globs allowed); `precision: auto` chooses per
+    layer by measurement within `budget`."""
 
     per_channel: bool = True
     method: Literal["auto", "minmax", "mean_minmax", "mse", "percentile", "entropy"] = "auto"
     bias_correction: Literal["auto"] | bool = "auto"
     equalization: Literal["auto"] | bool = "auto"
     symmetric_activations: bool = False
+    activations: Literal["int8", "int16"] = "int8"
+    weights: Literal["int8", "int4"] = "int8"
+    precision: Literal["fixed", "auto"] = "fixed"
+    budget: PrecisionBudget | None = None
+    layers: dict[str, LayerPrecision] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _budget_for_auto(self) -> Quantization:
+        if self.precision == "auto" and self.budget is None:
+            raise ValueError("precision: auto needs a budget (min_snr_db or min_top1_agreement)")
+        return self
+
+    def recipe(self) -> dict:
+        """The int8 recipe (what the quantize stage does), without the precision settings: an int8 build's
+        quantize key is what it was before precision existed."""
+        return self.model_dump(exclude=set(PRECISION_KEYS))
+
+    @property
+    def mixed(self) -> bool:
+        """Whether any precision other than 8x8 is asked for (a precision stage runs)."""
+        return self.activations != "int8" or self.weights != "int8" or self.precision == "auto" or bool(self.layers)
 
 
 class Verify(Strict):

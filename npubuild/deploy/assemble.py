@@ -68,20 +68,24 @@ def device_dtype(dtype: str) -> np.dtype:
     return np.dtype(np.int32) if np.dtype(dtype) == np.int64 else np.dtype(dtype)
 
 
+def _spec_quant(spec: IOSpec) -> Quant | None:
+    return Quant(float(spec.scale), int(spec.zero_point), spec.dtype) if spec.scale is not None else None
+
+
 def _spec_value(g: TflGraph, spec: IOSpec, name: str | None = None) -> Value:
-    q = Quant(float(spec.scale), int(spec.zero_point)) if spec.scale is not None else None
+    q = _spec_quant(spec)
     dtype = device_dtype(spec.dtype)
     t = g.tensor(name or spec.onnx_name, spec.shape, dtype, q)
     return Value(t, tuple(spec.onnx_shape), tuple(spec.perm), q, None if q else dtype)
 
 
 def _same_form(v: Value, spec: IOSpec) -> bool:
-    q = Quant(float(spec.scale), int(spec.zero_point)) if spec.scale is not None else None
+    q = _spec_quant(spec)
     return v.perm == tuple(spec.perm) and v.quant == q and v.physical_shape == tuple(spec.shape)
 
 
 def _host_output_spec(model: onnx.ModelProto, name: str, shape: tuple[int, ...]) -> IOSpec:
-    """A host partition output nothing on the NPU reads (another host partition does): int8 at its
+    """A host partition output nothing on the NPU reads (another host partition does): int8 (int16) at its
     DequantizeLinear's parameters where the QDQ model quantises it, else in its own type (a comparison's bool,
     an index), as onnxruntime passes it."""
     consts = {i.name: onnx.numpy_helper.to_array(i) for i in model.graph.initializer}
@@ -91,7 +95,7 @@ def _host_output_spec(model: onnx.ModelProto, name: str, shape: tuple[int, ...])
         dtype = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(_onnx_type(model, name).elem_type))
         return IOSpec(name, name, tuple(shape), tuple(range(rank)), dtype.name, None, None)
     scale, zp = consts[dq.input[1]], consts[dq.input[2]]
-    return IOSpec(name, name, tuple(shape), tuple(range(rank)), "int8", float(scale), int(zp))
+    return IOSpec(name, name, tuple(shape), tuple(range(rank)), zp.dtype.name, float(scale), int(zp))
 
 
 def _onnx_type(model: onnx.ModelProto, name: str) -> onnx.TypeProto.Tensor:

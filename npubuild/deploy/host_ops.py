@@ -39,7 +39,8 @@ class NotDeployable(Exception):
 
 @dataclass(frozen=True)
 class Value:
-    """An ONNX value held by a TFLite tensor: physical layout np.transpose(onnx, perm); int8 codes when quant."""
+    """An ONNX value held by a TFLite tensor: physical layout np.transpose(onnx, perm); int8 (int16) codes when
+    quant."""
 
     tensor: me.Tensor
     shape: tuple[int, ...]  # the ONNX shape
@@ -49,7 +50,7 @@ class Value:
 
     @property
     def dtype(self) -> np.dtype:
-        return np.dtype(np.int8) if self.quant is not None else np.dtype(self.kind or np.float32)
+        return np.dtype(self.quant.dtype) if self.quant is not None else np.dtype(self.kind or np.float32)
 
     @property
     def physical_shape(self) -> tuple[int, ...]:
@@ -126,10 +127,10 @@ class HostTranslation:
         return self._float[key]
 
     def quantize(self, v: Value, quant: Quant) -> Value:
-        """int8 codes of v at `quant` (QUANTIZE from float, or int8 -> int8 requantisation; none if equal)."""
+        """Codes of v at `quant` (QUANTIZE from float, or a requantisation of codes; none if equal)."""
         if v.quant == quant:
             return v
-        out = self.new(v.shape, v.perm, np.int8, quant, "quantized")
+        out = self.new(v.shape, v.perm, np.dtype(quant.dtype), quant, "quantized")
         self.op(B.QUANTIZE, [v.tensor], [out.tensor])
         return out
 
@@ -173,10 +174,11 @@ def _scalar(t: HostTranslation, name: str) -> float | int:
 def _quantize(t: HostTranslation) -> None:
     scale, zp = _scalar(t, t.node.input[1]), _scalar(t, t.node.input[2]) if len(t.node.input) > 2 else 0
     zdtype = t.consts[t.node.input[2]].dtype if len(t.node.input) > 2 else np.dtype(np.uint8)
-    if zdtype != np.int8:
-        raise t.unsupported(f"a {zdtype} quantisation; the deployable holds int8 tensors")
+    if zdtype not in (np.int8, np.int16) or (zdtype == np.int16 and zp != 0):
+        raise t.unsupported(f"a {zdtype} quantisation at zero point {zp}; the deployable holds int8 tensors and "
+                            "int16 ones at zero point 0")
     v = t.value(t.node.input[0])
-    t.set_output(t.quantize(v if v.quant is not None else t.as_float(v), Quant(float(scale), int(zp))))
+    t.set_output(t.quantize(v if v.quant is not None else t.as_float(v), Quant(float(scale), int(zp), zdtype.name)))
 
 
 @host_op("DequantizeLinear")
@@ -188,7 +190,8 @@ def _dequantize(t: HostTranslation) -> None:
         return
     v = t.value(t.node.input[0])
     scale, zp = _scalar(t, t.node.input[1]), _scalar(t, t.node.input[2]) if len(t.node.input) > 2 else 0
-    if v.quant != Quant(float(scale), int(zp)):
+    zdtype = t.consts[t.node.input[2]].dtype.name if len(t.node.input) > 2 else "uint8"
+    if v.quant != Quant(float(scale), int(zp), zdtype):
         raise t.unsupported("a DequantizeLinear whose parameters are not its input's")
     t.set_output(v)  # the value is the codes' dequantisation: DEQUANTIZE is emitted where a float op reads it
 

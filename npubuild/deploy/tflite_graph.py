@@ -22,10 +22,12 @@ BUILTIN_NAMES = {v: k for k, v in vars(tfl.BuiltinOperator).items() if not k.sta
 
 @dataclass(frozen=True)
 class Quant:
-    """Per-tensor affine quantisation: real = scale * (q - zero_point)."""
+    """Per-tensor affine quantisation: real = scale * (q - zero_point), codes of `dtype` (int8, or int16 in a
+    build with 16-bit activations: TFLite's int16 tensors, zero point 0)."""
 
     scale: float
     zero_point: int
+    dtype: str = "int8"
 
     def to_editor(self) -> me.Quantization:
         return me.Quantization(float(self.scale), int(self.zero_point))

@@ -8,8 +8,9 @@ fails the build.
 The runner protocol (what the runner ELF must do):
 - the FVP loads the build's deployable (`firmware/npubuild_deployable.tflite`: Vela's ethos-u operators,
   and TFLite builtins for the host partitions, so the runner is a TensorFlow Lite Micro application with
-  the Ethos-U driver and the builtins the manifest lists) at `fvp.model_address` and the input (raw int8
-  bytes, in the deployable's input layout, one input after the other) at `fvp.input_address`, with `--data`;
+  the Ethos-U driver and the builtins the manifest lists) at `fvp.model_address` and the input (raw
+  bytes in each input's type, int8 or little-endian int16, in the deployable's input layout, one input after
+  the other) at `fvp.input_address`, with `--data`;
 - the runner prints each output on the UART as `npubuild-output <index> <hex bytes>`;
 - it prints the NPU PMU counters as the Ethos-U driver's PMU report does
   (`ethosu_pmu_cycle_cntr : N`, `ethosu_pmu_cntr<i> : N`) or as
@@ -112,7 +113,8 @@ def parse_uart(text: str) -> UartLog:
 
 def input_bytes(io: GraphIO, reference: dict[str, np.ndarray]) -> bytes:
     """The reference sample's inputs as the NPU takes them: quantised, NHWC, concatenated."""
-    return b"".join(spec.to_tosa(reference[f"input_{spec.onnx_name}"]).tobytes() for spec in io.inputs)
+    return b"".join(spec.to_tosa(reference[f"input_{spec.onnx_name}"]).astype(np.dtype(spec.dtype).newbyteorder("<"))
+                    .tobytes() for spec in io.inputs)
 
 
 def compare(io: GraphIO, reference: dict[str, np.ndarray], got: dict[int, bytes]) -> dict:
@@ -122,7 +124,7 @@ def compare(io: GraphIO, reference: dict[str, np.ndarray], got: dict[int, bytes]
         if i not in got:
             raise StageError(f"the runner printed no output {i} ('{spec.onnx_name}'): expected a line "
                              f"'npubuild-output {i} <hex>'")
-        arr = np.frombuffer(got[i], dtype=np.dtype(spec.dtype))
+        arr = np.frombuffer(got[i], dtype=np.dtype(spec.dtype).newbyteorder("<"))  # the device is little-endian
         if arr.size != spec.size:
             raise StageError(f"output {i} has {arr.size} elements on the FVP, expected {spec.size}")
         y = spec.from_tosa(arr.reshape(spec.shape))

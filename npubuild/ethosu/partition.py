@@ -28,6 +28,7 @@ from npubuild.errors import StageError
 from npubuild.ethosu.support import check_node
 from npubuild.frontend.graph_index import GraphIndex, node_inputs
 from npubuild.frontend.host_runnable import onnxruntime_reason
+from npubuild.frontend.precision.qdq import node_precisions
 from npubuild.lowering.driver import LoweredGraph, lower_model
 from npubuild.lowering.fallback import HostNode
 from npubuild.lowering.options import LoweringOptions
@@ -64,17 +65,19 @@ def place_nodes(model: onnx.ModelProto, by_node: dict[str, list[TosaOpInfo]], gr
     lowering (`host`) first, then the family's support rules (none for fam None: the portable split)."""
     out = {}
     host = host or {}
+    precision = node_precisions(model)
     for n in model.graph.node:
         if n.op_type in QDQ:
             continue
         if n.name in host:
             h = host[n.name]
-            out[n.name] = Placement(n.name, n.op_type, Where.HOST, [], h.rule, h.reason, nodes=held_nodes(n))
+            out[n.name] = Placement(n.name, n.op_type, Where.HOST, [], h.rule, h.reason, nodes=held_nodes(n),
+                                    precision=precision.get(n.name))
             continue
         ops = by_node.get(n.name, [])
         verdict = check_node(ops, graph, fam) if fam is not None and graph is not None else None
         out[n.name] = Placement(n.name, n.op_type, Where.HOST if verdict else Where.NPU, [o.op for o in ops],
-                                *(verdict or (None, None)))
+                                *(verdict or (None, None)), precision=precision.get(n.name))
     return out
 
 
@@ -104,7 +107,7 @@ def follow_host_values(model: onnx.ModelProto, placed: dict[str, Placement]) -> 
                     kind = onnx.TensorProto.DataType.Name(types[v]).lower()
                     placed[n.name] = Placement(n.name, n.op_type, Where.HOST, p.tosa_ops, HOST_VALUE_RULE,
                                                f"reads '{v}' ({kind}), which node '{src.name}' computes on the host:"
-                                               " an NPU partition takes no bool input")
+                                               " an NPU partition takes no bool input", precision=p.precision)
                     moved = True
                     break
 

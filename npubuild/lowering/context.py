@@ -20,7 +20,7 @@ from onnx import numpy_helper
 from npubuild.errors import UnsupportedOpError
 from npubuild.frontend.graph_index import GraphIndex
 from npubuild.lowering.options import PORTABLE, LoweringOptions
-from npubuild.lowering.quant import QParams
+from npubuild.lowering.quant import INT4, INT48, QParams
 from npubuild.records.iospec import IOSpec
 
 NHWC = (0, 2, 3, 1)  # physical NHWC of a logical NCHW tensor
@@ -35,7 +35,9 @@ NP_TO_TOSA = {
     np.dtype(np.int32): ts.DType.INT32,
     np.dtype(np.float32): ts.DType.FP32,
     np.dtype(np.bool_): ts.DType.BOOL,
+    INT4: ts.DType.INT4,  # 4-bit weights and their zero point (EXT-INT4)
 }
+TENSOR_TYPES = {**NP_TO_TOSA, INT48: ts.DType.INT48}  # an int64 tensor of the lowering is TOSA's int48 accumulator
 
 
 # A constant this small (a zero point, shift, multiplier, scalar, a SHAPE operand) is emitted once per distinct
@@ -190,10 +192,15 @@ class LoweringContext:
         self._counter += 1
         return f"{hint}_{self._counter}"
 
-    def const(self, data: np.ndarray, hint: str = "const") -> str:
+    def const(self, data: np.ndarray, hint: str = "const", int48: bool = False) -> str:
+        """A constant tensor; `int48` stores an int64 array as TOSA's int48 (a 16-bit conv's bias, an int48
+        zero point), which no ONNX constant becomes otherwise (TOSA has no 64-bit integers)."""
         shape = np.shape(data)
         data = np.ascontiguousarray(data).reshape(shape)  # a rank-0 constant stays rank 0 (TOSA ranks must match)
-        if data.dtype not in NP_TO_TOSA:
+        types = TENSOR_TYPES if int48 else NP_TO_TOSA
+        if int48 and data.dtype != INT48:
+            data = data.astype(INT48)
+        if data.dtype not in types:
             if self.current is None:
                 raise UnsupportedOpError("<graph>", "", f"a {data.dtype} constant has no TOSA type")
             raise self.unsupported(f"a {data.dtype} constant has no TOSA type (TOSA has no 64-bit integers)")
@@ -201,7 +208,7 @@ class LoweringContext:
         key = (data.dtype.str, data.shape, data.tobytes())
         if data.nbytes <= SHARED_CONST_BYTES and key in self._shared_consts:
             return self._shared_consts[key]
-        self.ser.addConst(list(data.shape), NP_TO_TOSA[data.dtype], data, name=name)
+        self.ser.addConst(list(data.shape), types[data.dtype], data, name=name)
         if data.nbytes <= SHARED_CONST_BYTES:
             self._shared_consts[key] = name
         return name
@@ -217,7 +224,8 @@ class LoweringContext:
         return name
 
     def zp(self, value: int, dtype: np.dtype) -> str:
-        return self.const(np.array([value], dtype=dtype), "zp")
+        """A zero-point operand of the given type (an int48 one for a RESCALE of an accumulator)."""
+        return self.const(np.array([value], dtype=dtype), "zp", int48=np.dtype(dtype) == INT48)
 
     def new_tensor(
         self,
@@ -234,11 +242,11 @@ class LoweringContext:
         perm = perm if perm is not None else identity(len(shape))
         graph_out = self.index.graph_output_for(output_of) if output_of else None
         if graph_out is not None and graph_out not in {o.onnx_name for o in self.outputs}:
-            t = self.ser.addOutput(list(shape), NP_TO_TOSA[dtype])
+            t = self.ser.addOutput(list(shape), TENSOR_TYPES[dtype])
             tt = TTensor(t.name, tuple(shape), dtype, perm, q)
             self.outputs.append(self._io(graph_out, tt))
             return tt
-        t = self.ser.addIntermediate(list(shape), NP_TO_TOSA[dtype])
+        t = self.ser.addIntermediate(list(shape), TENSOR_TYPES[dtype])
         return TTensor(t.name, tuple(shape), dtype, perm, q)
 
     def real_const(self, name: str) -> np.ndarray | None:
@@ -315,7 +323,7 @@ class LoweringContext:
 
     def _reshaped(self, x: TTensor, shape: tuple[int, ...], perm: tuple[int, ...]) -> TTensor:
         """RESHAPE x (a free view of the same bytes) into a new tensor of that shape and layout."""
-        t = self.ser.addIntermediate(list(shape), NP_TO_TOSA[x.dtype])
+        t = self.ser.addIntermediate(list(shape), TENSOR_TYPES[x.dtype])
         attr = ts.TosaSerializerAttribute()
         attr.ReshapeAttribute()
         self.op(ts.Op.RESHAPE, [x.name, self.shape_const(list(shape))], [t.name], attr)

@@ -1,4 +1,8 @@
-"""Convolution building blocks shared by the op lowerings: padding, bias, the int8 conv + RESCALE emitter."""
+"""Convolution building blocks shared by the op lowerings: padding, bias, the integer conv + RESCALE emitter.
+
+An int8 activation accumulates in int32, an int16 one (EXT-INT16, 16x8) in int48 with an int48 bias and a
+RESCALE of 16-bit multipliers after it; weights are int8, or int4 (EXT-INT4, 8x4) under an int8 activation.
+"""
 
 from __future__ import annotations
 
@@ -9,7 +13,7 @@ import tosa_serializer as ts
 
 from npubuild.lowering.context import NHWC, LoweringContext, TTensor
 from npubuild.lowering.emit import Op, attr, rescale
-from npubuild.lowering.quant import QParams
+from npubuild.lowering.quant import INT4, INT48, INT48_MAX, INT48_MIN, QParams, accumulator
 from npubuild.lowering.spatial import Window
 
 
@@ -82,6 +86,15 @@ class Bias:
             return self.exact
         return np.clip(np.round(self.real / acc_scale), -(2**31), 2**31 - 1).astype(np.int32)
 
+    def for_accumulator(self, acc_scale: np.ndarray, acc: np.dtype) -> np.ndarray:
+        """The bias in the accumulator's type: int32, or int48 for a 16-bit activation (whose scale is 2**8 finer
+        than an int8 one's, so an int32 bias would overflow where the QDQ model's float bias does not)."""
+        if np.dtype(acc) != INT48:
+            return self.int32(acc_scale)
+        if self.exact is not None and np.allclose(self.exact_scale, acc_scale, rtol=1e-6, atol=0.0):
+            return self.exact.astype(INT48)
+        return np.clip(np.round(self.real / acc_scale), INT48_MIN, INT48_MAX).astype(INT48)
+
 
 def channel_scales(w_q: QParams, o: int, sel: slice = slice(None)) -> np.ndarray:
     """Per-output-channel weight scales (a per-tensor scale repeated), entries `sel`."""
@@ -98,15 +111,34 @@ def rescale_acc(ctx: LoweringContext, acc: TTensor, acc_scale: np.ndarray, outpu
     return rescale(ctx, acc, scale, out_q.dtype, 0, out_q.zp, out_q, output_of=output_name)
 
 
-def int_conv(ctx: LoweringContext, op, x: TTensor, weights: np.ndarray, bias: np.ndarray,
-              shape: tuple[int, ...], attribute) -> TTensor:
-    """An int8 convolution-like op (TOSA 1.0 operand order) into a fresh int32 NHWC accumulator."""
+def acc_type(x: TTensor) -> ts.DType:
+    """The accumulator type attribute of a conv-like op reading x: INT32 for int8, INT48 for int16 (EXT-INT16)."""
+    return ts.DType.INT48 if accumulator(x.dtype) == INT48 else ts.DType.INT32
+
+
+def weight_type(x: TTensor, weights: np.ndarray) -> np.dtype:
+    """The weights' storage: int4 (EXT-INT4) only under an int8 activation (TOSA and Vela have no 16x4 form, so
+    4-bit weights under a 16-bit activation are stored as the same integers in int8) and within [-7, 7] (the
+    serializer refuses -8, which onnxruntime's symmetric QInt4 gives a channel's most negative weight: such
+    weights are stored in int8 too), else int8."""
+    if weights.dtype != INT4 or x.dtype != np.int8 or weights.size == 0:
+        return np.dtype(np.int8)
+    return INT4 if int(weights.astype(np.int8).min()) >= -7 else np.dtype(np.int8)
+
+
+def int_conv(ctx: LoweringContext, op, x: TTensor, weights: np.ndarray, bias: Bias | np.ndarray,
+             shape: tuple[int, ...], attribute, acc_scale: np.ndarray | None = None) -> TTensor:
+    """An integer convolution-like op (TOSA 1.0 operand order) into a fresh NHWC accumulator: int32 for an int8
+    x, int48 for an int16 one (its bias int48 too). `bias` is a Bias (with `acc_scale`) or its integers."""
     assert x.q is not None
-    acc = ctx.new_tensor(shape, np.int32, NHWC)
-    ins = [x.name, ctx.const(weights.astype(np.int8), "weights"), ctx.const(bias, "bias"),
-           ctx.zp(x.q.zp, np.int8), ctx.zp(0, np.int8)]
-    ctx.op(op, ins, [acc.name], attribute)
-    return acc
+    acc = accumulator(x.dtype)
+    values = bias.for_accumulator(acc_scale, acc) if isinstance(bias, Bias) else np.asarray(bias)
+    wt = weight_type(x, weights)
+    ins = [x.name, ctx.const(weights.astype(np.int64).astype(wt), "weights"),
+           ctx.const(values.astype(acc), "bias", int48=acc == INT48), ctx.zp(x.q.zp, x.dtype), ctx.zp(0, wt)]
+    out = ctx.new_tensor(shape, acc, NHWC)
+    ctx.op(op, ins, [out.name], attribute)
+    return out
 
 
 def emit_conv(
@@ -141,8 +173,8 @@ def emit_conv(
     if ctx.profile == "int":
         assert x.q is not None and w_scale is not None
         acc_scale = x.q.s * w_scale
-        acc = int_conv(ctx, op, x, weights, bias.int32(acc_scale), (n, oh, ow, o),
-                        attr(kind, pads, list(stride), list(dilation), False, ts.DType.INT32))
+        acc = int_conv(ctx, op, x, weights, bias, (n, oh, ow, o),
+                       attr(kind, pads, list(stride), list(dilation), False, acc_type(x)), acc_scale)
         return rescale_acc(ctx, acc, acc_scale, output_name, out_q)
     out = ctx.new_tensor((n, oh, ow, o), np.float32, NHWC, output_of=output_name)
     inputs = [x.name, ctx.const(weights.astype(np.float32), "weights"), ctx.const(bias.real.astype(np.float32), "bias"),

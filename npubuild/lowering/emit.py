@@ -11,7 +11,7 @@ import numpy as np
 import tosa_serializer as ts
 
 from npubuild.lowering.context import ChannelRescale, LoweringContext, TTensor, identity, inverse
-from npubuild.lowering.quant import QParams, multiplier_shift
+from npubuild.lowering.quant import INT48, QParams, multiplier_shift
 
 Op = ts.Op
 
@@ -33,11 +33,15 @@ def rescale(
     out_q: QParams | None,
     output_of: str | None = None,
 ) -> TTensor:
-    """RESCALE x to out_dtype: out = round((x - in_zp) * scale) + out_zp, per channel if scale is a vector."""
+    """RESCALE x to out_dtype: out = round((x - in_zp) * scale) + out_zp, per channel if scale is a vector.
+
+    An int48 accumulator (a 16-bit activation's conv) takes 16-bit multipliers: TOSA and Vela refuse a 32-bit
+    one there (`scale32` must be false), so its scale keeps 15 significant bits."""
     out_dtype = np.dtype(out_dtype)
     scale = np.atleast_1d(np.asarray(scale, np.float64))
+    scale32 = x.dtype != INT48
     try:
-        mult, shift = multiplier_shift(scale, 32)
+        mult, shift = multiplier_shift(scale, 32 if scale32 else 16)
     except ValueError as exc:  # a non-finite or out-of-range scale: the node cannot be lowered, say which
         if ctx.current is None:
             raise
@@ -46,12 +50,12 @@ def rescale(
     out = ctx.new_tensor(x.shape, out_dtype, x.perm, out_q, output_of=output_of)
     inputs = [
         x.name,
-        ctx.const(mult.astype(np.int32), "multiplier"),
+        ctx.const(mult.astype(np.int32 if scale32 else np.int16), "multiplier"),
         ctx.const(shift.astype(np.int8), "shift"),
         ctx.zp(in_zp, x.dtype),
         ctx.zp(out_zp, out_dtype),
     ]
-    rescale_attr = attr("Rescale", True, ts.RoundingMode.SINGLE_ROUND, per_channel, False, False)
+    rescale_attr = attr("Rescale", scale32, ts.RoundingMode.SINGLE_ROUND, per_channel, False, False)
     ctx.op(Op.RESCALE, inputs, [out.name], rescale_attr)
     if per_channel and np.dtype(x.dtype).itemsize <= 2:  # an int8/int16 -> int8 rescale Vela runs as a pool (not a
         # conv's int32 accumulator scaling, which Vela fuses into the conv: a SLICE of that int32 tensor is worse)
@@ -68,6 +72,16 @@ def requantize(ctx: LoweringContext, x: TTensor, out_q: QParams, output_of: str 
     if ctx.options.dw_requantize and ctx.options.depthwise_pays(x, out_q):
         return requantize_dw(ctx, x, out_q, output_of)
     return rescale(ctx, x, x.q.s / out_q.s, out_q.dtype, x.q.zp, out_q.zp, out_q, output_of)
+
+
+def as_int16(ctx: LoweringContext, x: TTensor) -> TTensor:
+    """An int8 tensor on the int16 grid of the same scale (zero point 0, as TOSA wants every int16 tensor):
+    one exact RESCALE, so an op whose operands must share a type can take an int8 one beside an int16 one."""
+    assert x.q is not None
+    if x.dtype == np.int16:
+        return x
+    q16 = QParams(np.asarray(x.q.s, np.float64), np.asarray(0, np.int64), np.dtype(np.int16))
+    return rescale(ctx, x, 1.0, np.int16, x.q.zp, 0, q16)
 
 
 def requantize_dw(ctx: LoweringContext, x: TTensor, out_q: QParams, output_of: str | None = None) -> TTensor:

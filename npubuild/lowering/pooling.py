@@ -8,9 +8,10 @@ import tosa_serializer as ts
 
 from npubuild.lowering import intmath as im
 from npubuild.lowering.context import NHWC, LoweringContext, TTensor
-from npubuild.lowering.convolution import conv_pads, exact_pads, slice_hw
+from npubuild.lowering.convolution import acc_type, conv_pads, exact_pads, int_conv, slice_hw
 from npubuild.lowering.emit import Op, attr, rescale, reshape
 from npubuild.lowering.movement import concat_phys, decimate, pad_phys
+from npubuild.lowering.quant import INT48, accumulator
 from npubuild.lowering.spatial import Window
 
 
@@ -92,16 +93,13 @@ def avg_pool(ctx: LoweringContext, x: TTensor, kernel, stride, pads, count_inclu
     same_scale = np.isclose(x.q.s, out_q.s, rtol=1e-6, atol=0.0)  # scales are ~1e-3: no absolute slack
     if same_scale and not (count_include_pad and any(pads)):
         out = ctx.new_tensor(shape, x.dtype, NHWC, out_q, output_of=output_of)
-        ins = [x.name, ctx.zp(x.q.zp, np.int8), ctx.zp(out_q.zp, np.int8)]
+        ins = [x.name, ctx.zp(x.q.zp, x.dtype), ctx.zp(out_q.zp, out_q.dtype)]
         ctx.op(Op.AVG_POOL2D, ins, [out.name], attr("AvgPool2d", list(kernel), list(stride), pads, ts.DType.INT32))
         return out
     c = x.shape[3]
     ones = np.ones((kernel[0], kernel[1], c, 1), np.int8)  # HWCM
-    acc = ctx.new_tensor(shape, np.int32, NHWC)
-    ins = [x.name, ctx.const(ones, "ones"), ctx.const(np.zeros(c, np.int32), "bias"), ctx.zp(x.q.zp, np.int8),
-           ctx.zp(0, np.int8)]
-    ctx.op(Op.DEPTHWISE_CONV2D, ins, [acc.name],
-           attr("DepthwiseConv2d", pads, list(stride), [1, 1], False, ts.DType.INT32))
+    acc = int_conv(ctx, Op.DEPTHWISE_CONV2D, x, ones, np.zeros(c, accumulator(x.dtype)), shape,
+                   attr("DepthwiseConv2d", pads, list(stride), [1, 1], False, acc_type(x)))
     if any(pads) and not count_include_pad:
         return _unpadded_mean(ctx, acc, (x.shape[1], x.shape[2]), kernel, stride, pads, x.q.s, out_q, output_of)
     scale = x.q.s / (kernel[0] * kernel[1] * out_q.s)
@@ -110,6 +108,7 @@ def avg_pool(ctx: LoweringContext, x: TTensor, kernel, stride, pads, count_inclu
 
 RECIPROCAL_BITS = 30  # 1/count as a Q30 int32: relative error below 2^-25
 MEAN_FRACTION_BITS = 20  # the mean keeps 20 fraction bits before the one RESCALE (|mean| <= 255: fits int32)
+MEAN_FRACTION_BITS_16 = 15  # an int16 mean (|mean| <= 2**15) keeps 15
 
 
 def window_counts(in_hw: tuple[int, int], kernel, stride, pads, out_hw: tuple[int, int]) -> np.ndarray:
@@ -128,8 +127,11 @@ def _unpadded_mean(ctx: LoweringContext, acc: TTensor, in_hw: tuple[int, int], k
     the input's grid first and a requantise rounds again: 2 LSB on 63% of elements for an output scale a
     third of the input's (issue 21; tests/lowering/test_residual_numerics.py)."""
     _, oh, ow, _ = acc.shape
+    fraction = MEAN_FRACTION_BITS
+    if acc.dtype == INT48:  # a 16-bit input's window sums: exact in int32 (a RESCALE by 1), a mean of 16 bits
+        acc, fraction = rescale(ctx, acc, 1.0, np.int32, 0, 0, None), MEAN_FRACTION_BITS_16
     counts = window_counts(in_hw, kernel, stride, pads, (oh, ow))
     recip = np.round(2.0**RECIPROCAL_BITS / counts).astype(np.int64).reshape(1, oh, ow, 1)
-    mean = im.mul(ctx, acc, im.const_i32(ctx, recip, acc), RECIPROCAL_BITS - MEAN_FRACTION_BITS)
-    scale = in_scale / (out_q.s * 2.0**MEAN_FRACTION_BITS)
+    mean = im.mul(ctx, acc, im.const_i32(ctx, recip, acc), RECIPROCAL_BITS - fraction)
+    scale = in_scale / (out_q.s * 2.0**fraction)
     return rescale(ctx, mean, scale, out_q.dtype, 0, out_q.zp, out_q, output_of=output_of)

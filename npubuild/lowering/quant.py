@@ -8,7 +8,24 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import ml_dtypes
 import numpy as np
+
+INT4 = np.dtype(ml_dtypes.int4)  # 4-bit weights (EXT-INT4), held by numpy as ml_dtypes.int4
+INT48 = np.dtype(np.int64)  # TOSA's 48-bit accumulator of a 16-bit activation (EXT-INT16), held in int64
+INT48_MIN, INT48_MAX = -(1 << 47), (1 << 47) - 1
+
+
+def int_range(dtype: np.dtype) -> tuple[int, int]:
+    """The integers a storage type holds (int4 is not a numpy integer type: ml_dtypes knows it)."""
+    dtype = np.dtype(dtype)
+    info = ml_dtypes.iinfo(dtype) if dtype == INT4 else np.iinfo(dtype)
+    return int(info.min), int(info.max)
+
+
+def accumulator(dtype: np.dtype) -> np.dtype:
+    """What a convolution or MATMUL of an int8 or int16 activation accumulates in: int32, or TOSA's int48."""
+    return INT48 if np.dtype(dtype) == np.int16 else np.dtype(np.int32)
 
 
 @dataclass(frozen=True)
@@ -35,11 +52,15 @@ class QParams:
 
     @property
     def qmin(self) -> int:
-        return int(np.iinfo(self.dtype).min)
+        return int_range(self.dtype)[0]
 
     @property
     def qmax(self) -> int:
-        return int(np.iinfo(self.dtype).max)
+        return int_range(self.dtype)[1]
+
+    @property
+    def bits(self) -> int:
+        return 4 if self.dtype == INT4 else 8 * self.dtype.itemsize
 
     def same_as(self, other: QParams | None) -> bool:
         return (
@@ -54,7 +75,7 @@ class QParams:
         """Constants the lowering writes into the graph (per-tensor or per-axis, float64): graph inputs and outputs are
         quantised by tosa.iospec.IOSpec, which divides in the feed's own precision as the reference does."""
         q = np.round(np.asarray(x, np.float64) / self.scale) + self.zero_point
-        return np.clip(q, self.qmin, self.qmax).astype(self.dtype)
+        return np.clip(q, self.qmin, self.qmax).astype(np.int64).astype(self.dtype)
 
     def dequantize(self, q: np.ndarray) -> np.ndarray:
         return (np.asarray(q, np.float64) - self.zero_point) * self.scale

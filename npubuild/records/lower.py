@@ -44,10 +44,15 @@ class Placement:
     reason: str | None = None
     partition: int = 0
     nodes: int = 1  # the ONNX nodes it stands for: an If or Loop left whole on the host holds its branches' too
+    precision: str | None = None  # 16x8, 8x4, int16... in a build with more than int8 (frontend/precision)
 
     def to_json(self) -> dict[str, Any]:
+        """As io.json and summary.json hold it: without `precision` where there is none (an 8x8 build's records
+        are what they were)."""
         d = asdict(self)
         d["kind"] = PLACEMENT_WORD[self.kind]
+        if self.precision is None:
+            del d["precision"]
         return d
 
     @classmethod

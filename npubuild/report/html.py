@@ -20,6 +20,7 @@ from npubuild.report.history import TREND_METRICS, moved, run_labels, series
 from npubuild.report.markup import CSS, SCRIPT, cell, fmt, img, link, meter, table
 from npubuild.report.numerics import agreement_text, evaluate_text, float_text, worst_node_text
 from npubuild.report.plots import cached_png, deltas_svg, layers_svg, page_colours, pools_svg
+from npubuild.report.precision import precision_html
 from npubuild.report.regress import Comparison, better_direction, build_id
 from npubuild.report.status import RANK, Status, passed
 
@@ -289,7 +290,7 @@ def _placement_rows(offloads: list[dict]) -> list[list[str]]:
     for p in offloads:
         where = (f"NPU partition {p['partition']}" if p["kind"] == "npu"
                  else f'<span class="bad">CPU</span> (host partition {p["partition"]})')
-        rows.append([escape(p["node"]), escape(p["op_type"]), f"<td>{where}</td>",
+        rows.append([escape(p["node"]), escape(p["op_type"]), escape(p.get("precision") or "int8"), f"<td>{where}</td>",
                      escape(", ".join(p.get("tosa_ops") or []) or "-"), escape(p.get("rule") or "-"),
                      escape(p.get("reason") or "-")])
     return rows
@@ -315,7 +316,8 @@ def _placement_section(builds: list[dict]) -> list[str]:
         head = (f"{escape(build_id(b))}: {len(on_host)} of {len(m['offloads'])} nodes on the CPU, "
                 f"{m.get('npu_partitions')} NPU partition(s)" + (f"; order {chain}" if chain else ""))
         out.append(f"<details{' open' if on_host else ''}><summary>{head}</summary>"
-                   + table(["node", "op", "runs on", "TOSA ops", "rule", "reason"], _placement_rows(m["offloads"]),
+                   + table(["node", "op", "precision", "runs on", "TOSA ops", "rule", "reason"],
+                           _placement_rows(m["offloads"]),
                             sortable=True) + "</details>")
     return out
 
@@ -401,6 +403,7 @@ def _build_details(b: dict, cache_dir: Path | None, base_dir: Path | None, uid: 
     if gates:
         parts.append("<h4>Gates</h4>" + table(["gate", "metric", "limit", "value", "ok"], gates))
     parts.append(_roofline_line(m))
+    parts.append(precision_html(m))
     nodes = node_layers(m)
     if nodes:
         total = sum(n["cycles"] for n in nodes)

@@ -22,6 +22,13 @@ def placement_markdown(builds: list[dict]) -> list[str]:
             on_host = [p for p in offloads if p["kind"] != "npu"]
             lines.append(f"{m.get('npu_partitions')} NPU partition(s); {len(on_host)} of {len(offloads)} ONNX nodes "
                          "on the CPU.")
+            mixed = [p for p in offloads if p.get("precision")]
+            if mixed:  # a build with 16-bit activations or 4-bit weights: each node's precision
+                counts: dict[str, int] = {}
+                for p in mixed:
+                    counts[p["precision"]] = counts.get(p["precision"], 0) + 1
+                lines.append("Precision per node: " + ", ".join(f"{k} {v}" for k, v in sorted(counts.items())) + "; "
+                             + ", ".join(f"{p['node']} {p['precision']}" for p in mixed) + ".")
             if on_host:
                 lines += ["", "| node | op | host partition | TOSA ops | rule | reason |", "|---|---|---:|---|---|---|"]
                 lines += [f"| {p['node']} | {p['op_type']} | {p['partition']} | {_fmt_ops(p['tosa_ops'])} | "

@@ -29,6 +29,7 @@ from npubuild.report.html import write_html
 from npubuild.report.metrics import build_metrics
 from npubuild.report.numerics import numerics_markdown, stored_layers
 from npubuild.report.offloads import placement_markdown
+from npubuild.report.precision import precision_markdown
 from npubuild.report.status import placement_status
 
 
@@ -274,6 +275,7 @@ def render_markdown(report: dict) -> str:
     lines += _gates_and_memory({**report, "builds": builds})
     lines += _roofline(builds)
     lines += numerics_markdown(builds)
+    lines += precision_markdown(builds)
     failures = [(b, g) for b in builds for g in b["gates"] if not g["ok"]]
     errors = [(b, e) for b in builds for e in b["errors"]]
     warned = [(b, w) for b in builds for w in b.get("warnings") or []]

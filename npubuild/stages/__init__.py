@@ -12,19 +12,20 @@ from __future__ import annotations
 
 from npubuild.engine.stage import Stage
 from npubuild.stages import (
-                                                    early_fit,
-                                                    evaluate,
-                                                    fvp,
-                                                    importer,
-                                                    lower,
-                                                    npu_sim,
-                                                    quantize,
-                                                    report,
-                                                    tosa_check,
-                                                    vela,
+    early_fit,
+    evaluate,
+    fvp,
+    importer,
+    lower,
+    npu_sim,
+    precision,
+    quantize,
+    report,
+    tosa_check,
+    vela,
 )
 
-STAGES: tuple[Stage, ...] = tuple(m.STAGE for m in (importer, early_fit, quantize, lower, tosa_check, vela, npu_sim,
-                                                    evaluate, fvp, report))
+STAGES: tuple[Stage, ...] = tuple(m.STAGE for m in (importer, early_fit, quantize, precision, lower, tosa_check, vela,
+                                                    npu_sim, evaluate, fvp, report))
 STAGE_NAMES: tuple[str, ...] = tuple(s.name for s in STAGES)
 BY_NAME: dict[str, Stage] = {s.name: s for s in STAGES}

@@ -51,8 +51,9 @@ def plan(b: Build, chain: Chain) -> TaskSpec | None:
         inputs["eval_labels"] = b.evaluation.labels
     if b.evaluation.metric_module is not None:
         inputs["metric_module"] = b.evaluation.metric_module
-    if "quantize" in chain:
-        inputs["qdq"] = chain["quantize"].outputs["onnx"]
+    qdq = chain.get("precision") or chain.get("quantize")  # the QDQ model the deployed graph is built from
+    if qdq is not None:
+        inputs["qdq"] = qdq.outputs["onnx"]
     config = EvaluateConfig(lower.key, ev, family, "tosa-reference")
     deps: tuple[str, ...] = ("lower",)
     label = f"{b.model_name}-{family}"

@@ -18,8 +18,8 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class LowerConfig:
-    """The lower task's config (its key): the key of the task whose model it lowers (quantize, or import for
-    an FP pipeline), the pipeline, and the lowering families of every build sharing it (`families`: merged
+    """The lower task's config (its key): the key of the task whose model it lowers (precision when the spec asks
+    for a precision other than 8x8, else quantize, or import for an FP pipeline), the pipeline, and the lowering families of every build sharing it (`families`: merged
     over those builds by the plan, TaskSpec.union)."""
 
     input_key: str
@@ -45,7 +45,7 @@ class LowerConfig:
 def plan(b: Build, chain: Chain) -> TaskSpec:
     """One task per model and pipeline, lowering (for an INT build) the families of every target of the specs
     of the builds that share it (`families` in its config, sorted): a target of a family no other has adds it."""
-    prev = chain.get("quantize") or chain["import"]
+    prev = chain.get("precision") or chain.get("quantize") or chain["import"]
     own = (Accelerator.parse(b.target.accelerator).lowering_family,)
     families = (b.spec_families or own) if b.pipeline.profile == "int" else ()
     return TaskSpec(b.model_name, LowerConfig(prev.key, b.pipeline, optimise=b.optimise).to_json(),

@@ -25,7 +25,7 @@ class QuantizeConfig:
     held_back: SampleSource | None = None
 
     def to_json(self) -> dict[str, Any]:
-        d = {"import": self.import_key, "quantization": self.quantization.model_dump(),
+        d = {"import": self.import_key, "quantization": self.quantization.recipe(),
              "calibration": self.calibration.model_dump()}
         if self.held_back is not None:  # absent otherwise: a build without held-back rows keeps its key
             d["held_back"] = self.held_back.to_json()

@@ -56,7 +56,7 @@ def plan(b: Build, chain: Chain) -> TaskSpec | None:
     if not b.spec.verify.tosa:
         return None
     lower, model = chain["lower"], b.model
-    reference = chain["quantize"].outputs["onnx"] if "quantize" in chain else chain["import"].outputs["onnx"]
+    reference = next(chain[s].outputs["onnx"] for s in ("precision", "quantize", "import") if s in chain)
     inputs = {"io": lower.outputs["io"], "reference": reference,
               "float": chain["import"].outputs["onnx"]}
     if b.calibration_npy is not None:

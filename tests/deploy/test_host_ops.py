@@ -22,15 +22,16 @@ def host_partition(nodes: list[onnx.NodeProto], inputs: dict[str, list[int]], ou
                    out_q: Quant, inits: list[onnx.TensorProto] = (), domain: str = "") -> onnx.ModelProto:
     """Graph inputs `inputs` (floats), `nodes` ending in 'y', then y -> Q -> DQ -> 'out'."""
     q = [numpy_helper.from_array(np.array(out_q.scale, np.float32), "out_scale"),
-         numpy_helper.from_array(np.array(out_q.zero_point, np.int8), "out_zp")]
+         numpy_helper.from_array(np.array(out_q.zero_point, np.dtype(out_q.dtype)), "out_zp")]
     nodes = [*nodes, helper.make_node("QuantizeLinear", ["y", "out_scale", "out_zp"], ["yq"]),
              helper.make_node("DequantizeLinear", ["yq", "out_scale", "out_zp"], ["out"])]
     graph = helper.make_graph(nodes, "host", [helper.make_tensor_value_info(n, TensorProto.FLOAT, s)
                                               for n, s in inputs.items()],
                               [helper.make_tensor_value_info("out", TensorProto.FLOAT, out_shape)], [*q, *inits])
-    opsets = [helper.make_opsetid("", 17)] + ([helper.make_opsetid(domain, 1)] if domain else [])
+    opset = 21 if out_q.dtype == "int16" else 17  # int16 QuantizeLinear: opset 21
+    opsets = [helper.make_opsetid("", opset)] + ([helper.make_opsetid(domain, 1)] if domain else [])
     model = helper.make_model(graph, opset_imports=opsets)
-    model.ir_version = 8
+    model.ir_version = 10 if opset >= 21 else 8
     return model if domain else onnx.shape_inference.infer_shapes(model)
 
 
@@ -39,17 +40,17 @@ def _perm(shape) -> tuple[int, ...]:
 
 
 def run_both(model: onnx.ModelProto, in_q: dict[str, Quant], out_q: Quant, samples: int = 4) -> int:
-    """Translate, run in TFLite Micro and in onnxruntime on the same int8 inputs; the max LSB difference."""
+    """Translate, run in TFLite Micro and in onnxruntime on the same int8 (int16) inputs; the max LSB difference."""
     g = TflGraph()
     ins = {}
     for vi in model.graph.input:
         shape = tuple(d.dim_value for d in vi.type.tensor_type.shape.dim)
         perm = _perm(shape)
-        t = g.tensor(vi.name, [shape[p] for p in perm], np.int8, in_q[vi.name])
+        t = g.tensor(vi.name, [shape[p] for p in perm], np.dtype(in_q[vi.name].dtype), in_q[vi.name])
         ins[vi.name] = Value(t, shape, perm, in_q[vi.name])
     out_shape = tuple(d.dim_value for d in model.graph.output[0].type.tensor_type.shape.dim)
     perm = _perm(out_shape)
-    out = Value(g.tensor("out", [out_shape[p] for p in perm], np.int8, out_q), out_shape, perm, out_q)
+    out = Value(g.tensor("out", [out_shape[p] for p in perm], np.dtype(out_q.dtype), out_q), out_shape, perm, out_q)
     emit_host_partition(g, model, ins, {"out": out})
     g.sg.inputs, g.sg.outputs = [v.tensor for v in ins.values()], [out.tensor]
     interpreter = runtime.Interpreter.from_bytes(g.build(), arena_size=1 << 22)
@@ -59,13 +60,15 @@ def run_both(model: onnx.ModelProto, in_q: dict[str, Quant], out_q: Quant, sampl
     for _ in range(samples):
         feeds = {}
         for k, (name, v) in enumerate(ins.items()):
-            codes = rng.integers(-128, 128, v.shape).astype(np.int8)
+            info = np.iinfo(np.dtype(v.quant.dtype))
+            codes = rng.integers(info.min, info.max + 1, v.shape).astype(info.dtype)
             interpreter.set_input(np.transpose(codes, v.perm), k)
             feeds[name] = ((codes.astype(np.float32) - v.quant.zero_point) * np.float32(v.quant.scale))
         interpreter.invoke()
         got = np.transpose(np.asarray(interpreter.get_output(0)), np.argsort(out.perm)).astype(np.int64)
         ref = session.run(None, feeds)[0]
-        want = np.clip(np.round(ref / out_q.scale) + out_q.zero_point, -128, 127)
+        info = np.iinfo(np.dtype(out_q.dtype))
+        want = np.clip(np.round(ref / out_q.scale) + out_q.zero_point, info.min, info.max)
         worst = max(worst, int(np.abs(want - got).max()))
     return worst
 
@@ -87,6 +90,15 @@ def test_unary_ops_match_onnxruntime(op, attrs, in_q, out_q):
     node = helper.make_node(op, ["x"], ["y"], name=op.lower(), **attrs)
     model = host_partition([node], {"x": [1, 8, 4, 4]}, [1, 8, 4, 4], out_q)
     assert run_both(model, {"x": in_q}, out_q) <= 1
+
+
+@pytest.mark.parametrize("op,attrs", [("Softmax", {"axis": 1}), ("Tanh", {})])
+def test_int16_codes_cross_a_host_partition(op, attrs):
+    """A 16x8 build's host partition: int16 codes (zero point 0) in and out, DEQUANTIZE/QUANTIZE in int16."""
+    node = helper.make_node(op, ["x"], ["y"], name=op.lower(), **attrs)
+    out_q = Quant(1 / 32768, 0, "int16")
+    model = host_partition([node], {"x": [1, 8, 4, 4]}, [1, 8, 4, 4], out_q)
+    assert run_both(model, {"x": Quant(0.0001, 0, "int16")}, out_q) <= 1
 
 
 def test_binary_ops_with_a_constant_and_a_tensor_match_onnxruntime():

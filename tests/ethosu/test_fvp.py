@@ -216,3 +216,16 @@ def test_a_split_model_runs_its_deployable_on_the_fvp(project: Path, stand_in: P
     argv = json.loads(Path(str(runner) + ".argv.json").read_text())
     model = Path([argv[i + 1] for i, a in enumerate(argv) if a == "--data"][0].split("=", 1)[1].rsplit("@", 1)[0])
     assert model.name == "npubuild_deployable.tflite" and model.parent.name == "firmware"
+
+
+def test_int16_inputs_and_outputs_cross_the_fvp_as_little_endian_pairs():
+    """A 16x8 build's int16 I/O: two little-endian bytes an element each way (a value past int8 survives)."""
+    from npubuild.ethosu.fvp import compare, input_bytes
+    from npubuild.records.iospec import GraphSpecs, IOSpec
+
+    spec_in = IOSpec("x", "x0", (1, 3), (0, 1), "int16", 0.001, 0)
+    spec_out = IOSpec("y", "y0", (1, 2), (0, 1), "int16", 0.01, 0)
+    io = GraphSpecs((spec_in,), (spec_out,))
+    reference = {"input_x": np.array([[0.3, -1.0, 0.001]], np.float32), "output_y": np.array([[300, -2]], np.int16)}
+    assert input_bytes(io, reference) == np.array([300, -1000, 1], "<i2").tobytes()
+    assert compare(io, reference, {0: np.array([301, -2], "<i2").tobytes()}) == {"y": 1.0}

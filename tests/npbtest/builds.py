@@ -80,3 +80,28 @@ def custom_op_model(domain: str, op: str) -> onnx.ModelProto:
     m = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid(domain, 1)])
     m.ir_version = 8
     return m
+
+
+def sensitive_conv_model(rng: np.random.Generator | None = None) -> onnx.ModelProto:
+    """Four 1x1/3x3 convs; conv2's output channel 0 is 100x the others and conv3 ignores it: int8 at conv2's
+    output spends its grid on that channel (the model 3 dB from float), every other activation is benign: the one
+    layer `precision: auto` must promote."""
+    rng = rng if rng is not None else np.random.default_rng(0)
+    def exact(shape):
+        k = rng.integers(-127, 128, shape)
+        k[:, ..., 0] = 127
+        return (k / 127 * 0.5).astype(np.float32)
+
+    w1, w2, w3, w4 = exact((8, 3, 3, 3)), exact((8, 8, 1, 1)), exact((8, 8, 1, 1)), exact((4, 8, 1, 1))
+    w2[0, :, 0, 0] = 50.0
+    w3[:, 0] = 0.0
+    nodes = [helper.make_node("Conv", ["x", "w1"], ["h1"], pads=[1, 1, 1, 1], name="conv1"),
+             helper.make_node("Conv", ["h1", "w2"], ["h2"], name="conv2"),
+             helper.make_node("Conv", ["h2", "w3"], ["h3"], name="conv3"),
+             helper.make_node("Conv", ["h3", "w4"], ["y"], name="conv4")]
+    inits = [numpy_helper.from_array(w, n) for n, w in (("w1", w1), ("w2", w2), ("w3", w3), ("w4", w4))]
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 8, 8])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4, 8, 8])], inits)
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    m.ir_version = 8
+    return m

@@ -179,3 +179,45 @@ def rand(shape, seed: int = 0, low: float = -1.0, high: float = 1.0) -> np.ndarr
 
 def calib(name: str, shape, n: int = 16, seed: int = 100, low: float = -1.0, high: float = 1.0) -> dict[str, np.ndarray]:
     return {name: rand((n, *shape), seed, low, high)}
+
+
+def quantize_model16(model: onnx.ModelProto, calibration: dict[str, np.ndarray], weights: str = "int8",
+                     activations: str = "int16") -> onnx.ModelProto:
+    """onnxruntime's own 16x8 (or 8x4 / 16x4) QDQ quantisation: QInt16 symmetric activations (TOSA's int16
+    tensors have zero point 0), per-channel QInt8 or QInt4 weights. An independent reference for the int16
+    lowering forms: npubuild's own precision rewrite (frontend/precision) is tested against it separately."""
+    from onnxruntime import quantization as ortq
+
+    from npubuild.frontend.quantize import ArrayReader
+    from npubuild.frontend.quantized_ops import quantized_op_types
+
+    model = prepare(model)
+    types = {"int8": ortq.QuantType.QInt8, "int16": ortq.QuantType.QInt16, "int4": ortq.QuantType.QInt4}
+    with tempfile.TemporaryDirectory() as tmp:
+        path, out = _save(model, Path(tmp), "float.onnx"), Path(tmp) / "qdq.onnx"
+        import logging
+        logging.getLogger().setLevel(logging.ERROR)
+        ortq.quantize_static(str(path), str(out), ArrayReader(calibration), quant_format=ortq.QuantFormat.QDQ,
+                             per_channel=True, activation_type=types[activations], weight_type=types[weights],
+                             op_types_to_quantize=quantized_op_types(),
+                             extra_options={"ActivationSymmetric": activations == "int16", "WeightSymmetric": True,
+                                            "DedicatedQDQPair": False, "ForceQuantizeNoInputCheck": True})
+        return onnx.load(str(out))
+
+
+def check_qdq(qdq: onnx.ModelProto, feeds: dict[str, np.ndarray], max_lsb: float = 1.0, family: str | None = None,
+              options: LoweringOptions | None = None) -> tuple[LoweredGraph, float]:
+    """Lower a QDQ model to TOSA INT and assert every output is within `max_lsb` of onnxruntime's QDQ result
+    (its QDQ semantics: DQ -> float op -> Q, as the TOSA check runs it). Returns the graph and the worst LSB."""
+    lowered = lower_model(qdq, "int", family, options=options)
+    with tempfile.TemporaryDirectory() as tmp:
+        ref = run_onnx(str(_save(qdq, Path(tmp), "qdq.onnx")), feeds, qdq_semantics=True)
+    got = run_tosa(lowered.tosa, lowered, feeds)
+    worst = 0.0
+    for spec in lowered.outputs:
+        name = spec.onnx_name
+        want = spec.quantize_reference(ref[name]) if spec.scale is not None else ref[name].astype(np.float64)
+        err = float(np.max(np.abs(want - got[name].astype(np.float64))))
+        worst = max(worst, err)
+        assert err <= max_lsb, f"output {name} ({spec.dtype}): {err} LSB > {max_lsb}"
+    return lowered, worst

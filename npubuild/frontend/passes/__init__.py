@@ -64,6 +64,8 @@ def check_pass_names(pipeline, where: Location) -> None:
 def run_passes(model: ir.Model, names: list[str]) -> ir.Model:
     import onnx_ir as ir
 
+    if not names:  # a pipeline with no passes (onnx-ir's PassManager refuses an empty list)
+        return model
     load_all()
     manager = ir.passes.PassManager([PASSES[n]() for n in names])
     return manager(model).model

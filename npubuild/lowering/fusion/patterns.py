@@ -39,7 +39,7 @@ import onnxruntime as ort
 from onnx import TensorProto, helper
 
 from npubuild.lowering.context import LoweringContext, TTensor
-from npubuild.lowering.table import build_table, emit_table
+from npubuild.lowering.table import emit_function
 
 QDQ = ("QuantizeLinear", "DequantizeLinear")
 ELEMENTWISE = {"Add", "Sub", "Mul", "Div", "Pow", "Min", "Max", "Erf", "Tanh", "Sigmoid", "Exp", "Log", "Sqrt",
@@ -129,7 +129,7 @@ def _qdq_chain(ctx: LoweringContext, name: str) -> list[tuple[onnx.NodeProto, on
 
 def _evaluator(ctx: LoweringContext, part: list[onnx.NodeProto], x: str, out: str
                ) -> Callable[[np.ndarray], np.ndarray]:
-    """f(x) of the group as the QDQ model computes it, run by onnxruntime on a 1-D x (the 256 dequantized codes).
+    """f(x) of the group as the QDQ model computes it, run by onnxruntime on a 1-D x (the dequantized codes or table knots).
 
     Each Q -> DQ pair inside the group is kept as a QuantizeLinear -> DequantizeLinear with its scale and
     zero point, so an intermediate is rounded and saturated where the QDQ reference does it.
@@ -173,7 +173,7 @@ def _evaluator(ctx: LoweringContext, part: list[onnx.NodeProto], x: str, out: st
         m = helper.make_node(n.op_type, ins, list(n.output), name=n.name)
         m.attribute.extend(n.attribute)
         nodes.append(m)
-    graph = helper.make_graph(nodes, "f", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [256])],
+    graph = helper.make_graph(nodes, "f", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n"])],
                               [helper.make_tensor_value_info(out, TensorProto.FLOAT, None)], inits)
     model = helper.make_model(graph, opset_imports=[o for o in ctx.model.opset_import if o.domain in ("", "ai.onnx")])
     model.ir_version = min(ctx.model.ir_version, 10) or 8
@@ -211,13 +211,12 @@ def try_fuse_unary_region(ctx: LoweringContext) -> bool:
     qs = [n for n in ctx.consumers.get(out, []) if n.op_type == "QuantizeLinear"]
     x_in = next(i for i in node.input if i and ctx.index.source(i) == x)
     xt = ctx.value(x_in)
-    if not qs or not isinstance(xt, TTensor) or xt.q is None or xt.dtype != np.int8:
+    if not qs or not isinstance(xt, TTensor) or xt.q is None or xt.dtype not in (np.int8, np.int16):
         return False
     out_q = ctx.qparams_of(qs[0])
-    if out_q.dtype != np.int8 or not out_q.is_per_tensor:
+    if out_q.dtype not in (np.int8, np.int16) or not out_q.is_per_tensor:
         return False
-    table = build_table(_evaluator(ctx, part, x, out), xt.q, out_q)
-    ctx.values[out] = emit_table(ctx, xt, table, out_q, output_of=out)
+    ctx.values[out] = emit_function(ctx, xt, _evaluator(ctx, part, x, out), out_q, output_of=out)
     ctx.fused.update(n.name for n in [*part, *inner] if n.name != node.name)
     return True
 

@@ -34,7 +34,7 @@ from npubuild.lowering.context import LoweringContext, TTensor
 from npubuild.lowering.emit import Op, attr, rescale
 from npubuild.lowering.quant import QParams, multiplier_shift
 from npubuild.lowering.reduction import emit_reduce, stats_as_channels, stats_back
-from npubuild.lowering.table import emit_table
+from npubuild.lowering.table import KNOT_STEP, build_table16, emit_table
 
 EXP_ONE = 32639  # exp(0): 256 * 127 + 127, the largest value split into two int8 bytes hi * 256 + lo
 RAW_Q = QParams(np.float64(1.0), np.int64(0), np.dtype(np.int8))  # a table byte stored as itself
@@ -59,21 +59,22 @@ class Plan:
     k: int
 
 
-def reciprocal_plan(n_elements: int, out_scale: float) -> Plan:
-    """The widest sum' that fits int32 for n_elements rows of exp <= EXP_ONE, and a legal final shift.
+def reciprocal_plan(n_elements: int, out_scale: float, exp_one: int = EXP_ONE) -> Plan:
+    """The widest sum' that fits int32 for n_elements rows of exp <= exp_one, and a legal final shift.
 
     Folding the output scale into sum' costs nothing (Vela fuses the RESCALE
-    into REDUCE_SUM) and leaves no constant multiply on the reciprocal.
+    into REDUCE_SUM) and leaves no constant multiply on the reciprocal. The product e * r >> t must fit
+    int32 (r < 2**30): t is at least the bits of exp_one.
     """
-    a = math.floor(math.log2(2**31 / (n_elements * EXP_ONE * out_scale))) - 1
+    a = math.floor(math.log2(2**31 / (n_elements * exp_one * out_scale))) - 1
     # TOSA's RESCALE needs |value| < 2**(shift - 1): a large scale has a short shift
-    while multiplier_shift(2.0**a * out_scale, 32)[1][0] <= (n_elements * EXP_ONE).bit_length():
+    while multiplier_shift(2.0**a * out_scale, 32)[1][0] <= (n_elements * exp_one).bit_length():
         a -= 1
-    n_min = 32 - int(n_elements * EXP_ONE * out_scale * 2.0**a).bit_length()
-    n_max = 32 - max(int(EXP_ONE * out_scale * 2.0**a), 1).bit_length()
-    t = max(15, 61 - MAX_SHIFT - a - n_min)  # very long rows: give up reciprocal bits so the shift stays <= 31
+    n_min = 32 - int(n_elements * exp_one * out_scale * 2.0**a).bit_length()
+    n_max = 32 - max(int(exp_one * out_scale * 2.0**a), 1).bit_length()
+    t = max(int(exp_one).bit_length(), 61 - MAX_SHIFT - a - n_min)  # very long rows: fewer reciprocal bits
     k = 61 - t - a
-    if k - n_max < 0 or EXP_ONE * out_scale * 2.0**a < 2**12:
+    if k - n_max < 0 or exp_one * out_scale * 2.0**a < 2**12:
         raise ValueError(f"output scale {out_scale:g} out of the integer softmax's range")
     return Plan(a, t, k)
 
@@ -103,7 +104,7 @@ def row_max(ctx: LoweringContext, x: TTensor) -> TTensor:
         m = ctx.new_tensor((*x.shape[:-1], half), np.int32, x.perm)
         ctx.op(Op.MAXIMUM, [im.widen(ctx, lo).name, im.widen(ctx, hi).name], [m.name],
                attr("Maximum", ts.NanPropagationMode.PROPAGATE))
-        x = rescale(ctx, m, 1.0, np.int8, 0, x.q.zp, x.q)
+        x = rescale(ctx, m, 1.0, x.dtype, 0, x.q.zp, x.q)
     return x
 
 
@@ -127,6 +128,8 @@ def _exp(ctx: LoweringContext, x: TTensor, mx: TTensor, dtype: type) -> TTensor:
 def lower_softmax_int(ctx: LoweringContext, x: TTensor, axis: int, out_q: QParams) -> TTensor:
     """int8 softmax over the last physical axis (see the module docstring); returns the int8 output."""
     count = x.shape[axis]
+    if x.dtype == np.int16 or out_q.dtype == np.int16:
+        return lower_softmax_int16(ctx, x, count, out_q)
     if count * EXP_ONE >= 2**31:
         raise ctx.unsupported(f"softmax over {count} elements overflows the int32 sum")
     try:
@@ -143,7 +146,13 @@ def _normalise(ctx: LoweringContext, x: TTensor, mx: TTensor, plan: Plan, out_q:
     # 1201 -> 1065, but [4, 16, 16] 6812 -> 7028, [1, 64] 649 -> 746, [2, 100] 1285 -> 1624 (int32 MUL costs more)
     wide = ctx.options.softmax_row_is_wide(x.shape)
     e = _exp(ctx, x, mx, np.int32 if wide else np.int16)
-    axis = len(x.shape) - 1
+    return _divide(ctx, e, plan, out_q, output_of, wide)
+
+
+def _divide(ctx: LoweringContext, e: TTensor, plan: Plan, out_q: QParams, output_of: str | None,
+            wide: bool) -> TTensor:
+    """e / sum(e) over the last axis in the output's quantisation (e int16, or int32 when `wide`)."""
+    axis = len(e.shape) - 1
     total = emit_reduce(ctx, Op.REDUCE_SUM, e if wide else rescale(ctx, e, 1.0, np.int32, 0, 0, None), [axis])
     rows = rescale(ctx, total, 2.0**plan.a * out_q.s, np.int32, 0, 0, None)
     (total,) = stats_as_channels(ctx, rows)
@@ -154,6 +163,38 @@ def _normalise(ctx: LoweringContext, x: TTensor, mx: TTensor, plan: Plan, out_q:
     p = im.mul(ctx, e, r, plan.t if wide else 0)
     q = im.asr(ctx, p, *stats_back(ctx, rows, im.sub(ctx, im.const_i32(ctx, plan.k, n), n)))  # p * 2**-(k - n)
     return rescale(ctx, q, 1.0, out_q.dtype, 0, out_q.zp, out_q, output_of=output_of)
+
+
+EXP16_SPAN = math.log(2 * 32767)  # exp(-d) below half an LSB of a [0, 1] int16 output: d past it is 0
+
+
+def _exp16(ctx: LoweringContext, x: TTensor, mx: TTensor) -> tuple[TTensor, int]:
+    """exp(s_x (x - max)) as int32 in units of 1/E (returned; E ~ 2**22): x - max spread over the whole int16 range
+    of an interpolating int16 TABLE (saturating where exp is below half an output LSB), whose int32 result keeps
+    the 7 bits of its interpolation."""
+    assert x.q is not None
+    d = im.sub(ctx, im.widen(ctx, x), im.widen(ctx, mx))  # <= 0
+    span = min(65535 * x.q.s, EXP16_SPAN)
+    idx_q = QParams(np.float64(span / 65535), np.int64(32767), np.dtype(np.int16))  # code 32767 is d = 0
+    t = im.add(ctx, rescale(ctx, d, x.q.s / idx_q.s, np.int32, 0, 0, None), im.const_i32(ctx, 32767, d))
+    idx = rescale(ctx, t, 1.0, np.int16, 0, 0, None)  # saturates at -32768: exp(-span) there
+    table, t_scale = build_table16(np.exp, idx_q)
+    e = ctx.new_tensor(idx.shape, np.int32, idx.perm)
+    ctx.op(Op.TABLE, [idx.name, ctx.const(table, "table")], [e.name], attr("Table"))
+    return e, int(round(KNOT_STEP / t_scale))
+
+
+def lower_softmax_int16(ctx: LoweringContext, x: TTensor, count: int, out_q: QParams) -> TTensor:
+    """Softmax with an int16 input or output (16x8): the int16 exp table (_exp16), its int32 row sums and the
+    int8 softmax's reciprocal and product, rounding once to the output."""
+    e, exp_one = _exp16(ctx, x, row_max(ctx, x))
+    if count * exp_one >= 2**31:
+        raise ctx.unsupported(f"softmax over {count} elements overflows the int32 sum")
+    try:
+        plan = reciprocal_plan(count, out_q.s, exp_one)
+    except ValueError as err:
+        raise ctx.unsupported(str(err)) from err
+    return _divide(ctx, e, plan, out_q, ctx.current.output[0], wide=True)
 
 
 LOG_FRAC_BITS = 12  # log softmax: int32 values in 2**-12 output LSBs, so the output RESCALE is a shift Vela fuses

@@ -21,6 +21,7 @@ import tosa_serializer as ts
 from npubuild.lowering.context import NHWC, LoweringContext, TTensor, identity
 from npubuild.lowering.convolution import (
     Bias,
+    acc_type,
     channel_scales,
     conv_pads,
     emit_conv,
@@ -29,10 +30,10 @@ from npubuild.lowering.convolution import (
     rescale_acc,
     slice_hw,
 )
-from npubuild.lowering.emit import Op, attr, rescale, reshape, to_layout, transpose
+from npubuild.lowering.emit import Op, as_int16, attr, rescale, reshape, to_layout, transpose
 from npubuild.lowering.fusion import epilogue
 from npubuild.lowering.movement import phys_reshape
-from npubuild.lowering.quant import QParams
+from npubuild.lowering.quant import QParams, accumulator
 from npubuild.lowering.reduction import emit_reduce
 from npubuild.lowering.registry import lowers
 from npubuild.lowering.space_to_depth import fold_stride, patch_view
@@ -227,8 +228,8 @@ def emit_transpose_conv(ctx: LoweringContext, x: TTensor, w_iohw: np.ndarray, w_
     if ctx.profile == "int":
         assert x.q is not None and w_scale is not None
         acc_scale = x.q.s * w_scale
-        acc = int_conv(ctx, Op.TRANSPOSE_CONV2D, x, weights, bias.int32(acc_scale), (n, oh, ow, o),
-                        attr("TransposeConv2d", out_pad, list(stride), False, ts.DType.INT32))
+        acc = int_conv(ctx, Op.TRANSPOSE_CONV2D, x, weights, bias, (n, oh, ow, o),
+                       attr("TransposeConv2d", out_pad, list(stride), False, acc_type(x)), acc_scale)
         return rescale_acc(ctx, acc, acc_scale, output_name)
     out = ctx.new_tensor((n, oh, ow, o), np.float32, NHWC, output_of=output_name)
     ins = [x.name, ctx.const(weights.astype(np.float32), "weights"), ctx.const(bias.real.astype(np.float32), "bias"),
@@ -252,8 +253,8 @@ def phases_conv(ctx: LoweringContext, x: TTensor, w_iohw: np.ndarray, w_scale: n
     tiled = Bias(np.tile(bias.real, phases), None if bias.exact is None else np.tile(bias.exact, phases),
                  None if bias.exact_scale is None else np.tile(bias.exact_scale, phases))
     acc_scale = x.q.s * np.tile(np.broadcast_to(w_scale, (cout,)), phases)
-    acc = int_conv(ctx, Op.CONV2D, x, weights, tiled.int32(acc_scale), (n, h, w, phases * cout),
-                   attr("Conv2d", [0, 0, 0, 0], [1, 1], [1, 1], False, ts.DType.INT32))
+    acc = int_conv(ctx, Op.CONV2D, x, weights, tiled, (n, h, w, phases * cout),
+                   attr("Conv2d", [0, 0, 0, 0], [1, 1], [1, 1], False, acc_type(x)), acc_scale)
     y = rescale_acc(ctx, acc, acc_scale, None)
     rows = phys_reshape(ctx, y, (n * h, w, kh, kw * cout))
     shuffled = transpose(ctx, rows, (0, 2, 1, 3), (0, 1, 2, 3))
@@ -440,7 +441,7 @@ def lower_gemm(ctx: LoweringContext) -> None:
     o = w.shape[0]
     w_scale = channel_scales(w_q, o) if w_q is not None else None
     if alpha < 0:
-        w = -w if ctx.profile == "fp" else np.clip(-w.astype(np.int32), -127, 127).astype(np.int8)
+        w = -w if ctx.profile == "fp" else np.clip(-w.astype(np.int32), -w_q.qmax, w_q.qmax).astype(w.dtype)
     if ctx.profile == "fp":
         w = w * abs(alpha)
     elif w_scale is not None:
@@ -585,11 +586,13 @@ def matmul(ctx: LoweringContext, a: TTensor, b: TTensor, b_cols: np.ndarray | No
             raise ctx.unsupported("both MatMul operands must be quantized")
         if not b3.q.is_per_tensor:
             raise ctx.unsupported("per-channel quantized B is only supported for constant weights")
-        if _products_pay(ctx, a3, b3, b_cols):
+        if a3.dtype != b3.dtype:  # TOSA MATMUL takes int8 x int8 or int16 x int16: the int8 one widened, exactly
+            a3, b3 = as_int16(ctx, a3), as_int16(ctx, b3)
+        if a3.dtype == np.int8 and _products_pay(ctx, a3, b3, b_cols):
             acc = _matmul_products(ctx, a3, b3)
         else:
-            acc = ctx.new_tensor((batch, rows, n), np.int32, (0, 1, 2))
-            ctx.op(Op.MATMUL, [a3.name, b3.name, ctx.zp(a3.q.zp, np.int8), ctx.zp(b3.q.zp, np.int8)], [acc.name],
+            acc = ctx.new_tensor((batch, rows, n), accumulator(a3.dtype), (0, 1, 2))
+            ctx.op(Op.MATMUL, [a3.name, b3.name, ctx.zp(a3.q.zp, a3.dtype), ctx.zp(b3.q.zp, b3.dtype)], [acc.name],
                    attr("MatMul"))
         b_scale = b_cols if b_cols is not None else np.array([b3.q.s])
         y = rescale_acc(ctx, acc, gain * a3.q.s * b_scale, None, out_q)

@@ -32,13 +32,26 @@ from npubuild.lowering.broadcast import (
     operand_rank,
 )
 from npubuild.lowering.context import LoweringContext, QConst, RowImage, TTensor
-from npubuild.lowering.emit import Op, attr, clamp, requantize, rescale
+from npubuild.lowering.emit import Op, as_int16, attr, clamp, requantize, rescale
 from npubuild.lowering.fusion.patterns import fusable
 from npubuild.lowering.quant import QParams
 from npubuild.lowering.registry import lowers, quantize_also
 from npubuild.lowering.table import build_table, emit_table
 
-HEADROOM_BITS = 20
+HEADROOM_BITS = 20  # int8 operands (|x - zp| <= 255) widened by 2**20: a sum of two stays below 2**30
+# int16 operands (|x| <= 2**15) times at most 1/2 (each operand's scale over twice the larger) widened by 2**15: a
+# sum of two stays below 2**30. It is TFLite's 16-bit ADD (left shift 15), the one form Vela 5.2 fuses into one U55
+# elementwise op (2**13: six ops, 67584 vs 12288 cycles for a 16x16x32 ADD on U55-128)
+HEADROOM_BITS_16 = 15
+
+
+def headroom(*xs: TTensor) -> int:
+    return HEADROOM_BITS_16 if any(x.dtype == np.int16 for x in xs) else HEADROOM_BITS
+
+
+def const_bits(x: TTensor) -> int:
+    """Bits of an int32 constant multiplied by x - zp so that the product stays below 2**31."""
+    return CONST_BITS if x.dtype == np.int8 else CONST_BITS - 8
 
 quantize_also("Sub", "Div", "Min", "Max", "Sum", "Mean")
 
@@ -47,9 +60,19 @@ def _out_shape(a: TTensor, b: TTensor) -> tuple[int, ...]:
     return tuple(int(max(p, q)) for p, q in zip(a.shape, b.shape, strict=True))
 
 
+def same_width(ctx: LoweringContext, *xs: TTensor) -> tuple[TTensor, ...]:
+    """int8 operands beside an int16 one moved onto the int16 grid first (one exact RESCALE each): Vela 5.2
+    compiles an ADD of an int8 and an int16 operand on U55 into an op whose result npu-sim does not reproduce
+    (mp_face_detection's residual Add of a channel-padded int8 input and an int16 conv output, 1851/36864
+    elements off), and runs the int16 + int16 form bit-exactly."""
+    if len({x.dtype for x in xs}) < 2:
+        return xs
+    return tuple(as_int16(ctx, x) for x in xs)
+
+
 def _quantized(ctx: LoweringContext, *xs: TTensor) -> None:
-    if any(x.q is None or x.dtype != np.int8 for x in xs):
-        raise ctx.unsupported("operands must be int8-quantized")
+    if any(x.q is None or x.dtype not in (np.int8, np.int16) for x in xs):
+        raise ctx.unsupported("operands must be int8- or int16-quantized")
 
 
 # ---------------------------------------------------------------------------------------------- Add, Sub
@@ -80,12 +103,14 @@ def _add_sub(ctx: LoweringContext, op, kind: str) -> None:
         return
     out_q = ctx.require_output_q()
     _quantized(ctx, a, b)
+    a, b = same_width(ctx, a, b)
     twice_max = 2.0 * max(a.q.s, b.q.s)
-    a32 = rescale(ctx, a, a.q.s / twice_max * (1 << HEADROOM_BITS), np.int32, a.q.zp, 0, None)
-    b32 = rescale(ctx, b, b.q.s / twice_max * (1 << HEADROOM_BITS), np.int32, b.q.zp, 0, None)
+    bits = headroom(a, b)
+    a32 = rescale(ctx, a, a.q.s / twice_max * (1 << bits), np.int32, a.q.zp, 0, None)
+    b32 = rescale(ctx, b, b.q.s / twice_max * (1 << bits), np.int32, b.q.zp, 0, None)
     acc = ctx.new_tensor(_out_shape(a, b), np.int32, a.perm)
     ctx.op(op, [a32.name, b32.name], [acc.name], attr(kind))
-    out_scale = twice_max / ((1 << HEADROOM_BITS) * out_q.s)
+    out_scale = twice_max / ((1 << bits) * out_q.s)
     y = rescale(ctx, acc, out_scale, out_q.dtype, 0, out_q.zp, out_q, output_of=out_of)
     ctx.set_output(0, RowImage(y) if rows is not None else y)
 
@@ -117,16 +142,17 @@ def _sum_mean(ctx: LoweringContext, mean: bool) -> None:
         return
     out_q = ctx.require_output_q()
     _quantized(ctx, *xs)
+    xs = list(same_width(ctx, *xs))
     top = max(x.q.s for x in xs)
-    headroom = HEADROOM_BITS - int(np.ceil(np.log2(n)))  # n operands of up to 255 LSB of `top` each
-    wide = [rescale(ctx, x, x.q.s / top * (1 << headroom), np.int32, x.q.zp, 0, None) for x in xs]
+    bits = headroom(*xs) - int(np.ceil(np.log2(n)))  # n operands of up to 255 (int16: 2**15) LSB of `top` each
+    wide = [rescale(ctx, x, x.q.s / top * (1 << bits), np.int32, x.q.zp, 0, None) for x in xs]
     acc = wide[0]
     for x in wide[1:]:
         a, b = broadcast_pair(ctx, acc, x)
         out = ctx.new_tensor(_out_shape(a, b), np.int32, a.perm if a.shape == _out_shape(a, b) else b.perm)
         ctx.op(Op.ADD, [a.name, b.name], [out.name], attr("Add"))
         acc = out
-    scale = top / ((1 << headroom) * out_q.s) / (n if mean else 1)
+    scale = top / ((1 << bits) * out_q.s) / (n if mean else 1)
     ctx.set_output(0, rescale(ctx, acc, scale, out_q.dtype, 0, out_q.zp, out_q, output_of=out_name))
 
 
@@ -143,6 +169,13 @@ def lower_mean(ctx: LoweringContext) -> None:
 # ---------------------------------------------------------------------------------------------- Mul, Div
 
 
+def _int_sub(ctx: LoweringContext, a: TTensor, b: TTensor) -> TTensor:
+    a, b = broadcast_pair(ctx, a, b)
+    out = ctx.new_tensor(_out_shape(a, b), np.int32, b.perm if b.shape == _out_shape(a, b) else a.perm)
+    ctx.op(Op.SUB, [a.name, b.name], [out.name], attr("Sub"))
+    return out
+
+
 def _int_mul32(ctx: LoweringContext, a32: TTensor, b32: TTensor, scale: float, out_q: QParams) -> TTensor:
     """int32 a*b (exact), then one RESCALE by `scale` to the output."""
     a32, b32 = broadcast_pair(ctx, a32, b32)
@@ -152,7 +185,13 @@ def _int_mul32(ctx: LoweringContext, a32: TTensor, b32: TTensor, scale: float, o
 
 
 def _centred32(ctx: LoweringContext, x: TTensor) -> TTensor:
-    """int8 x -> int32 (x - zp), exactly."""
+    """int8 or int16 x -> int32 (x - zp), exactly (a product of two fits int32). An int16 x (zero point 0) by a
+    CAST: Vela 5.2 runs the RESCALE of a SLICE's int16 result, which it does not fuse into the MUL, over the
+    unsliced tensor on U55/U65 (tests/npusim/test_vela_slice_rescale.py; a GRU's gate split in 16x8)."""
+    if x.dtype == np.int16 and int(np.max(np.abs(x.q.zp))) == 0:
+        out = ctx.new_tensor(x.shape, np.int32, x.perm)
+        ctx.op(Op.CAST, [x.name], [out.name], attr("Cast"))
+        return out
     return rescale(ctx, x, 1.0, np.int32, x.q.zp, 0, None)
 
 
@@ -177,8 +216,13 @@ def _mul_const_int(ctx: LoweringContext, x: TTensor, c: np.ndarray, out_q: QPara
                            output_of=out_name)
     if c.size == 1 and c.ndim <= rank and np.isfinite(c).all():
         v = float(c.reshape(-1)[0])
-        return emit_table(ctx, x, build_table(lambda t: np.asarray(t, np.float64) * v, x.q, out_q), out_q,
-                          output_of=out_name)
+        if x.dtype == np.int8 and out_q.dtype == np.int8:
+            return emit_table(ctx, x, build_table(lambda t: np.asarray(t, np.float64) * v, x.q, out_q), out_q,
+                              output_of=out_name)
+        if v < 0:  # 16-bit: -round(x |c|) on the output's scale (one rounding), negated exactly
+            t = rescale(ctx, x, x.q.s * -v / out_q.s, np.int32, x.q.zp, 0, None)
+            neg = _int_sub(ctx, ctx.materialize_const(np.zeros((1,) * rank, np.int32), None, "zero"), t)
+            return rescale(ctx, neg, 1.0, out_q.dtype, 0, out_q.zp, out_q, output_of=out_name)
     qc = ctx.qconst(qconst) if qconst is not None else None
     if qc is not None and qc.q.axis is None:
         a, b = broadcast_pair(ctx, x, operand(ctx, qconst, max(rank, c.ndim)))
@@ -186,7 +230,7 @@ def _mul_const_int(ctx: LoweringContext, x: TTensor, c: np.ndarray, out_q: QPara
     peak = float(np.max(np.abs(c)))
     if peak == 0.0 or not np.isfinite(peak):
         raise ctx.unsupported("multiplying by a constant that is all zero or not finite")
-    k = CONST_BITS - int(np.ceil(np.log2(peak)))
+    k = const_bits(x) - int(np.ceil(np.log2(peak)))
     c_int = np.round(c * 2.0**k).astype(np.int32)
     c_int = c_int.reshape((1,) * max(0, rank - c.ndim) + c_int.shape)
     ct = ctx.materialize_const(c_int, None, hint="mulconst")

@@ -19,7 +19,7 @@ from npubuild.lowering.registry import lowers
 INT_TYPES = (np.int8, np.int16, np.int32)
 
 
-@lowers("QuantizeLinear")
+@lowers("QuantizeLinear", "com.microsoft:QuantizeLinear")  # onnxruntime's contrib Q/DQ: 4- and 16-bit before opset 21
 def quantize_linear(ctx: LoweringContext) -> None:
     node = ctx.current
     q = ctx.qparams_of(node)
@@ -45,7 +45,7 @@ def quantize_linear(ctx: LoweringContext) -> None:
         raise ctx.unsupported(f"cannot quantize a {type(src).__name__}")
 
 
-@lowers("DequantizeLinear")
+@lowers("DequantizeLinear", "com.microsoft:DequantizeLinear")
 def dequantize_linear(ctx: LoweringContext) -> None:
     node = ctx.current
     row = ctx.values.get(node.input[0])

@@ -41,6 +41,7 @@ import numpy as np
 import tosa_serializer as ts
 
 from npubuild.lowering.context import NHWC, LoweringContext, TTensor
+from npubuild.lowering.convolution import acc_type, int_conv
 from npubuild.lowering.emit import (
     Op,
     attr,
@@ -51,7 +52,7 @@ from npubuild.lowering.emit import (
 )
 from npubuild.lowering.fusion.channel_parts import PartsTensor, feeds_channel_concat
 from npubuild.lowering.movement import concat_phys, direct, finish, phys_reshape, result_q, slice_phys
-from npubuild.lowering.quant import QParams
+from npubuild.lowering.quant import QParams, accumulator
 from npubuild.lowering.registry import lowers
 
 COORD_MODES = ("half_pixel", "pytorch_half_pixel", "asymmetric", "align_corners", "tf_half_pixel_for_nn")
@@ -209,11 +210,11 @@ def lower_resize(ctx: LoweringContext) -> None:
         ctx.op(Op.RESIZE, ins, [out.name], attr("Resize", tosa_mode))
         finish(ctx, out)
         return
-    if ctx.options.bilinear_2x and coord in ("half_pixel", "pytorch_half_pixel") and x.dtype == np.int8 \
+    if ctx.options.bilinear_2x and coord in ("half_pixel", "pytorch_half_pixel") \
             and (oh, ow) == (2 * x.shape[1], 2 * x.shape[2]) and (ny, dy, nx, dx) == (4, 2, 4, 2):
         finish(ctx, _bilinear_2x(ctx, x))
         return
-    acc = ctx.new_tensor(shape, np.int32, NHWC)
+    acc = ctx.new_tensor(shape, accumulator(x.dtype), NHWC)  # int48 for an int16 x
     ctx.op(Op.RESIZE, ins, [acc.name], attr("Resize", tosa_mode))
     finish(ctx, _unscale(ctx, acc, ny * nx, x))
 
@@ -268,11 +269,8 @@ def _blur(ctx: LoweringContext, padded: TTensor, in_q: QParams, out_q: QParams, 
     up = slice_phys(ctx, up, [0, 1, 1, 0], [n, 2 * h + 2, 2 * w + 2, c])
     blur = np.outer([1, 2, 1], [1, 2, 1]).astype(np.int8)
     weights = np.ascontiguousarray(np.broadcast_to(blur[:, :, None, None], (3, 3, c, 1)))  # HWCM
-    acc = ctx.new_tensor((n, 2 * h, 2 * w, c), np.int32, NHWC)
-    ins = [up.name, ctx.const(weights, "blur"), ctx.const(np.zeros(c, np.int32), "bias"),
-           ctx.zp(in_q.zp, np.int8), ctx.zp(0, np.int8)]
-    ctx.op(Op.DEPTHWISE_CONV2D, ins, [acc.name], attr("DepthwiseConv2d", [0, 0, 0, 0], [1, 1], [1, 1], False,
-                                                      ts.DType.INT32))
+    acc = int_conv(ctx, Op.DEPTHWISE_CONV2D, up, weights, np.zeros(c, accumulator(up.dtype)), (n, 2 * h, 2 * w, c),
+                   attr("DepthwiseConv2d", [0, 0, 0, 0], [1, 1], [1, 1], False, acc_type(up)))
     return rescale(ctx, acc, in_q.s / (16 * out_q.s), out_q.dtype, 0, out_q.zp, out_q, output_of=output_of)
 
 
@@ -294,7 +292,8 @@ def _edge_pad(ctx: LoweringContext, x: TTensor, axis: int, ch: tuple[int, int] |
 
 
 def _unscale(ctx: LoweringContext, acc: TTensor, factor: int, x: TTensor) -> TTensor:
-    """int32 bilinear sums (values times `factor`) back to x's int8 parameters, rounding once."""
+    """The bilinear sums (values times `factor`; int32, or int48 for an int16 x) back to x's own parameters,
+    rounding once."""
     assert x.q is not None
     out_of = direct(ctx, x.q)
     return rescale(ctx, acc, 1.0 / factor, x.dtype, 0, 0, x.q, output_of=out_of)

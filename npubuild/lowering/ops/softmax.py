@@ -63,8 +63,10 @@ def _lower_fp(ctx: LoweringContext, x: TTensor, axis: int, log: bool) -> TTensor
 
 def _lower_int(ctx: LoweringContext, x: TTensor, axis: int, log: bool) -> TTensor:
     out_q = ctx.require_output_q()
-    if x.q is None or x.dtype != np.int8 or out_q.dtype != np.int8:
-        raise ctx.unsupported("the integer softmax needs int8 input and output")
+    if x.q is None or x.dtype not in (np.int8, np.int16) or out_q.dtype not in (np.int8, np.int16):
+        raise ctx.unsupported("the integer softmax needs an int8 or int16 input and output")
+    if log and (x.dtype != np.int8 or out_q.dtype != np.int8):
+        raise ctx.unsupported("the integer log softmax needs int8 input and output")
     return (lower_log_softmax_int if log else lower_softmax_int)(ctx, x, axis, out_q)
 
 

@@ -24,13 +24,14 @@ import numpy as np
 import tosa_serializer as ts
 
 from npubuild.lowering import fp
+from npubuild.lowering import intmath as im
 from npubuild.lowering.broadcast import CONST_BITS, broadcast_pair
 from npubuild.lowering.context import LoweringContext, TTensor
 from npubuild.lowering.emit import Op, attr, clamp, rescale
 from npubuild.lowering.fusion.patterns import fusable, gelu
 from npubuild.lowering.quant import multiplier_shift
 from npubuild.lowering.registry import lowers, quantize_also
-from npubuild.lowering.table import lower_via_table
+from npubuild.lowering.table import KNOT_STEP, lower_via_table
 
 quantize_also("Tanh", "HardSigmoid", "HardSwish", "Gelu", "Erf", "Exp", "Log", "Sqrt", "Reciprocal", "Abs", "Neg",
               "PRelu", "Pow")
@@ -143,16 +144,69 @@ def _fp_hard_sigmoid(ctx: LoweringContext, x: TTensor, alpha: float, beta: float
     return clamp(ctx, fp.add_scalar(ctx, fp.mul_scalar(ctx, x, alpha), beta), 0.0, 1.0, output_of=out)
 
 
+def _needs_integer_form(ctx: LoweringContext, bends: tuple[float, ...]) -> bool:
+    """Whether the current node reads or writes an int16 activation with a bend its interpolating int16 TABLE
+    cannot follow: one not on a knot of the int16 input (the precision rewrite puts a hard swish's input on a
+    scale with its bends on knots, frontend/precision/rewrite.int16_scale; then one TABLE is exact)."""
+    if ctx.profile != "int":
+        return False
+    x, out_q = ctx.tensor(0), ctx.require_output_q()
+    if x.dtype != np.int16 and out_q.dtype != np.int16:
+        return False
+    if x.dtype != np.int16 or x.q is None:
+        return True
+    codes = [b / x.q.s for b in bends]
+    return not all(abs(c - round(c)) < 1e-3 and round(c) % KNOT_STEP == 0 and abs(c) < 32768 for c in codes)
+
+
+def _hard_sigmoid_int32(ctx: LoweringContext, x: TTensor, alpha: float, beta: float, scale: float,
+                        frac: int) -> TTensor:
+    """clamp(alpha x + beta, 0, 1) / scale as int32 with `frac` fraction bits: one RESCALE of x (alpha > 0), an
+    ADD of beta and a MAXIMUM/MINIMUM pair, exact up to the two roundings at 2**-frac."""
+    assert x.q is not None
+    t = rescale(ctx, x, alpha * x.q.s / scale * 2.0**frac, np.int32, x.q.zp, 0, None)
+    t = im.add(ctx, t, im.const_i32(ctx, round(beta / scale * 2.0**frac), t))
+    lo, hi = im.const_i32(ctx, 0, t), im.const_i32(ctx, round(2.0**frac / scale), t)
+    for op, kind, bound in ((Op.MAXIMUM, "Maximum", lo), (Op.MINIMUM, "Minimum", hi)):
+        out = ctx.new_tensor(t.shape, np.int32, t.perm)
+        ctx.op(op, [t.name, bound.name], [out.name], attr(kind, fp.NAN_MODE))
+        t = out
+    return t
+
+
+def _frac_bits(peak: float) -> int:
+    """Fraction bits that keep `peak` (in LSBs) times 2**frac below 2**30."""
+    return max(0, 30 - int(np.ceil(np.log2(max(peak, 1.0)))))
+
+
 @lowers("HardSigmoid")
 @fusable
 def lower_hard_sigmoid(ctx: LoweringContext) -> None:
     alpha, beta = float(ctx.attr("alpha", 0.2)), float(ctx.attr("beta", 0.5))
+    if alpha > 0 and _needs_integer_form(ctx, (-beta / alpha, (1 - beta) / alpha)):
+        x, out_q = ctx.tensor(0), ctx.require_output_q()
+        frac = _frac_bits(max(alpha * x.q.s * 65536, abs(beta) + 1.0) / out_q.s)
+        h = _hard_sigmoid_int32(ctx, x, alpha, beta, out_q.s, frac)
+        ctx.set_output(0, rescale(ctx, h, 2.0**-frac, out_q.dtype, 0, out_q.zp, out_q, output_of=_out(ctx)))
+        return
     _unary(ctx, _hard_sigmoid(alpha, beta), lambda x, out: _fp_hard_sigmoid(ctx, x, alpha, beta, out))
+
+
+HSWISH_BITS = 22  # the hard sigmoid factor of an int16 hard swish in Q22; the product x * h shifted by 7 fits int32
 
 
 @lowers("HardSwish")
 @fusable
 def lower_hard_swish(ctx: LoweringContext) -> None:
+    """x * hardsigmoid(x): one TABLE, or with a 16-bit input whose bends at +-3 miss the TABLE's knots x (int32)
+    times the factor in Q22, shifted into int32 by 7, and one RESCALE (an int16 TABLE is 8-16 LSB off there)."""
+    if _needs_integer_form(ctx, (-3.0, 3.0)):
+        x, out_q = ctx.tensor(0), ctx.require_output_q()
+        h = _hard_sigmoid_int32(ctx, x, 1.0 / 6.0, 0.5, 1.0, HSWISH_BITS)
+        p = im.mul(ctx, rescale(ctx, x, 1.0, np.int32, x.q.zp, 0, None), h, HSWISH_BITS - 15)
+        ctx.set_output(0, rescale(ctx, p, x.q.s * 2.0**-15 / out_q.s, out_q.dtype, 0, out_q.zp, out_q,
+                                  output_of=_out(ctx)))
+        return
     hs = _hard_sigmoid(1.0 / 6.0, 0.5)
     _unary(ctx, lambda x: np.asarray(x, np.float64) * hs(x),
            lambda x, out: fp.mul(ctx, x, _fp_hard_sigmoid(ctx, x, 1.0 / 6.0, 0.5, None), output_of=out))
@@ -336,10 +390,11 @@ def _rescale_fixed(ctx: LoweringContext, x: TTensor, multiplier: int, shift: int
 def _int_prelu_per_channel(ctx: LoweringContext, x: TTensor, slope: np.ndarray) -> None:
     """y = slope*x + (1 - slope)*max(x, 0) in int32 (x centred), constants at 2**k, one RESCALE out."""
     out_q = ctx.require_output_q()
-    if x.q is None or x.dtype != np.int8:
-        raise ctx.unsupported("the input must be int8-quantized")
+    if x.q is None or x.dtype not in (np.int8, np.int16):
+        raise ctx.unsupported("the input must be int8- or int16-quantized")
     peak = max(float(np.max(np.abs(slope))), float(np.max(np.abs(1.0 - slope))), 1.0)
-    k = CONST_BITS - int(np.ceil(np.log2(peak)))  # |x - zp| <= 255 keeps every product below 2**31
+    bits = CONST_BITS if x.dtype == np.int8 else CONST_BITS - 8  # |x - zp| <= 255 (int16: 2**15): products < 2**31
+    k = bits - int(np.ceil(np.log2(peak)))
     rank = len(x.shape)
     shaped = slope.reshape((1,) * max(0, rank - slope.ndim) + slope.shape)
 
