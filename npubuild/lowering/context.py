@@ -152,6 +152,10 @@ class LoweringContext:
     node_ops: dict[str, list[str]] = field(default_factory=dict)  # onnx node name -> TOSA op names
     fused: set[str] = field(default_factory=set)  # nodes already lowered as part of a fused pattern (skipped)
     channel_rescales: dict[str, ChannelRescale] = field(default_factory=dict)  # by result name: see ChannelRescale
+    # results of a RESCALE from int32 (shape, dtype), and the full-range CLAMP a SLICE reads instead where the
+    # family's options say so (LoweringOptions.clamp_sliced_rescale)
+    wide_rescales: dict[str, tuple[tuple[int, ...], np.dtype]] = field(default_factory=dict)
+    _sliced_copies: dict[str, str] = field(default_factory=dict)
     shape_values: dict[str, tuple[int, ...]] = field(default_factory=dict)  # shape_const name -> its values
     current: onnx.NodeProto | None = None
     options: LoweringOptions = PORTABLE  # the forms this family's lowering takes (lowering/options.py)
@@ -478,12 +482,29 @@ class LoweringContext:
         shift = self.const(r.shift[channels], "shift")
         self.op(ts.Op.RESCALE, [part.name, mult, shift, r.in_zp, r.out_zp], [output], r.attr)
 
+    def _clamped_copy(self, name: str) -> str:
+        """A full-range CLAMP of a RESCALE's result (made once): see LoweringOptions.clamp_sliced_rescale."""
+        if name not in self._sliced_copies:
+            shape, dtype = self.wide_rescales[name]
+            info = np.iinfo(dtype)
+            dt = NP_TO_TOSA[np.dtype(dtype)]
+            copy = self.ser.addIntermediate(list(shape), dt)
+            clamp_attr = ts.TosaSerializerAttribute()
+            clamp_attr.ClampAttribute(ts.TosaSerializer.convertDataToUint8Vec(dt, np.array([info.min], dtype)),
+                                      ts.TosaSerializer.convertDataToUint8Vec(dt, np.array([info.max], dtype)),
+                                      ts.NanPropagationMode.PROPAGATE)
+            self.op(ts.Op.CLAMP, [name], [copy.name], clamp_attr)
+            self._sliced_copies[name] = copy.name
+        return self._sliced_copies[name]
+
     def op(self, op, inputs: list[str], outputs: list[str], attr: ts.TosaSerializerAttribute | None = None) -> None:
         if attr is None:
             attr = ts.TosaSerializerAttribute()
         if op == ts.Op.SLICE and inputs[0] in self.channel_rescales and len(outputs) == 1:
             self._slice_ahead_of_rescale(inputs, outputs[0])
             return
+        if op == ts.Op.SLICE and self.options.clamp_sliced_rescale and inputs[0] in self.wide_rescales:
+            inputs = [self._clamped_copy(inputs[0]), *inputs[1:]]
         self.ser.addOperator(op, inputs, outputs, attr)
         key = self.current.name if self.current is not None else "<boundary>"
         self.node_ops.setdefault(key, []).append(str(op).split(".")[-1])

@@ -57,6 +57,8 @@ def rescale(
     ]
     rescale_attr = attr("Rescale", scale32, ts.RoundingMode.SINGLE_ROUND, per_channel, False, False)
     ctx.op(Op.RESCALE, inputs, [out.name], rescale_attr)
+    if x.dtype == np.int32 and out_dtype != np.int32:
+        ctx.wide_rescales[out.name] = (tuple(x.shape), out_dtype)
     if per_channel and np.dtype(x.dtype).itemsize <= 2:  # an int8/int16 -> int8 rescale Vela runs as a pool (not a
         # conv's int32 accumulator scaling, which Vela fuses into the conv: a SLICE of that int32 tensor is worse)
         ctx.channel_rescales[out.name] = ChannelRescale(x.name, np.dtype(x.dtype), mult.astype(np.int32),

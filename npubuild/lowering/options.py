@@ -141,6 +141,11 @@ class LoweringOptions:
     matmul_products: bool = False
     matmul_products_nodes: frozenset[str] = frozenset()
     prelu_select_nodes: frozenset[str] = frozenset()
+    # a SLICE of a RESCALE's result from int32 reads a full-range CLAMP of that result (the same integers), which
+    # Vela fuses into the RESCALE's own NPU op: Vela 5.2 on U55/U65 otherwise moves each SLICE ahead of the RESCALE
+    # and runs it as a MUL over the unsliced tensor (a 16x8 GRU's reset gate read its update gate: tests/npusim/
+    # test_vela_slice_rescale.py). U85 runs the plain form right, and there the CLAMP would cost an NPU op
+    clamp_sliced_rescale: bool = False
     # fold INT bias Adds behind a Q/DQ pair into the conv bias too (epilogue: exact per op to 1 LSB but drifts
     # from the QDQ reference, transformer TOSA SNR 32.8 -> 27.6 dB; off everywhere)
     int_bias_add: bool = False
@@ -221,7 +226,7 @@ FAMILY_OPTIONS: dict[LoweringFamily, LoweringOptions] = {
                            norm_widen_add=True, norm_index_rescale=True, dilation_taps=True,
                            dilation_phase_min=4,
                            plane_rows=PlaneRowsLimits(min_side=8, min_plane=64, min_elements=3072, max_channels=256),
-                           space_to_depth_channels=1, transpose_conv_phases=True),
+                           space_to_depth_channels=1, transpose_conv_phases=True, clamp_sliced_rescale=True),
     # U65: U55's op set on a wider MAC array and bus: narrower depthwise and sum ranges, the upsample whole, narrow
     # inputs planar
     "u65": LoweringOptions(**EVERY_FAMILY, **NORM_U55_U65, concat_order=True, dw_requantize=True,
@@ -230,7 +235,7 @@ FAMILY_OPTIONS: dict[LoweringFamily, LoweringOptions] = {
                            planar_input_channels=4, planar_1d_input_channels=8, dilation_taps=True,
                            dilation_phase_min=8,
                            plane_rows=PlaneRowsLimits(min_side=5, min_plane=100, min_elements=3072, max_channels=256),
-                           space_to_depth_channels=1, transpose_conv_phases=True),
+                           space_to_depth_channels=1, transpose_conv_phases=True, clamp_sliced_rescale=True),
     # U85-128/256/512: the MAXIMUM copy after the skip-first order, zero taps, the int32 softmax, the staged input,
     # DepthToSpace as row-phase slices, PRelu's elementwise branches
     "u85": LoweringOptions(**EVERY_FAMILY, norm_affine_one_row=True, concat_order=True,

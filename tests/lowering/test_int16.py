@@ -224,3 +224,30 @@ def test_an_add_of_an_int8_and_an_int16_operand_is_bit_exact_on_u55():
     assert [s.dtype for s in lowered.inputs] == ["int8"] and lowered.outputs[0].dtype == "int8"
     with tempfile.TemporaryDirectory() as tmp:
         assert_bitexact(lowered.tosa, io_dict(lowered), vela_raw(lowered.tosa, Path(tmp), FAMILIES["u55"]))
+
+
+def gru_gates() -> onnx.ModelProto:
+    """A GRU step's gates in 16x8: one sigmoid over the update and reset pre-activations, split in two, the
+    reset gate times the state, the update gate times that product."""
+    split = helper.make_tensor("split", TensorProto.INT64, [2], [48, 48])
+    nodes = [helper.make_node("Sigmoid", ["x"], ["s"], name="gates"),
+             helper.make_node("Split", ["s", "split"], ["z", "r"], name="split", axis=1),
+             helper.make_node("Mul", ["r", "h"], ["rh"], name="reset"),
+             helper.make_node("Mul", ["z", "rh"], ["y"], name="update")]
+    model = _graph(nodes, {"x": [1, 96], "h": [1, 48]}, {"y": [1, 48]})
+    model.graph.initializer.append(split)
+    return model
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_a_split_sigmoid_feeding_two_muls_is_bit_exact(family):
+    """configs/kws_recurrent.yaml's GRU in 16x8 on U55: the int16 sigmoid's RESCALE (from the TABLE's int32) read
+    by two SLICEs. Vela 5.2 moved both slices ahead of the RESCALE and ran it as a MUL over all 96 channels, from
+    channel 0, for each (the reset gate read the update gate: 48/48 outputs wrong); the U55/U65 lowering reads the
+    slices from a full-range CLAMP Vela fuses into the RESCALE, and the MULs take the int16 gates as they are."""
+    shapes = {"x": [1, 96], "h": [1, 48]}
+    qdq = quantize_model16(gru_gates(), _cal(shapes, 4.0))
+    lowered, _ = check_qdq(qdq, {k: rand(s, 7 + i, -4.0, 4.0) for i, (k, s) in enumerate(shapes.items())},
+                           max_lsb=1.0, family=family)
+    with tempfile.TemporaryDirectory() as tmp:
+        assert_bitexact(lowered.tosa, io_dict(lowered), vela_raw(lowered.tosa, Path(tmp), FAMILIES[family]))

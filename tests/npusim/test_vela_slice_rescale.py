@@ -14,8 +14,14 @@
 3. One row of a [rows, 1, C] tensor (a recurrent layer's time step) sliced, reshaped and widened to int32 by a
    RESCALE Vela does not fuse into the ADD after it (Ethos-U55/U65): Vela copies the row with an OFM tile base
    that loses it (npu-sim reads row 1 where TOSA takes row 2). int8 builds widen by 2**20, which Vela fuses into
-   the ADD; a 16x8 build of configs/kws_recurrent.yaml's GRU (gru_kws) still meets it on U55 through its time
-   split, and its npu-sim stage fails the build (bench/precision_examples.md). U85 is right.
+   the ADD, and the 16x8 ADD's operands are widened by 2**15, which Vela fuses too. U85 is right.
+4. Two SLICEs of the result of a RESCALE from int32 (an int16 sigmoid's TABLE result, split into a GRU's update
+   and reset gates), on Ethos-U55/U65: Vela moves each SLICE ahead of the RESCALE and runs the RESCALE, as a MUL,
+   over all channels from channel 0 for each, into a buffer sized for the slice (npu-sim stops on the
+   out-of-region write; in gru_kws the reset gate read the update gate). This is what failed configs/
+   kws_recurrent.yaml's GRU in 16x8 on U55. A full-range CLAMP between the RESCALE and the SLICEs, which Vela
+   fuses into the RESCALE's own NPU op, avoids it: the U55/U65 lowering emits it
+   (LoweringOptions.clamp_sliced_rescale). U85 is right either way.
 """
 
 from __future__ import annotations
@@ -136,3 +142,35 @@ def test_vela_loses_a_sliced_row_before_an_unfused_rescale_on_u55():
     want = reference(g.serialize(), xs)[0].reshape(-1)
     assert not np.array_equal(run(_compile(g, "ethos-u55-128"), xs).outputs[0].reshape(-1), want)
     assert np.array_equal(run(_compile(g, "ethos-u85-256"), xs).outputs[0].reshape(-1), want)
+
+
+def two_slices_of_a_wide_rescale(clamp: bool, dtype=np.int16) -> Graph:
+    """int32 t [1, 96] -> RESCALE to int16 -> (CLAMP) -> SLICE [0:48] and [48:96] -> r*h, then z*(r*h)."""
+    g = Graph()
+    t, h = g.input([1, 96], np.int32), g.input([1, 48], dtype)
+    x = g.rescale(t, [1, 96], np.int32, dtype, [1 << 30], [46])
+    if clamp:
+        info = np.iinfo(dtype)
+        x = g.op(ts.Op.CLAMP, [x], [1, 96], dtype,
+                 attr("Clamp", ts.TosaSerializer.convertDataToUint8Vec(ts.DType.INT16, np.array([info.min], dtype)),
+                      ts.TosaSerializer.convertDataToUint8Vec(ts.DType.INT16, np.array([info.max], dtype)),
+                      ts.NanPropagationMode.PROPAGATE))
+    z, r = (g.op(ts.Op.SLICE, [x, g.shape([0, s]), g.shape([1, 48])], [1, 48], dtype, attr("Slice")) for s in (0, 48))
+
+    def mul(a: str, b: str) -> str:
+        p = g.op(ts.Op.MUL, [a, b, g.const(np.zeros([1], np.int8))], [1, 48], np.int32, attr("Mul"))
+        return g.rescale(p, [1, 48], np.int32, dtype, [1 << 30], [45], output=True)
+
+    mul(z, mul(r, h))
+    return g
+
+
+def test_vela_rescales_every_slice_of_a_wide_rescale_from_channel_0_on_u55():
+    g = two_slices_of_a_wide_rescale(clamp=False)
+    with pytest.raises(StageError, match="feature map write outside its region"):
+        run(_compile(g, "ethos-u55-128"), tosa_inputs(g.io, 0))
+    fixed = two_slices_of_a_wide_rescale(clamp=True)  # the lowering's U55/U65 form: three NPU ops, right
+    for seed in (0, 1):
+        xs = tosa_inputs(fixed.io, seed)
+        got, want = run(_compile(fixed, "ethos-u55-128"), xs).outputs, reference(fixed.serialize(), xs)
+        assert all(np.array_equal(a.reshape(-1), b.reshape(-1)) for a, b in zip(got, want, strict=True))

@@ -177,7 +177,7 @@ def _int_sub(ctx: LoweringContext, a: TTensor, b: TTensor) -> TTensor:
 
 
 def _int_mul32(ctx: LoweringContext, a32: TTensor, b32: TTensor, scale: float, out_q: QParams) -> TTensor:
-    """int32 a*b (exact), then one RESCALE by `scale` to the output."""
+    """a*b exact in int32 (int32 or int16 operands), then one RESCALE by `scale` to the output."""
     a32, b32 = broadcast_pair(ctx, a32, b32)
     acc = ctx.new_tensor(_out_shape(a32, b32), np.int32, a32.perm if a32.shape == _out_shape(a32, b32) else b32.perm)
     ctx.op(Op.MUL, [a32.name, b32.name, ctx.const(np.zeros([1], np.int8), "shift")], [acc.name], attr("Mul"))
@@ -186,8 +186,7 @@ def _int_mul32(ctx: LoweringContext, a32: TTensor, b32: TTensor, scale: float, o
 
 def _centred32(ctx: LoweringContext, x: TTensor) -> TTensor:
     """int8 or int16 x -> int32 (x - zp), exactly (a product of two fits int32). An int16 x (zero point 0) by a
-    CAST: Vela 5.2 runs the RESCALE of a SLICE's int16 result, which it does not fuse into the MUL, over the
-    unsliced tensor on U55/U65 (tests/npusim/test_vela_slice_rescale.py; a GRU's gate split in 16x8)."""
+    CAST (a multiplication by an int32 constant: two int16 operands multiply as they are, `_mul_int`)."""
     if x.dtype == np.int16 and int(np.max(np.abs(x.q.zp))) == 0:
         out = ctx.new_tensor(x.shape, np.int32, x.perm)
         ctx.op(Op.CAST, [x.name], [out.name], attr("Cast"))
@@ -196,8 +195,15 @@ def _centred32(ctx: LoweringContext, x: TTensor) -> TTensor:
 
 
 def _mul_int(ctx: LoweringContext, a: TTensor, b: TTensor, out_q: QParams) -> TTensor:
+    """a*b in int32, then one RESCALE. A 16-bit operand (an int8 one beside it moved to the int16 grid) goes
+    into the MUL as it is, int16 x int16 -> int32, exact: widening it by a CAST first, Vela 5.2 runs the CAST
+    of a SLICE's result over the unsliced tensor on U55/U65, so a GRU's reset gate read its update gate
+    (tests/npusim/test_vela_slice_rescale.py), and it cost an NPU op per operand."""
     _quantized(ctx, a, b)
-    return _int_mul32(ctx, _centred32(ctx, a), _centred32(ctx, b), a.q.s * b.q.s / out_q.s, out_q)
+    scale = a.q.s * b.q.s / out_q.s
+    if np.int16 in (a.dtype, b.dtype):
+        return _int_mul32(ctx, as_int16(ctx, a), as_int16(ctx, b), scale, out_q)
+    return _int_mul32(ctx, _centred32(ctx, a), _centred32(ctx, b), scale, out_q)
 
 
 def _mul_const_int(ctx: LoweringContext, x: TTensor, c: np.ndarray, out_q: QParams, qconst: int | None = None
