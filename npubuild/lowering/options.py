@@ -141,10 +141,11 @@ class LoweringOptions:
     matmul_products: bool = False
     matmul_products_nodes: frozenset[str] = frozenset()
     prelu_select_nodes: frozenset[str] = frozenset()
-    # a SLICE of a RESCALE's result from int32 reads a full-range CLAMP of that result (the same integers), which
-    # Vela fuses into the RESCALE's own NPU op: Vela 5.2 on U55/U65 otherwise moves each SLICE ahead of the RESCALE
-    # and runs it as a MUL over the unsliced tensor (a 16x8 GRU's reset gate read its update gate: tests/npusim/
-    # test_vela_slice_rescale.py). U85 runs the plain form right, and there the CLAMP would cost an NPU op
+    # a SLICE or CONCAT of a RESCALE's result from int32 reads a full-range CLAMP of that result (the same integers),
+    # which Vela fuses into the RESCALE's own NPU op: Vela 5.2 on U55/U65 otherwise runs the RESCALE, as a MUL, over
+    # the unsliced tensor for each SLICE (a 16x8 GRU's reset gate read its update gate) and writes it at channel 0
+    # of a CONCAT whatever its place (a 16x8 ppocrv4_rec): tests/npusim/test_vela_slice_rescale.py. U85 runs the
+    # plain forms right, and there the CLAMP would cost an NPU op
     clamp_sliced_rescale: bool = False
     # fold INT bias Adds behind a Q/DQ pair into the conv bias too (epilogue: exact per op to 1 LSB but drifts
     # from the QDQ reference, transformer TOSA SNR 32.8 -> 27.6 dB; off everywhere)

@@ -251,3 +251,19 @@ def test_a_split_sigmoid_feeding_two_muls_is_bit_exact(family):
                            max_lsb=1.0, family=family)
     with tempfile.TemporaryDirectory() as tmp:
         assert_bitexact(lowered.tosa, io_dict(lowered), vela_raw(lowered.tosa, Path(tmp), FAMILIES[family]))
+
+
+def test_an_activation_concatenated_after_another_input_is_bit_exact_on_u55():
+    """ppocrv4_rec_48x160 in 16x8 on U55: an int16 sigmoid (TABLE, then the RESCALE of its int32 result) written
+    into a Concat after another input. Vela 5.2 wrote the RESCALE at the Concat's channel 0, over the first input
+    (128/256 outputs wrong; 132493/132500 in ppocrv4_rec); the U55/U65 lowering puts a full-range CLAMP between,
+    which Vela fuses into the RESCALE's op (ppocrv4_rec: 866 NPU ops and Vela's cycles the same as without)."""
+    nodes = [helper.make_node("Sigmoid", ["b"], ["s"], name="act"),
+             helper.make_node("Concat", ["a", "s"], ["y"], name="cat", axis=1)]
+    shapes = {"a": [1, 8, 4, 4], "b": [1, 8, 4, 4]}
+    int8 = quantize_model(_graph(nodes, shapes, {"y": [1, 16, 4, 4]}), _cal(shapes, 3.0))
+    qdq = apply_plan(int8, PrecisionPlan(frozenset(QdqModel(int8).groups)), ("u55",))  # the concat's one scale
+    lowered, _ = check_qdq(qdq, {k: rand(s, 7 + i, -3.0, 3.0) for i, (k, s) in enumerate(shapes.items())},
+                           max_lsb=1.0, family="u55")
+    with tempfile.TemporaryDirectory() as tmp:
+        assert_bitexact(lowered.tosa, io_dict(lowered), vela_raw(lowered.tosa, Path(tmp), FAMILIES["u55"]))

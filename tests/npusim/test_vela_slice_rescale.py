@@ -22,6 +22,9 @@
    kws_recurrent.yaml's GRU in 16x8 on U55. A full-range CLAMP between the RESCALE and the SLICEs, which Vela
    fuses into the RESCALE's own NPU op, avoids it: the U55/U65 lowering emits it
    (LoweringOptions.clamp_sliced_rescale). U85 is right either way.
+5. The result of a RESCALE from int32 written into a CONCAT after its first input (Ethos-U55/U65), int8 or int16:
+   Vela writes it at the CONCAT's channel 0, over the first input. An int16 average pool's mean (int32 sums
+   rescaled) concatenated in ppocrv4_rec_48x160 hit it. The same CLAMP avoids it (no NPU op more on U55).
 """
 
 from __future__ import annotations
@@ -174,3 +177,27 @@ def test_vela_rescales_every_slice_of_a_wide_rescale_from_channel_0_on_u55():
         xs = tosa_inputs(fixed.io, seed)
         got, want = run(_compile(fixed, "ethos-u55-128"), xs).outputs, reference(fixed.serialize(), xs)
         assert all(np.array_equal(a.reshape(-1), b.reshape(-1)) for a, b in zip(got, want, strict=True))
+
+
+def concat_after_a_wide_rescale(clamp: bool, dtype=np.int16) -> Graph:
+    """CONCAT(a, RESCALE(int32 t) [-> CLAMP]) over channels: the RESCALE's result goes to channels 8..15."""
+    g = Graph()
+    t, a = g.input([1, 4, 4, 8], np.int32), g.input([1, 4, 4, 8], dtype)
+    r = g.rescale(t, [1, 4, 4, 8], np.int32, dtype, [1 << 30], [46])
+    if clamp:
+        info = np.iinfo(dtype)
+        r = g.op(ts.Op.CLAMP, [r], [1, 4, 4, 8], dtype,
+                 attr("Clamp", ts.TosaSerializer.convertDataToUint8Vec(ts.DType.INT16, np.array([info.min], dtype)),
+                      ts.TosaSerializer.convertDataToUint8Vec(ts.DType.INT16, np.array([info.max], dtype)),
+                      ts.NanPropagationMode.PROPAGATE))
+    g.op(ts.Op.CONCAT, [a, r], [1, 4, 4, 16], dtype, attr("Concat", 3), output=True)
+    return g
+
+
+def test_vela_writes_a_wide_rescale_at_channel_0_of_a_concat_on_u55():
+    for clamp in (False, True):
+        g = concat_after_a_wide_rescale(clamp)
+        xs = tosa_inputs(g.io, 0)
+        got = run(_compile(g, "ethos-u55-128"), xs).outputs[0].reshape(16, 16)
+        want = reference(g.serialize(), xs)[0].reshape(16, 16)
+        assert np.array_equal(got, want) == clamp  # wrong without the CLAMP, right with it
