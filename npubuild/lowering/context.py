@@ -152,10 +152,11 @@ class LoweringContext:
     node_ops: dict[str, list[str]] = field(default_factory=dict)  # onnx node name -> TOSA op names
     fused: set[str] = field(default_factory=set)  # nodes already lowered as part of a fused pattern (skipped)
     channel_rescales: dict[str, ChannelRescale] = field(default_factory=dict)  # by result name: see ChannelRescale
-    # results of a RESCALE from int32 (shape, dtype), and the full-range CLAMP a SLICE or CONCAT reads instead where
-    # the family's options say so (LoweringOptions.clamp_sliced_rescale)
+    # results of a RESCALE from int32 that Vela runs as an op of its own (shape, dtype), and the full-range CLAMP a
+    # SLICE or CONCAT reads instead where the family's options say so (LoweringOptions.clamp_sliced_rescale)
     wide_rescales: dict[str, tuple[tuple[int, ...], np.dtype]] = field(default_factory=dict)
     _sliced_copies: dict[str, str] = field(default_factory=dict)
+    producers: dict[str, str] = field(default_factory=dict)  # TOSA tensor -> the op that wrote it ("ADD", ...)
     shape_values: dict[str, tuple[int, ...]] = field(default_factory=dict)  # shape_const name -> its values
     current: onnx.NodeProto | None = None
     options: LoweringOptions = PORTABLE  # the forms this family's lowering takes (lowering/options.py)
@@ -509,4 +510,7 @@ class LoweringContext:
             inputs = [self._clamped_copy(t) if t in self.wide_rescales else t for t in inputs]
         self.ser.addOperator(op, inputs, outputs, attr)
         key = self.current.name if self.current is not None else "<boundary>"
-        self.node_ops.setdefault(key, []).append(str(op).split(".")[-1])
+        kind = str(op).split(".")[-1]
+        self.node_ops.setdefault(key, []).append(kind)
+        for out in outputs:
+            self.producers[out] = kind
