@@ -12,6 +12,10 @@ every other node stays within 1, as the table's node column shows). The
 weight-streaming autoencoder also gets `anomaly_detection_8x4.yaml` (`weights: int4`). Builds everything with
 `npubuild build` and prints one row per build: time, SRAM and off-chip bytes against the 8x8 build, the TOSA
 check (per-node and end-to-end LSB, SNR against the QDQ model), accuracy against float (quant SNR) and npu-sim.
+The times come through the .ini npubuild writes for the target profile; the `named` column compiles the build's
+and its 8x8 build's NPU partitions again with Vela's bundled vela.ini and the named system config the profile
+mirrors (bench/peer_vela.py: Vela 5.2 takes the U55's AXI width from the config's *name*) and says whether both
+inference times are the same there (`=`), else gives them.
 bench/precision_examples.md keeps a run.
 """
 
@@ -19,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -72,13 +77,50 @@ def row(b: dict, base: dict | None) -> str:
             f"{'-' if sim is None else ('yes' if sim else 'NO')} |")
 
 
+def named_ms(build_dir: Path, entry: dict, work: Path) -> float | None:
+    """Vela's inference ms for a build's NPU partitions under Vela's bundled .ini and the named config."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import peer_vela
+
+    from npubuild.config.accelerator import Accelerator
+    from npubuild.ethosu.vela import npu_partitions
+    from npubuild.records.lower import LowerRecord
+
+    if "tosa" not in entry.get("artifacts", {}):
+        return None
+    lower_dir = Path(entry["artifacts"]["tosa"]).parent
+    acc = entry.get("accelerator") or entry["target"]
+    stage = peer_vela.vela_stage_dir(entry, build_dir)
+    parts = [peer_vela.vela(tosa, acc, peer_vela.vela_options(stage / "stage.json"),
+                            work / f"{entry['spec']}-{entry['model']}-{entry['target']}-{i}")
+             for i, tosa, _ in npu_partitions(LowerRecord.read(lower_dir / "io.json"), lower_dir,
+                                              Accelerator.parse(acc).lowering_family)]
+    return peer_vela.combine(parts)["inference_ms"] if parts else None
+
+
+def named_cell(build_dir: Path, b: dict, base: dict | None, work: Path) -> str:
+    """`=` when Vela's bundled named config gives the build (and its 8x8 build) the reported time, else its ms."""
+    cells = []
+    for entry in (b, base):
+        if entry is None or entry["metrics"].get("inference_ms") is None:
+            continue
+        ms = named_ms(build_dir, entry, work)
+        if ms is None:
+            cells.append("-")
+        else:
+            cells.append("=" if abs(ms - entry["metrics"]["inference_ms"]) < 5e-6 else f"{ms:.4g}")
+    return "/".join(cells) or "-"
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--work", type=Path, required=True)
     ap.add_argument("-n", "--jobs", type=int, default=2)
     ap.add_argument("--only", nargs="*", default=[], help="example spec file stems")
     ap.add_argument("--no-build", action="store_true", help="print the table of the last build in --work")
+    ap.add_argument("--no-named", action="store_true", help="skip the named-config recompile")
     args = ap.parse_args()
+    os.environ.setdefault("VELA", str(Path(sys.executable).parent / "vela"))  # peer_vela: this venv's Vela 5.2
     work = args.work.resolve()
     if not args.no_build:
         if (work / "configs").exists():
@@ -94,13 +136,15 @@ def main() -> int:
     report = json.loads((work / "build" / "report.json").read_text())
     by_id = {(b["spec"], b["model"], b["target"]): b for b in report["builds"]}
     print("| spec | model | target | status | ms (vs 8x8) | SRAM KiB (vs 8x8) | off-chip KiB (vs 8x8) | node LSB | "
-          "output LSB | SNR vs QDQ dB | quant SNR vs float dB (8x8 -> this) | npu-sim bit-exact |")
-    print("|---|---|---|---|---:|---:|---:|---:|---:|---:|---|---|")
+          "output LSB | SNR vs QDQ dB | quant SNR vs float dB (8x8 -> this) | npu-sim bit-exact | named config "
+          "(this/8x8) |")
+    print("|---|---|---|---|---:|---:|---:|---:|---:|---:|---|---|---|")
     for (spec, model, target), b in sorted(by_id.items()):
         if not spec.endswith(("_16x8", "_8x4")):
             continue
         base = by_id.get((spec.rsplit("_", 1)[0], model, target))
-        print(row(b, base))
+        named = "-" if args.no_named else named_cell(work / "build", b, base, work / "named")
+        print(f"{row(b, base)} {named} |", flush=True)
     return 0
 
 

@@ -14,7 +14,8 @@
 3. One row of a [rows, 1, C] tensor (a recurrent layer's time step) sliced, reshaped and widened to int32 by a
    RESCALE Vela does not fuse into the ADD after it (Ethos-U55/U65): Vela copies the row with an OFM tile base
    that loses it (npu-sim reads row 1 where TOSA takes row 2). int8 builds widen by 2**20, which Vela fuses into
-   the ADD, and the 16x8 ADD's operands are widened by 2**15, which Vela fuses too. U85 is right.
+   the ADD; the 16x8 ADD's 2**15 form is bit-exact on its own and in every example (what failed the 16x8 GRU on
+   U55 was item 4). U85 is right.
 4. Two SLICEs of the result of a RESCALE from int32 (an int16 sigmoid's TABLE result, split into a GRU's update
    and reset gates), on Ethos-U55/U65: Vela moves each SLICE ahead of the RESCALE and runs the RESCALE, as a MUL,
    over all channels from channel 0 for each, into a buffer sized for the slice (npu-sim stops on the
@@ -23,8 +24,9 @@
    fuses into the RESCALE's own NPU op, avoids it: the U55/U65 lowering emits it
    (LoweringOptions.clamp_sliced_rescale). U85 is right either way.
 5. The result of a RESCALE from int32 written into a CONCAT after its first input (Ethos-U55/U65), int8 or int16:
-   Vela writes it at the CONCAT's channel 0, over the first input. An int16 average pool's mean (int32 sums
-   rescaled) concatenated in ppocrv4_rec_48x160 hit it. The same CLAMP avoids it (no NPU op more on U55).
+   Vela writes it at the CONCAT's channel 0, over the first input. An int16 activation (TABLE, then the RESCALE of
+   its int32 result) concatenated in ppocrv4_rec_48x160 hit it (p2o.Concat.8: 132493 of 132500 outputs wrong on
+   U55). The same CLAMP avoids it, at no NPU op or cycle more on U55.
 """
 
 from __future__ import annotations
