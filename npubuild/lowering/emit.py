@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 import tosa_serializer as ts
 
-from npubuild.lowering.context import ChannelRescale, LoweringContext, TTensor, identity, inverse
+from npubuild.lowering.context import ChannelRescale, LoweringContext, TTensor, WideRescale, identity, inverse
 from npubuild.lowering.quant import INT48, QParams, multiplier_shift
 
 Op = ts.Op
@@ -65,8 +65,9 @@ def rescale(
     ]
     rescale_attr = attr("Rescale", scale32, ts.RoundingMode.SINGLE_ROUND, per_channel, False, False)
     ctx.op(Op.RESCALE, inputs, [out.name], rescale_attr)
-    if x.dtype == np.int32 and out_dtype != np.int32 and ctx.producers.get(x.name) not in FUSES_OUTPUT_RESCALE:
-        ctx.wide_rescales[out.name] = (tuple(x.shape), out_dtype)
+    source = ctx.producers.get(x.name, "input")
+    if x.dtype == np.int32 and out_dtype != np.int32 and source not in FUSES_OUTPUT_RESCALE:
+        ctx.wide_rescales[out.name] = WideRescale(tuple(x.shape), out_dtype, source)
     if per_channel and np.dtype(x.dtype).itemsize <= 2:  # an int8/int16 -> int8 rescale Vela runs as a pool (not a
         # conv's int32 accumulator scaling, which Vela fuses into the conv: a SLICE of that int32 tensor is worse)
         ctx.channel_rescales[out.name] = ChannelRescale(x.name, np.dtype(x.dtype), mult.astype(np.int32),
