@@ -197,9 +197,10 @@ def named_config_ms(build_dir: Path, entry: dict, work: Path) -> float | None:
     from npubuild.ethosu.vela import npu_partitions
     from npubuild.records.lower import LowerRecord
 
-    if "tosa" not in entry.get("artifacts", {}):
+    arts = entry.get("artifacts", {})
+    if "tosa" not in arts and "io" not in arts:
         return None
-    lower_dir = Path(entry["artifacts"]["tosa"]).parent
+    lower_dir = Path(arts["tosa"] if "tosa" in arts else arts["io"]).parent  # io.json: a graph split around host ops
     acc = entry.get("accelerator") or entry["target"]
     stage = peer_vela.vela_stage_dir(entry, build_dir)
     parts = [peer_vela.vela(tosa, acc, peer_vela.vela_options(stage / "stage.json"),
