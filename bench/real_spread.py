@@ -19,6 +19,11 @@ denominator are kept and the pooled figure, the per-set figures and a paired boo
 replacement, the same draw for every quantiser: 2000 draws) of npubuild minus each peer are computed from
 them. A difference whose 95% interval holds 0 is not significant: the sets cannot tell the two apart.
 Outputs are cached under DIR/.bench/spread by the hash of what they depend on.
+
+`--candidates` also builds every recipe npubuild's quantize stage chooses among (frontend/ptq/choose.py: each
+range estimator, bias correction, equalisation; its recorded `quantization.candidates`), each with the recipe
+fixed (quantize_chosen on the build's imported model and the same calibration), and measures each at the task
+level: whether the recipe the choice took (by SNR on calibration rows) is the one the held-out task prefers.
 """
 
 from __future__ import annotations
@@ -167,6 +172,40 @@ def outputs(real: Path, name: str, sets: list[Path], report: dict, cache: rm.Cac
     return counts, joined
 
 
+def candidate_outputs(real: Path, name: str, sets: list[Path], report: dict, cache: rm.Cache) -> dict[str, Outputs]:
+    """Each recipe of the build's recorded choice, quantised with that recipe fixed, run on every set."""
+    import onnx
+
+    from npubuild.config.schema import Quantization
+    from npubuild.frontend.data import load_arrays
+    from npubuild.frontend.quantize import quantize_chosen
+
+    build = next(b for b in report["builds"] if b["spec"] == name and b["target"] == TARGET)
+    float_path = Path(build["artifacts"]["float"])
+    model = onnx.load(str(float_path))
+    cal_path = next(p for p in (real / "calib" / f"{name}.npz", real / "calib" / f"{name}.npy") if p.is_file())
+    calib = load_arrays(cal_path, model)
+    out: dict[str, Outputs] = {}
+    for cand in build["metrics"]["quantization"]["candidates"]:
+        method, *extra = cand.split("+")
+        q = {**Quantization().model_dump(), "method": method, "bias_correction": "bias_correction" in extra,
+             "equalization": "equalization" in extra}
+        path = cache.root / f"cand-{name}-{cand}-{rm.sha(float_path, cal_path, q, rm.file_sha(rm.REPO / 'npubuild/frontend/quantize.py'))}.onnx"
+        if not path.is_file():
+            qdq, _ = quantize_chosen(float_path, model, calib, q)
+            tmp = path.with_suffix(".tmp.onnx")
+            onnx.save(qdq, str(tmp))
+            tmp.replace(path)
+        runs = []
+        for s in sets:
+            ev = next(p for p in (s / f"{name}.npz", s / f"{name}.npy") if p.is_file())
+            feeds = load_arrays(ev, model)
+            runs.append(rm.unpack(cache.get("spread", rm.sha(path, ev, "qdq"), lambda path=path, feeds=feeds: rm.pack(
+                rm.run_samples(rm.onnx_runner(path, True), feeds, False)))))
+        out[f"candidate {cand}"] = {o: np.concatenate([r[o] for r in runs]) for o in runs[0]}
+    return out
+
+
 def measure(name: str, counts: list[int], outs: dict[str, Outputs], seed: int = 0) -> dict:
     terms = {k: TERMS[name](outs["float"], v) for k, v in outs.items() if k != "float"}
     edges = np.cumsum([0, *counts])
@@ -215,6 +254,7 @@ def main() -> int:
     ap.add_argument("--sets", type=Path, nargs="*", default=[], help="more evaluation sets (real_eval_data.py --seed)")
     ap.add_argument("--only", nargs="+", default=sorted(TERMS), choices=sorted(TERMS), metavar="NAME")
     ap.add_argument("--deployed", nargs="*", default=[], metavar="NAME", help="also run these models' deployable")
+    ap.add_argument("--candidates", action="store_true", help="also every recipe the quantize stage chose among")
     ap.add_argument("--tf-python", default=None)
     ap.add_argument("--tflite-dir", type=Path, default=None)
     ap.add_argument("--md", type=Path, default=HERE / "real_spread.md")
@@ -227,6 +267,8 @@ def main() -> int:
     for name in a.only:
         sets = [real / "eval", *[s.resolve() for s in a.sets if any(s.glob(f"{name}.np*"))]]
         counts, outs = outputs(real, name, sets, report, cache, name in a.deployed, a.tf_python, a.tflite_dir)
+        if a.candidates:
+            outs.update(candidate_outputs(real, name, sets, report, cache))
         rows[name] = measure(name, counts, outs)
         print(table({name: rows[name]}), file=sys.stderr)
     text = ("# Real models: how far apart the quantisers' task figures are (issue 30)\n\n"
