@@ -20,7 +20,7 @@ replacement, the same draw for every quantiser: 2000 draws) of npubuild minus ea
 them. A difference whose 95% interval holds 0 is not significant: the sets cannot tell the two apart.
 Outputs are cached under DIR/.bench/spread by the hash of what they depend on.
 
-`--candidates` also builds every recipe npubuild's quantize stage chooses among (frontend/ptq/choose.py: each
+`--candidates NAME ...` also builds every recipe npubuild's quantize stage chooses among (frontend/ptq/choose.py: each
 range estimator, bias correction, equalisation; its recorded `quantization.candidates`), each with the recipe
 fixed (quantize_chosen on the build's imported model and the same calibration), and measures each at the task
 level: whether the recipe the choice took (by SNR on calibration rows) is the one the held-out task prefers.
@@ -254,7 +254,8 @@ def main() -> int:
     ap.add_argument("--sets", type=Path, nargs="*", default=[], help="more evaluation sets (real_eval_data.py --seed)")
     ap.add_argument("--only", nargs="+", default=sorted(TERMS), choices=sorted(TERMS), metavar="NAME")
     ap.add_argument("--deployed", nargs="*", default=[], metavar="NAME", help="also run these models' deployable")
-    ap.add_argument("--candidates", action="store_true", help="also every recipe the quantize stage chose among")
+    ap.add_argument("--candidates", nargs="*", default=[], metavar="NAME",
+                    help="also every recipe the quantize stage chose among, for these models")
     ap.add_argument("--tf-python", default=None)
     ap.add_argument("--tflite-dir", type=Path, default=None)
     ap.add_argument("--md", type=Path, default=HERE / "real_spread.md")
@@ -267,7 +268,7 @@ def main() -> int:
     for name in a.only:
         sets = [real / "eval", *[s.resolve() for s in a.sets if any(s.glob(f"{name}.np*"))]]
         counts, outs = outputs(real, name, sets, report, cache, name in a.deployed, a.tf_python, a.tflite_dir)
-        if a.candidates:
+        if name in a.candidates:
             outs.update(candidate_outputs(real, name, sets, report, cache))
         rows[name] = measure(name, counts, outs)
         print(table({name: rows[name]}), file=sys.stderr)
