@@ -275,7 +275,12 @@ def main() -> int:
     text = ("# Real models: how far apart the quantisers' task figures are (issue 30)\n\n"
             "`python bench/real_spread.py` (its docstring says how): the task figures of bench/real_models.md on "
             "the table's evaluation set and more sets made the same way with other seeds; the interval is a paired "
-            f"bootstrap ({DRAWS} draws of the samples) of npubuild minus each peer, in points.\n\n" + table(rows))
+            f"bootstrap ({DRAWS} draws of the samples) of npubuild minus each peer, in points. Compared: npubuild's "
+            "deployable (ethos-u85-256, virtual device) where measured, else its QDQ model; `candidate X` rows: "
+            "the recipe X of the choice built alone (a named minmax/percentile is onnxruntime's own calibrator, "
+            "the build's are npubuild's statistics: a few tenths of a percent apart in range).\n\n"
+            f"Run: `{' '.join(['bench/real_spread.py', *(x if not x.startswith('/') else Path(x).name for x in sys.argv[1:])])}`\n\n"
+            + table(rows))
     a.md.write_text(text)
     if a.json:
         a.json.write_text(json.dumps(rows, indent=1) + "\n")
