@@ -117,7 +117,7 @@ def bootstrap(a: np.ndarray, b: np.ndarray, rng: np.random.Generator) -> tuple[f
 
 
 def outputs(real: Path, name: str, sets: list[Path], report: dict, cache: rm.Cache, deployed: bool,
-            tf_python: str | None, tflite_dir: Path | None) -> tuple[list[int], dict[str, Outputs]]:
+            tf_python: str | None, tflite_dir: Path | None, target: str = TARGET) -> tuple[list[int], dict[str, Outputs]]:
     """Each quantiser's outputs (and float's) on every set, concatenated; the sample count per set."""
     import onnx
 
@@ -127,7 +127,7 @@ def outputs(real: Path, name: str, sets: list[Path], report: dict, cache: rm.Cac
     cal_path = next(p for p in (real / "calib" / f"{name}.npz", real / "calib" / f"{name}.npy") if p.is_file())
     model = onnx.load(str(onnx_path), load_external_data=False)
     calib = load_arrays(cal_path, model)
-    build = next(b for b in report["builds"] if b["spec"] == name and b["target"] == TARGET)
+    build = next(b for b in report["builds"] if b["spec"] == name and b["target"] == target)
     qdq_path = Path(build["artifacts"]["qdq"])
     ort_models: dict[str, Path] = {}
     for method in rm.ORT_METHODS:  # quantised once, kept beside the cache
@@ -256,6 +256,7 @@ def main() -> int:
     ap.add_argument("--deployed", nargs="*", default=[], metavar="NAME", help="also run these models' deployable")
     ap.add_argument("--candidates", nargs="*", default=[], metavar="NAME",
                     help="also every recipe the quantize stage chose among, for these models")
+    ap.add_argument("--target", default=TARGET, choices=rm.TARGETS, help="whose deployable --deployed runs")
     ap.add_argument("--tf-python", default=None)
     ap.add_argument("--tflite-dir", type=Path, default=None)
     ap.add_argument("--md", type=Path, default=HERE / "real_spread.md")
@@ -267,7 +268,8 @@ def main() -> int:
     rows = {}
     for name in a.only:
         sets = [real / "eval", *[s.resolve() for s in a.sets if any(s.glob(f"{name}.np*"))]]
-        counts, outs = outputs(real, name, sets, report, cache, name in a.deployed, a.tf_python, a.tflite_dir)
+        counts, outs = outputs(real, name, sets, report, cache, name in a.deployed, a.tf_python, a.tflite_dir,
+                               a.target)
         if name in a.candidates:
             outs.update(candidate_outputs(real, name, sets, report, cache))
         rows[name] = measure(name, counts, outs)
@@ -276,7 +278,7 @@ def main() -> int:
             "`python bench/real_spread.py` (its docstring says how): the task figures of bench/real_models.md on "
             "the table's evaluation set and more sets made the same way with other seeds; the interval is a paired "
             f"bootstrap ({DRAWS} draws of the samples) of npubuild minus each peer, in points. Compared: npubuild's "
-            "deployable (ethos-u85-256, virtual device) where measured, else its QDQ model; `candidate X` rows: "
+            f"deployable ({a.target}, virtual device) where measured, else its QDQ model; `candidate X` rows: "
             "the recipe X of the choice built alone (a named minmax/percentile is onnxruntime's own calibrator, "
             "the build's are npubuild's statistics: a few tenths of a percent apart in range).\n\n"
             f"Run: `{' '.join(['bench/real_spread.py', *(x if not x.startswith('/') else Path(x).name for x in sys.argv[1:])])}`\n\n"
