@@ -8,7 +8,7 @@ the input only ever holds the zero initial state (exact on any int8 grid) or wha
 output's grid is the right one for it: the codes then go straight back (a copy) and a step adds no
 rounding of its own. What it buys is the device's loop, not accuracy: on Silero VAD over 250 windows
 (five range estimators) the decisions moved by at most two windows either way (-0.4..+0.8 points of
-agreement with float) and the output SNR by -1.1..+1.5 dB (/work/notes/issue-30-audio.md).
+agreement with float) and the output SNR by -1.1..+1.5 dB (bench/real_models.md, Silero's notes).
 
 The input's grid reaches the ops that only move its values (Gather, Slice, Reshape..., whose output
 onnxruntime quantises with their input's parameters): they are moved with it.
