@@ -298,16 +298,15 @@ def quantize_model(float_model: Path, quantization: Quantization, calibration: C
         arrays = held_back.calibration_rows(arrays)
     qdq, choice = quantize_chosen(float_model, model, arrays,
                                   resolve_auto(quantization.model_dump(), calibration.model_dump()), feedback)
+    recipe = choice.to_json()
+    if feedback:  # which fed-back states share their output's grid (each candidate was tied as it was built)
+        recipe["feedback"] = tie_feedback(qdq, feedback)
     write_bytes(out, qdq.SerializeToString())
     counts = {"QuantizeLinear": 0, "DequantizeLinear": 0}
     for n in qdq.graph.node:
         if n.op_type in counts:
             counts[n.op_type] += 1
-    metrics = {"calibration_samples": int(next(iter(arrays.values())).shape[0]), "quantization": choice.to_json(),
-               **counts}
-    if feedback:  # which fed-back states share their output's grid (a float or 16-bit side cannot)
-        metrics["feedback_tied"] = tie_feedback(qdq, feedback)
-    return metrics
+    return {"calibration_samples": int(next(iter(arrays.values())).shape[0]), "quantization": recipe, **counts}
 
 
 RANDOM_CALIBRATION = {"method": "minmax", "bias_correction": False, "equalization": False}

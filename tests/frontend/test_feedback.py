@@ -80,12 +80,12 @@ def test_a_fed_back_state_shares_its_outputs_grid(tmp_path: Path):
     """With `feedback` the state's input is quantised on stateN's grid, so copying the output's codes back is
     the same stream as a float round trip; without it the grids differ and copied codes give another stream."""
     tied, metrics = _quantised(tmp_path, {"stateN": "state"})
-    assert metrics["feedback_tied"] == {"stateN": "state"}
+    assert metrics["quantization"]["feedback"] == {"stateN": "state"}
     assert _params(tied, "state", "QuantizeLinear") == _params(tied, "stateN", "DequantizeLinear")
     np.testing.assert_array_equal(_stream(tied, copy_codes=True), _stream(tied, copy_codes=False))
 
     apart, metrics = _quantised(tmp_path, None)
-    assert "feedback_tied" not in metrics
+    assert "feedback" not in metrics["quantization"]
     assert _params(apart, "state", "QuantizeLinear") != _params(apart, "stateN", "DequantizeLinear")
     assert not np.array_equal(_stream(apart, copy_codes=True), _stream(apart, copy_codes=False))
 
