@@ -82,6 +82,10 @@ class LoweringOptions:
     # depthwise of ones, then REDUCE_SUM over H (reduction.int_sum), within these limits: Vela transposes
     # W times less int32 data than for one REDUCE_SUM over H*W, for W*C bytes of ones weights
     plane_rows: PlaneRowsLimits | None = None
+    # ... or, before those, as exact int16 row sums by an AVG_POOL2D (1, W) of (x - zp) W in bands of rows, then
+    # REDUCE_SUM over H (reduction.pooled_row_sums): no constant at all where Vela's REDUCE_SUM of a zero-point
+    # input stores ones weights or a Sub constant; slower (MobileNetV3 block U55-128 0.57 -> 0.93 ms): size mode's
+    plane_pool_rows: bool = False
     # layer norm: seed widened by one ADD next to an int32 operand; table index as one RESCALE (norm_rows)
     norm_widen_add: bool = False
     norm_index_rescale: bool = False
