@@ -163,13 +163,16 @@ def _on(field: str, op_types: tuple[str, ...]) -> Choice:
 
 # optimise: size. The forms bench/perf_choices.md measured as buying time with memory: the row sums' ones
 # weights and scales, the depthwise requantise and copies' per-channel constants, the layer norm's gamma / beta
-# depthwise scales, zero kernel taps (weights), the staged input copy, the concat orders' copies; each tried off
-# and kept off where neither SRAM nor off-chip grows and one shrinks. Then the forms that store less than any
+# depthwise scales, zero kernel taps (weights), the staged input copy, the concat orders' copies, the upsample
+# halves' shared row pad (its depthwise copy's constants: unet_torch U55-128 34.78 -> 34.44 KiB off-chip, SRAM
+# 178.3 -> 177.3); each tried off and kept off where neither SRAM nor off-chip grows and one shrinks. Then the forms that store less than any
 # of those for more time: a changing-scale plane mean's sum with no constant (MobileNetV3 block's SE and head
 # means: 10.62 -> 9.50 KiB off-chip on U55-128, the ExecuTorch route's own figure, for 0.57 -> 0.93 ms).
 SIZE_CHOICES: tuple[Choice, ...] = tuple(_off(f) for f in (
     "plane_rows", "dw_requantize", "concat_copy", "norm_affine_one_row", "dilation_taps",
     "conv_stride_taps", "staged_input_min_row", "concat_order")) + (
+    Choice("shared_row_pad off (for memory)", lambda m, o: o.bilinear_channel_split and o.shared_row_pad,
+           lambda o: [replace(o, shared_row_pad=False)]),
     _on("plane_pool_rows", ("GlobalAveragePool", "AveragePool", "ReduceMean", "ReduceSum")),)
 
 
