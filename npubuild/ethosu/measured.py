@@ -125,24 +125,12 @@ def feature_map_matmuls(model: onnx.ModelProto) -> list[str]:
 MATMUL_PRODUCTS = NodeChoice("MatMul of feature maps as products and a sum",
                              lambda m, o: [] if o.matmul_products else feature_map_matmuls(m),
                              lambda o, nodes: replace(o, matmul_products_nodes=nodes))
-# A normalisation's affine step with no beta and no negative gamma (torch's default gamma = 1, beta = 0) as one
-# RESCALE of the int16 normalised value, not the depthwise conv: the same integers, no per-channel bias and scale
-# (10 bytes a channel in Vela's weight stream: transformer_torch's four layer norms 77.44 -> 74.89 KiB off-chip
-# on U55-128), faster on U85-256 (0.0639 -> 0.0624 ms) but slower on U55-128 / U65-256 (0.408 -> 0.417, 0.225 ->
-# 0.229 ms: Vela runs the lone RESCALE as its own pass): measured per model. A model whose affine steps all have a
-# beta lowers the same both ways and compiles nothing.
-NORM_AFFINE_RESCALE = Choice("normalisation affine as a RESCALE",
-                             lambda m, o: not o.norm_affine_rescale and (has_op(m, "LayerNormalization")
-                                                                         or has_op(m, "InstanceNormalization")),
-                             lambda o: [replace(o, norm_affine_rescale=True)])
 CHOICES: dict[str, tuple[Choice | NodeChoice, ...]] = {
-    "u55": (NORM_AFFINE_RESCALE,),
     "u65": (MATMUL_PRODUCTS, Choice("narrow image input planar",
                                     lambda m, o: o.planar_input_channels is not None and narrow_image(m),
-                                    lambda o: [replace(o, planar_input_channels=None)]), STAGED_INPUT,
-            NORM_AFFINE_RESCALE),
-    "u85": (PRELU_SELECT, STAGED_INPUT, PHASES, SMALL_PLANE_ROWS, NORM_AFFINE_RESCALE),
-    "u85wide": (PRELU_SELECT, STAGED_INPUT, PHASES, SMALL_PLANE_ROWS, NORM_AFFINE_RESCALE),
+                                    lambda o: [replace(o, planar_input_channels=None)]), STAGED_INPUT),
+    "u85": (PRELU_SELECT, STAGED_INPUT, PHASES, SMALL_PLANE_ROWS),
+    "u85wide": (PRELU_SELECT, STAGED_INPUT, PHASES, SMALL_PLANE_ROWS),
 }
 
 
@@ -167,13 +155,23 @@ def _on(field: str, op_types: tuple[str, ...]) -> Choice:
 # halves' shared row pad (its depthwise copy's constants: unet_torch U55-128 34.78 -> 34.44 KiB off-chip, SRAM
 # 178.3 -> 177.3); each tried off and kept off where neither SRAM nor off-chip grows and one shrinks. Then the forms that store less than any
 # of those for more time: a changing-scale plane mean's sum with no constant (MobileNetV3 block's SE and head
-# means: 10.62 -> 9.50 KiB off-chip on U55-128, the ExecuTorch route's own figure, for 0.57 -> 0.93 ms).
+# means: 10.62 -> 9.50 KiB off-chip on U55-128, the ExecuTorch route's own figure, for 0.57 -> 0.96 ms), and a
+# normalisation's affine step with no beta and no negative gamma (torch's default gamma = 1, beta = 0) as one
+# RESCALE, not the depthwise conv: the same integers, no per-channel bias and scale (10 bytes a channel in Vela's
+# weight stream: transformer_torch's four layer norms 77.44 -> 74.89 KiB off-chip on U55-128), slower under
+# Vela's Performance everywhere (U55-128 0.408 -> 0.417, U65-256 0.179 -> 0.183, U85-256 0.0617 -> 0.0624 ms:
+# Vela runs the lone RESCALE as a pass of its own), so measured in size mode only. A model whose affine steps
+# all have a beta lowers the same both ways and compiles nothing.
+NORM_AFFINE_RESCALE = Choice("normalisation affine as a RESCALE",
+                             lambda m, o: not o.norm_affine_rescale and (has_op(m, "LayerNormalization")
+                                                                         or has_op(m, "InstanceNormalization")),
+                             lambda o: [replace(o, norm_affine_rescale=True)])
 SIZE_CHOICES: tuple[Choice, ...] = tuple(_off(f) for f in (
     "plane_rows", "dw_requantize", "concat_copy", "norm_affine_one_row", "dilation_taps",
     "conv_stride_taps", "staged_input_min_row", "concat_order")) + (
     Choice("shared_row_pad off (for memory)", lambda m, o: o.bilinear_channel_split and o.shared_row_pad,
            lambda o: [replace(o, shared_row_pad=False)]),
-    _on("plane_pool_rows", ("GlobalAveragePool", "AveragePool", "ReduceMean", "ReduceSum")),)
+    _on("plane_pool_rows", ("GlobalAveragePool", "AveragePool", "ReduceMean", "ReduceSum")), NORM_AFFINE_RESCALE)
 
 
 def vela_figures(tosa: bytes, accelerator: str, optimise: str = "performance", layers: bool = False) -> dict | None:

@@ -122,8 +122,8 @@ class LoweringOptions:
     # a layer norm's gamma / beta depthwise conv on its rows as [1, 1, rows, K] instead of [1, rows, 1, K] (ops_norm)
     norm_affine_one_row: bool = False
     # ... and with no beta and no negative gamma as one RESCALE of the int16 normalised value instead (ops/norm.
-    # _affine_as_rescale: the same integers), no per-channel bias and scale in Vela's weight stream (measured per
-    # model: smaller everywhere, faster on U85, slower on U55 / U65: ethosu/measured.NORM_AFFINE_RESCALE)
+    # _affine_as_rescale: the same integers), no per-channel bias and scale in Vela's weight stream; slower under
+    # Vela's Performance on every family: size mode's memory choice (ethosu/measured.NORM_AFFINE_RESCALE)
     norm_affine_rescale: bool = False
     # a transposed conv whose kernel equals its stride (no two taps meet: a U-Net's 2x2 / 2 upsampling) as one
     # 1x1 CONV2D of every phase as channels, then the depth-to-space shuffle (ops_conv.phases_conv: the same
