@@ -153,7 +153,8 @@ def _on(field: str, op_types: tuple[str, ...]) -> Choice:
 # weights and scales, the depthwise requantise and copies' per-channel constants, the layer norm's gamma / beta
 # depthwise scales, zero kernel taps (weights), the staged input copy, the concat orders' copies, the upsample
 # halves' shared row pad (its depthwise copy's constants: unet_torch U55-128 34.78 -> 34.44 KiB off-chip, SRAM
-# 178.3 -> 177.3); each tried off and kept off where neither SRAM nor off-chip grows and one shrinks. Then the forms that store less than any
+# 178.3 -> 177.3); each tried off and kept off where neither SRAM nor off-chip grows and one shrinks; U65's
+# whole upsample tried in halves. Then the forms that store less than any
 # of those for more time: a changing-scale plane mean's sum with no constant (MobileNetV3 block's SE and head
 # means: 10.62 -> 9.50 KiB off-chip on U55-128, the ExecuTorch route's own figure, for 0.57 -> 0.96 ms), and a
 # normalisation's affine step with no beta and no negative gamma (torch's default gamma = 1, beta = 0) as one
@@ -171,6 +172,10 @@ SIZE_CHOICES: tuple[Choice, ...] = tuple(_off(f) for f in (
     "conv_stride_taps", "staged_input_min_row", "concat_order")) + (
     Choice("shared_row_pad off (for memory)", lambda m, o: o.bilinear_channel_split and o.shared_row_pad,
            lambda o: [replace(o, shared_row_pad=False)]),
+    # U65 upsamples whole for time; in halves its replicated intermediate's peak is half (unet_torch U65-256 SRAM
+    # 195.0 -> 177.5 KiB, off-chip 38.72 -> 38.42, 0.364 -> 0.378 ms)
+    Choice("bilinear_channel_split on (for memory)", lambda m, o: o.bilinear_2x and not o.bilinear_channel_split
+           and has_op(m, "Resize"), lambda o: [replace(o, bilinear_channel_split=True)]),
     _on("plane_pool_rows", ("GlobalAveragePool", "AveragePool", "ReduceMean", "ReduceSum")), NORM_AFFINE_RESCALE)
 
 
