@@ -78,6 +78,14 @@ SMALL_PLANE_ROWS = Choice("row sums for small plane means",
                           lambda o: [replace(o, plane_rows=replace(o.plane_rows, min_elements=0))])
 
 
+# U55-128 keeps row sums to planes of at least 8 rows and columns; DS-CNN's 25x5x64 head and the KWS's narrow plane
+# run faster with them too (0.1547 -> 0.1537, 0.0608 -> 0.0606 ms), other models' planes may not: measured per model.
+NARROW_PLANE_ROWS = Choice("row sums for narrow plane means",
+                           lambda m, o: o.plane_rows is not None and o.plane_rows.min_side > 2,
+                           lambda o: [replace(o, plane_rows=replace(o.plane_rows, min_side=2, min_plane=0,
+                                                                     min_elements=0))])
+
+
 def has_op(model: onnx.ModelProto, op_type: str) -> bool:
     return any(n.op_type == op_type for n in model.graph.node)
 
@@ -126,6 +134,7 @@ MATMUL_PRODUCTS = NodeChoice("MatMul of feature maps as products and a sum",
                              lambda m, o: [] if o.matmul_products else feature_map_matmuls(m),
                              lambda o, nodes: replace(o, matmul_products_nodes=nodes))
 CHOICES: dict[str, tuple[Choice | NodeChoice, ...]] = {
+    "u55": (NARROW_PLANE_ROWS,),
     "u65": (MATMUL_PRODUCTS, Choice("narrow image input planar",
                                     lambda m, o: o.planar_input_channels is not None and narrow_image(m),
                                     lambda o: [replace(o, planar_input_channels=None)]), STAGED_INPUT),

@@ -129,17 +129,17 @@ def test_u85_decides_the_prelu_form_node_by_node(tmp_path: Path):
     assert (tmp_path / part.file).read_bytes() == lower_model(model, "int", options=options).tosa
 
 
-def se_pool_model():
-    """Conv -> Relu -> GlobalAveragePool over a 16x16x32 map: a plane mean at a new scale."""
+def se_pool_model(h: int = 16, w: int = 16, c: int = 32):
+    """Conv -> Relu -> GlobalAveragePool over an h x w x c map: a plane mean at a new scale."""
     rng = np.random.default_rng(0)
     nodes = [helper.make_node("Conv", ["x", "w0"], ["c0"], name="conv0"),
              helper.make_node("Relu", ["c0"], ["r0"], name="relu0"),
              helper.make_node("GlobalAveragePool", ["r0"], ["y"], name="mean")]
-    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8, 16, 16])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 32, 1, 1])],
-                              [numpy_helper.from_array(rng.normal(0, 0.3, (32, 8, 1, 1)).astype(np.float32), "w0")])
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8, h, w])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, c, 1, 1])],
+                              [numpy_helper.from_array(rng.normal(0, 0.3, (c, 8, 1, 1)).astype(np.float32), "w0")])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    return quantize_model(model, calib("x", [1, 8, 16, 16], n=4))
+    return quantize_model(model, calib("x", [1, 8, h, w], n=4))
 
 
 def layer_norm_model():
@@ -170,3 +170,14 @@ def test_size_mode_measures_the_forms_that_store_less(make, name):
     assert form["offchip_kib"] < own["offchip_kib"]
     assert choice["taken"] == int(_pareto(own, form))
     assert choice["taken"] == (make is layer_norm_model)
+
+
+def test_u55_measures_row_sums_on_a_narrow_plane():
+    """DS-CNN's 25x5x64 head: U55's row-sum limits (8 rows and columns) leave it one REDUCE_SUM; the lower stage
+    measures the rows there too and keeps whichever Vela estimates faster (the same integers either way)."""
+    model = se_pool_model(25, 5, 64)
+    options, record = choose(model, "u55", lambda o: lower_model(model, "int", options=o))
+    (rows,) = [r for r in record if r["choice"] == "row sums for narrow plane means"]
+    own, narrow = rows["figures"]
+    assert rows["taken"] == int(narrow["ms"] < own["ms"])
+    assert (options.plane_rows.min_side == 2) == bool(rows["taken"])
