@@ -17,14 +17,15 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
-import shutil
 import subprocess
 import sys
 import textwrap
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from routes import make_project  # noqa: E402
+
 TARGETS = ["ethos-u55-128", "ethos-u65-256", "ethos-u85-256"]
 
 WORKER = textwrap.dedent("""
@@ -46,19 +47,6 @@ WORKER = textwrap.dedent("""
         files = sorted(str(p.relative_to(stage)) for p in stage.rglob("*_vela.*"))
     print(json.dumps({"wall": wall, "cpu": cpu, "files": files}))
 """)
-
-
-def make_project(work: Path) -> Path:
-    """A copy of configs/ whose specs all target the three reference targets."""
-    project = work / "project"
-    if project.exists():
-        shutil.rmtree(project)
-    shutil.copytree(REPO / "configs", project / "configs")
-    (project / "pyproject.toml").write_text("")
-    for spec in (project / "configs").glob("*.yaml"):
-        text = re.sub(r"^targets: \[.*\]$", f"targets: [{', '.join(TARGETS)}]", spec.read_text(), flags=re.M)
-        spec.write_text(text)
-    return project
 
 
 def build(project: Path, tree: Path) -> None:
@@ -94,7 +82,7 @@ def main() -> None:
     project = args.work / "project"
     build_dir = args.lowered or project / "build"
     if not args.lowered and not (args.reuse and (build_dir / "stages" / "lower").is_dir()):
-        project = make_project(args.work)
+        project = make_project(args.work, TARGETS)  # routes.py's copy of configs/
         build(project, trees[0][1])
     rows: dict[tuple[str, str, str], dict] = {}
     for model, io_path in lower_stages(build_dir):

@@ -238,11 +238,18 @@ class ModelSpec(Strict):
     calibration: Calibration = Calibration(random=RandomCalibration())
     evaluation: Evaluation | None = Field(default=None, description="The older form of `evaluate: {metric: top1}`")
     evaluate: Evaluate | None = None
+    feedback: dict[str, str] = Field(default={}, description=(
+        "A recurrent state the application feeds back: output name -> the input it is given to at the next "
+        "call (Silero VAD: {stateN: state}). The input is quantised on the output's grid, so the device copies "
+        "the output's codes straight back: no requantisation and no second rounding per step"))
 
     @model_validator(mode="after")
     def _one_evaluation(self) -> ModelSpec:
         if self.evaluation is not None and self.evaluate is not None:
             raise ValueError("give either 'evaluate' or the older 'evaluation', not both")
+        fed = list(self.feedback.values())
+        if len(set(fed)) < len(fed):
+            raise ValueError("feedback: an input is fed by two outputs")
         return self
 
     @property

@@ -17,23 +17,10 @@ from pathlib import Path
 import numpy as np
 
 from npubuild.errors import StageError
+from npubuild.npusim.npz import TensorPlace
 from npubuild.npusim.tflite import READ_ONLY, SCRATCH, SCRATCH_FAST, npu_operators
 
 RAW_RANK = 6  # Vela's raw output pads every I/O shape to six dimensions, leading 1s
-
-
-@dataclass(frozen=True)
-class Placed:
-    """One input or output of the command stream: Vela's raw shape, element size, region and byte offset."""
-
-    shape: tuple[int, ...]
-    elem_size: int
-    region: int
-    offset: int
-
-    @property
-    def nbytes(self) -> int:
-        return int(np.prod(self.shape)) * self.elem_size
 
 
 @dataclass(frozen=True)
@@ -42,8 +29,8 @@ class VelaArtifact:
     constants: bytes
     arena_bytes: int  # the scratch tensor (the arena the command stream addresses as region 1)
     fast_scratch_bytes: int  # the arena cache's fast scratch (0 without one: Shared_Sram, Sram_Only)
-    inputs: tuple[Placed, ...]
-    outputs: tuple[Placed, ...]
+    inputs: tuple[TensorPlace, ...]
+    outputs: tuple[TensorPlace, ...]
     fast_region: int  # SCRATCH_FAST with a fast scratch of its own; Vela's raw output says 0 without one
     weight_region: int = READ_ONLY
     scratch_region: int = SCRATCH
@@ -57,8 +44,8 @@ class VelaArtifact:
         (op,) = ops
         raw = op.model
 
-        def placed(p) -> Placed:
-            return Placed((1,) * (RAW_RANK - len(p.shape)) + tuple(p.shape), p.elem_size, p.region, p.offset)
+        def placed(p) -> TensorPlace:
+            return TensorPlace((1,) * (RAW_RANK - len(p.shape)) + tuple(p.shape), p.elem_size, p.region, p.offset)
 
         return cls(op.payload, raw.weights, raw.scratch_size, raw.fast_size, tuple(placed(p) for p in raw.inputs),
                    tuple(placed(p) for p in raw.outputs), SCRATCH_FAST if op.fast_of_its_own else 0)

@@ -15,9 +15,10 @@ from pathlib import Path
 
 from npubuild.config.schema import TargetProfile, VelaOptions
 from npubuild.errors import StageError
-from npubuild.ethosu.artifact import Placed, VelaArtifact
+from npubuild.ethosu.artifact import VelaArtifact
 from npubuild.ethosu.vela_ini import arena_cache_bytes, memory_mode_name
 from npubuild.fileio import write_json, write_text
+from npubuild.npusim.npz import TensorPlace
 from npubuild.records.iospec import GraphIO, IOSpec
 from npubuild.records.lower import PartitionRecord, Where
 
@@ -30,7 +31,7 @@ def c_ident(text: str) -> str:
     return ident if re.match(r"[A-Za-z_]", ident) else f"m_{ident}"
 
 
-def _io_entries(places: Sequence[Placed], kind: str, specs: Sequence[IOSpec]) -> list[dict]:
+def _io_entries(places: Sequence[TensorPlace], kind: str, specs: Sequence[IOSpec]) -> list[dict]:
     if len(places) != len(specs):  # Vela left out a graph input it does not read (nothing maps it)
         raise StageError(f"Vela's ethos-u operator has {len(places)} {kind}s where the TOSA graph has "
                          f"{len(specs)} ({', '.join(s.onnx_name for s in specs)}): the firmware's {kind} map "

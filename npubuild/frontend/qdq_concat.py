@@ -21,6 +21,8 @@ SCALE_PRESERVING = frozenset({"Resize", "MaxPool", "Reshape", "Transpose", "Sque
                               "Identity", "Slice", "Gather", "DepthToSpace", "SpaceToDepth"})
 
 Key = tuple[str, str]  # (scale initializer, zero-point initializer)
+# a value-moving op's input read elsewhere too keeps its own grid when the Concat's is this much coarser (2 bits)
+KEEP_APART_RANGE = 4.0
 
 
 class _Groups:
@@ -64,9 +66,17 @@ def _activation_keys(model: onnx.ModelProto) -> tuple[dict[str, Key], dict[str, 
     return dq_of, q_of
 
 
-def _link(model: onnx.ModelProto, inits: dict[str, onnx.TensorProto]) -> _Groups:
+def _link(model: onnx.ModelProto, inits: dict[str, onnx.TensorProto],
+          apart: frozenset[str] = frozenset()) -> tuple[_Groups, list[tuple[Key, Key, str]]]:
+    """The groups of keys that share one set of parameters, without the value-moving ops whose output is in
+    `apart`; and every value-moving link whose input other nodes read too: (input key, output key, output)."""
     dq_of, q_of = _activation_keys(model)
+    readers: dict[str, int] = {}
+    for n in model.graph.node:
+        for i in n.input:
+            readers[i] = readers.get(i, 0) + 1
     g = _Groups()
+    shared_inputs = []
     for n in model.graph.node:
         out = q_of.get(n.output[0]) if n.output else None
         if out is None or not _scalar_int8(inits, out):
@@ -78,8 +88,45 @@ def _link(model: onnx.ModelProto, inits: dict[str, onnx.TensorProto]) -> _Groups
                     g.union(k, out)
         elif n.op_type in SCALE_PRESERVING and n.input and (k := dq_of.get(n.input[0])) is not None \
                 and _values(inits, k) == _values(inits, out):
-            g.union(k, out)
-    return g
+            if readers.get(n.input[0], 0) > 1:
+                shared_inputs.append((k, out, n.output[0]))
+            if n.output[0] not in apart:
+                g.union(k, out)
+    return g, shared_inputs
+
+
+def _kept_apart(model: onnx.ModelProto, inits: dict[str, onnx.TensorProto], symmetric: bool) -> frozenset[str]:
+    """The outputs of value-moving ops into a Concat group whose input other nodes read too and whose own
+    range is more than KEEP_APART_RANGE times narrower than the group's union: sharing would coarsen what
+    those readers see (Silero VAD's LSTM h, read by its decoder and stacked with the ~28x wider cell state
+    c: 0.5 dB lost at the decoder's input, 0.3 dB at the VAD output). That op requantises instead (a RESCALE
+    of that input only)."""
+    groups, shared_inputs = _link(model, inits)
+    union = {}
+    for group in groups.groups():
+        scale, _ = union_params([_values(inits, k) for k in group], symmetric)
+        union.update(dict.fromkeys(group, scale))
+    return frozenset(name for k, out, name in shared_inputs
+                     if out in union and union[out] > KEEP_APART_RANGE * _values(inits, k)[0])
+
+
+def _own_parameters(model: onnx.ModelProto, inits: dict[str, onnx.TensorProto], tensor: str) -> None:
+    """Give `tensor`'s QuantizeLinear and its DequantizeLinears their own copies of the parameters they share
+    with the tensor they were moved from (onnxruntime names a value-moving op's output on its input's)."""
+    q = next(n for n in model.graph.node if n.op_type == "QuantizeLinear" and n.input[0] == tensor)
+    names = []
+    for old, suffix in zip(q.input[1:3], ("scale", "zero_point"), strict=True):
+        name, i = f"{tensor}_{suffix}", 0
+        while name in inits:
+            i += 1
+            name = f"{tensor}_{suffix}_{i}"
+        copy = numpy_helper.from_array(numpy_helper.to_array(inits[old]).copy(), name)
+        model.graph.initializer.append(copy)
+        inits[name] = model.graph.initializer[-1]
+        names.append(name)
+    for n in model.graph.node:
+        if n is q or n.op_type == "DequantizeLinear" and n.input[0] == q.output[0]:
+            n.input[1], n.input[2] = names
 
 
 def _scalar_int8(inits: dict[str, onnx.TensorProto], k: Key) -> bool:
@@ -107,7 +154,11 @@ def share_concat_scales(model: onnx.ModelProto, symmetric: bool = False) -> int:
     """Rewrite (in place) the parameters of each Concat group to their union; returns how many keys changed."""
     inits = {t.name: t for t in model.graph.initializer}
     changed = 0
-    for group in _link(model, inits).groups():
+    apart = _kept_apart(model, inits, symmetric)
+    for tensor in apart:
+        _own_parameters(model, inits, tensor)
+    groups, _ = _link(model, inits, apart)
+    for group in groups.groups():
         params = [_values(inits, k) for k in group]
         scale, zp = union_params(params, symmetric)
         for k, (s, z) in zip(group, params, strict=True):

@@ -26,6 +26,7 @@ from npubuild.frontend.data import calibration_arrays, graph_inputs
 from npubuild.frontend.passes import HOST_REASON
 from npubuild.frontend.ptq.choose import Choice, choose
 from npubuild.frontend.qdq_concat import share_concat_scales
+from npubuild.frontend.qdq_feedback import check_feedback, tie_feedback
 from npubuild.frontend.qdq_linear import fold_linear_bias
 from npubuild.frontend.qoperator import is_quantized
 from npubuild.frontend.quantized_ops import quantized_op_types
@@ -276,10 +277,13 @@ def _check_scales(qdq: onnx.ModelProto) -> None:
 
 
 def quantize_model(float_model: Path, quantization: Quantization, calibration: Calibration,
-                   calibration_npy: Path | None, out: Path, held_back: SampleSource | None = None) -> dict:
+                   calibration_npy: Path | None, out: Path, held_back: SampleSource | None = None,
+                   feedback: dict[str, str] | None = None) -> dict:
     """The quantize stage's work: the float model quantised to a QDQ model at `out` (one quantised by another
-    tool kept as it is); its metrics."""
+    tool kept as it is); its metrics. `feedback` (output -> input) ties a recurrent state's grids."""
     model = onnx.load(str(float_model))
+    feedback = feedback or {}
+    check_feedback(model, feedback)
     if len(model.graph.node) > MAX_QUANTIZE_NODES and not is_quantized(model):
         raise InputError(f"the model has {len(model.graph.node)} nodes; onnxruntime's quantiser takes time "
                          f"quadratic in the node count (minutes past {MAX_QUANTIZE_NODES}): quantise it with "
@@ -293,14 +297,16 @@ def quantize_model(float_model: Path, quantization: Quantization, calibration: C
     if held_back is not None:  # the rows the checks verify on calibrate nothing (frontend/samples.py)
         arrays = held_back.calibration_rows(arrays)
     qdq, choice = quantize_chosen(float_model, model, arrays,
-                                  resolve_auto(quantization.model_dump(), calibration.model_dump()))
+                                  resolve_auto(quantization.model_dump(), calibration.model_dump()), feedback)
+    recipe = choice.to_json()
+    if feedback:  # which fed-back states share their output's grid (each candidate was tied as it was built)
+        recipe["feedback"] = tie_feedback(qdq, feedback)
     write_bytes(out, qdq.SerializeToString())
     counts = {"QuantizeLinear": 0, "DequantizeLinear": 0}
     for n in qdq.graph.node:
         if n.op_type in counts:
             counts[n.op_type] += 1
-    return {"calibration_samples": int(next(iter(arrays.values())).shape[0]), "quantization": choice.to_json(),
-            **counts}
+    return {"calibration_samples": int(next(iter(arrays.values())).shape[0]), "quantization": recipe, **counts}
 
 
 RANDOM_CALIBRATION = {"method": "minmax", "bias_correction": False, "equalization": False}
@@ -316,9 +322,10 @@ def resolve_auto(q: dict, calibration: dict) -> dict:
 
 
 def quantize_chosen(float_model: Path, model: onnx.ModelProto, arrays: dict[str, np.ndarray],
-                    q: dict) -> tuple[onnx.ModelProto, Choice]:
+                    q: dict, feedback: dict[str, str] | None = None) -> tuple[onnx.ModelProto, Choice]:
     """The QDQ model of the recipe the spec asks for, or (each choice "auto") of the one that measures
-    closest to float on the calibration data (ptq/choose.py)."""
+    closest to float on the calibration data (ptq/choose.py); each candidate with its fed-back states'
+    inputs on their outputs' grids (frontend/qdq_feedback.py), as it will run."""
     def build(settings: dict, candidate: onnx.ModelProto) -> onnx.ModelProto:
         if candidate is model:
             qdq = quantize(float_model, arrays, settings)
@@ -328,6 +335,7 @@ def quantize_chosen(float_model: Path, model: onnx.ModelProto, arrays: dict[str,
                 onnx.save(candidate, path)
                 qdq = quantize(path, arrays, settings)
         share_concat_scales(qdq, settings["symmetric_activations"])  # TFLite-style concat scales
+        tie_feedback(qdq, feedback or {})
         return qdq
 
     return choose(model, arrays, q, build)

@@ -15,9 +15,10 @@ from npubuild.errors import InputError
 DA_CONFIG, DA_CMD_STREAM, DA_READ_APB, DA_DUMP_SHRAM, DA_NOP = 1, 2, 3, 4, 5
 
 
-@dataclass
+@dataclass(frozen=True)
 class TensorPlace:
-    """Where Vela put one input or output: region, byte offset, shape (NHWC) and element size."""
+    """Where Vela put one input or output: region, byte offset, shape (NHWC; Vela's raw output pads it to six
+    dimensions) and element size."""
 
     shape: tuple[int, ...]
     elem_size: int

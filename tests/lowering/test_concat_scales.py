@@ -181,3 +181,54 @@ def test_u85_copies_the_skip_with_a_maximum(models) -> None:  # noqa: F811
     assert float(a["sram_memory_used"]) <= float(b["sram_memory_used"])
     assert offchip(a) <= offchip(b)
     assert offchip(a) < offchip(c)  # the depthwise form's ones and per-channel scale/bias
+
+
+def state_stack(hidden: int = 32) -> onnx.ModelProto:
+    """An LSTM step's shape (Silero VAD's): h = tanh(.) read by a decoder and stacked, through an Unsqueeze, with a
+    cell state c ~25x wider into the state output."""
+    from npbtest.lowering import model_of
+
+    rng = np.random.default_rng(2)
+    nodes = [onnx.helper.make_node("Gemm", ["x", "wh"], ["pre"]), onnx.helper.make_node("Tanh", ["pre"], ["h"]),
+             onnx.helper.make_node("Gemm", ["x", "wc"], ["c"]),
+             onnx.helper.make_node("Gemm", ["h", "wy"], ["y"]),
+             onnx.helper.make_node("Unsqueeze", ["h", "axis0"], ["hu"]),
+             onnx.helper.make_node("Unsqueeze", ["c", "axis0"], ["cu"]),
+             onnx.helper.make_node("Concat", ["hu", "cu"], ["state"], axis=0)]
+    inits = {"wh": rng.normal(0, 0.5, (16, hidden)).astype(np.float32),
+             "wc": rng.normal(0, 6.0, (16, hidden)).astype(np.float32),
+             "wy": rng.normal(0, 0.3, (hidden, 4)).astype(np.float32), "axis0": np.array([0], np.int64)}
+    return model_of(nodes, {"x": [1, 16]}, {"y": [1, 4], "state": [2, 1, hidden]}, inits)
+
+
+def test_a_stacked_input_read_elsewhere_keeps_its_own_grid() -> None:
+    """Sharing the Concat's scale must not coarsen what another reader sees: h (tanh, [-1, 1]) keeps its own grid
+    for the decoder and only its stacked copy takes the state's ~25x wider one (Silero VAD's h lost 0.5 dB at its
+    decoder's input when the union reached back through the Unsqueeze). The Concat's inputs and output still
+    share one grid, and the integer graph matches onnxruntime within 1 LSB (the Unsqueeze requantises)."""
+    from npubuild.frontend.qdq_concat import share_concat_scales
+
+    fp = state_stack()
+    qdq = quantize_model(fp, calib("x", [1, 16], n=32))
+    shared = copy.deepcopy(qdq)
+    share_concat_scales(shared)
+    qp = qparams(shared)
+    h_grid = qp[next(k for k in qp if k.startswith("h_") and "DequantizeLinear" in k)]
+    assert h_grid == pytest.approx(qparams(qdq)[next(k for k in qp if k.startswith("h_") and "Dequantize" in k)])
+    assert len(set(concat_params(shared))) == 1 and concat_params(shared)[0][0] > 10 * h_grid[0]
+    feeds = [{"x": rand([1, 16], seed=s)} for s in range(16)]
+    y = [np.concatenate([run_onnx_all(m, f)["y"] for f in feeds]) for m in (fp, qdq, shared)]
+    assert snr_db(y[0], y[2]) > snr_db(y[0], y[1]) - 0.5
+    g = lower_model(copy.deepcopy(shared), "int", options=FAMILY_OPTIONS["u55"])
+    for f in feeds[:4]:
+        ref, got = run_onnx_all(shared, f), run_tosa(g.tosa, g, f)
+        for spec in g.outputs:
+            err = np.abs(spec.quantize_reference(ref[spec.onnx_name]) - got[spec.onnx_name].astype(np.float64))
+            assert float(err.max()) <= 1.0, spec.onnx_name
+
+
+def run_onnx_all(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    with tempfile.TemporaryDirectory() as tmp:
+        p = Path(tmp) / "m.onnx"
+        onnx.save(model, p)
+        return run_onnx(str(p), feeds)
