@@ -20,6 +20,9 @@ another crop, flip or text strip, and from other sentences and voices for the au
   (the wake-word head every second window over the whole audio, where make_real.py spreads 24).
 
 Deterministic: the same tools give the same arrays (sox runs with -D, no dither).
+
+`--seed S --scale K --only NAME ...` makes another evaluation set of the image models (K times as many samples,
+another seed) for bench/real_spread.py, which measures how far the task figures move between such sets.
 """
 
 from __future__ import annotations
@@ -145,17 +148,26 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--real", type=Path, required=True, help="copy of ../shared/models/real (make_real.py in it)")
     ap.add_argument("--out", type=Path, default=None, help="default: REAL/eval")
+    ap.add_argument("--seed", type=int, default=SEED, help="another seed: another evaluation set (bench/real_spread.py)")
+    ap.add_argument("--scale", type=int, default=1, help="K times as many image samples per model")
+    ap.add_argument("--only", nargs="+", default=None, metavar="NAME", help="these image models only (no audio)")
     a = ap.parse_args()
+    if a.scale < 1 or a.scale > 16:
+        ap.error("--scale is 1..16")
+    SAMPLES.update({k: v * a.scale for k, v in SAMPLES.items()})
     real = a.real.resolve()
     out_dir = (a.out or real / "eval").resolve()
     out_dir.mkdir(parents=True, exist_ok=True)
     sys.path.insert(0, str(real))
     import make_real as mr  # noqa: PLC0415 - the real-models directory's own helpers
 
-    rng = np.random.default_rng(SEED)
+    rng = np.random.default_rng(a.seed)
     arrays: dict[str, object] = images(mr, rng)
-    with tempfile.TemporaryDirectory(prefix="real-eval-") as tmp:
-        arrays.update(audio(real / "onnx", speech(Path(tmp), rng)))
+    if a.only:
+        arrays = {k: v for k, v in arrays.items() if k in a.only}
+    else:
+        with tempfile.TemporaryDirectory(prefix="real-eval-") as tmp:
+            arrays.update(audio(real / "onnx", speech(Path(tmp), rng)))
     summary = {}
     for name, a_ in sorted(arrays.items()):
         if isinstance(a_, dict):
@@ -168,7 +180,7 @@ def main() -> int:
             np.save(out_dir / f"{name}.npy", v)
             summary[name] = {"shape": list(v.shape), "min": float(v.min()), "max": float(v.max()),
                              "sha256": hashlib.sha256(v.tobytes()).hexdigest()[:16]}
-    (out_dir / "summary.json").write_text(json.dumps({"seed": SEED, "arrays": summary}, indent=1) + "\n")
+    (out_dir / "summary.json").write_text(json.dumps({"seed": a.seed, "arrays": summary}, indent=1) + "\n")
     print(f"evaluation inputs written to {out_dir}: {', '.join(sorted(summary))}")
     return 0
 

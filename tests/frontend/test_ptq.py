@@ -147,3 +147,46 @@ def test_equalisation_evens_out_channels_a_per_tensor_activation_grid_starves(tm
     chosen, choice = quantize_chosen(path, model, arrays, {**fixed, "equalization": True})
     assert choice.equalization
     assert scorer.score(chosen)[0] > scorer.score(plain)[0] + 6.0
+
+
+def _ort_ranges(path: Path, arrays: dict[str, np.ndarray], method: str) -> dict[str, tuple[float, float]]:
+    """onnxruntime's own calibrator at its defaults (as a plain quantize_static call runs it): each tensor's range."""
+    from onnxruntime.quantization import CalibrationMethod
+    from onnxruntime.quantization.calibrate import create_calibrator
+
+    from npubuild.frontend.quantize import ArrayReader
+
+    cal = create_calibrator(str(path), None, augmented_model_path=str(path.with_suffix(f".{method}.aug.onnx")),
+                            calibrate_method=getattr(CalibrationMethod, method))
+    cal.collect_data(ArrayReader(arrays))
+    return {k: tuple(float(np.asarray(v).ravel()[0]) for v in td.range_value) for k, td in cal.compute_data().data.items()}
+
+
+def test_onnxruntimes_calibrations_are_among_the_choices_candidates(tmp_path: Path):
+    """The choice can never score below a plain quantize_static on its own measure: its minmax ranges are
+    onnxruntime's MinMax, its percentile ranges onnxruntime's Percentile (own histogram: within 0.5% of the
+    width), and onnxruntime's Entropy at its defaults (128 bins, 128 quantized bins: one candidate threshold)
+    is MinMax. On calibration with one spiking sample the chosen model scores at least as well as a plain
+    quantize_static with either calibrator."""
+    rng = np.random.default_rng(3)
+    path = _save(_conv_model(rng), tmp_path, "peers")
+    calib = rng.uniform(0, 1, (16, 1, 3, 16, 16)).astype(np.float32)
+    calib[5, 0, :, 4, 4] = 25.0
+    arrays = {"x": calib}
+    model = onnx.load(path)
+    stats = collect(model, arrays)
+    ort = {m: _ort_ranges(path, arrays, m) for m in ("MinMax", "Percentile", "Entropy")}
+    assert set(ort["MinMax"]) >= {"h", "r", "y"}
+    for name in ("h", "r", "y"):
+        assert np.allclose(ranges.minmax(stats[name]), ort["MinMax"][name], rtol=1e-6, atol=1e-6)
+        assert np.allclose(ort["Entropy"][name], ort["MinMax"][name], rtol=1e-6, atol=1e-6)
+        lo, hi = ranges.percentile(stats[name])
+        ref = ort["Percentile"][name]
+        assert abs((hi - lo) - (ref[1] - ref[0])) <= 0.005 * (ref[1] - ref[0]), (name, (lo, hi), ref)
+    scorer = Scorer(model, arrays)
+    chosen, choice = quantize_chosen(path, model, arrays, {**Q, "method": "auto", "bias_correction": "auto",
+                                                           "equalization": "auto"})
+    best = sum(scorer.score(chosen))
+    for method in ("minmax", "percentile"):  # a spec naming it: onnxruntime's own calibrator
+        plain = quantize(path, arrays, {**Q, "method": method})
+        assert best >= sum(scorer.score(plain)) - 0.05, (method, choice.candidates)
