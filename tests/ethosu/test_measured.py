@@ -181,3 +181,17 @@ def test_u55_measures_row_sums_on_a_narrow_plane():
     own, narrow = rows["figures"]
     assert rows["taken"] == int(narrow["ms"] < own["ms"])
     assert (options.plane_rows.min_side == 2) == bool(rows["taken"])
+
+
+def test_size_mode_measures_copies_without_a_depthwise():
+    """A U-Net step on U55-128 (upsample halves, Concat copies, requantisations as 1x1 depthwise convs): size mode
+    measures the same copies with no depthwise (RESCALE, Vela's copy, the MAXIMUM copy), which store no
+    per-channel constants, and keeps them only where neither SRAM nor off-chip grows."""
+    from npbtest.lowering import qdq_unet_step
+
+    model = qdq_unet_step(64, 8, 16)
+    _, record = choose(model, "u55", lambda o: lower_model(model, "int", options=o), optimise="size")
+    (copies,) = [r for r in record if r["choice"] == "copies without a depthwise (for memory)"]
+    own, form = copies["figures"]
+    assert form["offchip_kib"] < own["offchip_kib"]
+    assert copies["taken"] == int(_pareto(own, form))
