@@ -22,7 +22,7 @@ import onnx
 from npubuild.config.accelerator import FAMILIES
 from npubuild.frontend.graph_index import GraphIndex
 from npubuild.lowering.driver import LoweredGraph
-from npubuild.lowering.options import LoweringOptions
+from npubuild.lowering.options import ConcatCopy, DepthwiseLimits, LoweringOptions
 
 
 def narrow_nhwc_image(model: onnx.ModelProto, max_channels: int = 4) -> bool:
@@ -78,6 +78,14 @@ SMALL_PLANE_ROWS = Choice("row sums for small plane means",
                           lambda o: [replace(o, plane_rows=replace(o.plane_rows, min_elements=0))])
 
 
+# U55-128 keeps row sums to planes of at least 8 rows and columns; DS-CNN's 25x5x64 head and the KWS's narrow plane
+# run faster with them too (0.1547 -> 0.1537, 0.0608 -> 0.0606 ms), other models' planes may not: measured per model.
+NARROW_PLANE_ROWS = Choice("row sums for narrow plane means",
+                           lambda m, o: o.plane_rows is not None and o.plane_rows.min_side > 2,
+                           lambda o: [replace(o, plane_rows=replace(o.plane_rows, min_side=2, min_plane=0,
+                                                                     min_elements=0))])
+
+
 def has_op(model: onnx.ModelProto, op_type: str) -> bool:
     return any(n.op_type == op_type for n in model.graph.node)
 
@@ -126,6 +134,7 @@ MATMUL_PRODUCTS = NodeChoice("MatMul of feature maps as products and a sum",
                              lambda m, o: [] if o.matmul_products else feature_map_matmuls(m),
                              lambda o, nodes: replace(o, matmul_products_nodes=nodes))
 CHOICES: dict[str, tuple[Choice | NodeChoice, ...]] = {
+    "u55": (NARROW_PLANE_ROWS,),
     "u65": (MATMUL_PRODUCTS, Choice("narrow image input planar",
                                     lambda m, o: o.planar_input_channels is not None and narrow_image(m),
                                     lambda o: [replace(o, planar_input_channels=None)]), STAGED_INPUT),
@@ -141,13 +150,48 @@ def _off(field: str) -> Choice:
                   lambda o: [replace(o, **{field: off})])
 
 
+def _on(field: str, op_types: tuple[str, ...]) -> Choice:
+    """A form that trades time for memory, on where the model has one of `op_types`: decided by memory in size
+    mode."""
+    return Choice(f"{field} on (for memory)",
+                  lambda m, o: not getattr(o, field) and any(has_op(m, t) for t in op_types),
+                  lambda o: [replace(o, **{field: True})])
+
+
 # optimise: size. The forms bench/perf_choices.md measured as buying time with memory: the row sums' ones
 # weights and scales, the depthwise requantise and copies' per-channel constants, the layer norm's gamma / beta
-# depthwise scales, zero kernel taps (weights), the staged input copy, the concat orders' copies; each tried off
-# and kept off where neither SRAM nor off-chip grows and one shrinks.
+# depthwise scales, zero kernel taps (weights), the staged input copy, the concat orders' copies, the upsample
+# halves' shared row pad (its depthwise copy's constants: unet_torch U55-128 34.78 -> 34.44 KiB off-chip, SRAM
+# 178.3 -> 177.3); each tried off and kept off where neither SRAM nor off-chip grows and one shrinks; U65's
+# whole upsample tried in halves. Then the forms that store less than any
+# of those for more time: a changing-scale plane mean's sum with no constant (MobileNetV3 block's SE and head
+# means: 10.62 -> 9.50 KiB off-chip on U55-128, the ExecuTorch route's own figure, for 0.57 -> 0.96 ms), and a
+# normalisation's affine step with no beta and no negative gamma (torch's default gamma = 1, beta = 0) as one
+# RESCALE, not the depthwise conv: the same integers, no per-channel bias and scale (10 bytes a channel in Vela's
+# weight stream: transformer_torch's four layer norms 77.44 -> 74.89 KiB off-chip on U55-128), slower under
+# Vela's Performance everywhere (U55-128 0.408 -> 0.417, U65-256 0.179 -> 0.183, U85-256 0.0617 -> 0.0624 ms:
+# Vela runs the lone RESCALE as a pass of its own), so measured in size mode only. A model whose affine steps
+# all have a beta lowers the same both ways and compiles nothing.
+NORM_AFFINE_RESCALE = Choice("normalisation affine as a RESCALE",
+                             lambda m, o: not o.norm_affine_rescale and (has_op(m, "LayerNormalization")
+                                                                         or has_op(m, "InstanceNormalization")),
+                             lambda o: [replace(o, norm_affine_rescale=True)])
 SIZE_CHOICES: tuple[Choice, ...] = tuple(_off(f) for f in (
     "plane_rows", "dw_requantize", "concat_copy", "norm_affine_one_row", "dilation_taps",
-    "conv_stride_taps", "staged_input_min_row", "concat_order"))
+    "conv_stride_taps", "staged_input_min_row", "concat_order")) + (
+    Choice("shared_row_pad off (for memory)", lambda m, o: o.bilinear_channel_split and o.shared_row_pad,
+           lambda o: [replace(o, shared_row_pad=False)]),
+    # copies and requantisations with no depthwise (RESCALE, Vela's copy, the MAXIMUM copy of a Concat input): no
+    # per-channel constants (unet U55-128 off-chip 32.89 -> 32.63 KiB with the halves' row pad unshared)
+    Choice("copies without a depthwise (for memory)", lambda m, o: o.depthwise_limits.max_channels > 0 and (
+        o.dw_requantize or o.concat_copy == ConcatCopy.DEPTHWISE or o.bilinear_2x),
+        lambda o: [replace(o, depthwise_limits=DepthwiseLimits(0, 1 << 30), concat_copy=ConcatCopy.MAXIMUM
+                           if o.concat_copy == ConcatCopy.DEPTHWISE else o.concat_copy)]),
+    # U65 upsamples whole for time; in halves its replicated intermediate's peak is half (unet_torch U65-256 SRAM
+    # 195.0 -> 177.5 KiB, off-chip 38.72 -> 38.42, 0.364 -> 0.378 ms)
+    Choice("bilinear_channel_split on (for memory)", lambda m, o: o.bilinear_2x and not o.bilinear_channel_split
+           and has_op(m, "Resize"), lambda o: [replace(o, bilinear_channel_split=True)]),
+    _on("plane_pool_rows", ("GlobalAveragePool", "AveragePool", "ReduceMean", "ReduceSum")), NORM_AFFINE_RESCALE)
 
 
 def vela_figures(tosa: bytes, accelerator: str, optimise: str = "performance", layers: bool = False) -> dict | None:

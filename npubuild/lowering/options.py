@@ -82,6 +82,10 @@ class LoweringOptions:
     # depthwise of ones, then REDUCE_SUM over H (reduction.int_sum), within these limits: Vela transposes
     # W times less int32 data than for one REDUCE_SUM over H*W, for W*C bytes of ones weights
     plane_rows: PlaneRowsLimits | None = None
+    # ... or, before those, as exact int16 row sums by an AVG_POOL2D (1, W) of (x - zp) W in bands of rows, then
+    # REDUCE_SUM over H (reduction.pooled_row_sums): no constant at all where Vela's REDUCE_SUM of a zero-point
+    # input stores ones weights or a Sub constant; slower (MobileNetV3 block U55-128 0.57 -> 0.93 ms): size mode's
+    plane_pool_rows: bool = False
     # layer norm: seed widened by one ADD next to an int32 operand; table index as one RESCALE (norm_rows)
     norm_widen_add: bool = False
     norm_index_rescale: bool = False
@@ -117,6 +121,10 @@ class LoweringOptions:
     norm_raw_squares: bool = False
     # a layer norm's gamma / beta depthwise conv on its rows as [1, 1, rows, K] instead of [1, rows, 1, K] (ops_norm)
     norm_affine_one_row: bool = False
+    # ... and with no beta and no negative gamma as one RESCALE of the int16 normalised value instead (ops/norm.
+    # _affine_as_rescale: the same integers), no per-channel bias and scale in Vela's weight stream; slower under
+    # Vela's Performance on every family: size mode's memory choice (ethosu/measured.NORM_AFFINE_RESCALE)
+    norm_affine_rescale: bool = False
     # a transposed conv whose kernel equals its stride (no two taps meet: a U-Net's 2x2 / 2 upsampling) as one
     # 1x1 CONV2D of every phase as channels, then the depth-to-space shuffle (ops_conv.phases_conv: the same
     # integers): Vela 5.2 leaves a TRANSPOSE_CONV2D's per-channel RESCALE unfused, an int32 MUL

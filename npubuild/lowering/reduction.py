@@ -7,6 +7,7 @@ import tosa_serializer as ts
 
 from npubuild.lowering.context import LoweringContext, TTensor
 from npubuild.lowering.emit import Op, attr, rescale, reshape, to_layout
+from npubuild.lowering.movement import concat_phys, slice_phys
 
 
 def physical_axes(x: TTensor, axes: list[int]) -> list[int]:
@@ -59,7 +60,9 @@ def int_sum(ctx: LoweringContext, x: TTensor, phys: list[int], divisor: int, out
     """
     out_q = ctx.require_output_q()
     assert x.q is not None
-    if sorted(phys) == [1, 2] and ctx.options.plane_rows_pays(x):
+    if sorted(phys) == [1, 2] and ctx.options.plane_pool_rows and pooled_rows_fit(x):
+        total = emit_reduce(ctx, Op.REDUCE_SUM, rescale(ctx, pooled_row_sums(ctx, x), 1.0, np.int32, 0, 0, None), [1])
+    elif sorted(phys) == [1, 2] and ctx.options.plane_rows_pays(x):
         total = emit_reduce(ctx, Op.REDUCE_SUM, row_sums(ctx, x), [1])
     else:
         wide = rescale(ctx, x, 1.0, np.int32, x.q.zp, 0, None)
@@ -86,6 +89,37 @@ def row_sums(ctx: LoweringContext, x: TTensor) -> TTensor:
                                                      ts.DType.INT32))
     narrow = rescale(ctx, out, 1.0, np.int16, 0, 0, None)
     return rescale(ctx, narrow, 1.0, np.int32, 0, 0, None)
+
+
+def pooled_rows_fit(x: TTensor) -> bool:
+    """Whether an int8 NHWC x's rows can be summed exactly in int16 by pooled_row_sums: 255 W fits int16."""
+    return (len(x.shape) == 4 and x.dtype == np.int8 and x.q is not None and x.q.is_per_tensor
+            and 255 * x.shape[2] <= np.iinfo(np.int16).max)
+
+
+def pooled_row_sums(ctx: LoweringContext, x: TTensor) -> TTensor:
+    """sum(x - zp) over W of an int8 [N, H, W, C] x as int16 [N, H, 1, C], with no constant at all.
+
+    Each value widened to int16 as (x - zp) W (|.| <= 255 W fits), then an AVG_POOL2D over the row divides a
+    sum of multiples of W by W: exact, so the row sums are the integers a REDUCE_SUM gives. Vela runs a
+    REDUCE_SUM whose input carries a zero point as a conv of ones (U55 / U65: 768 bytes of weights for a
+    32x32 plane) or with a Sub of a constant (U85), and the row sums of `row_sums` as a depthwise of ones with
+    10 bytes of bias and scale a channel; here it stores nothing (LoweringOptions.plane_pool_rows, a memory
+    choice). The widening runs in bands of rows, each a quarter of x's bytes at most, so the int16 copy is
+    never whole (one 2x copy of a 32x32x64 plane raised the U55-128 SRAM peak from 100 to 212 KiB)."""
+    assert x.q is not None
+    n, h, w, c = x.shape
+    rows = max(1, h // 8)  # int16 band of rows * W * C * 2 bytes <= a quarter of x's
+    parts = []
+    for start in range(0, h, rows):
+        size = min(rows, h - start)
+        band = slice_phys(ctx, x, [0, start, 0, 0], [n, size, w, c])
+        wide = rescale(ctx, band, float(w), np.int16, x.q.zp, 0, None)
+        sums = ctx.new_tensor((n, size, 1, c), np.int16, x.perm)
+        ctx.op(Op.AVG_POOL2D, [wide.name, ctx.zp(0, np.int16), ctx.zp(0, np.int16)], [sums.name],
+               attr("AvgPool2d", [1, w], [1, 1], [0, 0, 0, 0], ts.DType.INT32))
+        parts.append(sums)
+    return concat_phys(ctx, parts, 1)
 
 
 def axis_last(ctx: LoweringContext, x: TTensor, logical_axes: list[int]) -> TTensor:

@@ -61,8 +61,9 @@ def plan(b: Build, chain: Chain) -> TaskSpec | Skip | None:
     inputs = {"vela": vela.outputs["summary"], "io": lower.outputs["io"],
               "float": chain["import"].outputs["onnx"]}
     source = SampleSource.of(b)
-    if "quantize" in chain:  # the QDQ model, which the deployed outputs are held to (and set beside float)
-        inputs["reference"] = chain["quantize"].outputs["onnx"]
+    qdq = next((chain[s] for s in ("precision", "quantize") if s in chain), None)
+    if qdq is not None:  # the QDQ model the deployed graph implements (a mixed-precision build's, not its int8 one)
+        inputs["reference"] = qdq.outputs["onnx"]
     if b.calibration_npy is not None:
         inputs["calibration"] = b.calibration_npy
     if source.kind == "evaluation" and b.evaluation is not None:

@@ -21,6 +21,7 @@ falls back to tosa-check's TOSA graph only where this stage did not run the depl
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -38,6 +39,7 @@ from npubuild.npusim.tosa_probe import graph_io
 from npubuild.npusim.verify import compare
 from npubuild.records.accuracy import FloatCheck
 from npubuild.records.build import Skip
+from npubuild.records.iospec import IOSpec
 from npubuild.records.lower import LowerRecord, Where
 from npubuild.records.npusim import NpuSimRecord
 from npubuild.records.vela import VelaRecord
@@ -97,9 +99,10 @@ def simulate_build(files: SimFiles, draw: SimSamples, result_out: Path) -> dict:
         f"{first[0]}{first[1].first_bad_op.describe()}" if first and first[1].first_bad_op else None)
     if not bad:
         if len(jobs) == 1 and len(vela.partition_graph) <= 1:  # the deployable is the artifact just run
+            _, outputs = whole_graph_specs(io, vela.partitions[0].tosa)
             deployed = [{spec.onnx_name: spec.from_tosa(np.asarray(y).reshape(spec.shape))
-                         for spec, y in zip(io.outputs, outs, strict=True)} for outs in results[0][1].outputs]
-            record = replace(record, float_check=_float_check(files, float_model, io.outputs, feeds_of, deployed,
+                         for spec, y in zip(outputs, outs, strict=True)} for outs in results[0][1].outputs]
+            record = replace(record, float_check=_float_check(files, float_model, outputs, feeds_of, deployed,
                                                               samples_from))
         else:
             record = replace(record, **_device_check(files, float_model, vela, feeds_of, samples_from))
@@ -131,10 +134,11 @@ def _jobs(files: SimFiles, draw: SimSamples, vela: VelaRecord, io: LowerRecord,
         if not vela.partitions:
             raise StageError("the vela stage wrote no .tflite artifact")
         whole = vela.partitions[0]
-        samples = [[spec.to_tosa(feeds[spec.onnx_name]) for spec in io.inputs] for feeds in feeds_of]
+        inputs, outputs = whole_graph_specs(io, whole.tosa)
+        samples = [[spec.to_tosa(feeds[spec.onnx_name]) for spec in inputs] for feeds in feeds_of]
         tosa = lower_dir / whole.tosa
         return [("", _artifact(vela_dir / whole.tflite), tosa.read_bytes(), samples,
-                 [o.onnx_name for o in io.outputs])]
+                 [o.onnx_name for o in outputs])]
     jobs = []
     rng = np.random.default_rng(draw.source.seed)
     for p in vela.partitions:
@@ -145,6 +149,17 @@ def _jobs(files: SimFiles, draw: SimSamples, vela: VelaRecord, io: LowerRecord,
                    for _ in range(draw.source.samples)]
         jobs.append((f"{p.stem}/", model, tosa, samples, outputs))
     return jobs
+
+
+def whole_graph_specs(io: LowerRecord, tosa_file: str) -> tuple[Sequence[IOSpec], Sequence[IOSpec]]:
+    """The inputs and outputs of the whole graph Vela compiled, laid out as that graph takes them: a family's
+    own graph may take an input in another layout than model.tosa (U65's planar narrow image input), so the
+    samples are laid out by its partition's specs, not the model's."""
+    for family in io.families.values():
+        for part in family.partitions:
+            if part.file == tosa_file and part.inputs_io is not None and part.outputs_io is not None:
+                return part.inputs_io, part.outputs_io
+    return io.inputs, io.outputs
 
 
 def _artifact(path: Path) -> RawModel:

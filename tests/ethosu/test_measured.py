@@ -127,3 +127,71 @@ def test_u85_decides_the_prelu_form_node_by_node(tmp_path: Path):
     (part,) = io.families["u85"].partitions
     assert io.families["u85"].same_as_model_tosa
     assert (tmp_path / part.file).read_bytes() == lower_model(model, "int", options=options).tosa
+
+
+def se_pool_model(h: int = 16, w: int = 16, c: int = 32):
+    """Conv -> Relu -> GlobalAveragePool over an h x w x c map: a plane mean at a new scale."""
+    rng = np.random.default_rng(0)
+    nodes = [helper.make_node("Conv", ["x", "w0"], ["c0"], name="conv0"),
+             helper.make_node("Relu", ["c0"], ["r0"], name="relu0"),
+             helper.make_node("GlobalAveragePool", ["r0"], ["y"], name="mean")]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8, h, w])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, c, 1, 1])],
+                              [numpy_helper.from_array(rng.normal(0, 0.3, (c, 8, 1, 1)).astype(np.float32), "w0")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    return quantize_model(model, calib("x", [1, 8, h, w], n=4))
+
+
+def layer_norm_model():
+    """A [16, 64] layer norm with torch's default affine (gamma 1, beta 0)."""
+    inits = [numpy_helper.from_array(np.ones(64, np.float32), "g"), numpy_helper.from_array(np.zeros(64, np.float32), "b")]
+    node = helper.make_node("LayerNormalization", ["x", "g", "b"], ["y"], axis=-1, name="ln")
+    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [16, 64])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [16, 64])], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    return quantize_model(model, calib("x", [16, 64], n=4, low=-2, high=2))
+
+
+def _pareto(own: dict, form: dict) -> bool:
+    mem_own, mem_form = (own["sram_kib"], own["offchip_kib"]), (form["sram_kib"], form["offchip_kib"])
+    return form["ms"] < own["ms"] if mem_form == mem_own else all(f <= o for f, o in zip(mem_form, mem_own, strict=True))
+
+
+@pytest.mark.parametrize("make,name", [(se_pool_model, "plane_pool_rows on (for memory)"),
+                                       (layer_norm_model, "normalisation affine as a RESCALE")])
+def test_size_mode_measures_the_forms_that_store_less(make, name):
+    """The constant-free plane sum and the RESCALE affine store less off-chip than the forms they replace on
+    U55-128 (Vela's figures); size mode keeps each where neither SRAM nor off-chip grows (this SE pool's own
+    16 KiB of int16 bands raise its small SRAM peak: kept off; the layer norm's RESCALE: taken)."""
+    model = make()
+    _, record = choose(model, "u55", lambda o: lower_model(model, "int", options=o), optimise="size")
+    (choice,) = [r for r in record if r["choice"] == name]
+    own, form = choice["figures"]
+    assert form["offchip_kib"] < own["offchip_kib"]
+    assert choice["taken"] == int(_pareto(own, form))
+    assert choice["taken"] == (make is layer_norm_model)
+
+
+def test_u55_measures_row_sums_on_a_narrow_plane():
+    """DS-CNN's 25x5x64 head: U55's row-sum limits (8 rows and columns) leave it one REDUCE_SUM; the lower stage
+    measures the rows there too and keeps whichever Vela estimates faster (the same integers either way)."""
+    model = se_pool_model(25, 5, 64)
+    options, record = choose(model, "u55", lambda o: lower_model(model, "int", options=o))
+    (rows,) = [r for r in record if r["choice"] == "row sums for narrow plane means"]
+    own, narrow = rows["figures"]
+    assert rows["taken"] == int(narrow["ms"] < own["ms"])
+    assert (options.plane_rows.min_side == 2) == bool(rows["taken"])
+
+
+def test_size_mode_measures_copies_without_a_depthwise():
+    """A U-Net step on U55-128 (upsample halves, Concat copies, requantisations as 1x1 depthwise convs): size mode
+    measures the same copies with no depthwise (RESCALE, Vela's copy, the MAXIMUM copy), which store no
+    per-channel constants, and keeps them only where neither SRAM nor off-chip grows."""
+    from npbtest.lowering import qdq_unet_step
+
+    model = qdq_unet_step(64, 8, 16)
+    _, record = choose(model, "u55", lambda o: lower_model(model, "int", options=o), optimise="size")
+    (copies,) = [r for r in record if r["choice"] == "copies without a depthwise (for memory)"]
+    own, form = copies["figures"]
+    assert form["offchip_kib"] < own["offchip_kib"]
+    assert copies["taken"] == int(_pareto(own, form))

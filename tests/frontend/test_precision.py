@@ -146,3 +146,33 @@ def test_layers_name_single_layers(cnn):
     assert plan.int4 == {"conv1", "conv3"} and not kept
     with pytest.raises(InputError, match="'conv9' matches no node"):
         fixed_plan(info, Quantization(layers={"conv9": {"activations": "int16"}}), ("u55",))
+
+
+def test_a_relu_dropped_after_data_movement_comes_back_in_int16(tmp_path: Path):
+    """conv -> Unsqueeze -> Relu, the conv's output also read by a Tanh: onnxruntime drops the Relu and floors
+    the Unsqueeze's own int8 grid at 0 while the conv's grid stays signed. The int16 grid is symmetric, so the
+    Relu must come back after the Unsqueeze too (without it: 0.3 dB against float, the int8 model 35.9 dB)."""
+    rng = np.random.default_rng(0)
+    nodes = [helper.make_node("Conv", ["x", "w1"], ["h"], pads=[1, 1, 1, 1], name="conv1"),
+             helper.make_node("Unsqueeze", ["h", "axis"], ["u"], name="unsqueeze"),
+             helper.make_node("Relu", ["u"], ["r"], name="relu"),
+             helper.make_node("Squeeze", ["r", "axis"], ["s"], name="squeeze"),
+             helper.make_node("Conv", ["s", "w2"], ["y"], name="conv2"),
+             helper.make_node("Tanh", ["h"], ["t"], name="tanh")]
+    inits = [numpy_helper.from_array(_exact_int8(rng, (8, 3, 3, 3)), "w1"),
+             numpy_helper.from_array(_exact_int8(rng, (4, 8, 1, 1)), "w2"),
+             numpy_helper.from_array(np.array([0], np.int64), "axis")]
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 12, 12])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4, 12, 12]),
+                           helper.make_tensor_value_info("t", TensorProto.FLOAT, [1, 8, 12, 12])], inits)
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.save(model, tmp_path / "float.onnx")
+    calib = rng.uniform(-1, 1, (16, 1, 3, 12, 12)).astype(np.float32)
+    int8 = quantize(tmp_path / "float.onnx", {"x": calib}, Q)
+    info = QdqModel(int8)
+    assert "Relu" not in {n.op_type for n in int8.graph.node}  # dropped by onnxruntime, its floor in the grid
+    int16 = apply_plan(int8, PrecisionPlan(frozenset(info.groups)), ("u85",), calibration_ranges(model, {"x": calib}))
+    x = np.random.default_rng(7).uniform(-1, 1, (1, 3, 12, 12)).astype(np.float32)
+    ref = _run(model, x)
+    assert _snr(ref, _run(int16, x)) > _snr(ref, _run(int8, x)) + 6

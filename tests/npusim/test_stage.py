@@ -116,7 +116,7 @@ def test_corrupted_weight_byte_is_reported_with_its_op(kws_build, target):
 def test_simulate_command_lists_ops_and_prints_outputs(kws_build, capsys, tmp_path):
     x = tmp_path / "x.npy"
     np.save(x, np.random.default_rng(1).uniform(-1, 1, (1, 1, 49, 10)).astype(np.float32))
-    code, out, _ = run_cli(["simulate", str(kws_build), "--build", "u55-size", "--input", str(x)], capsys)
+    code, out, _ = run_cli(["simulate", str(kws_build), "--build", "u55-raw", "--input", str(x)], capsys)
     assert code == 0
     assert "ethos-u55-128" in out and "DEPTHWISE" in out and "NHCWB16" in out and "gemm_86_out: shape [1, 12]" in out
     # ops are traced to their TOSA tensor and Vela's per-layer cycle estimate for it (an op writing a stripe of

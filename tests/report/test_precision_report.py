@@ -22,6 +22,8 @@ def test_auto_precision_is_reported_everywhere(project: Path, capsys):
     assert p["mode"] == "auto" and p["met"] and p["int16_layers"] == ["conv2"] and p["int16_groups"] == 1
     assert [c["layers"] for c in p["int16_choices"]] == [["conv2"]]
     assert p["chosen"]["snr_db"] > p["int8"]["snr_db"] + 20
+    m = report["builds"][0]["metrics"]  # the deployed graph set beside the QDQ model it implements, not the int8 one
+    assert m["float_snr_db"] > p["int8"]["snr_db"] + 20 and abs(m["float_snr_db"] - m["qdq_float_snr_db"]) < 1
     md = (project / "build" / "report.md").read_text()
     assert "## Precision" in md and "| int16 | conv2 |" in md
     html = (project / "build" / "report.html").read_text()

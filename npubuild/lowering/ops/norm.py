@@ -157,11 +157,15 @@ def _int_affine_channels_last(ctx: LoweringContext, x: TTensor, count: int, eps:
     frac, _, _ = fraction_bits(count, math.floor(math.log2(32767.0 / (min(reach, math.sqrt(count)) * 1.01))))
     rows = int(np.prod(x.shape[:-1]))
     v16 = normalized_int16(ctx, x, count, eps, frac)
+    w_scale = np.where(live, np.abs(gamma) / 127.0, 1.0)
+    acc_unit = w_scale * 2.0**-frac
+    # RESCALE of int48 takes 16-bit multipliers (scale32 is not allowed)
+    mult16, shift16 = multiplier_shift(acc_unit / out_q.s, 16)
+    if ctx.options.norm_affine_rescale and not np.any(beta) and np.all(gamma >= 0):
+        return _affine_as_rescale(ctx, v16, x, np.where(live, 127 * mult16, 0), shift16, out_q, output_of)
     # the rows along W, not H: Vela's depthwise then reads them as one row of blocks (bench/perf_choices.md)
     view = reshape(ctx, v16, (1, 1, rows, k) if ctx.options.norm_affine_one_row else (1, rows, 1, k), NHWC)
     w = np.sign(gamma).astype(np.int8).reshape(1, 1, k, 1) * np.int8(127)  # HWCM
-    w_scale = np.where(live, np.abs(gamma) / 127.0, 1.0)
-    acc_unit = w_scale * 2.0**-frac
     bias = np.clip(np.round(beta / acc_unit), -(2**46), 2**46).astype(np.int64)
     bias_name = ctx.fresh("bias48")
     ctx.ser.addConst([k], ts.DType.INT48, bias, name=bias_name)
@@ -169,14 +173,30 @@ def _int_affine_channels_last(ctx: LoweringContext, x: TTensor, count: int, eps:
     acc = TTensor(acc_t.name, view.shape, np.dtype(np.int64), NHWC)
     ctx.op(Op.DEPTHWISE_CONV2D, [view.name, ctx.const(w, "weights"), bias_name, ctx.zp(0, np.int16), ctx.zp(0, np.int8)],
            [acc.name], attr("DepthwiseConv2d", [0, 0, 0, 0], [1, 1], [1, 1], False, ts.DType.INT48))
-    # RESCALE of int48 takes 16-bit multipliers (scale32 is not allowed)
-    mult16, shift16 = multiplier_shift(acc_unit / out_q.s, 16)
     acc_zp = ctx.fresh("zp48")
     ctx.ser.addConst([1], ts.DType.INT48, np.zeros(1, np.int64), name=acc_zp)
     y = ctx.new_tensor(view.shape, out_q.dtype, NHWC, out_q)
     ctx.op(Op.RESCALE, [acc.name, ctx.const(mult16.astype(np.int16), "multiplier"),
                         ctx.const(shift16.astype(np.int8), "shift"), acc_zp, ctx.zp(out_q.zp, out_q.dtype)], [y.name],
            attr("Rescale", False, ts.RoundingMode.SINGLE_ROUND, True, False, False))
+    return reshape(ctx, y, x.shape, x.perm, output_of=output_of)
+
+
+def _affine_as_rescale(ctx: LoweringContext, v16: TTensor, x: TTensor, mult: np.ndarray, shift: np.ndarray, out_q,
+                       output_of: str | None) -> TTensor:
+    """The depthwise affine with no beta and no negative gamma as one RESCALE of the int16 normalised value.
+
+    The depthwise's int48 sum is 127 v (weight 127, no bias) and its RESCALE rounds (127 v m16 + 2^(sh-1)) >> sh;
+    a 32-bit RESCALE of v by 127 m16 (< 2^22) with the same shift rounds the very same product: the same integers
+    for every input, without the depthwise's per-channel bias and scale (10 bytes a channel in Vela's weight
+    stream) or its 8-bit weights. One multiplier when gamma is uniform (torch's default gamma = 1, beta = 0)."""
+    uniform = bool(np.all(mult == mult[0]) and np.all(shift == shift[0]))
+    if uniform:
+        mult, shift = mult[:1], shift[:1]
+    y = ctx.new_tensor(v16.shape, out_q.dtype, v16.perm, out_q)
+    ctx.op(Op.RESCALE, [v16.name, ctx.const(mult.astype(np.int32), "multiplier"), ctx.const(shift.astype(np.int8), "shift"),
+                        ctx.zp(0, np.int16), ctx.zp(out_q.zp, out_q.dtype)], [y.name],
+           attr("Rescale", True, ts.RoundingMode.SINGLE_ROUND, not uniform, False, False))
     return reshape(ctx, y, x.shape, x.perm, output_of=output_of)
 
 
