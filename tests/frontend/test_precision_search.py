@@ -75,3 +75,22 @@ def test_a_budget_16_bits_cannot_reach_fails_its_gate_with_the_best_plan(sensiti
                                           "chosen": record["chosen"]}})
     assert gate["name"] == "quantization.budget.min_snr_db" and not gate["ok"]
     assert gate["value"] == record["chosen"]["snr_db"] < 150.0
+
+
+def test_a_budget_out_of_reach_never_returns_a_plan_worse_than_int8(sensitive):
+    """Ranges that miss most of one activation's spread (a calibration set unlike what the model sees) make that
+    group's int16 grid clip: every plan promoting it measures worse than int8. With the budget out of reach the
+    search returns the closest to float of the plans it measured, never one worse than int8 (it used to take
+    every group whenever Vela's figure allowed, whatever that measured)."""
+    model, int8, arrays, cost = sensitive
+    info = QdqModel(int8)
+    ranges = dict(calibration_ranges(model, arrays))
+    (clipped,) = [a for g in info.groups.values() if g.layers == ["conv3"] for a in g.activations]
+    lo, hi = ranges[clipped]
+    ranges[clipped] = (lo / 50, hi / 50)
+    budget = PrecisionBudget(min_snr_db=150.0, max_slowdown=10.0, weights_int4=False)
+    plan, record = search(int8, model, arrays, ("u55",), budget, cost, ranges)
+    assert not record["met"] and record["int16"]["snr_db"] < record["int8"]["snr_db"]  # all-int16 clips
+    assert record["chosen"]["snr_db"] >= record["int8"]["snr_db"]
+    assert Measure(model, arrays)(apply_plan(int8, plan, ("u55",), ranges)).snr_db == \
+        pytest.approx(record["chosen"]["snr_db"], abs=0.01)

@@ -174,6 +174,13 @@ def _prefix(ok: Callable[[int], bool], lo: int, hi: int, shortest: bool) -> int 
     return lo
 
 
+def _closest_to_float(measured: Mapping[int, Score]) -> int:
+    """The prefix length whose plan measured closest to float (the fewest groups on a tie): where the budget is
+    out of reach, a partial plan can measure worse than int8 itself (a group whose int16 range misses values
+    the samples show, an int8 copy's second rounding), and the best the search saw is what it returns."""
+    return max(measured, key=lambda k: (measured[k].snr_db, -k))
+
+
 def search(base: onnx.ModelProto, float_model: onnx.ModelProto, arrays: Mapping[str, np.ndarray],
            families: Iterable[str], budget: PrecisionBudget, cost: CostFn,
            ranges: Mapping[str, tuple[float, float]] | None = None) -> tuple[PrecisionPlan, dict]:
@@ -228,13 +235,15 @@ def search(base: onnx.ModelProto, float_model: onnx.ModelProto, arrays: Mapping[
 
     k = _prefix(promoted_ok, 0, limit, shortest=True)
     met = k is not None
-    if k is None:  # not met within the estimated slowdown: every group if Vela's figure for that is within it
-        # (the per-group estimate sums the conversions a partial plan adds: on mp_face_detection 30 of 52 groups
-        # cost more cycles than all 52), else the most the estimate allows
-        within = all(c.fits and c.npu_cycles <= budget.max_slowdown * base_cycles[t] for t, c in costs16.items())
-        k = len(order) if within else limit
+    if k is None:  # not met within the estimated slowdown: the closest to float of the plans measured, every
+        # group among them if Vela's figure for that is within the slowdown (the per-group estimate sums the
+        # conversions a partial plan adds: on mp_face_detection 30 of 52 groups cost more cycles than all 52)
+        measured = {0: s8, **scores}
+        if all(c.fits and c.npu_cycles <= budget.max_slowdown * base_cycles[t] for t, c in costs16.items()):
+            measured[len(order)] = s16
+        k = _closest_to_float(measured)
     plan = promoted(k)
-    plan_score = scores.get(k) or measure(model(plan))
+    plan_score = scores.get(k) or (s8 if k == 0 else s16 if k == len(order) else measure(model(plan)))
 
     int4: list[Candidate] = []
     if budget.weights_int4 and layers and met:
@@ -270,6 +279,8 @@ def search(base: onnx.ModelProto, float_model: onnx.ModelProto, arrays: Mapping[
         plan = PrecisionPlan(promoted(k).int16, plan.int4)
         plan_score, met = measure(model(plan)), False
         final_costs = cost(model(plan))
+    if not met and plan_score.snr_db < s8.snr_db:  # trimmed below int8 itself: int8 is the best within reach
+        plan, plan_score, final_costs = PrecisionPlan(frozenset()), s8, costs8
     met = met and plan_score.meets(budget, margin_db=0.0)
     for c in candidates.values():
         c.chosen = c.name in plan.int16
