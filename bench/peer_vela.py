@@ -108,3 +108,27 @@ def combine(parts: list[dict]) -> dict:
     out["sram_kib"] = max(p["sram_kib"] for p in parts)
     out["system_config"], out["memory_mode"] = parts[0]["system_config"], parts[0]["memory_mode"]
     return out
+
+
+def build_named_ms(entry: dict, build_dir: Path, work: Path) -> float | None:
+    """Vela's inference ms for one npubuild build's NPU partitions (report.json entry `entry`) through Vela's
+    bundled .ini and the named config its target mirrors, with the build's own Vela options: the check that a
+    published figure holds under Vela's named configs. None where the build has no TOSA or Vela refuses it."""
+    from npubuild.config.accelerator import Accelerator
+    from npubuild.ethosu.vela import npu_partitions
+    from npubuild.records.lower import LowerRecord
+
+    arts = entry.get("artifacts", {})
+    if "tosa" not in arts and "io" not in arts:
+        return None
+    lower_dir = Path(arts["tosa"] if "tosa" in arts else arts["io"]).parent  # io.json: a graph split around host ops
+    acc = entry.get("accelerator") or entry["target"]
+    opts = vela_options(vela_stage_dir(entry, build_dir) / "stage.json")
+    name = "-".join(str(entry[k]) for k in ("spec", "model", "target") if entry.get(k))
+    try:
+        parts = [vela(tosa, acc, opts, work / f"{name}-{i}")
+                 for i, tosa, _ in npu_partitions(LowerRecord.read(lower_dir / "io.json"), lower_dir,
+                                                  Accelerator.parse(acc).lowering_family)]
+    except RuntimeError:
+        return None
+    return combine(parts)["inference_ms"] if parts else None

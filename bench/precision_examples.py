@@ -31,6 +31,9 @@ from pathlib import Path
 
 import yaml
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import peer_vela  # noqa: E402
+
 ROOT = Path(__file__).resolve().parents[1]
 INT4_SPECS = ("anomaly_detection",)
 
@@ -77,35 +80,13 @@ def row(b: dict, base: dict | None) -> str:
             f"{'-' if sim is None else ('yes' if sim else 'NO')} |")
 
 
-def named_ms(build_dir: Path, entry: dict, work: Path) -> float | None:
-    """Vela's inference ms for a build's NPU partitions under Vela's bundled .ini and the named config."""
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
-    import peer_vela
-
-    from npubuild.config.accelerator import Accelerator
-    from npubuild.ethosu.vela import npu_partitions
-    from npubuild.records.lower import LowerRecord
-
-    arts = entry.get("artifacts", {})
-    if "tosa" not in arts and "io" not in arts:
-        return None
-    lower_dir = Path(arts["tosa"] if "tosa" in arts else arts["io"]).parent  # io.json: a graph split around host ops
-    acc = entry.get("accelerator") or entry["target"]
-    stage = peer_vela.vela_stage_dir(entry, build_dir)
-    parts = [peer_vela.vela(tosa, acc, peer_vela.vela_options(stage / "stage.json"),
-                            work / f"{entry['spec']}-{entry['model']}-{entry['target']}-{i}")
-             for i, tosa, _ in npu_partitions(LowerRecord.read(lower_dir / "io.json"), lower_dir,
-                                              Accelerator.parse(acc).lowering_family)]
-    return peer_vela.combine(parts)["inference_ms"] if parts else None
-
-
 def named_cell(build_dir: Path, b: dict, base: dict | None, work: Path) -> str:
     """`=` when Vela's bundled named config gives the build (and its 8x8 build) the reported time, else its ms."""
     cells = []
     for entry in (b, base):
         if entry is None or entry["metrics"].get("inference_ms") is None:
             continue
-        ms = named_ms(build_dir, entry, work)
+        ms = peer_vela.build_named_ms(entry, build_dir, work)
         if ms is None:
             cells.append("-")
         else:

