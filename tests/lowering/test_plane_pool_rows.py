@@ -9,33 +9,18 @@ import tempfile
 from dataclasses import replace
 from pathlib import Path
 
-import numpy as np
-import onnx
 import pytest
-from npbtest.lowering import assert_same_reference, model_of, ops
+from npbtest.lowering import assert_same_reference, ops, se_pool_model
 from npbtest.npusim import assert_bitexact, vela_raw
 from npbtest.ops import calib, io_dict, quantize_model
-from onnx import helper
 
 from npubuild.ethosu.measured import vela_figures
 from npubuild.lowering.driver import lower_model
 from npubuild.lowering.options import FAMILY_OPTIONS
 
 
-def _se_pool(channels: int, h: int, w: int, op: str) -> onnx.ModelProto:
-    """Conv -> Relu -> mean over H, W (a squeeze-excite pool): the mean gets its own, finer scale."""
-    inits = {"w1": np.random.default_rng(0).standard_normal((channels, 8, 1, 1)).astype(np.float32) * 0.3}
-    if op == "ReduceMean":
-        inits["axes"] = np.array([2, 3], np.int64)
-        mean = helper.make_node("ReduceMean", ["a", "axes"], ["y"], keepdims=1)
-    else:
-        mean = helper.make_node("GlobalAveragePool", ["a"], ["y"])
-    nodes = [helper.make_node("Conv", ["x", "w1"], ["c"]), helper.make_node("Relu", ["c"], ["a"]), mean]
-    return model_of(nodes, {"x": [1, 8, h, w]}, {"y": [1, channels, 1, 1]}, inits)
-
-
 def _qdq(h: int, w: int, op: str = "GlobalAveragePool"):
-    return quantize_model(_se_pool(32, h, w, op), calib("x", [1, 8, h, w], low=-1.0, high=3.0))
+    return quantize_model(se_pool_model(32, h, w, op), calib("x", [1, 8, h, w], low=-1.0, high=3.0))
 
 
 @pytest.mark.parametrize("op", ["ReduceMean", "GlobalAveragePool"])

@@ -13,31 +13,16 @@ from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
-import onnx
 import pytest
-from npbtest.lowering import assert_same_reference, model_of, ops
+from npbtest.lowering import assert_same_reference, ops, se_pool_model
 from npbtest.npusim import assert_bitexact, vela_raw
 from npbtest.ops import calib, check_int, io_dict, quantize_model, vela_run
-from onnx import helper
 
 from npubuild.ethosu.measured import choose
 from npubuild.lowering.driver import lower_model
 from npubuild.lowering.options import FAMILY_OPTIONS, PlaneRowsLimits
 
 FAMILY_TARGETS = [("u55", "ethos-u55-128"), ("u65", "ethos-u65-256"), ("u85", "ethos-u85-256")]
-
-
-def _se_pool(channels: int, h: int, w: int, op: str = "ReduceMean") -> onnx.ModelProto:
-    """Conv -> Relu -> mean over H, W (a squeeze-excite pool): the mean gets its own, finer scale."""
-    w1 = np.random.default_rng(0).standard_normal((channels, 8, 1, 1)).astype(np.float32) * 0.3
-    inits = {"w1": w1}
-    if op == "ReduceMean":
-        inits["axes"] = np.array([2, 3], np.int64)
-        mean = helper.make_node("ReduceMean", ["a", "axes"], ["y"], keepdims=1)
-    else:
-        mean = helper.make_node("GlobalAveragePool", ["a"], ["y"])
-    nodes = [helper.make_node("Conv", ["x", "w1"], ["c"]), helper.make_node("Relu", ["c"], ["a"]), mean]
-    return model_of(nodes, {"x": [1, 8, h, w]}, {"y": [1, channels, 1, 1]}, inits)
 
 
 def _without_rows(family: str):
@@ -48,7 +33,7 @@ def _without_rows(family: str):
 @pytest.mark.parametrize("family,target", FAMILY_TARGETS)
 def test_row_sums_same_integers_and_faster(op, family, target):
     shape = [1, 8, 16, 16]
-    model = _se_pool(64, 16, 16, op)
+    model = se_pool_model(64, 16, 16, op)
     cal = calib("x", shape, low=-1.0, high=3.0)
     rows, _ = check_int(model, cal, {"x": np.random.default_rng(5).uniform(-1, 3, shape).astype(np.float32)},
                         options=FAMILY_OPTIONS[family])
@@ -64,7 +49,7 @@ def test_row_sums_same_integers_and_faster(op, family, target):
 def test_row_sums_bitexact_on_npusim(target):
     """As int16 the row sums are bit-exact on U55 too; kept int32, Vela's U55 transpose of them for the
     REDUCE_SUM gives sums npu-sim does not reproduce."""
-    qdq = quantize_model(_se_pool(64, 16, 16), calib("x", [1, 8, 16, 16], low=-1.0, high=3.0))
+    qdq = quantize_model(se_pool_model(64, 16, 16), calib("x", [1, 8, 16, 16], low=-1.0, high=3.0))
     lowered = lower_model(qdq, "int", family=target.split("-")[1][:3])
     assert "DEPTHWISE_CONV2D" in ops(lowered)
     with tempfile.TemporaryDirectory() as tmp:
@@ -78,7 +63,7 @@ def test_small_planes_keep_one_sum(family, target, hwc):
     """Few positions of many channels, and U65's planes under 10x10, are cheaper as one REDUCE_SUM (forced,
     the rows form is slower there): the limits leave them alone."""
     h, w, c = hwc
-    qdq = quantize_model(_se_pool(c, h, w), calib("x", [1, 8, h, w], low=-1.0, high=3.0))
+    qdq = quantize_model(se_pool_model(c, h, w), calib("x", [1, 8, h, w], low=-1.0, high=3.0))
     kept = lower_model(qdq, "int", family=family)
     assert kept.tosa == lower_model(qdq, "int", options=_without_rows(family)).tosa
     forced = lower_model(qdq, "int", options=replace(FAMILY_OPTIONS[family], plane_rows=PlaneRowsLimits(1, 1, 1, 1 << 30)))
@@ -91,7 +76,7 @@ def test_u85_small_plane_rows_measured_per_model():
     on small planes: DS-CNN's 25x5x64 head 2.6% for 0.7 KiB (bench/perf_choices.md). The family's options keep one
     REDUCE_SUM under 16384 elements; the lower stage measures the rows for every plane (ethosu/measured.py): the
     faster form in performance mode, the smallest one in size mode."""
-    qdq = quantize_model(_se_pool(64, 25, 5), calib("x", [1, 8, 25, 5], low=-1.0, high=3.0))
+    qdq = quantize_model(se_pool_model(64, 25, 5), calib("x", [1, 8, 25, 5], low=-1.0, high=3.0))
     kept = lower_model(qdq, "int", family="u85")
     assert kept.tosa == lower_model(qdq, "int", options=_without_rows("u85")).tosa
     forced = lower_model(qdq, "int", options=replace(FAMILY_OPTIONS["u85"], plane_rows=PlaneRowsLimits(4, 49, 0, 256)))

@@ -56,6 +56,18 @@ def model_of(nodes, inputs: dict[str, list[int]], outputs: dict[str, list[int]],
     return model
 
 
+def se_pool_model(channels: int, h: int, w: int, op: str = "ReduceMean") -> onnx.ModelProto:
+    """Conv -> Relu -> mean over H, W (a squeeze-excite pool): the mean gets its own, finer scale."""
+    inits = {"w1": np.random.default_rng(0).standard_normal((channels, 8, 1, 1)).astype(np.float32) * 0.3}
+    if op == "ReduceMean":
+        inits["axes"] = np.array([2, 3], np.int64)
+        mean = helper.make_node("ReduceMean", ["a", "axes"], ["y"], keepdims=1)
+    else:
+        mean = helper.make_node("GlobalAveragePool", ["a"], ["y"])
+    nodes = [helper.make_node("Conv", ["x", "w1"], ["c"]), helper.make_node("Relu", ["c"], ["a"]), mean]
+    return model_of(nodes, {"x": [1, 8, h, w]}, {"y": [1, channels, 1, 1]}, inits)
+
+
 def wrapped(op: str, in_shape, out_shape, inits=None, extra_inputs=(), **attrs):
     """x -> wrap -> op -> wrap -> y, so that onnxruntime quantizes op's input and output.
 
