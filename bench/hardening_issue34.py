@@ -22,13 +22,12 @@ import threading
 import time
 from pathlib import Path
 
-import numpy as np
 import onnx
-from onnx import TensorProto, helper, numpy_helper
+from onnx import TensorProto, helper
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests"))
-from npbtest.builds import conv_chain_model, write_spec  # noqa: E402
+from npbtest.builds import flip_weight_signs, tiny_project  # noqa: E402
 
 
 class Runner:
@@ -56,27 +55,6 @@ def _lines(err: str) -> str:
     return f"{len(lines)} line(s){internal}{trace}"
 
 
-def _tiny_project(root: Path, specs: int) -> list[Path]:
-    (root / "configs" / "models").mkdir(parents=True)
-    (root / "dodo.py").write_text("# product repo marker\n")
-    out = []
-    for i in range(specs):
-        path = root / "configs" / "models" / f"m{i}.onnx"
-        onnx.save(conv_chain_model(8, 8), path)
-        write_spec(root, f"s{i}", path.name, [1, 4, 8, 8], "[ethos-u55-128]")
-        out.append(path)
-    return out
-
-
-def _flip_signs(path: Path, seed: int) -> None:
-    model = onnx.load(str(path))
-    w = model.graph.initializer[0]
-    a = numpy_helper.to_array(w)
-    w.CopyFrom(numpy_helper.from_array((a * np.random.default_rng(seed).choice([-1.0, 1.0], a.shape))
-                                       .astype(np.float32), w.name))
-    onnx.save(model, path)
-
-
 def _kws_project(root: Path) -> Path:
     (root / "configs" / "models").mkdir(parents=True)
     (root / "dodo.py").write_text("# product repo marker\n")
@@ -89,13 +67,13 @@ def _kws_project(root: Path) -> Path:
 
 def stale(r: Runner, tmp: Path) -> tuple[str, str]:
     root = tmp / "stale"
-    models = _tiny_project(root, 2)
+    models = tiny_project(root, 2)
     r.run(["build", "-q", "--cache", "off"], root)
     before = {b["spec"]: b for b in json.loads((root / "build" / "report.json").read_text())["builds"]}
     (root / "configs" / "models" / "broken.onnx").write_bytes(b"not ONNX")
     spec = root / "configs" / "s0.yaml"
     spec.write_text(spec.read_text().replace("models/m0.onnx", "models/broken.onnx"))
-    _flip_signs(models[1], 1)
+    flip_weight_signs(models[1], 1)
     proc = r.run(["build", "-q", "--cache", "off"], root)
     b = {e["spec"]: e for e in json.loads((root / "build" / "report.json").read_text())["builds"]}["s1"]
     now = hashlib.sha256(models[1].read_bytes()).hexdigest()
@@ -152,13 +130,13 @@ def many_jobs(r: Runner, tmp: Path, n: int) -> tuple[str, str]:
 
 def planted(r: Runner, tmp: Path) -> tuple[str, str]:
     root = tmp / "planted"
-    _tiny_project(root, 1)
+    tiny_project(root, 1)
     cache = tmp / "planted-cache"
     r.run(["build", "-q", "--cache", str(cache), "--build-dir", "b0"], root)
     clean = json.loads((root / "b0" / "report.json").read_text())["builds"][0]["metrics"]["tosa_snr_db"]
     other = tmp / "other"
-    models = _tiny_project(other, 1)
-    _flip_signs(models[0], 0)
+    models = tiny_project(other, 1)
+    flip_weight_signs(models[0], 0)
     r.run(["build", "-q", "--cache", "off"], other)
     graph = next((other / "build" / "stages" / "lower").glob("*/model.tosa")).read_bytes()
     (mpath,) = [m for m in cache.glob("*/*/manifest.json") if "model.tosa" in json.loads(m.read_text())["files"]]
@@ -179,7 +157,7 @@ def planted(r: Runner, tmp: Path) -> tuple[str, str]:
 
 def url_cache(r: Runner, tmp: Path) -> tuple[str, str]:
     root = tmp / "url"
-    _tiny_project(root, 1)
+    tiny_project(root, 1)
     proc = r.run(["build", "-q", "--cache", f"file://{tmp / 'shared'}"], root)
     return ("a cache reached over a URL (file://) without a key", f"exit {proc.returncode}, {_lines(proc.stderr)}")
 

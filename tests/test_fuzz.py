@@ -27,9 +27,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-import numpy as np
-import onnx
 import pytest
+from npbtest.builds import flip_weight_signs, tiny_project
 from npbtest.fuzz_inputs import (
     base_model,
     hostile_flags,
@@ -39,7 +38,6 @@ from npbtest.fuzz_inputs import (
     mutate_spec,
     mutate_spec_bytes,
 )
-from onnx import numpy_helper
 
 from npubuild.cli import main
 from npubuild.config.load import load_specs
@@ -225,36 +223,12 @@ def test_fuzzed_flags_and_settings_are_bounded_or_one_line(fuzz_project: Path, c
             assert json.loads((fuzz_project / "build" / "run.json").read_text())["jobs"] <= os.cpu_count()
 
 
-def _tiny_project(root: Path, specs: int) -> list[Path]:
-    """`specs` specs of one tiny conv chain each (ethos-u55-128): their model files."""
-    from npbtest.builds import conv_chain_model, write_spec
-
-    (root / "configs" / "models").mkdir(parents=True)
-    (root / "dodo.py").write_text("# product repo marker\n")
-    models = []
-    for i in range(specs):
-        path = root / "configs" / "models" / f"m{i}.onnx"
-        onnx.save(conv_chain_model(8, 8), path)
-        write_spec(root, f"s{i}", path.name, [1, 4, 8, 8], "[ethos-u55-128]")
-        models.append(path)
-    return models
-
-
-def _flip_signs(path: Path, seed: int) -> None:
-    model = onnx.load(str(path))
-    w = model.graph.initializer[0]
-    a = numpy_helper.to_array(w)
-    w.CopyFrom(numpy_helper.from_array((a * np.random.default_rng(seed).choice([-1.0, 1.0], a.shape))
-                                       .astype(np.float32), w.name))
-    onnx.save(model, path)
-
-
 def test_fuzzed_stops_and_edits_never_report_a_stale_build(tmp_path: Path, capsys):
     """Rounds of: some specs made to fail (their model replaced by one that is not ONNX), some models edited in
     place, with or without --keep-going. Whatever stops the run, a build reported passed is of the model file
     as it is now, and a build not finished carries no figure of an earlier run."""
     root = tmp_path / "p"
-    models = _tiny_project(root, 3)
+    models = tiny_project(root, 3)
     (root / "configs" / "models" / "broken.onnx").write_bytes(b"not an ONNX model")
     rng = random.Random(SEED + 38)
     build = ["build", "-q", "--cache", "off", "--build-dir", str(root / "build")]
@@ -269,7 +243,7 @@ def test_fuzzed_stops_and_edits_never_report_a_stale_build(tmp_path: Path, capsy
                           spec.read_text())
             spec.write_text(text)
             if i in edited:
-                _flip_signs(model, rng.randrange(1 << 30))
+                flip_weight_signs(model, rng.randrange(1 << 30))
         keep_going = rng.random() < 0.3
         stopped_before_an_edit += not keep_going and any(f < e for f in failing for e in edited - failing)
         old = os.getcwd()
@@ -294,7 +268,7 @@ def test_fuzzed_planted_cache_files_are_never_restored_under_clean_checks(tmp_pa
     who can write there: a stage restored from such an entry is the planted content, and no stage that reads
     its files may be restored from the entries made from the genuine ones."""
     root = tmp_path / "p"
-    _tiny_project(root, 1)
+    tiny_project(root, 1)
     cache = tmp_path / "cache"
     old = os.getcwd()
     os.chdir(root)
@@ -344,7 +318,7 @@ def test_fuzzed_full_disks_are_one_line_and_lose_nothing(tmp_path: Path):
     there is room the build completes from what was finished, with nothing half-written taken as done (root
     only: the tests/engine/test_full_disk.py injected cases run everywhere)."""
     root = tmp_path / "p"
-    _tiny_project(root, 1)
+    tiny_project(root, 1)
     measure = subprocess.run([sys.executable, "-m", "npubuild", "build", "-q", "--cache", "off", "--build-dir",
                               str(tmp_path / "whole")], cwd=root, capture_output=True, text=True, timeout=600)
     assert measure.returncode == 0, measure.stderr

@@ -105,3 +105,27 @@ def sensitive_conv_model(rng: np.random.Generator | None = None) -> onnx.ModelPr
     m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
     m.ir_version = 8
     return m
+
+
+def tiny_project(root: Path, specs: int) -> list[Path]:
+    """A product repo under `root` with `specs` specs of one tiny conv chain each (ethos-u55-128): their model
+    files (to edit between builds)."""
+    (root / "configs" / "models").mkdir(parents=True)
+    (root / "dodo.py").write_text("# product repo marker\n")
+    models = []
+    for i in range(specs):
+        path = root / "configs" / "models" / f"m{i}.onnx"
+        onnx.save(conv_chain_model(8, 8), path)
+        write_spec(root, f"s{i}", path.name, [1, 4, 8, 8], "[ethos-u55-128]")
+        models.append(path)
+    return models
+
+
+def flip_weight_signs(path: Path, seed: int) -> None:
+    """Edit a model file in place: its first initializer's signs flipped at random (same shapes, new outputs)."""
+    model = onnx.load(str(path))
+    w = model.graph.initializer[0]
+    a = numpy_helper.to_array(w)
+    w.CopyFrom(numpy_helper.from_array((a * np.random.default_rng(seed).choice([-1.0, 1.0], a.shape))
+                                       .astype(np.float32), w.name))
+    onnx.save(model, path)
