@@ -10,7 +10,6 @@ changes, and cached like any stage output otherwise.
 
 from __future__ import annotations
 
-import subprocess
 import sys
 import tempfile
 from collections.abc import Callable
@@ -194,36 +193,55 @@ SIZE_CHOICES: tuple[Choice, ...] = tuple(_off(f) for f in (
     _on("plane_pool_rows", ("GlobalAveragePool", "AveragePool", "ReduceMean", "ReduceSum")), NORM_AFFINE_RESCALE)
 
 
-def vela_figures(tosa: bytes, accelerator: str, optimise: str = "performance", layers: bool = False) -> dict | None:
-    """Vela's estimate for one whole TOSA graph on the shipped profile of `accelerator`: inference ms, SRAM and
-    off-chip KiB (None if Vela fails). `optimise` "size" compiles with Vela's --optimise Size. `layers`: also
-    Vela's per-layer rows (perf.parse_per_layer, no ONNX nodes yet) under "layers"."""
+def vela_figures_all(tosas: list[bytes], accelerator: str, optimise: str = "performance",
+                     layers: bool = False) -> list[dict | None]:
+    """Vela's estimate for each whole TOSA graph on the shipped profile of `accelerator`: inference ms, SRAM and
+    off-chip KiB (None where Vela fails). The compiles run at once, each in a fork of this process (Vela's import
+    paid once: a fresh interpreter per compile cost ~0.3 CPU s, twice DS-CNN's whole compile). `optimise` "size"
+    compiles with Vela's --optimise Size. `layers`: also Vela's per-layer rows (perf.parse_per_layer, no ONNX
+    nodes yet) under "layers"."""
     from npubuild.config.load import SHIPPED_ROOT, default_search_path, load_target
-    from npubuild.ethosu.perf import parse_per_layer
-    from npubuild.ethosu.vela import parse_summary_csv, vela_command
+    from npubuild.ethosu.vela import run_vela_each, vela_command
     from npubuild.ethosu.vela_ini import render_ini
 
     profile, _ = load_target(accelerator, default_search_path(SHIPPED_ROOT), None)
     opts = profile.vela.model_copy(update={"optimise": "Size"}) if optimise == "size" else profile.vela
     with tempfile.TemporaryDirectory(prefix="npubuild-choice-") as tmp:
-        src, ini, out = Path(tmp) / "m.tosa", Path(tmp) / "system.ini", Path(tmp) / "out"
-        src.write_bytes(tosa)
+        ini = Path(tmp) / "system.ini"
         ini.write_text(render_ini(profile))
-        cmd = vela_command(src, ini, out, profile, opts) + (["--verbose-performance"] if layers else [])
-        proc = subprocess.run(cmd, capture_output=True, text=True, check=False, timeout=600)
-        summaries = sorted(out.glob("*_summary_*.csv")) if proc.returncode == 0 else []
-        if not summaries:
+        cmds, outs = [], []
+        for i, tosa in enumerate(tosas):
+            src, out = Path(tmp) / f"m{i}.tosa", Path(tmp) / f"out{i}"
+            src.write_bytes(tosa)
+            cmds.append(vela_command(src, ini, out, profile, opts) + (["--verbose-performance"] if layers else []))
+            outs.append(out)
+        procs = run_vela_each(cmds, Path(tmp))
+        return [_figures(out, layers) if proc.returncode == 0 else None for proc, out in zip(procs, outs, strict=True)]
+
+
+def _figures(out: Path, layers: bool) -> dict | None:
+    """One compile's figures from the CSVs Vela wrote in `out` (vela_figures_all)."""
+    from npubuild.ethosu.perf import parse_per_layer
+    from npubuild.ethosu.vela import parse_summary_csv
+
+    summaries = sorted(out.glob("*_summary_*.csv"))
+    if not summaries:
+        return None
+    row = parse_summary_csv(summaries[0])
+    figures = {"ms": round(float(row["inference_time"]) * 1e3, 6),
+               "sram_kib": round(float(row["sram_memory_used"]), 3),
+               "offchip_kib": round(float(row["off_chip_flash_memory_used"]) + float(row["dram_memory_used"]), 3)}
+    if layers:
+        per_layer = sorted(out.glob("*_per-layer.csv"))
+        if not per_layer:
             return None
-        row = parse_summary_csv(summaries[0])
-        figures = {"ms": round(float(row["inference_time"]) * 1e3, 6),
-                   "sram_kib": round(float(row["sram_memory_used"]), 3),
-                   "offchip_kib": round(float(row["off_chip_flash_memory_used"]) + float(row["dram_memory_used"]), 3)}
-        if layers:
-            per_layer = sorted(out.glob("*_per-layer.csv"))
-            if not per_layer:
-                return None
-            figures["layers"] = parse_per_layer(per_layer[0], {})
-        return figures
+        figures["layers"] = parse_per_layer(per_layer[0], {})
+    return figures
+
+
+def vela_figures(tosa: bytes, accelerator: str, optimise: str = "performance", layers: bool = False) -> dict | None:
+    """vela_figures_all for one graph."""
+    return vela_figures_all([tosa], accelerator, optimise, layers)[0]
 
 
 def vela_inference_ms(tosa: bytes, accelerator: str) -> float | None:
@@ -243,7 +261,7 @@ def better(a: dict, b: dict, optimise: str) -> bool:
 
 
 def choose(model: onnx.ModelProto, fam: str, lower: Callable[[LoweringOptions], LoweredGraph | None],
-           measure: Callable[..., dict | None] = vela_figures,
+           measure: Callable[..., list[dict | None]] = vela_figures_all,
            optimise: str = "performance") -> tuple[LoweringOptions, list[dict]]:
     """The family's options with each applicable choice decided by Vela's estimate, and what was measured.
 
@@ -262,7 +280,7 @@ def choose(model: onnx.ModelProto, fam: str, lower: Callable[[LoweringOptions], 
         graphs = [lower(opts) for opts in candidates]
         if any(g is None for g in graphs) or len({g.tosa for g in graphs}) == 1:
             continue  # no single graph to compare, or the choice changes nothing in this model
-        figures = [measure(g.tosa, FAMILIES[fam].measured_on, optimise) for g in graphs]
+        figures = measure([g.tosa for g in graphs], FAMILIES[fam].measured_on, optimise)
         if any(f is None for f in figures):
             record.append({"choice": choice.name, "figures": figures, "taken": 0})
             continue
@@ -293,7 +311,7 @@ def node_cycles(lowered: LoweredGraph, layers: list[dict]) -> dict[str, int]:
 
 
 def _by_node(choice: NodeChoice, model: onnx.ModelProto, fam: str, options: LoweringOptions,
-             lower: Callable[[LoweringOptions], LoweredGraph | None], measure: Callable[..., dict | None],
+             lower: Callable[[LoweringOptions], LoweredGraph | None], measure: Callable[..., list[dict | None]],
              optimise: str, record: list[dict]) -> LoweringOptions:
     """`options` with `choice` decided per node (NodeChoice); what was measured appended to `record`."""
     nodes = choice.nodes(model, options)
@@ -304,7 +322,7 @@ def _by_node(choice: NodeChoice, model: onnx.ModelProto, fam: str, options: Lowe
     if any(g is None for g in graphs) or graphs[0].tosa == graphs[1].tosa:
         return options
     target = FAMILIES[fam].measured_on
-    figures = [measure(g.tosa, target, optimise, layers=True) for g in graphs]
+    figures = measure([g.tosa for g in graphs], target, optimise, layers=True)
     if any(f is None for f in figures):
         record.append({"choice": choice.name, "figures": figures, "taken": 0})
         return options
@@ -313,7 +331,7 @@ def _by_node(choice: NodeChoice, model: onnx.ModelProto, fam: str, options: Lowe
     if taken and taken != frozenset(nodes):
         mixed = choice.on(options, taken)
         graph = lower(mixed)
-        mixed_figures = measure(graph.tosa, target, optimise) if graph is not None else None
+        mixed_figures = measure([graph.tosa], target, optimise)[0] if graph is not None else None
         if mixed_figures is not None:
             candidates.append(mixed)
             figures.append(mixed_figures)

@@ -103,14 +103,13 @@ def _vela_child(argv: list[str], out_fd: int, err_fd: int) -> int:
     return code
 
 
-def _run_vela_all(cmds: list[list[str]], accelerator: str, log_dir: Path) -> list[subprocess.CompletedProcess]:
-    """Vela on each command line at once, each with its own output dir (the stage runs one; a caller with
-    independent compiles waits for the slowest, not their sum). Each runs in a forked child of this process
-    (vela_command's argv after `python -m ethosu.vela`), or, in a
-    process running other threads (a stage run in process by a Dask worker), where a fork without exec may
-    inherit a lock some thread holds, as its own interpreter. Output goes to temp files in `log_dir` (the
-    stage's own temp dir, in the build dir: the system's temp dir may be another, fuller, disk). A failure is
-    the first failing command's last line, as if they had run in turn."""
+def run_vela_each(cmds: list[list[str]], log_dir: Path) -> list[subprocess.CompletedProcess]:
+    """Vela on each command line at once, each with its own output dir (a caller with independent compiles
+    waits for the slowest, not their sum); each command's outcome, failed or not. Each runs in a forked child
+    of this process (vela_command's argv after `python -m ethosu.vela`), or, in a process running other
+    threads (a stage run in process by a Dask worker), where a fork without exec may inherit a lock some
+    thread holds, as its own interpreter. Output goes to temp files in `log_dir` (the stage's own temp dir, in
+    the build dir: the system's temp dir may be another, fuller, disk)."""
     deadline = time.monotonic() + VELA_TIMEOUT_S
     with ExitStack() as stack:
         logs = [(stack.enter_context(tempfile.TemporaryFile("w+", dir=log_dir)),
@@ -121,6 +120,13 @@ def _run_vela_all(cmds: list[list[str]], accelerator: str, log_dir: Path) -> lis
             out.seek(0)
             err.seek(0)
             results.append(subprocess.CompletedProcess(cmd, code, out.read(), err.read()))
+    return results
+
+
+def _run_vela_all(cmds: list[list[str]], accelerator: str, log_dir: Path) -> list[subprocess.CompletedProcess]:
+    """run_vela_each, where any failure fails the stage: the first failing command's last line, as if they had
+    run in turn."""
+    results = run_vela_each(cmds, log_dir)
     for proc in results:
         if proc.returncode != 0:
             lines = [ln for ln in (proc.stderr or proc.stdout).strip().splitlines() if ln.strip()]

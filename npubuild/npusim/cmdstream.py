@@ -73,6 +73,8 @@ class Command:
     param: int  # the op word's parameter (pool/elementwise mode)
     regs: dict[str, int]  # cmd0: 16-bit param; cmd1: 32-bit data
     hi: dict[str, int]  # cmd1 only: the 16-bit parameter of the payload command (shifts, address high bits)
+    # what is derived from the registers alone (fmap.operand's feature maps), kept for the next sample's run
+    derived: dict = field(default_factory=dict, compare=False, repr=False)
 
     def s16(self, name: str) -> int:
         """A cmd0 register read as a signed 16-bit value (zero points, activation bounds)."""

@@ -45,6 +45,8 @@ class RawModel:
     shram_kib: int = 48  # per core
     inputs: list[TensorPlace] = field(default_factory=list)
     outputs: list[TensorPlace] = field(default_factory=list)
+    # the decoded command stream, kept between runs of this model (a sample each: npu-sim's check runs four)
+    decoded: list = field(default_factory=list, compare=False, repr=False)
 
     @property
     def generation(self) -> CommandStream:

@@ -64,4 +64,5 @@ def run(task: StageTask) -> dict:
 STAGE = Stage("lower", __name__, "npubuild.ethosu.families", ("onnx", "onnx-ir", "tosa-tools", "ethos-u-vela"),
               plan, run,
               preload=("numpy.random", "tosa_reference_model", "npubuild.frontend.passes:load_all",
-                       "npubuild.lowering:load_all"))  # the pipeline's passes, the op lowerings, the families' runs
+                       "npubuild.lowering:load_all",  # the pipeline's passes, the op lowerings, the families' runs
+                       "npubuild.ethosu.vela"))  # Vela, which the measured choices fork: imported once, not per child

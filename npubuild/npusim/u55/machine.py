@@ -41,7 +41,9 @@ def run(model: RawModel, inputs: list[np.ndarray], keep_ofms: bool = True) -> Si
     mem = region_memory(model)
     place_inputs(mem, model, inputs)
     trace: list[OpResult] = []
-    for cmd in decode(model.commands, model.path):
+    if not model.decoded:
+        model.decoded.extend(decode(model.commands, model.path))
+    for cmd in model.decoded:
         if cmd.kind == "DMA_START":
             _dma(mem, cmd)
             continue

@@ -30,7 +30,9 @@ def run(model: RawModel, inputs: list[np.ndarray], keep_ofms: bool = True) -> Si
     place_inputs(mem, model, inputs)
     m = Machine(mem, int(model.accelerator.rsplit("-", 1)[1]), model.ncores)
     trace = []
-    for cmd in decode(model.commands, model.path, COMMANDS):
+    if not model.decoded:
+        model.decoded.extend(decode(model.commands, model.path, COMMANDS))
+    for cmd in model.decoded:
         if cmd.kind == "DMA_START":
             try:
                 run_dma(m, cmd)
