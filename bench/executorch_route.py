@@ -135,7 +135,7 @@ def lower(module: torch.nn.Module, example: torch.Tensor, accelerator: str, work
     if not tosa:
         raise RuntimeError("ExecuTorch delegated nothing to the NPU")
     return {"tosa": tosa, "quantized": quantized, "lower_s": seconds, "cpu_ops": outside, "io_qdq": io_qdq,
-            "delegates": delegates}
+            "delegates": delegates, "edge": edge}
 
 
 def quant_snr(module: torch.nn.Module, quantized, example: torch.Tensor, n: int = 8, seed: int = 1) -> float:

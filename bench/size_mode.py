@@ -6,7 +6,11 @@ A benchmark script, not part of npubuild. It copies configs/ into a scratch proj
 set to TARGETS; the second copy with `optimise: size` added to every spec), builds both with this checkout and
 prints per build the inference ms, SRAM and off-chip KiB of each mode, beside the best peer route's figures as
 bench/routes.md has them (the fastest of onnx2tf -> TFLite int8 and ExecuTorch, same Vela and named configs;
-run bench/routes.py to refresh those).
+run bench/routes.py to refresh those). Where that route is ExecuTorch's and it leaves ops on the CPU, routes.md's
+figures are its Vela delegates' only; the memory ExecuTorch plans beside them for the CPU part (the tensors
+handed to and from the CPU ops, their float outputs: bench/executorch_cpu_memory.py, ExecuTorch's own memory
+plan without the graph's input and output) is added to the route's SRAM where its named memory mode keeps the
+arena in SRAM (U55's Shared_Sram), else to its off-chip figure (U65 / U85: Dedicated_Sram).
 """
 
 from __future__ import annotations
@@ -70,6 +74,21 @@ def peers(routes_md: Path) -> dict[tuple[str, str], dict]:
     return out
 
 
+def with_cpu_memory(best: dict[tuple[str, str], dict], planned: Path) -> dict[tuple[str, str], dict]:
+    """`best` with ExecuTorch's planned CPU-side memory added to the ExecuTorch route's figure it lives in
+    (bench/executorch_cpu_memory.json); the KiB added under "cpu_kib", the figure under "cpu_in"."""
+    rows = json.loads(planned.read_text()) if planned.exists() else []
+    out = dict(best)
+    for r in rows:
+        key = (r["model"], r["target"])
+        b = best.get(key)
+        if b is None or not b["route"].startswith("executorch") or b[r["adds_to"]] is None:
+            continue
+        kib = r["planned_bytes"] / 1024
+        out[key] = {**b, r["adds_to"]: b[r["adds_to"]] + kib, "cpu_kib": kib, "cpu_in": r["adds_to"]}
+    return out
+
+
 def geomean(xs: list[float]) -> float:
     return math.exp(sum(math.log(x) for x in xs) / len(xs)) if xs else float("nan")
 
@@ -90,9 +109,14 @@ def main(argv: list[str]) -> int:
         else:
             report = json.loads((proj / "build" / "report.json").read_text())
             runs[name] = {(e["model"], e["target"]): e["metrics"] for e in report["builds"]}
-    best = peers(ROOT / "bench" / "routes.md")
+    best = with_cpu_memory(peers(ROOT / "bench" / "routes.md"), ROOT / "bench" / "executorch_cpu_memory.json")
     lines = ["Regenerate: `PYTHONPATH=. .venv/bin/python bench/size_mode.py --work /tmp/size --out bench/size_mode.md` "
-             "(peers: bench/routes.md).", "",
+             "(peers: bench/routes.md; the ExecuTorch route's CPU part: bench/executorch_cpu_memory.json).", "",
+             "Best route's memory: its Vela figures (routes.md); where it is ExecuTorch's with ops left on the CPU (`*`), "
+             "plus the activation memory ExecuTorch's own memory plan holds for the CPU part (the tensors handed "
+             "to and from the CPU ops and their float outputs, the graph's own input and output left out: "
+             "bench/executorch_cpu_memory.py), in SRAM on U55 (Shared_Sram), off-chip on U65 / U85 (Dedicated_Sram).",
+             "",
              "| model | target | ms perf / size | SRAM KiB perf / size / best route | off-chip KiB perf / size / best "
              "route | size mode over the best route |", "|---|---|---|---|---|---|"]
     over, count = [], 0
@@ -102,6 +126,9 @@ def main(argv: list[str]) -> int:
         def f(v, d=2):
             return "-" if v is None else f"{v:.{d}f}"
 
+        def peer(k, b=b):  # `*`: ExecuTorch's planned CPU-side memory is in this figure
+            return "-" if not b or b[k] is None else f"{b[k]:.2f}" + ("*" if b.get("cpu_in") == k else "")
+
         verdict = "no peer"
         if b and s.get("sram_kib") is not None:
             count += 1
@@ -110,8 +137,8 @@ def main(argv: list[str]) -> int:
             if more:
                 over.append(f"- {key[0]} / {key[1]}: {verdict}")
         lines.append(f"| {key[0]} | {key[1]} | {f(p.get('inference_ms'), 4)} / {f(s.get('inference_ms'), 4)} | "
-                     f"{f(p.get('sram_kib'))} / {f(s.get('sram_kib'))} / {f(b and b['sram_kib'])} | "
-                     f"{f(p.get('offchip_kib'))} / {f(s.get('offchip_kib'))} / {f(b and b['offchip_kib'])} | {verdict} |")
+                     f"{f(p.get('sram_kib'))} / {f(s.get('sram_kib'))} / {peer('sram_kib')} | "
+                     f"{f(p.get('offchip_kib'))} / {f(s.get('offchip_kib'))} / {peer('offchip_kib')} | {verdict} |")
     lines += ["", f"Size mode over the best route's SRAM or off-chip: {len(over)} of {count} builds with a peer.", ""]
     lines += over or ["- none"]
     lines += ["", "Inference time over the best route's (the routes.md ratio with this checkout's npubuild side), "

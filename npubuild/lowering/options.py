@@ -125,6 +125,10 @@ class LoweringOptions:
     # _affine_as_rescale: the same integers), no per-channel bias and scale in Vela's weight stream; slower under
     # Vela's Performance on every family: size mode's memory choice (ethosu/measured.NORM_AFFINE_RESCALE)
     norm_affine_rescale: bool = False
+    # ... and with a beta, as an int16 MUL by gamma and an int16 ADD of beta (ops/norm._affine_as_vectors): 4 bytes
+    # a channel of constants for the depthwise's 10 of bias and scale; rounds the sum once, but not bit for bit as
+    # the depthwise does (exact_only leaves it out): size mode's memory choice (ethosu/measured.NORM_AFFINE_VECTORS)
+    norm_affine_vectors: bool = False
     # a transposed conv whose kernel equals its stride (no two taps meet: a U-Net's 2x2 / 2 upsampling) as one
     # 1x1 CONV2D of every phase as channels, then the depth-to-space shuffle (ops_conv.phases_conv: the same
     # integers): Vela 5.2 leaves a TRANSPOSE_CONV2D's per-channel RESCALE unfused, an int32 MUL
@@ -202,8 +206,9 @@ class LoweringOptions:
 
     def exact_only(self) -> LoweringOptions:
         """These options without the forms that round differently from the portable lowering (the int32
-        softmax, the bias-Add fold): every form left gives the portable lowering's integers for every input."""
-        return replace(self, softmax_wide=False, int_bias_add=False)
+        softmax, the bias-Add fold, the layer norm's affine vectors): every form left gives the portable
+        lowering's integers for every input."""
+        return replace(self, softmax_wide=False, int_bias_add=False, norm_affine_vectors=False)
 
     @property
     def same_integers(self) -> bool:

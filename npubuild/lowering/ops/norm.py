@@ -32,6 +32,7 @@ from npubuild.lowering.context import NHWC, LoweringContext, TTensor, identity
 from npubuild.lowering.convolution import Bias, emit_conv
 from npubuild.lowering.emit import Op, attr, rescale, reshape, to_layout
 from npubuild.lowering.fusion.norm_rows import fraction_bits, normalized_int16
+from npubuild.lowering.ops.elementwise import HEADROOM_BITS_16
 from npubuild.lowering.quant import multiplier_shift
 from npubuild.lowering.reduction import axis_last, emit_reduce
 from npubuild.lowering.registry import lowers, quantize_also
@@ -163,6 +164,8 @@ def _int_affine_channels_last(ctx: LoweringContext, x: TTensor, count: int, eps:
     mult16, shift16 = multiplier_shift(acc_unit / out_q.s, 16)
     if ctx.options.norm_affine_rescale and not np.any(beta) and np.all(gamma >= 0):
         return _affine_as_rescale(ctx, v16, x, np.where(live, 127 * mult16, 0), shift16, out_q, output_of)
+    if ctx.options.norm_affine_vectors:
+        return _affine_as_vectors(ctx, v16, x, frac, gamma, beta, output_of)
     # the rows along W, not H: Vela's depthwise then reads them as one row of blocks (bench/perf_choices.md)
     view = reshape(ctx, v16, (1, 1, rows, k) if ctx.options.norm_affine_one_row else (1, rows, 1, k), NHWC)
     w = np.sign(gamma).astype(np.int8).reshape(1, 1, k, 1) * np.int8(127)  # HWCM
@@ -197,6 +200,47 @@ def _affine_as_rescale(ctx: LoweringContext, v16: TTensor, x: TTensor, mult: np.
     ctx.op(Op.RESCALE, [v16.name, ctx.const(mult.astype(np.int32), "multiplier"), ctx.const(shift.astype(np.int8), "shift"),
                         ctx.zp(0, np.int16), ctx.zp(out_q.zp, out_q.dtype)], [y.name],
            attr("Rescale", True, ts.RoundingMode.SINGLE_ROUND, not uniform, False, False))
+    return reshape(ctx, y, x.shape, x.perm, output_of=output_of)
+
+
+def _affine_as_vectors(ctx: LoweringContext, v16: TTensor, x: TTensor, frac: int, gamma: np.ndarray, beta: np.ndarray,
+                       output_of: str | None) -> TTensor:
+    """The affine step as elementwise int16 vectors: an int16 MUL of the normalised value by gamma, then TFLite's
+    16-bit ADD of beta, rounding once to the output; 4 bytes a channel of constants (gamma and beta, int16)
+    where the depthwise's per-channel scale and bias take 10 a channel in Vela's weight stream, and no weights.
+
+    v16 carries 2^frac; gamma has 15 bits (per tensor: |error| <= max|gamma| / 65534) and v16 gamma fits int32
+    exactly. The product goes to int16 on a scale that still holds the output's whole range plus |beta| (a
+    saturated term saturates the output either way), 1/512 of an output step fine: the ADD's two operands and
+    its one rounding then give the depthwise's integers but where the sum lies within ~1/256 of a rounding
+    boundary (not bit for bit: LoweringOptions.exact_only leaves it out, so the family's check holds it to the
+    portable graph's error). Vela fuses the MUL's RESCALE into the MUL and the ADD's three into the ADD."""
+    out_q = ctx.require_output_q()
+    k = x.shape[-1]
+    row = (1,) * (len(v16.shape) - 1) + (k,)
+    int16 = np.dtype(np.int16)
+    top = np.iinfo(np.int16).max
+    s_g = (float(np.max(np.abs(gamma))) or 1.0) / top
+    g16 = TTensor(ctx.const(np.round(gamma / s_g).astype(np.int16).reshape(row), "gamma"), row, int16, v16.perm)
+    product = ctx.new_tensor(v16.shape, np.int32, v16.perm)
+    ctx.op(Op.MUL, [v16.name, g16.name, ctx.const(np.zeros([1], np.int8), "shift")], [product.name], attr("Mul"))
+    unit = 2.0**-frac * s_g  # the product's real value per step
+    if not np.any(beta):
+        y = rescale(ctx, product, unit / out_q.s, out_q.dtype, 0, out_q.zp, out_q)
+        return reshape(ctx, y, x.shape, x.perm, output_of=output_of)
+    reach = max(out_q.qmax - out_q.zp, out_q.zp - out_q.qmin) * out_q.s
+    b_max = float(np.max(np.abs(beta)))
+    s_t = (reach + b_max) * 1.01 / top
+    s_b = b_max / top
+    t16 = rescale(ctx, product, unit / s_t, np.int16, 0, 0, None)
+    b16 = TTensor(ctx.const(np.round(beta / s_b).astype(np.int16).reshape(row), "beta"), row, int16, v16.perm)
+    twice_max = 2.0 * max(s_t, s_b)
+    bits = HEADROOM_BITS_16
+    a32 = rescale(ctx, t16, s_t / twice_max * (1 << bits), np.int32, 0, 0, None)
+    b32 = rescale(ctx, b16, s_b / twice_max * (1 << bits), np.int32, 0, 0, None)
+    acc = ctx.new_tensor(v16.shape, np.int32, v16.perm)
+    ctx.op(Op.ADD, [a32.name, b32.name], [acc.name], attr("Add"))
+    y = rescale(ctx, acc, twice_max / ((1 << bits) * out_q.s), out_q.dtype, 0, out_q.zp, out_q)
     return reshape(ctx, y, x.shape, x.perm, output_of=output_of)
 
 
