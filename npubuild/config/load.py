@@ -281,9 +281,8 @@ class Build:
 
     def _gate_layers(self) -> list[dict]:
         """The gates' sources, later wins: the profile's defaults, the pipeline's `expect:`, the spec's."""
-        return [dict(DEFAULT_GATES.get(self.pipeline.profile, {})),
-                {k: getattr(self.pipeline.expect, k) for k in self.pipeline.expect.model_fields_set},
-                {k: getattr(self.spec.expect, k) for k in self.spec.expect.model_fields_set}]
+        return [dict(DEFAULT_GATES.get(self.pipeline.profile, {})), _set_fields(self.pipeline.expect),
+                _set_fields(self.spec.expect)]
 
     @property
     def expect(self) -> dict[str, object]:
@@ -298,6 +297,12 @@ class Build:
         """The gates the spec did not set itself (a default one on a metric nobody measured is not evaluated)."""
         own = self.spec.expect.model_fields_set
         return tuple(sorted(k for k in self.expect if k not in own))
+
+
+def _set_fields(model: BaseModel) -> dict[str, object]:
+    """The fields a YAML file set, in the schema's order: a set's order changes from run to run (string hashing),
+    and report.json lists the gates in this order."""
+    return {k: getattr(model, k) for k in type(model).model_fields if k in model.model_fields_set}
 
 
 def load_spec(path: Path) -> list[Build]:
