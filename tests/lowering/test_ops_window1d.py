@@ -51,7 +51,7 @@ def bitexact_u55(lowered) -> None:
         assert_bitexact(lowered.tosa, io_dict(lowered), vela_raw(lowered.tosa, Path(tmp)))
 
 
-def full_check(model, shape, qdq_semantics: bool = False, npu: bool = True):
+def full_check(model, shape, qdq_semantics: bool = True, npu: bool = True):
     check_fp(model, {"x": rand(shape, 1)})
     lowered, _ = check_int(model, calib("x", shape), {"x": rand(shape, 2)}, max_lsb=1, qdq_semantics=qdq_semantics)
     if npu:
