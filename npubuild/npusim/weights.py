@@ -221,8 +221,16 @@ class WeightLayout:
     decomp_w: int = 8
 
 
+@lru_cache(maxsize=1024)
 def weight_order(lay: WeightLayout) -> np.ndarray:
-    """For each position of the decoded stream, the flat OHWI index it feeds, or -1 for padding."""
+    """For each position of the decoded stream, the flat OHWI index it feeds, or -1 for padding (the same for
+    every sample a verification runs: computed once per layout, read only)."""
+    order = _weight_order(lay)
+    order.flags.writeable = False
+    return order
+
+
+def _weight_order(lay: WeightLayout) -> np.ndarray:
     o_n, kh, kw, i_n = lay.ofm_depth, lay.kh, lay.kw, lay.ifm_depth
     ifm_block = 16 if (lay.part_kernel or lay.ifm_bits == 16) else 32
     chunks: list[np.ndarray] = []
