@@ -189,7 +189,8 @@ def main(argv: list[str]) -> int:
               "| model | tree | " + " | ".join(stage_names) + " |", "|---|---|" + "---:|" * len(stage_names)]
     for (m, t), rs in runs.items():
         best = min(rs, key=lambda r: r["wall_s"])
-        lines.append(f"| {m} | {t} | " + " | ".join(f"{best['stages'].get(s, 0.0):.2f}" for s in stage_names) + " |")
+        lines.append(f"| {m} | {t} | " + " | ".join(f"{best['stages'][s]:.2f}" if s in best["stages"] else "-"
+                                                for s in stage_names) + " |")
     lines += ["", "Start-up and imports (fresh process; stage modules imported in run order, increments; best of "
               "the repeats):", "", "| what | " + " | ".join(trees) + " |", "|---|" + "---:|" * len(trees)]
     keys = list(dict.fromkeys(k for t in trees for k in ups[t][0]))  # the trees' stages may differ: every one
