@@ -5,8 +5,8 @@ npubuild trees side by side (before/after a change) in one run.
         [--tree before=/path/to/old/tree --tree after=.] [--models ds_cnn transformer /path/to/model.onnx[@TARGET]]
 
 A model is a name in configs/models or an .onnx path (never written to), optionally with `@TARGET` for a target
-of its own: MobileViT-xxs (timm, 645 nodes, 256x256; not in the repository) needs 6.4 MiB of arena, which
-fits ethos-u65-256 / ethos-u85-256 (arena in DRAM) but not U55-128's SRAM, so
+of its own: MobileViT-xxs (timm, 645 nodes, 256x256; not in the repository: bench/mobilevit_xxs.py makes it)
+needs 6.4 MiB of arena, which fits ethos-u65-256 / ethos-u85-256 (arena in DRAM) but not U55-128's SRAM, so
 `--models ds_cnn transformer /path/to/mobilevit_xxs_256.onnx@ethos-u85-256`.
 
 A benchmark script, not part of npubuild. Per repeat, model and tree (interleaved, so a load change on the
