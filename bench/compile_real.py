@@ -12,14 +12,20 @@ both alike), in fresh child processes:
   whole process tree: the figure the load inflates least), and every stage's seconds from its stage record;
 - Vela alone (npubuild's own command line and .ini, bench/compile_speed.vela_alone) on the TOSA graph(s) each
   target's vela stage compiled: CPU seconds per target.
-The stages shared by the targets (import, quantize, lower, tosa-check) run once a spec; the vela and report
-stages once a target. The check's share is the tosa-check stage's seconds over the sum of the stages'.
+The stages shared by the targets (import, early-fit, quantize, precision, lower, tosa-check: whichever a tree
+has) run once a spec; vela, npu-sim, evaluate, fvp and report once a target. The check's share is the
+tosa-check stage's seconds over the sum of the stages'. "Beyond the check, per target / Vela alone" is the
+build's CPU seconds less the check's share of them (the stages' wall shares apportion the CPU: no stage
+records its own CPU), over the targets, against Vela alone's mean CPU seconds per target; the same without
+npu-sim too (a stage the older trees do not have: it runs the deployable on the virtual device).
+`--replay LOG` renders the table again from the JSON lines a run printed (no build).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import shutil
 import subprocess
@@ -28,10 +34,11 @@ import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from compile_speed import timed, vela_alone  # noqa: E402
+from compile_speed import check_tree, timed, vela_alone  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
-SHARED = ("import", "quantize", "lower", "tosa-check")
+SHARED = ("import", "early-fit", "quantize", "precision", "lower", "tosa-check")  # once a spec, whatever the target
+SHOWN = ("import", "quantize", "lower", "tosa-check")
 
 
 def build_once(spec: Path, tree: Path, work: Path) -> dict:
@@ -55,6 +62,9 @@ def build_once(spec: Path, tree: Path, work: Path) -> dict:
                 per_target.setdefault(e["target"], {})[name] = s["seconds"]
         t = per_target.setdefault(e["target"], {})
         t["status"] = e["status"]
+        errors = [f"{name}: {s['error']}" for name, s in (e.get("stages") or {}).items() if s.get("error")]
+        if errors:
+            t["error"] = errors[0][:200]
         try:
             t["vela_alone_cpu_s"] = vela_alone(e, work)[1] if e.get("artifacts", {}).get("vela") else None
         except (RuntimeError, KeyError, FileNotFoundError):
@@ -62,41 +72,47 @@ def build_once(spec: Path, tree: Path, work: Path) -> dict:
     return {"wall_s": wall, "cpu_s": cpu, "stages": stages, "targets": per_target}
 
 
-def main(argv: list[str]) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--real", type=Path, required=True)
-    ap.add_argument("--tree", action="append", metavar="NAME=PATH")
-    ap.add_argument("--only", nargs="*", help="spec names")
-    ap.add_argument("--out", type=Path)
-    args = ap.parse_args(argv)
-    trees = dict(t.split("=", 1) for t in args.tree) if args.tree else {"this": str(ROOT)}
-    trees = {k: Path(v).resolve() for k, v in trees.items()}
-    for tree in trees.values():
-        subprocess.run([sys.executable, "-m", "compileall", "-q", str(tree / "npubuild")], check=True,
-                       capture_output=True)
-    specs = sorted(p for p in (args.real / "specs").glob("*.yaml") if not args.only or p.stem in args.only)
-    runs: dict[tuple[str, str], dict] = {}
-    loads = []
-    with tempfile.TemporaryDirectory(prefix="npb-compile-real-") as tmp:
-        for spec in specs:
-            for t, tree in trees.items():
-                runs[(spec.stem, t)] = build_once(spec, tree, Path(tmp))
-                loads.append(os.getloadavg()[0])
-                print(spec.stem, t, json.dumps(runs[(spec.stem, t)]), flush=True)
+def beyond_check(r: dict, without: tuple[str, ...] = ()) -> float | None:
+    """CPU seconds per target beyond the check (and the `without` per-target stages), over Vela alone's mean."""
+    tr = r["targets"].values()
+    alone = [t["vela_alone_cpu_s"] for t in tr if t.get("vela_alone_cpu_s")]
+    total = stage_sum(r)
+    if not alone or not total:
+        return None
+    out = r["stages"].get("tosa-check", 0.0) + sum(t.get(s, 0.0) for t in tr for s in without)
+    return r["cpu_s"] * (1 - out / total) / len(r["targets"]) / (sum(alone) / len(alone))
+
+
+def stage_sum(r: dict) -> float:
+    return sum(r["stages"].values()) + sum(v for tr in r["targets"].values() for k, v in tr.items()
+                                           if isinstance(v, float) and k != "vela_alone_cpu_s")
+
+
+def render(runs: dict[tuple[str, str], dict]) -> str:
     targets = sorted({tg for r in runs.values() for tg in r.get("targets", {})})
-    lines = [f"Cold `npubuild build` of each real spec ({', '.join(targets)}), the trees interleaved (load average "
-             f"{min(loads):.1f}-{max(loads):.1f} during the runs, {os.cpu_count()} cores). CPU s: user + system of "
-             "the process tree; stage s: each stage record's wall seconds.", "",
-             "| model | tree | wall s | CPU s | import | quantize | lower | tosa-check | check's share | "
-             + " | ".join(f"vela {tg} (Vela alone CPU)" for tg in targets) + " |",
-             "|---|---|---:|---:|---:|---:|---:|---:|---:|" + "---:|" * len(targets)]
+    loads = [r["load"] for r in runs.values() if "load" in r]
+    load = f"load average {min(loads):.1f}-{max(loads):.1f} during the runs, " if loads else ""
+    lines = [f"Cold `npubuild build` of each real spec ({', '.join(targets)}), the trees interleaved ({load}"
+             f"{os.cpu_count()} cores). CPU s: user + system of the process tree; stage s: each stage record's wall "
+             "seconds; vela: the stage's s per target (Vela alone's CPU s on the same TOSA); npu-sim: the stage's s "
+             "over the targets; beyond check: the build's CPU s less the check's share, per target, over Vela "
+             "alone's (x: ratio; second figure also without npu-sim).", "",
+             "| model | tree | wall s | CPU s | " + " | ".join(SHOWN) + " | check's share | "
+             + " | ".join(f"vela {tg}" for tg in targets) + " | npu-sim | beyond check / Vela |",
+             "|---|---|---:|---:|" + "---:|" * len(SHOWN) + "---:|" + "---:|" * len(targets) + "---:|---:|"]
     for (m, t), r in runs.items():
         if "error" in r:
             lines.append(f"| {m} | {t} | {r['wall_s']:.1f} | {r['cpu_s']:.1f} | failed: {' '.join(r['error'])[:80]} |")
             continue
         st = r["stages"]
-        total = sum(st.values()) + sum(v for tr in r["targets"].values() for k, v in tr.items()
-                                       if isinstance(v, float) and k not in ("vela_alone_cpu_s",))
+        why = next((tr["error"] for tr in r["targets"].values() if tr.get("error")), "")
+        if not st:  # no stage of the spec's ran to the end: nothing to time
+            lines.append(f"| {m} | {t} | {r['wall_s']:.1f} | {r['cpu_s']:.1f} | failed: {why[:80] or 'no stage finished'} |")
+            continue
+        failed = [tg for tg, tr in r["targets"].items() if tr.get("status") != "passed"]
+        if failed:  # every stage ran, a gate or a later stage failed: still a whole compile's time
+            m = f"{m} ({len(failed)} failed{': ' + why[:60] if why else ''})"
+        total = stage_sum(r)
         share = st.get("tosa-check", 0.0) / total if total else 0.0
         cells = []
         for tg in targets:
@@ -104,14 +120,71 @@ def main(argv: list[str]) -> int:
             alone = tr.get("vela_alone_cpu_s")
             cells.append(f"{tr.get('vela', 0.0):.1f} ({alone:.2f})" if alone is not None else
                          f"{tr.get('vela', 0.0):.1f} (-)")
+        sim = sum(tr.get("npu-sim", 0.0) for tr in r["targets"].values())
+        ratios = [beyond_check(r), beyond_check(r, ("npu-sim",))]
         lines.append(f"| {m} | {t} | {r['wall_s']:.1f} | {r['cpu_s']:.1f} | "
-                     + " | ".join(f"{st.get(s, 0.0):.1f}" for s in SHARED) + f" | {share:.0%} | " + " | ".join(cells)
-                     + " |")
-    md = "\n".join(lines) + "\n"
+                     + " | ".join(f"{st.get(s, 0.0):.1f}" for s in SHOWN) + f" | {share:.0%} | " + " | ".join(cells)
+                     + f" | {sim:.1f} | " + " / ".join(f"{x:.1f}x" if x is not None else "-" for x in ratios) + " |")
+    lines += ["", "Over all specs per tree (the specs whose stages ran in every tree): CPU s, the check's seconds over the stages' "
+              "sum, the geometric mean of beyond check / Vela:", "", "| tree | specs | CPU s | tosa-check s / stages s "
+              "| check's share | beyond check / Vela (geomean) | without npu-sim |", "|---|---:|---:|---:|---:|---:|---:|"]
+    trees = list(dict.fromkeys(t for _, t in runs))
+    ok = [m for m in dict.fromkeys(m for m, _ in runs)
+          if all((m, t) in runs and runs[(m, t)].get("stages") for t in trees)]
+    for t in trees:
+        rs = [runs[(m, t)] for m in ok if (m, t) in runs]
+        check, total = sum(r["stages"].get("tosa-check", 0.0) for r in rs), sum(stage_sum(r) for r in rs)
+        geo = [geomean([beyond_check(r, w) for r in rs]) for w in ((), ("npu-sim",))]
+        lines.append(f"| {t} | {len(rs)} | {sum(r['cpu_s'] for r in rs):.1f} | {check:.1f} / {total:.1f} | "
+                     f"{check / total if total else 0:.0%} | " + " | ".join(f"{g:.2f}x" for g in geo) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def geomean(xs: list[float | None]) -> float:
+    vals = [x for x in xs if x]
+    return math.exp(sum(math.log(x) for x in vals) / len(vals)) if vals else float("nan")
+
+
+def main(argv: list[str]) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--real", type=Path)
+    ap.add_argument("--tree", action="append", metavar="NAME=PATH")
+    ap.add_argument("--only", nargs="*", help="spec names")
+    ap.add_argument("--out", type=Path)
+    ap.add_argument("--replay", type=Path, help="a previous run's printed output: render its table again")
+    args = ap.parse_args(argv)
+    runs: dict[tuple[str, str], dict] = {}
+    if args.replay:
+        for line in args.replay.read_text().splitlines():
+            parts = line.split(" ", 2)
+            if len(parts) == 3 and parts[2].startswith("{"):
+                runs[(parts[0], parts[1])] = json.loads(parts[2])
+    else:
+        if args.real is None:
+            ap.error("--real is required (or --replay)")
+        run_all(args, runs)
+    md = render(runs)
     print(md)
     if args.out:
         args.out.write_text(md)
     return 0
+
+
+def run_all(args: argparse.Namespace, runs: dict[tuple[str, str], dict]) -> None:
+    trees = dict(t.split("=", 1) for t in args.tree) if args.tree else {"this": str(ROOT)}
+    trees = {k: Path(v).resolve() for k, v in trees.items()}
+    for tree in trees.values():
+        subprocess.run([sys.executable, "-m", "compileall", "-q", str(tree / "npubuild")], check=True,
+                       capture_output=True)
+    specs = sorted(p for p in (args.real / "specs").glob("*.yaml") if not args.only or p.stem in args.only)
+    for t, tree in trees.items():
+        print(t, "runs", check_tree(tree, args.real), flush=True)
+    with tempfile.TemporaryDirectory(prefix="npb-compile-real-") as tmp:
+        for spec in specs:
+            for t, tree in trees.items():
+                runs[(spec.stem, t)] = build_once(spec, tree, Path(tmp))
+                runs[(spec.stem, t)]["load"] = os.getloadavg()[0]
+                print(spec.stem, t, json.dumps(runs[(spec.stem, t)]), flush=True)
 
 
 if __name__ == "__main__":

@@ -5,8 +5,8 @@ npubuild trees side by side (before/after a change) in one run.
         [--tree before=/path/to/old/tree --tree after=.] [--models ds_cnn transformer /path/to/model.onnx[@TARGET]]
 
 A model is a name in configs/models or an .onnx path (never written to), optionally with `@TARGET` for a target
-of its own: MobileViT-xxs (timm, 645 nodes, 256x256; not in the repository) needs 6.4 MiB of arena, which
-fits ethos-u65-256 / ethos-u85-256 (arena in DRAM) but not U55-128's SRAM, so
+of its own: MobileViT-xxs (timm, 645 nodes, 256x256; not in the repository: bench/mobilevit_xxs.py makes it)
+needs 6.4 MiB of arena, which fits ethos-u65-256 / ethos-u85-256 (arena in DRAM) but not U55-128's SRAM, so
 `--models ds_cnn transformer /path/to/mobilevit_xxs_256.onnx@ethos-u85-256`.
 
 A benchmark script, not part of npubuild. Per repeat, model and tree (interleaved, so a load change on the
@@ -53,6 +53,16 @@ def timed(cmd: list[str], tree: Path, cwd: Path | None = None, cache: Path | Non
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
     return wall, cpu, proc
+
+
+def check_tree(tree: Path, cwd: Path) -> str:
+    """The npubuild a child run from `cwd` imports with this tree on PYTHONPATH: the tree's own, or an error (an
+    editable install or a source tree in `cwd` would otherwise time some other tree's code unseen)."""
+    _, _, proc = timed([sys.executable, "-c", "import npubuild; print(npubuild.__file__)"], tree, cwd=cwd)
+    found = Path(proc.stdout.strip()).resolve()
+    if not found.is_relative_to(tree):
+        raise SystemExit(f"error: with PYTHONPATH={tree} a child imports npubuild from {found}")
+    return str(found)
 
 
 def vela_alone(entry: dict, work: Path) -> tuple[float, float]:
@@ -102,10 +112,11 @@ t0 = time.perf_counter()
 import npubuild.cli
 out = {"npubuild.cli": time.perf_counter() - t0}
 from npubuild.stages import STAGES
-for s in STAGES:
+for s in STAGES:  # an older tree's Stage.module was the implementation module (no .implementation)
+    impl = getattr(s, "implementation", None) or s.module
     t = time.perf_counter()
-    importlib.import_module(s.implementation)
-    out[s.name + " (" + s.implementation + ")"] = time.perf_counter() - t
+    importlib.import_module(impl)
+    out[s.name + " (" + impl + ")"] = time.perf_counter() - t
 import json; print(json.dumps(out))
 """
 
@@ -148,6 +159,8 @@ def main(argv: list[str]) -> int:
         subprocess.run([sys.executable, "-m", "compileall", "-q", str(tree / "npubuild")], check=True,
                        capture_output=True)
     with tempfile.TemporaryDirectory(prefix="npb-compile-speed-") as tmp:
+        for t, tree in trees.items():
+            print(t, "runs", check_tree(tree, Path(tmp)), flush=True)
         for _ in range(args.repeats):
             for t, tree in trees.items():
                 ups[t].append(startup(tree, Path(tmp)))
@@ -155,6 +168,7 @@ def main(argv: list[str]) -> int:
                 for t, tree in trees.items():
                     runs[(m, t)].append(compile_once(path, target, tree, Path(tmp)))
                     loads.append(os.getloadavg()[0])
+                    print(m, t, json.dumps({**runs[(m, t)][-1], "load": loads[-1]}), flush=True)  # progress
     targets = ", ".join(sorted({f"{m} {t}" for m, (_, t) in models.items()}))
     lines = [f"Cold `npubuild compile` ({targets}), best of {args.repeats} per tree, the trees interleaved "
              f"(load average {min(loads):.1f}-{max(loads):.1f} during the runs, {os.cpu_count()} cores).", "",
@@ -175,12 +189,13 @@ def main(argv: list[str]) -> int:
               "| model | tree | " + " | ".join(stage_names) + " |", "|---|---|" + "---:|" * len(stage_names)]
     for (m, t), rs in runs.items():
         best = min(rs, key=lambda r: r["wall_s"])
-        lines.append(f"| {m} | {t} | " + " | ".join(f"{best['stages'].get(s, 0.0):.2f}" for s in stage_names) + " |")
+        lines.append(f"| {m} | {t} | " + " | ".join(f"{best['stages'][s]:.2f}" if s in best["stages"] else "-"
+                                                for s in stage_names) + " |")
     lines += ["", "Start-up and imports (fresh process; stage modules imported in run order, increments; best of "
               "the repeats):", "", "| what | " + " | ".join(trees) + " |", "|---|" + "---:|" * len(trees)]
-    first = next(iter(trees))
+    keys = list(dict.fromkeys(k for t in trees for k in ups[t][0]))  # the trees' stages may differ: every one
     lines += [f"| {k} | " + " | ".join(f"{min(u.get(k, float('nan')) for u in ups[t]):.3f}" for t in trees) + " |"
-              for k in ups[first][0]]
+              for k in keys]
     md = "\n".join(lines) + "\n"
     print(md)
     if args.out:
