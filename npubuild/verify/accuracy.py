@@ -42,7 +42,7 @@ if TYPE_CHECKING:
 PROBABILITY_THRESHOLD = 0.5
 PROBABILITY_OPS = frozenset({"Sigmoid", "Softmax", "HardSigmoid"})
 # ops that pass a probability through unchanged in value (a Concat: when every input is one)
-_SAME_VALUES = frozenset({"Identity", "Reshape", "Transpose", "Squeeze", "Unsqueeze", "Flatten", "Concat",
+_SAME_VALUES = frozenset({"Identity", "Reshape", "Transpose", "Squeeze", "Unsqueeze", "Flatten", "Concat", "Where",
                           "QuantizeLinear", "DequantizeLinear"})
 
 
@@ -60,7 +60,10 @@ def probability_outputs(model: onnx.ModelProto) -> dict[str, str]:
             return "softmax" if node.op_type == "Softmax" else "sigmoid"
         if node.op_type not in _SAME_VALUES:
             return None
-        data = [i for i in (node.input if node.op_type == "Concat" else node.input[:1]) if i]
+        # a Where picks each element from one of two values (a data-dependent If as the import selects it:
+        # openWakeWord's head returns one of two sigmoids)
+        data = [i for i in (node.input if node.op_type == "Concat" else node.input[1:3] if node.op_type == "Where"
+                            else node.input[:1]) if i]
         kinds = {kind(i, depth + 1) for i in data}
         if len(kinds) != 1 or None in kinds:
             return None

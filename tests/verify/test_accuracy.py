@@ -166,6 +166,15 @@ def test_probability_outputs_follow_value_preserving_ops():
     assert kinds == {"mask": "sigmoid", "probs": "softmax"}
 
 
+def test_a_select_of_two_sigmoids_is_a_probability():
+    """openWakeWord's head returns one of two sigmoids through a data-dependent If, which the import makes a Where:
+    its faint scores (1e-5, under int8's 1/256 step) read 0 dB against float and must not count as collapsed."""
+    nodes = [helper.make_node("Sigmoid", ["x"], ["s"]), helper.make_node("Sigmoid", ["s"], ["t"]),
+             helper.make_node("Relu", ["x"], ["r"]), helper.make_node("Greater", ["x", "s"], ["c"]),
+             helper.make_node("Where", ["c", "s", "t"], ["score"]), helper.make_node("Where", ["c", "s", "r"], ["mixed"])]
+    assert probability_outputs(_graph(nodes, ["score", "mixed"])) == {"score": "sigmoid"}
+
+
 def test_an_output_within_its_lsb_has_not_collapsed_whatever_its_snr():
     """A probability map of near-zero values: int8 gives 0 everywhere, SNR 0 dB, error under 1 LSB: not collapsed;
     the same map with real detections lost is."""
