@@ -160,6 +160,8 @@ def table(rows: dict[tuple[str, str, str], dict], named: dict[tuple[str, str], f
         for route, p in zip(ROUTES[1:], r[1:], strict=True):
             if p.get("error"):
                 notes.append(f"- {model} / {target}, {route}: {p['error']}")
+            if p.get("snr_error"):
+                notes.append(f"- {model} / {target}, {route}: compiled, accuracy not measured: {p['snr_error']}")
             if p.get("cpu_op_names"):
                 notes.append(f"- {model} / {target}, {route} leaves on the CPU: {', '.join(p['cpu_op_names'])}")
 
