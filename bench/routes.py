@@ -251,7 +251,7 @@ def main(argv: list[str]) -> int:
         path = args.work / name
         for r in json.loads(path.read_text()) if path.exists() else []:
             if "failed" in r.get("route", ""):
-                r["error"] = r["route"].split("(failed: ", 1)[-1].rstrip(")")
+                r["error"] = r["route"].split("(failed: ", 1)[-1].removesuffix(")")  # the reason's own ")" stays
             rows[(r["model"], r["target"], route)] = {**r, "route": route}
     md = table(rows, named_config_check(report, build_dir, args.work)) + roofline_section(rows)
     print(md)
