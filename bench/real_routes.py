@@ -144,6 +144,8 @@ def tflite_route(name: str, meta: dict, real: Path, work: Path, heldout: Path, a
         run(["nice", "-n", "10", *cmd, *common], out / "route.log", env=env)
         info = json.loads(info_path.read_text())
         info["route"] = f"onnx2tf (TFLite's calibrator cannot run the original: {why[:90]})"
+        if info.get("error"):  # both failed: the note gives both reasons
+            info["error"] = f"the original: {why}; onnx2tf: {info['error']}"
         info_path.write_text(json.dumps(info))
     return info
 
