@@ -131,7 +131,7 @@ def reason(exc: Exception) -> str:
     text = re.sub(r"(/[^\s/:]+)+/([^\s/:]+)", r"\2", " ".join(str(exc).split()))
     if not re.match(r"^[A-Za-z_.]*(Error|Exception): ", text):  # the child's reason comes named already
         text = f"{type(exc).__name__}: {text}"
-    return text[:240]
+    return text if len(text) <= 240 else f"{text[:110]} ... {text[-125:]}"  # the cause is often at the end
 
 
 def _convert_child(onnx_path: Path, work: Path) -> None:
