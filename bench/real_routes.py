@@ -225,7 +225,7 @@ def main(argv: list[str]) -> int:
                     notes.append(f"- {name} / {e['target']}: Vela on the TFLite model failed: {exc}")
             row["named_ms"] = peer_vela.build_named_ms(e, build_dir, work / "named") if compiled else None
             a, b = row["npb"].get("inference_ms"), (row.get("tfl") or {}).get("inference_ms")
-            if a and b and not row["npb"].get("cpu_ops"):
+            if a and b and not row["npb"].get("cpu_ops") and not row["tfl"].get("cpu_ops"):  # NPU time alone on both
                 row["ratio"] = a / b
                 ratios.setdefault(e["target"].split("-")[1], []).append((row["ratio"], meta[name]["kind"],
                                                                          e["status"] == "passed"))
