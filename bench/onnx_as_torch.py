@@ -140,8 +140,24 @@ class OnnxAsTorch(torch.nn.Module):
         raise NotImplementedError(f"{op} ({n.name})")
 
 
+# the op types _node (and forward's MatMul) knows; Conv and pools are the 2-D ones only
+KNOWN = {"Conv", "BatchNormalization", "Gemm", "Relu", "Clip", "HardSwish", "HardSigmoid", "GlobalAveragePool",
+         "AveragePool", "MaxPool", "Flatten", "Softmax", "Add", "Mul", "Concat", "Resize", "Reshape", "Transpose",
+         "MatMul", "LayerNormalization", "Gelu"}
+
+
+def unsupported(m: onnx.ModelProto) -> list[str]:
+    """What of the graph has no torch twin here, named up front (a 1-D Conv used to fail as an IndexError)."""
+    out = sorted({n.op_type for n in m.graph.node if n.op_type not in KNOWN})
+    if any(n.op_type == "Conv" and len(_attrs(n).get("kernel_shape", [1, 1])) != 2 for n in m.graph.node):
+        out.append("1-D Conv")
+    return out
+
+
 def torch_module(onnx_path: str) -> tuple[torch.nn.Module, torch.Tensor]:
     """The module and an example input (batch 1) for an example's float ONNX file."""
     m = onnx.load(onnx_path)
+    if missing := unsupported(m):
+        raise NotImplementedError(f"no torch twin in bench/onnx_as_torch.py for {', '.join(missing)}")
     dims = [d.dim_value if d.HasField("dim_value") else 1 for d in m.graph.input[0].type.tensor_type.shape.dim]
     return OnnxAsTorch(m).eval(), torch.zeros(dims)

@@ -160,6 +160,8 @@ def table(rows: dict[tuple[str, str, str], dict], named: dict[tuple[str, str], f
         for route, p in zip(ROUTES[1:], r[1:], strict=True):
             if p.get("error"):
                 notes.append(f"- {model} / {target}, {route}: {p['error']}")
+            if p.get("snr_error"):
+                notes.append(f"- {model} / {target}, {route}: compiled, accuracy not measured: {p['snr_error']}")
             if p.get("cpu_op_names"):
                 notes.append(f"- {model} / {target}, {route} leaves on the CPU: {', '.join(p['cpu_op_names'])}")
 
@@ -249,7 +251,7 @@ def main(argv: list[str]) -> int:
         path = args.work / name
         for r in json.loads(path.read_text()) if path.exists() else []:
             if "failed" in r.get("route", ""):
-                r["error"] = r["route"].split("(failed: ", 1)[-1].rstrip(")")
+                r["error"] = r["route"].split("(failed: ", 1)[-1].removesuffix(")")  # the reason's own ")" stays
             rows[(r["model"], r["target"], route)] = {**r, "route": route}
     md = table(rows, named_config_check(report, build_dir, args.work)) + roofline_section(rows)
     print(md)

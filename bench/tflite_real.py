@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import subprocess
 import sys
 import time
@@ -139,7 +140,9 @@ def quantize_onnx(onnx_path: Path, calib: dict[str, np.ndarray], work: Path) -> 
         proc = subprocess.run(["onnx2tf", "-i", str(onnx_path), "-o", str(sm), "-osd", "-n", "-rtpo", "Erf"],
                               cwd=work, stdout=f, stderr=subprocess.STDOUT, check=False)
     if proc.returncode != 0 or not (sm / "saved_model.pb").exists():
-        raise RuntimeError(f"onnx2tf failed, see {work / 'onnx2tf.log'}")
+        errors = [ln.strip() for ln in (work / "onnx2tf.log").read_text(errors="replace").splitlines()
+                  if re.match(r"^[A-Za-z_.]*(Error|Exception)\b", ln.strip())]  # onnx2tf's own reason, last
+        raise RuntimeError(f"onnx2tf failed: {errors[-1] if errors else 'see ' + str(work / 'onnx2tf.log')}")
     sig = tf.saved_model.load(str(sm)).signatures["serving_default"]
     specs = sig.structured_input_signature[1]
     names = list(calib)

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import subprocess
 import sys
 import time
@@ -92,7 +93,7 @@ def convert(onnx_path: Path, work: Path, samples: int = 32, seed: int = 0) -> Pa
         proc = subprocess.run(["onnx2tf", "-i", str(onnx_path), "-o", str(sm), "-osd", "-n", "-rtpo", "Erf"], cwd=work,
                               stdout=f, stderr=subprocess.STDOUT, check=False)
     if proc.returncode != 0 or not (sm / "saved_model.pb").exists():
-        raise RuntimeError(f"onnx2tf failed, see {log}")
+        raise RuntimeError(f"onnx2tf failed: {last_error(log)}")
     m = onnx.load(str(onnx_path))
     _, shape = input_shape(m)
     loaded = tf.saved_model.load(str(sm))
@@ -118,11 +119,26 @@ def convert(onnx_path: Path, work: Path, samples: int = 32, seed: int = 0) -> Pa
     return out
 
 
+def last_error(log: Path) -> str:
+    """The last `SomethingError: ...` line of a tool's log (onnx2tf's reason), else where the log is."""
+    found = [ln.strip() for ln in log.read_text(errors="replace").splitlines()
+             if re.match(r"^[A-Za-z_.]*(Error|Exception)\b", ln.strip())]
+    return found[-1] if found else f"see {log}"
+
+
+def reason(exc: Exception) -> str:
+    """A route's failure in one line of the table: the exception, paths cut to their file names."""
+    text = re.sub(r"(/[^\s/:]+)+/([^\s/:]+)", r"\2", " ".join(str(exc).split()))
+    if not re.match(r"^[A-Za-z_.]*(Error|Exception): ", text):  # the child's reason comes named already
+        text = f"{type(exc).__name__}: {text}"
+    return text if len(text) <= 240 else f"{text[:110]} ... {text[-125:]}"  # the cause is often at the end
+
+
 def _convert_child(onnx_path: Path, work: Path) -> None:
     try:
         convert(onnx_path, work)
     except Exception as exc:
-        (work / "convert_error.txt").write_text(f"{type(exc).__name__}: {exc}")
+        (work / "convert_error.txt").write_text(reason(exc))
         raise SystemExit(1) from None
 
 
@@ -291,25 +307,32 @@ def main(argv: list[str]) -> int:
                 start = time.perf_counter()
                 tfl = convert_isolated(fixed, work)
                 convert_s[model] = time.perf_counter() - start
-                converted[model] = (tfl, tflite_snr(tfl, fixed))
+                try:
+                    snr: float | str = tflite_snr(tfl, fixed)
+                except Exception as exc:  # the route's model exists: its figures stand, its accuracy is unknown
+                    snr = reason(exc)
+                converted[model] = (tfl, snr)
             except Exception as exc:  # report the route's failure in the table, keep going
-                converted[model] = f"{type(exc).__name__}: {exc}"
+                converted[model] = reason(exc)
         got = converted[model]
         row = {"model": model, "target": e["target"], "route": "onnx2tf -> TFLite int8"}
         if isinstance(got, str):
-            row["route"] += f" (failed: {got[:80]})"
+            row["route"] += f" (failed: {got})"
         else:
             try:
                 row.update(vela(got[0], e, build_dir, work / f"vela-{e['target']}"))
                 row["compile_s"] = round(convert_s[model] + row["vela_s"], 3)  # onnx2tf + converter + Vela
                 cycles.append((model, e["target"], npubuild_op_cycles(e),
                                tflite_op_cycles(work / f"vela-{e['target']}" / "vela.log")))
-                row["quant_snr_db"] = got[1]
+                if isinstance(got[1], str):
+                    row["snr_error"] = got[1]
+                else:
+                    row["quant_snr_db"] = got[1]
                 ops = subprocess.run([sys.executable, "-c", TRANSPOSE_COUNT, str(got[0])], capture_output=True,
                                      text=True, check=False).stdout.strip()
                 row["transposes"] = int(ops) if ops.isdigit() else None
             except Exception as exc:
-                row["route"] += f" (failed: {type(exc).__name__}: {str(exc)[:80]})"
+                row["route"] += f" (failed: {reason(exc)})"
         rows.append(row)
         print(table(rows[-2:]).splitlines()[-2], flush=True)
         print(table(rows[-1:]).splitlines()[-1], flush=True)
