@@ -255,11 +255,6 @@ def vela_figures(tosa: bytes, accelerator: str, optimise: str = "performance", l
     return vela_figures_all([tosa], accelerator, optimise, layers)[0]
 
 
-def vela_inference_ms(tosa: bytes, accelerator: str) -> float | None:
-    figures = vela_figures(tosa, accelerator)
-    return figures["ms"] if figures else None
-
-
 def better(a: dict, b: dict, optimise: str) -> bool:
     """Whether figures `a` beat `b`: performance by time; size by memory, a variant taken only where neither
     SRAM nor off-chip grows and one of them shrinks (or both are equal and it is faster)."""
