@@ -182,10 +182,41 @@ NORM_AFFINE_RESCALE = Choice("normalisation affine as a RESCALE",
 # (SRAM 9.25 both, 0.407 -> 0.427 ms), U85-256 78.11 -> 76.55 (SRAM 8.64 both, and faster: 0.0638 -> 0.0574 ms);
 # on U65-256 Vela buffers the FFN weights whole after the short MUL / ADD (SRAM 12.5 -> 18.5 KiB): measured
 # per model and family, kept where neither SRAM nor off-chip grows.
-NORM_AFFINE_VECTORS = Choice("normalisation affine as int16 vectors",
-                             lambda m, o: not o.norm_affine_vectors and has_op(m, "LayerNormalization"),
-                             lambda o: [replace(o, norm_affine_vectors=True)])
-SIZE_CHOICES: tuple[Choice, ...] = tuple(_off(f) for f in (
+#
+# Per layer norm, not per model (NodeForms): on U65-256 only the two layer norms that feed an FFN make Vela buffer
+# its weights whole; the other two take the vectors at the same SRAM. A third form there, the int16 MUL's
+# product plus an int32 beta (6 bytes a channel), keeps Vela's weight slicing but for 544 B of SRAM.
+@dataclass(frozen=True)
+class NodeForms:
+    """Forms decided node by node by Vela's whole-graph figures (size mode's memory): a node's form is the
+    options field (a frozenset of node names) that names it, none the family's own. First every node in each
+    form at once, the best of those kept (`better`); then node by node, each moved to every other form, the
+    best whole graph kept: a node's form moves its neighbours' schedule (Vela's weight buffering after a
+    short pass), which no per-layer figure charges to it, so each step is one compile of each form."""
+
+    name: str
+    nodes: Callable[[onnx.ModelProto, LoweringOptions], list[str]]
+    fields: tuple[str, ...]
+
+    def placed(self, options: LoweringOptions, node: str, field: str | None) -> LoweringOptions:
+        """`options` with `node` in form `field` (None: the family's own) and in no other."""
+        return replace(options, **{f: getattr(options, f) - {node} | ({node} if f == field else set())
+                                   for f in self.fields})
+
+    def form(self, options: LoweringOptions, node: str) -> str | None:
+        return next((f for f in self.fields if node in getattr(options, f)), None)
+
+
+NORM_AFFINE_FORMS = NodeForms("normalisation affine form per layer norm",
+                              lambda m, o: [] if o.norm_affine_vectors else
+                              [n.name for n in m.graph.node if n.op_type == "LayerNormalization"],
+                              ("norm_affine_vectors_nodes", "norm_affine_wide_beta_nodes"))
+# Every int8 graph input copied by a MAXIMUM first (LoweringOptions.input_copy): with Dedicated_Sram (U65 / U85)
+# an input a late op reads stays in the DRAM arena until then; the transformer's, read again by the residual Add,
+# held 1 KiB of U65-256's off-chip (82.39 -> 81.39 KiB, SRAM 12.50 both, 0.2240 -> 0.2236 ms).
+INPUT_COPY = Choice("input_copy on (for memory)", lambda m, o: not o.input_copy,
+                    lambda o: [replace(o, input_copy=True)])
+SIZE_CHOICES: tuple[Choice | NodeForms, ...] = tuple(_off(f) for f in (
     "plane_rows", "dw_requantize", "concat_copy", "norm_affine_one_row", "dilation_taps",
     "conv_stride_taps", "staged_input_min_row", "concat_order")) + (
     Choice("shared_row_pad off (for memory)", lambda m, o: o.bilinear_channel_split and o.shared_row_pad,
@@ -200,8 +231,8 @@ SIZE_CHOICES: tuple[Choice, ...] = tuple(_off(f) for f in (
     # 195.0 -> 177.5 KiB, off-chip 38.72 -> 38.42, 0.364 -> 0.378 ms)
     Choice("bilinear_channel_split on (for memory)", lambda m, o: o.bilinear_2x and not o.bilinear_channel_split
            and has_op(m, "Resize"), lambda o: [replace(o, bilinear_channel_split=True)]),
-    _on("plane_pool_rows", ("GlobalAveragePool", "AveragePool", "ReduceMean", "ReduceSum")), NORM_AFFINE_RESCALE,
-    NORM_AFFINE_VECTORS)
+    _on("plane_pool_rows", ("GlobalAveragePool", "AveragePool", "ReduceMean", "ReduceSum")), INPUT_COPY,
+    NORM_AFFINE_RESCALE, NORM_AFFINE_FORMS)
 
 
 def vela_figures_all(tosas: list[bytes], accelerator: str, optimise: str = "performance",
@@ -280,6 +311,9 @@ def choose(model: onnx.ModelProto, fam: str, lower: Callable[[LoweringOptions], 
         if isinstance(choice, NodeChoice):
             options = _by_node(choice, model, fam, options, lower, measure, optimise, record)
             continue
+        if isinstance(choice, NodeForms):
+            options = _forms_by_node(choice, model, fam, options, lower, measure, optimise, record)
+            continue
         if not choice.applies(model, options):
             continue
         candidates = [options, *choice.variants(options)]
@@ -348,6 +382,53 @@ def _by_node(choice: NodeChoice, model: onnx.ModelProto, fam: str, options: Lowe
     record.append({"choice": choice.name, "target": target, "figures": figures, "taken": best,
                    "nodes": {n: [per_node[0].get(n, 0), per_node[1].get(n, 0)] for n in nodes}})
     return candidates[best]
+
+
+def _best_of(candidates: list[LoweringOptions], fam: str, lower: Callable[[LoweringOptions], LoweredGraph | None],
+             measure: Callable[..., list[dict | None]], optimise: str, record: list[dict], name: str) -> int:
+    """Which of `candidates` (the first the current options) Vela's figures take (`better`; ties keep the
+    earlier); 0 where a lowering or a compile fails. Candidates lowering to the current graph are not compiled."""
+    graphs = [lower(o) for o in candidates]
+    if any(g is None for g in graphs):
+        return 0
+    current = graphs[0].tosa
+    at = [0] + [i for i in range(1, len(graphs)) if graphs[i].tosa != current]
+    if len(at) == 1:
+        return 0
+    target = FAMILIES[fam].measured_on
+    figures = measure([graphs[i].tosa for i in at], target, optimise)
+    if any(f is None for f in figures):
+        record.append({"choice": name, "figures": figures, "taken": 0})
+        return 0
+    best = 0
+    for j in range(1, len(at)):
+        if better(figures[j], figures[best], optimise):
+            best = j
+    record.append({"choice": name, "target": target, "figures": figures, "taken": best})
+    return at[best]
+
+
+def _forms_by_node(choice: NodeForms, model: onnx.ModelProto, fam: str, options: LoweringOptions,
+                   lower: Callable[[LoweringOptions], LoweredGraph | None], measure: Callable[..., list[dict | None]],
+                   optimise: str, record: list[dict]) -> LoweringOptions:
+    """`options` with `choice`'s form decided per node (NodeForms); what was measured appended to `record`."""
+    nodes = choice.nodes(model, options)
+    if not nodes:
+        return options
+    whole = [options]
+    for field in choice.fields:
+        every = options
+        for node in nodes:
+            every = choice.placed(every, node, field)
+        whole.append(every)
+    options = whole[_best_of(whole, fam, lower, measure, optimise, record, f"{choice.name}: every node")]
+    if len(nodes) == 1:
+        return options
+    for node in nodes:
+        now = choice.form(options, node)
+        moved = [options] + [choice.placed(options, node, f) for f in (None, *choice.fields) if f != now]
+        options = moved[_best_of(moved, fam, lower, measure, optimise, record, f"{choice.name}: {node}")]
+    return options
 
 
 def _main() -> None:  # pragma: no cover - a debugging aid: python -m npubuild.ethosu.measured MODEL.onnx FAMILY

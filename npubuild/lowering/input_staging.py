@@ -18,8 +18,10 @@ MAX_CHANNELS = 4  # from 8 channels on, the NHWC reads are full bricks already
 
 
 def staged_input(ctx: LoweringContext, t: TTensor, onnx_name: str) -> TTensor:
-    """Graph input `t` (ONNX `onnx_name`), copied as long rows when the family's options say it pays; else
-    `t` itself."""
+    """Graph input `t` (ONNX `onnx_name`), copied (input_copy) or copied as long rows when the family's
+    options say it pays; else `t` itself."""
+    if ctx.options.input_copy and fits_max_copy(t):
+        return max_copy(ctx, t)
     least = ctx.options.staged_input_min_row
     if least is None or len(t.shape) != 4 or not fits_max_copy(t):
         return t

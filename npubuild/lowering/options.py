@@ -104,6 +104,10 @@ class LoweringOptions:
     # copied as [N, H, 1, W*C] rows by a MAXIMUM, which Vela reads from DRAM in long bursts into SRAM, so the
     # first conv reads SRAM (input_staging.py; None: never)
     staged_input_min_row: int | None = None
+    # every int8 graph input copied by a MAXIMUM before anything reads it (input_staging.py: the same integers):
+    # with Dedicated_Sram an input a late op reads (a transformer's residual Add) stays live in the DRAM arena
+    # until then, the copy in SRAM does not; size mode's memory choice (ethosu/measured.INPUT_COPY)
+    input_copy: bool = False
     # a stride-2 int8 conv of at most this many input channels runs at stride 1 on the input's 2x2
     # space-to-depth view (4x the channels, same integers: space_to_depth.py; None: never)
     space_to_depth_channels: int | None = None
@@ -127,8 +131,13 @@ class LoweringOptions:
     norm_affine_rescale: bool = False
     # ... and with a beta, as an int16 MUL by gamma and an int16 ADD of beta (ops/norm._affine_as_vectors): 4 bytes
     # a channel of constants for the depthwise's 10 of bias and scale; rounds the sum once, but not bit for bit as
-    # the depthwise does (exact_only leaves it out): size mode's memory choice (ethosu/measured.NORM_AFFINE_VECTORS)
+    # the depthwise does (exact_only leaves it out): size mode's memory choice (ethosu/measured.NORM_AFFINE_FORMS)
     norm_affine_vectors: bool = False
+    norm_affine_vectors_nodes: frozenset[str] = frozenset()  # ... on these LayerNormalization nodes only
+    # ... and on these, the int16 MUL's int32 product plus beta as an int32 vector, one RESCALE to the output (6 bytes
+    # a channel; Vela schedules the next conv's weights as after the depthwise where the int16 ADD's short pass
+    # makes it buffer them whole: ethosu/measured.NORM_AFFINE_FORMS)
+    norm_affine_wide_beta_nodes: frozenset[str] = frozenset()
     # a transposed conv whose kernel equals its stride (no two taps meet: a U-Net's 2x2 / 2 upsampling) as one
     # 1x1 CONV2D of every phase as channels, then the depth-to-space shuffle (ops_conv.phases_conv: the same
     # integers): Vela 5.2 leaves a TRANSPOSE_CONV2D's per-channel RESCALE unfused, an int32 MUL
@@ -208,7 +217,8 @@ class LoweringOptions:
         """These options without the forms that round differently from the portable lowering (the int32
         softmax, the bias-Add fold, the layer norm's affine vectors): every form left gives the portable
         lowering's integers for every input."""
-        return replace(self, softmax_wide=False, int_bias_add=False, norm_affine_vectors=False)
+        return replace(self, softmax_wide=False, int_bias_add=False, norm_affine_vectors=False,
+                       norm_affine_vectors_nodes=frozenset(), norm_affine_wide_beta_nodes=frozenset())
 
     @property
     def same_integers(self) -> bool:

@@ -86,3 +86,29 @@ def test_no_second_copy_where_a_stride_2_conv_reads_the_space_to_depth_view():
     assert "MAXIMUM" not in ops(lowered) and "TRANSPOSE" in ops(lowered)
     one_stride = quantize_model(_first_conv(1, 28, 28, stride=1), calib("x", [1, 1, 28, 28]))
     assert "MAXIMUM" in ops(lower_model(one_stride, "int", options=both))
+
+
+def _residual(k: int = 64, rows: int = 16) -> onnx.ModelProto:
+    """x -> MatMul -> Relu -> MatMul, plus x: the graph input read again at the end (a transformer's residual)."""
+    rng = np.random.default_rng(2)
+    nodes = [helper.make_node("MatMul", ["x", "w0"], ["a"]), helper.make_node("Relu", ["a"], ["r"]),
+             helper.make_node("MatMul", ["r", "w1"], ["b"]), helper.make_node("Add", ["x", "b"], ["y"])]
+    weights = {n: (rng.standard_normal((k, k)) * 0.2).astype(np.float32) for n in ("w0", "w1")}
+    return model_of(nodes, {"x": [1, rows, k]}, {"y": [1, rows, k]}, weights)
+
+
+@pytest.mark.parametrize("family", ["u55", "u65", "u85"])
+def test_input_copy_same_integers(family):
+    """LoweringOptions.input_copy (size mode's choice): every int8 graph input, of any rank, copied by a MAXIMUM
+    first; the integers are the direct read's (TOSA reference model), and the copy is an exact form (the
+    family's check stays bit for bit where the family's own forms are)."""
+    shape = [1, 16, 64]
+    model = _residual()
+    cal = calib("x", shape)
+    on = replace(FAMILY_OPTIONS[family], input_copy=True)
+    copied, _ = check_int(model, cal, {"x": np.random.default_rng(5).uniform(-1, 1, shape).astype(np.float32)},
+                          options=on)
+    direct = lower_model(quantize_model(model, cal), "int", options=FAMILY_OPTIONS[family])
+    assert ops(copied).count("MAXIMUM") == ops(direct).count("MAXIMUM") + 1
+    assert_same_reference(direct, copied)
+    assert on.exact_only() == replace(FAMILY_OPTIONS[family].exact_only(), input_copy=True)

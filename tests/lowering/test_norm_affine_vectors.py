@@ -26,6 +26,8 @@ AFFINES = {  # (gamma, beta)
     "no beta, negative gammas": (_rng.uniform(-2.0, 2.0, 64), np.zeros(64)),  # the RESCALE form cannot take these
 }
 VECTORS = replace(PORTABLE, norm_affine_vectors=True)
+# the int16 MUL's product plus beta as an int32 vector, on the one node (norm_affine_wide_beta_nodes)
+WIDE_BETA = replace(PORTABLE, norm_affine_wide_beta_nodes=frozenset({"the_layernormalization"}))
 
 
 def layer_norm(gamma: np.ndarray, beta: np.ndarray):
@@ -37,10 +39,11 @@ CALIB = calib("x", SHAPE, low=-2, high=2)
 FEEDS = {"x": rand([8, *SHAPE][1:], 7, -2, 2)}
 
 
+@pytest.mark.parametrize("form", ["vectors", "wide beta"])
 @pytest.mark.parametrize("kind", sorted(AFFINES))
-def test_within_one_lsb_as_the_depthwise(kind):
+def test_within_one_lsb_as_the_depthwise(kind, form):
     model = layer_norm(*AFFINES[kind])
-    vectors, _ = check_int(model, CALIB, FEEDS, max_lsb=1.0, options=VECTORS)
+    vectors, _ = check_int(model, CALIB, FEEDS, max_lsb=1.0, options=VECTORS if form == "vectors" else WIDE_BETA)
     depthwise, _ = check_int(model, CALIB, FEEDS, max_lsb=1.0, options=PORTABLE)
     assert "DEPTHWISE_CONV2D" in ops(depthwise) and "DEPTHWISE_CONV2D" not in ops(vectors) and "MUL" in ops(vectors)
     # the one rounding lands where the depthwise's does but within ~1/256 of a boundary: rare 1-LSB flips
@@ -54,7 +57,8 @@ def test_within_one_lsb_as_the_depthwise(kind):
 
 def test_not_an_exact_form():
     """The family's own graph with this form is checked against the QDQ model, not bit for bit (families.py)."""
-    assert PORTABLE.same_integers and not VECTORS.same_integers
+    assert PORTABLE.same_integers and not VECTORS.same_integers and not WIDE_BETA.same_integers
+    assert not replace(PORTABLE, norm_affine_vectors_nodes=frozenset({"the_layernormalization"})).same_integers
 
 
 @pytest.mark.parametrize("kind,accelerator", [("transformer-like", "ethos-u55-128"),
@@ -62,21 +66,26 @@ def test_not_an_exact_form():
                                               ("no beta, negative gammas", "ethos-u85-256"),
                                               ("signs, a dead channel, a wide beta", "ethos-u85-256")])
 def test_bitexact_on_npusim(kind, accelerator):
-    """Vela fuses the MUL's RESCALE and the ADD's three into two elementwise ops that round as TOSA does."""
+    """Vela fuses the MUL's RESCALE and the ADD's three into two elementwise ops that round as TOSA does; the
+    wide-beta form's int32 ADD and its RESCALE too."""
     qdq = quantize_model(layer_norm(*AFFINES[kind]), CALIB)
     fam = accelerator.split("-")[1]
-    lowered = lower_model(qdq, "int", options=replace(FAMILY_OPTIONS[fam], norm_affine_vectors=True))
-    assert "DEPTHWISE_CONV2D" not in ops(lowered)
-    with tempfile.TemporaryDirectory() as tmp:
-        assert_bitexact(lowered.tosa, io_dict(lowered), vela_raw(lowered.tosa, Path(tmp), accelerator))
+    for form in ({"norm_affine_vectors": True}, {"norm_affine_wide_beta_nodes": frozenset({"the_layernormalization"})}):
+        lowered = lower_model(qdq, "int", options=replace(FAMILY_OPTIONS[fam], **form))
+        assert "DEPTHWISE_CONV2D" not in ops(lowered)
+        with tempfile.TemporaryDirectory() as tmp:
+            assert_bitexact(lowered.tosa, io_dict(lowered), vela_raw(lowered.tosa, Path(tmp), accelerator))
 
 
 @pytest.mark.parametrize("accelerator", ["ethos-u55-128", "ethos-u65-256", "ethos-u85-256"])
 def test_vela_stores_fewer_bytes(accelerator):
-    """4 bytes a channel of gamma and beta where the depthwise has 10 of scale and bias (and its weights)."""
+    """4 bytes a channel of gamma and beta where the depthwise has 10 of scale and bias (and its weights); 6 with
+    the int32 beta."""
     qdq = quantize_model(layer_norm(*AFFINES["transformer-like"]), CALIB)
     fam = accelerator.split("-")[1]
     own = FAMILY_OPTIONS[fam]
     figures = [vela_figures(lower_model(qdq, "int", options=o).tosa, accelerator, "size")
-               for o in (own, replace(own, norm_affine_vectors=True))]
+               for o in (own, replace(own, norm_affine_vectors=True),
+                         replace(own, norm_affine_wide_beta_nodes=frozenset({"the_layernormalization"})))]
     assert figures[1]["offchip_kib"] < figures[0]["offchip_kib"], figures
+    assert figures[2]["offchip_kib"] < figures[0]["offchip_kib"], figures

@@ -164,8 +164,11 @@ def _int_affine_channels_last(ctx: LoweringContext, x: TTensor, count: int, eps:
     mult16, shift16 = multiplier_shift(acc_unit / out_q.s, 16)
     if ctx.options.norm_affine_rescale and not np.any(beta) and np.all(gamma >= 0):
         return _affine_as_rescale(ctx, v16, x, np.where(live, 127 * mult16, 0), shift16, out_q, output_of)
-    if ctx.options.norm_affine_vectors:
+    node = ctx.current.name if ctx.current is not None else None
+    if ctx.options.norm_affine_vectors or node in ctx.options.norm_affine_vectors_nodes:
         return _affine_as_vectors(ctx, v16, x, frac, gamma, beta, output_of)
+    if node in ctx.options.norm_affine_wide_beta_nodes:
+        return _affine_as_vectors(ctx, v16, x, frac, gamma, beta, output_of, wide_beta=True)
     # the rows along W, not H: Vela's depthwise then reads them as one row of blocks (bench/perf_choices.md)
     view = reshape(ctx, v16, (1, 1, rows, k) if ctx.options.norm_affine_one_row else (1, rows, 1, k), NHWC)
     w = np.sign(gamma).astype(np.int8).reshape(1, 1, k, 1) * np.int8(127)  # HWCM
@@ -204,7 +207,7 @@ def _affine_as_rescale(ctx: LoweringContext, v16: TTensor, x: TTensor, mult: np.
 
 
 def _affine_as_vectors(ctx: LoweringContext, v16: TTensor, x: TTensor, frac: int, gamma: np.ndarray, beta: np.ndarray,
-                       output_of: str | None) -> TTensor:
+                       output_of: str | None, wide_beta: bool = False) -> TTensor:
     """The affine step as elementwise int16 vectors: an int16 MUL of the normalised value by gamma, then TFLite's
     16-bit ADD of beta, rounding once to the output; 4 bytes a channel of constants (gamma and beta, int16)
     where the depthwise's per-channel scale and bias take 10 a channel in Vela's weight stream, and no weights.
@@ -214,7 +217,12 @@ def _affine_as_vectors(ctx: LoweringContext, v16: TTensor, x: TTensor, frac: int
     saturated term saturates the output either way), 1/512 of an output step fine: the ADD's two operands and
     its one rounding then give the depthwise's integers but where the sum lies within ~1/256 of a rounding
     boundary (not bit for bit: LoweringOptions.exact_only leaves it out, so the family's check holds it to the
-    portable graph's error). Vela fuses the MUL's RESCALE into the MUL and the ADD's three into the ADD."""
+    portable graph's error). Vela fuses the MUL's RESCALE into the MUL and the ADD's three into the ADD.
+
+    `wide_beta`: beta as an int32 vector on the product's own scale, added to the int32 product with no
+    RESCALE between (one rounding, to the output; 6 bytes a channel). |v16| < 2^15 and |gamma| < 2^15 steps, so
+    the product is under 2^30; a beta on that scale under 2^30 too (|beta| <= |gamma| reach, reach 2^frac < 2^15,
+    unless reach passed sqrt(K)) makes the sum fit int32, else the int16 ADD above is taken."""
     out_q = ctx.require_output_q()
     k = x.shape[-1]
     row = (1,) * (len(v16.shape) - 1) + (k,)
@@ -225,6 +233,13 @@ def _affine_as_vectors(ctx: LoweringContext, v16: TTensor, x: TTensor, frac: int
     product = ctx.new_tensor(v16.shape, np.int32, v16.perm)
     ctx.op(Op.MUL, [v16.name, g16.name, ctx.const(np.zeros([1], np.int8), "shift")], [product.name], attr("Mul"))
     unit = 2.0**-frac * s_g  # the product's real value per step
+    b_steps = np.round(beta / unit)
+    if wide_beta and np.any(beta) and np.max(np.abs(b_steps)) < 2**30:
+        b32 = b_steps.astype(np.int32).reshape(row)
+        acc = ctx.new_tensor(v16.shape, np.int32, v16.perm)
+        ctx.op(Op.ADD, [product.name, ctx.const(b32, "beta")], [acc.name], attr("Add"))
+        y = rescale(ctx, acc, unit / out_q.s, out_q.dtype, 0, out_q.zp, out_q)
+        return reshape(ctx, y, x.shape, x.perm, output_of=output_of)
     if not np.any(beta):
         y = rescale(ctx, product, unit / out_q.s, out_q.dtype, 0, out_q.zp, out_q)
         return reshape(ctx, y, x.shape, x.perm, output_of=output_of)
