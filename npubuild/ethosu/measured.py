@@ -270,23 +270,37 @@ def better(a: dict, b: dict, optimise: str) -> bool:
 class Remembered:
     """`measure` (vela_figures_all's signature) compiling each graph once: every choice after the first compiles
     the form the last one took again as its own first candidate (palm detection: one Vela compile of four on
-    U65, one of five on U85). Vela's estimate is a function of the graph, target and options, so a graph
-    compiled before gives the figures it gave; each call gets its own copies (_by_node pops the layers)."""
+    U65, one of five on U85; PP-OCRv4 rec one of two on U65). Vela's estimate is a function of the graph,
+    target and options, so a graph compiled before gives the figures it gave; a compile with the per-layer rows
+    (--verbose-performance, which only writes the per-layer CSV) serves one asked without them. Each call gets
+    its own copies (_by_node pops the layers)."""
 
     def __init__(self, measure: Callable[..., list[dict | None]]) -> None:
         self.measure = measure
         self.known: dict[tuple[bytes, str, str, bool], dict | None] = {}
 
+    def _get(self, key: tuple[bytes, str, str, bool]) -> tuple[bool, dict | None]:
+        """(found, figures) for `key`, a compile with the layers standing for one without (layers dropped)."""
+        if key in self.known:
+            return True, copy.deepcopy(self.known[key])
+        with_layers = (*key[:3], True)
+        if not key[3] and with_layers in self.known:
+            figures = copy.deepcopy(self.known[with_layers])
+            if figures is not None:
+                figures.pop("layers", None)
+            return True, figures
+        return False, None
+
     def __call__(self, tosas: list[bytes], accelerator: str, optimise: str = "performance",
                  layers: bool = False) -> list[dict | None]:
         """The figures of each graph, compiling (at once, as `measure` does) only those not compiled before."""
         keys = [(t, accelerator, optimise, layers) for t in tosas]
-        new = list(dict.fromkeys(k for k in keys if k not in self.known))
+        new = list(dict.fromkeys(k for k in keys if not self._get(k)[0]))
         if new:
             kwargs = {"layers": True} if layers else {}
             got = self.measure([k[0] for k in new], accelerator, optimise, **kwargs)
             self.known.update(zip(new, got, strict=True))
-        return [copy.deepcopy(self.known[k]) for k in keys]
+        return [self._get(k)[1] for k in keys]
 
 
 def choose(model: onnx.ModelProto, fam: str, lower: Callable[[LoweringOptions], LoweredGraph | None],
