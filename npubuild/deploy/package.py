@@ -17,6 +17,7 @@ import numpy as np
 from npubuild.config.schema import TargetProfile
 from npubuild.deploy.assemble import Deployable, assemble
 from npubuild.deploy.virtual_device import HostRun, VirtualDevice
+from npubuild.ethosu.firmware import hex_rows
 from npubuild.fileio import write_text
 from npubuild.records.iospec import IOSpec
 from npubuild.records.lower import PartitionRecord, Where
@@ -49,8 +50,7 @@ def c_array(data: bytes, symbol: str) -> tuple[str, str]:
     """(header, source) holding `data` as a 16-byte aligned const array, as TFLite Micro applications embed it."""
     header = (f"/* {symbol}: the build's deployable .tflite (npubuild) */\n#pragma once\n#include <stddef.h>\n"
               f"#include <stdint.h>\n\nextern const uint8_t {symbol}[];\nextern const size_t {symbol}_len;\n")
-    rows = [", ".join(f"0x{b:02x}" for b in data[i:i + 16]) for i in range(0, len(data), 16)]
-    source = (f'#include "{symbol}.h"\n\nalignas(16) const uint8_t {symbol}[] = {{\n  ' + ",\n  ".join(rows) +
+    source = (f'#include "{symbol}.h"\n\nalignas(16) const uint8_t {symbol}[] = {{\n  ' + ",\n  ".join(hex_rows(data)) +
               f"\n}};\nconst size_t {symbol}_len = {len(data)};\n")
     return header, source.replace("alignas(16) ", "__attribute__((aligned(16))) ")
 

@@ -38,7 +38,7 @@ from npubuild.fileio import write_bytes
 from npubuild.frontend.data import integer_ranges
 from npubuild.frontend.passes import run_passes
 from npubuild.lowering.driver import LoweredGraph, lower_model
-from npubuild.lowering.fallback import PartialLowering, lower_lowerable
+from npubuild.lowering.fallback import HostNode, PartialLowering, lower_lowerable
 from npubuild.lowering.options import LoweringOptions
 from npubuild.records.iospec import IOSpec
 from npubuild.records.lower import FamilyRecord, LowerRecord, NodeRecord, PartitionRecord, Where
@@ -136,15 +136,50 @@ def same_as_whole(whole: WholeGraphRun, own_outputs: dict[str, np.ndarray]) -> b
 
 
 def exact_forms_only(model: onnx.ModelProto, fam: str, fam_lowered: LoweredGraph,
-                     options: LoweringOptions | None = None) -> bool:
+                     options: LoweringOptions | None = None, lowerings: Lowerings | None = None) -> bool:
     """Whether the family's own graph is made of exact rewrites only: its options take no form that rounds
     differently, or lowering it without those forms gives the very same graph (they applied to no node: U85's
-    int32 softmax to no row short enough). One lowering (~1 s for MobileViT-xxs) that can spare the 4-8
-    TOSA reference-model runs of the tolerance check (~3.4 s each)."""
+    int32 softmax to no row short enough). One lowering (~1 s for MobileViT-xxs; none when `lowerings`, the
+    stage's, has made it already) that can spare the 4-8 TOSA reference-model runs of the tolerance check
+    (~3.4 s each)."""
     options = options or LoweringOptions.for_family(fam)
     if options.same_integers:
         return True
-    return lower_model(model, fam_lowered.profile, options=options.exact_only()).tosa == fam_lowered.tosa
+    exact = options.exact_only()
+    if lowerings is None:
+        return lower_model(model, fam_lowered.profile, options=exact).tosa == fam_lowered.tosa
+    return lowerings.whole(exact).tosa == fam_lowered.tosa
+
+
+@dataclass
+class Lowerings:
+    """The stage's lowerings of its model, one per distinct LoweringOptions: the families and their measured
+    variants often ask for the same options again (a choice's current form, the portable options, a family's
+    exact-only forms), and a lowering of a large graph is ~1 s (palm detection: 12 lowerings a stage).
+    Lowering is a function of the model, profile, options and known host nodes alone (lower_model's `family`
+    only picks the options), so one made for one family serves every other."""
+
+    model: onnx.ModelProto
+    profile: Literal["int", "fp"]
+    host: dict[str, HostNode]
+    done: dict[LoweringOptions, PartialLowering] = field(default_factory=dict)
+
+    def __call__(self, options: LoweringOptions) -> PartialLowering:
+        """The model lowered with `options`, its host nodes cut out (lower_lowerable)."""
+        if options not in self.done:
+            self.done[options] = lower_lowerable(self.model, self.profile, options=options, host=self.host)
+        return self.done[options]
+
+    def whole(self, options: LoweringOptions) -> LoweredGraph:
+        """The whole model lowered with `options` (lower_model: its errors raised, none cut to the host), for a
+        model with no host nodes."""
+        got = self.done.get(options)
+        if got is not None and got.whole:
+            assert got.lowered is not None
+            return got.lowered
+        lowered = lower_model(self.model, self.profile, options=options)
+        self.done[options] = PartialLowering(lowered, {})
+        return lowered
 
 
 def lower_stage(src: Path, passes: Sequence[str], profile: Literal["int", "fp"], families: Sequence[str],
@@ -199,8 +234,9 @@ def lower_families(model: onnx.ModelProto, profile: Literal["int", "fp"], out_di
         qdq_path = out_dir / "model_partitioning.onnx"
         # model.tosa's (or the portable split's) own runs: measured once, for every family
         cache = CheckCache(integers=integer_ranges(model), optimise=optimise)
+        lowerings = Lowerings(model, profile, partial.host, {LoweringOptions.for_family(None): partial})
         for fam in families:
-            records[fam] = family_split(model, partial, io, fam, out_dir, qdq_path, cache)
+            records[fam] = family_split(model, partial, io, fam, out_dir, qdq_path, cache, lowerings)
         if choices is not None:  # what ethosu/measured.py measured, for the stage's metrics
             choices.update(cache.choices)
     return replace(io, families=records), tosa_ops
@@ -235,19 +271,15 @@ class CheckCache:
 
 
 def family_split(model: onnx.ModelProto, partial: PartialLowering, io: LowerRecord, fam: str, out_dir: Path,
-                 qdq_path: Path, cache: CheckCache | None = None) -> FamilyRecord:
+                 qdq_path: Path, cache: CheckCache | None = None, lowerings: Lowerings | None = None) -> FamilyRecord:
     """One family's own lowering, placement and partitions, checked when it does not run model.tosa as it is:
     a whole graph of exact rewrites bit for bit against model.tosa (same_as_whole), else against the whole
     QDQ model within the portable graph's own error + MAX_PARTITION_LSB. `cache` keeps model.tosa's runs
-    (TOSA reference-model runs; MobileViT-xxs: 3.4 s each) for the next family that needs them."""
+    (TOSA reference-model runs; MobileViT-xxs: 3.4 s each) for the next family that needs them, `lowerings`
+    the stage's lowerings (Lowerings) for every family."""
     cache = cache if cache is not None else CheckCache()
     profile = io.profile
-    tried: dict[LoweringOptions, PartialLowering] = {}
-
-    def lower(opts: LoweringOptions) -> PartialLowering:
-        if opts not in tried:
-            tried[opts] = lower_lowerable(model, profile, family=fam, options=opts, host=partial.host)
-        return tried[opts]
+    lower = lowerings if lowerings is not None else Lowerings(model, profile, partial.host)
 
     # the family's forms, with the choices a measurement decides for this model (ethosu/measured.py)
     options, measured = choose(model, fam, lambda o: lower(o).lowered if lower(o).whole else None,
@@ -265,7 +297,7 @@ def family_split(model: onnx.ModelProto, partial: PartialLowering, io: LowerReco
             rec = replace(rec, partitions=(own_whole_graph(fam, fam_lowered, rec.partitions[0], out_dir),))
         if len(rec.partitions) < 2 and not own:
             return rec
-        if own and rec.whole_graph and exact_forms_only(model, fam, fam_lowered, options):
+        if own and rec.whole_graph and exact_forms_only(model, fam, fam_lowered, options, lower):
             if not qdq_path.exists():
                 onnx.save(model, qdq_path)
             whole, own_outputs = cache.with_own_run(qdq_path, out_dir, io, rec.partitions[0])

@@ -10,6 +10,7 @@ changes, and cached like any stage output otherwise.
 
 from __future__ import annotations
 
+import copy
 import sys
 import tempfile
 from collections.abc import Callable
@@ -297,13 +298,51 @@ def better(a: dict, b: dict, optimise: str) -> bool:
     return all(x <= y for x, y in zip(mem_a, mem_b, strict=True))
 
 
+class Remembered:
+    """`measure` (vela_figures_all's signature) compiling each graph once: every choice after the first compiles
+    the form the last one took again as its own first candidate (palm detection: one Vela compile of four on
+    U65, one of five on U85; PP-OCRv4 rec one of two on U65). Vela's estimate is a function of the graph,
+    target and options, so a graph compiled before gives the figures it gave; a compile with the per-layer rows
+    (--verbose-performance, which only writes the per-layer CSV) serves one asked without them. Each call gets
+    its own copies (_by_node pops the layers)."""
+
+    def __init__(self, measure: Callable[..., list[dict | None]]) -> None:
+        self.measure = measure
+        self.known: dict[tuple[bytes, str, str, bool], dict | None] = {}
+
+    def _get(self, key: tuple[bytes, str, str, bool]) -> tuple[bool, dict | None]:
+        """(found, figures) for `key`, a compile with the layers standing for one without (layers dropped)."""
+        if key in self.known:
+            return True, copy.deepcopy(self.known[key])
+        with_layers = (*key[:3], True)
+        if not key[3] and with_layers in self.known:
+            figures = copy.deepcopy(self.known[with_layers])
+            if figures is not None:
+                figures.pop("layers", None)
+            return True, figures
+        return False, None
+
+    def __call__(self, tosas: list[bytes], accelerator: str, optimise: str = "performance",
+                 layers: bool = False) -> list[dict | None]:
+        """The figures of each graph, compiling (at once, as `measure` does) only those not compiled before."""
+        keys = [(t, accelerator, optimise, layers) for t in tosas]
+        new = list(dict.fromkeys(k for k in keys if not self._get(k)[0]))
+        if new:
+            kwargs = {"layers": True} if layers else {}
+            got = self.measure([k[0] for k in new], accelerator, optimise, **kwargs)
+            self.known.update(zip(new, got, strict=True))
+        return [self._get(k)[1] for k in keys]
+
+
 def choose(model: onnx.ModelProto, fam: str, lower: Callable[[LoweringOptions], LoweredGraph | None],
            measure: Callable[..., list[dict | None]] = vela_figures_all,
            optimise: str = "performance") -> tuple[LoweringOptions, list[dict]]:
     """The family's options with each applicable choice decided by Vela's estimate, and what was measured.
 
     `lower(options)` lowers the whole model with those options (None: no single graph, nothing to compare).
-    `optimise` "size" adds the choices that trade memory for time (SIZE_CHOICES) and decides by memory."""
+    `optimise` "size" adds the choices that trade memory for time (SIZE_CHOICES) and decides by memory.
+    Each distinct graph is compiled once (Remembered)."""
+    measure = Remembered(measure)
     options = LoweringOptions.for_family(fam)
     record = []
     choices = (*CHOICES.get(fam, ()), *(SIZE_CHOICES if optimise == "size" else ()))

@@ -236,3 +236,22 @@ def test_size_mode_measures_copies_without_a_depthwise():
     own, form = copies["figures"]
     assert form["offchip_kib"] < own["offchip_kib"]
     assert copies["taken"] == int(_pareto(own, form))
+
+
+def test_each_graph_is_compiled_once_per_family():
+    """U65 measures two choices on a narrow image (planar, staged): the second's first candidate is the form the
+    first took, which Vela is not asked to compile again (measured.Remembered); its figures are the ones that
+    compile gave, and every graph compiled is a distinct one."""
+    from npubuild.ethosu.measured import vela_figures_all
+
+    model = nhwc_image_model(224)
+    compiled: list[bytes] = []
+
+    def counting(tosas: list[bytes], accelerator: str, optimise: str = "performance", layers: bool = False):
+        compiled.extend(tosas)
+        return vela_figures_all(tosas, accelerator, optimise, layers)
+
+    _, record = choose(model, "u65", lambda o: lower_model(model, "int", options=o), measure=counting)
+    assert [r["choice"] for r in record] == ["narrow image input planar", "narrow image input staged into SRAM"]
+    assert record[1]["figures"][0] == record[0]["figures"][record[0]["taken"]]
+    assert len(compiled) == len(set(compiled)) == 3

@@ -177,11 +177,24 @@ def _evaluator(ctx: LoweringContext, part: list[onnx.NodeProto], x: str, out: st
                               [helper.make_tensor_value_info(out, TensorProto.FLOAT, None)], inits)
     model = helper.make_model(graph, opset_imports=[o for o in ctx.model.opset_import if o.domain in ("", "ai.onnx")])
     model.ir_version = min(ctx.model.ir_version, 10) or 8
+    sess = _session(model.SerializeToString())
+    return lambda v: np.asarray(sess.run(None, {"x": np.asarray(v, np.float32)})[0], np.float64).reshape(-1)
+
+
+@functools.lru_cache(maxsize=256)
+def _session(model: bytes) -> ort.InferenceSession:
+    """An onnxruntime session of a group's f(x) model, made once per distinct model: the lower stage lowers its
+    model once per family and measured variant (~10 times), each with the same groups, and a session is most
+    of a group's cost (PP-OCRv4 rec: 40 groups, ~0.1 CPU s of its ~0.4 s lowering). A session runs the same
+    model the same way whichever lowering asks. One thread: a kept session's own thread pool spins on the
+    CPU after each run (yolov8n's 57 kept sessions cost 3 CPU s so), and elementwise kernels on a few hundred
+    values give the same floats on any number of threads."""
     opts = ort.SessionOptions()
     opts.log_severity_level = 3
+    opts.intra_op_num_threads = 1
+    opts.inter_op_num_threads = 1
     opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL  # the QDQ semantics, as the check
-    sess = ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
-    return lambda v: np.asarray(sess.run(None, {"x": np.asarray(v, np.float32)})[0], np.float64).reshape(-1)
+    return ort.InferenceSession(model, opts, providers=["CPUExecutionProvider"])
 
 
 def try_fuse_unary_region(ctx: LoweringContext) -> bool:
