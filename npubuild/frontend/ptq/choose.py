@@ -103,7 +103,8 @@ def choose(float_model: onnx.ModelProto, arrays: dict[str, np.ndarray], q: dict,
     ours = set(ranges.ESTIMATORS) if method == "auto" else set(ranges.ESTIMATORS) - set(ORT_METHODS)
 
     def recipes(model: onnx.ModelProto, names: tuple[str, ...], equalised: bool) -> list[_Tried]:
-        stats = collect(model, arrays) if any(e in ours for e in names) else None
+        stats = collect(model, arrays, histograms=any(e in ours and e in ranges.HISTOGRAM_ESTIMATORS for e in names)) \
+            if any(e in ours for e in names) else None
         tried = []
         for est in names:
             settings = dict(q, method=est)
