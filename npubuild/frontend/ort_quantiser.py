@@ -9,8 +9,9 @@ is the same in every candidate or quadratic in the model (ppocrv4_rec_48x160, fi
   node (2.8 million replace_node_input calls): `replace_input_of_all_nodes` below visits only the nodes
   that read the tensor, the membership test in protobuf's C code;
 - finding each initializer by a list of every initializer of that name: `find_by_name` stops at the first;
-- the int8 scale and zero point of every weight channel (84 000 calls): `QuantiserCache.params` keeps
-  them, keyed by the channel's bytes and every other argument, for the next candidate.
+- the int8 scale and zero point of every weight channel (84 000 calls) and the int8 weights themselves,
+  channel by channel: `QuantiserCache.results` keeps both functions' results, keyed by every argument
+  (arrays and tensors by their bytes), for the next candidate.
 
 Each replacement does what onnxruntime's own function does (the same result for the same arguments), so
 the model is byte-identical (tests/frontend/test_ort_quantiser.py; bench/ptq_speed.py over the real
@@ -20,6 +21,7 @@ models). An onnxruntime without these functions is left as it is.
 from __future__ import annotations
 
 import importlib
+import inspect
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -27,19 +29,22 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from google.protobuf.message import Message
 
 # the modules of onnxruntime.quantization that call these functions by their own global name
 FIND_BY_NAME_USERS = ("qdq_quantizer", "base_quantizer", "onnx_model")
-QUANT_PARAMS_USERS = ("qdq_quantizer", "quant_utils")
+# pure functions of their arguments: name -> the modules that call it by their own global name
+REMEMBERED = {"compute_data_quant_params": ("qdq_quantizer", "quant_utils"),
+              "quantize_onnx_initializer": ("qdq_quantizer",)}
 
 
 @dataclass
 class QuantiserCache:
     """What one quantize_static call of a per-model choice leaves for the next: onnxruntime's calibrations
-    (files in `directory`: frontend/quantize.py) and weight channels' quantisation parameters."""
+    (files in `directory`: frontend/quantize.py) and the REMEMBERED functions' results by their arguments."""
 
     directory: Path
-    params: dict[tuple, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict)
+    results: dict[tuple, Any] = field(default_factory=dict)
 
 
 def find_by_name(item_name: str, item_list: Iterable[Any]) -> Any:
@@ -57,32 +62,57 @@ def replace_input_of_all_nodes(self, old_input_name: str, new_input_name: str) -
             self.replace_node_input(node, old_input_name, new_input_name)
 
 
-def _remembered(compute: Callable[..., tuple[np.ndarray, np.ndarray]],
-                memo: dict[tuple, tuple[np.ndarray, np.ndarray]]) -> Callable[..., tuple[np.ndarray, np.ndarray]]:
-    """onnxruntime's compute_data_quant_params (a pure function of its arguments), computed once per distinct
-    arguments: the data by dtype, shape and bytes. Copies are handed out, so no caller shares an array."""
-    def compute_data_quant_params(data: np.ndarray, *args: Any, **kwargs: Any) -> tuple[np.ndarray, np.ndarray]:
-        key = (data.dtype.str, data.shape, data.tobytes(), args, tuple(sorted(kwargs.items()))) \
-            if isinstance(data, np.ndarray) else None
-        try:
-            hash(key)
-        except TypeError:  # an argument that is no key: computed as it is
-            key = None
-        if key is None:
-            return compute(data, *args, **kwargs)
-        if key not in memo:
-            memo[key] = compute(data, *args, **kwargs)
-        zero_point, scale = memo[key]
-        return zero_point.copy(), scale.copy()
+def _key(value: Any) -> Any:
+    """A hashable stand-in for an argument that equals another's only for the same value of the same type: an
+    array or number by dtype, shape and bytes (0.0 and -0.0 differ, True is not 1), a protobuf by its bytes."""
+    if isinstance(value, np.ndarray | np.generic | float | bool):
+        array = np.asarray(value)
+        return type(value).__name__, array.dtype.str, array.shape, array.tobytes()
+    if isinstance(value, Message):
+        return type(value).__name__, value.SerializeToString(deterministic=True)
+    if isinstance(value, list | tuple):
+        return type(value).__name__, tuple(_key(v) for v in value)
+    return value
 
-    return compute_data_quant_params
+
+def _copy(value: Any) -> Any:
+    """A result as fresh as the function's own: no caller shares an array or a tensor with another."""
+    if isinstance(value, np.ndarray | np.generic):
+        return value.copy()
+    if isinstance(value, Message):
+        fresh = type(value)()
+        fresh.CopyFrom(value)
+        return fresh
+    if isinstance(value, list | tuple):
+        return type(value)(_copy(v) for v in value)
+    return value
+
+
+def _remembered(name: str, compute: Callable[..., Any], memo: dict[tuple, Any]) -> Callable[..., Any]:
+    """`compute` (a pure function of its arguments) run once per distinct arguments; a copy of its result
+    handed out each time. Arguments that give no key (an unhashable value) are computed as they are."""
+    signature = inspect.signature(compute)
+
+    def remembered(*args: Any, **kwargs: Any) -> Any:
+        try:
+            bound = signature.bind(*args, **kwargs)
+            bound.apply_defaults()
+            key = (name, *((k, _key(v)) for k, v in bound.arguments.items()))
+            hash(key)
+        except TypeError:
+            return compute(*args, **kwargs)
+        if key not in memo:
+            memo[key] = compute(*args, **kwargs)
+        return _copy(memo[key])
+
+    return remembered
 
 
 def _patches(cache: QuantiserCache | None) -> list[tuple[Any, str, Any]]:
     """(owner, attribute, replacement) for every function above this onnxruntime has."""
     try:
         modules = {name: importlib.import_module(f"onnxruntime.quantization.{name}")
-                   for name in {*FIND_BY_NAME_USERS, *QUANT_PARAMS_USERS}}
+                   for name in {*FIND_BY_NAME_USERS, *(n for users in REMEMBERED.values() for n in users)}}
     except ImportError:
         return []
     patches: list[tuple[Any, str, Any]] = []
@@ -90,11 +120,11 @@ def _patches(cache: QuantiserCache | None) -> list[tuple[Any, str, Any]]:
         patches.append((modules["onnx_model"].ONNXModel, "replace_input_of_all_nodes", replace_input_of_all_nodes))
     patches += [(modules[n], "find_by_name", find_by_name) for n in FIND_BY_NAME_USERS
                 if hasattr(modules[n], "find_by_name")]
-    original = getattr(modules["quant_utils"], "compute_data_quant_params", None)
-    if cache is not None and original is not None:
-        remembered = _remembered(original, cache.params)
-        patches += [(modules[n], "compute_data_quant_params", remembered) for n in QUANT_PARAMS_USERS
-                    if getattr(modules[n], "compute_data_quant_params", None) is original]
+    for name, users in REMEMBERED.items():
+        original = getattr(modules["quant_utils"], name, None)
+        if cache is not None and original is not None:
+            remembered = _remembered(name, original, cache.results)
+            patches += [(modules[n], name, remembered) for n in users if getattr(modules[n], name, None) is original]
     return patches
 
 
