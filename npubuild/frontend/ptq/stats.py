@@ -17,6 +17,8 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper
 
+from npubuild.frontend.ptq.session import session_options
+
 BINS = 2048
 # ops whose output holds exactly the values of their first input, reordered
 PERMUTING = frozenset({"Transpose", "Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity", "DepthToSpace",
@@ -73,9 +75,7 @@ def collect(model: onnx.ModelProto, arrays: dict[str, np.ndarray],
     import onnxruntime as ort
 
     names = float_tensors(model)
-    opts = ort.SessionOptions()
-    opts.log_severity_level = 3
-    session = ort.InferenceSession(exposing(model, names), opts, providers=["CPUExecutionProvider"])
+    session = ort.InferenceSession(exposing(model, names), session_options(), providers=["CPUExecutionProvider"])
     feeds_names = {i.name for i in session.get_inputs()}
     n = next(iter(arrays.values())).shape[0]
     feeds = [{k: np.asarray(v[i]) for k, v in arrays.items() if k in feeds_names} for i in range(n)]
