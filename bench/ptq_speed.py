@@ -6,7 +6,7 @@ Each spec's models are imported once (the import stage's work, cached in DIR/imp
 as the quantize stage does (frontend/quantize.py: quantize_model) into DIR/quantize: per model the wall and
 process CPU seconds of that call, the load average, the SHA-256 of model_qdq.onnx and the stage's metrics
 (the PTQ choice record). Two runs' results compared (bench/ptq_same.py) show a change to the PTQ choice
-left its outputs byte-identical. --profile writes a cProfile of each quantize call.
+left its outputs byte-identical. --profile writes a cProfile (in CPU seconds) of each quantize call.
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ def quantize_one(build, work: Path, profile: Path | None) -> dict:
         import_model(build.model_path, dict(build.model.input_shapes), imported)
     out = work / "quantize" / name / "model_qdq.onnx"
     out.parent.mkdir(parents=True, exist_ok=True)
-    prof = cProfile.Profile() if profile else None
+    prof = cProfile.Profile(time.process_time) if profile else None  # CPU seconds: the machine is shared
     wall, cpu = time.perf_counter(), time.process_time()
     if prof:
         prof.enable()
