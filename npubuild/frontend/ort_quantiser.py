@@ -21,7 +21,6 @@ models). An onnxruntime without these functions is left as it is.
 from __future__ import annotations
 
 import importlib
-import inspect
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -89,15 +88,12 @@ def _copy(value: Any) -> Any:
 
 
 def _remembered(name: str, compute: Callable[..., Any], memo: dict[tuple, Any]) -> Callable[..., Any]:
-    """`compute` (a pure function of its arguments) run once per distinct arguments; a copy of its result
-    handed out each time. Arguments that give no key (an unhashable value) are computed as they are."""
-    signature = inspect.signature(compute)
-
+    """`compute` (a pure function of its arguments) run once per distinct arguments as given (positional and
+    keyword apart: onnxruntime calls each from fixed call sites, and a miss only computes); a copy of its
+    result handed out each time. Arguments that give no key (an unhashable value) are computed as they are."""
     def remembered(*args: Any, **kwargs: Any) -> Any:
+        key = (name, tuple(_key(v) for v in args), tuple((k, _key(v)) for k, v in sorted(kwargs.items())))
         try:
-            bound = signature.bind(*args, **kwargs)
-            bound.apply_defaults()
-            key = (name, *((k, _key(v)) for k, v in bound.arguments.items()))
             hash(key)
         except TypeError:
             return compute(*args, **kwargs)
