@@ -15,7 +15,9 @@ is the same in every candidate or quadratic in the model (ppocrv4_rec_48x160, fi
 
 Each replacement does what onnxruntime's own function does (the same result for the same arguments), so
 the model is byte-identical (tests/frontend/test_ort_quantiser.py; bench/ptq_speed.py over the real
-models). An onnxruntime without these functions is left as it is.
+models). An onnxruntime without these functions is left as it is. The replacements hold only inside
+`linear_quantiser()`'s block, in the process running it (the engine runs each stage task in a child of
+its own: engine/isolate.py).
 """
 
 from __future__ import annotations
