@@ -8,6 +8,9 @@ or a model onnxruntime cannot load; anything else is a stage failure (exit 1). E
 
 from __future__ import annotations
 
+import hashlib
+import inspect
+import json
 import logging
 import re
 import tempfile
@@ -23,6 +26,7 @@ from npubuild.errors import InputError, NpubuildError, StageError, is_out_of_mem
 from npubuild.fileio import write_bytes
 from npubuild.frontend.calibration import entropy_options
 from npubuild.frontend.data import calibration_arrays, graph_inputs
+from npubuild.frontend.ort_quantiser import QuantiserCache, linear_quantiser
 from npubuild.frontend.passes import HOST_REASON
 from npubuild.frontend.ptq.choose import Choice, choose
 from npubuild.frontend.qdq_concat import share_concat_scales
@@ -65,10 +69,12 @@ class ArrayReader(ortq.CalibrationDataReader):
         self.i = 0
 
 
-def quantize(float_model: Path, arrays: dict[str, np.ndarray], q: dict) -> onnx.ModelProto:
+def quantize(float_model: Path, arrays: dict[str, np.ndarray], q: dict,
+             cache: QuantiserCache | None = None) -> onnx.ModelProto:
     """The float model quantised to QDQ int8 by onnxruntime. Where onnxruntime's quantiser fails on one op type
     (a Gemm with a matrix bias, a LayerNormalization over several axes), that op type is left in float and
-    everything around it quantised: those nodes then run on the host."""
+    everything around it quantised: those nodes then run on the host. `cache`: what an earlier candidate of
+    the same per-model choice left (frontend/ort_quantiser.py, _calibration_cache)."""
     source = onnx.load(str(float_model))
     model = vector_gemm_biases(source)
     with tempfile.TemporaryDirectory(prefix="npubuild-quant-") as tmp:
@@ -84,15 +90,15 @@ def quantize(float_model: Path, arrays: dict[str, np.ndarray], q: dict) -> onnx.
         logging.getLogger().setLevel(logging.ERROR)
         op_types = quantized_op_types()
         try:
-            _quantize_static(path, out, arrays, q, op_types)
+            _quantize_static(path, out, arrays, q, op_types, cache)
         except Exception as exc:
             if is_out_of_memory(exc):
                 raise MemoryError from None
-            if not _without_one_op_type(model, path, out, arrays, q, op_types):
+            if not _without_one_op_type(model, path, out, arrays, q, op_types, cache):
                 raise quantisation_error(exc, float_model, arrays) from None
         qdq = onnx.load(str(out))
         if _uncalibrated(qdq, q):  # a tensor the statistics did not see: calibrate it on every sample
-            _quantize_static(path, out, arrays, {**q, "_all_samples": True}, op_types)
+            _quantize_static(path, out, arrays, {**q, "_all_samples": True}, op_types, cache)
             qdq = onnx.load(str(out))
     _check_scales(qdq)
     fold_linear_bias(qdq, model)  # MatMul + bias Add as one layer, as TFLite's FullyConnected
@@ -196,38 +202,62 @@ def check_calibration_size(model: onnx.ModelProto, calibration: dict) -> None:
                              "lower calibration.random.samples or the input's shape")
 
 
-def _quantize_static(path: Path, out: Path, arrays: dict[str, np.ndarray], q: dict, op_types: list[str]) -> None:
+CACHE_ARGUMENT = "calibration_cache_path"  # quantize_static's, from onnxruntime 1.32
+
+
+def _calibration_cache(cache: QuantiserCache | None, path: Path, op_types: list[str], q: dict) -> dict[str, str]:
+    """quantize_static's calibration cache argument for the model at `path`, or none.
+
+    With chosen ranges the calibration is moot but still run (onnxruntime's calibrator builds a model with a
+    ReduceMin/ReduceMax on every tensor and runs it), and it is the same for every range estimator: the
+    same model, op types and sample. So the first candidate's calibration is kept in `cache` (onnxruntime
+    saves its ranges as JSON, float32 arrays with their dtype, and loads them back exactly) and each later
+    candidate of the model loads it; the key is everything that calibration reads."""
+    if cache is None or not q.get("_ranges") or CACHE_ARGUMENT not in _QUANTIZE_STATIC_PARAMETERS:
+        return {}
+    key = hashlib.sha256(path.read_bytes())
+    key.update(json.dumps([sorted(op_types), bool(q.get("_all_samples"))]).encode())
+    return {CACHE_ARGUMENT: str(cache.directory / f"{key.hexdigest()}.json")}
+
+
+_QUANTIZE_STATIC_PARAMETERS = frozenset(inspect.signature(ortq.quantize_static).parameters)
+
+
+def _quantize_static(path: Path, out: Path, arrays: dict[str, np.ndarray], q: dict, op_types: list[str],
+                     cache: QuantiserCache | None = None) -> None:
     ranges = q.get("_ranges")  # chosen activation ranges (ptq/ranges.py): onnxruntime's calibration is then moot,
     # so it runs on one sample (a tensor the ranges miss would get that sample's range: quantize() checks)
-    ortq.quantize_static(
-        str(path),
-        str(out),
-        ArrayReader({k: v[:1] for k, v in arrays.items()} if ranges and not q.get("_all_samples") else arrays),
-        quant_format=ortq.QuantFormat.QDQ,
-        per_channel=q["per_channel"],
-        activation_type=ortq.QuantType.QInt8,
-        weight_type=ortq.QuantType.QInt8,
-        calibrate_method=ortq.CalibrationMethod.MinMax if ranges else METHODS[q["method"]],
-        op_types_to_quantize=op_types,
-        extra_options={
-            "ActivationSymmetric": q["symmetric_activations"],
-            "WeightSymmetric": True,
-            "DedicatedQDQPair": False,
-            # quantize data-movement ops (MaxPool, Transpose...) even where their input is float:
-            # everything the NPU runs is int8.
-            "ForceQuantizeNoInputCheck": True,
-            **({"TensorQuantOverrides": ranges} if ranges else entropy_options(path, arrays, q)),
-        },
-    )
+    with linear_quantiser(cache):  # the same model, sooner (frontend/ort_quantiser.py)
+        ortq.quantize_static(
+            str(path),
+            str(out),
+            ArrayReader({k: v[:1] for k, v in arrays.items()} if ranges and not q.get("_all_samples") else arrays),
+            quant_format=ortq.QuantFormat.QDQ,
+            per_channel=q["per_channel"],
+            activation_type=ortq.QuantType.QInt8,
+            weight_type=ortq.QuantType.QInt8,
+            calibrate_method=ortq.CalibrationMethod.MinMax if ranges else METHODS[q["method"]],
+            op_types_to_quantize=op_types,
+            extra_options={
+                "ActivationSymmetric": q["symmetric_activations"],
+                "WeightSymmetric": True,
+                "DedicatedQDQPair": False,
+                # quantize data-movement ops (MaxPool, Transpose...) even where their input is float:
+                # everything the NPU runs is int8.
+                "ForceQuantizeNoInputCheck": True,
+                **({"TensorQuantOverrides": ranges} if ranges else entropy_options(path, arrays, q)),
+            },
+            **_calibration_cache(cache, path, op_types, q),
+        )
 
 
 def _without_one_op_type(model: onnx.ModelProto, path: Path, out: Path, arrays: dict[str, np.ndarray], q: dict,
-                         op_types: list[str]) -> bool:
+                         op_types: list[str], cache: QuantiserCache | None = None) -> bool:
     """Quantise again with one of the model's op types left in float, in graph order; True once one works."""
     present = list(dict.fromkeys(n.op_type for n in model.graph.node if n.op_type in op_types))
     for skip in present:
         try:
-            _quantize_static(path, out, arrays, q, [t for t in op_types if t != skip])
+            _quantize_static(path, out, arrays, q, [t for t in op_types if t != skip], cache)
         except Exception:  # noqa: BLE001 - the quantiser fails on another op type too: try the next
             continue
         return True
@@ -326,16 +356,19 @@ def quantize_chosen(float_model: Path, model: onnx.ModelProto, arrays: dict[str,
     """The QDQ model of the recipe the spec asks for, or (each choice "auto") of the one that measures
     closest to float on the calibration data (ptq/choose.py); each candidate with its fed-back states'
     inputs on their outputs' grids (frontend/qdq_feedback.py), as it will run."""
-    def build(settings: dict, candidate: onnx.ModelProto) -> onnx.ModelProto:
-        if candidate is model:
-            qdq = quantize(float_model, arrays, settings)
-        else:  # an equalised float model
-            with tempfile.TemporaryDirectory(prefix="npubuild-eq-") as tmp:
-                path = Path(tmp) / "float.onnx"
-                onnx.save(candidate, path)
-                qdq = quantize(path, arrays, settings)
-        share_concat_scales(qdq, settings["symmetric_activations"])  # TFLite-style concat scales
-        tie_feedback(qdq, feedback or {})
-        return qdq
+    with tempfile.TemporaryDirectory(prefix="npubuild-calib-") as tmp_cache:
+        cache = QuantiserCache(Path(tmp_cache))  # what one candidate's quantisation leaves for the next
 
-    return choose(model, arrays, q, build)
+        def build(settings: dict, candidate: onnx.ModelProto) -> onnx.ModelProto:
+            if candidate is model:
+                qdq = quantize(float_model, arrays, settings, cache)
+            else:  # an equalised float model
+                with tempfile.TemporaryDirectory(prefix="npubuild-eq-") as tmp:
+                    path = Path(tmp) / "float.onnx"
+                    onnx.save(candidate, path)
+                    qdq = quantize(path, arrays, settings, cache)
+            share_concat_scales(qdq, settings["symmetric_activations"])  # TFLite-style concat scales
+            tie_feedback(qdq, feedback or {})
+            return qdq
+
+        return choose(model, arrays, q, build)

@@ -17,6 +17,7 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
+from npubuild.frontend.ptq.session import session_options
 from npubuild.frontend.ptq.stats import exposing
 
 LAYERS = {"Conv": 1, "ConvTranspose": 1, "Gemm": -1}  # op -> channel axis of its output
@@ -101,9 +102,7 @@ def correct_biases(qdq: onnx.ModelProto, float_model: onnx.ModelProto, arrays: d
     if not layers:
         return 0
     names = [n for la in layers for n in (la.float_output, la.float_output + SUFFIX)]
-    opts = ort.SessionOptions()
-    opts.log_severity_level = 3
-    session = ort.InferenceSession(exposing(local_model(qdq, float_model, layers), names), opts,
+    session = ort.InferenceSession(exposing(local_model(qdq, float_model, layers), names), session_options(),
                                    providers=["CPUExecutionProvider"])
     feeds_names = {i.name for i in session.get_inputs()}
     n = next(iter(arrays.values())).shape[0]

@@ -20,6 +20,7 @@ import onnx
 from npubuild.frontend.ptq import ranges
 from npubuild.frontend.ptq.bias_correction import correct_biases
 from npubuild.frontend.ptq.equalize import equalise
+from npubuild.frontend.ptq.session import session_options
 from npubuild.frontend.ptq.stats import collect
 
 AUTO_ESTIMATORS = ("minmax", "percentile", "mean_minmax", "mse")
@@ -59,8 +60,7 @@ class Scorer:
     def __init__(self, float_model: onnx.ModelProto, arrays: dict[str, np.ndarray]):
         import onnxruntime as ort
 
-        self.opts = ort.SessionOptions()
-        self.opts.log_severity_level = 3
+        self.opts = session_options()
         session = ort.InferenceSession(float_model.SerializeToString(), self.opts, providers=["CPUExecutionProvider"])
         names = {i.name for i in session.get_inputs()}
         n = min(MAX_SCORE_SAMPLES, next(iter(arrays.values())).shape[0])
@@ -103,7 +103,8 @@ def choose(float_model: onnx.ModelProto, arrays: dict[str, np.ndarray], q: dict,
     ours = set(ranges.ESTIMATORS) if method == "auto" else set(ranges.ESTIMATORS) - set(ORT_METHODS)
 
     def recipes(model: onnx.ModelProto, names: tuple[str, ...], equalised: bool) -> list[_Tried]:
-        stats = collect(model, arrays) if any(e in ours for e in names) else None
+        stats = collect(model, arrays, histograms=any(e in ours and e in ranges.HISTOGRAM_ESTIMATORS for e in names)) \
+            if any(e in ours for e in names) else None
         tried = []
         for est in names:
             settings = dict(q, method=est)

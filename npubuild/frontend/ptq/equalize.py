@@ -17,6 +17,7 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
+from npubuild.frontend.ptq.session import session_options
 from npubuild.frontend.ptq.stats import exposing
 
 HOMOGENEOUS = {"Relu", "PRelu", "LeakyRelu"}  # f(s x) = s f(x) for s > 0, per channel
@@ -84,9 +85,7 @@ def channel_ranges(model: onnx.ModelProto, names: list[str], arrays: dict[str, n
     """max |x| per channel (axis 1) of each tensor over the calibration samples."""
     import onnxruntime as ort
 
-    opts = ort.SessionOptions()
-    opts.log_severity_level = 3
-    session = ort.InferenceSession(exposing(model, names), opts, providers=["CPUExecutionProvider"])
+    session = ort.InferenceSession(exposing(model, names), session_options(), providers=["CPUExecutionProvider"])
     feeds_names = {i.name for i in session.get_inputs()}
     out: dict[str, np.ndarray] = {}
     for i in range(next(iter(arrays.values())).shape[0]):

@@ -84,6 +84,7 @@ def fixed_ranges(model) -> dict[str, tuple[float, float]]:
 
 
 ESTIMATORS = {"minmax": minmax, "percentile": percentile, "mean_minmax": mean_minmax, "mse": mse}
+HISTOGRAM_ESTIMATORS = frozenset({"percentile", "mse"})  # the others read only the per-sample min and max
 
 
 def overrides(stats: dict[str, TensorStats], estimator: str, symmetric: bool,

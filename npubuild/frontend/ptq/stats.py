@@ -2,7 +2,11 @@
 
 One onnxruntime session with every float tensor exposed, run twice over the samples: the first pass
 records each tensor's per-sample minimum and maximum, the second a histogram over the tensor's whole
-calibration range (so bins are fixed before any value is counted, and no sample is held in memory).
+calibration range (so bins are fixed before any value is counted, and no sample is held in memory). The
+second pass is most of the time (2048-bin histograms of every activation of every sample) and only the
+percentile and mse estimators read it: it is skipped when neither is wanted, and a tensor that holds
+another's values reordered (a Transpose, Reshape... output: PERMUTING) takes that tensor's histogram, as
+np.histogram over the same values in the same range counts the same.
 """
 
 from __future__ import annotations
@@ -13,7 +17,12 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper
 
+from npubuild.frontend.ptq.session import session_options
+
 BINS = 2048
+# ops whose output holds exactly the values of their first input, reordered
+PERMUTING = frozenset({"Transpose", "Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity", "DepthToSpace",
+                       "SpaceToDepth"})
 
 
 @dataclass
@@ -59,14 +68,14 @@ def exposing(model: onnx.ModelProto, names: list[str]) -> bytes:
     return m.SerializeToString()
 
 
-def collect(model: onnx.ModelProto, arrays: dict[str, np.ndarray]) -> dict[str, TensorStats]:
-    """Per-sample min/max and a BINS-bin histogram of every float tensor of `model` over `arrays`."""
+def collect(model: onnx.ModelProto, arrays: dict[str, np.ndarray],
+            histograms: bool = True) -> dict[str, TensorStats]:
+    """Per-sample min/max and (with `histograms`) a BINS-bin histogram of every float tensor of `model` over
+    `arrays`; without, every histogram stays empty."""
     import onnxruntime as ort
 
     names = float_tensors(model)
-    opts = ort.SessionOptions()
-    opts.log_severity_level = 3
-    session = ort.InferenceSession(exposing(model, names), opts, providers=["CPUExecutionProvider"])
+    session = ort.InferenceSession(exposing(model, names), session_options(), providers=["CPUExecutionProvider"])
     feeds_names = {i.name for i in session.get_inputs()}
     n = next(iter(arrays.values())).shape[0]
     feeds = [{k: np.asarray(v[i]) for k, v in arrays.items() if k in feeds_names} for i in range(n)]
@@ -77,12 +86,34 @@ def collect(model: onnx.ModelProto, arrays: dict[str, np.ndarray]) -> dict[str, 
         for k, v in zip(names, _run(session, names, fd, graph_in), strict=True):
             mins[k][i], maxs[k][i] = (float(v.min()), float(v.max())) if v.size else (0.0, 0.0)
     stats = {k: TensorStats(mins[k], maxs[k]) for k in names}
+    if not histograms:
+        return stats
+    same = {k: src for k, src in reordered(model, names).items()  # the same values on every sample
+            if np.array_equal(mins[k], mins[src]) and np.array_equal(maxs[k], maxs[src])}
     for fd in feeds:
         for k, v in zip(names, _run(session, names, fd, graph_in), strict=True):
             s = stats[k]
-            if s.hi > s.lo:
+            if s.hi > s.lo and k not in same:
                 s.hist += np.histogram(v, bins=BINS, range=(s.lo, s.hi))[0]
+    for k, src in same.items():
+        stats[k].hist = stats[src].hist.copy()
     return stats
+
+
+def reordered(model: onnx.ModelProto, names: list[str]) -> dict[str, str]:
+    """Each of `names` that a PERMUTING node makes from another of them (through a chain of such nodes, the
+    first tensor of the chain): tensor -> the tensor whose values it holds."""
+    known = set(names)
+    source: dict[str, str] = {}
+    for n in model.graph.node:
+        if n.op_type in PERMUTING and n.domain in ("", "ai.onnx") and n.input and n.input[0] in known \
+                and len(n.output) == 1 and n.output[0] in known:
+            source[n.output[0]] = n.input[0]
+    for k, src in source.items():
+        while src in source:  # the chain's first tensor, whatever order the nodes come in
+            src = source[src]
+        source[k] = src
+    return source
 
 
 def _run(session, names: list[str], feeds: dict[str, np.ndarray], graph_in: set[str]) -> list[np.ndarray]:
