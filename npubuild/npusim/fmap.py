@@ -10,7 +10,7 @@ by the element size; NHWC steps c by STRIDE_C.
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -38,6 +38,9 @@ class FeatureMap:
     signed: bool
     fmt: int
     zero_point: int
+    # (h, w, c) -> _block's addresses: a U55 command stream of thousands of small ops (17021 POOLs for a
+    # selfie segmentation) outgrows _block's LRU, so each map keeps its own for the next sample's run
+    blocks: dict = field(default_factory=dict, compare=False, hash=False, repr=False)
 
     def geometry(self) -> tuple:
         """Every field, in order (FeatureMap(*geometry) is this map): a cache key (dataclasses.astuple deep-copies,
@@ -118,7 +121,10 @@ def _block(geometry: tuple, h: int, w: int, c: int) -> tuple[np.ndarray, int, in
 
 
 def _checked_block(mem: np.ndarray, fm: FeatureMap, h: int, w: int, c: int, what: str) -> np.ndarray:
-    addr, lo, hi = _block(fm.geometry(), h, w, c)
+    block = fm.blocks.get((h, w, c))
+    if block is None:
+        block = fm.blocks[h, w, c] = _block(fm.geometry(), h, w, c)
+    addr, lo, hi = block
     if addr.size and (lo < 0 or hi + fm.elem > len(mem)):
         raise StageError(f"feature map {what} outside its region ({lo}..{hi}, size {len(mem)})")
     return addr

@@ -13,7 +13,7 @@ from npubuild.errors import StageError
 from npubuild.npusim import NotModelled, VelaMiscompile, fmap
 from npubuild.npusim.cmdstream import Command
 from npubuild.npusim.npu_op import Kernel, OpResult, clz, conv_accumulate, kernel_of, ofm_shape, taps
-from npubuild.npusim.u55.scaling import saturate, scale
+from npubuild.npusim.u55.scaling import clamp, saturate, scale
 from npubuild.npusim.weights import WeightLayout, decode_cached, decode_scales, unpack_weights
 
 POOL_MODES = {0: "MAX", 1: "AVERAGE", 2: "REDUCE_SUM"}
@@ -23,6 +23,7 @@ LUT_FIRST, LUT_LAST = 16, 23
 LUT_SLOT_BYTES = 256
 # (ofm micro-block depth, ifm micro-block depth) per accelerator
 UBLOCKS = {"ethos-u55-32": (4, 8)}
+INT64_MIN = int(np.iinfo(np.int64).min)  # a MAX pool's padding: below every value
 
 
 def _upscale(cmd: Command) -> int:
@@ -101,7 +102,7 @@ def _finish(cmd: Command, acc: np.ndarray, mult, shift, ofm: fmap.FeatureMap, me
     v = scale(acc, mult, shift, rounding) + ofm.zero_point
     fn = cmd.regs.get("ACTIVATION", 0) & 0xFFF
     if ofm.bits < 32:
-        v = np.clip(v, cmd.s16("ACTIVATION_MIN"), cmd.s16("ACTIVATION_MAX"))
+        v = clamp(v, cmd.s16("ACTIVATION_MIN"), cmd.s16("ACTIVATION_MAX"))
     v = saturate(v, ofm.bits, ofm.signed)
     if fn == 0:
         return v
@@ -162,8 +163,17 @@ def run_conv(mem: dict, cmd: Command, accel: str, ncores: int) -> OpResult:
                     ofm_bits=ofm.bits)
 
 
-def _valid_count_scale(eshape, ishape, k: Kernel, oh: int, ow: int) -> tuple[np.ndarray, np.ndarray]:
-    """Per-position reciprocal of the valid (non-padding) element count, as multiplier and shift."""
+def _valid_count_scale(cmd: Command, eshape, ishape, k: Kernel) -> tuple[np.ndarray, np.ndarray]:
+    """Per-position reciprocal of the valid (non-padding) element count, as multiplier and shift: from the
+    registers alone, so made once per command (read only)."""
+    got = cmd.derived.get("valid_count_scale")
+    if got is None:
+        oh, ow, _ = ofm_shape(cmd)
+        got = cmd.derived["valid_count_scale"] = _count_scale(eshape, ishape, k, oh, ow)
+    return got
+
+
+def _count_scale(eshape, ishape, k: Kernel, oh: int, ow: int) -> tuple[np.ndarray, np.ndarray]:
     valid = np.zeros(eshape, np.int64)
     valid[k.top:k.top + ishape[0], k.left:k.left + ishape[1]] = 1
     count = np.zeros((oh, ow), np.int64)
@@ -182,7 +192,7 @@ def run_pool(mem: dict, cmd: Command, ncores: int = 1) -> OpResult:
     k = kernel_of(cmd)
     oh, ow, oc = ofm_shape(cmd)
     ifm0 = fmap.operand(cmd, "IFM")
-    pad = np.iinfo(np.int64).min if mode == "MAX" else None
+    pad = INT64_MIN if mode == "MAX" else None
     # REDUCE_SUM also sums over the IFM's depth into one OFM channel
     depth = cmd.regs.get("IFM_DEPTH_M1", 0) + 1 if mode == "REDUCE_SUM" else oc
     padded, ishape, ifm = _read_ifm_window(mem, cmd, k, depth, pad)
@@ -201,7 +211,7 @@ def run_pool(mem: dict, cmd: Command, ncores: int = 1) -> OpResult:
     m, s = _ofm_global_scale(cmd)
     if mode == "AVERAGE" and (k.top or k.left or k.bottom or k.right):
         # Windows over padding: the hardware divides by the number of valid elements at each position.
-        m, s = _valid_count_scale(padded.shape[:2], ishape, k, oh, ow)
+        m, s = _valid_count_scale(cmd, padded.shape[:2], ishape, k)
     elif per_channel_mode(cmd) and cmd.regs.get("SCALE_LENGTH", 0):
         # A per-channel RESCALE Vela folds into a pool (e.g. a TOSA RESCALE with a multiplier per channel)
         bias, m, s = channel_scales(mem, cmd, ncores, oc)
