@@ -65,16 +65,20 @@ class FeatureMap:
         y = ys[:, None, None].astype(np.int64)
         x = xs[None, :, None].astype(np.int64)
         c = cs[None, None, :].astype(np.int64)
+        if self.fmt == NHCWB16:
+            coff = (c // 16) * self.stride_c + (c % 16) * self.elem
+        else:
+            coff = c * self.stride_c
+        if (not xs.size or xs.max() < self.width0) and (not ys.size or ys.max() < self.height0):
+            # all in tile 0 (most blocks): its base, without the tile arithmetic (a command stream of
+            # thousands of small ops spends most of its first pass here)
+            return self.bases[0] + y * self.stride_y + x * self.stride_x + coff
         right = x >= self.width0
         bottom = np.where(right, y >= self.height1, y >= self.height0)
         tile = right.astype(np.int64) + 2 * bottom
         base = np.asarray(self.bases, np.int64)[tile]
         ty = np.where(bottom, y - np.where(right, self.height1, self.height0), y)
         tx = np.where(right, x - self.width0, x)
-        if self.fmt == NHCWB16:
-            coff = (c // 16) * self.stride_c + (c % 16) * self.elem
-        else:
-            coff = c * self.stride_c
         return base + ty * self.stride_y + tx * self.stride_x + coff
 
 
@@ -125,29 +129,30 @@ def _checked_block(mem: np.ndarray, fm: FeatureMap, h: int, w: int, c: int, what
     if block is None:
         block = fm.blocks[h, w, c] = _block(fm.geometry(), h, w, c)
     addr, lo, hi = block
-    if addr.size and (lo < 0 or hi + fm.elem > len(mem)):
-        raise StageError(f"feature map {what} outside its region ({lo}..{hi}, size {len(mem)})")
+    size = mem.shape[-1]
+    if addr.size and (lo < 0 or hi + fm.elem > size):
+        raise StageError(f"feature map {what} outside its region ({lo}..{hi}, size {size})")
     return addr
 
 
 def read(mem: np.ndarray, fm: FeatureMap, h: int, w: int, c: int) -> np.ndarray:
-    """The (h, w, c) block at the origin of `fm`, as int64."""
+    """The (h, w, c) block at the origin of `fm`, as int64; memory with a leading sample axis (a batch of
+    samples run at once, npusim.u55.machine.run_samples) gives a block per sample."""
     addr = _checked_block(mem, fm, h, w, c, "read")
+    dtype = np.dtype(fm.dtype).newbyteorder("<")
     if fm.elem == 1:
-        raw = mem[addr]
-    else:
-        raw = mem[addr[..., None] + np.arange(fm.elem)].reshape(-1, fm.elem)
-        raw = np.ascontiguousarray(raw).view(np.uint8).reshape(-1)
-    return np.frombuffer(np.ascontiguousarray(raw).tobytes(), dtype=np.dtype(fm.dtype).newbyteorder("<")
-                         ).reshape(h, w, c).astype(np.int64)
+        return mem[..., addr].view(dtype).astype(np.int64)
+    raw = np.ascontiguousarray(mem[..., addr[..., None] + np.arange(fm.elem)])
+    return raw.view(dtype)[..., 0].astype(np.int64)
 
 
 def write(mem: np.ndarray, fm: FeatureMap, values: np.ndarray) -> None:
-    """Store an (h, w, c) block (already saturated to the OFM type) at the origin of `fm`."""
-    h, w, c = values.shape
+    """Store an (h, w, c) block (already saturated to the OFM type) at the origin of `fm` (a block per sample
+    where memory has a leading sample axis)."""
+    h, w, c = values.shape[-3:]
     addr = _checked_block(mem, fm, h, w, c, "write")
-    raw = np.ascontiguousarray(values.astype(np.dtype(fm.dtype).newbyteorder("<"))).view(np.uint8)
+    raw = np.ascontiguousarray(values.astype(np.dtype(fm.dtype).newbyteorder("<")))
     if fm.elem == 1:
-        mem[addr] = raw.reshape(addr.shape)
+        mem[..., addr] = raw.view(np.uint8)
     else:
-        mem[addr[..., None] + np.arange(fm.elem)] = raw.reshape(*addr.shape, fm.elem)
+        mem[..., addr[..., None] + np.arange(fm.elem)] = raw.view(np.uint8).reshape(*raw.shape, fm.elem)
