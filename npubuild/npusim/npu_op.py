@@ -14,7 +14,7 @@ from npubuild.errors import StageError
 from npubuild.npusim.cmdstream import Command
 
 
-@dataclass
+@dataclass(frozen=True)
 class Kernel:
     """Kernel size, stride, dilation, weight order and IFM padding of one op, decoded from its registers."""
 
@@ -34,8 +34,16 @@ class Kernel:
 def kernel_of(cmd: Command) -> Kernel:
     """KERNEL_STRIDE: bit 0/1 stride x/y low bits, 2 part-kernel-first, 3/4 dilation x/y, 6/9 stride x/y high bits.
 
-    KERNEL_WIDTH/HEIGHT_M1 hold the dilated extent minus one.
+    KERNEL_WIDTH/HEIGHT_M1 hold the dilated extent minus one. Made once per command (callers only read it):
+    a U55 stream of thousands of small ops spends a tenth of its time decoding these again per sample.
     """
+    k = cmd.derived.get("kernel")
+    if k is None:
+        k = cmd.derived["kernel"] = _kernel(cmd)
+    return k
+
+
+def _kernel(cmd: Command) -> Kernel:
     p = cmd.regs.get("KERNEL_STRIDE", 0)
     sx = ((p & 1) | ((p >> 6) & 1) << 1) + 1
     sy = (((p >> 1) & 1) | ((p >> 9) & 1) << 1) + 1
@@ -63,8 +71,13 @@ class OpResult:
 
 
 def ofm_shape(cmd: Command) -> tuple[int, int, int]:
-    r = cmd.regs
-    return r.get("OFM_HEIGHT_M1", 0) + 1, r.get("OFM_WIDTH_M1", 0) + 1, r.get("OFM_DEPTH_M1", 0) + 1
+    """The OFM's (height, width, depth), made once per command as `kernel_of` is."""
+    shape = cmd.derived.get("ofm_shape")
+    if shape is None:
+        r = cmd.regs
+        shape = cmd.derived["ofm_shape"] = (r.get("OFM_HEIGHT_M1", 0) + 1, r.get("OFM_WIDTH_M1", 0) + 1,
+                                            r.get("OFM_DEPTH_M1", 0) + 1)
+    return shape
 
 
 @dataclass
@@ -97,11 +110,11 @@ def clz(a: np.ndarray) -> np.ndarray:
 
 
 def taps(padded: np.ndarray, k: Kernel, oh: int, ow: int):
-    """Yield (ky, kx, view of shape (oh, ow, c)) for every kernel tap."""
+    """Yield (ky, kx, view of shape (..., oh, ow, c)) for every kernel tap (leading axes: samples)."""
     for ky in range(k.h):
         for kx in range(k.w):
             y0, x0 = ky * k.dy, kx * k.dx
-            yield ky, kx, padded[y0:y0 + (oh - 1) * k.sy + 1:k.sy, x0:x0 + (ow - 1) * k.sx + 1:k.sx]
+            yield ky, kx, padded[..., y0:y0 + (oh - 1) * k.sy + 1:k.sy, x0:x0 + (ow - 1) * k.sx + 1:k.sx, :]
 
 
 def exact_matmul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -114,13 +127,15 @@ def exact_matmul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 
 def conv_accumulate(x: np.ndarray, w: np.ndarray, k: Kernel, oh: int, ow: int, oc: int,
                     depthwise: bool) -> np.ndarray:
-    """The int64 accumulators (oh, ow, oc) of a convolution of the zero-point-removed IFM `x` (padded, HWC) with
-    OHWI weights `w`: per tap for a depthwise one, as one matrix product over every tap otherwise."""
+    """The int64 accumulators (..., oh, ow, oc) of a convolution of the zero-point-removed IFM `x` (padded,
+    (..., H, W, C): leading axes are samples) with OHWI weights `w`: per tap for a depthwise one, as one matrix
+    product over every tap otherwise (exact, so its rows do not depend on how many samples share it)."""
+    shape = (*x.shape[:-3], oh, ow, oc)
     if depthwise:
-        acc = np.zeros((oh, ow, oc), np.int64)
+        acc = np.zeros(shape, np.int64)
         for ky, kx, win in taps(x, k, oh, ow):
             acc += win * w[:, ky, kx, 0]
         return acc
-    cols = np.concatenate([win for _, _, win in taps(x, k, oh, ow)], axis=2)
+    cols = np.concatenate([win for _, _, win in taps(x, k, oh, ow)], axis=-1)
     wmat = w.transpose(1, 2, 3, 0).reshape(-1, oc)
-    return exact_matmul(cols.reshape(-1, cols.shape[2]), wmat).reshape(oh, ow, oc)
+    return exact_matmul(cols.reshape(-1, cols.shape[-1]), wmat).reshape(shape)

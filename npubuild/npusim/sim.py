@@ -18,3 +18,13 @@ def run(model: RawModel, inputs: list[np.ndarray], keep_ofms: bool = True) -> Si
     from npubuild.npusim.u55.machine import run as run_u55
 
     return run_u55(model, inputs, keep_ofms)
+
+
+def run_samples(model: RawModel, samples: list[list[np.ndarray]], keep_ofms: bool = True) -> list[SimResult]:
+    """`run` on each sample: U55/U65 run them all in one pass over the command stream (npusim.u55.machine:
+    its cost is Python per op, thousands of ops on some models); U85 (a few hundred larger ops) one by one."""
+    if model.generation == "u85":
+        return [run(model, inputs, keep_ofms) for inputs in samples]
+    from npubuild.npusim.u55.machine import run_samples as run_u55
+
+    return run_u55(model, samples, keep_ofms)

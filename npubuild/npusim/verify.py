@@ -9,7 +9,7 @@ import numpy as np
 from npubuild.errors import StageError
 from npubuild.npusim.npu_op import OpResult
 from npubuild.npusim.npz import RawModel
-from npubuild.npusim.sim import run
+from npubuild.npusim.sim import run, run_samples
 from npubuild.npusim.tosa_probe import GraphOp, graph_ops, intermediates
 
 
@@ -165,39 +165,52 @@ def _graph_localise(trace: list[OpResult], inter: dict[str, np.ndarray], graph: 
 
 
 def compare(model: RawModel, tosa: bytes, samples: list[list[np.ndarray]], names: list[str]) -> Verdict:
-    """Run every sample (integer TOSA inputs) on both; on the first differing sample, find the op."""
+    """Run every sample (integer TOSA inputs) on both; on the first differing sample, find the op.
+
+    npu-sim runs the samples together (npusim.sim.run_samples) without keeping every op's OFM: the first
+    differing sample alone is run again with them, for `localise`."""
     import time
-
-    import tosa_reference_model as trm
-
-    from npubuild.tosa.run import _quiet_stdio
 
     v = Verdict(samples=len(samples))
     if len(model.outputs) != len(names) or len(model.inputs) != len(samples[0] if samples else []):
         raise StageError(f"the artifact has {len(model.inputs)} inputs / {len(model.outputs)} outputs, "
                          f"the TOSA graph {len(samples[0]) if samples else 0} / {len(names)}")
-    for s, xs in enumerate(samples):
-        with _quiet_stdio():
-            want, status = trm.run(tosa, [np.ascontiguousarray(x) for x in xs])
-        if "VALID" not in str(status):
-            raise ValueError(f"TOSA reference model rejected the graph: {status}")
-        t0 = time.perf_counter()
-        res = run(model, xs)
-        v.sim_seconds += time.perf_counter() - t0
+    wants = [reference_outputs(tosa, xs) for xs in samples]
+    t0 = time.perf_counter()
+    results = run_samples(model, samples, keep_ofms=False) if samples else []
+    v.sim_seconds = time.perf_counter() - t0
+    for s, (xs, want, res) in enumerate(zip(samples, wants, results, strict=True)):
         v.npu_ops = len(res.ops)
         v.outputs.append([np.asarray(g) for g in res.outputs])
-        bad_here = False
-        for name, w, g in zip(names, want, res.outputs, strict=True):
-            w = np.asarray(w)
-            if w.size != g.size:
-                raise StageError(f"output '{name}': the artifact writes {g.size} elements, TOSA {w.size} "
-                                 "(is part of the graph on the CPU?)")
-            g = g.reshape(w.shape)
-            bad = int(np.count_nonzero(w.astype(np.int64) != g.astype(np.int64)))
-            v.mismatches[name] = v.mismatches.get(name, 0) + bad
-            v.elements[name] = v.elements.get(name, 0) + w.size
-            bad_here |= bad > 0
-        if bad_here and v.first_bad_sample is None:
+        if _count_mismatches(v, names, want, res.outputs) and v.first_bad_sample is None:
             v.first_bad_sample = s
-            v.first_bad_op = localise(res.ops, intermediates(tosa, xs), graph_ops(tosa))
+            v.first_bad_op = localise(run(model, xs).ops, intermediates(tosa, xs), graph_ops(tosa))
     return v
+
+
+def reference_outputs(tosa: bytes, xs: list[np.ndarray]) -> list[np.ndarray]:
+    """The TOSA reference model's outputs of the graph on one sample."""
+    import tosa_reference_model as trm
+
+    from npubuild.tosa.run import _quiet_stdio
+
+    with _quiet_stdio():
+        want, status = trm.run(tosa, [np.ascontiguousarray(x) for x in xs])
+    if "VALID" not in str(status):
+        raise ValueError(f"TOSA reference model rejected the graph: {status}")
+    return [np.asarray(w) for w in want]
+
+
+def _count_mismatches(v: Verdict, names: list[str], want: list[np.ndarray], got: list[np.ndarray]) -> bool:
+    """Add one sample's differing elements per output to the verdict; whether any differ."""
+    bad_here = False
+    for name, w, g in zip(names, want, got, strict=True):
+        if w.size != g.size:
+            raise StageError(f"output '{name}': the artifact writes {g.size} elements, TOSA {w.size} "
+                             "(is part of the graph on the CPU?)")
+        g = g.reshape(w.shape)
+        bad = int(np.count_nonzero(w.astype(np.int64) != g.astype(np.int64)))
+        v.mismatches[name] = v.mismatches.get(name, 0) + bad
+        v.elements[name] = v.elements.get(name, 0) + w.size
+        bad_here |= bad > 0
+    return bad_here

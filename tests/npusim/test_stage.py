@@ -13,6 +13,7 @@ from npbtest import read_report, run_cli
 
 from npubuild.npusim.cmdstream import U55, decode
 from npubuild.npusim.npz import load_raw
+from npubuild.npusim.sim import run, run_samples
 from npubuild.npusim.u85.registers import COMMANDS
 from npubuild.npusim.verify import compare
 from npubuild.records.lower import LowerRecord
@@ -111,6 +112,20 @@ def test_corrupted_weight_byte_is_reported_with_its_op(kws_build, target):
     assert not verdict.bitexact and verdict.mismatches[names[0]] > 0
     assert verdict.first_bad_op is not None and verdict.first_bad_op.op == k
     assert verdict.first_bad_op.kind == "CONV" and f"NPU op #{k} CONV" in verdict.first_bad_op.describe()
+
+
+def test_samples_run_together_give_what_each_gives_alone(kws_build):
+    """npu-sim runs a U55 stage's samples in one pass over the command stream (memory with a sample axis):
+    each sample's outputs and every op's OFM are what running it alone gives."""
+    model, _, _, samples = _artifacts(_builds(kws_build)["u55-raw"])
+    together = run_samples(model, samples)
+    assert len(together) == len(samples)
+    for xs, got in zip(samples, together, strict=True):
+        alone = run(model, xs)
+        assert all(np.array_equal(a, b) for a, b in zip(alone.outputs, got.outputs, strict=True))
+        assert len(alone.ops) == len(got.ops) > 0
+        assert all(b.ofm.ndim == 3 and np.array_equal(a.ofm, b.ofm) for a, b in zip(alone.ops, got.ops, strict=True))
+    assert not all(np.array_equal(together[0].outputs[0], r.outputs[0]) for r in together[1:])  # samples differ
 
 
 def test_simulate_command_lists_ops_and_prints_outputs(kws_build, capsys, tmp_path):

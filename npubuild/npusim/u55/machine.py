@@ -1,13 +1,17 @@
-"""Run an Ethos-U55/U65 command stream: DMA and one NPU op at a time in command-stream order."""
+"""Run an Ethos-U55/U65 command stream: DMA and one NPU op at a time in command-stream order, every sample of
+a batch at once (memory with a leading sample axis): the Python per op, most of the time of a stream of
+thousands of small ops, is paid once for all samples."""
 
 from __future__ import annotations
+
+from dataclasses import replace
 
 import numpy as np
 
 from npubuild.errors import InputError, StageError
 from npubuild.npusim import NotModelled
 from npubuild.npusim.cmdstream import Command, decode
-from npubuild.npusim.memory import place_inputs, read_outputs, region_memory, region_of
+from npubuild.npusim.memory import batched, place_inputs, read_outputs, region_memory, region_of
 from npubuild.npusim.npu_op import OpResult, SimResult, traced
 from npubuild.npusim.npz import RawModel
 from npubuild.npusim.u55 import ops
@@ -20,9 +24,9 @@ def _dma(mem: dict, cmd: Command) -> None:
     if (src_reg >> 9) & 3 or (dst_reg >> 9) & 3:
         raise NotModelled("2D/3D DMA is not modelled yet")
     s, d, n = cmd.addr("DMA0_SRC"), cmd.addr("DMA0_DST"), cmd.addr("DMA0_LEN")
-    if s + n > len(src) or d + n > len(dst):
+    if s + n > src.shape[-1] or d + n > dst.shape[-1]:
         raise StageError(f"DMA of {n} bytes outside its region")
-    dst[d:d + n] = src[s:s + n]
+    dst[..., d:d + n] = src[..., s:s + n]
 
 
 def _run_op(mem: dict, cmd: Command, model: RawModel) -> OpResult:
@@ -36,10 +40,18 @@ def _run_op(mem: dict, cmd: Command, model: RawModel) -> OpResult:
 def run(model: RawModel, inputs: list[np.ndarray], keep_ofms: bool = True) -> SimResult:
     """Run an Ethos-U55/U65 command stream on integer inputs (in the artifact's NHWC shapes); returns outputs and
     op trace."""
-    if len(inputs) != len(model.inputs):
-        raise InputError(f"the model has {len(model.inputs)} inputs, got {len(inputs)}")
-    mem = region_memory(model)
-    place_inputs(mem, model, inputs)
+    return run_samples(model, [inputs], keep_ofms)[0]
+
+
+def run_samples(model: RawModel, samples: list[list[np.ndarray]], keep_ofms: bool = True) -> list[SimResult]:
+    """Run the command stream once over every sample (each a list of integer inputs); a result per sample, as
+    `run` on it alone gives (every op computes each sample's row on its own: exact integer arithmetic)."""
+    for inputs in samples:
+        if len(inputs) != len(model.inputs):
+            raise InputError(f"the model has {len(model.inputs)} inputs, got {len(inputs)}")
+    mem = batched(region_memory(model), len(samples))
+    for row, inputs in enumerate(samples):
+        place_inputs(mem, model, inputs, row)
     trace: list[OpResult] = []
     if not model.decoded:
         model.decoded.extend(decode(model.commands, model.path))
@@ -48,4 +60,12 @@ def run(model: RawModel, inputs: list[np.ndarray], keep_ofms: bool = True) -> Si
             _dma(mem, cmd)
             continue
         traced(trace, cmd, lambda cmd=cmd: _run_op(mem, cmd, model), keep_ofms)
-    return SimResult(read_outputs(mem, model), trace)
+    return [SimResult(read_outputs(mem, model, row), _sample_trace(trace, row, keep_ofms))
+            for row in range(len(samples))]
+
+
+def _sample_trace(trace: list[OpResult], row: int, keep_ofms: bool) -> list[OpResult]:
+    """One sample's op trace from the batch's: its row of every OFM (an OFM dropped stays dropped)."""
+    if not keep_ofms:
+        return list(trace)
+    return [replace(op, ofm=op.ofm[row]) for op in trace]

@@ -12,8 +12,9 @@ import numpy as np
 from npubuild.errors import StageError
 from npubuild.npusim import NotModelled, VelaMiscompile, fmap
 from npubuild.npusim.cmdstream import Command
+from npubuild.npusim.memory import constant_bytes
 from npubuild.npusim.npu_op import Kernel, OpResult, clz, conv_accumulate, kernel_of, ofm_shape, taps
-from npubuild.npusim.u55.scaling import saturate, scale
+from npubuild.npusim.u55.scaling import clamp, saturate, scale
 from npubuild.npusim.weights import WeightLayout, decode_cached, decode_scales, unpack_weights
 
 POOL_MODES = {0: "MAX", 1: "AVERAGE", 2: "REDUCE_SUM"}
@@ -23,6 +24,7 @@ LUT_FIRST, LUT_LAST = 16, 23
 LUT_SLOT_BYTES = 256
 # (ofm micro-block depth, ifm micro-block depth) per accelerator
 UBLOCKS = {"ethos-u55-32": (4, 8)}
+INT64_MIN = int(np.iinfo(np.int64).min)  # a MAX pool's padding: below every value
 
 
 def _upscale(cmd: Command) -> int:
@@ -30,7 +32,8 @@ def _upscale(cmd: Command) -> int:
 
 
 def _read_ifm_window(mem: dict, cmd: Command, k: Kernel, depth: int, pad_value: int | None):
-    """The IFM with padding applied, as (padded array, real ifm shape); pad_value None pads with the zero point."""
+    """The IFM with padding applied, as (padded array (..., H, W, C): leading axes are samples, real ifm shape);
+    pad_value None pads with the zero point."""
     ifm = fmap.operand(cmd, "IFM")
     oh, ow, _ = ofm_shape(cmd)
     eh = (oh - 1) * k.sy + (k.h - 1) * k.dy + 1
@@ -40,15 +43,15 @@ def _read_ifm_window(mem: dict, cmd: Command, k: Kernel, depth: int, pad_value: 
     if up:
         src = fmap.read(mem[ifm.region], ifm, (ih + 1) // 2, (iw + 1) // 2, depth)
         if up == 1:
-            x = np.repeat(np.repeat(src, 2, axis=0), 2, axis=1)[:ih, :iw]
+            x = np.repeat(np.repeat(src, 2, axis=-3), 2, axis=-2)[..., :ih, :iw, :]
         else:
-            x = np.full((ih, iw, depth), ifm.zero_point, np.int64)
-            x[::2, ::2] = src[: (ih + 1) // 2, : (iw + 1) // 2]
+            x = np.full((*src.shape[:-3], ih, iw, depth), ifm.zero_point, np.int64)
+            x[..., ::2, ::2, :] = src[..., : (ih + 1) // 2, : (iw + 1) // 2, :]
     else:
         x = fmap.read(mem[ifm.region], ifm, ih, iw, depth)
     fill = ifm.zero_point if pad_value is None else pad_value
-    padded = np.full((eh, ew, depth), fill, np.int64)
-    padded[k.top:k.top + ih, k.left:k.left + iw] = x
+    padded = np.full((*x.shape[:-3], eh, ew, depth), fill, np.int64)
+    padded[..., k.top:k.top + ih, k.left:k.left + iw, :] = x
     return padded, (ih, iw, depth), ifm
 
 
@@ -68,7 +71,7 @@ def _per_core_weights(mem: dict, cmd: Command, accel: str, ncores: int, oc: int,
         wbase, wlen = cmd.addr(f"WEIGHT{sfx}_BASE"), cmd.regs.get(f"WEIGHT{sfx}_LENGTH", 0)
         lay = WeightLayout(len(chans), k.h, k.w, 1 if depthwise else ic, (blk + ncores - 1 - core) // ncores,
                            depthwise, k.part_kernel, ifm_bits, ofm_ub, ifm_ub, 8 // k.dy, 8 // k.dx)
-        stream = decode_cached(wregion[wbase:wbase + wlen].tobytes())
+        stream = decode_cached(constant_bytes(wregion, wbase, wlen, "weights"))
         weights[chans] = unpack_weights(stream, lay)
     bias, mult, shift = channel_scales(mem, cmd, ncores, oc)
     return weights, bias, mult, shift
@@ -84,7 +87,7 @@ def channel_scales(mem: dict, cmd: Command, ncores: int, oc: int) -> tuple[np.nd
         sfx = "" if core == 0 else "1"
         chans = np.arange(core, oc, ncores)
         sbase, slen = cmd.addr(f"SCALE{sfx}_BASE"), cmd.regs.get(f"SCALE{sfx}_LENGTH", 0)
-        b, m, s = decode_scales(sregion[sbase:sbase + slen].tobytes(), len(chans))
+        b, m, s = decode_scales(constant_bytes(sregion, sbase, slen, "scales"), len(chans))
         bias[chans], mult[chans], shift[chans] = b, m, s
     return bias, mult, shift
 
@@ -101,7 +104,7 @@ def _finish(cmd: Command, acc: np.ndarray, mult, shift, ofm: fmap.FeatureMap, me
     v = scale(acc, mult, shift, rounding) + ofm.zero_point
     fn = cmd.regs.get("ACTIVATION", 0) & 0xFFF
     if ofm.bits < 32:
-        v = np.clip(v, cmd.s16("ACTIVATION_MIN"), cmd.s16("ACTIVATION_MAX"))
+        v = clamp(v, cmd.s16("ACTIVATION_MIN"), cmd.s16("ACTIVATION_MAX"))
     v = saturate(v, ofm.bits, ofm.signed)
     if fn == 0:
         return v
@@ -118,14 +121,15 @@ def _finish(cmd: Command, acc: np.ndarray, mult, shift, ofm: fmap.FeatureMap, me
 def lut_table(mem: dict, slot: int) -> np.ndarray:
     """An 8-bit LUT: 256 signed bytes in the last 2 KiB of the internal memory, one slot per table."""
     internal = mem["internal"]
-    base = len(internal) - 8 * LUT_SLOT_BYTES + slot * LUT_SLOT_BYTES
-    return internal[base:base + 256].view(np.int8).astype(np.int64)
+    base = internal.shape[-1] - 8 * LUT_SLOT_BYTES + slot * LUT_SLOT_BYTES
+    return np.frombuffer(constant_bytes(internal, base, 256, "LUT"), np.int8).astype(np.int64)
 
 
 def lut16(mem: dict, v: np.ndarray, signed: bool) -> np.ndarray:
     """16-bit LUT: 512 32-bit entries (base in the low half, slope in the high half), interpolated on 7 bits."""
     internal = mem["internal"]
-    raw = internal[len(internal) - 8 * LUT_SLOT_BYTES:].view("<i4").astype(np.int64)
+    start = internal.shape[-1] - 8 * LUT_SLOT_BYTES
+    raw = np.frombuffer(constant_bytes(internal, start, 8 * LUT_SLOT_BYTES, "LUT"), "<i4").astype(np.int64)
     u = (v + 32768) if signed else v
     idx, frac = u >> 7, u & 0x7F
     entry = raw[np.clip(idx, 0, 511)]
@@ -162,8 +166,17 @@ def run_conv(mem: dict, cmd: Command, accel: str, ncores: int) -> OpResult:
                     ofm_bits=ofm.bits)
 
 
-def _valid_count_scale(eshape, ishape, k: Kernel, oh: int, ow: int) -> tuple[np.ndarray, np.ndarray]:
-    """Per-position reciprocal of the valid (non-padding) element count, as multiplier and shift."""
+def _valid_count_scale(cmd: Command, eshape, ishape, k: Kernel) -> tuple[np.ndarray, np.ndarray]:
+    """Per-position reciprocal of the valid (non-padding) element count, as multiplier and shift: from the
+    registers alone, so made once per command (read only)."""
+    got = cmd.derived.get("valid_count_scale")
+    if got is None:
+        oh, ow, _ = ofm_shape(cmd)
+        got = cmd.derived["valid_count_scale"] = _count_scale(eshape, ishape, k, oh, ow)
+    return got
+
+
+def _count_scale(eshape, ishape, k: Kernel, oh: int, ow: int) -> tuple[np.ndarray, np.ndarray]:
     valid = np.zeros(eshape, np.int64)
     valid[k.top:k.top + ishape[0], k.left:k.left + ishape[1]] = 1
     count = np.zeros((oh, ow), np.int64)
@@ -182,7 +195,7 @@ def run_pool(mem: dict, cmd: Command, ncores: int = 1) -> OpResult:
     k = kernel_of(cmd)
     oh, ow, oc = ofm_shape(cmd)
     ifm0 = fmap.operand(cmd, "IFM")
-    pad = np.iinfo(np.int64).min if mode == "MAX" else None
+    pad = INT64_MIN if mode == "MAX" else None
     # REDUCE_SUM also sums over the IFM's depth into one OFM channel
     depth = cmd.regs.get("IFM_DEPTH_M1", 0) + 1 if mode == "REDUCE_SUM" else oc
     padded, ishape, ifm = _read_ifm_window(mem, cmd, k, depth, pad)
@@ -192,16 +205,16 @@ def run_pool(mem: dict, cmd: Command, ncores: int = 1) -> OpResult:
             acc = win.copy() if acc is None else np.maximum(acc, win)
         acc = acc - ifm0.zero_point
     else:
-        acc = np.zeros((oh, ow, depth), np.int64)
+        acc = np.zeros((*padded.shape[:-3], oh, ow, depth), np.int64)
         for _, _, win in taps(padded - ifm0.zero_point, k, oh, ow):
             acc += win
         if mode == "REDUCE_SUM":
-            acc = acc.sum(axis=2, keepdims=True)
+            acc = acc.sum(axis=-1, keepdims=True)
     ofm = fmap.operand(cmd, "OFM")
     m, s = _ofm_global_scale(cmd)
     if mode == "AVERAGE" and (k.top or k.left or k.bottom or k.right):
         # Windows over padding: the hardware divides by the number of valid elements at each position.
-        m, s = _valid_count_scale(padded.shape[:2], ishape, k, oh, ow)
+        m, s = _valid_count_scale(cmd, padded.shape[-3:-1], ishape, k)
     elif per_channel_mode(cmd) and cmd.regs.get("SCALE_LENGTH", 0):
         # A per-channel RESCALE Vela folds into a pool (e.g. a TOSA RESCALE with a multiplier per channel)
         bias, m, s = channel_scales(mem, cmd, ncores, oc)
@@ -213,14 +226,15 @@ def run_pool(mem: dict, cmd: Command, ncores: int = 1) -> OpResult:
 
 
 def _ifm2(mem: dict, cmd: Command, oh: int, ow: int, oc: int) -> tuple[np.ndarray, fmap.FeatureMap | None, int]:
-    """IFM2 broadcast to the OFM shape (or the 16-bit scalar), and its zero point."""
+    """IFM2 broadcast to the OFM shape (the 16-bit scalar: to the OFM shape; one read from memory: to its
+    samples' OFM shapes), and its zero point."""
     b = cmd.regs.get("IFM2_BROADCAST", 0)
     if b >> 7 & 1:
         return np.full((oh, ow, oc), cmd.s16("IFM2_SCALAR"), np.int64), None, cmd.s16("IFM2_ZERO_POINT")
     fm = fmap.operand(cmd, "IFM2")
     h, w, c = (1 if b & 1 else oh), (1 if b >> 1 & 1 else ow), (1 if b >> 2 & 1 else oc)
     x = fmap.read(mem[fm.region], fm, h, w, c)
-    return np.broadcast_to(x, (oh, ow, oc)), fm, fm.zero_point
+    return np.broadcast_to(x, (*x.shape[:-3], oh, ow, oc)), fm, fm.zero_point
 
 
 def _require_full_ifm(cmd: Command, mode: str, ifm: fmap.FeatureMap, oshape: tuple[int, int, int]) -> None:
@@ -261,7 +275,7 @@ def run_elementwise(mem: dict, cmd: Command) -> OpResult:
     else:
         b, fm2, zp2 = _ifm2(mem, cmd, oh, ow, oc)
         b = b - (zp2 if fm2 is None or fm2.bits < 32 else 0)
-        ifm2_shape = b.shape
+        ifm2_shape = b.shape[-3:]
         if cmd.regs.get("IFM2_BROADCAST", 0) >> 6 & 1:
             a, b = b, a
     if mode in ("ADD", "SUB"):

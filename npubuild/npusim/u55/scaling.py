@@ -14,6 +14,8 @@ TFL, TRUNCATE, NATURAL = 0, 1, 2
 def scale(value: np.ndarray, mult, shift, rounding: int) -> np.ndarray:
     """(value * mult) >> shift with the given rounding, in int64 (values are 32-bit accumulators)."""
     v = np.asarray(value, np.int64)
+    if np.ndim(mult) == 0 and np.ndim(shift) == 0:
+        return _scale_by_one(v, int(mult), int(shift), rounding)
     m = np.asarray(mult, np.int64)
     s = np.asarray(shift, np.int64)
     prod = v * m
@@ -26,6 +28,26 @@ def scale(value: np.ndarray, mult, shift, rounding: int) -> np.ndarray:
     return (prod + rnd) >> s
 
 
+def _scale_by_one(v: np.ndarray, m: int, s: int, rounding: int) -> np.ndarray:
+    """`scale` with one multiplier and shift for the whole block (a global OFM scale): the same integers,
+    its rounding term a Python int rather than a grid of np.where (the per-op cost of thousands of small
+    U55 pooling ops)."""
+    prod = v * m
+    if rounding == TRUNCATE:
+        q = np.abs(prod) >> s if s > 0 else np.abs(prod)
+        return np.where(prod < 0, -q, q)
+    rnd = 1 << (s - 1) if s > 0 else 0
+    if rounding == TFL and s > 31:
+        return (prod + (rnd + np.where(v >= 0, 1 << 30, -(1 << 30)))) >> s
+    return (prod + rnd) >> s
+
+
+def clamp(values: np.ndarray, lo: int, hi: int) -> np.ndarray:
+    """np.clip's values (maximum, then minimum) without its Python wrapper, which checks the bounds against
+    the array's type on every call: most of a small op's clamping time."""
+    return np.minimum(np.maximum(values, lo), hi)
+
+
 def saturate(values: np.ndarray, bits: int, signed: bool) -> np.ndarray:
     lo, hi = (-(1 << (bits - 1)), (1 << (bits - 1)) - 1) if signed else (0, (1 << bits) - 1)
-    return np.clip(values, lo, hi)
+    return clamp(values, lo, hi)
