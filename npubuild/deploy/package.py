@@ -17,7 +17,6 @@ import numpy as np
 from npubuild.config.schema import TargetProfile
 from npubuild.deploy.assemble import Deployable, assemble
 from npubuild.deploy.virtual_device import HostRun, VirtualDevice
-from npubuild.ethosu.firmware import hex_rows
 from npubuild.fileio import write_text
 from npubuild.records.iospec import IOSpec
 from npubuild.records.lower import PartitionRecord, Where
@@ -44,6 +43,14 @@ class Packaged:
             return None
         return (f"not deployable on a Cortex-M ({profile.host.cpu}): {self.not_deployable[0]}; a target whose host "
                 "is a Cortex-A (host: {kind: cortex-a}) runs that partition in onnxruntime")
+
+
+def hex_rows(data: bytes) -> list[str]:
+    """`0x12, 0x34, ...` 16 bytes to a row: the whole text made by bytes.hex at once and cut into rows (a format
+    per byte was most of the vela stage's own CPU: palm detection's deployable is 1.2 MB of it, PP-OCRv4 rec's
+    2.6 MB). Each byte is 6 characters of it ("0x12, "), a row of 16 is 94 and the ", " after it."""
+    text = "0x" + data.hex(",").replace(",", ", 0x") if data else ""
+    return [text[i:i + 94] for i in range(0, len(text), 96)]
 
 
 def c_array(data: bytes, symbol: str) -> tuple[str, str]:

@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from npubuild.config.schema import TargetProfile, VelaOptions
+from npubuild.deploy.package import hex_rows
 from npubuild.errors import StageError
 from npubuild.ethosu.artifact import VelaArtifact
 from npubuild.ethosu.vela_ini import arena_cache_bytes, memory_mode_name
@@ -70,14 +71,6 @@ def manifest(art: VelaArtifact, io: GraphIO, profile: TargetProfile, opts: VelaO
         "inputs": _io_entries(art.inputs, "input", io.inputs),
         "outputs": _io_entries(art.outputs, "output", io.outputs),
     }
-
-
-def hex_rows(data: bytes) -> list[str]:
-    """`0x12, 0x34, ...` 16 bytes to a row: the whole text made by bytes.hex at once and cut into rows (a format
-    per byte was most of the vela stage's own CPU: palm detection's deployable is 1.2 MB of it, PP-OCRv4 rec's
-    2.6 MB). Each byte is 6 characters of it ("0x12, "), a row of 16 is 94 and the ", " after it."""
-    text = "0x" + data.hex(",").replace(",", ", 0x") if data else ""
-    return [text[i:i + 94] for i in range(0, len(text), 96)]
 
 
 def _bytes_c(data: bytes) -> str:
