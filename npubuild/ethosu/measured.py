@@ -334,6 +334,15 @@ class Remembered:
         return [self._get(k)[1] for k in keys]
 
 
+def taken_of(figures: list[dict], optimise: str) -> int:
+    """The index of the figures `better` takes; ties keep the earlier (the family's own form comes first)."""
+    best = 0
+    for i in range(1, len(figures)):
+        if better(figures[i], figures[best], optimise):
+            best = i
+    return best
+
+
 def choose(model: onnx.ModelProto, fam: str, lower: Callable[[LoweringOptions], LoweredGraph | None],
            measure: Callable[..., list[dict | None]] = vela_figures_all,
            optimise: str = "performance") -> tuple[LoweringOptions, list[dict]]:
@@ -363,10 +372,7 @@ def choose(model: onnx.ModelProto, fam: str, lower: Callable[[LoweringOptions], 
         if any(f is None for f in figures):
             record.append({"choice": choice.name, "figures": figures, "taken": 0})
             continue
-        best = 0
-        for i in range(1, len(candidates)):  # ties keep the family's own form
-            if better(figures[i], figures[best], optimise):
-                best = i
+        best = taken_of(figures, optimise)
         record.append({"choice": choice.name, "target": FAMILIES[fam].measured_on, "figures": figures, "taken": best})
         options = candidates[best]
     return options, record
@@ -414,10 +420,7 @@ def _by_node(choice: NodeChoice, model: onnx.ModelProto, fam: str, options: Lowe
         if mixed_figures is not None:
             candidates.append(mixed)
             figures.append(mixed_figures)
-    best = 0
-    for i in range(1, len(candidates)):
-        if better(figures[i], figures[best], optimise):
-            best = i
+    best = taken_of(figures, optimise)
     record.append({"choice": choice.name, "target": target, "figures": figures, "taken": best,
                    "nodes": {n: [per_node[0].get(n, 0), per_node[1].get(n, 0)] for n in nodes}})
     return candidates[best]
@@ -439,10 +442,7 @@ def _best_of(candidates: list[LoweringOptions], fam: str, lower: Callable[[Lower
     if any(f is None for f in figures):
         record.append({"choice": name, "figures": figures, "taken": 0})
         return 0
-    best = 0
-    for j in range(1, len(at)):
-        if better(figures[j], figures[best], optimise):
-            best = j
+    best = taken_of(figures, optimise)
     record.append({"choice": name, "target": target, "figures": figures, "taken": best})
     return at[best]
 
