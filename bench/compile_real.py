@@ -27,10 +27,12 @@ import argparse
 import json
 import math
 import os
+import resource
 import shutil
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -39,13 +41,22 @@ from compile_speed import check_tree, timed, vela_alone  # noqa: E402
 ROOT = Path(__file__).resolve().parents[1]
 SHARED = ("import", "early-fit", "quantize", "precision", "lower", "tosa-check")  # once a spec, whatever the target
 SHOWN = ("import", "quantize", "lower", "tosa-check")
+RUNCLOCK = Path(__file__).resolve().parent / "runclock"  # its sitecustomize clocks the model runs (--clock-runs)
 
 
-def build_once(spec: Path, tree: Path, work: Path) -> dict:
+def build_once(spec: Path, tree: Path, work: Path, clock_runs: bool = False) -> dict:
     build_dir = work / "build"
     shutil.rmtree(build_dir, ignore_errors=True)
-    wall, cpu, proc = timed([sys.executable, "-m", "npubuild", "build", str(spec), "--build-dir", str(build_dir),
-                             "--cache", "off", "--keep-going", "-q"], tree, cwd=spec.parent.parent)
+    cmd = [sys.executable, "-m", "npubuild", "build", str(spec), "--build-dir", str(build_dir), "--cache", "off",
+           "--keep-going", "-q"]
+    clock = work / "runclock.log"
+    clock.unlink(missing_ok=True)
+    if clock_runs:
+        wall, cpu, proc = timed_with_env(cmd, spec.parent.parent, {"PYTHONPATH": f"{tree}{os.pathsep}{RUNCLOCK}",
+                                                                    "NPUBUILD_RUNCLOCK": str(clock)})
+    else:
+        wall, cpu, proc = timed(cmd, tree, cwd=spec.parent.parent)
+    runs = model_runs(clock) if clock_runs else None
     report = build_dir / "report.json"
     if not report.exists():
         return {"wall_s": wall, "cpu_s": cpu, "error": (proc.stderr or proc.stdout).strip().splitlines()[-1:]}
@@ -69,7 +80,44 @@ def build_once(spec: Path, tree: Path, work: Path) -> dict:
             t["vela_alone_cpu_s"] = vela_alone(e, work)[1] if e.get("artifacts", {}).get("vela") else None
         except (RuntimeError, KeyError, FileNotFoundError):
             t["vela_alone_cpu_s"] = None
-    return {"wall_s": wall, "cpu_s": cpu, "stages": stages, "targets": per_target}
+    out = {"wall_s": wall, "cpu_s": cpu, "stages": stages, "targets": per_target}
+    if runs is not None:
+        out["runs"] = runs
+    return out
+
+
+def timed_with_env(cmd: list[str], cwd: Path, env: dict[str, str]) -> tuple[float, float, subprocess.CompletedProcess]:
+    """compile_speed.timed with the environment's PYTHONPATH (and more) given whole: the run clock's path too."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    start = time.perf_counter()
+    proc = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, check=False,
+                          env={**{k: v for k, v in os.environ.items() if k != "NPUBUILD_CACHE"}, **env})
+    wall = time.perf_counter() - start
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return wall, (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime), proc
+
+
+def model_runs(log: Path) -> dict[str, dict[str, float]]:
+    """CPU seconds inside model runs from bench/runclock's log: {kind: {stage: s}}."""
+    runs: dict[str, dict[str, float]] = {}
+    for line in (log.read_text().splitlines() if log.exists() else []):
+        kind, stage, seconds = line.split()
+        runs.setdefault(kind, {}).setdefault(stage, 0.0)
+        runs[kind][stage] += float(seconds)
+    return runs
+
+
+def beyond_runs(r: dict) -> float | None:
+    """CPU seconds per target beyond every model run, over Vela alone's mean: the build's CPU less the
+    onnxruntime and reference-model runs (any stage) and npu-sim's whole simulation (a run of the deployable on
+    the virtual device, its own reference-model runs inside it), each clocked by bench/runclock."""
+    tr = r["targets"].values()
+    alone = [t["vela_alone_cpu_s"] for t in tr if t.get("vela_alone_cpu_s")]
+    total = stage_sum(r)
+    if not alone or not total or "runs" not in r:
+        return None
+    beyond = r["cpu_s"] - sum(s for kind in r["runs"].values() for s in kind.values())
+    return beyond / len(r["targets"]) / (sum(alone) / len(alone))
 
 
 def beyond_check(r: dict, without: tuple[str, ...] = ()) -> float | None:
@@ -137,7 +185,34 @@ def render(runs: dict[tuple[str, str], dict]) -> str:
         geo = [geomean([beyond_check(r, w) for r in rs]) for w in ((), ("npu-sim",))]
         lines.append(f"| {t} | {len(rs)} | {sum(r['cpu_s'] for r in rs):.1f} | {check:.1f} / {total:.1f} | "
                      f"{check / total if total else 0:.0%} | " + " | ".join(f"{g:.2f}x" for g in geo) + " |")
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines + render_runs(runs)) + "\n"
+
+
+def render_runs(runs: dict[tuple[str, str], dict]) -> list[str]:
+    """Where the CPU goes between compiling and running models (builds clocked with --clock-runs only)."""
+    clocked = {k: r for k, r in runs.items() if r.get("runs") is not None and r.get("stages")}
+    if not clocked:
+        return []
+    lines = ["", "The same builds split by bench/runclock: process CPU s inside onnxruntime runs, TOSA reference-model "
+             "runs (by the stage that made them) and npu-sim's simulation (a run of the deployable on the virtual "
+             "device, over the targets, with the reference-model runs it makes). Beyond runs: the build's CPU less all "
+             "of these, per target, over Vela alone's:", "",
+             "| model | tree | CPU s | onnxruntime runs (quantize / other) | reference-model runs (lower / tosa-check "
+             "/ other) | npu-sim | beyond runs s per target | beyond runs / Vela |",
+             "|---|---|---:|---:|---:|---:|---:|---:|"]
+    for (m, t), r in clocked.items():
+        ort_runs, ref = r["runs"].get("onnxruntime", {}), r["runs"].get("reference-model", {})
+        tr = r["targets"].values()
+        sim = sum(r["runs"].get("npu-sim", {}).values())
+        ratio = beyond_runs(r)
+        alone = [x["vela_alone_cpu_s"] for x in tr if x.get("vela_alone_cpu_s")]
+        per_target = ratio * sum(alone) / len(alone) if ratio is not None else None
+        q = ort_runs.get("quantize", 0.0)
+        lines.append(f"| {m} | {t} | {r['cpu_s']:.1f} | {q:.1f} / {sum(ort_runs.values()) - q:.1f} | "
+                     + " / ".join(f"{ref.get(s, 0.0):.1f}" for s in ("lower", "tosa_check"))
+                     + f" / {sum(v for k, v in ref.items() if k not in ('lower', 'tosa_check')):.1f} | "
+                     f"{sim:.1f} | " + (f"{per_target:.2f} | {ratio:.1f}x |" if ratio is not None else "- | - |"))
+    return lines
 
 
 def geomean(xs: list[float | None]) -> float:
@@ -151,6 +226,8 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--tree", action="append", metavar="NAME=PATH")
     ap.add_argument("--only", nargs="*", help="spec names")
     ap.add_argument("--out", type=Path)
+    ap.add_argument("--clock-runs", action="store_true",
+                    help="also clock the CPU inside model runs (bench/runclock): the build beyond every run")
     ap.add_argument("--replay", type=Path, help="a previous run's printed output: render its table again")
     args = ap.parse_args(argv)
     runs: dict[tuple[str, str], dict] = {}
@@ -182,7 +259,7 @@ def run_all(args: argparse.Namespace, runs: dict[tuple[str, str], dict]) -> None
     with tempfile.TemporaryDirectory(prefix="npb-compile-real-") as tmp:
         for spec in specs:
             for t, tree in trees.items():
-                runs[(spec.stem, t)] = build_once(spec, tree, Path(tmp))
+                runs[(spec.stem, t)] = build_once(spec, tree, Path(tmp), args.clock_runs)
                 runs[(spec.stem, t)]["load"] = os.getloadavg()[0]
                 print(spec.stem, t, json.dumps(runs[(spec.stem, t)]), flush=True)
 
