@@ -2,7 +2,7 @@
 Vela alone on the TOSA each target compiled: where a real model's compile time goes, and the TOSA check's share.
 
     PYTHONPATH=. .venv/bin/python bench/compile_real.py --real <copy of shared/models/real> \
-        [--tree before=/path/to/old/tree --tree after=.] [--only NAME ...] [--out bench/compile_real.md]
+        [--tree before=/path/to/old/tree --tree after=.] [--only NAME ...] [--clock-runs] [--out bench/compile_real.md]
 
 A benchmark script, not part of npubuild. --real is a writable copy of shared/models/real with its calibration
 made (its README says how). Per spec and tree (the trees interleaved, so a load change on the shared machine hits
@@ -18,6 +18,9 @@ tosa-check stage's seconds over the sum of the stages'. "Beyond the check, per t
 build's CPU seconds less the check's share of them (the stages' wall shares apportion the CPU: no stage
 records its own CPU), over the targets, against Vela alone's mean CPU seconds per target; the same without
 npu-sim too (a stage the older trees do not have: it runs the deployable on the virtual device).
+`--clock-runs` also puts bench/runclock on the builds' PYTHONPATH: its sitecustomize clocks the process CPU inside
+every onnxruntime run, TOSA reference-model run and npu-sim simulation, and a second table gives the build's CPU
+beyond all of them per target over Vela alone's (the compile work, not the checking).
 `--replay LOG` renders the table again from the JSON lines a run printed (no build).
 """
 
