@@ -6,11 +6,17 @@ A benchmark script, not part of npubuild. It copies configs/ into a scratch proj
 set to TARGETS; the second copy with `optimise: size` added to every spec), builds both with this checkout and
 prints per build the inference ms, SRAM and off-chip KiB of each mode, beside the best peer route's figures as
 bench/routes.md has them (the fastest of onnx2tf -> TFLite int8 and ExecuTorch, same Vela and named configs;
-run bench/routes.py to refresh those). Where that route is ExecuTorch's and it leaves ops on the CPU, routes.md's
-figures are its Vela delegates' only; the memory ExecuTorch plans beside them for the CPU part (the tensors
-handed to and from the CPU ops, their float outputs: bench/executorch_cpu_memory.py, ExecuTorch's own memory
-plan without the graph's input and output) is added to the route's SRAM where its named memory mode keeps the
-arena in SRAM (U55's Shared_Sram), else to its off-chip figure (U65 / U85: Dedicated_Sram).
+run bench/routes.py to refresh those).
+
+Two verdicts per build, side by side. "Vela only": size mode's SRAM and off-chip against the route's Vela
+figures, as routes.md has them. "CPU part counted": where that route is ExecuTorch's and it leaves ops on the
+CPU, Vela counts neither the CPU kernels' code nor their memory, so the route's figures get both: the memory
+ExecuTorch plans for the CPU part (the tensors handed to and from the CPU ops, their float outputs:
+bench/executorch_cpu_memory.py, ExecuTorch's own memory plan without the graph's input and output) added to its
+SRAM where its named memory mode keeps the arena in SRAM (U55's Shared_Sram), else to its off-chip figure (U65 /
+U85: Dedicated_Sram); and the CPU kernels' code flash (bench/executorch_cpu_code.py: the kernels compiled for
+Cortex-M55 with -Os, linked with --gc-sections, logging off, the ExecuTorch runtime itself not counted) added
+to its off-chip figure. npubuild's own firmware code is counted in neither verdict.
 """
 
 from __future__ import annotations
@@ -74,19 +80,38 @@ def peers(routes_md: Path) -> dict[tuple[str, str], dict]:
     return out
 
 
-def with_cpu_memory(best: dict[tuple[str, str], dict], planned: Path) -> dict[tuple[str, str], dict]:
-    """`best` with ExecuTorch's planned CPU-side memory added to the ExecuTorch route's figure it lives in
-    (bench/executorch_cpu_memory.json); the KiB added under "cpu_kib", the figure under "cpu_in"."""
+def with_cpu_part(best: dict[tuple[str, str], dict], planned: Path, code: Path) -> dict[tuple[str, str], dict]:
+    """The ExecuTorch route's figures with its CPU part counted, for each build in `best` whose route leaves ops on
+    the CPU: planned CPU memory (bench/executorch_cpu_memory.json) added to the figure it lives in, the CPU
+    kernels' code flash (bench/executorch_cpu_code.json, its `counted_by_size_mode` build) added to off-chip.
+    Values: {"sram_kib", "offchip_kib", "cpu_mem_kib", "cpu_mem_in", "cpu_code_kib"}."""
     rows = json.loads(planned.read_text()) if planned.exists() else []
-    out = dict(best)
+    code_of: dict[str, int] = {}
+    if code.exists():
+        measured = json.loads(code.read_text())
+        for s in measured["sets"]:
+            for m in s["models"]:
+                code_of[m] = s[measured["counted_by_size_mode"]]["flash"]
+    out = {}
     for r in rows:
         key = (r["model"], r["target"])
         b = best.get(key)
         if b is None or not b["route"].startswith("executorch") or b[r["adds_to"]] is None:
             continue
-        kib = r["planned_bytes"] / 1024
-        out[key] = {**b, r["adds_to"]: b[r["adds_to"]] + kib, "cpu_kib": kib, "cpu_in": r["adds_to"]}
+        mem, flash = r["planned_bytes"] / 1024, code_of.get(r["model"])
+        if flash is None:
+            sys.exit(f"error: no CPU code measured for {r['model']} in {code} (run bench/executorch_cpu_code.py)")
+        counted = {"sram_kib": b["sram_kib"], "offchip_kib": b["offchip_kib"] + flash / 1024}
+        counted[r["adds_to"]] += mem
+        out[key] = {**counted, "cpu_mem_kib": mem, "cpu_mem_in": r["adds_to"], "cpu_code_kib": flash / 1024}
     return out
+
+
+def verdict(size: dict, route: dict) -> tuple[str, bool]:
+    """("no worse" or "over: ...", over?) for size mode's SRAM and off-chip against a route's."""
+    more = [k for k in ("sram_kib", "offchip_kib") if route[k] is not None and size[k] > route[k] + 0.005]
+    return ("no worse", False) if not more else ("over: " + ", ".join(f"{k} +{size[k] - route[k]:.2f}" for k in more),
+                                                  True)
 
 
 def geomean(xs: list[float]) -> float:
@@ -109,38 +134,59 @@ def main(argv: list[str]) -> int:
         else:
             report = json.loads((proj / "build" / "report.json").read_text())
             runs[name] = {(e["model"], e["target"]): e["metrics"] for e in report["builds"]}
-    best = with_cpu_memory(peers(ROOT / "bench" / "routes.md"), ROOT / "bench" / "executorch_cpu_memory.json")
+    best = peers(ROOT / "bench" / "routes.md")
+    cpu = with_cpu_part(best, ROOT / "bench" / "executorch_cpu_memory.json",
+                        ROOT / "bench" / "executorch_cpu_code.json")
     lines = ["Regenerate: `PYTHONPATH=. .venv/bin/python bench/size_mode.py --work /tmp/size --out bench/size_mode.md` "
-             "(peers: bench/routes.md; the ExecuTorch route's CPU part: bench/executorch_cpu_memory.json).", "",
-             "Best route's memory: its Vela figures (routes.md); where it is ExecuTorch's with ops left on the CPU (`*`), "
-             "plus the activation memory ExecuTorch's own memory plan holds for the CPU part (the tensors handed "
-             "to and from the CPU ops and their float outputs, the graph's own input and output left out: "
-             "bench/executorch_cpu_memory.py), in SRAM on U55 (Shared_Sram), off-chip on U65 / U85 (Dedicated_Sram).",
-             "",
+             "(peers: bench/routes.md; the ExecuTorch route's CPU part: bench/executorch_cpu_memory.json, "
+             "bench/executorch_cpu_code.json).", "",
+             "SRAM and off-chip columns: Vela's figures, the best route's as bench/routes.md has them. Where that "
+             "route is ExecuTorch's and it leaves ops on the CPU, Vela counts neither the CPU kernels' code nor "
+             "their memory; the \"route's CPU part\" column gives both: the CPU kernels' code flash (the kernels "
+             "compiled for Cortex-M55 with -Os and linked with --gc-sections, logging off, the ExecuTorch runtime "
+             "not counted: bench/executorch_cpu_code.py) and the activation memory ExecuTorch's own memory plan "
+             "holds for the CPU part (the tensors handed to and from the CPU ops and their float outputs, the "
+             "graph's own input and output left out: bench/executorch_cpu_memory.py), in SRAM on U55 (Shared_Sram), "
+             "off-chip on U65 / U85 (Dedicated_Sram); then the route's SRAM / off-chip with both counted (the code "
+             "is off-chip flash). Size mode is judged twice: against Vela's figures only, and against the route "
+             "with its CPU part counted (npubuild's own firmware code is counted in neither).", "",
              "| model | target | ms perf / size | SRAM KiB perf / size / best route | off-chip KiB perf / size / best "
-             "route | size mode over the best route |", "|---|---|---|---|---|---|"]
-    over, count = [], 0
+             "route | route's CPU part: code KiB, planned KiB; route SRAM / off-chip with it | size mode vs the "
+             "best route, Vela figures only | size mode vs the best route, CPU part counted |",
+             "|---|---|---|---|---|---|---|---|"]
+    over, over_cpu, count = [], [], 0
     for key in sorted(runs["performance"]):
-        p, s, b = runs["performance"][key], runs["size"].get(key, {}), best.get(key)
+        p, s, b, c = runs["performance"][key], runs["size"].get(key, {}), best.get(key), cpu.get(key)
 
         def f(v, d=2):
             return "-" if v is None else f"{v:.{d}f}"
 
-        def peer(k, b=b):  # `*`: ExecuTorch's planned CPU-side memory is in this figure
-            return "-" if not b or b[k] is None else f"{b[k]:.2f}" + ("*" if b.get("cpu_in") == k else "")
+        def peer(k, b=b):
+            return "-" if not b or b[k] is None else f"{b[k]:.2f}"
 
-        verdict = "no peer"
+        vela_only = with_cpu = "no peer"
+        part = "-"
         if b and s.get("sram_kib") is not None:
             count += 1
-            more = [k for k in ("sram_kib", "offchip_kib") if b[k] is not None and s[k] > b[k] + 0.005]
-            verdict = "no worse" if not more else "over: " + ", ".join(f"{k} +{s[k] - b[k]:.2f}" for k in more)
-            if more:
-                over.append(f"- {key[0]} / {key[1]}: {verdict}")
+            vela_only, worse = verdict(s, b)
+            if worse:
+                over.append(f"- {key[0]} / {key[1]}: {vela_only}")
+            with_cpu, worse = verdict(s, c) if c else (vela_only, worse)
+            if c:
+                part = (f"{c['cpu_code_kib']:.2f} code, {c['cpu_mem_kib']:.2f} planned ({c['cpu_mem_in'][:-4]}); "
+                        f"{c['sram_kib']:.2f} / {c['offchip_kib']:.2f}")
+            if worse:
+                over_cpu.append(f"- {key[0]} / {key[1]}: {with_cpu}")
         lines.append(f"| {key[0]} | {key[1]} | {f(p.get('inference_ms'), 4)} / {f(s.get('inference_ms'), 4)} | "
                      f"{f(p.get('sram_kib'))} / {f(s.get('sram_kib'))} / {peer('sram_kib')} | "
-                     f"{f(p.get('offchip_kib'))} / {f(s.get('offchip_kib'))} / {peer('offchip_kib')} | {verdict} |")
-    lines += ["", f"Size mode over the best route's SRAM or off-chip: {len(over)} of {count} builds with a peer.", ""]
+                     f"{f(p.get('offchip_kib'))} / {f(s.get('offchip_kib'))} / {peer('offchip_kib')} | {part} | "
+                     f"{vela_only} | {with_cpu} |")
+    lines += ["", f"Size mode over the best route's SRAM or off-chip, Vela figures only: {len(over)} of {count} builds "
+              "with a peer.", ""]
     lines += over or ["- none"]
+    lines += ["", f"Size mode over the best route's SRAM or off-chip, the route's CPU part counted: {len(over_cpu)} of "
+              f"{count} builds with a peer.", ""]
+    lines += over_cpu or ["- none"]
     lines += ["", "Inference time over the best route's (the routes.md ratio with this checkout's npubuild side), "
               "geometric mean per target family, performance / size mode:", ""]
     for fam in ("u55", "u65", "u85"):

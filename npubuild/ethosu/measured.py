@@ -57,6 +57,11 @@ class Choice:
     name: str
     applies: Callable[[onnx.ModelProto, LoweringOptions], bool]
     variants: Callable[[LoweringOptions], list[LoweringOptions]]
+    # the variants where they name the model's nodes (used instead of `variants` when set)
+    model_variants: Callable[[onnx.ModelProto, LoweringOptions], list[LoweringOptions]] | None = None
+
+    def candidates(self, model: onnx.ModelProto, options: LoweringOptions) -> list[LoweringOptions]:
+        return self.model_variants(model, options) if self.model_variants else self.variants(options)
 
 
 # U65 reads a narrow image planar and TRANSPOSEs it on the NPU (its first conv read 3-byte pieces from DRAM).
@@ -212,6 +217,57 @@ NORM_AFFINE_FORMS = NodeForms("normalisation affine form per layer norm",
                               lambda m, o: [] if o.norm_affine_vectors else
                               [n.name for n in m.graph.node if n.op_type == "LayerNormalization"],
                               ("norm_affine_vectors_nodes", "norm_affine_wide_beta_nodes"))
+
+
+def fc_after_norm(model: onnx.ModelProto) -> tuple[list[str], list[str]]:
+    """(the widening ones, all) of the fully connected layers (MatMul / Gemm with a constant or dequantised constant
+    weight) that read a LayerNormalization's output, through its QuantizeLinear / DequantizeLinear pair."""
+    inits = {i.name for i in model.graph.initializer}
+    producer = {o: n for n in model.graph.node for o in n.output}
+    weights = {n.output[0]: n.input[0] for n in model.graph.node if n.op_type == "DequantizeLinear" and
+               n.input[0] in inits}
+    shapes = {i.name: list(i.dims) for i in model.graph.initializer}
+    widening, every = [], []
+    for n in model.graph.node:
+        if n.op_type not in ("MatMul", "Gemm") or len(n.input) < 2 or not (n.input[1] in inits or n.input[1] in weights):
+            continue
+        src = producer.get(n.input[0])
+        while src is not None and src.op_type in ("QuantizeLinear", "DequantizeLinear"):
+            src = producer.get(src.input[0])
+        if src is None or src.op_type != "LayerNormalization":
+            continue
+        every.append(n.name)
+        dims = shapes.get(weights.get(n.input[1], n.input[1]), [])
+        trans = n.op_type == "Gemm" and any(a.name == "transB" and a.i for a in n.attribute)
+        if len(dims) == 2 and (dims[0] if trans else dims[1]) > (dims[1] if trans else dims[0]):
+            widening.append(n.name)
+    return widening, every
+
+
+def _halves_with_vectors(model: onnx.ModelProto, options: LoweringOptions) -> list[LoweringOptions]:
+    """FC_HALVES' variants, every layer norm's affine as vectors (the form whose short pass made Vela buffer the
+    weights whole) in each: no layer in halves, the widening ones (an FFN's first), every one after a layer norm."""
+    norms = frozenset(n.name for n in model.graph.node if n.op_type == "LayerNormalization")
+    vectors = replace(options, norm_affine_vectors_nodes=norms, norm_affine_wide_beta_nodes=frozenset())
+    return [vectors] + [replace(vectors, fc_halves_nodes=nodes)
+                        for nodes in dict.fromkeys(frozenset(s) for s in fc_after_norm(model) if s)]
+
+
+# A layer norm's affine as vectors (4 bytes a channel) before an FFN made Vela 5.2 buffer the FFN's first weights
+# whole on U65-256: after a short pass it prebuffers little (its first slice is about the previous op's cycles
+# of DMA: 3536 B after the wide-beta form's 1152-cycle RESCALE, 4720 after the depthwise's 1410) and buffers the
+# rest in one slice (SRAM 12.50 -> 18.45 KiB for vectors on all four layer norms, 13.03 for the wide beta on the
+# two before an FFN). With the fully connected layers after a layer norm in two output halves (each its own 1x1
+# conv, the same integers) Vela buffers each half as after the depthwise, and the vectors fit: transformer
+# U65-256 size mode 12.50 / 80.66 -> 12.50 / 79.89 KiB (0.2238 -> 0.2291 ms), under ExecuTorch's 13.50 / 80.31.
+# Measured with the vectors on every layer norm (the layer-norm search after it then moves single nodes).
+FC_HALVES = Choice("fully connected layers after a layer norm in halves, with the affine vectors",
+                   lambda m, o: not o.norm_affine_vectors and any(fc_after_norm(m)), lambda o: [],
+                   _halves_with_vectors)
+# ... and after the layer norms' forms are decided node by node, the halves tried off again (U55-128 and U85-256
+# take the vectors at the same SRAM without them: transformer 75.47 / 76.55 KiB off-chip, 75.50 / 76.58 with)
+FC_HALVES_OFF = Choice("fully connected layers whole again (for memory)", lambda m, o: bool(o.fc_halves_nodes),
+                       lambda o: [replace(o, fc_halves_nodes=frozenset())])
 # Every int8 graph input copied by a MAXIMUM first (LoweringOptions.input_copy): with Dedicated_Sram (U65 / U85)
 # an input a late op reads stays in the DRAM arena until then; the transformer's, read again by the residual Add,
 # held 1 KiB of U65-256's off-chip (82.39 -> 81.39 KiB, SRAM 12.50 both, 0.2240 -> 0.2236 ms).
@@ -233,7 +289,7 @@ SIZE_CHOICES: tuple[Choice | NodeForms, ...] = tuple(_off(f) for f in (
     Choice("bilinear_channel_split on (for memory)", lambda m, o: o.bilinear_2x and not o.bilinear_channel_split
            and has_op(m, "Resize"), lambda o: [replace(o, bilinear_channel_split=True)]),
     _on("plane_pool_rows", ("GlobalAveragePool", "AveragePool", "ReduceMean", "ReduceSum")), INPUT_COPY,
-    NORM_AFFINE_RESCALE, NORM_AFFINE_FORMS)
+    NORM_AFFINE_RESCALE, FC_HALVES, NORM_AFFINE_FORMS, FC_HALVES_OFF)
 
 
 def vela_figures_all(tosas: list[bytes], accelerator: str, optimise: str = "performance",
@@ -364,7 +420,7 @@ def choose(model: onnx.ModelProto, fam: str, lower: Callable[[LoweringOptions], 
             continue
         if not choice.applies(model, options):
             continue
-        candidates = [options, *choice.variants(options)]
+        candidates = [options, *choice.candidates(model, options)]
         graphs = [lower(opts) for opts in candidates]
         if any(g is None for g in graphs) or len({g.tosa for g in graphs}) == 1:
             continue  # no single graph to compare, or the choice changes nothing in this model

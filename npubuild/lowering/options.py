@@ -168,6 +168,12 @@ class LoweringOptions:
     # of a CONCAT whatever its place (a 16x8 ppocrv4_rec): tests/npusim/test_vela_slice_rescale.py. U85 runs the
     # plain forms right, and there the CLAMP would cost an NPU op
     clamp_sliced_rescale: bool = False
+    # a fully connected layer (constant-weight MatMul / Gemm) on these nodes as two 1x1 CONV2Ds of half its output
+    # channels each and a CONCAT of them (ops/conv._fully_connected: the same integers). Vela buffers each half's
+    # weights on its own: after a short pass (a layer norm's affine as vectors) it prebuffers little of a whole
+    # FFN weight and buffers the rest in one slice (transformer U65-256 SRAM 12.50 -> 18.45 KiB); as halves it
+    # slices as after the depthwise: size mode's memory choice (ethosu/measured.FC_HALVES)
+    fc_halves_nodes: frozenset[str] = frozenset()
     # fold INT bias Adds behind a Q/DQ pair into the conv bias too (epilogue: exact per op to 1 LSB but drifts
     # from the QDQ reference, transformer TOSA SNR 32.8 -> 27.6 dB; off everywhere)
     int_bias_add: bool = False

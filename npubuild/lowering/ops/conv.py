@@ -404,7 +404,16 @@ def _fully_connected(ctx: LoweringContext, x: TTensor, w_ok: np.ndarray, w_scale
         exact = ep.exact if ep.exact is not None and not np.any(bias.real) else (None, None)
         bias = Bias(bias.real * ep.gain + ep.bias, *exact)  # exact: the QDQ model's int32 bias (qdq_linear.py)
         out_name, out_q = ep.out_name, ep.out_q
-    y = emit_conv(ctx, view, w4, w_scale, bias, [0, 0, 0, 0], (1, 1), (1, 1), False, output_name=None, out_q=out_q)
+    if ctx.profile == "int" and o % 2 == 0 and ctx.current is not None and \
+            ctx.current.name in ctx.options.fc_halves_nodes:
+        # two halves of the output channels on the output's one quantisation: each channel's integers as one conv's
+        q = out_q or ctx.require_output_q()
+        halves = [slice(0, o // 2), slice(o // 2, o)]
+        y = concat(ctx, [emit_conv(ctx, view, w4[h], None if w_scale is None else w_scale[h], bias.select(h),
+                                   [0, 0, 0, 0], (1, 1), (1, 1), False, output_name=None, out_q=q) for h in halves],
+                   3, None)
+    else:
+        y = emit_conv(ctx, view, w4, w_scale, bias, [0, 0, 0, 0], (1, 1), (1, 1), False, output_name=None, out_q=out_q)
     out_shape = (*lshape[:-1], o)
     ctx.values[out_name] = reshape(ctx, y, out_shape, identity(len(out_shape)), output_of=out_name)
     if ep is not None:
