@@ -32,13 +32,13 @@ import hmac
 import json
 import os
 import re
+import shutil
 import tempfile
 import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
-
-import fsspec
+from typing import Any
 
 from npubuild.engine.notice import warn
 from npubuild.errors import InputError
@@ -192,13 +192,58 @@ class CacheEntry:
     created: float
 
 
+class LocalFiles:
+    """fsspec's local file system (what `fsspec.core.url_to_fs` gives for an absolute directory path) for the
+    calls a build makes, makedirs, open and mv, done as it does them without importing fsspec: fsspec and the
+    asyncio it imports were ~0.03 CPU s of a small model's cold compile (bench/compile_split.py). Any other call
+    (the `npubuild cache` listing, du, rm, ...) goes to fsspec's own LocalFileSystem, imported then."""
+
+    protocol = ("file", "local")  # LocalFileSystem's: _open_entry_file tells a local cache by it
+
+    def __init__(self) -> None:
+        self._fs: Any = None
+
+    def makedirs(self, path: str, exist_ok: bool = False) -> None:
+        os.makedirs(path, exist_ok=exist_ok)
+
+    def open(self, path: str, mode: str = "rb"):
+        if "b" not in mode:  # text modes: fsspec's own wrapper
+            return self._real().open(path, mode)
+        return open(path, mode)
+
+    def mv(self, path1: str, path2: str, **kwargs: Any) -> None:
+        shutil.move(path1, path2)
+
+    def _real(self) -> Any:
+        if self._fs is None:
+            import fsspec
+
+            self._fs = fsspec.filesystem("file")
+        return self._fs
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("_"):  # not set yet (a copy, an unpickled instance): never fsspec's privates
+            raise AttributeError(name)
+        return getattr(self._real(), name)
+
+
+def url_to_fs(url: str) -> tuple[Any, str]:
+    """The file system and root of a cache URL: LocalFiles for an absolute local path (as fsspec would give it:
+    the path without trailing slashes), else fsspec's own."""
+    if url.startswith("/") and "::" not in url:
+        return LocalFiles(), url.rstrip("/") or "/"
+    import fsspec
+
+    return fsspec.core.url_to_fs(url)
+
+
 class StageCache:
     """Get and put stage outputs by key; `url` is a directory path or an fsspec URL."""
 
     def __init__(self, url: str | os.PathLike, key: bytes | None = None, use_env_key: bool = True):
         self.url = str(url)
         self.key = key if key is not None or not use_env_key else team_key()
-        self.fs, self.root = fsspec.core.url_to_fs(self.url)
+        self.fs, self.root = url_to_fs(self.url)
         self.fs.makedirs(self.root, exist_ok=True)
 
     def trusted(self, key: str, manifest: dict) -> bool:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import os
 import re
 from importlib import metadata
 from pathlib import Path
@@ -50,15 +51,28 @@ def tool_version(tool: str) -> str:
 
 
 @functools.cache
+def _module_files() -> dict[str, Path]:
+    """Every npubuild module's name -> its file (a package's __init__.py; a module file before a package of the
+    same name, as `_module_file` looks), found in one walk of the source tree."""
+    found: dict[str, Path] = {}
+    packages: dict[str, Path] = {}
+    for folder, dirs, files in os.walk(PACKAGE_ROOT):
+        dirs[:] = [d for d in dirs if d != "__pycache__"]
+        rel = os.path.relpath(folder, PACKAGE_ROOT)
+        base = "npubuild" if rel == "." else "npubuild." + rel.replace(os.sep, ".")
+        for name in files:
+            if not name.endswith(".py"):
+                continue
+            path = Path(folder, name)
+            if name == "__init__.py":
+                packages[base] = path
+            else:
+                found[f"{base}.{name[:-3]}"] = path
+    return {**packages, **found}
+
+
 def _module_file(name: str) -> Path | None:
-    parts = name.split(".")[1:]
-    if not parts:
-        return PACKAGE_ROOT / "__init__.py"
-    rel = Path(*parts)
-    for candidate in (PACKAGE_ROOT / rel.with_suffix(".py"), PACKAGE_ROOT / rel / "__init__.py"):
-        if candidate.is_file():
-            return candidate
-    return None
+    return _module_files().get(name)
 
 
 # a module-level `if TYPE_CHECKING:` block: imports for type hints only, which never run (a stage module's
@@ -77,7 +91,10 @@ def _imports(path: Path) -> frozenset[str]:
     no-op rebuild's largest part). An import-like line inside a string only adds a dependency (safe).
     """
     names: set[str] = set()
-    for m in _IMPORT_RE.finditer(_TYPE_ONLY_RE.sub("", path.read_text(encoding="utf-8"))):
+    text = path.read_text(encoding="utf-8")
+    if "if TYPE_CHECKING:" in text:  # the substitution scans every line: most files have no such block
+        text = _TYPE_ONLY_RE.sub("", text)
+    for m in _IMPORT_RE.finditer(text):
         if m.group(3):
             names.add(m.group(3))
             continue
@@ -90,7 +107,9 @@ def _imports(path: Path) -> frozenset[str]:
     return frozenset(names)
 
 
-def _closure(module: str) -> list[Path]:
+def _closure_by_name(module: str) -> list[Path]:
+    """The files `module` runs: walked name by name (what `_closure` computes, the reference it is tested
+    against, and the walk for a root inside the orchestration, which `_file_deps` leaves out)."""
     seen: set[Path] = set()
     todo = [module]
     while todo:
@@ -112,11 +131,61 @@ def _closure(module: str) -> list[Path]:
 
 
 @functools.cache
+def _name_files(name: str) -> tuple[Path, ...]:
+    """The files a reference to `name` runs itself: its own and its parent packages', outside the
+    orchestration."""
+    parts = name.split(".")
+    out = []
+    for i in range(1, len(parts) + 1):
+        prefix = ".".join(parts[:i])
+        if not _orchestration(prefix):
+            f = _module_file(prefix)
+            if f is not None:
+                out.append(f)
+    return tuple(out)
+
+
+@functools.cache
+def _file_deps(f: Path) -> frozenset[Path]:
+    """The files one file makes run directly: what it imports (with their packages), and, for a registry
+    package's __init__, every module of the package."""
+    deps = {d for name in _imports(f) for d in _name_files(name)}
+    if f.name == "__init__.py" and f.parent != PACKAGE_ROOT:
+        package = "npubuild." + ".".join(f.parent.relative_to(PACKAGE_ROOT).parts)
+        if package in REGISTRY_PACKAGES:
+            deps.update(d for p in f.parent.glob("*.py") if p.stem != "__init__" for d in _name_files(f"{package}.{p.stem}"))
+    return frozenset(deps)
+
+
+def _closure(module: str) -> list[Path]:
+    """The files `module` runs (it, its packages and what they import, transitively; the orchestration left
+    out): the same set as the name-by-name walk (`_closure_by_name`), walked over files whose direct
+    dependencies are found once a process (`_file_deps`), not once a stage (the walk was a planning cost)."""
+    if _orchestration(module):
+        return _closure_by_name(module)
+    seen: set[Path] = set()
+    todo = list(_name_files(module))
+    while todo:
+        f = todo.pop()
+        if f not in seen:
+            seen.add(f)
+            todo.extend(_file_deps(f))
+    return sorted(seen)
+
+
+@functools.cache
+def _source(f: Path) -> tuple[bytes, bytes]:
+    """A source file's path in the package and its bytes, read once a process: the stages' closures share most
+    of their files."""
+    return str(f.relative_to(PACKAGE_ROOT)).encode(), f.read_bytes()
+
+
+@functools.cache
 def source_fingerprint(module: str) -> str:
     h = hashlib.sha256()
     for f in _closure(module):
-        h.update(str(f.relative_to(PACKAGE_ROOT)).encode())
-        h.update(f.read_bytes())
+        for part in _source(f):
+            h.update(part)
     return h.hexdigest()[:10]
 
 

@@ -11,6 +11,7 @@ from npubuild.npusim.npu_op import OpResult
 from npubuild.npusim.npz import RawModel
 from npubuild.npusim.sim import run, run_samples
 from npubuild.npusim.tosa_probe import GraphOp, graph_ops, intermediates
+from npubuild.tosa.memo import RunMemo, graph_key
 
 
 @dataclass
@@ -164,8 +165,10 @@ def _graph_localise(trace: list[OpResult], inter: dict[str, np.ndarray], graph: 
     return None
 
 
-def compare(model: RawModel, tosa: bytes, samples: list[list[np.ndarray]], names: list[str]) -> Verdict:
-    """Run every sample (integer TOSA inputs) on both; on the first differing sample, find the op.
+def compare(model: RawModel, tosa: bytes, samples: list[list[np.ndarray]], names: list[str],
+            memo: RunMemo | None = None) -> Verdict:
+    """Run every sample (integer TOSA inputs) on both; on the first differing sample, find the op. `memo`: the
+    TOSA runs an earlier stage made (tosa/memo.py), taken instead of made again.
 
     npu-sim runs the samples together (npusim.sim.run_samples) without keeping every op's OFM: the first
     differing sample alone is run again with them, for `localise`."""
@@ -175,7 +178,7 @@ def compare(model: RawModel, tosa: bytes, samples: list[list[np.ndarray]], names
     if len(model.outputs) != len(names) or len(model.inputs) != len(samples[0] if samples else []):
         raise StageError(f"the artifact has {len(model.inputs)} inputs / {len(model.outputs)} outputs, "
                          f"the TOSA graph {len(samples[0]) if samples else 0} / {len(names)}")
-    wants = [reference_outputs(tosa, xs) for xs in samples]
+    wants = [reference_outputs(tosa, xs, memo) for xs in samples]
     t0 = time.perf_counter()
     results = run_samples(model, samples, keep_ofms=False) if samples else []
     v.sim_seconds = time.perf_counter() - t0
@@ -188,11 +191,17 @@ def compare(model: RawModel, tosa: bytes, samples: list[list[np.ndarray]], names
     return v
 
 
-def reference_outputs(tosa: bytes, xs: list[np.ndarray]) -> list[np.ndarray]:
-    """The TOSA reference model's outputs of the graph on one sample."""
+def reference_outputs(tosa: bytes, xs: list[np.ndarray], memo: RunMemo | None = None) -> list[np.ndarray]:
+    """The TOSA reference model's outputs of the graph on one sample: from `memo` where an earlier stage made
+    this very run (the same graph bytes and inputs), else run here."""
     import tosa_reference_model as trm
 
     from npubuild.tosa.run import _quiet_stdio
+
+    if memo is not None:
+        kept = memo.get(graph_key(tosa, [np.ascontiguousarray(x) for x in xs]))
+        if kept is not None:
+            return [kept[str(i)] for i in range(len(kept))]
 
     with _quiet_stdio():
         want, status = trm.run(tosa, [np.ascontiguousarray(x) for x in xs])

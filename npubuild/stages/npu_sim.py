@@ -68,9 +68,13 @@ def plan(b: Build, chain: Chain) -> TaskSpec | Skip | None:
         inputs["calibration"] = b.calibration_npy
     if source.kind == "evaluation" and b.evaluation is not None:
         inputs["eval_inputs"] = b.evaluation.inputs
+    deps: tuple[str, ...] = ("vela",)
+    if "tosa-check" in chain:  # the runs it made on the same samples, taken instead of made again (tosa/memo.py)
+        inputs["runs"] = chain["tosa-check"].outputs["runs"]
+        deps = ("vela", "tosa-check")
     config = NpuSimConfig(vela.key, b.target.accelerator, b.vela.output_format, b.spec.verify, model.calibration,
                           source)
-    return TaskSpec(f"{b.model_name}-{b.target.name}", config.to_json(), inputs, {"result": "npusim.json"}, ("vela",))
+    return TaskSpec(f"{b.model_name}-{b.target.name}", config.to_json(), inputs, {"result": "npusim.json"}, deps)
 
 
 def run(task: StageTask) -> dict:
@@ -78,7 +82,7 @@ def run(task: StageTask) -> dict:
 
     config = NpuSimConfig.from_json(task.config)
     files = SimFiles(task.inputs["vela"], task.inputs["io"], task.inputs["float"], task.inputs.get("calibration"),
-                     task.inputs.get("eval_inputs"), task.inputs.get("reference"))
+                     task.inputs.get("eval_inputs"), task.inputs.get("reference"), task.inputs.get("runs"))
     return simulate_build(files, SimSamples(config.samples_from, config.calibration), task.outputs["result"])
 
 

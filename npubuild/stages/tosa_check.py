@@ -66,7 +66,8 @@ def plan(b: Build, chain: Chain) -> TaskSpec | None:
         inputs["eval_inputs"] = b.evaluation.inputs
     config = TosaCheckConfig(lower.key, b.spec.verify, tuple(b.pipeline.passes), model.input_shapes,
                              model.calibration, source, node_check_policy(b))
-    return TaskSpec(b.model_name, config.to_json(), inputs, {"numerics": "numerics.json", "reference": "reference.npz"},
+    return TaskSpec(b.model_name, config.to_json(), inputs, {"numerics": "numerics.json", "reference": "reference.npz",
+                                                  "runs": "runs.npz"},
                     ("lower",))
 
 
@@ -77,7 +78,7 @@ def run(task: StageTask) -> dict:
     files = CheckFiles(task.inputs["io"], task.inputs["reference"], task.inputs["float"],
                        task.inputs.get("calibration"), task.inputs.get("eval_inputs"))
     options = CheckOptions(config.samples_from, config.calibration, config.passes, config.node_check)
-    return check_tosa(files, options, task.outputs["numerics"], task.outputs.get("reference"))
+    return check_tosa(files, options, task.outputs["numerics"], task.outputs.get("reference"), task.outputs.get("runs"))
 
 
 STAGE = Stage("tosa-check", __name__, "npubuild.verify.tosa_check", ("onnx", "onnxruntime", "tosa-tools"), plan, run,

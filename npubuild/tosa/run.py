@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
 import time
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -12,6 +14,7 @@ import onnxruntime as ort
 
 from npubuild.errors import StageError
 from npubuild.records.iospec import GraphIO
+from npubuild.tosa.memo import RunMemo, graph_key, model_key
 
 
 @contextmanager
@@ -36,6 +39,21 @@ def _quiet_stdio():
 REFERENCE_MODEL_PER_ONNXRUNTIME = 20.0
 
 
+_recording: RunMemo | None = None  # where run_tosa keeps its runs' raw outputs (recording())
+
+
+@contextmanager
+def recording() -> Iterator[RunMemo]:
+    """Keep every run_tosa run made inside, by its key (tosa/memo.py), in the memo yielded: its raw outputs,
+    as the reference model gave them, for a later stage that would run the same graph on the same inputs."""
+    global _recording
+    outer, _recording = _recording, RunMemo()
+    try:
+        yield _recording
+    finally:
+        _recording = outer
+
+
 def run_tosa(tosa: bytes, io: GraphIO, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     """Feed ONNX-layout float inputs (quantized here for int8 graphs); returns ONNX-layout outputs.
 
@@ -51,6 +69,8 @@ def run_tosa(tosa: bytes, io: GraphIO, feeds: dict[str, np.ndarray]) -> dict[str
             raise StageError(f"TOSA reference model rejected the graph: {exc}") from None
     if "VALID" not in str(status):
         raise StageError(f"TOSA reference model rejected the graph: {status}")
+    if _recording is not None:
+        _recording.put(graph_key(tosa, arrays), {str(i): np.asarray(y) for i, y in enumerate(outputs)})
     return {spec.onnx_name: spec.from_tosa(y) for spec, y in zip(io.outputs, outputs, strict=True)}
 
 
@@ -80,6 +100,31 @@ class OnnxSession:
         # a rank-0 input's sample is a numpy scalar (v[i] of its (N,) array), which onnxruntime will not take
         arrays = {k: v if isinstance(v, np.ndarray) else np.asarray(v) for k, v in feeds.items()}
         return dict(zip(self.names, self.sess.run(self.names, arrays), strict=True))
+
+
+class RememberedSession:
+    """An OnnxSession (the QDQ semantics) whose runs are looked up in `memo` first (tosa/memo.py: by the
+    model file's bytes and the feeds) and kept there when made; the session is only created for a run the
+    memo does not have. tosa-check fills the memo, npu-sim reads it (the same models on the same samples)."""
+
+    OPTIONS = "qdq_semantics"
+
+    def __init__(self, model: Path, memo: RunMemo):
+        self.model, self.memo = Path(model), memo
+        self._session: OnnxSession | None = None
+        self._digest: bytes | None = None
+
+    def __call__(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        if self._digest is None:
+            self._digest = hashlib.sha256(self.model.read_bytes()).digest()
+        key = model_key(self._digest, self.OPTIONS, feeds)
+        got = self.memo.get(key)
+        if got is None:
+            if self._session is None:
+                self._session = OnnxSession(self.model)
+            got = self._session(feeds)
+            self.memo.put(key, got)
+        return got
 
 
 def timed_runs(session: OnnxSession, feeds_of: list[dict[str, np.ndarray]]) -> tuple[list[dict[str, np.ndarray]], float]:

@@ -43,6 +43,7 @@ from npubuild.records.iospec import IOSpec
 from npubuild.records.lower import LowerRecord, Where
 from npubuild.records.npusim import NpuSimRecord
 from npubuild.records.vela import VelaRecord
+from npubuild.tosa.memo import RunMemo
 
 
 @dataclass(frozen=True)
@@ -56,6 +57,7 @@ class SimFiles:
     calibration: Path | None = None
     eval_inputs: Path | None = None  # the evaluation set, where the samples come from it (frontend/samples.py)
     reference: Path | None = None  # the QDQ model, which the virtual device's output is held to
+    runs: Path | None = None  # tosa-check's runs.npz: its runs on the same samples, not made again (tosa/memo.py)
 
 
 @dataclass(frozen=True)
@@ -83,9 +85,10 @@ def simulate_build(files: SimFiles, draw: SimSamples, result_out: Path) -> dict:
     arrays, samples_from = draw.source.verification(float_model, draw.calibration.model_dump(), files.calibration,
                                                     files.eval_inputs)
     feeds_of = [{k: v[i] for k, v in arrays.items()} for i in range(next(iter(arrays.values())).shape[0])]
+    memo = RunMemo.read(files.runs)
     try:
         jobs = _jobs(files, draw, vela, io, feeds_of)
-        results = [(label, compare(model, tosa, samples, names)) for label, model, tosa, samples, names in jobs]
+        results = [(label, compare(model, tosa, samples, names, memo)) for label, model, tosa, samples, names in jobs]
     except NotModelled as exc:
         return _skip(result_out, f"the artifact uses what npu-sim does not model yet: {exc.message}")
     mismatches = {f"{label}{k}": {"elements": v, "of": r.elements[k]} for label, r in results
@@ -103,9 +106,9 @@ def simulate_build(files: SimFiles, draw: SimSamples, result_out: Path) -> dict:
             deployed = [{spec.onnx_name: spec.from_tosa(np.asarray(y).reshape(spec.shape))
                          for spec, y in zip(outputs, outs, strict=True)} for outs in results[0][1].outputs]
             record = replace(record, float_check=_float_check(files, float_model, outputs, feeds_of, deployed,
-                                                              samples_from))
+                                                              samples_from, memo))
         else:
-            record = replace(record, **_device_check(files, float_model, vela, feeds_of, samples_from))
+            record = replace(record, **_device_check(files, float_model, vela, feeds_of, samples_from, memo))
     metrics = record.to_json()
     write_json(result_out, metrics)
     if bad:
@@ -171,14 +174,14 @@ def _artifact(path: Path) -> RawModel:
 
 
 def _device_check(files: SimFiles, float_model: onnx.ModelProto, vela: VelaRecord,
-                  feeds_of: list[dict[str, np.ndarray]], samples_from: str) -> dict:
+                  feeds_of: list[dict[str, np.ndarray]], samples_from: str, memo: RunMemo) -> dict:
     """A build with host partitions: its deployable .tflite on the virtual device (host operators in TensorFlow
     Lite Micro, ethos-u operators in npu-sim), on tosa-check's samples, against the whole QDQ model (the max
     LSB error) and against the float model (`float_check`). Nothing where there is no deployable (a host
     partition with no TFLite translation, on a Cortex-A target)."""
     from npubuild.deploy.virtual_device import OnDevice
     from npubuild.records.iospec import specs_from_json
-    from npubuild.tosa.run import OnnxSession
+    from npubuild.tosa.run import RememberedSession
 
     deployable = vela.metrics.get("deployable") or {}
     if not deployable.get("tflite") or files.reference is None:
@@ -186,7 +189,7 @@ def _device_check(files: SimFiles, float_model: onnx.ModelProto, vela: VelaRecor
     stage_dir = files.vela_summary.parent
     device = OnDevice((stage_dir / deployable["tflite"]).read_bytes(), specs_from_json(deployable["inputs"]),
                       specs_from_json(deployable["outputs"]), deployable["tflite"])
-    reference = OnnxSession(files.reference)
+    reference = RememberedSession(files.reference, memo)
     worst, deployed = 0.0, []
     for feeds in feeds_of:
         got, want = device(feeds), reference(dict(feeds))
@@ -197,19 +200,20 @@ def _device_check(files: SimFiles, float_model: onnx.ModelProto, vela: VelaRecor
                         else float(np.abs(want[spec.onnx_name] - y).max()))
     return {"device_max_error_lsb": worst, "device_samples": len(feeds_of),
             "tflm_arena_bytes": device.device.host_arena_bytes,
-            "float_check": _float_check(files, float_model, device.outputs, feeds_of, deployed, samples_from)}
+            "float_check": _float_check(files, float_model, device.outputs, feeds_of, deployed, samples_from, memo)}
 
 
 def _float_check(files: SimFiles, float_model: onnx.ModelProto, outputs, feeds_of: list[dict[str, np.ndarray]],
-                 deployed: list[dict[str, np.ndarray]], samples_from: str) -> FloatCheck | None:
+                 deployed: list[dict[str, np.ndarray]], samples_from: str, memo: RunMemo) -> FloatCheck | None:
     """What the device computed (raw outputs per sample, ONNX layout) against the float model, with the QDQ
-    model's own figure beside it (verify/accuracy.py)."""
-    from npubuild.tosa.run import OnnxSession
+    model's own figure beside it (verify/accuracy.py): both models' runs taken from tosa-check's where it made
+    them (`memo`)."""
+    from npubuild.tosa.run import RememberedSession
     from npubuild.verify.accuracy import float_check, probability_outputs, stacked
 
     if not feeds_of or files.reference is None:
         return None
-    flt_session, qdq_session = OnnxSession(files.float_model), OnnxSession(files.reference)
+    flt_session, qdq_session = RememberedSession(files.float_model, memo), RememberedSession(files.reference, memo)
     flt = stacked([flt_session(dict(f)) for f in feeds_of])
     qdq = stacked([qdq_session(dict(f)) for f in feeds_of])
     return float_check(outputs, flt, stacked(deployed), qdq, probability_outputs(float_model), samples_from,

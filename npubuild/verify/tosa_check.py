@@ -21,7 +21,7 @@ FVP) compare against them.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -39,7 +39,14 @@ from npubuild.records.accuracy import FloatChecks
 from npubuild.records.check import Checked, CheckRecord
 from npubuild.records.iospec import IOSpec
 from npubuild.records.lower import LowerRecord, Where
-from npubuild.tosa.run import REFERENCE_MODEL_PER_ONNXRUNTIME, OnnxSession, run_tosa, timed_runs
+from npubuild.tosa.memo import RunMemo
+from npubuild.tosa.run import (
+    REFERENCE_MODEL_PER_ONNXRUNTIME,
+    RememberedSession,
+    recording,
+    run_tosa,
+    timed_runs,
+)
 from npubuild.verify.accuracy import float_check, probability_outputs, stacked
 from npubuild.verify.node_errors import NodeCheck, NodeErrors, prepare_node_check
 from npubuild.verify.numerics import compare_output
@@ -98,9 +105,11 @@ class CheckOptions:
     node_check: Mapping[str, Any] | None = None
 
 
-def check_tosa(files: CheckFiles, options: CheckOptions, numerics_out: Path, reference_out: Path | None) -> dict:
+def check_tosa(files: CheckFiles, options: CheckOptions, numerics_out: Path, reference_out: Path | None,
+               runs_out: Path | None = None) -> dict:
     """The tosa-check stage's work: numerics.json (returned, the stage's metrics) and, with `reference_out`,
-    the first sample's inputs and TOSA outputs (reference.npz, which the FVP stage compares against)."""
+    the first sample's inputs and TOSA outputs (reference.npz, which the FVP stage compares against); with
+    `runs_out`, the whole-graph runs it made (runs.npz, tosa/memo.py: what the npu-sim stage would run again)."""
     io = LowerRecord.read(files.io)
     lower_dir = files.io.parent
     runner = graph_runner(io, lower_dir)
@@ -110,7 +119,8 @@ def check_tosa(files: CheckFiles, options: CheckOptions, numerics_out: Path, ref
     samples, samples_from = options.samples.verification(float_model, options.calibration.model_dump(),
                                                          files.calibration, files.eval_inputs)
     n = next(iter(samples.values())).shape[0]
-    reference, flt_runner = OnnxSession(files.reference), OnnxSession(files.float_model)
+    memo = RunMemo()  # each run once: a split family's QDQ reference on a sample is the whole graph's
+    reference, flt_runner = RememberedSession(files.reference, memo), RememberedSession(files.float_model, memo)
     names = [o.onnx_name for o in io.outputs]
     got: dict[str, list] = {k: [] for k in names}
     ref: dict[str, list] = {k: [] for k in names}
@@ -131,6 +141,7 @@ def check_tosa(files: CheckFiles, options: CheckOptions, numerics_out: Path, ref
     # for the whole-graph figures and runs only where a whole-graph gate falls short
     runs = reference_model_runs(runner, feeds_of, io.whole_graph, families,
                                 node_check() if is_int and policy.get("gated") else None, onnxruntime_s)
+    memo.update(runs.memo)
     for i, feeds in enumerate(feeds_of):
         r, f, t = refs[i], flt_runner(feeds), runs.samples[i]
         bad = shape_mismatch(io.outputs, t, r, what)
@@ -200,6 +211,8 @@ def check_tosa(files: CheckFiles, options: CheckOptions, numerics_out: Path, ref
         with atomic_path(reference_out) as tmp, open(tmp, "wb") as fh:
             np.savez(fh, **{f"input_{k}": v[0] for k, v in samples.items()},
                      **{f"output_{k}": v for k, v in first_raw.items()})
+    if runs_out is not None:
+        memo.write(runs_out)
     return summary
 
 
@@ -214,11 +227,13 @@ NODE_CHECK_RUNS = 1.2  # the per-node check's reference-model time, in whole-gra
 @dataclass(frozen=True)
 class ReferenceRuns:
     """What the TOSA reference model gave the check: the graph's outputs per sample, the bit-identical families'
-    outputs on the first sample, and the per-node check (None where there is none)."""
+    outputs on the first sample, and the per-node check (None where there is none); `memo`, the whole graphs'
+    runs by key (tosa/memo.py)."""
 
     samples: list[dict[str, np.ndarray]]
     first_runs: dict[str, dict[str, np.ndarray]]
     nodes: NodeErrors | None
+    memo: RunMemo = field(default_factory=RunMemo)
 
 
 def reference_model_runs(runner: GraphRunner, feeds_of: list[dict[str, np.ndarray]], whole_graph: bool,
@@ -240,13 +255,20 @@ def reference_model_runs(runner: GraphRunner, feeds_of: list[dict[str, np.ndarra
     cuts = len(node_check.cuts) if node_check is not None else 0
 
     def run(i: int):
-        return graphs[i]() if i < len(graphs) else node_check.check(i - len(graphs))  # type: ignore[union-attr]
+        if i >= len(graphs):
+            return node_check.check(i - len(graphs))  # type: ignore[union-attr]
+        with recording() as kept:  # a whole graph's run: kept for the npu-sim stage (it comes back from a worker)
+            return graphs[i](), kept
 
     whole_runs = len(graphs) + (NODE_CHECK_RUNS * len(feeds_of) if node_check is not None else 0)
     done = fan_out(run, len(graphs) + cuts, whole_runs * REFERENCE_MODEL_PER_ONNXRUNTIME * onnxruntime_s)
     n = len(feeds_of)
-    return ReferenceRuns(done[:n], dict(zip(families, done[n:len(graphs)], strict=True)),
-                         node_check.collect(done[len(graphs):]) if node_check is not None else None)
+    memo = RunMemo()
+    for _, kept in done[:len(graphs)]:
+        memo.update(kept)
+    outputs = [got for got, _ in done[:len(graphs)]]
+    return ReferenceRuns(outputs[:n], dict(zip(families, outputs[n:], strict=True)),
+                         node_check.collect(done[len(graphs):]) if node_check is not None else None, memo)
 
 
 def output_lsb_error(spec: IOSpec, ref: np.ndarray, got: np.ndarray) -> np.ndarray:

@@ -62,6 +62,13 @@ def test_a_cold_compile_imports_onnx_ir_but_not_sympy(imported: dict[str, list[s
     assert not [m for m in everywhere if m == "sympy.core" or m.startswith("sympy.core.")]
 
 
+def test_a_cold_compile_with_a_local_cache_imports_neither_fsspec_nor_asyncio(imported: dict[str, list[str]]):
+    """The local stage cache's writes go through engine/cache.LocalFiles (fsspec's local semantics, done
+    without it): fsspec and the asyncio it imports are for URL caches and `npubuild cache`."""
+    everywhere = {m for modules in imported.values() for m in modules}
+    assert not {m for m in everywhere if m.split(".")[0] in ("fsspec", "asyncio")}
+
+
 @pytest.mark.parametrize("module", ["onnxruntime", "onnx.reference", "onnx_ir.passes.common", "tosa_reference_model",
                                     "numpy.random", "npubuild.frontend.passes.fold", "npubuild.lowering.ops.conv"])
 def test_what_the_stages_import_as_they_run_is_imported_before_the_forks(imported: dict[str, list[str]],

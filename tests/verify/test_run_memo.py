@@ -1,0 +1,92 @@
+"""tosa-check keeps the runs npu-sim would make again (tosa/memo.py, runs.npz): in a real DS-CNN compile the memo
+holds the TOSA reference model's outputs of the graph Vela compiled on the first sample and onnxruntime's of the
+float and QDQ models on every sample, each equal to a run made now, and npu-sim takes them instead of running
+again; a key names what was run (graph or model bytes, every input's dtype, shape and bytes). A damaged runs.npz
+reruns tosa-check: tests/engine/test_output_integrity.py."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tosa_reference_model as trm
+from npbtest import REPO, run_subprocess
+
+from npubuild.npusim.verify import reference_outputs
+from npubuild.records.lower import LowerRecord
+from npubuild.records.vela import VelaRecord
+from npubuild.tosa.memo import RunMemo, graph_key, model_key
+from npubuild.tosa.run import OnnxSession, RememberedSession
+
+
+@pytest.fixture(scope="module")
+def build(tmp_path_factory) -> dict[str, Path]:
+    work = tmp_path_factory.mktemp("memo")
+    proc = run_subprocess(["compile", str(REPO / "configs" / "models" / "ds_cnn.onnx"), "--target", "ethos-u55-128",
+                           "--json", "--build-dir", "build"], work)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    entry = json.loads(proc.stdout)
+    assert entry["stages"]["npu-sim"]["status"] == "passed"
+    stages = work / "build" / "stages"
+    (check,) = (stages / "tosa-check").iterdir()
+    (lower,) = (stages / "lower").iterdir()
+    (vela,) = (stages / "vela").iterdir()
+    (quantize,) = (stages / "quantize").iterdir()
+    (imported,) = (stages / "import").iterdir()
+    return {"check": check, "lower": lower, "vela": vela, "qdq": quantize / "model_qdq.onnx",
+            "float": imported / "model.onnx"}
+
+
+def first_sample(build: dict[str, Path]) -> dict[str, np.ndarray]:
+    with np.load(build["check"] / "reference.npz") as z:
+        return {k.removeprefix("input_"): z[k] for k in z.files if k.startswith("input_")}
+
+
+def test_the_memo_holds_the_compiled_graphs_first_run_as_the_reference_model_gives_it(build: dict[str, Path]):
+    memo = RunMemo.read(build["check"] / "runs.npz")
+    io = LowerRecord.read(build["lower"] / "io.json")
+    vela = VelaRecord.read(build["vela"] / "summary.json")
+    compiled = build["lower"] / vela.partitions[0].tosa  # the graph npu-sim runs (u55_model.tosa here)
+    graph = compiled.read_bytes()
+    xs = [spec.to_tosa(first_sample(build)[spec.onnx_name]) for spec in io.inputs]
+    kept = memo.get(graph_key(graph, xs))
+    assert kept is not None, sorted(memo.entries)
+    fresh, status = trm.run(graph, xs)
+    assert "VALID" in str(status)
+    assert len(kept) == len(fresh)
+    for i, y in enumerate(fresh):
+        y = np.asarray(y)
+        assert kept[str(i)].dtype == y.dtype and kept[str(i)].shape == y.shape and np.array_equal(kept[str(i)], y)
+    # npu-sim's own lookup gives exactly those arrays; another input is not in the memo (made, not taken)
+    assert all(np.array_equal(a, b) for a, b in zip(reference_outputs(graph, xs, memo), fresh, strict=True))
+    other = [x.copy() for x in xs]
+    other[0].flat[0] ^= 1
+    assert memo.get(graph_key(graph, other)) is None
+
+
+def test_the_memo_answers_the_float_and_qdq_runs_without_a_session(build: dict[str, Path]):
+    memo = RunMemo.read(build["check"] / "runs.npz")
+    feeds = first_sample(build)
+    for model in (build["float"], build["qdq"]):
+        remembered = RememberedSession(model, memo)
+        got = remembered(dict(feeds))
+        assert remembered._session is None  # taken from the memo: no onnxruntime session made
+        want = OnnxSession(model)(dict(feeds))
+        assert list(got) == list(want)
+        assert all(got[k].dtype == want[k].dtype and np.array_equal(got[k], want[k]) for k in want)
+
+
+def test_a_key_names_the_bytes_dtype_and_shape_of_what_was_run(tmp_path: Path):
+    x = np.arange(6, dtype=np.int8).reshape(2, 3)
+    keys = {graph_key(b"g", [x]), graph_key(b"h", [x]), graph_key(b"g", [x.astype(np.int16)]),
+            graph_key(b"g", [x.reshape(3, 2)]), graph_key(b"g", [x, x])}
+    assert len(keys) == 5 and graph_key(b"g", [x.copy()]) == graph_key(b"g", [x])
+    assert model_key(b"m", "a", {"x": x}) != model_key(b"m", "b", {"x": x}) != model_key(b"m", "a", {"y": x})
+    memo = RunMemo()
+    memo.put("k", {"out/0": x, "b": np.array([True, False])})
+    memo.write(tmp_path / "runs.npz")
+    back = RunMemo.read(tmp_path / "runs.npz").get("k")
+    assert back is not None and list(back) == ["out/0", "b"]
+    assert back["out/0"].dtype == np.int8 and np.array_equal(back["out/0"], x) and back["b"].dtype == bool
