@@ -21,10 +21,12 @@ def run(model: RawModel, inputs: list[np.ndarray], keep_ofms: bool = True) -> Si
 
 
 def run_samples(model: RawModel, samples: list[list[np.ndarray]], keep_ofms: bool = True) -> list[SimResult]:
-    """`run` on each sample: U55/U65 run them all in one pass over the command stream (npusim.u55.machine:
-    its cost is Python per op, thousands of ops on some models); U85 (a few hundred larger ops) one by one."""
+    """`run` on each sample, all of them in one pass over the command stream (memory with a leading sample
+    axis): U55/U65's cost is Python per op, thousands of ops on some models; U85's the per-op numpy calls."""
     if model.generation == "u85":
-        return [run(model, inputs, keep_ofms) for inputs in samples]
+        from npubuild.npusim.u85.machine import run_samples as run_u85
+
+        return run_u85(model, samples, keep_ofms)
     from npubuild.npusim.u55.machine import run_samples as run_u55
 
     return run_u55(model, samples, keep_ofms)
