@@ -138,3 +138,22 @@ def test_unmodelled_features_name_the_op(case, match):
         words += w("IFM_PRECISION", SIGNED8 | 1 << 14) + ADD
     with pytest.raises(NotModelled, match=match):
         run(_model(words), _inputs())
+
+
+def test_the_simulator_runs_on_one_blas_thread_and_restores_the_count(monkeypatch):
+    """npusim.sim limits BLAS to one thread while a command stream runs (its products are exact either way,
+    and a second thread costs more CPU than it saves), and puts the count back afterwards."""
+    from threadpoolctl import threadpool_info
+
+    import npubuild.npusim.u85.machine as machine
+
+    def blas_threads() -> list[int]:
+        return [p["num_threads"] for p in threadpool_info() if p["user_api"] == "blas"]
+
+    before, during = blas_threads(), []
+    real = machine.run_samples
+    monkeypatch.setattr(machine, "run_samples", lambda *a: during.extend(blas_threads()) or real(*a))
+    a, b = _inputs()
+    res = run(_model(CHAIN), [a, b])
+    np.testing.assert_array_equal(res.outputs[0], np.clip(a.astype(np.int64) * (a.astype(np.int64) + b), -128, 127))
+    assert before and during == [1] * len(before) and blas_threads() == before
