@@ -6,7 +6,7 @@ elementwise CLZ."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -98,6 +98,13 @@ def traced(trace: list[OpResult], cmd: Command, run: Callable[[], OpResult], kee
     if not keep_ofms:
         res.ofm = np.zeros(0)
     trace.append(res)
+
+
+def sample_trace(trace: list[OpResult], row: int, keep_ofms: bool) -> list[OpResult]:
+    """One sample's op trace from a batch's: its row of every OFM (an OFM dropped stays dropped)."""
+    if not keep_ofms:
+        return list(trace)
+    return [replace(op, ofm=op.ofm[row]) for op in trace]
 
 
 def clz(a: np.ndarray) -> np.ndarray:

@@ -22,12 +22,13 @@ ZDIV_DISABLE, ZDIV_EOS, WDIV_UNCOMPRESSED = 6, 7, 7
 
 
 class _Bits:
-    """LSB-first bit reader over a bytes object."""
+    """LSB-first bit reader over a bytes object (slice headers; `_slice` reads the chunks through `windows`)."""
 
     def __init__(self, data: bytes):
         self.data = data + b"\0" * 8
         self.size = len(data)
         self.pos = 0
+        self._windows: tuple[np.ndarray, list[int]] | None = None
 
     def get(self, n: int) -> int:
         if n == 0:
@@ -39,6 +40,19 @@ class _Bits:
         v = int.from_bytes(self.data[start:start + ((p & 7) + n + 7) // 8], "little") >> (p & 7)
         self.pos = p + n
         return v & ((1 << n) - 1)
+
+    def windows(self) -> tuple[np.ndarray, list[int]]:
+        """The 32 bits from every byte on (zeros past the end, with room for one chunk's reads past it): any
+        field of up to 25 bits at bit p is w[p >> 3] >> (p & 7); as an array (numpy gathers) and a list (the
+        chunk walk's reads: indexing a list is several times cheaper than a numpy scalar)."""
+        if self._windows is None:
+            b = np.frombuffer(self.data + b"\0" * (_PAST_END - 8 + 3), np.uint8).astype(np.int64)
+            w = b[:-3] | b[1:-2] << 8 | b[2:-1] << 16 | b[3:] << 24
+            self._windows = w, w.tolist()
+        return self._windows
+
+
+_PAST_END = 64  # bytes of zeros after the stream: a chunk's reads start at most 36 bits past the last checked bit
 
 
 def decode_stream(data: bytes) -> np.ndarray:
@@ -98,87 +112,150 @@ def decode_cached(data: bytes) -> np.ndarray:
 
 
 def _slice(bb: _Bits, nw: int, nz: int, zero_run: bool, zdiv: int, wdiv: int, wtrunc: bool,
-           uncompressed: bool) -> tuple[list[int], list[int]]:
-    """Decode one slice's chunks: unary parts of a chunk precede the remainders of the previous chunk."""
-    w_vals: list[int] = []
-    z_vals: list[int] = []
-    w_pos = z_pos = 0
-    w_carry = z_carry = 0
-    w_prev: list[int] | None = None
-    z_prev: list[int] | None = None
+           uncompressed: bool) -> tuple[np.ndarray, np.ndarray]:
+    """Decode one slice's chunks: unary parts of a chunk precede the remainders of the previous chunk.
+
+    Where a chunk starts depends on how many symbols the two before it had, so the walk over chunks is
+    sequential; it runs in Python but only counts symbols (popcounts of the unary words) and notes each
+    chunk's unary words and where its remainders are. numpy then turns the words into quotients and reads
+    every remainder (`_weight_quotients`, `_zero_run_quotients`, `_values`): the per-value work."""
+    if not (zero_run or uncompressed):
+        return _dense_slice(bb, nw, wdiv, wtrunc), np.zeros(0, np.int64)
+    windows, win = bb.windows()
+    limit, pos = 8 * bb.size, bb.pos
     z_len = 12 if zdiv < 3 else 8
     w_max = 8 if uncompressed and wdiv > 5 else 12
+    z_mask = (1 << z_len) - 1
+    pop, masks = _POPCOUNT, _UNARY1_MASK
+    w_words: list[int] = []  # unary0 | unary1 << 12 of every weight chunk
+    z_words: list[int] = []
+    w_at: list[int] = []  # per chunk whose remainders are read: bit position, count
+    w_n: list[int] = []
+    z_at: list[int] = []
+    z_n: list[int] = []
+    w_pos = z_pos = w_done = z_done = n_w = n_z = 0
+    w_last = z_last = 0  # symbols of the previous chunk (0 also when it had none of that kind)
+    w_on = z_on = False
+    w_n_max = w_max if wtrunc else 0  # symbols in a weight chunk: w_max less its code 2s, or all when truncated
     while True:
-        balance = w_pos - z_pos if zero_run else 0
-        w_on = (balance < 8 or not zero_run) and w_pos < nw
-        z_on = balance >= 0 and zero_run and z_pos < nz
-        w_q: list[int] = []
-        z_q: list[int] = []
-        unary0 = bb.get(12) if (w_on and not uncompressed) else 0
+        if zero_run:
+            balance = w_pos - z_pos
+            w_on = balance < 8 and w_pos < nw
+            z_on = balance >= 0 and z_pos < nz
+        else:
+            w_on = w_pos < nw
+        unary0 = 0
+        if w_on and not uncompressed:
+            unary0 = win[pos >> 3] >> (pos & 7) & 0xFFF
+            pos += 12
         if z_on:
-            z_q, z_carry = _with_carry(*_zero_run_symbols(bb.get(z_len), z_len), z_carry)
-            z_pos += len(z_q)
+            word = win[pos >> 3] >> (pos & 7) & z_mask
+            pos += z_len
+            z_words.append(word)
+            n_z = z_len - pop[word]  # a 0 ends a symbol
+            z_pos += n_z
         if w_on:
-            ones = _POPCOUNT[unary0 & ((1 << w_max) - 1)]
-            w_q, w_carry = _with_carry(*_weight_symbols(unary0, bb.get(ones), w_max, wtrunc), w_carry)
-            w_pos += len(w_q)
-        if w_prev is not None:
-            _remainders(bb, w_prev[: nw - len(w_vals)], wdiv, w_vals)
-        if z_prev is not None:
-            _remainders(bb, z_prev[: nz - len(z_vals)], zdiv, z_vals)
+            unary1 = win[pos >> 3] >> (pos & 7) & masks[unary0]
+            pos += pop[unary0]
+            w_words.append(unary0 | unary1 << 12)
+            n_w = w_n_max or w_max - pop[unary1]  # every code 2 (a 1 in unary1) continues a symbol
+            w_pos += n_w
+        if w_last:  # all of the previous chunk's remainders, but in the last chunk (w_done < nw here)
+            c = w_last if w_done + w_last <= nw else nw - w_done
+            w_at.append(pos)
+            w_n.append(c)
+            pos += c * wdiv
+            w_done += c
+        if z_last:
+            c = z_last if z_done + z_last <= nz else nz - z_done
+            z_at.append(pos)
+            z_n.append(c)
+            pos += c * zdiv
+            z_done += c
+        if pos > limit:
+            raise StageError(f"weight stream overrun at bit {limit}")
         if not (w_on or z_on):
             break
-        w_prev = w_q if w_on else None
-        z_prev = z_q if z_on else None
-    return w_vals, z_vals
+        w_last = n_w if w_on else 0
+        z_last = n_z if z_on else 0
+    bb.pos = pos
+    w_vals = _values(windows, _weight_quotients(w_words, w_max, wtrunc)[:nw], w_at, w_n, wdiv)
+    if not zero_run:
+        return w_vals, np.zeros(0, np.int64)
+    return w_vals, _values(windows, _zero_run_quotients(z_words, z_len)[:nz], z_at, z_n, zdiv)
+
+
+def _dense_slice(bb: _Bits, nw: int, wdiv: int, wtrunc: bool) -> np.ndarray:
+    """`_slice` without zero runs and with unary words (most of a dense model's weights): every chunk is twelve
+    weight positions, its unary words (one 32-bit read), then the previous chunk's remainders, all of them but
+    in the last chunk."""
+    windows, win = bb.windows()
+    pop, masks = _POPCOUNT, _UNARY1_MASK
+    pos, w_pos, last = bb.pos, 0, 0
+    words: list[int] = []
+    at: list[int] = []  # where each chunk's unary words end: the previous chunk's remainders start there
+    try:
+        while w_pos < nw:
+            bits = win[pos >> 3] >> (pos & 7)
+            unary0 = bits & 0xFFF
+            unary1 = bits >> 12 & masks[unary0]
+            words.append(unary0 | unary1 << 12)
+            pos += 12 + pop[unary0]
+            at.append(pos)
+            pos += last * wdiv
+            last = 12 if wtrunc else 12 - pop[unary1]
+            w_pos += last
+    except IndexError:  # ran past the zeros after the stream
+        pos = len(win) * 8
+    final = nw - (w_pos - last)  # the last chunk's remainders that are values
+    at.append(pos)
+    pos += final * wdiv
+    if pos > 8 * bb.size:
+        raise StageError(f"weight stream overrun at bit {8 * bb.size}")
+    bb.pos = pos
+    w = np.asarray(words, np.int64)
+    n = np.full(len(w), 12, np.int64) if wtrunc else 12 - _POPCOUNT_NP[w >> 12]
+    counts = np.concatenate([[0], n[:-1], [final]])
+    return _values(windows, _weight_quotients(w, 12, wtrunc)[:nw], at, counts, wdiv)
+
+
+def _segment_sums(codes: np.ndarray, ends: np.ndarray) -> np.ndarray:
+    """Sum of the codes of each symbol, a symbol running up to and including each end (a symbol a chunk leaves
+    unfinished goes on in the next chunk: the codes are one stream; an unfinished last symbol is dropped)."""
+    total = np.cumsum(codes)[ends]
+    return np.diff(total, prepend=0)
+
+
+def _weight_quotients(words: list[int] | np.ndarray, length: int, trunc: bool) -> np.ndarray:
+    """The weight quotients of a slice's chunks: per chunk position, code 0, or 1 + the next unary1 bit where
+    unary0 has a 1; a symbol ends at a code below 2 (at every code when truncated)."""
+    w = np.asarray(words, np.int64)[:, None]
+    k = np.arange(length)
+    bit0 = w >> k & 1
+    used = np.cumsum(bit0, axis=1) - bit0  # unary1 bits used before each position
+    codes = (bit0 + (bit0 & w >> (12 + used))).ravel()
+    return _segment_sums(codes, slice(None) if trunc else codes < 2)
+
+
+def _zero_run_quotients(words: list[int], length: int) -> np.ndarray:
+    """The zero-run quotients of a slice's chunks: a 1 bit counts, a 0 bit ends a symbol."""
+    bits = (np.asarray(words, np.int64)[:, None] >> np.arange(length) & 1).ravel()
+    return _segment_sums(bits, bits == 0)
+
+
+def _values(windows: np.ndarray, q: np.ndarray, at: list[int], n: list[int] | np.ndarray, div: int) -> np.ndarray:
+    """(q << div) | remainder for every value, the remainders read at their chunks' bit positions."""
+    if not div or not len(q):
+        return q
+    counts = np.asarray(n, np.int64)
+    first = np.repeat(np.cumsum(counts) - counts, counts)
+    bit = np.repeat(np.asarray(at, np.int64), counts) + (np.arange(len(q)) - first) * div
+    return q << div | windows[bit >> 3] >> (bit & 7) & ((1 << div) - 1)
 
 
 _POPCOUNT = [bin(i).count("1") for i in range(1 << 12)]
-
-
-def _with_carry(symbols: tuple[int, ...], tail: int, carry: int) -> tuple[list[int], int]:
-    """A chunk's quotients with the previous chunk's unfinished count added to the first; the new carry."""
-    if not symbols:
-        return [], carry + tail
-    return [symbols[0] + carry, *symbols[1:]], tail
-
-
-@lru_cache(maxsize=1 << 16)
-def _zero_run_symbols(bits: int, length: int) -> tuple[tuple[int, ...], int]:
-    """Unary zero-run quotients of one chunk (a 1 counts, a 0 ends a symbol), and the unfinished count."""
-    out, cnt = [], 0
-    for k in range(length):
-        if bits >> k & 1:
-            cnt += 1
-        else:
-            out.append(cnt)
-            cnt = 0
-    return tuple(out), cnt
-
-
-@lru_cache(maxsize=1 << 18)
-def _weight_symbols(unary0: int, unary1: int, length: int, trunc: bool) -> tuple[tuple[int, ...], int]:
-    """Weight quotients of one chunk from its two unary words (codes 0, 1, 2; 2 continues unless truncated)."""
-    out, cnt = [], 0
-    for k in range(length):
-        code = 0
-        if unary0 >> k & 1:
-            code = 1 + (unary1 & 1)
-            unary1 >>= 1
-        cnt += code
-        if code < 2 or trunc:
-            out.append(cnt)
-            cnt = 0
-    return tuple(out), cnt
-
-
-def _remainders(bb: _Bits, quotients: list[int], div: int, out: list[int]) -> None:
-    """Append (q << div) + remainder for each quotient; the chunk's remainders are read in one go."""
-    if not div:
-        out.extend(quotients)
-        return
-    bits, mask = bb.get(len(quotients) * div), (1 << div) - 1
-    out.extend((q << div) | (bits >> (i * div) & mask) for i, q in enumerate(quotients))
+_POPCOUNT_NP = np.asarray(_POPCOUNT, np.int64)
+_UNARY1_MASK = [(1 << n) - 1 for n in _POPCOUNT]  # unary1's bits after each unary0
 
 
 def _expand(w_vals: list[int], z_vals: list[int], palette: list[int], palsize: int, direct_offset: int,

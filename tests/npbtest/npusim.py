@@ -14,8 +14,9 @@ from onnx import TensorProto, helper, numpy_helper
 from npbtest.ops import calib, io_dict, quantize_model
 from npubuild.lowering.driver import lower_model
 from npubuild.lowering.options import LoweringOptions
+from npubuild.npusim.npu_op import SimResult
 from npubuild.npusim.npz import RawModel, load_raw
-from npubuild.npusim.sim import run
+from npubuild.npusim.sim import run, run_samples
 from npubuild.tosa.run import _quiet_stdio
 
 
@@ -61,16 +62,35 @@ def tosa_inputs(io: dict, seed: int) -> list[np.ndarray]:
 
 
 def assert_bitexact(tosa: bytes, io: dict, npz: Path, seeds=(0, 1, 2)) -> None:
-    """npu-sim on the compiled artifact equals the TOSA reference model, element for element."""
+    """npu-sim on the compiled artifact equals the TOSA reference model, element for element; and the seeds
+    run as one batch give what each gives alone (`assert_batch_is_each_alone`)."""
     model = load_raw(npz)
+    samples, alone = [], []
     for seed in seeds:
         xs = tosa_inputs(io, seed)
         want = reference(tosa, xs)
-        got = run(model, xs).outputs
-        for i, (w, g) in enumerate(zip(want, got, strict=True)):
+        res = run(model, xs)
+        for i, (w, g) in enumerate(zip(want, res.outputs, strict=True)):
             g = g.reshape(w.shape)
             bad = int(np.count_nonzero(w != g))
             assert bad == 0, f"output {i}, seed {seed}: {bad}/{w.size} elements differ"
+        samples.append(xs)
+        alone.append(res)
+    assert_batch_is_each_alone(model, samples, alone)
+
+
+def assert_batch_is_each_alone(model: RawModel, samples: list[list[np.ndarray]], alone: list[SimResult]) -> None:
+    """npu-sim runs a stage's samples in one pass over the command stream (memory with a sample axis, on
+    every generation): each sample's outputs and every op's OFM must be what running it alone gave."""
+    together = run_samples(model, samples)
+    assert len(together) == len(samples)
+    for n, (one, got) in enumerate(zip(alone, together, strict=True)):
+        assert all(a.dtype == b.dtype and np.array_equal(a, b) for a, b in zip(one.outputs, got.outputs, strict=True)), n
+        assert len(one.ops) == len(got.ops)
+        for a, b in zip(one.ops, got.ops, strict=True):
+            assert (a.kind, a.ofm_shape, a.ifm_shape, a.ofm_format, a.detail) == (
+                b.kind, b.ofm_shape, b.ifm_shape, b.ofm_format, b.detail), (n, a.index)
+            assert a.ofm.shape == b.ofm.shape and np.array_equal(a.ofm, b.ofm), f"sample {n}, op {a.index} {a.kind}"
 
 
 def compile_and_check(model: onnx.ModelProto, input_shape: list[int], accelerator: str = "ethos-u55-128",

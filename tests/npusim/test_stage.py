@@ -114,10 +114,11 @@ def test_corrupted_weight_byte_is_reported_with_its_op(kws_build, target):
     assert verdict.first_bad_op.kind == "CONV" and f"NPU op #{k} CONV" in verdict.first_bad_op.describe()
 
 
-def test_samples_run_together_give_what_each_gives_alone(kws_build):
-    """npu-sim runs a U55 stage's samples in one pass over the command stream (memory with a sample axis):
-    each sample's outputs and every op's OFM are what running it alone gives."""
-    model, _, _, samples = _artifacts(_builds(kws_build)["u55-raw"])
+@pytest.mark.parametrize("target", ["u55-raw", "u85-raw", "u85-2048-size"])
+def test_samples_run_together_give_what_each_gives_alone(kws_build, target):
+    """npu-sim runs a stage's samples in one pass over the command stream (memory with a sample axis), on U55
+    and U85: each sample's outputs and every op's OFM are what running it alone gives."""
+    model, _, _, samples = _artifacts(_builds(kws_build)[target])
     together = run_samples(model, samples)
     assert len(together) == len(samples)
     for xs, got in zip(samples, together, strict=True):

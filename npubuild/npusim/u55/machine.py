@@ -4,15 +4,13 @@ thousands of small ops, is paid once for all samples."""
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 import numpy as np
 
 from npubuild.errors import InputError, StageError
 from npubuild.npusim import NotModelled
 from npubuild.npusim.cmdstream import Command, decode
 from npubuild.npusim.memory import batched, place_inputs, read_outputs, region_memory, region_of
-from npubuild.npusim.npu_op import OpResult, SimResult, traced
+from npubuild.npusim.npu_op import OpResult, SimResult, sample_trace, traced
 from npubuild.npusim.npz import RawModel
 from npubuild.npusim.u55 import ops
 
@@ -60,12 +58,6 @@ def run_samples(model: RawModel, samples: list[list[np.ndarray]], keep_ofms: boo
             _dma(mem, cmd)
             continue
         traced(trace, cmd, lambda cmd=cmd: _run_op(mem, cmd, model), keep_ofms)
-    return [SimResult(read_outputs(mem, model, row), _sample_trace(trace, row, keep_ofms))
+    return [SimResult(read_outputs(mem, model, row), sample_trace(trace, row, keep_ofms))
             for row in range(len(samples))]
 
-
-def _sample_trace(trace: list[OpResult], row: int, keep_ofms: bool) -> list[OpResult]:
-    """One sample's op trace from the batch's: its row of every OFM (an OFM dropped stays dropped)."""
-    if not keep_ofms:
-        return list(trace)
-    return [replace(op, ofm=op.ofm[row]) for op in trace]

@@ -14,6 +14,7 @@ import numpy as np
 
 from npubuild.npusim import NotModelled
 from npubuild.npusim.cmdstream import Command
+from npubuild.npusim.memory import constant_bytes
 from npubuild.npusim.u85.operands import Operand
 from npubuild.npusim.u85.scaling import saturate, scale
 
@@ -65,7 +66,8 @@ def finish(cmd: Command, acc: np.ndarray, mult, shift, ofm: Operand, lut_ram: np
     if fn:
         if fn not in _TABLES:
             raise NotModelled(f"activation {FUNCTIONS.get(fn, fn)} is not modelled")
-        v = _lookup(lut_ram, fn, table, v)
+        lut = np.frombuffer(constant_bytes(lut_ram, 0, LUT_RAM_BYTES, "LUT RAM"), np.uint8)  # alike per sample
+        v = _lookup(lut, fn, table, v)
     return saturate(v, ofm.fm.bits, ofm.fm.signed) if not no_clip else wrap(v, ofm.fm.bits, ofm.fm.signed)
 
 

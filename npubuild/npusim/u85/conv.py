@@ -13,6 +13,7 @@ from __future__ import annotations
 import numpy as np
 
 from npubuild.errors import StageError
+from npubuild.npusim.memory import constant_bytes
 from npubuild.npusim.npu_op import Kernel, conv_accumulate, kernel_of, ofm_shape
 from npubuild.npusim.u85 import weights as wts
 from npubuild.npusim.u85.machine_state import ACC_IFM2, Machine, OpResult, acc_format
@@ -49,7 +50,7 @@ def weights_of(m: Machine, cmd, k: Kernel, oc: int, ic: int, depthwise: bool, if
     if fast:
         base, length = cmd.addr("WEIGHT_BASE"), cmd.regs.get("WEIGHT_LENGTH", 0)
         order = wts.fwd_order(lay)
-        values = wts.decode_fwd(region[base:base + length].tobytes(), len(order))
+        values = wts.decode_fwd(constant_bytes(region, base, length, "weights"), len(order))
         return wts.unpack(values, order, shape)
     out = np.zeros(shape, np.int64)
     for core in range(m.ncores):
@@ -57,7 +58,7 @@ def weights_of(m: Machine, cmd, k: Kernel, oc: int, ic: int, depthwise: bool, if
         base, length = cmd.addr(f"WEIGHT{sfx}_BASE"), cmd.regs.get(f"WEIGHT{sfx}_LENGTH", 0)
         if not length:
             continue
-        values = decode_swd(region[base:base + length].tobytes())
+        values = decode_swd(constant_bytes(region, base, length, "weights"))
         out += wts.unpack(values, wts.stream_order(lay, core), shape)
     return out
 
@@ -74,8 +75,8 @@ def run_conv(m: Machine, cmd) -> OpResult:
     if matmul:
         ifm2 = operand(cmd, "IFM2")
         rows = 1 if ifm2.fm.height0 == 1 else oh  # one weight matrix for all rows, or one per row
-        w2 = read(m.mem, m.chains, ifm2, rows, oc, ic) - ifm2.fm.zero_point  # (rows, n, k)
-        acc = _exact_matmul_rows(x[:oh, :ow], np.broadcast_to(w2, (oh, oc, ic)))
+        w2 = read(m.mem, m.chains, ifm2, rows, oc, ic) - ifm2.fm.zero_point  # (..., rows, n, k)
+        acc = _exact_matmul_rows(x[..., :oh, :ow, :], np.broadcast_to(w2, (*w2.shape[:-3], oh, oc, ic)))
         kind = "MATMUL"
     else:
         w = weights_of(m, cmd, k, oc, ic, depthwise, ifm.fm.bits)
@@ -89,9 +90,10 @@ def run_conv(m: Machine, cmd) -> OpResult:
 
 
 def _exact_matmul_rows(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """Per row y: (x, k) @ (n, k)^T, exactly."""
-    bound = float(np.abs(a).max(initial=0)) * float(np.abs(b).max(initial=0)) * a.shape[2]
+    """Per row y: (x, k) @ (n, k)^T, exactly (leading axes: samples; exact whichever way, so a sample's rows do
+    not depend on the batch)."""
+    bound = float(np.abs(a).max(initial=0)) * float(np.abs(b).max(initial=0)) * a.shape[-1]
     if bound < 2.0 ** 52:
-        return np.rint(np.einsum("yxk,ynk->yxn", a.astype(np.float64), b.astype(np.float64))).astype(np.int64)
-    return np.einsum("yxk,ynk->yxn", a.astype(np.int64), b.astype(np.int64))
+        return np.rint(np.einsum("...yxk,...ynk->...yxn", a.astype(np.float64), b.astype(np.float64))).astype(np.int64)
+    return np.einsum("...yxk,...ynk->...yxn", a.astype(np.int64), b.astype(np.int64))
 

@@ -39,11 +39,11 @@ def _input(m: Machine, cmd, prefix: str, oh: int, ow: int, oc: int) -> tuple[np.
     if b == SCALAR:
         scalar = cmd.regs.get("OP_SCALAR", 0)
         value = scalar - (1 << 32) if scalar >> 31 and op.fm.signed else scalar
-        return np.full((oh, ow, oc), value - op.fm.zero_point, np.int64), op, "scalar"
+        return np.full((*m.lead, oh, ow, oc), value - op.fm.zero_point, np.int64), op, "scalar"
     h, w, c = (1 if b & 1 else oh), (1 if b & 2 else ow), (1 if b & 4 else oc)
     x = read(m.mem, m.chains, op, h, w, c) - op.fm.zero_point
     how = "".join(a for a, bit in zip("HWC", (1, 2, 4), strict=True) if b & bit)
-    return np.broadcast_to(x, (oh, ow, oc)), op, f"broadcast {how}" if how else ""
+    return np.broadcast_to(x, (*x.shape[:-3], oh, ow, oc)), op, f"broadcast {how}" if how else ""
 
 
 def _scaled(cmd, reg: str, v: np.ndarray) -> np.ndarray:
@@ -114,7 +114,7 @@ def run_elementwise(m: Machine, cmd) -> OpResult:
         b, _, how2 = _input(m, cmd, "IFM2", oh, ow, oc)
         if how2:
             details.append(f"ifm2 {how2}")
-        ifm2_shape = b.shape
+        ifm2_shape = b.shape[-3:]
         acc = _compute(mode, _scaled(cmd, "IFM_SCALE", a), _scaled(cmd, "IFM2_SCALE", b), cmd, ifm.fm.bits)
     return m.output(cmd, f"ELEMENTWISE {mode}", np.asarray(acc, np.int64), (oh, ow, oc), ifm,
                     ", ".join(details), ifm2_shape)

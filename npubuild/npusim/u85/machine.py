@@ -7,8 +7,8 @@ import numpy as np
 from npubuild.errors import InputError, StageError
 from npubuild.npusim import NotModelled
 from npubuild.npusim.cmdstream import decode
-from npubuild.npusim.memory import place_inputs, read_outputs, region_memory
-from npubuild.npusim.npu_op import SimResult, traced
+from npubuild.npusim.memory import batched, place_inputs, read_outputs, region_memory
+from npubuild.npusim.npu_op import OpResult, SimResult, sample_trace, traced
 from npubuild.npusim.npz import RawModel
 from npubuild.npusim.u85.conv import run_conv
 from npubuild.npusim.u85.dma import run_dma
@@ -24,12 +24,21 @@ RUNNERS = {"CONV": run_conv, "DEPTHWISE": run_conv, "POOL": run_pool, "ELEMENTWI
 
 def run(model: RawModel, inputs: list[np.ndarray], keep_ofms: bool = True) -> SimResult:
     """Run the command stream on integer inputs (in the artifact's NHWC shapes); returns outputs and op trace."""
-    if len(inputs) != len(model.inputs):
-        raise InputError(f"the model has {len(model.inputs)} inputs, got {len(inputs)}")
-    mem = region_memory(model)
-    place_inputs(mem, model, inputs)
+    return run_samples(model, [inputs], keep_ofms)[0]
+
+
+def run_samples(model: RawModel, samples: list[list[np.ndarray]], keep_ofms: bool = True) -> list[SimResult]:
+    """Run the command stream once over every sample (memory, LUT RAM, chaining buffers and accumulator with a
+    leading sample axis); a result per sample, as `run` on it alone gives (every op computes each sample's
+    values on their own: exact integer arithmetic, constants read alike for all)."""
+    for inputs in samples:
+        if len(inputs) != len(model.inputs):
+            raise InputError(f"the model has {len(model.inputs)} inputs, got {len(inputs)}")
+    mem = batched(region_memory(model), len(samples))
+    for row, inputs in enumerate(samples):
+        place_inputs(mem, model, inputs, row)
     m = Machine(mem, int(model.accelerator.rsplit("-", 1)[1]), model.ncores)
-    trace = []
+    trace: list[OpResult] = []
     if not model.decoded:
         model.decoded.extend(decode(model.commands, model.path, COMMANDS))
     for cmd in model.decoded:
@@ -42,4 +51,5 @@ def run(model: RawModel, inputs: list[np.ndarray], keep_ofms: bool = True) -> Si
         if cmd.kind == "BRANCH":
             raise NotModelled(f"NPU op #{len(trace)} BRANCH: control flow (IF/WHILE) is not modelled")
         traced(trace, cmd, lambda cmd=cmd: RUNNERS[cmd.kind](m, cmd), keep_ofms)
-    return SimResult(read_outputs(mem, model), trace)
+    return [SimResult(read_outputs(mem, model, row), sample_trace(trace, row, keep_ofms))
+            for row in range(len(samples))]

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from npubuild.errors import StageError
+from npubuild.npusim.memory import constant_bytes
 from npubuild.npusim.npu_op import OpResult, ofm_shape
 from npubuild.npusim.u85 import activation, weights
 from npubuild.npusim.u85.operands import NONE, TRANSPOSE_NAMES, Chains, Operand, ofm_layout, operand, write
@@ -32,12 +33,25 @@ def acc_format(cmd) -> AccFormat:
 
 @dataclass
 class Machine:
-    mem: dict  # region index -> uint8 array
+    """Memory regions, LUT RAM, chaining buffers and the kept accumulator: each with a leading sample axis when
+    the memory has one (a batch of samples run in one pass, npusim.u85.machine.run_samples); every op's
+    values then are (samples, h, w, c), and constants (weights, scales, LUTs) are read once for all."""
+
+    mem: dict  # region index -> uint8 array ((samples, bytes) for a batch)
     macs: int
     ncores: int
-    lut_ram: np.ndarray = field(default_factory=lambda: np.zeros(activation.LUT_RAM_BYTES, np.uint8))
+    lut_ram: np.ndarray | None = None
     chains: Chains = field(default_factory=Chains)
     accumulator: np.ndarray | None = None  # kept by an op whose output is disabled
+
+    def __post_init__(self):
+        if self.lut_ram is None:
+            self.lut_ram = np.zeros((*self.lead, activation.LUT_RAM_BYTES), np.uint8)
+
+    @property
+    def lead(self) -> tuple[int, ...]:
+        """The memory's leading axes: (samples,) for a batch, () for one sample."""
+        return next(iter(self.mem.values())).shape[:-1]
 
     def take_accumulator(self, shape: tuple[int, ...]) -> np.ndarray:
         acc = self.accumulator
@@ -49,7 +63,7 @@ class Machine:
         """(bias, multiplier, shift) per OFM channel from the scale stream (10-byte entries, ACC_FORMAT's width)."""
         region = self.mem[cmd.regs.get("SCALE_REGION", 0) & 7]
         base = cmd.addr("SCALE_BASE")
-        return weights.decode_scales(region[base:base + 10 * oc].tobytes(), oc, acc_format(cmd).acc48)
+        return weights.decode_scales(constant_bytes(region, base, 10 * oc, "scales"), oc, acc_format(cmd).acc48)
 
     def scales(self, cmd, oc: int) -> tuple[np.ndarray | int, np.ndarray | int, np.ndarray | int]:
         """(bias, multiplier, shift): the scale stream's in per-channel mode (OFM_PRECISION bit 8 clear), else
@@ -69,18 +83,18 @@ class Machine:
         oshape = ofm_shape(cmd)
         accf = acc_format(cmd)
         if accf.source == ACC_KEEP:
-            acc = acc + self.take_accumulator(acc.shape)
+            acc = acc + self.take_accumulator(acc.shape)  # the samples' own: the shape includes the batch
         layout = ofm_layout(cmd)
         if not accf.output or ofm.storage == NONE:
             self.accumulator = acc
-            out = np.zeros(0, np.int64)
+            out = np.zeros((*acc.shape[:-3], 0), np.int64)
             fmt = "ACC"
         else:
             self.accumulator = None
-            bias, mult, shift = self.scales(cmd, acc.shape[2])
+            bias, mult, shift = self.scales(cmd, acc.shape[-1])
             out = write(self.mem, self.chains, ofm, layout,
                         activation.finish(cmd, acc + bias, mult, shift, ofm, self.lut_ram))
-            oshape = out.shape
+            oshape = out.shape[-3:]
             fmt = ofm.label
         if layout.transpose:
             detail = f"{detail} transpose {TRANSPOSE_NAMES[layout.transpose]}".strip()

@@ -24,7 +24,7 @@ STORAGE_NAMES = {TILE2X2: "TILE2X2", TILE3X1: "TILE3X1", CHAINED: "CHAINED", NON
 # output axis order of each ACTIVATION_TRANSPOSE value, as indices into (H, W, C)
 TRANSPOSES = {0: (0, 1, 2), 1: (1, 0, 2), 2: (0, 2, 1), 3: (1, 2, 0), 6: (2, 0, 1), 7: (2, 1, 0)}
 TRANSPOSE_NAMES = {0: "HWC", 1: "WHC", 2: "HCW", 3: "WCH", 6: "CHW", 7: "CWH"}
-REVERSE_AXES = {1: 0, 2: 1, 3: 2}  # H, W, C
+REVERSE_AXES = {1: -3, 2: -2, 3: -1}  # H, W, C (leading axes are samples)
 
 
 @dataclass
@@ -92,19 +92,19 @@ def ofm_layout(cmd: Command) -> OfmLayout:
 
 
 class Chains(dict):
-    """Chaining buffer index -> the (h, w, c) values the last op chained there."""
+    """Chaining buffer index -> the (..., h, w, c) values the last op chained there (leading axes: samples)."""
 
     def take(self, index: int, h: int, w: int, c: int) -> np.ndarray:
         if index not in self:
             raise StageError(f"chained operand reads chaining buffer {index}, which no earlier op wrote")
         v = self[index]
-        if v.shape[0] < h or v.shape[1] < w or v.shape[2] < c:
-            raise StageError(f"chaining buffer {index} holds {list(v.shape)}, the op reads {[h, w, c]}")
-        return v[:h, :w, :c]
+        if v.shape[-3] < h or v.shape[-2] < w or v.shape[-1] < c:
+            raise StageError(f"chaining buffer {index} holds {list(v.shape[-3:])}, the op reads {[h, w, c]}")
+        return v[..., :h, :w, :c]
 
 
 def read(mem: dict, chains: Chains, op: Operand, h: int, w: int, c: int) -> np.ndarray:
-    """The (h, w, c) block at the origin of an operand, as int64."""
+    """The (h, w, c) block at the origin of an operand, as int64 (one per sample for a batched memory)."""
     if op.storage == CHAINED:
         return chains.take(op.chain, h, w, c)
     if op.storage == NONE:
@@ -122,7 +122,8 @@ def write(mem: dict, chains: Chains, op: Operand, layout: OfmLayout, values: np.
     if layout.reverse:
         values = np.flip(values, axis=REVERSE_AXES[layout.reverse])
     if layout.transpose:
-        values = values.transpose(layout.axes)
+        lead = values.ndim - 3
+        values = values.transpose((*range(lead), *(lead + a for a in layout.axes)))
     values = np.ascontiguousarray(values)
     if op.storage != NONE:
         fmap.write(mem[op.fm.region], op.fm, values)

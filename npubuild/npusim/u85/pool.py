@@ -71,12 +71,12 @@ def run_pool(m: Machine, cmd) -> OpResult:
                 best, index = np.where(better, win, best), np.where(better, pos, index)
         acc = index << 16
     else:
-        acc = np.zeros((oh, ow, depth), np.int64)
+        acc = np.zeros((*x.shape[:-3], oh, ow, depth), np.int64)
         for _, _, win in taps(x - zp, k, oh, ow):
             acc += win
         if mode == "REDUCE_SUM":
-            acc = acc.sum(axis=2, keepdims=True)
+            acc = acc.sum(axis=-1, keepdims=True)
     if mode == "AVERAGE":
-        rm, rs = reciprocal(_valid_counts(x.shape[:2], ishape, k, oh, ow))
+        rm, rs = reciprocal(_valid_counts(x.shape[-3:-1], ishape, k, oh, ow))
         acc = scale(acc, rm, rs, NATURAL)
     return m.output(cmd, f"POOL {mode}", acc, ishape, ifm, f"k{k.h}x{k.w} s{k.sy}x{k.sx}")

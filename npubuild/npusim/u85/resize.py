@@ -33,6 +33,11 @@ def _axis(cmd, axis: str, out: int, size: int) -> tuple[np.ndarray, np.ndarray, 
     return np.clip(lower, 0, size - 1), np.clip(lower + 1, 0, size - 1), rem, n
 
 
+def _at(x: np.ndarray, ys: np.ndarray, xs: np.ndarray) -> np.ndarray:
+    """x at rows ys and columns xs (leading axes: samples)."""
+    return np.take(np.take(x, ys, axis=-3), xs, axis=-2)
+
+
 def run_resize(m: Machine, cmd) -> OpResult:
     mode = MODES.get(cmd.param & 3, "BILINEAR")
     oh, ow, oc = ofm_shape(cmd)
@@ -44,13 +49,13 @@ def run_resize(m: Machine, cmd) -> OpResult:
     if mode == "BILINEAR":
         wy0, wy1 = (ny - ry)[:, None, None], ry[:, None, None]
         wx0, wx1 = (nx - rx)[None, :, None], rx[None, :, None]
-        acc = (x[y0][:, x0] * wy0 * wx0 + x[y0][:, x1] * wy0 * wx1
-               + x[y1][:, x0] * wy1 * wx0 + x[y1][:, x1] * wy1 * wx1)
+        acc = (_at(x, y0, x0) * wy0 * wx0 + _at(x, y0, x1) * wy0 * wx1
+               + _at(x, y1, x0) * wy1 * wx0 + _at(x, y1, x1) * wy1 * wx1)
     else:
         if mode == "NEAREST":
             ys, xs = np.where(2 * ry >= ny, y1, y0), np.where(2 * rx >= nx, x1, x0)
         else:
             ys, xs = y0, x0
-        acc = x[ys][:, xs]
+        acc = _at(x, ys, xs)
     detail = f"{mode.lower()} {ih}x{iw} -> {oh}x{ow}"
     return m.output(cmd, f"RESIZE {mode}", acc << FRACTION_BITS, (ih, iw, oc), ifm, detail)
