@@ -14,7 +14,10 @@ against a peer it
    never changed (--arena-cache-size is one of them);
 2. splits the build's Vela per-layer figures into cycles of layers bound by off-chip flash (the layer's flash
    access cycles are its cycles: its weights' bytes at the flash's rate) and the rest, with the largest ops;
-3. writes what the U55 geometric mean of npubuild / best route (bench/routes.md) would need to reach 0.85.
+3. on the flash-bound autoencoder: permutes the hidden units between its Gemms (the same integers in another
+   order: rows of one weight, its bias and per-channel scales, columns of the next) and compiles each order, to
+   see whether the order of the weights moves Vela's encoded weight bytes (the layers' flash cycles);
+4. writes what the U55 geometric mean of npubuild / best route (bench/routes.md) would need to reach 0.85.
 """
 
 from __future__ import annotations
@@ -134,6 +137,71 @@ def limits(entry: dict) -> dict:
 VELA_BIN = peer_vela.VELA
 
 
+def _dq_inputs(model, name: str) -> list[str]:
+    """The initializer names (values, scale, zero point) of the DequantizeLinear producing `name`."""
+    node = next(n for n in model.graph.node if n.op_type == "DequantizeLinear" and n.output[0] == name)
+    return list(node.input)
+
+
+def permute_hidden(model, order: str, seed: int = 0):
+    """A copy of a QDQ Gemm chain (each Gemm's input the previous one's output through Q/DQ only, transB=1) with
+    its hidden units reordered: `order` "natural", "l1" (by the producing weight row's L1 norm) or "random"."""
+    import numpy as np
+    import onnx
+    from onnx import numpy_helper as nh
+
+    m = onnx.ModelProto()
+    m.CopyFrom(model)
+    values = {i.name: nh.to_array(i).copy() for i in m.graph.initializer}
+    gemms = [n for n in m.graph.node if n.op_type == "Gemm"]
+    rng = np.random.default_rng(seed)
+    for a, b in zip(gemms, gemms[1:], strict=False):
+        wa, wb = _dq_inputs(m, a.input[1]), _dq_inputs(m, b.input[1])
+        w = values[wa[0]]
+        if order == "l1":
+            perm = np.argsort(np.abs(w.astype(int)).sum(1), kind="stable")
+        else:
+            perm = rng.permutation(w.shape[0]) if order == "random" else np.arange(w.shape[0])
+        for name in [*wa, *_dq_inputs(m, a.input[2])]:
+            if values[name].ndim >= 1 and values[name].shape[0] == w.shape[0]:
+                values[name] = values[name][perm]
+        values[wb[0]] = values[wb[0]][:, perm]
+    for init in m.graph.initializer:
+        init.CopyFrom(nh.from_array(values[init.name], init.name))
+    return m
+
+
+def weight_orders(entry: dict, work: Path, samples: int = 32) -> list[tuple[str, str, int, float, bool]]:
+    """(order, TOSA sha256 prefix, NPU cycles, off-chip KiB, same TOSA reference outputs as the natural order on
+    `samples` random int8 inputs) of the model lowered for U55 in each hidden-unit order."""
+    import hashlib
+
+    import numpy as np
+    import onnx
+
+    from npubuild.lowering.driver import lower_model
+    from npubuild.npusim.verify import reference_outputs
+
+    model = onnx.load(entry["artifacts"]["qdq"])
+    rng = np.random.default_rng(1)
+    dims = [d.dim_value or 1 for d in model.graph.input[0].type.tensor_type.shape.dim]
+    xs = [rng.integers(-128, 128, dims, dtype=np.int8) for _ in range(samples)]
+    want = None
+    out = []
+    for order in ("natural", "l1", "random"):
+        tosa = lower_model(permute_hidden(model, order), "int", "u55").tosa
+        got = [reference_outputs(tosa, [x]) for x in xs]
+        want = want or got
+        same = all(np.array_equal(a, b) for w, g in zip(want, got, strict=True) for a, b in zip(w, g, strict=True))
+        path = work / "orders" / order / "model.tosa"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(tosa)
+        r = peer_vela.vela(path, TARGET, ["--optimise", "Performance", "--tensor-allocator", "HillClimb"],
+                           path.parent / "out")
+        out.append((order, hashlib.sha256(tosa).hexdigest()[:12], r["npu_cycles"], r["offchip_kib"], same))
+    return out
+
+
 def main(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--build-dir", type=Path, required=True)
@@ -180,6 +248,13 @@ def main(argv: list[str]) -> int:
         lines.append(f"| {model} | {r['npubuild']:.4f} / {r['best']:.4f} ({r['route']}) | {ratio:.3f} | "
                      f"{lim['total']:.0f} | {lim['flash']:.0f} ({100 * lim['flash'] / lim['total']:.0f}%) | "
                      f"{lim['total'] - lim['flash']:.0f} | {top} |")
+    if "autoencoder" in entries:
+        peer_vela.VELA = VELA_BIN
+        lines += ["", "The autoencoder's hidden units in three orders (the same integers; npubuild's U55 family lowering, "
+                  "named config; outputs: the TOSA reference model's on 32 random int8 inputs against the natural order's):", "",
+                  "| order | TOSA sha256 | NPU cycles | off-chip KiB | outputs |", "|---|---|---:|---:|---|"]
+        lines += [f"| {o} | {h} | {c} | {k:.3f} | {'identical' if same else 'DIFFER'} |"
+                  for o, h, c, k, same in weight_orders(entries["autoencoder"], args.work)]
     n = len(logs)
     gm = math.exp(sum(logs) / n)
     need = math.exp(n * math.log(GOAL) - sum(logs))
