@@ -171,8 +171,8 @@ def permute_hidden(model, order: str, seed: int = 0):
     return m
 
 
-def weight_orders(entry: dict, work: Path, samples: int = 32) -> list[tuple[str, str, int, float, bool]]:
-    """(order, TOSA sha256 prefix, NPU cycles, off-chip KiB, same TOSA reference outputs as the natural order on
+def weight_orders(entry: dict, work: Path, samples: int = 32) -> list[tuple[str, str, int, float, int, bool]]:
+    """(order, TOSA sha256 prefix, NPU cycles, off-chip KiB, Vela's encoded weight bytes, same TOSA reference outputs as the natural order on
     `samples` random int8 inputs) of the model lowered for U55 in each hidden-unit order."""
     import hashlib
 
@@ -198,7 +198,9 @@ def weight_orders(entry: dict, work: Path, samples: int = 32) -> list[tuple[str,
         path.write_bytes(tosa)
         r = peer_vela.vela(path, TARGET, ["--optimise", "Performance", "--tensor-allocator", "HillClimb"],
                            path.parent / "out")
-        out.append((order, hashlib.sha256(tosa).hexdigest()[:12], r["npu_cycles"], r["offchip_kib"], same))
+        with open(next((path.parent / "out").glob("*_summary_*.csv")), newline="") as f:
+            encoded = int(float(next(csv.DictReader(f))["total_npu_encoded_weights"]))
+        out.append((order, hashlib.sha256(tosa).hexdigest()[:12], r["npu_cycles"], r["offchip_kib"], encoded, same))
     return out
 
 
@@ -252,9 +254,10 @@ def main(argv: list[str]) -> int:
         peer_vela.VELA = VELA_BIN
         lines += ["", "The autoencoder's hidden units in three orders (the same integers; npubuild's U55 family lowering, "
                   "named config; outputs: the TOSA reference model's on 32 random int8 inputs against the natural order's):", "",
-                  "| order | TOSA sha256 | NPU cycles | off-chip KiB | outputs |", "|---|---|---:|---:|---|"]
-        lines += [f"| {o} | {h} | {c} | {k:.3f} | {'identical' if same else 'DIFFER'} |"
-                  for o, h, c, k, same in weight_orders(entries["autoencoder"], args.work)]
+                  "| order | TOSA sha256 | NPU cycles | off-chip KiB | encoded weight bytes | outputs |",
+                  "|---|---|---:|---:|---:|---|"]
+        lines += [f"| {o} | {h} | {c} | {k:.3f} | {e} | {'identical' if same else 'DIFFER'} |"
+                  for o, h, c, k, e, same in weight_orders(entries["autoencoder"], args.work)]
     n = len(logs)
     gm = math.exp(sum(logs) / n)
     need = math.exp(n * math.log(GOAL) - sum(logs))
