@@ -76,6 +76,10 @@ class LoweringOptions:
     bilinear_channel_split: bool = False
     split_min_bytes: int = 32 * 1024  # ... from this replicated size on
     shared_row_pad: bool = True  # ... the halves' row pad done once where its body is a depthwise copy
+    # the bilinear 2x's int8 pixel replication as 1x1 depthwise copies written into a
+    # CONCAT along C and then along W, each followed by a RESHAPE view, instead of a RESIZE (Vela's AvgPool-upscale,
+    # about one output element a cycle on U55-128): measured per model (ethosu/measured.py)
+    replicate_copies: bool = False
     # a whole-plane mean at the same scale as REDUCE_SUM instead of AVG_POOL2D (ops_pool), within these limits
     plane_sum: PlaneSumLimits | None = None
     # a whole-plane sum at a new scale (a mean's rounding once) as exact int32 row sums by a (1, W)

@@ -260,9 +260,12 @@ def _blur(ctx: LoweringContext, padded: TTensor, in_q: QParams, out_q: QParams, 
     """Replicate the edge-padded input 2x and blur it to the output, rounding once to out_q."""
     n, hp, wp, c = padded.shape
     h, w = hp - 2, wp - 2
-    up = ctx.new_tensor((n, 2 * h + 4, 2 * w + 4, c), padded.dtype, NHWC, in_q)
-    ins = [padded.name, ctx.shape_const([4, 2, 4, 2]), ctx.shape_const([-1, -1]), ctx.shape_const([1, 1])]
-    ctx.op(Op.RESIZE, ins, [up.name], attr("Resize", ts.ResizeMode.NEAREST))
+    if ctx.options.replicate_copies and padded.dtype == np.int8 and ctx.options.depthwise_pays(padded, in_q):
+        up = _replicate_2x(ctx, padded)
+    else:
+        up = ctx.new_tensor((n, 2 * h + 4, 2 * w + 4, c), padded.dtype, NHWC, in_q)
+        ins = [padded.name, ctx.shape_const([4, 2, 4, 2]), ctx.shape_const([-1, -1]), ctx.shape_const([1, 1])]
+        ctx.op(Op.RESIZE, ins, [up.name], attr("Resize", ts.ResizeMode.NEAREST))
     # the blur reads only the rows/columns it needs (Vela folds an input SLICE into the conv's read), so its
     # result is the output itself and can be written straight into a consuming Concat (a SLICE after it
     # costs Vela a whole-tensor MemoryCopy there: 65760 cycles on the U-Net's 64x64x16 on U55-128)
@@ -272,6 +275,26 @@ def _blur(ctx: LoweringContext, padded: TTensor, in_q: QParams, out_q: QParams, 
     acc = int_conv(ctx, Op.DEPTHWISE_CONV2D, up, weights, np.zeros(c, accumulator(up.dtype)), (n, 2 * h, 2 * w, c),
                    attr("DepthwiseConv2d", [0, 0, 0, 0], [1, 1], [1, 1], False, acc_type(up)))
     return rescale(ctx, acc, in_q.s / (16 * out_q.s), out_q.dtype, 0, out_q.zp, out_q, output_of=output_of)
+
+
+def _replicate_2x(ctx: LoweringContext, x: TTensor) -> TTensor:
+    """Each pixel of an int8 NHWC x twice along W and twice along H, the same values as RESIZE's 2x replication.
+
+    CONCAT([x, x]) along C is [H, W, 2C], whose bytes are [H, 2W, C] with every pixel twice in a row; CONCAT([y, y])
+    along W of that is [H, 4W, C], whose bytes are [2H, 2W, C] with every row twice: the RESHAPEs are views. Each
+    CONCAT input is a 1x1 depthwise copy at x's own parameters (requantize_dw: bit-identical), so Vela writes it
+    straight into the CONCAT where it would copy a tensor read twice with its slower MemoryCopy. On U55-128 the
+    copies cost less than Vela's RESIZE, an AvgPool that upscales its input (about one output element a cycle): the
+    U-Net's 34x34x32 replication 38338 -> 31808 cycles; a bare CONCAT of x with itself is slower (MemoryCopy).
+    Only inside the bilinear 2x, where the blur reads the result: a nearest Resize's replication read by a Concat
+    (the U-Net's skip) costs Vela a whole copy after the last RESHAPE (unet 577909 -> 607417 cycles with it). Only
+    where the copies may be depthwise convs (depthwise_pays; size mode measures copies without one)."""
+    assert x.q is not None
+    n, h, w, c = x.shape
+    rows = concat_phys(ctx, [requantize_dw(ctx, x, x.q), requantize_dw(ctx, x, x.q)], 3)
+    rows = phys_reshape(ctx, rows, (n, h, 2 * w, c), x.perm)
+    both = concat_phys(ctx, [requantize_dw(ctx, rows, x.q), requantize_dw(ctx, rows, x.q)], 2)
+    return phys_reshape(ctx, both, (n, 2 * h, 2 * w, c), x.perm)
 
 
 def _edge_pad(ctx: LoweringContext, x: TTensor, axis: int, ch: tuple[int, int] | None = None) -> TTensor:
