@@ -46,6 +46,7 @@ class QuantiserCache:
 
     directory: Path
     results: dict[tuple, Any] = field(default_factory=dict)
+    templates: dict[str, Any] = field(default_factory=dict)  # frontend/qdq_template.py: structure key -> Template
 
 
 def find_by_name(item_name: str, item_list: Iterable[Any]) -> Any:
@@ -110,7 +111,7 @@ def _patches(cache: QuantiserCache | None) -> list[tuple[Any, str, Any]]:
     """(owner, attribute, replacement) for every function above this onnxruntime has."""
     try:
         modules = {name: importlib.import_module(f"onnxruntime.quantization.{name}")
-                   for name in {*FIND_BY_NAME_USERS, *(n for users in REMEMBERED.values() for n in users)}}
+                   for name in {*FIND_BY_NAME_USERS, *(n for users in REMEMBERED.values() for n in users), "quantize"}}
     except ImportError:
         return []
     patches: list[tuple[Any, str, Any]] = []
@@ -118,6 +119,13 @@ def _patches(cache: QuantiserCache | None) -> list[tuple[Any, str, Any]]:
         patches.append((modules["onnx_model"].ONNXModel, "replace_input_of_all_nodes", replace_input_of_all_nodes))
     patches += [(modules[n], "find_by_name", find_by_name) for n in FIND_BY_NAME_USERS
                 if hasattr(modules[n], "find_by_name")]
+    if cache is not None and hasattr(modules["quantize"], "QDQQuantizer"):  # each candidate from the first one's
+        try:
+            from npubuild.frontend.qdq_template import template_quantizer
+        except ImportError:  # an onnxruntime without the quantiser parts it records
+            template_quantizer = None
+        if template_quantizer is not None:
+            patches.append((modules["quantize"], "QDQQuantizer", template_quantizer(cache.templates)))
     for name, users in REMEMBERED.items():
         original = getattr(modules["quant_utils"], name, None)
         if cache is not None and original is not None:

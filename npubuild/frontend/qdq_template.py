@@ -1,0 +1,341 @@
+"""A further PTQ candidate's QDQ model from the first one's, by swapping only what its activation ranges decide.
+
+The per-model PTQ choice (ptq/choose.py) quantises one float model once per range estimator, and the
+candidates differ only in their TensorQuantOverrides values (each activation's rmin/rmax). Everything else
+onnxruntime's QDQQuantizer.quantize_model does (which ops get Q/DQ pairs, the Relu/Clip removal, the
+shared-parameter tensors, the weights, the initializer order, the names) is decided by the model, the
+options and which tensors have overrides, not by their values (issue 33). The values reach the output only
+through the quantiser's `quantization_params` (calc_graph_quant_params, run by its constructor from the
+calibration ranges and the overrides), and from there only:
+
+- each activation's scale and zero-point initializers (`_make_tensor_scale_zp_initializers`);
+- the weight-scale adjustment for a bias whose scale would be too small for int32
+  (`_adjust_weight_quant_params_for_bias_tensors`: a weight channel with tiny values and a large bias, as
+  a folded BatchNorm leaves, in every candidate of ppocrv4_rec and _det), which changes that weight's scale
+  initializer and its int8 values (`_add_qdq_nodes_for_initializer`);
+- each int32 bias, its scale and zero point (`quantize_bias_static`: input scale x weight scale).
+
+So the first quantize_model of a structure (its key: the quantiser's input model, options, op types and
+override structure) runs in full and records its output and what it computed those from (a `Template`);
+each later one with the same key builds its quantiser as onnxruntime does (the same constructor computes
+its quantization_params), runs those steps again with onnxruntime's own methods on a stand-in holding only
+what they read, and writes their initializers over the template's of the same names. Where a step's
+inputs are not the plain ones recorded (a converted type, a float16 bias, a pre-quantised input, a name
+made twice or already in the model), that structure gets no template and every candidate runs in full.
+tests/frontend/test_qdq_template.py and bench/ptq_speed.py --check-templates compare every replayed
+candidate with a full run, byte for byte.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import numpy as np
+import onnx
+from onnxruntime.quantization import qdq_quantizer
+from onnxruntime.quantization.onnx_model import ONNXModel
+from onnxruntime.quantization.qdq_quantizer import QDQBiasQuantInfo, QDQQuantizer, QDQTensorQuantizedValue
+
+# the QDQQuantizer methods a template records and replays: without any of them there is no template
+REPLAYED = ("_make_tensor_scale_zp_initializers", "_make_scale_zp_initializers", "_adjust_weight_scale_for_int32_bias",
+            "_adjust_weight_quant_params_for_bias_tensors", "quantize_bias_static", "calc_graph_quant_params",
+            "_add_qdq_nodes_for_initializer")
+if not all(hasattr(QDQQuantizer, m) for m in REPLAYED) or not hasattr(qdq_quantizer, "quantize_onnx_initializer"):
+    raise ImportError("this onnxruntime's QDQQuantizer lacks a method a template replays")
+OVERRIDE_KEYS = frozenset({"rmin", "rmax"})  # the overrides a template covers: range values only
+SCALAR_OPTION = (bool, int, float, str)
+
+
+@dataclass
+class BiasRecord:
+    """One int32 bias as the template's quantize_bias_static saw it: everything it reads but the input scale."""
+
+    name: str
+    info: QDQBiasQuantInfo
+    float_bias: onnx.TensorProto
+    weight: QDQTensorQuantizedValue
+    input: QDQTensorQuantizedValue
+    created: tuple[str, ...]  # the initializers it made: the int32 bias, its scale, its zero point
+
+
+@dataclass
+class WeightRecord:
+    """One initializer quantised by _add_qdq_nodes_for_initializer: the float tensor and the names it made."""
+
+    float_weight: onnx.TensorProto
+    created: tuple[str, str, str]  # the int8 tensor, its scale, its zero point
+
+
+@dataclass
+class AdjustState:
+    """What _adjust_weight_quant_params_for_bias_tensors read in the template run, to run it again, and the
+    weights' parameters it left (what the template's int8 weights were made with)."""
+
+    bias_to_quantize: dict[str, QDQBiasQuantInfo]
+    tensors_to_quantize: dict[str, Any]
+    initializer_quant_params: dict[str, Any]  # before the adjustment
+    biases: list[onnx.TensorProto]
+    adjusted: dict[str, Any] = field(default_factory=dict)  # after it
+
+
+@dataclass
+class Template:
+    """The full quantize_model output of one structure (before quantize_static's sort and save) and its records."""
+
+    model: onnx.ModelProto
+    activations: list[tuple[str, str, str]]  # tensor, its scale initializer, its zero-point initializer
+    weights: dict[str, WeightRecord]
+    biases: list[BiasRecord]
+    adjust: AdjustState
+
+
+@dataclass
+class _Recording:
+    activations: list[tuple[str, str, str]] = field(default_factory=list)
+    weights: dict[str, WeightRecord] = field(default_factory=dict)
+    biases: list[BiasRecord] = field(default_factory=list)
+    adjust: AdjustState | None = None
+    usable: bool = True
+
+
+def structure_key(q: QDQQuantizer) -> str | None:
+    """Everything quantize_model reads but the range values, hashed; None when the quantiser's options are not
+    the plain ones this reproduces (no range overrides, an override of anything but rmin/rmax, or of a weight)."""
+    overrides = q.extra_options.get("TensorQuantOverrides")
+    if not overrides or not isinstance(overrides, dict):
+        return None
+    structure = []
+    for name, entries in overrides.items():
+        if name in q.initializers or not isinstance(entries, list) or len(entries) != 1 \
+                or not isinstance(entries[0], dict) or not set(entries[0]) <= OVERRIDE_KEYS:
+            return None
+        structure.append((name, tuple(sorted(entries[0]))))
+    options = {k: v for k, v in q.extra_options.items() if k != "TensorQuantOverrides"}
+    if not all(isinstance(v, SCALAR_OPTION) for v in options.values()) or q.tensors_range is None \
+            or q.add_qdq_pair_to_weight or q.block_size:
+        return None
+    digest = hashlib.sha256(q.model.model.SerializeToString(deterministic=True))
+    digest.update(repr((q.per_channel, q.reduce_range, q.weight_qType, q.activation_qType, q.nodes_to_quantize,
+                        q.nodes_to_exclude, q.op_types_to_quantize, sorted(options.items()), structure,
+                        list(q.tensors_range.keys()))).encode())
+    return digest.hexdigest()
+
+
+def _proto(tensor: onnx.TensorProto) -> onnx.TensorProto:
+    fresh = onnx.TensorProto()
+    fresh.CopyFrom(tensor)
+    return fresh
+
+
+def _scratch(initializers: list[onnx.TensorProto]) -> ONNXModel:
+    """An ONNXModel holding only `initializers`: what the replayed methods look up and add to."""
+    model = onnx.ModelProto()
+    model.graph.initializer.extend(initializers)
+    return ONNXModel(model)
+
+
+class TemplateQuantizer(QDQQuantizer):
+    """onnxruntime's QDQQuantizer whose quantize_model records a template (the first of a structure) or replays one.
+
+    `templates` (structure key -> Template, or None for a structure a template cannot serve) is what the
+    candidates of one per-model choice share (ort_quantiser.QuantiserCache). `check` (bench and tests) runs the
+    full quantize_model after each replay too and raises unless the two are the same bytes."""
+
+    check: ClassVar[bool] = False
+    checked: ClassVar[int] = 0  # replays compared with a full run (check on)
+    replayed: ClassVar[int] = 0  # quantize_model calls served from a template, in this process
+
+    def __init__(self, *args: Any, templates: dict[str, Template | None], **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        self.templates = templates
+        self._recording: _Recording | None = None
+
+    # ---- onnxruntime's methods, recorded in the template run
+
+    def _make_tensor_scale_zp_initializers(self, tensor_name):
+        inits = super()._make_tensor_scale_zp_initializers(tensor_name)
+        rec = self._recording
+        if rec is not None:
+            if inits is None or inits.converted is not None:
+                rec.usable = False
+            else:
+                rec.activations.append((tensor_name, inits.original.scale.name, inits.original.zero_point.name))
+        return inits
+
+    def _adjust_weight_quant_params_for_bias_tensors(self):
+        rec = self._recording
+        if rec is not None:
+            biases = [_proto(b) for name in self.bias_to_quantize
+                      if (b := _find(self.model, name)) is not None]
+            rec.adjust = AdjustState(dict(self.bias_to_quantize), copy.deepcopy(self.tensors_to_quantize),
+                                     copy.deepcopy(self.initializer_quant_params), biases)
+        super()._adjust_weight_quant_params_for_bias_tensors()
+        if rec is not None and rec.adjust is not None:
+            rec.adjust.adjusted = copy.deepcopy(self.initializer_quant_params)
+
+    def _add_qdq_nodes_for_initializer(self, weight_proto):
+        rec = self._recording
+        if rec is None or weight_proto.name in self.quantized_value_map:
+            return super()._add_qdq_nodes_for_initializer(weight_proto)
+        float_weight = _proto(weight_proto)
+        before = {t.name for t in self.model.initializer()}
+        super()._add_qdq_nodes_for_initializer(weight_proto)
+        value = self.quantized_value_map[float_weight.name].original
+        created = (value.q_name, value.scale_name, value.zp_name)
+        if before & set(created):
+            rec.usable = False
+        else:
+            rec.weights[float_weight.name] = WeightRecord(float_weight, created)
+
+    def quantize_bias_static(self, bias_name, bias_info):
+        rec = self._recording
+        if rec is None:
+            return super().quantize_bias_static(bias_name, bias_info)
+        bias = _find(self.model, bias_name)
+        weight = self.quantized_value_map.get(bias_info.weight_name)
+        source = self.quantized_value_map.get(bias_info.input_name)
+        before = {t.name for t in self.model.initializer()}
+        name = super().quantize_bias_static(bias_name, bias_info)
+        value = self.quantized_value_map[bias_name].original
+        created = (value.q_name, value.scale_name, value.zp_name)
+        if bias is None or weight is None or source is None or bias.data_type != onnx.TensorProto.FLOAT \
+                or value.node_type not in (None, "DequantizeLinear") or before & set(created):
+            rec.usable = False  # not the plain float32 bias of a quantised weight and input this replays
+        else:
+            rec.biases.append(BiasRecord(bias_name, bias_info, _proto(bias), weight, source, created))
+        return name
+
+    # ---- the whole model
+
+    def quantize_model(self):
+        key = structure_key(self)
+        if key is None:
+            return super().quantize_model()
+        if key not in self.templates:
+            return self._record(key)
+        template = self.templates[key]
+        replayed = self.replay(template) if template is not None else None
+        if replayed is None:  # a step made other names than the template's: the full run
+            return super().quantize_model()
+        if self.check:
+            full = super().quantize_model()
+            if full.SerializeToString(deterministic=True) != replayed.SerializeToString(deterministic=True):
+                raise AssertionError("the replayed QDQ model differs from onnxruntime's full quantisation")
+            TemplateQuantizer.checked += 1
+        TemplateQuantizer.replayed += 1
+        self.model = ONNXModel(replayed)
+        return replayed
+
+    def _record(self, key: str) -> onnx.ModelProto:
+        inputs = set(self.initializers)
+        self._recording = rec = _Recording()
+        try:
+            model = super().quantize_model()
+        finally:
+            self._recording = None
+        names = [n for a in rec.activations for n in a[1:]] + [n for b in rec.biases for n in b.created] \
+            + [n for w in rec.weights.values() for n in w.created]
+        usable = rec.usable and rec.adjust is not None and len(set(names)) == len(names) \
+            and not inputs & set(names)
+        snapshot = onnx.ModelProto()
+        snapshot.CopyFrom(model)  # before quantize_static's topological sort, which the replay's save repeats
+        self.templates[key] = Template(snapshot, rec.activations, rec.weights, rec.biases, rec.adjust) \
+            if usable else None
+        return model
+
+    def replay(self, template: Template) -> onnx.ModelProto | None:
+        """This quantiser's output from `template`: its activation initializers, adjusted weights and int32
+        biases recomputed by onnxruntime's methods from this quantiser's quantization_params, on a stand-in copy
+        of it. None if a step makes other names than the template's (then the full run is the answer)."""
+        stand_in = copy.copy(self)  # shares quantization_params (read only); its own model and maps below
+        stand_in._recording = None
+        new: dict[str, onnx.TensorProto] = {}
+
+        stand_in.model = _scratch([])
+        for tensor, scale_name, zp_name in template.activations:
+            inits = stand_in._make_tensor_scale_zp_initializers(tensor)
+            if inits is None or inits.converted is not None \
+                    or (inits.original.scale.name, inits.original.zero_point.name) != (scale_name, zp_name):
+                return None
+            new[scale_name], new[zp_name] = inits.original.scale, inits.original.zero_point
+
+        adjust = template.adjust
+        stand_in.bias_to_quantize = adjust.bias_to_quantize
+        stand_in.tensors_to_quantize = adjust.tensors_to_quantize
+        stand_in.initializer_quant_params = copy.deepcopy(adjust.initializer_quant_params)
+        stand_in.model = _scratch([_proto(b) for b in adjust.biases])
+        stand_in._adjust_weight_quant_params_for_bias_tensors()
+        for name, params in stand_in.initializer_quant_params.items():
+            if _same_params(params, adjust.adjusted.get(name)):
+                continue  # the template's int8 weight, scale and zero point are this candidate's
+            weight = template.weights.get(name)
+            if weight is None:
+                return None
+            made = _weight_initializers(stand_in, weight.float_weight, params)
+            if tuple(t.name for t in made) != weight.created:
+                return None
+            new.update((t.name, t) for t in made)
+
+        out = onnx.ModelProto()
+        out.CopyFrom(template.model)
+        kept = {t.name: t for t in out.graph.initializer}
+        for b in template.biases:
+            names = (b.weight.get_for_consumer(b.info.node_name).scale_name,
+                     b.input.get_for_consumer(b.info.node_name).scale_name)
+            scales = [new[n] if n in new else kept.get(n) for n in names]
+            if any(s is None for s in scales):
+                return None
+            stand_in.model = _scratch([_proto(b.float_bias), *(_proto(s) for s in scales)])
+            stand_in.quantized_value_map = {b.info.weight_name: b.weight, b.info.input_name: b.input}
+            stand_in.quantize_bias_static(b.name, b.info)
+            made = list(stand_in.model.initializer())[1 + len(scales):]
+            if tuple(t.name for t in made) != b.created:
+                return None
+            new.update((t.name, t) for t in made)
+
+        for t in out.graph.initializer:
+            if t.name in new:
+                t.CopyFrom(new[t.name])
+        return out
+
+
+def _same_params(a: Any, b: Any) -> bool:
+    """Two weights' QuantizationParams equal in every value, dtype and shape (so they quantise alike)."""
+    if a is None or b is None or set(a) != set(b):
+        return False
+    for k in a:
+        x, y = a[k], b[k]
+        if isinstance(x, np.ndarray) or isinstance(y, np.ndarray):
+            x, y = np.asarray(x), np.asarray(y)
+            if x.dtype != y.dtype or x.shape != y.shape or x.tobytes() != y.tobytes():
+                return False
+        elif type(x) is not type(y) or x != y:
+            return False
+    return True
+
+
+def _weight_initializers(stand_in: TemplateQuantizer, weight: onnx.TensorProto, params: Any) -> list[onnx.TensorProto]:
+    """What _add_qdq_nodes_for_initializer makes for `weight` with `params`: its int8 tensor, scale and zero point
+    (onnxruntime's quantize_onnx_initializer and _make_scale_zp_initializers, as that method calls them)."""
+    stand_in.model = _scratch([])
+    inits = stand_in._make_scale_zp_initializers(weight.name, params)
+    quantised = qdq_quantizer.quantize_onnx_initializer(weight, params["quant_type"], params["zero_point"],
+                                                        params["scale"], params.get("axis"),
+                                                        block_size=params.get("block_size", 0))
+    return [quantised, inits.scale, inits.zero_point]
+
+
+def _find(model: ONNXModel, name: str) -> onnx.TensorProto | None:
+    return next((t for t in model.initializer() if t.name == name), None)
+
+
+def template_quantizer(templates: dict[str, Template | None]) -> Callable[..., TemplateQuantizer]:
+    """A stand-in for onnxruntime's QDQQuantizer class (as quantize_static calls it) sharing `templates`."""
+    def make(*args: Any, **kwargs: Any) -> TemplateQuantizer:
+        return TemplateQuantizer(*args, templates=templates, **kwargs)
+
+    return make
