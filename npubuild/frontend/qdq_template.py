@@ -52,11 +52,10 @@ SCALAR_OPTION = (bool, int, float, str)
 
 @dataclass
 class BiasRecord:
-    """One int32 bias as the template's quantize_bias_static saw it: everything it reads but the input scale."""
+    """One int32 bias as the template's quantize_bias_static saw it: what it reads but the scales and values."""
 
     name: str
     info: QDQBiasQuantInfo
-    float_bias: onnx.TensorProto
     weight: QDQTensorQuantizedValue
     input: QDQTensorQuantizedValue
     created: tuple[str, ...]  # the initializers it made: the int32 bias, its scale, its zero point
@@ -78,7 +77,7 @@ class AdjustState:
     bias_to_quantize: dict[str, QDQBiasQuantInfo]
     tensors_to_quantize: dict[str, Any]
     initializer_quant_params: dict[str, Any]  # before the adjustment
-    biases: list[onnx.TensorProto]
+    biases: dict[str, onnx.TensorProto]  # each bias to quantise, as a float tensor
     adjusted: dict[str, Any] = field(default_factory=dict)  # after it
 
 
@@ -91,6 +90,9 @@ class Template:
     weights: dict[str, WeightRecord]
     biases: list[BiasRecord]
     adjust: AdjustState
+    sources: dict[str, str]  # each quantised bias -> the input model's initializer it holds (a copy's source)
+    values: frozenset[str] = frozenset()  # the input model's initializers whose values the replay recomputes
+    value_key: str | None = None  # structure_key with `values` blanked: a model alike but for those values
 
 
 @dataclass
@@ -99,12 +101,14 @@ class _Recording:
     weights: dict[str, WeightRecord] = field(default_factory=dict)
     biases: list[BiasRecord] = field(default_factory=list)
     adjust: AdjustState | None = None
+    copies: dict[str, str] = field(default_factory=dict)  # a bias copied for a second reader -> its source
     usable: bool = True
 
 
-def structure_key(q: QDQQuantizer) -> str | None:
-    """Everything quantize_model reads but the range values, hashed; None when the quantiser's options are not
-    the plain ones this reproduces (no range overrides, an override of anything but rmin/rmax, or of a weight)."""
+def structure_key(q: QDQQuantizer, blank: frozenset[str] = frozenset()) -> str | None:
+    """Everything quantize_model reads but the range values (and the values of the initializers named in
+    `blank`), hashed; None when the quantiser's options are not the plain ones this reproduces (no range
+    overrides, an override of anything but rmin/rmax, or of a weight)."""
     overrides = q.extra_options.get("TensorQuantOverrides")
     if not overrides or not isinstance(overrides, dict):
         return None
@@ -118,16 +122,31 @@ def structure_key(q: QDQQuantizer) -> str | None:
     if not all(isinstance(v, SCALAR_OPTION) for v in options.values()) or q.tensors_range is None \
             or q.add_qdq_pair_to_weight or q.block_size:
         return None
-    digest = hashlib.sha256(q.model.model.SerializeToString(deterministic=True))
+    model = q.model.model
+    if blank:
+        model = _blanked(model, blank)
+    digest = hashlib.sha256(model.SerializeToString(deterministic=True))
     digest.update(repr((q.per_channel, q.reduce_range, q.weight_qType, q.activation_qType, q.nodes_to_quantize,
                         q.nodes_to_exclude, q.op_types_to_quantize, sorted(options.items()), structure,
                         list(q.tensors_range.keys()))).encode())
     return digest.hexdigest()
 
 
-def _proto(tensor: onnx.TensorProto) -> onnx.TensorProto:
+def _blanked(model: onnx.ModelProto, names: frozenset[str]) -> onnx.ModelProto:
+    """A copy of `model` whose initializers in `names` keep their name, type and shape but not their values."""
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    for t in out.graph.initializer:
+        if t.name in names:
+            t.CopyFrom(onnx.TensorProto(name=t.name, data_type=t.data_type, dims=t.dims))
+    return out
+
+
+def _proto(tensor: onnx.TensorProto, name: str | None = None) -> onnx.TensorProto:
     fresh = onnx.TensorProto()
     fresh.CopyFrom(tensor)
+    if name is not None:
+        fresh.name = name
     return fresh
 
 
@@ -169,13 +188,18 @@ class TemplateQuantizer(QDQQuantizer):
     def _adjust_weight_quant_params_for_bias_tensors(self):
         rec = self._recording
         if rec is not None:
-            biases = [_proto(b) for name in self.bias_to_quantize
-                      if (b := _find(self.model, name)) is not None]
+            biases = {name: _proto(b) for name in self.bias_to_quantize if (b := _find(self.model, name)) is not None}
             rec.adjust = AdjustState(dict(self.bias_to_quantize), copy.deepcopy(self.tensors_to_quantize),
                                      copy.deepcopy(self.initializer_quant_params), biases)
         super()._adjust_weight_quant_params_for_bias_tensors()
         if rec is not None and rec.adjust is not None:
             rec.adjust.adjusted = copy.deepcopy(self.initializer_quant_params)
+
+    def _dup_initializer(self, initializer):
+        copied = super()._dup_initializer(initializer)
+        if self._recording is not None:
+            self._recording.copies[copied.name] = self._recording.copies.get(initializer.name, initializer.name)
+        return copied
 
     def _add_qdq_nodes_for_initializer(self, weight_proto):
         rec = self._recording
@@ -206,7 +230,7 @@ class TemplateQuantizer(QDQQuantizer):
                 or value.node_type not in (None, "DequantizeLinear") or before & set(created):
             rec.usable = False  # not the plain float32 bias of a quantised weight and input this replays
         else:
-            rec.biases.append(BiasRecord(bias_name, bias_info, _proto(bias), weight, source, created))
+            rec.biases.append(BiasRecord(bias_name, bias_info, weight, source, created))
         return name
 
     # ---- the whole model
@@ -215,10 +239,16 @@ class TemplateQuantizer(QDQQuantizer):
         key = structure_key(self)
         if key is None:
             return super().quantize_model()
-        if key not in self.templates:
-            return self._record(key)
-        template = self.templates[key]
-        replayed = self.replay(template) if template is not None else None
+        source = None
+        if key in self.templates:
+            template = self.templates[key]
+        else:  # a template of the same graph with other weights (the equalised model): its values recomputed
+            template = next((t for t in self.templates.values() if t is not None and t.value_key is not None
+                             and structure_key(self, t.values) == t.value_key), None)
+            if template is None:
+                return self._record(key)
+            source = self.model
+        replayed = self.replay(template, source) if template is not None else None
         if replayed is None:  # a step made other names than the template's: the full run
             return super().quantize_model()
         if self.check:
@@ -232,6 +262,8 @@ class TemplateQuantizer(QDQQuantizer):
 
     def _record(self, key: str) -> onnx.ModelProto:
         inputs = set(self.initializers)
+        before = onnx.ModelProto()
+        before.CopyFrom(self.model.model)
         self._recording = rec = _Recording()
         try:
             model = super().quantize_model()
@@ -243,17 +275,46 @@ class TemplateQuantizer(QDQQuantizer):
             and not inputs & set(names)
         snapshot = onnx.ModelProto()
         snapshot.CopyFrom(model)  # before quantize_static's topological sort, which the replay's save repeats
-        self.templates[key] = Template(snapshot, rec.activations, rec.weights, rec.biases, rec.adjust) \
-            if usable else None
+        if not usable:
+            self.templates[key] = None
+            return model
+        sources = {b: rec.copies.get(b, b) for b in rec.adjust.bias_to_quantize}
+        values = frozenset(rec.weights) | frozenset(sources.values())
+        template = Template(snapshot, rec.activations, rec.weights, rec.biases, rec.adjust, sources, values)
+        # a model alike but for these values is served only where nothing else reads them: no Pad's constant
+        # (QDQPad reads it) and none of them left in the output as they were (each is quantised or removed)
+        if values <= inputs and not any(n.op_type == "Pad" and len(n.input) > 2 and n.input[2] in values
+                                        for n in before.graph.node) \
+                and not any(t.name in values for t in snapshot.graph.initializer):
+            template.value_key = structure_key(_WithModel(self, before), values)
+        self.templates[key] = template
         return model
 
-    def replay(self, template: Template) -> onnx.ModelProto | None:
+    def replay(self, template: Template, source: ONNXModel | None = None) -> onnx.ModelProto | None:
         """This quantiser's output from `template`: its activation initializers, adjusted weights and int32
         biases recomputed by onnxruntime's methods from this quantiser's quantization_params, on a stand-in copy
-        of it. None if a step makes other names than the template's (then the full run is the answer)."""
+        of it; with `source` (this quantiser's input model, alike but for the template's `values`), its weights'
+        and biases' values too. None if a step makes other names than the template's (then the full run)."""
         stand_in = copy.copy(self)  # shares quantization_params (read only); its own model and maps below
         stand_in._recording = None
         new: dict[str, onnx.TensorProto] = {}
+        adjust = template.adjust
+        floats = {w: r.float_weight for w, r in template.weights.items()}
+        biases = dict(adjust.biases)
+        if set(biases) != set(adjust.bias_to_quantize):
+            return None
+        params = copy.deepcopy(adjust.initializer_quant_params)
+        changed: set[str] = set()
+        if source is not None:
+            mine = {t.name: t for t in source.initializer() if t.name in template.values}
+            changed = {w for w in floats if mine[w].SerializeToString() != floats[w].SerializeToString()}
+            floats.update((w, mine[w]) for w in changed)
+            biases = {b: _proto(mine[template.sources[b]], b) for b in adjust.bias_to_quantize}
+            if changed:  # their parameters as _calc_initializer_quant_params makes them
+                stand_in.tensors_to_quantize = {w: adjust.tensors_to_quantize[w] for w in adjust.tensors_to_quantize
+                                                if w in changed}
+                stand_in.model = _scratch([_proto(floats[w]) for w in stand_in.tensors_to_quantize])
+                params.update(stand_in._calc_initializer_quant_params())
 
         stand_in.model = _scratch([])
         for tensor, scale_name, zp_name in template.activations:
@@ -263,19 +324,18 @@ class TemplateQuantizer(QDQQuantizer):
                 return None
             new[scale_name], new[zp_name] = inits.original.scale, inits.original.zero_point
 
-        adjust = template.adjust
         stand_in.bias_to_quantize = adjust.bias_to_quantize
         stand_in.tensors_to_quantize = adjust.tensors_to_quantize
-        stand_in.initializer_quant_params = copy.deepcopy(adjust.initializer_quant_params)
-        stand_in.model = _scratch([_proto(b) for b in adjust.biases])
+        stand_in.initializer_quant_params = params
+        stand_in.model = _scratch([_proto(biases[b]) for b in adjust.bias_to_quantize])
         stand_in._adjust_weight_quant_params_for_bias_tensors()
-        for name, params in stand_in.initializer_quant_params.items():
-            if _same_params(params, adjust.adjusted.get(name)):
+        for name, weight_params in params.items():
+            if name not in changed and _same_params(weight_params, adjust.adjusted.get(name)):
                 continue  # the template's int8 weight, scale and zero point are this candidate's
             weight = template.weights.get(name)
             if weight is None:
                 return None
-            made = _weight_initializers(stand_in, weight.float_weight, params)
+            made = _weight_initializers(stand_in, floats[name], weight_params)
             if tuple(t.name for t in made) != weight.created:
                 return None
             new.update((t.name, t) for t in made)
@@ -289,7 +349,7 @@ class TemplateQuantizer(QDQQuantizer):
             scales = [new[n] if n in new else kept.get(n) for n in names]
             if any(s is None for s in scales):
                 return None
-            stand_in.model = _scratch([_proto(b.float_bias), *(_proto(s) for s in scales)])
+            stand_in.model = _scratch([_proto(biases[b.name]), *(_proto(s) for s in scales)])
             stand_in.quantized_value_map = {b.info.weight_name: b.weight, b.info.input_name: b.input}
             stand_in.quantize_bias_static(b.name, b.info)
             made = list(stand_in.model.initializer())[1 + len(scales):]
@@ -301,6 +361,14 @@ class TemplateQuantizer(QDQQuantizer):
             if t.name in new:
                 t.CopyFrom(new[t.name])
         return out
+
+
+class _WithModel:
+    """What structure_key reads of a quantiser, with another input model (the template's, before it ran)."""
+
+    def __init__(self, q: QDQQuantizer, model: onnx.ModelProto):
+        self.__dict__.update(q.__dict__)
+        self.model = ONNXModel(model)
 
 
 def _same_params(a: Any, b: Any) -> bool:

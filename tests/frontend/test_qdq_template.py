@@ -146,3 +146,61 @@ def test_quantizer_class_is_put_back(tmp_path: Path):
     with linear_quantiser(QuantiserCache(tmp_path)):
         assert quantize.QDQQuantizer is not qdq_quantizer.QDQQuantizer
     assert quantize.QDQQuantizer is qdq_quantizer.QDQQuantizer
+
+
+def _rescaled(model: onnx.ModelProto, rng) -> onnx.ModelProto:
+    """The same graph with conv1's weights and bias scaled per output channel and the Gemm's weights changed
+    (as cross-layer equalisation changes a model): other values, the same names, types and shapes."""
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    s = rng.uniform(0.5, 2.0, 8).astype(np.float32)
+    for t in out.graph.initializer:
+        a = numpy_helper.to_array(t)
+        if t.name in ("w1", "b1"):
+            a = a * s.reshape((8,) + (1,) * (a.ndim - 1))
+        elif t.name == "wg":
+            a = a * np.float32(1.5)
+        t.CopyFrom(numpy_helper.from_array(a.astype(np.float32), t.name))
+    return out
+
+
+def test_a_model_alike_but_for_its_weights_is_replayed(tmp_path: Path):
+    """The template's model, then the same graph with other weights and biases (the equalised candidate): each
+    range set on each model the bytes of a fresh quantize_static; the second model is replayed from the
+    first's template (its weights' parameters, int8 values and int32 biases recomputed), not recorded."""
+    rng = np.random.default_rng(11)
+    first = _model(rng, bias_scale=50.0)
+    second = _rescaled(first, rng)
+    x = np.random.default_rng(1).uniform(-1, 1, (2, 1, 3, 16, 16)).astype(np.float32)
+    cache = QuantiserCache(tmp_path)
+    before = TemplateQuantizer.replayed
+    runs = [(first, _ranges(rng)), (first, _ranges(rng)), (second, _ranges(rng)), (second, _ranges(rng, True))]
+    for i, (model, ranges) in enumerate(runs):
+        src = tmp_path / f"float{i}.onnx"
+        onnx.save(model, src)
+        own = _quantise(src, tmp_path / f"own{i}.onnx", x, ranges)
+        with linear_quantiser(cache):
+            templated = _quantise(src, tmp_path / f"templated{i}.onnx", x, ranges)
+        assert templated == own, f"run {i}"
+    assert TemplateQuantizer.replayed - before == 3
+    assert len(cache.templates) == 1  # the second model made no template of its own
+    assert not np.array_equal(_scale(own, "w1_scale"), _scale(_quantise(tmp_path / "float0.onnx", tmp_path / "o.onnx",
+                                                                         x, runs[3][1]), "w1_scale"))
+
+
+def test_a_model_with_another_graph_gets_its_own_template(tmp_path: Path):
+    rng = np.random.default_rng(12)
+    first = _model(rng)
+    other = _model(rng)
+    other.graph.node[1].op_type = "Sigmoid"  # not removable as a Relu is: another structure
+    x = np.random.default_rng(1).uniform(-1, 1, (2, 1, 3, 16, 16)).astype(np.float32)
+    cache = QuantiserCache(tmp_path)
+    before = TemplateQuantizer.replayed
+    for i, model in enumerate((first, other)):
+        src = tmp_path / f"float{i}.onnx"
+        onnx.save(model, src)
+        ranges = _ranges(rng)
+        own = _quantise(src, tmp_path / f"own{i}.onnx", x, ranges)
+        with linear_quantiser(cache):
+            assert _quantise(src, tmp_path / f"templated{i}.onnx", x, ranges) == own
+    assert TemplateQuantizer.replayed == before and len(cache.templates) == 2
