@@ -11,7 +11,10 @@ is the same in every candidate or quadratic in the model (ppocrv4_rec_48x160, fi
 - finding each initializer by a list of every initializer of that name: `find_by_name` stops at the first;
 - the int8 scale and zero point of every weight channel (84 000 calls) and the int8 weights themselves,
   channel by channel: `QuantiserCache.results` keeps both functions' results, keyed by every argument
-  (arrays and tensors by their bytes), for the next candidate.
+  (arrays and tensors by their bytes), for the next candidate;
+- the whole QDQ rewrite, the same for every candidate of a model but for the values its activation ranges
+  decide: `QuantiserCache.templates` keeps the first candidate's, and quantize_static's quantiser class is
+  frontend/qdq_template.py's, which replays it for each further candidate.
 
 Each replacement does what onnxruntime's own function does (the same result for the same arguments), so
 the model is byte-identical (tests/frontend/test_ort_quantiser.py; bench/ptq_speed.py over the real

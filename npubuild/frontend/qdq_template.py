@@ -22,6 +22,14 @@ its quantization_params), runs those steps again with onnxruntime's own methods 
 what they read, and writes their initializers over the template's of the same names. Where a step's
 inputs are not the plain ones recorded (a converted type, a float16 bias, a pre-quantised input, a name
 made twice or already in the model), that structure gets no template and every candidate runs in full.
+
+The equalised candidate's model (ptq/equalize.py) is the same graph with other values in some weights and
+biases. A template also serves a model that differs from its own only in the values of the initializers it
+recomputes (its `values`: the quantised weights and the biases; the key with those blanked): the changed
+weights' parameters come from onnxruntime's _calc_initializer_quant_params, then the same steps as above.
+That is only done where nothing else in the quantiser reads those values (no Pad's constant among them,
+none left in the output).
+
 tests/frontend/test_qdq_template.py and bench/ptq_speed.py --check-templates compare every replayed
 candidate with a full run, byte for byte.
 """
@@ -43,7 +51,7 @@ from onnxruntime.quantization.qdq_quantizer import QDQBiasQuantInfo, QDQQuantize
 # the QDQQuantizer methods a template records and replays: without any of them there is no template
 REPLAYED = ("_make_tensor_scale_zp_initializers", "_make_scale_zp_initializers", "_adjust_weight_scale_for_int32_bias",
             "_adjust_weight_quant_params_for_bias_tensors", "quantize_bias_static", "calc_graph_quant_params",
-            "_add_qdq_nodes_for_initializer")
+            "_add_qdq_nodes_for_initializer", "_calc_initializer_quant_params", "_dup_initializer")
 if not all(hasattr(QDQQuantizer, m) for m in REPLAYED) or not hasattr(qdq_quantizer, "quantize_onnx_initializer"):
     raise ImportError("this onnxruntime's QDQQuantizer lacks a method a template replays")
 OVERRIDE_KEYS = frozenset({"rmin", "rmax"})  # the overrides a template covers: range values only
