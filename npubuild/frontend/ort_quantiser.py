@@ -50,6 +50,9 @@ class QuantiserCache:
     directory: Path
     results: dict[tuple, Any] = field(default_factory=dict)
     templates: dict[str, Any] = field(default_factory=dict)  # frontend/qdq_template.py: structure key -> Template
+    # whether the REMEMBERED functions keep and look up results now: not while a template is recorded or
+    # replayed (its weights are quantised once per model, so keying every weight channel's bytes is all cost)
+    remember: bool = True
 
 
 def find_by_name(item_name: str, item_list: Iterable[Any]) -> Any:
@@ -93,11 +96,16 @@ def _copy(value: Any) -> Any:
     return value
 
 
-def _remembered(name: str, compute: Callable[..., Any], memo: dict[tuple, Any]) -> Callable[..., Any]:
+def _remembered(name: str, compute: Callable[..., Any], cache: QuantiserCache) -> Callable[..., Any]:
     """`compute` (a pure function of its arguments) run once per distinct arguments as given (positional and
     keyword apart: onnxruntime calls each from fixed call sites, and a miss only computes); a copy of its
-    result handed out each time. Arguments that give no key (an unhashable value) are computed as they are."""
+    result handed out each time. Arguments that give no key (an unhashable value) are computed as they are,
+    and so is every call while `cache.remember` is off."""
+    memo = cache.results
+
     def remembered(*args: Any, **kwargs: Any) -> Any:
+        if not cache.remember:
+            return compute(*args, **kwargs)
         key = (name, tuple(_key(v) for v in args), tuple((k, _key(v)) for k, v in sorted(kwargs.items())))
         try:
             hash(key)
@@ -128,11 +136,11 @@ def _patches(cache: QuantiserCache | None) -> list[tuple[Any, str, Any]]:
         except ImportError:  # an onnxruntime without the quantiser parts it records
             template_quantizer = None
         if template_quantizer is not None:
-            patches.append((modules["quantize"], "QDQQuantizer", template_quantizer(cache.templates)))
+            patches.append((modules["quantize"], "QDQQuantizer", template_quantizer(cache)))
     for name, users in REMEMBERED.items():
         original = getattr(modules["quant_utils"], name, None)
         if cache is not None and original is not None:
-            remembered = _remembered(name, original, cache.results)
+            remembered = _remembered(name, original, cache)
             patches += [(modules[n], name, remembered) for n in users if getattr(modules[n], name, None) is original]
     return patches
 

@@ -89,6 +89,7 @@ def test_replayed_candidates_are_onnxruntimes_models(tmp_path: Path):
     replayed, cache = _same_as_onnxruntime(tmp_path, _model(rng), [_ranges(rng) for _ in range(4)])
     assert replayed == 3
     assert len(cache.templates) == 1 and None not in cache.templates.values()
+    assert not cache.results  # nothing remembered by weight: the template quantised each weight once
 
 
 def test_symmetric_activations_replay_too(tmp_path: Path):
@@ -129,6 +130,7 @@ def test_a_structure_a_template_cannot_serve_runs_in_full(tmp_path: Path):
     model.graph.output[0].CopyFrom(helper.make_tensor_value_info("z", TensorProto.FLOAT, [1, 10]))
     replayed, cache = _same_as_onnxruntime(tmp_path, model, [_ranges(rng) for _ in range(3)])
     assert replayed == 0 and list(cache.templates.values()) == [None]
+    assert cache.results  # its full runs share their weights' parameters (ort_quantiser's remembered functions)
 
 
 def test_check_mode_compares_each_replay_with_the_full_run(tmp_path: Path, monkeypatch):
