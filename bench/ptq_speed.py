@@ -1,12 +1,15 @@
 """The quantize stage alone on real specs: its seconds, CPU seconds and a digest of what it wrote (issue 33).
 
     python bench/ptq_speed.py SPEC_OR_DIR ... --work DIR [--out results.json] [--profile DIR] [--only NAME ...]
+                              [--check-templates]
 
 Each spec's models are imported once (the import stage's work, cached in DIR/import) and then quantised
 as the quantize stage does (frontend/quantize.py: quantize_model) into DIR/quantize: per model the wall and
 process CPU seconds of that call, the load average, the SHA-256 of model_qdq.onnx and the stage's metrics
 (the PTQ choice record). Two runs' results compared (bench/ptq_same.py) show a change to the PTQ choice
 left its outputs byte-identical. --profile writes a cProfile (in CPU seconds) of each quantize call.
+--check-templates also runs onnxruntime's full quantiser for every candidate replayed from a template
+(frontend/qdq_template.py) and stops unless the two are the same bytes (slower: for evidence, not timing).
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from pathlib import Path
 
 from npubuild.config.load import collect_spec_files, load_spec
 from npubuild.frontend.normalise import import_model
+from npubuild.frontend.qdq_template import TemplateQuantizer
 from npubuild.frontend.quantize import quantize_model
 from npubuild.frontend.samples import SampleSource
 
@@ -35,6 +39,7 @@ def quantize_one(build, work: Path, profile: Path | None) -> dict:
     out = work / "quantize" / name / "model_qdq.onnx"
     out.parent.mkdir(parents=True, exist_ok=True)
     prof = cProfile.Profile(time.process_time) if profile else None  # CPU seconds: the machine is shared
+    replayed, checked = TemplateQuantizer.replayed, TemplateQuantizer.checked
     wall, cpu = time.perf_counter(), time.process_time()
     if prof:
         prof.enable()
@@ -47,7 +52,8 @@ def quantize_one(build, work: Path, profile: Path | None) -> dict:
         prof.dump_stats(str(profile / f"{name}.prof"))
     wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
     return {"model": name, "seconds": round(wall, 2), "cpu_s": round(cpu, 2), "load": round(os.getloadavg()[0], 2),
-            "sha256": hashlib.sha256(out.read_bytes()).hexdigest(), "metrics": metrics}
+            "sha256": hashlib.sha256(out.read_bytes()).hexdigest(), "metrics": metrics,
+            "replayed": TemplateQuantizer.replayed - replayed, "checked": TemplateQuantizer.checked - checked}
 
 
 def main() -> None:
@@ -57,7 +63,9 @@ def main() -> None:
     p.add_argument("--out", type=Path)
     p.add_argument("--profile", type=Path)
     p.add_argument("--only", action="append", default=[])
+    p.add_argument("--check-templates", action="store_true")
     a = p.parse_args()
+    TemplateQuantizer.check = a.check_templates
     results, seen = [], set()
     for spec in collect_spec_files(a.specs):
         for build in load_spec(spec):
@@ -67,7 +75,7 @@ def main() -> None:
             seen.add(name)
             r = quantize_one(build, a.work, a.profile)
             print(f"{r['model']:32s} {r['seconds']:8.2f} s {r['cpu_s']:8.2f} cpu s load {r['load']:5.2f} "
-                  f"{r['sha256'][:12]} {r['metrics'].get('quantization', {}).get('candidates', '')}", flush=True)
+                  f"{r['sha256'][:12]} replayed {r['replayed']} checked {r['checked']} {r['metrics'].get('quantization', {}).get('candidates', '')}", flush=True)
             results.append(r)
     if a.out:
         a.out.write_text(json.dumps(results, indent=1) + "\n")

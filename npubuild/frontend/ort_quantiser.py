@@ -11,7 +11,10 @@ is the same in every candidate or quadratic in the model (ppocrv4_rec_48x160, fi
 - finding each initializer by a list of every initializer of that name: `find_by_name` stops at the first;
 - the int8 scale and zero point of every weight channel (84 000 calls) and the int8 weights themselves,
   channel by channel: `QuantiserCache.results` keeps both functions' results, keyed by every argument
-  (arrays and tensors by their bytes), for the next candidate.
+  (arrays and tensors by their bytes), for the next candidate;
+- the whole QDQ rewrite, the same for every candidate of a model but for the values its activation ranges
+  decide: `QuantiserCache.templates` keeps the first candidate's, and quantize_static's quantiser class is
+  frontend/qdq_template.py's, which replays it for each further candidate.
 
 Each replacement does what onnxruntime's own function does (the same result for the same arguments), so
 the model is byte-identical (tests/frontend/test_ort_quantiser.py; bench/ptq_speed.py over the real
@@ -46,6 +49,10 @@ class QuantiserCache:
 
     directory: Path
     results: dict[tuple, Any] = field(default_factory=dict)
+    templates: dict[str, Any] = field(default_factory=dict)  # frontend/qdq_template.py: structure key -> Template
+    # whether the REMEMBERED functions keep and look up results now: not while a template is recorded or
+    # replayed (its weights are quantised once per model, so keying every weight channel's bytes is all cost)
+    remember: bool = True
 
 
 def find_by_name(item_name: str, item_list: Iterable[Any]) -> Any:
@@ -89,11 +96,16 @@ def _copy(value: Any) -> Any:
     return value
 
 
-def _remembered(name: str, compute: Callable[..., Any], memo: dict[tuple, Any]) -> Callable[..., Any]:
+def _remembered(name: str, compute: Callable[..., Any], cache: QuantiserCache) -> Callable[..., Any]:
     """`compute` (a pure function of its arguments) run once per distinct arguments as given (positional and
     keyword apart: onnxruntime calls each from fixed call sites, and a miss only computes); a copy of its
-    result handed out each time. Arguments that give no key (an unhashable value) are computed as they are."""
+    result handed out each time. Arguments that give no key (an unhashable value) are computed as they are,
+    and so is every call while `cache.remember` is off."""
+    memo = cache.results
+
     def remembered(*args: Any, **kwargs: Any) -> Any:
+        if not cache.remember:
+            return compute(*args, **kwargs)
         key = (name, tuple(_key(v) for v in args), tuple((k, _key(v)) for k, v in sorted(kwargs.items())))
         try:
             hash(key)
@@ -110,7 +122,7 @@ def _patches(cache: QuantiserCache | None) -> list[tuple[Any, str, Any]]:
     """(owner, attribute, replacement) for every function above this onnxruntime has."""
     try:
         modules = {name: importlib.import_module(f"onnxruntime.quantization.{name}")
-                   for name in {*FIND_BY_NAME_USERS, *(n for users in REMEMBERED.values() for n in users)}}
+                   for name in {*FIND_BY_NAME_USERS, *(n for users in REMEMBERED.values() for n in users), "quantize"}}
     except ImportError:
         return []
     patches: list[tuple[Any, str, Any]] = []
@@ -118,10 +130,17 @@ def _patches(cache: QuantiserCache | None) -> list[tuple[Any, str, Any]]:
         patches.append((modules["onnx_model"].ONNXModel, "replace_input_of_all_nodes", replace_input_of_all_nodes))
     patches += [(modules[n], "find_by_name", find_by_name) for n in FIND_BY_NAME_USERS
                 if hasattr(modules[n], "find_by_name")]
+    if cache is not None and hasattr(modules["quantize"], "QDQQuantizer"):  # each candidate from the first one's
+        try:
+            from npubuild.frontend.qdq_template import template_quantizer
+        except ImportError:  # an onnxruntime without the quantiser parts it records
+            template_quantizer = None
+        if template_quantizer is not None:
+            patches.append((modules["quantize"], "QDQQuantizer", template_quantizer(cache)))
     for name, users in REMEMBERED.items():
         original = getattr(modules["quant_utils"], name, None)
         if cache is not None and original is not None:
-            remembered = _remembered(name, original, cache.results)
+            remembered = _remembered(name, original, cache)
             patches += [(modules[n], name, remembered) for n in users if getattr(modules[n], name, None) is original]
     return patches
 

@@ -52,3 +52,30 @@ def test_minmax_estimators_need_no_histogram():
     for est in set(ranges.ESTIMATORS) - ranges.HISTOGRAM_ESTIMATORS:
         assert ranges.overrides(full, est, False) == ranges.overrides(bare, est, False)
     assert all(s.hist.any() for s in full.values()) and not any(s.hist.any() for s in bare.values())
+
+
+def test_non_finite_values_are_left_out_of_ranges_and_histograms():
+    """Samples holding NaN, +inf and -inf (x / x for x = 0, Log of 0 and of inf): each tensor's per-sample min and
+    max and its histogram are those of its finite values only, as numpy gives them on the filtered values."""
+    nodes = [helper.make_node("Div", ["x", "x"], ["d"]), helper.make_node("Log", ["x"], ["l"]),
+             helper.make_node("Add", ["d", "l"], ["y"])]
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 64])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 64])])
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    x = np.random.default_rng(5).uniform(0.1, 4.0, (5, 1, 64)).astype(np.float32)
+    x[1, 0, :3] = 0.0  # d: NaN there; l: -inf
+    x[3, 0, 5] = np.inf  # d: NaN; l: +inf; x itself: +inf
+    got = collect(model, {"x": x})
+    with np.errstate(all="ignore"):
+        values = {"x": x, "d": x / x, "l": np.log(x)}
+    values["y"] = values["d"] + values["l"]
+    for name, samples in values.items():
+        finite = [s[np.isfinite(s)] for s in samples]
+        np.testing.assert_array_equal(got[name].sample_min, [f.min() for f in finite])
+        np.testing.assert_array_equal(got[name].sample_max, [f.max() for f in finite])
+        lo, hi = got[name].lo, got[name].hi
+        if hi > lo:  # d (x / x) is 1 wherever finite: a constant tensor has no histogram
+            expect = sum(np.histogram(f, bins=BINS, range=(lo, hi))[0].astype(np.float64) for f in finite)
+            np.testing.assert_array_equal(got[name].hist, expect)
+    assert got["d"].lo == got["d"].hi == 1.0 and not got["d"].hist.any()
+    assert 0 < got["y"].hist.sum() < x.size  # the non-finite values were left out

@@ -84,13 +84,13 @@ def collect(model: onnx.ModelProto, arrays: dict[str, np.ndarray],
     maxs = {k: np.empty(n) for k in names}
     for i, fd in enumerate(feeds):
         for k, v in zip(names, _run(session, names, fd, graph_in), strict=True):
-            mins[k][i], maxs[k][i] = (float(v.min()), float(v.max())) if v.size else (0.0, 0.0)
+            mins[k][i], maxs[k][i] = _finite_range(v)
     stats = {k: TensorStats(mins[k], maxs[k]) for k in names}
     if not histograms:
         return stats
     same = {k: src for k, src in reordered(model, names).items()  # the same values on every sample
             if np.array_equal(mins[k], mins[src]) and np.array_equal(maxs[k], maxs[src])}
-    for fd in feeds:
+    for fd in feeds:  # np.histogram over a finite range counts only the finite values: no filter needed here
         for k, v in zip(names, _run(session, names, fd, graph_in), strict=True):
             s = stats[k]
             if s.hi > s.lo and k not in same:
@@ -117,8 +117,19 @@ def reordered(model: onnx.ModelProto, names: list[str]) -> dict[str, str]:
 
 
 def _run(session, names: list[str], feeds: dict[str, np.ndarray], graph_in: set[str]) -> list[np.ndarray]:
-    """Each tensor's finite values, flat (float32: converting every activation to float64 cost as much as the run)."""
+    """Each tensor's values, flat (float32: converting every activation to float64 cost as much as the run)."""
     run_names = [k for k in names if k not in graph_in]
     outs = dict(zip(run_names, session.run(run_names, feeds), strict=True))
-    flat = [np.asarray(feeds[k] if k in graph_in else outs[k]).ravel() for k in names]
-    return [v if v.size == 0 or np.isfinite(v.sum(dtype=np.float64)) else v[np.isfinite(v)] for v in flat]
+    return [np.asarray(feeds[k] if k in graph_in else outs[k]).ravel() for k in names]
+
+
+def _finite_range(v: np.ndarray) -> tuple[float, float]:
+    """The min and max of `v`'s finite values ((0, 0) if none). A NaN makes min and max NaN and an inf makes
+    one of them infinite, so finite min and max mean every value is finite: only then is the filter skipped
+    (it was a float64 sum over every value before)."""
+    if v.size:
+        lo, hi = v.min(), v.max()
+        if np.isfinite(lo) and np.isfinite(hi):
+            return float(lo), float(hi)
+        v = v[np.isfinite(v)]
+    return (float(v.min()), float(v.max())) if v.size else (0.0, 0.0)
