@@ -59,7 +59,7 @@ def build_once(spec: Path, tree: Path, work: Path, clock_runs: bool = False) -> 
                                                                     "NPUBUILD_RUNCLOCK": str(clock)})
     else:
         wall, cpu, proc = timed(cmd, tree, cwd=spec.parent.parent)
-    runs = model_runs(clock) if clock_runs else None
+    runs, compiles = model_runs(clock) if clock_runs else (None, None)
     report = build_dir / "report.json"
     if not report.exists():
         return {"wall_s": wall, "cpu_s": cpu, "error": (proc.stderr or proc.stdout).strip().splitlines()[-1:]}
@@ -85,7 +85,7 @@ def build_once(spec: Path, tree: Path, work: Path, clock_runs: bool = False) -> 
             t["vela_alone_cpu_s"] = None
     out = {"wall_s": wall, "cpu_s": cpu, "stages": stages, "targets": per_target}
     if runs is not None:
-        out["runs"] = runs
+        out["runs"], out["vela_compiles"] = runs, compiles
     return out
 
 
@@ -100,26 +100,31 @@ def timed_with_env(cmd: list[str], cwd: Path, env: dict[str, str]) -> tuple[floa
     return wall, (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime), proc
 
 
-def model_runs(log: Path) -> dict[str, dict[str, float]]:
-    """CPU seconds inside model runs from bench/runclock's log: {kind: {stage: s}}."""
+def model_runs(log: Path) -> tuple[dict[str, dict[str, float]], dict[str, int]]:
+    """CPU seconds inside model runs (and Vela compiles) from bench/runclock's log: {kind: {stage: s}}, and the
+    number of Vela compiles per stage."""
     runs: dict[str, dict[str, float]] = {}
+    compiles: dict[str, int] = {}
     for line in (log.read_text().splitlines() if log.exists() else []):
         kind, stage, seconds = line.split()
         runs.setdefault(kind, {}).setdefault(stage, 0.0)
         runs[kind][stage] += float(seconds)
-    return runs
+        if kind == "vela":
+            compiles[stage] = compiles.get(stage, 0) + 1
+    return runs, compiles
 
 
 def beyond_runs(r: dict) -> float | None:
     """CPU seconds per target beyond every model run, over Vela alone's mean: the build's CPU less the
     onnxruntime and reference-model runs (any stage) and npu-sim's whole simulation (a run of the deployable on
-    the virtual device, its own reference-model runs inside it), each clocked by bench/runclock."""
+    the virtual device, its own reference-model runs inside it), each clocked by bench/runclock; Vela's compiles
+    are compile work and stay in."""
     tr = r["targets"].values()
     alone = [t["vela_alone_cpu_s"] for t in tr if t.get("vela_alone_cpu_s")]
     total = stage_sum(r)
     if not alone or not total or "runs" not in r:
         return None
-    beyond = r["cpu_s"] - sum(s for kind in r["runs"].values() for s in kind.values())
+    beyond = r["cpu_s"] - sum(s for k, kind in r["runs"].items() if k != "vela" for s in kind.values())
     return beyond / len(r["targets"]) / (sum(alone) / len(alone))
 
 
@@ -201,8 +206,9 @@ def render_runs(runs: dict[tuple[str, str], dict]) -> list[str]:
              "device, over the targets, with the reference-model runs it makes). Beyond runs: the build's CPU less all "
              "of these, per target, over Vela alone's:", "",
              "| model | tree | CPU s | onnxruntime runs (quantize / other) | reference-model runs (lower / tosa-check "
-             "/ other) | npu-sim | beyond runs s per target | beyond runs / Vela |",
-             "|---|---|---:|---:|---:|---:|---:|---:|"]
+             "/ other) | npu-sim | Vela compiles: count, CPU s (lower's measured choices / vela stage) | beyond runs s "
+             "per target | beyond runs / Vela |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
     for (m, t), r in clocked.items():
         ort_runs, ref = r["runs"].get("onnxruntime", {}), r["runs"].get("reference-model", {})
         tr = r["targets"].values()
@@ -211,10 +217,14 @@ def render_runs(runs: dict[tuple[str, str], dict]) -> list[str]:
         alone = [x["vela_alone_cpu_s"] for x in tr if x.get("vela_alone_cpu_s")]
         per_target = ratio * sum(alone) / len(alone) if ratio is not None else None
         q = ort_runs.get("quantize", 0.0)
+        vela = r["runs"].get("vela", {})
+        count = r.get("vela_compiles", {})
+        compiles = (f"{count.get('lower', 0)} / {count.get('vela', 0)}: {vela.get('lower', 0.0):.1f} / "
+                    f"{vela.get('vela', 0.0):.1f}") if vela else "-"
         lines.append(f"| {m} | {t} | {r['cpu_s']:.1f} | {q:.1f} / {sum(ort_runs.values()) - q:.1f} | "
                      + " / ".join(f"{ref.get(s, 0.0):.1f}" for s in ("lower", "tosa_check"))
                      + f" / {sum(v for k, v in ref.items() if k not in ('lower', 'tosa_check')):.1f} | "
-                     f"{sim:.1f} | " + (f"{per_target:.2f} | {ratio:.1f}x |" if ratio is not None else "- | - |"))
+                     f"{sim:.1f} | {compiles} | " + (f"{per_target:.2f} | {ratio:.1f}x |" if ratio is not None else "- | - |"))
     return lines
 
 

@@ -3,7 +3,8 @@
 Put this directory on PYTHONPATH with NPUBUILD_RUNCLOCK=<log file>: every Python process of the build (workers
 and Vela's children included) then wraps, when each is first imported, onnxruntime's `InferenceSession.run` and
 the TOSA reference model's `run` (and npu-sim's `simulate_build`, the stage's whole run of the deployable on the
-virtual device, whose reference-model runs then count as its own), and appends one line per outermost run to the log:
+virtual device, whose reference-model runs then count as its own; and each Vela compile, in the fork that runs
+it, under "vela": compile work, not a run), and appends one line per outermost run to the log:
 `<kind> <stage> <process CPU s>`. Process CPU time (all threads) is taken over the union of the intervals in
 which some run is active, so onnxruntime's own worker threads count and overlapping runs count once. The stage
 is the npubuild/stages/<name>.py module on the caller's stack ("other" if none). Not part of npubuild.
@@ -69,11 +70,13 @@ def _patch(module) -> None:
         cls.run = _clocked("onnxruntime", cls.run)
     elif module.__name__ == "tosa_reference_model":
         module.run = _clocked("reference-model", module.run)
+    elif module.__name__ == "npubuild.ethosu.vela":  # each Vela compile, in the forked child that runs it
+        module._vela_child = _clocked("vela", module._vela_child)
     elif module.__name__ == "npubuild.verify.npu_sim":  # its runs inside count as the simulator's, once
         module.simulate_build = _clocked("npu-sim", module.simulate_build)
 
 
-_PATCHED = ("onnxruntime", "tosa_reference_model", "npubuild.verify.npu_sim")
+_PATCHED = ("onnxruntime", "tosa_reference_model", "npubuild.ethosu.vela", "npubuild.verify.npu_sim")
 
 
 class _Finder(importlib.abc.MetaPathFinder):
