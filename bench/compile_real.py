@@ -225,6 +225,10 @@ def render_runs(runs: dict[tuple[str, str], dict]) -> list[str]:
                      + " / ".join(f"{ref.get(s, 0.0):.1f}" for s in ("lower", "tosa_check"))
                      + f" / {sum(v for k, v in ref.items() if k not in ('lower', 'tosa_check')):.1f} | "
                      f"{sim:.1f} | {compiles} | " + (f"{per_target:.2f} | {ratio:.1f}x |" if ratio is not None else "- | - |"))
+    lines += ["", "| tree | specs | beyond runs / Vela (geomean) |", "|---|---:|---:|"]
+    for t in dict.fromkeys(t for _, t in clocked):
+        ratios = [beyond_runs(r) for (_, tt), r in clocked.items() if tt == t]
+        lines.append(f"| {t} | {len(ratios)} | {geomean(ratios):.2f}x |")
     return lines
 
 
