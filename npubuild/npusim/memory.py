@@ -42,6 +42,18 @@ def batched(mem: Memory, samples: int) -> Memory:
     return Memory({k: np.repeat(v[None], samples, axis=0) for k, v in mem.items()})
 
 
+def batch_memory(model: RawModel, samples: list[list[np.ndarray]]) -> Memory:
+    """The artifact's regions batched over `samples`, each sample's inputs placed in its row: where every
+    generation's run over a batch starts."""
+    for inputs in samples:
+        if len(inputs) != len(model.inputs):
+            raise InputError(f"the model has {len(model.inputs)} inputs, got {len(inputs)}")
+    mem = batched(region_memory(model), len(samples))
+    for row, inputs in enumerate(samples):
+        place_inputs(mem, model, inputs, row)
+    return mem
+
+
 def constant_bytes(region: np.ndarray, start: int, length: int, what: str) -> bytes:
     """Bytes an op reads as constants (weights, scales, LUTs): alike in every sample's memory, where they come
     from the read-only region (directly or by DMA); a batch whose samples disagree is npu-sim's error."""

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import numpy as np
 import onnx
+from npbtest.quantiser_models import conv_concat_gemm
 from onnx import TensorProto, helper, numpy_helper
 from onnxruntime import quantization as ortq
 
@@ -14,25 +15,6 @@ from npubuild.frontend.qdq_template import TemplateQuantizer
 from npubuild.frontend.quantize import ArrayReader
 
 ACTIVATIONS = ("x", "c1", "r1", "p1", "c2", "cat", "flat", "y")
-
-
-def _model(rng, bias_scale: float = 0.3) -> onnx.ModelProto:
-    """conv -> relu -> maxpool, a second conv beside it, concat, gemm: removed Relu, shared scales, int32 biases."""
-    def init(name: str, *shape: int, scale: float = 0.3) -> onnx.TensorProto:
-        return numpy_helper.from_array(rng.normal(0, scale, shape).astype(np.float32), name)
-
-    nodes = [helper.make_node("Conv", ["x", "w1", "b1"], ["c1"], pads=[1, 1, 1, 1], name="conv1"),
-             helper.make_node("Relu", ["c1"], ["r1"], name="relu1"),
-             helper.make_node("MaxPool", ["r1"], ["p1"], kernel_shape=[2, 2], strides=[2, 2], name="pool"),
-             helper.make_node("Conv", ["x", "w2", "b2"], ["c2"], strides=[2, 2], name="conv2"),
-             helper.make_node("Concat", ["p1", "c2"], ["cat"], axis=1, name="cat"),
-             helper.make_node("Flatten", ["cat"], ["flat"], name="flat"),
-             helper.make_node("Gemm", ["flat", "wg", "bg"], ["y"], transB=1, name="fc")]
-    inits = [init("w1", 8, 3, 3, 3), init("b1", 8, scale=bias_scale), init("w2", 4, 3, 2, 2), init("b2", 4),
-             init("wg", 10, 12 * 64), init("bg", 10)]
-    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 16, 16])],
-                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 10])], inits)
-    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
 
 
 def _ranges(rng, tiny_input: bool = False) -> dict[str, list[dict]]:
@@ -86,7 +68,7 @@ def test_replayed_candidates_are_onnxruntimes_models(tmp_path: Path):
     """Four range sets (asymmetric: the Relu is removed and MaxPool/Flatten share their input's scale): the
     first is the template, the other three are replayed, each the bytes of a fresh quantize_static."""
     rng = np.random.default_rng(5)
-    replayed, cache = _same_as_onnxruntime(tmp_path, _model(rng), [_ranges(rng) for _ in range(4)])
+    replayed, cache = _same_as_onnxruntime(tmp_path, conv_concat_gemm(rng), [_ranges(rng) for _ in range(4)])
     assert replayed == 3
     assert len(cache.templates) == 1 and None not in cache.templates.values()
     assert not cache.results  # nothing remembered by weight: the template quantised each weight once
@@ -94,7 +76,7 @@ def test_replayed_candidates_are_onnxruntimes_models(tmp_path: Path):
 
 def test_symmetric_activations_replay_too(tmp_path: Path):
     rng = np.random.default_rng(6)
-    replayed, _ = _same_as_onnxruntime(tmp_path, _model(rng), [_ranges(rng) for _ in range(3)], symmetric=True)
+    replayed, _ = _same_as_onnxruntime(tmp_path, conv_concat_gemm(rng), [_ranges(rng) for _ in range(3)], symmetric=True)
     assert replayed == 2
 
 
@@ -103,7 +85,7 @@ def test_weight_scale_adjustment_is_replayed(tmp_path: Path):
     weight's scales (so its int8 values too, and the bias's scale); the replay does the same."""
     rng = np.random.default_rng(7)
     sets = [_ranges(rng), _ranges(rng, tiny_input=True), _ranges(rng)]
-    replayed, cache = _same_as_onnxruntime(tmp_path, _model(rng, bias_scale=50.0), sets)
+    replayed, cache = _same_as_onnxruntime(tmp_path, conv_concat_gemm(rng, bias_scale=50.0), sets)
     assert replayed == 2
     x = np.zeros((1, 1, 3, 16, 16), np.float32)
     adjusted = _quantise(tmp_path / "float.onnx", tmp_path / "adj.onnx", x, sets[1])
@@ -116,7 +98,7 @@ def test_a_template_with_adjusted_weights_serves_the_others(tmp_path: Path):
     """The first candidate's own weights adjusted: the others put back the unadjusted ones."""
     rng = np.random.default_rng(8)
     sets = [_ranges(rng, tiny_input=True), _ranges(rng), _ranges(rng, tiny_input=True), _ranges(rng)]
-    replayed, _ = _same_as_onnxruntime(tmp_path, _model(rng, bias_scale=50.0), sets)
+    replayed, _ = _same_as_onnxruntime(tmp_path, conv_concat_gemm(rng, bias_scale=50.0), sets)
     assert replayed == 3
 
 
@@ -124,7 +106,7 @@ def test_a_structure_a_template_cannot_serve_runs_in_full(tmp_path: Path):
     """A model with its own initializer named as onnxruntime names a scale (`c2_scale`): onnxruntime keeps the
     model's tensor there, which a replay would overwrite, so that structure gets no template."""
     rng = np.random.default_rng(10)
-    model = _model(rng)
+    model = conv_concat_gemm(rng)
     model.graph.initializer.append(numpy_helper.from_array(np.array([0.5], np.float32), "c2_scale"))
     model.graph.node.append(helper.make_node("Mul", ["y", "c2_scale"], ["z"], name="mul"))
     model.graph.output[0].CopyFrom(helper.make_tensor_value_info("z", TensorProto.FLOAT, [1, 10]))
@@ -137,7 +119,7 @@ def test_check_mode_compares_each_replay_with_the_full_run(tmp_path: Path, monke
     rng = np.random.default_rng(9)
     monkeypatch.setattr(TemplateQuantizer, "check", True)
     before = TemplateQuantizer.checked
-    replayed, _ = _same_as_onnxruntime(tmp_path, _model(rng), [_ranges(rng) for _ in range(3)])
+    replayed, _ = _same_as_onnxruntime(tmp_path, conv_concat_gemm(rng), [_ranges(rng) for _ in range(3)])
     assert replayed == 2 and TemplateQuantizer.checked - before == 2
 
 
@@ -171,7 +153,7 @@ def test_a_model_alike_but_for_its_weights_is_replayed(tmp_path: Path):
     range set on each model the bytes of a fresh quantize_static; the second model is replayed from the
     first's template (its weights' parameters, int8 values and int32 biases recomputed), not recorded."""
     rng = np.random.default_rng(11)
-    first = _model(rng, bias_scale=50.0)
+    first = conv_concat_gemm(rng, bias_scale=50.0)
     second = _rescaled(first, rng)
     x = np.random.default_rng(1).uniform(-1, 1, (2, 1, 3, 16, 16)).astype(np.float32)
     cache = QuantiserCache(tmp_path)
@@ -192,8 +174,8 @@ def test_a_model_alike_but_for_its_weights_is_replayed(tmp_path: Path):
 
 def test_a_model_with_another_graph_gets_its_own_template(tmp_path: Path):
     rng = np.random.default_rng(12)
-    first = _model(rng)
-    other = _model(rng)
+    first = conv_concat_gemm(rng)
+    other = conv_concat_gemm(rng)
     other.graph.node[1].op_type = "Sigmoid"  # not removable as a Relu is: another structure
     x = np.random.default_rng(1).uniform(-1, 1, (2, 1, 3, 16, 16)).astype(np.float32)
     cache = QuantiserCache(tmp_path)

@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from npubuild.errors import InputError, StageError
+from npubuild.errors import StageError
 from npubuild.npusim import NotModelled
 from npubuild.npusim.cmdstream import Command, decode
-from npubuild.npusim.memory import batched, place_inputs, read_outputs, region_memory, region_of
+from npubuild.npusim.memory import batch_memory, read_outputs, region_of
 from npubuild.npusim.npu_op import OpResult, SimResult, sample_trace, traced
 from npubuild.npusim.npz import RawModel
 from npubuild.npusim.u55 import ops
@@ -44,12 +44,7 @@ def run(model: RawModel, inputs: list[np.ndarray], keep_ofms: bool = True) -> Si
 def run_samples(model: RawModel, samples: list[list[np.ndarray]], keep_ofms: bool = True) -> list[SimResult]:
     """Run the command stream once over every sample (each a list of integer inputs); a result per sample, as
     `run` on it alone gives (every op computes each sample's row on its own: exact integer arithmetic)."""
-    for inputs in samples:
-        if len(inputs) != len(model.inputs):
-            raise InputError(f"the model has {len(model.inputs)} inputs, got {len(inputs)}")
-    mem = batched(region_memory(model), len(samples))
-    for row, inputs in enumerate(samples):
-        place_inputs(mem, model, inputs, row)
+    mem = batch_memory(model, samples)
     trace: list[OpResult] = []
     if not model.decoded:
         model.decoded.extend(decode(model.commands, model.path))

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from npubuild.errors import InputError, StageError
+from npubuild.errors import StageError
 from npubuild.npusim import NotModelled
 from npubuild.npusim.cmdstream import decode
-from npubuild.npusim.memory import batched, place_inputs, read_outputs, region_memory
+from npubuild.npusim.memory import batch_memory, read_outputs
 from npubuild.npusim.npu_op import OpResult, SimResult, sample_trace, traced
 from npubuild.npusim.npz import RawModel
 from npubuild.npusim.u85.conv import run_conv
@@ -31,12 +31,7 @@ def run_samples(model: RawModel, samples: list[list[np.ndarray]], keep_ofms: boo
     """Run the command stream once over every sample (memory, LUT RAM, chaining buffers and accumulator with a
     leading sample axis); a result per sample, as `run` on it alone gives (every op computes each sample's
     values on their own: exact integer arithmetic, constants read alike for all)."""
-    for inputs in samples:
-        if len(inputs) != len(model.inputs):
-            raise InputError(f"the model has {len(model.inputs)} inputs, got {len(inputs)}")
-    mem = batched(region_memory(model), len(samples))
-    for row, inputs in enumerate(samples):
-        place_inputs(mem, model, inputs, row)
+    mem = batch_memory(model, samples)
     m = Machine(mem, int(model.accelerator.rsplit("-", 1)[1]), model.ncores)
     trace: list[OpResult] = []
     if not model.decoded:
