@@ -48,6 +48,8 @@ class Verdict:
     # npu-sim's outputs per sample (the artifact's, in TOSA layout): what the deployed command stream computed,
     # which the npu-sim stage measures against the float model without running it again
     outputs: list[list[np.ndarray]] = field(default_factory=list)
+    reference_runs: int = 0  # reference-model runs made here (the rest were kept by tosa-check: tosa/memo.py)
+    held_to_checked: int = 0  # samples held to the checked graph's kept outputs (compare's `checked`)
 
     @property
     def bitexact(self) -> bool:
@@ -166,9 +168,15 @@ def _graph_localise(trace: list[OpResult], inter: dict[str, np.ndarray], graph: 
 
 
 def compare(model: RawModel, tosa: bytes, samples: list[list[np.ndarray]], names: list[str],
-            memo: RunMemo | None = None) -> Verdict:
+            memo: RunMemo | None = None, checked: bytes | None = None) -> Verdict:
     """Run every sample (integer TOSA inputs) on both; on the first differing sample, find the op. `memo`: the
     TOSA runs an earlier stage made (tosa/memo.py), taken instead of made again.
+
+    `checked`: the graph tosa-check held to the QDQ model (model.tosa), of which `tosa` is the target's form
+    the lower stage found bit-identical. tosa-check keeps its runs on every sample, `tosa`'s on the first only:
+    a sample whose npu-sim outputs equal the checked graph's kept ones bit for bit is held to those (the
+    deployable computes exactly what was checked), and `tosa` runs on the reference model only for a sample
+    that differs from them, so a difference is still found and measured against the graph Vela compiled.
 
     npu-sim runs the samples together (npusim.sim.run_samples) without keeping every op's OFM: the first
     differing sample alone is run again with them, for `localise`."""
@@ -178,17 +186,41 @@ def compare(model: RawModel, tosa: bytes, samples: list[list[np.ndarray]], names
     if len(model.outputs) != len(names) or len(model.inputs) != len(samples[0] if samples else []):
         raise StageError(f"the artifact has {len(model.inputs)} inputs / {len(model.outputs)} outputs, "
                          f"the TOSA graph {len(samples[0]) if samples else 0} / {len(names)}")
-    wants = [reference_outputs(tosa, xs, memo) for xs in samples]
+    kept = [kept_outputs(memo, tosa, xs) for xs in samples]
+    by_checked = [None if k is not None or checked is None else kept_outputs(memo, checked, xs)
+                  for k, xs in zip(kept, samples, strict=True)]
     t0 = time.perf_counter()
     results = run_samples(model, samples, keep_ofms=False) if samples else []
     v.sim_seconds = time.perf_counter() - t0
-    for s, (xs, want, res) in enumerate(zip(samples, wants, results, strict=True)):
+    for s, (xs, want, res) in enumerate(zip(samples, kept, results, strict=True)):
+        if want is None and by_checked[s] is not None and _identical(by_checked[s], res.outputs):
+            want = by_checked[s]
+            v.held_to_checked += 1
+        if want is None:
+            want = reference_outputs(tosa, xs)
+            v.reference_runs += 1
         v.npu_ops = len(res.ops)
         v.outputs.append([np.asarray(g) for g in res.outputs])
         if _count_mismatches(v, names, want, res.outputs) and v.first_bad_sample is None:
             v.first_bad_sample = s
             v.first_bad_op = localise(run(model, xs).ops, intermediates(tosa, xs), graph_ops(tosa))
     return v
+
+
+def kept_outputs(memo: RunMemo | None, tosa: bytes, xs: list[np.ndarray]) -> list[np.ndarray] | None:
+    """The reference model's outputs of `tosa` on one sample where an earlier stage kept that very run (the
+    same graph bytes and inputs), else None."""
+    if memo is None:
+        return None
+    kept = memo.get(graph_key(tosa, [np.ascontiguousarray(x) for x in xs]))
+    return None if kept is None else [kept[str(i)] for i in range(len(kept))]
+
+
+def _identical(want: list[np.ndarray], got: list[np.ndarray]) -> bool:
+    """Whether npu-sim's outputs are the reference's bit for bit: as many, each the same size and values."""
+    return len(want) == len(got) and all(
+        w.size == np.asarray(g).size and np.array_equal(w.astype(np.int64), np.asarray(g).reshape(w.shape).astype(np.int64))
+        for w, g in zip(want, got, strict=True))
 
 
 def reference_outputs(tosa: bytes, xs: list[np.ndarray], memo: RunMemo | None = None) -> list[np.ndarray]:
@@ -198,11 +230,9 @@ def reference_outputs(tosa: bytes, xs: list[np.ndarray], memo: RunMemo | None = 
 
     from npubuild.tosa.run import _quiet_stdio
 
-    if memo is not None:
-        kept = memo.get(graph_key(tosa, [np.ascontiguousarray(x) for x in xs]))
-        if kept is not None:
-            return [kept[str(i)] for i in range(len(kept))]
-
+    kept = kept_outputs(memo, tosa, xs)
+    if kept is not None:
+        return kept
     with _quiet_stdio():
         want, status = trm.run(tosa, [np.ascontiguousarray(x) for x in xs])
     if "VALID" not in str(status):

@@ -4,7 +4,9 @@ The tosa-check stage runs model.tosa and each bit-identical family's graph on th
 the float and QDQ models on onnxruntime, on its samples; the npu-sim stage runs the graph Vela compiled (one
 of those) and the same two ONNX models on the same samples again, once per target (a real model's build:
 palm detection, 3 targets, 3 of its 23 whole-graph reference-model runs and every onnxruntime run of its three
-npu-sim tasks). tosa-check writes what it ran to runs.npz, a declared output that npu-sim declares as an input
+npu-sim tasks). npu-sim also holds a sample to model.tosa's kept run where its outputs are those bit for bit, and
+runs the target's own graph only where they differ (npusim.verify.compare: on palm none of the 9 runs left).
+tosa-check writes what it ran to runs.npz, a declared output that npu-sim declares as an input
 (so the engine's up-to-date check reruns tosa-check, and then npu-sim, when the file is damaged or gone), and
 npu-sim takes an output from it only where the key matches: a digest of the graph's or model file's bytes and
 of every input array's dtype, shape and bytes. A run that is not there is made as before: the memo changes

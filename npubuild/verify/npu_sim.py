@@ -3,7 +3,10 @@ is deployed against the float model.
 
 The same sample inputs as tosa-check (frontend/samples.py: held back from calibration where the spec gives real
 data), quantised with the graph's input parameters, go through the TOSA reference model and through npu-sim on
-Vela's command stream and weights (the ethos-u operator of the .tflite, or the raw .npz). Any differing element
+Vela's command stream and weights (the ethos-u operator of the .tflite, or the raw .npz). The reference is the
+graph Vela compiled, or, for a sample where npu-sim gives model.tosa's outputs bit for bit (the graph tosa-check
+checked, whose runs it kept: npusim.verify.compare), those: the target's own graph then runs only on a sample
+that differs from what was checked. Any differing element
 fails the build, naming the output, the count and the first NPU op writing a wrong value (npusim.verify.localise
 traces the first TOSA result npu-sim does not reproduce). A graph split around host operators has each NPU
 partition's artifact checked against its TOSA partition, and the build's deployable .tflite runs on the virtual
@@ -88,7 +91,9 @@ def simulate_build(files: SimFiles, draw: SimSamples, result_out: Path) -> dict:
     memo = RunMemo.read(files.runs)
     try:
         jobs = _jobs(files, draw, vela, io, feeds_of)
-        results = [(label, compare(model, tosa, samples, names, memo)) for label, model, tosa, samples, names in jobs]
+        checked = _checked_graph(files.io.parent, io) if len(jobs) == 1 and not jobs[0][0] else None
+        results = [(label, compare(model, tosa, samples, names, memo, checked))
+                   for label, model, tosa, samples, names in jobs]
     except NotModelled as exc:
         return _skip(result_out, f"the artifact uses what npu-sim does not model yet: {exc.message}")
     mismatches = {f"{label}{k}": {"elements": v, "of": r.elements[k]} for label, r in results
@@ -152,6 +157,13 @@ def _jobs(files: SimFiles, draw: SimSamples, vela: VelaRecord, io: LowerRecord,
                    for _ in range(draw.source.samples)]
         jobs.append((f"{p.stem}/", model, tosa, samples, outputs))
     return jobs
+
+
+def _checked_graph(lower_dir: Path, io: LowerRecord) -> bytes | None:
+    """model.tosa, the graph tosa-check held to the QDQ model and kept its runs of on every sample (a whole
+    graph's lowering; a portable split has none): the graph a target's bit-identical form is held to."""
+    path = lower_dir / "model.tosa"
+    return path.read_bytes() if io.portable is None and path.is_file() else None
 
 
 def whole_graph_specs(io: LowerRecord, tosa_file: str) -> tuple[Sequence[IOSpec], Sequence[IOSpec]]:

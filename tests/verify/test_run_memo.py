@@ -14,11 +14,13 @@ import pytest
 import tosa_reference_model as trm
 from npbtest import REPO, run_subprocess
 
-from npubuild.npusim.verify import reference_outputs
+from npubuild.npusim.tflite import load_tflite
+from npubuild.npusim.verify import compare, reference_outputs
 from npubuild.records.lower import LowerRecord
 from npubuild.records.vela import VelaRecord
 from npubuild.tosa.memo import RunMemo, graph_key, model_key
 from npubuild.tosa.run import OnnxSession, RememberedSession
+from npubuild.verify.npu_sim import whole_graph_specs
 
 
 @pytest.fixture(scope="module")
@@ -90,3 +92,38 @@ def test_a_key_names_the_bytes_dtype_and_shape_of_what_was_run(tmp_path: Path):
     back = RunMemo.read(tmp_path / "runs.npz").get("k")
     assert back is not None and list(back) == ["out/0", "b"]
     assert back["out/0"].dtype == np.int8 and np.array_equal(back["out/0"], x) and back["b"].dtype == bool
+
+
+def test_npu_sim_holds_a_sample_to_the_checked_graphs_kept_run_and_runs_its_own_graph_where_they_differ(
+        build: dict[str, Path]):
+    """tosa-check keeps model.tosa's runs on every sample, the compiled graph's (a family's bit-identical form)
+    on the first only: compare() holds each sample whose npu-sim outputs are model.tosa's kept ones bit for bit
+    to those, and runs the compiled graph on the reference model only for a sample that differs from them."""
+    io = LowerRecord.read(build["lower"] / "io.json")
+    vela = VelaRecord.read(build["vela"] / "summary.json")
+    compiled = (build["lower"] / vela.partitions[0].tosa).read_bytes()
+    checked = (build["lower"] / "model.tosa").read_bytes()
+    assert compiled != checked  # u55_model.tosa: the lower stage's own graph for the family
+    (artifact,) = load_tflite(build["vela"] / vela.partitions[0].tflite)
+    inputs, outputs = whole_graph_specs(io, vela.partitions[0].tosa)
+    rng = np.random.default_rng(3)
+    samples = [[spec.to_tosa(rng.uniform(-1, 1, spec.onnx_shape).astype(np.float32)) for spec in inputs]
+               for _ in range(3)]
+    memo = RunMemo()
+    for xs in samples:
+        outs, status = trm.run(checked, xs)
+        assert "VALID" in str(status)
+        memo.put(graph_key(checked, xs), {str(i): np.asarray(y) for i, y in enumerate(outs)})
+    names = [o.onnx_name for o in outputs]
+
+    held = compare(artifact, compiled, samples, names, memo, checked)
+    assert held.bitexact and held.held_to_checked == 3 and held.reference_runs == 0
+
+    memo.entries[graph_key(checked, samples[1])]["0"].flat[0] ^= 1  # the kept run one LSB off on sample 1
+    again = compare(artifact, compiled, samples, names, memo, checked)
+    assert again.bitexact and again.held_to_checked == 2 and again.reference_runs == 1
+
+    alone = compare(artifact, compiled, samples, names, memo)  # no checked graph: the compiled one runs each time
+    assert alone.bitexact and alone.held_to_checked == 0 and alone.reference_runs == 3
+    assert all(np.array_equal(a, b) for x, y in zip(held.outputs, alone.outputs, strict=True)
+               for a, b in zip(x, y, strict=True))
