@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -168,15 +169,16 @@ def _graph_localise(trace: list[OpResult], inter: dict[str, np.ndarray], graph: 
 
 
 def compare(model: RawModel, tosa: bytes, samples: list[list[np.ndarray]], names: list[str],
-            memo: RunMemo | None = None, checked: bytes | None = None) -> Verdict:
+            memo: RunMemo | None = None, checked: Sequence[list[np.ndarray] | None] | None = None) -> Verdict:
     """Run every sample (integer TOSA inputs) on both; on the first differing sample, find the op. `memo`: the
     TOSA runs an earlier stage made (tosa/memo.py), taken instead of made again.
 
-    `checked`: the graph tosa-check held to the QDQ model (model.tosa), of which `tosa` is the target's form
-    the lower stage found bit-identical. tosa-check keeps its runs on every sample, `tosa`'s on the first only:
-    a sample whose npu-sim outputs equal the checked graph's kept ones bit for bit is held to those (the
-    deployable computes exactly what was checked), and `tosa` runs on the reference model only for a sample
-    that differs from them, so a difference is still found and measured against the graph Vela compiled.
+    `checked`: per sample, the outputs of the graph tosa-check held to the QDQ model (model.tosa, of which
+    `tosa` is the target's form the lower stage found bit-identical), as tosa-check kept them (it keeps its
+    runs of model.tosa on every sample, of `tosa` on the first only), laid out as `tosa`'s outputs; None where
+    not kept. A sample whose npu-sim outputs are those bit for bit is held to them (the deployable computes
+    exactly what was checked), and `tosa` runs on the reference model only for a sample that differs from
+    them, so a difference is still found and measured against the graph Vela compiled.
 
     npu-sim runs the samples together (npusim.sim.run_samples) without keeping every op's OFM: the first
     differing sample alone is run again with them, for `localise`."""
@@ -187,8 +189,7 @@ def compare(model: RawModel, tosa: bytes, samples: list[list[np.ndarray]], names
         raise StageError(f"the artifact has {len(model.inputs)} inputs / {len(model.outputs)} outputs, "
                          f"the TOSA graph {len(samples[0]) if samples else 0} / {len(names)}")
     kept = [kept_outputs(memo, tosa, xs) for xs in samples]
-    by_checked = [None if k is not None or checked is None else kept_outputs(memo, checked, xs)
-                  for k, xs in zip(kept, samples, strict=True)]
+    by_checked = list(checked) if checked is not None else [None] * len(samples)
     t0 = time.perf_counter()
     results = run_samples(model, samples, keep_ofms=False) if samples else []
     v.sim_seconds = time.perf_counter() - t0

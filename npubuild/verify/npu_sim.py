@@ -39,7 +39,7 @@ from npubuild.npusim import NotModelled
 from npubuild.npusim.npz import RawModel
 from npubuild.npusim.tflite import load_tflite
 from npubuild.npusim.tosa_probe import graph_io
-from npubuild.npusim.verify import compare
+from npubuild.npusim.verify import compare, kept_outputs
 from npubuild.records.accuracy import FloatCheck
 from npubuild.records.build import Skip
 from npubuild.records.iospec import IOSpec
@@ -91,7 +91,8 @@ def simulate_build(files: SimFiles, draw: SimSamples, result_out: Path) -> dict:
     memo = RunMemo.read(files.runs)
     try:
         jobs = _jobs(files, draw, vela, io, feeds_of)
-        checked = _checked_graph(files.io.parent, io) if len(jobs) == 1 and not jobs[0][0] else None
+        checked = _checked_outputs(files.io.parent, io, vela.partitions[0].tosa, feeds_of, memo) \
+            if len(jobs) == 1 and not jobs[0][0] else None
         results = [(label, compare(model, tosa, samples, names, memo, checked))
                    for label, model, tosa, samples, names in jobs]
     except NotModelled as exc:
@@ -159,11 +160,28 @@ def _jobs(files: SimFiles, draw: SimSamples, vela: VelaRecord, io: LowerRecord,
     return jobs
 
 
-def _checked_graph(lower_dir: Path, io: LowerRecord) -> bytes | None:
-    """model.tosa, the graph tosa-check held to the QDQ model and kept its runs of on every sample (a whole
-    graph's lowering; a portable split has none): the graph a target's bit-identical form is held to."""
+def _checked_outputs(lower_dir: Path, io: LowerRecord, tosa_file: str, feeds_of: list[dict[str, np.ndarray]],
+                     memo: RunMemo) -> list[list[np.ndarray] | None] | None:
+    """Per sample, model.tosa's outputs as tosa-check kept them (it checked that graph against the QDQ model,
+    on every sample), laid out as the outputs of the graph Vela compiled (`tosa_file`: a family's own graph
+    may take and give tensors in another layout, U65's planar image input); None where not kept. None for a
+    portable split (no model.tosa) and where an output is held on another type or scale (integers alike
+    would not mean values alike)."""
     path = lower_dir / "model.tosa"
-    return path.read_bytes() if io.portable is None and path.is_file() else None
+    if io.portable is not None or not path.is_file():
+        return None
+    _, outputs = whole_graph_specs(io, tosa_file)
+    if any((a.dtype, a.scale, a.zero_point) != (b.dtype, b.scale, b.zero_point)
+           for a, b in zip(io.outputs, outputs, strict=True)):
+        return None
+    graph = path.read_bytes()
+    checked: list[list[np.ndarray] | None] = []
+    for feeds in feeds_of:
+        kept = kept_outputs(memo, graph, [spec.to_tosa(feeds[spec.onnx_name]) for spec in io.inputs])
+        checked.append(None if kept is None else [
+            np.ascontiguousarray(np.transpose(own.from_tosa(y.reshape(own.shape)), target.perm))
+            for own, target, y in zip(io.outputs, outputs, kept, strict=True)])
+    return checked
 
 
 def whole_graph_specs(io: LowerRecord, tosa_file: str) -> tuple[Sequence[IOSpec], Sequence[IOSpec]]:
