@@ -174,11 +174,13 @@ def compare(model: RawModel, tosa: bytes, samples: list[list[np.ndarray]], names
     TOSA runs an earlier stage made (tosa/memo.py), taken instead of made again.
 
     `checked`: per sample, the outputs of the graph tosa-check held to the QDQ model (model.tosa, of which
-    `tosa` is the target's form the lower stage found bit-identical), as tosa-check kept them (it keeps its
-    runs of model.tosa on every sample, of `tosa` on the first only), laid out as `tosa`'s outputs; None where
-    not kept. A sample whose npu-sim outputs are those bit for bit is held to them (the deployable computes
+    `tosa` is the target's own form: bit-identical where the family's forms are exact, within the lower
+    stage's error bound where it chose another form), as tosa-check kept them (it keeps its runs of
+    model.tosa on every sample, of `tosa` on the first only), laid out as `tosa`'s outputs; None where not
+    kept. A sample whose npu-sim outputs are those bit for bit is held to them (the deployable computes
     exactly what was checked), and `tosa` runs on the reference model only for a sample that differs from
-    them, so a difference is still found and measured against the graph Vela compiled.
+    them, so a difference is still found and measured against the graph Vela compiled (selfie segmentation's
+    U55/U65 global mean as REDUCE_SUM against model.tosa's AVG_POOL2D: 2 and 3 of 3 samples run).
 
     npu-sim runs the samples together (npusim.sim.run_samples) without keeping every op's OFM: the first
     differing sample alone is run again with them, for `localise`."""
