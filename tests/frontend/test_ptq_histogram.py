@@ -79,6 +79,7 @@ def test_ranges_the_bound_does_not_cover_and_non_finite_values_are_numpys_own():
     values with NaN and inf (which numpy leaves out): numpy counts them, so the counts are its own."""
     narrow = (1000.0, float(np.nextafter(np.float32(1000.0), np.float32(2000.0)) + np.float32(0.5)))
     assert histogram._delta(*narrow, BINS) is None
+    assert histogram._delta(-3e38, 3e38, BINS) is None  # an offset from lo beyond float32
     v = _at_edges(*narrow)
     np.testing.assert_array_equal(_counts(v, *narrow), _numpy(v, *narrow))
     wide = np.random.default_rng(1).normal(size=5000)

@@ -12,12 +12,13 @@ values whose estimate lies within `delta` bins of an inner bin edge, where `delt
 worst rounding errors: of this estimate, of numpy's own estimate (taken as float32 throughout, whatever
 numpy's precision) and of numpy's float32 bin edges (`_bounds`). Any other value is, in exact arithmetic,
 further than those errors from every edge: numpy's estimate is the same bin, on the right side of both its
-edges, so numpy corrects nothing and counts it where this estimate does (a value at the range's ends is in
-the first or last bin either way). The set-aside values are counted by np.histogram itself, and as
-np.histogram counts each value on its own (the same arithmetic per value, blocks only bounding memory), the
-two counts sum to np.histogram's over all of them (that call made once per tensor, in `total`, or per MAX_ASIDE values held). Where the bound is not small
-(a range narrow beside its magnitude, values not float32, a range numpy would widen) or a value is not
-finite, np.histogram counts everything. tests/frontend/test_ptq_histogram.py compares with np.histogram on values at and about the edges.
+edges, so numpy corrects nothing and counts it where this estimate does (a value at the range's ends is in the
+first or last bin either way). The set-aside values are counted by np.histogram itself, and as np.histogram
+counts each value on its own (the same arithmetic per value, blocks only bounding memory), the two counts sum
+to np.histogram's over all of them (that call made once per tensor, in `total`, or per MAX_ASIDE values held).
+Where the bound is not small (a range narrow beside its magnitude or too wide for a float32 offset, values not
+float32) or a value is not finite, np.histogram counts everything. tests/frontend/test_ptq_histogram.py
+compares with np.histogram on values at and about the edges.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ MAX_ASIDE = 1 << 20  # set-aside values held before np.histogram counts them (va
 MAX_DELTA = 0.01  # bins: beyond this the set-aside values would be many, and the bound means little
 U32 = 2.0 ** -24  # float32's unit roundoff
 MIN_RANGE = 1e-30  # narrower: float32 subnormals (errors no longer relative) or bins per unit beyond float32
+MAX_RANGE = 1e38  # wider: a value's float32 offset from lo could overflow
 
 
 class Histogram:
@@ -94,7 +96,7 @@ class Histogram:
 
 def _delta(lo: float, hi: float, n: int) -> float | None:
     """The set-aside margin (bins) for [lo, hi], or None where the quick count does not apply."""
-    if not (np.isfinite(lo) and np.isfinite(hi) and hi - lo >= MIN_RANGE) \
+    if not (np.isfinite(lo) and np.isfinite(hi) and MIN_RANGE <= hi - lo <= MAX_RANGE) \
             or float(np.float32(lo)) != lo or float(np.float32(hi)) != hi:
         return None
     delta = 2.0 * _bounds(lo, hi, n)
