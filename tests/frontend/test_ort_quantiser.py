@@ -40,3 +40,39 @@ def test_quantiser_shortcuts_write_onnxruntimes_own_model(tmp_path: Path):
     assert sum(n.op_type == "DequantizeLinear" for n in qdq.graph.node) > 8
     from onnxruntime.quantization import onnx_model, quant_utils
     assert onnx_model.find_by_name is quant_utils.find_by_name  # put back after the block
+
+
+def _augmented(src: Path, out: Path, per_channel: bool, augment) -> onnx.ModelProto:
+    """The calibrator's augmented model by `augment`, its random (uuid) initializer names numbered in order."""
+    from onnxruntime.quantization.calibrate import MinMaxCalibrater
+
+    calibrater = MinMaxCalibrater(src, augmented_model_path=str(out), per_channel=per_channel)
+    augment(calibrater)
+    model = onnx.load(str(out))
+    names = {t.name: f"init{i}" for i, t in enumerate(model.graph.initializer) if t.name not in ("w1", "b1", "w2",
+                                                                                                    "b2", "wg", "bg")}
+    for t in model.graph.initializer:
+        t.name = names.get(t.name, t.name)
+    for n in model.graph.node:
+        n.input[:] = [names.get(i, i) for i in n.input]
+    return model
+
+
+def test_calibrator_graph_is_onnxruntimes_own(tmp_path: Path):
+    """augment_graph's model is onnxruntime's MinMaxCalibrater's: the same nodes in the same order (a ReduceMax and
+    a ReduceMin before each tensor's first reader, the graph output's at the end), outputs and initializers, per
+    tensor and per channel (axes as an attribute before opset 18, an input from it)."""
+    from onnxruntime.quantization.calibrate import MinMaxCalibrater
+
+    from npubuild.frontend.ort_quantiser import augment_graph
+
+    for opset in (17, 18):
+        model = conv_concat_gemm(np.random.default_rng(3))
+        model.opset_import[0].version = opset
+        src = tmp_path / f"float{opset}.onnx"
+        onnx.save(model, src)
+        for per_channel in (False, True):
+            own = _augmented(src, tmp_path / "own.onnx", per_channel, MinMaxCalibrater.augment_graph)
+            ours = _augmented(src, tmp_path / "ours.onnx", per_channel, augment_graph)
+            assert ours.SerializeToString(deterministic=True) == own.SerializeToString(deterministic=True)
+            assert sum(n.op_type == "ReduceMax" for n in ours.graph.node) >= 8

@@ -3,8 +3,8 @@
 One onnxruntime session with every float tensor exposed, run twice over the samples: the first pass
 records each tensor's per-sample minimum and maximum, the second a histogram over the tensor's whole
 calibration range (so bins are fixed before any value is counted, and no sample is held in memory). The
-second pass is most of the time (2048-bin histograms of every activation of every sample) and only the
-percentile and mse estimators read it: it is skipped when neither is wanted, and a tensor that holds
+second pass is most of the time (2048-bin histograms of every activation of every sample, np.histogram's
+counts by ptq/histogram.py in half its time) and only the percentile and mse estimators read it: it is skipped when neither is wanted, and a tensor that holds
 another's values reordered (a Transpose, Reshape... output: PERMUTING) takes that tensor's histogram, as
 np.histogram over the same values in the same range counts the same.
 """
@@ -17,6 +17,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper
 
+from npubuild.frontend.ptq.histogram import Histogram
 from npubuild.frontend.ptq.session import session_options
 
 BINS = 2048
@@ -82,19 +83,22 @@ def collect(model: onnx.ModelProto, arrays: dict[str, np.ndarray],
     graph_in = set(feeds_names)
     mins = {k: np.empty(n) for k in names}
     maxs = {k: np.empty(n) for k in names}
+    finite = {k: np.empty(n, bool) for k in names}  # every value of the sample finite
     for i, fd in enumerate(feeds):
         for k, v in zip(names, _run(session, names, fd, graph_in), strict=True):
-            mins[k][i], maxs[k][i] = _finite_range(v)
+            mins[k][i], maxs[k][i], finite[k][i] = _finite_range(v)
     stats = {k: TensorStats(mins[k], maxs[k]) for k in names}
     if not histograms:
         return stats
     same = {k: src for k, src in reordered(model, names).items()  # the same values on every sample
             if np.array_equal(mins[k], mins[src]) and np.array_equal(maxs[k], maxs[src])}
-    for fd in feeds:  # np.histogram over a finite range counts only the finite values: no filter needed here
+    hists = {k: Histogram(s.lo, s.hi, BINS) for k, s in stats.items() if s.hi > s.lo and k not in same}
+    for i, fd in enumerate(feeds):  # np.histogram's counts over a finite range count only the finite values
         for k, v in zip(names, _run(session, names, fd, graph_in), strict=True):
-            s = stats[k]
-            if s.hi > s.lo and k not in same:
-                s.hist += np.histogram(v, bins=BINS, range=(s.lo, s.hi))[0]
+            if k in hists:
+                hists[k].add(v, bool(finite[k][i]))
+    for k, h in hists.items():  # the per-sample counts' sum: integers, exact in float64 as they were added
+        stats[k].hist += h.total()
     for k, src in same.items():
         stats[k].hist = stats[src].hist.copy()
     return stats
@@ -123,13 +127,13 @@ def _run(session, names: list[str], feeds: dict[str, np.ndarray], graph_in: set[
     return [np.asarray(feeds[k] if k in graph_in else outs[k]).ravel() for k in names]
 
 
-def _finite_range(v: np.ndarray) -> tuple[float, float]:
-    """The min and max of `v`'s finite values ((0, 0) if none). A NaN makes min and max NaN and an inf makes
-    one of them infinite, so finite min and max mean every value is finite: only then is the filter skipped
-    (it was a float64 sum over every value before)."""
+def _finite_range(v: np.ndarray) -> tuple[float, float, bool]:
+    """The min and max of `v`'s finite values ((0, 0) if none), and whether every value is finite. A NaN makes
+    min and max NaN and an inf makes one of them infinite, so finite min and max mean every value is finite:
+    only then is the filter skipped (it was a float64 sum over every value before)."""
     if v.size:
         lo, hi = v.min(), v.max()
         if np.isfinite(lo) and np.isfinite(hi):
-            return float(lo), float(hi)
+            return float(lo), float(hi), True
         v = v[np.isfinite(v)]
-    return (float(v.min()), float(v.max())) if v.size else (0.0, 0.0)
+    return (float(v.min()), float(v.max()), False) if v.size else (0.0, 0.0, False)
