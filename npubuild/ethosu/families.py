@@ -39,7 +39,7 @@ from npubuild.frontend.data import integer_ranges
 from npubuild.frontend.passes import run_passes
 from npubuild.lowering.driver import LoweredGraph, lower_model
 from npubuild.lowering.fallback import HostNode, PartialLowering, lower_lowerable
-from npubuild.lowering.options import LoweringOptions
+from npubuild.lowering.options import LoweringOptions, recorded
 from npubuild.records.iospec import IOSpec
 from npubuild.records.lower import FamilyRecord, LowerRecord, NodeRecord, PartitionRecord, Where
 from npubuild.tosa.graph import ops_by_node, read_tosa, tensor_nodes
@@ -163,12 +163,26 @@ class Lowerings:
     profile: Literal["int", "fp"]
     host: dict[str, HostNode]
     done: dict[LoweringOptions, PartialLowering] = field(default_factory=dict)
+    # the option fields each lowering made here read, with their values: options that agree on all of them lower
+    # to that graph too (palm detection: 2 of 12 lowerings, a measured choice that does not touch the model)
+    reads: list[tuple[dict[str, object], PartialLowering]] = field(default_factory=list)
 
     def __call__(self, options: LoweringOptions) -> PartialLowering:
         """The model lowered with `options`, its host nodes cut out (lower_lowerable)."""
         if options not in self.done:
-            self.done[options] = lower_lowerable(self.model, self.profile, options=options, host=self.host)
+            self.done[options] = self._same_as_made(options) or self._lower(options)
         return self.done[options]
+
+    def _same_as_made(self, options: LoweringOptions) -> PartialLowering | None:
+        """A lowering made here whose every option field read has the same value in `options`."""
+        return next((low for read, low in self.reads
+                     if all(getattr(options, name) == value for name, value in read.items())), None)
+
+    def _lower(self, options: LoweringOptions) -> PartialLowering:
+        watched, names = recorded(options)
+        low = lower_lowerable(self.model, self.profile, options=watched, host=self.host)
+        self.reads.append(({name: getattr(options, name) for name in names}, low))
+        return low
 
     def whole(self, options: LoweringOptions) -> LoweredGraph:
         """The whole model lowered with `options` (lower_model: its errors raised, none cut to the host), for a

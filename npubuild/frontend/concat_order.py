@@ -22,6 +22,7 @@ off-chip; the widest U85s lose time (lowering/options.py says who takes it and w
 from __future__ import annotations
 
 import copy
+import functools
 
 import numpy as np
 import onnx
@@ -35,9 +36,15 @@ class _Graph(GraphIndex):
 
     def __init__(self, model: onnx.ModelProto) -> None:
         super().__init__(model)
-        inferred = onnx.shape_inference.infer_shapes(model)
-        self.shapes = {v.name: [d.dim_value for d in v.type.tensor_type.shape.dim]
-                       for v in [*inferred.graph.value_info, *inferred.graph.input, *inferred.graph.output]}
+        self.model = model
+
+    @functools.cached_property
+    def shapes(self) -> dict[str, list[int]]:
+        """Inferred shapes, only for a Concat that would move (shape inference is most of this pass's cost, and it
+        runs on every lowering of the families that take it)."""
+        inferred = onnx.shape_inference.infer_shapes(self.model)
+        return {v.name: [d.dim_value for d in v.type.tensor_type.shape.dim]
+                for v in [*inferred.graph.value_info, *inferred.graph.input, *inferred.graph.output]}
 
     def copied(self, name: str) -> bool:
         """Vela copies this Concat input rather than having its producer write it in place."""
@@ -97,8 +104,10 @@ def copied_inputs_first(model: onnx.ModelProto) -> onnx.ModelProto:
         if cat.op_type != "Concat" or axis not in (1, -3) or any(not n for n in cat.input):
             continue
         order = sorted(range(len(cat.input)), key=lambda i: not g.copied(cat.input[i]))
+        if order == sorted(order):
+            continue
         channels = [g.shapes.get(n, []) for n in cat.input]
-        if order == sorted(order) or any(len(s) != 4 or s[1] <= 0 for s in channels):
+        if any(len(s) != 4 or s[1] <= 0 for s in channels):
             continue
         convs = g.conv_readers(cat)
         if convs is None:

@@ -47,6 +47,18 @@ TENSOR_TYPES = {**NP_TO_TOSA, INT48: ts.DType.INT48}  # an int64 tensor of the l
 SHARED_CONST_BYTES = 16
 
 
+_OP_KINDS: dict[ts.Op, str] = {}
+
+
+def op_kind(op: ts.Op) -> str:
+    """"RESCALE" for ts.Op.RESCALE: str() of a pybind11 enum builds its member table each call (~5-50 us, every op
+    the lowering emits), so each kind's name is made once."""
+    kind = _OP_KINDS.get(op)
+    if kind is None:
+        kind = _OP_KINDS[op] = str(op).split(".")[-1]
+    return kind
+
+
 def identity(rank: int) -> tuple[int, ...]:
     return tuple(range(rank))
 
@@ -179,6 +191,7 @@ class LoweringContext:
     options: LoweringOptions = PORTABLE  # the forms this family's lowering takes (lowering/options.py)
     _counter: int = 0
     _shared_consts: dict[tuple, str] = field(default_factory=dict)  # see const(): small values emitted once
+    _qparams: dict[int, tuple[onnx.NodeProto, QParams]] = field(default_factory=dict)  # by id(node): qparams_of
 
     def __post_init__(self) -> None:
         self.ser = ts.TosaSerializer("", ts.ConstMode.EMBED, 1, 0, 0, False)
@@ -227,11 +240,12 @@ class LoweringContext:
                 raise UnsupportedOpError("<graph>", "", f"a {data.dtype} constant has no TOSA type")
             raise self.unsupported(f"a {data.dtype} constant has no TOSA type (TOSA has no 64-bit integers)")
         name = self.fresh(hint)  # drawn even for a shared value: every other tensor keeps its name
-        key = (data.dtype.str, data.shape, data.tobytes())
-        if data.nbytes <= SHARED_CONST_BYTES and key in self._shared_consts:
+        small = data.nbytes <= SHARED_CONST_BYTES
+        key = (data.dtype.str, data.shape, data.tobytes()) if small else None  # never a weight's bytes copied
+        if key is not None and key in self._shared_consts:
             return self._shared_consts[key]
         self.ser.addConst(list(data.shape), types[data.dtype], data, name=name)
-        if data.nbytes <= SHARED_CONST_BYTES:
+        if key is not None:
             self._shared_consts[key] = name
         return name
 
@@ -463,7 +477,16 @@ class LoweringContext:
         return q
 
     def qparams_of(self, qnode: onnx.NodeProto) -> QParams:
-        """QParams from a QuantizeLinear/DequantizeLinear node's scale and zero-point inputs."""
+        """QParams from a QuantizeLinear/DequantizeLinear node's scale and zero-point inputs; made once per node
+        (a Q/DQ is read by its producer's and its readers' lowerings alike), the same frozen QParams shared."""
+        known = self._qparams.get(id(qnode))
+        if known is not None and known[0] is qnode:
+            return known[1]
+        q = self._read_qparams(qnode)
+        self._qparams[id(qnode)] = (qnode, q)
+        return q
+
+    def _read_qparams(self, qnode: onnx.NodeProto) -> QParams:
         scale = self.values.get(qnode.input[1])
         zp = self.values.get(qnode.input[2]) if len(qnode.input) > 2 and qnode.input[2] else None
         if not isinstance(scale, np.ndarray) or (zp is not None and not isinstance(zp, np.ndarray)):
@@ -519,17 +542,17 @@ class LoweringContext:
     def op(self, op, inputs: list[str], outputs: list[str], attr: ts.TosaSerializerAttribute | None = None) -> None:
         if attr is None:
             attr = ts.TosaSerializerAttribute()
-        if op == ts.Op.SLICE and inputs[0] in self.channel_rescales and len(outputs) == 1:
+        kind = op_kind(op)
+        if kind == "SLICE" and inputs[0] in self.channel_rescales and len(outputs) == 1:
             self._slice_ahead_of_rescale(inputs, outputs[0])
             return
-        if (op == ts.Op.SLICE and self.options.clamp_sliced_rescale and inputs[0] in self.wide_rescales
+        if (kind == "SLICE" and self.options.clamp_sliced_rescale and inputs[0] in self.wide_rescales
                 and not self.wide_rescales[inputs[0]].slices_compile_right):
             inputs = [self._clamped_copy(inputs[0]), *inputs[1:]]
-        if op == ts.Op.CONCAT and self.options.clamp_sliced_rescale:
+        if kind == "CONCAT" and self.options.clamp_sliced_rescale:
             inputs = [self._clamped_copy(t) if t in self.wide_rescales else t for t in inputs]
         self.ser.addOperator(op, inputs, outputs, attr)
         key = self.current.name if self.current is not None else "<boundary>"
-        kind = str(op).split(".")[-1]
         self.node_ops.setdefault(key, []).append(kind)
         for out in outputs:
             self.producers[out] = kind

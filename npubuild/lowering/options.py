@@ -281,3 +281,27 @@ FAMILY_OPTIONS: dict[LoweringFamily, LoweringOptions] = {
                                dilation_phase_min=2, plane_rows=PlaneRowsLimits(4, 100, 3072, 256),
                                staged_input_min_row=128, prelu_elementwise=True),
 }
+
+FIELDS = frozenset(LoweringOptions.__dataclass_fields__)
+
+
+class _ReadsRecorded(LoweringOptions):
+    """The same options, noting the name of every field read (by the lowering, its predicates, a replace()):
+    what a lowering never read cannot have changed its graph (see `recorded`)."""
+
+    def __getattribute__(self, name: str):
+        if name in FIELDS:
+            reads = object.__getattribute__(self, "__dict__").get("_reads")
+            if reads is not None:  # None: a copy made from these (replace), whose every field was read making it
+                reads.add(name)
+        return object.__getattribute__(self, name)
+
+
+def recorded(options: LoweringOptions) -> tuple[LoweringOptions, set[str]]:
+    """`options` to lower with, and the set that fills with the names of the fields the lowering reads. A lowering
+    is a function of the model, profile and the option fields it reads: options that agree with these on every
+    field read lower the model to the same graph (the stage's Lowerings shares it instead of lowering again)."""
+    copy = _ReadsRecorded(**{name: getattr(options, name) for name in LoweringOptions.__dataclass_fields__})
+    reads: set[str] = set()
+    object.__setattr__(copy, "_reads", reads)
+    return copy, reads

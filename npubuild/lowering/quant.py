@@ -6,6 +6,7 @@ ops round the same way.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import ml_dtypes
@@ -67,7 +68,7 @@ class QParams:
             other is not None
             and self.dtype == other.dtype
             and self.scale.shape == other.scale.shape
-            and np.allclose(self.scale, other.scale, rtol=1e-6, atol=0)
+            and _close_scales(self.scale, other.scale)
             and np.array_equal(self.zero_point, other.zero_point)
         )
 
@@ -79,6 +80,16 @@ class QParams:
 
     def dequantize(self, q: np.ndarray) -> np.ndarray:
         return (np.asarray(q, np.float64) - self.zero_point) * self.scale
+
+
+def _close_scales(a: np.ndarray, b: np.ndarray) -> bool:
+    """np.allclose(a, b, rtol=1e-6, atol=0); for one finite float64 scale each (most tensors) its formula on
+    Python floats, which round alike, without numpy's per-call cost."""
+    if a.size == 1 and b.size == 1 and a.dtype == np.float64 and b.dtype == np.float64:
+        x, y = float(a.reshape(-1)[0]), float(b.reshape(-1)[0])
+        if math.isfinite(x) and math.isfinite(y):
+            return abs(x - y) <= 1e-6 * abs(y)
+    return bool(np.allclose(a, b, rtol=1e-6, atol=0))
 
 
 class UnrepresentableScale(ValueError):
@@ -96,6 +107,10 @@ def multiplier_shift(scale: float | np.ndarray, bits: int = 32) -> tuple[np.ndar
     """
     scale = np.atleast_1d(np.asarray(scale, np.float64))
     mantissa_bits = bits - 1
+    if scale.size == 1:  # most RESCALEs: the same arithmetic on one Python float, without numpy's per-call cost
+        one = _one_multiplier_shift(float(scale[0]), mantissa_bits)
+        if one is not None:
+            return np.array([one[0]], np.int64), np.array([one[1]], np.int64)
     invalid = (scale <= 0) | ~np.isfinite(scale)
     m, e = np.frexp(np.where(invalid, 0.5, scale))  # s = m * 2**e, 0.5 <= m < 1 (exact)
     mult = np.round(m * (1 << mantissa_bits)).astype(np.int64)  # at most 2**mantissa_bits: exact in float64
@@ -113,3 +128,20 @@ def multiplier_shift(scale: float | np.ndarray, bits: int = 32) -> tuple[np.ndar
             raise UnrepresentableScale(f"rescale factor must be positive and finite, got {s}")
         raise UnrepresentableScale(f"rescale factor {s} is too large for a {bits}-bit RESCALE")
     return mult, shift
+
+
+def _one_multiplier_shift(scale: float, mantissa_bits: int) -> tuple[int, int] | None:
+    """multiplier_shift of one scale, exactly as the vectorised form computes it (frexp, round half to even);
+    None when it cannot be represented (the vectorised form raises the error)."""
+    if not (scale > 0 and math.isfinite(scale)):
+        return None
+    m, e = math.frexp(scale)
+    mult = round(m * (1 << mantissa_bits))
+    carry = mult == 1 << mantissa_bits
+    if carry:
+        mult //= 2
+    shift = mantissa_bits - (e + carry)
+    if shift > 62:
+        mult >>= min(shift - 62, 63)
+        shift = 62
+    return (mult, shift) if shift >= 2 else None

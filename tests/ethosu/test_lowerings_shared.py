@@ -1,0 +1,40 @@
+"""The lower stage's Lowerings shares a lowering between options that agree on every option field it read:
+the shared graph is the one lowering with the other options makes, and options differing in a field read are
+lowered anew."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from npbtest.lowering import downsampling_block
+from npbtest.ops import calib, quantize_model
+
+from npubuild.ethosu.families import Lowerings
+from npubuild.lowering.driver import lower_model
+from npubuild.lowering.options import FAMILY_OPTIONS, FIELDS, PORTABLE, recorded
+
+
+def test_reads_are_recorded_through_predicates_and_copies() -> None:
+    watched, reads = recorded(FAMILY_OPTIONS["u65"])
+    assert not reads
+    watched.planar_input(3)  # a predicate reads its threshold field
+    assert reads == {"planar_input_channels"}
+    replace(watched, softmax_wide=True)  # a copy reads every field it keeps
+    assert reads == set(FIELDS) - {"softmax_wide"}
+    assert all(getattr(watched, name) == getattr(FAMILY_OPTIONS["u65"], name) for name in FIELDS)
+
+
+def test_options_agreeing_on_what_was_read_share_the_graph() -> None:
+    model = quantize_model(downsampling_block(8, 16, 8), calib("x", [1, 8, 8, 8], n=8))
+    lowerings = Lowerings(model, "int", {})
+    first = lowerings(PORTABLE)
+    (read, _), = lowerings.reads
+    assert "concat_order" in read and "softmax_wide" not in read  # no softmax in this model
+    softmax = replace(PORTABLE, softmax_wide=True)
+    assert lowerings(softmax) is first and len(lowerings.reads) == 1
+    assert first.lowered is not None
+    assert first.lowered.tosa == lower_model(model, "int", options=softmax).tosa
+    u55 = FAMILY_OPTIONS["u55"]  # differs on fields every lowering reads (concat_order): lowered again
+    own = lowerings(u55)
+    assert own is not first and len(lowerings.reads) == 2
+    assert own.lowered is not None and own.lowered.tosa == lower_model(model, "int", family="u55").tosa
