@@ -59,8 +59,9 @@ RUNS = ("tosa_reference_model.run", "onnxruntime_pybind11_state.run", "regor.com
 
 def process_row(prof: Path) -> str:
     """One process's profiled seconds split into waiting (for children, workers, pipes), model runs and Vela's
-    compiles (native: clocked alike by cProfile), and the rest; `where`: its outermost npubuild function below
-    the stage runner, i.e. the stage or worker it was."""
+    compiles (native: clocked alike by cProfile), and the rest (npu-sim's simulation, Python, is in the rest);
+    `where`: the stage's `run` or the worker pool's task it ran, the largest ("the build" for none: the
+    build process, or a fork that ran Vela)."""
     st = pstats.Stats(str(prof))
     waits = runs = 0.0
     where = []
@@ -68,7 +69,7 @@ def process_row(prof: Path) -> str:
         label = f"{path}:{line}({name})"
         waits += tottime if any(w in label for w in WAITS) else 0.0
         runs += tottime if any(r in label for r in RUNS) else 0.0
-        if "/npubuild/" in path and ("/stages/" in path or "fanout.py" in path):
+        if "/npubuild/" in path and (("/stages/" in path and name == "run") or name == "_run_index"):
             where.append((cumtime, f"{path.split('/npubuild/')[-1]}:{name}"))
     rest = st.total_tt - waits - runs  # type: ignore[attr-defined]
     top = max(where)[1] if where else "the build"
