@@ -4,8 +4,8 @@ One onnxruntime session with every float tensor exposed, run twice over the samp
 records each tensor's per-sample minimum and maximum, the second a histogram over the tensor's whole
 calibration range (so bins are fixed before any value is counted, and no sample is held in memory). The
 second pass is most of the time (2048-bin histograms of every activation of every sample, np.histogram's
-counts by ptq/histogram.py in half its time) and only the percentile and mse estimators read it: it is skipped when neither is wanted, and a tensor that holds
-another's values reordered (a Transpose, Reshape... output: PERMUTING) takes that tensor's histogram, as
+counts by ptq/histogram.py in half its time) and only the percentile and mse estimators read it: it is
+skipped when neither is wanted, and a tensor that holds another's values reordered (a Transpose, Reshape... output: PERMUTING) takes that tensor's histogram, as
 np.histogram over the same values in the same range counts the same.
 """
 
