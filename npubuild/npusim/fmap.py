@@ -124,21 +124,113 @@ def _block(geometry: tuple, h: int, w: int, c: int) -> tuple[np.ndarray, int, in
     return addr, int(addr.min()) if addr.size else 0, int(addr.max()) if addr.size else 0
 
 
-def _checked_block(mem: np.ndarray, fm: FeatureMap, h: int, w: int, c: int, what: str) -> np.ndarray:
+@dataclass(frozen=True)
+class _View:
+    """A block whose bytes memory holds as one strided array: its shape and byte strides (NHCWB16 whole bricks:
+    (h, w, bricks, 16)), and whether no two elements share a byte (then a write through it is a scatter's)."""
+
+    shape: tuple[int, ...]
+    strides: tuple[int, ...]
+    disjoint: bool
+
+
+@dataclass
+class _Block:
+    """How an (h, w, c) block of a map is read and written: its byte addresses from `base` (`rel`; `addr` the
+    absolute ones, made when a gather needs them), their least and greatest, and the strided view of memory
+    that holds it where there is one (the block in tile 0, laid out affinely)."""
+
+    rel: np.ndarray
+    base: int
+    lo: int
+    hi: int
+    view: _View | None
+    _addr: np.ndarray | None = None
+
+    @property
+    def addr(self) -> np.ndarray:
+        if self._addr is None:
+            self._addr = self.rel + self.base if self.base else self.rel
+        return self._addr
+
+
+@functools.lru_cache(maxsize=4096)
+def _tile0(stride_y: int, stride_x: int, stride_c: int, fmt: int, elem: int, h: int, w: int, c: int
+           ) -> tuple[np.ndarray, int, int, _View | None]:
+    """A block in tile 0 (h <= HEIGHT0, w <= WIDTH0): its byte addresses from BASE0 (`FeatureMap.addresses`' tile-0
+    grid less the base), least and greatest, and its strided view. Alike for every op of the same strides and
+    shape wherever its base is: a U55 stream splits a transpose into thousands of such small copies."""
+    fm = FeatureMap(0, (0, 0, 0, 0), w, h, h, stride_x, stride_y, stride_c, 8 * elem, True, fmt, 0)
+    rel = fm.addresses(np.arange(h), np.arange(w), np.arange(c))
+    rel.flags.writeable = False
+    view = _view_of(stride_y, stride_x, stride_c, fmt, elem, h, w, c)
+    return rel, int(rel.min()), int(rel.max()), view
+
+
+def _view_of(stride_y: int, stride_x: int, stride_c: int, fmt: int, elem: int, h: int, w: int, c: int
+             ) -> _View | None:
+    """The strided view of a tile-0 block, or None where its channels are not one stride apart (NHCWB16 with a
+    part brick past the first) or a stride is negative."""
+    if fmt == NHCWB16 and c > 16:
+        if c % 16:
+            return None
+        shape, strides = (h, w, c // 16, 16), (stride_y, stride_x, stride_c, elem)
+    else:
+        shape, strides = (h, w, c), (stride_y, stride_x, elem if fmt == NHCWB16 else stride_c)
+    if min(strides) < 0:
+        return None
+    return _View(shape, strides, _disjoint(shape, strides, elem))
+
+
+def _disjoint(shape: tuple[int, ...], strides: tuple[int, ...], elem: int) -> bool:
+    """Whether no two elements of the strided block share a byte: each axis (by stride) steps past everything
+    the smaller ones span (sufficient, not necessary: a block that fails it is written by scatter)."""
+    span = elem
+    for stride, n in sorted((s, n) for s, n in zip(strides, shape, strict=True) if n > 1):
+        if stride < span:
+            return False
+        span = stride * (n - 1) + span
+    return True
+
+
+def _plan(fm: FeatureMap, h: int, w: int, c: int) -> _Block:
+    if h and w and c and h <= fm.height0 and w <= fm.width0:
+        rel, lo, hi, view = _tile0(fm.stride_y, fm.stride_x, fm.stride_c, fm.fmt, fm.elem, h, w, c)
+        base = fm.bases[0]
+        return _Block(rel, base, lo + base, hi + base, view)
+    addr, lo, hi = _block(fm.geometry(), h, w, c)
+    return _Block(addr, 0, lo, hi, None)
+
+
+def _checked_block(mem: np.ndarray, fm: FeatureMap, h: int, w: int, c: int, what: str) -> _Block:
     block = fm.blocks.get((h, w, c))
     if block is None:
-        block = fm.blocks[h, w, c] = _block(fm.geometry(), h, w, c)
-    addr, lo, hi = block
+        block = fm.blocks[h, w, c] = _plan(fm, h, w, c)
     size = mem.shape[-1]
-    if addr.size and (lo < 0 or hi + fm.elem > size):
-        raise StageError(f"feature map {what} outside its region ({lo}..{hi}, size {size})")
-    return addr
+    if block.rel.size and (block.lo < 0 or block.hi + fm.elem > size):
+        raise StageError(f"feature map {what} outside its region ({block.lo}..{block.hi}, size {size})")
+    return block
+
+
+def _strided(mem: np.ndarray, fm: FeatureMap, block: _Block) -> np.ndarray | None:
+    """The block as a strided array over memory (a block per sample for a batched memory), or None where it has
+    no view or memory is not one contiguous buffer."""
+    view = block.view
+    if view is None or not mem.flags.c_contiguous:
+        return None
+    return np.ndarray((*mem.shape[:-1], *view.shape), np.dtype(fm.dtype).newbyteorder("<"), mem, block.base,
+                      (*mem.strides[:-1], *view.strides))
 
 
 def read(mem: np.ndarray, fm: FeatureMap, h: int, w: int, c: int) -> np.ndarray:
     """The (h, w, c) block at the origin of `fm`, as int64; memory with a leading sample axis (a batch of
-    samples run at once, npusim.u55.machine.run_samples) gives a block per sample."""
-    addr = _checked_block(mem, fm, h, w, c, "read")
+    samples run at once, npusim.u55.machine.run_samples) gives a block per sample. Through a strided view where
+    memory holds the block as one (a copy of it, not a gather of every byte), else by address."""
+    block = _checked_block(mem, fm, h, w, c, "read")
+    strided = _strided(mem, fm, block)
+    if strided is not None:
+        return strided.astype(np.int64, order="C").reshape(*mem.shape[:-1], h, w, c)
+    addr = block.addr
     dtype = np.dtype(fm.dtype).newbyteorder("<")
     if fm.elem == 1:
         return _gather(mem, addr).view(dtype).astype(np.int64)
@@ -148,9 +240,15 @@ def read(mem: np.ndarray, fm: FeatureMap, h: int, w: int, c: int) -> np.ndarray:
 
 def write(mem: np.ndarray, fm: FeatureMap, values: np.ndarray) -> None:
     """Store an (h, w, c) block (already saturated to the OFM type) at the origin of `fm` (a block per sample
-    where memory has a leading sample axis)."""
+    where memory has a leading sample axis): through a strided view where no two elements share a byte (the
+    bytes a scatter writes), else by address."""
     h, w, c = values.shape[-3:]
-    addr = _checked_block(mem, fm, h, w, c, "write")
+    block = _checked_block(mem, fm, h, w, c, "write")
+    strided = _strided(mem, fm, block) if block.view is not None and block.view.disjoint else None
+    if strided is not None:
+        np.copyto(strided, values.reshape(strided.shape), casting="unsafe")
+        return
+    addr = block.addr
     raw = np.ascontiguousarray(values.astype(np.dtype(fm.dtype).newbyteorder("<"))).view(np.uint8)
     if fm.elem == 1:
         _scatter(mem, addr, raw)
