@@ -20,6 +20,7 @@ from npubuild.npusim.cmdstream import Command
 NHWC, NHCWB16 = 0, 1
 DTYPES = {(8, True): np.int8, (8, False): np.uint8, (16, True): np.int16, (16, False): np.uint16,
           (32, True): np.int32, (32, False): np.uint32, (64, True): np.int64, (64, False): np.uint64}
+_LE_DTYPES = {k: np.dtype(t).newbyteorder("<") for k, t in DTYPES.items()}
 
 
 @dataclass(frozen=True)
@@ -55,6 +56,11 @@ class FeatureMap:
     @property
     def dtype(self):
         return DTYPES[(self.bits, self.signed)]
+
+    @property
+    def le_dtype(self) -> np.dtype:
+        """The element type, little-endian (memory's byte order)."""
+        return _LE_DTYPES[(self.bits, self.signed)]
 
     @property
     def format_name(self) -> str:
@@ -99,18 +105,27 @@ def operand(cmd: Command, prefix: str) -> FeatureMap:
     return fm
 
 
+# per operand prefix, the names of the registers `_operand` reads, made once (not formatted per op: a U55
+# stream of thousands of small ops makes two or three maps for each)
+_REGISTERS = {prefix: (f"{prefix}_PRECISION", f"{prefix}_REGION", tuple(f"{prefix}_BASE{i}" for i in range(4)),
+                       f"{prefix}_WIDTH0_M1", f"{prefix}_HEIGHT0_M1", f"{prefix}_HEIGHT1_M1", f"{prefix}_STRIDE_X",
+                       f"{prefix}_STRIDE_Y", f"{prefix}_STRIDE_C", f"{prefix}_ZERO_POINT")
+              for prefix in ("IFM", "IFM2", "OFM")}
+
+
 def _operand(cmd: Command, prefix: str) -> FeatureMap:
-    bits, signed, fmt = _precision(cmd, f"{prefix}_PRECISION", prefix == "OFM")
+    precision, region, bases, width0, height0, height1, sx, sy, sc, zero_point = _REGISTERS[prefix]
+    bits, signed, fmt = _precision(cmd, precision, prefix == "OFM")
     r = cmd.regs
     return FeatureMap(
-        region=r.get(f"{prefix}_REGION", 0) & 0x7,
-        bases=tuple(cmd.addr(f"{prefix}_BASE{i}") for i in range(4)),  # type: ignore[arg-type]
-        width0=r.get(f"{prefix}_WIDTH0_M1", 0) + 1,
-        height0=r.get(f"{prefix}_HEIGHT0_M1", 0) + 1,
-        height1=r.get(f"{prefix}_HEIGHT1_M1", 0) + 1,
-        stride_x=r.get(f"{prefix}_STRIDE_X", 0), stride_y=r.get(f"{prefix}_STRIDE_Y", 0),
-        stride_c=r.get(f"{prefix}_STRIDE_C", 0),
-        bits=bits, signed=signed, fmt=fmt, zero_point=cmd.s16(f"{prefix}_ZERO_POINT"),
+        region=r.get(region, 0) & 0x7,
+        bases=tuple(cmd.addr(b) for b in bases),  # type: ignore[arg-type]
+        width0=r.get(width0, 0) + 1,
+        height0=r.get(height0, 0) + 1,
+        height1=r.get(height1, 0) + 1,
+        stride_x=r.get(sx, 0), stride_y=r.get(sy, 0),
+        stride_c=r.get(sc, 0),
+        bits=bits, signed=signed, fmt=fmt, zero_point=cmd.s16(zero_point),
     )
 
 
@@ -218,7 +233,7 @@ def _strided(mem: np.ndarray, fm: FeatureMap, block: _Block) -> np.ndarray | Non
     view = block.view
     if view is None or not mem.flags.c_contiguous:
         return None
-    return np.ndarray((*mem.shape[:-1], *view.shape), np.dtype(fm.dtype).newbyteorder("<"), mem, block.base,
+    return np.ndarray((*mem.shape[:-1], *view.shape), fm.le_dtype, mem, block.base,
                       (*mem.strides[:-1], *view.strides))
 
 
@@ -231,7 +246,7 @@ def read(mem: np.ndarray, fm: FeatureMap, h: int, w: int, c: int) -> np.ndarray:
     if strided is not None:
         return strided.astype(np.int64, order="C").reshape(*mem.shape[:-1], h, w, c)
     addr = block.addr
-    dtype = np.dtype(fm.dtype).newbyteorder("<")
+    dtype = fm.le_dtype
     if fm.elem == 1:
         return _gather(mem, addr).view(dtype).astype(np.int64)
     raw = np.ascontiguousarray(_gather(mem, addr[..., None] + np.arange(fm.elem)))
@@ -249,7 +264,7 @@ def write(mem: np.ndarray, fm: FeatureMap, values: np.ndarray) -> None:
         np.copyto(strided, values.reshape(strided.shape), casting="unsafe")
         return
     addr = block.addr
-    raw = np.ascontiguousarray(values.astype(np.dtype(fm.dtype).newbyteorder("<"))).view(np.uint8)
+    raw = np.ascontiguousarray(values.astype(fm.le_dtype)).view(np.uint8)
     if fm.elem == 1:
         _scatter(mem, addr, raw)
     else:

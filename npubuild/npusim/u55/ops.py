@@ -14,7 +14,7 @@ from npubuild.npusim import NotModelled, VelaMiscompile, fmap
 from npubuild.npusim.cmdstream import Command
 from npubuild.npusim.memory import constant_bytes
 from npubuild.npusim.npu_op import Kernel, OpResult, clz, conv_accumulate, kernel_of, ofm_shape, taps
-from npubuild.npusim.u55.scaling import clamp, saturate, scale
+from npubuild.npusim.u55.scaling import clamp_bounds, clamp_in_place, saturate, scale, type_range
 from npubuild.npusim.weights import WeightLayout, decode_cached, decode_scales, unpack_weights
 
 POOL_MODES = {0: "MAX", 1: "AVERAGE", 2: "REDUCE_SUM"}
@@ -49,6 +49,8 @@ def _read_ifm_window(mem: dict, cmd: Command, k: Kernel, depth: int, pad_value: 
             x[..., ::2, ::2, :] = src[..., : (ih + 1) // 2, : (iw + 1) // 2, :]
     else:
         x = fmap.read(mem[ifm.region], ifm, ih, iw, depth)
+    if not (k.top or k.left or k.bottom or k.right):  # the window is the IFM read (a new array)
+        return x, (ih, iw, depth), ifm
     fill = ifm.zero_point if pad_value is None else pad_value
     padded = np.full((*x.shape[:-3], eh, ew, depth), fill, np.int64)
     padded[..., k.top:k.top + ih, k.left:k.left + iw, :] = x
@@ -101,11 +103,13 @@ def _finish(cmd: Command, acc: np.ndarray, mult, shift, ofm: fmap.FeatureMap, me
     """Scale, add the OFM zero point, clamp to the activation range, look up a LUT, saturate to the OFM type."""
     p = cmd.regs.get("OFM_PRECISION", 0)
     rounding = (p >> 14) & 3
-    v = scale(acc, mult, shift, rounding) + ofm.zero_point
+    v = scale(acc, mult, shift, rounding)  # a new array: the zero point and clamps go into it
+    v += ofm.zero_point
     fn = cmd.regs.get("ACTIVATION", 0) & 0xFFF
-    if ofm.bits < 32:
-        v = clamp(v, cmd.s16("ACTIVATION_MIN"), cmd.s16("ACTIVATION_MAX"))
-    v = saturate(v, ofm.bits, ofm.signed)
+    lo, hi = type_range(ofm.bits, ofm.signed)
+    if ofm.bits < 32:  # the activation's range, then the type's: one clamp
+        lo, hi = clamp_bounds((cmd.s16("ACTIVATION_MIN"), cmd.s16("ACTIVATION_MAX")), (lo, hi))
+    v = clamp_in_place(v, lo, hi)
     if fn == 0:
         return v
     if LUT_FIRST <= fn <= LUT_LAST and ofm.bits == 8:
@@ -204,10 +208,10 @@ def run_pool(mem: dict, cmd: Command, ncores: int = 1) -> OpResult:
         for _, _, win in taps(padded, k, oh, ow):
             acc = win.copy() if acc is None else np.maximum(acc, win)
         acc = acc - ifm0.zero_point
-    else:
-        acc = np.zeros((*padded.shape[:-3], oh, ow, depth), np.int64)
+    else:  # the first tap's values, then the others added (a 1x1 pool: the window less the zero point)
+        acc = None
         for _, _, win in taps(padded - ifm0.zero_point, k, oh, ow):
-            acc += win
+            acc = win if acc is None else acc + win
         if mode == "REDUCE_SUM":
             acc = acc.sum(axis=-1, keepdims=True)
     ofm = fmap.operand(cmd, "OFM")

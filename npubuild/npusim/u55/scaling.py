@@ -12,7 +12,8 @@ TFL, TRUNCATE, NATURAL = 0, 1, 2
 
 
 def scale(value: np.ndarray, mult, shift, rounding: int) -> np.ndarray:
-    """(value * mult) >> shift with the given rounding, in int64 (values are 32-bit accumulators)."""
+    """(value * mult) >> shift with the given rounding, in int64 (values are 32-bit accumulators). A new array:
+    the caller may change it in place."""
     v = np.asarray(value, np.int64)
     if np.ndim(mult) == 0 and np.ndim(shift) == 0:
         return _scale_by_one(v, int(mult), int(shift), rounding)
@@ -22,10 +23,17 @@ def scale(value: np.ndarray, mult, shift, rounding: int) -> np.ndarray:
     if rounding == TRUNCATE:
         q = np.where(s > 0, np.abs(prod) >> np.maximum(s, 0), np.abs(prod))
         return np.where(prod < 0, -q, q)
-    rnd = np.where(s > 0, np.left_shift(np.int64(1), np.maximum(s - 1, 0)), 0)
-    if rounding == TFL:
-        rnd = rnd + np.where(s > 31, np.where(v >= 0, 1 << 30, -(1 << 30)), 0)
-    return (prod + rnd) >> s
+    shape = np.broadcast_shapes(prod.shape, s.shape)
+    if shape != prod.shape:  # a shift per element over a broadcast value (SHR by a per-sample IFM2)
+        prod = np.broadcast_to(prod, shape).copy()
+    # the rounding term per channel, then (TFL, where a channel shifts past 31) +-2^30 by the value's sign:
+    # added in place (int64 addition wraps alike in any order, so the same integers as one sum)
+    prod += np.where(s > 0, np.left_shift(np.int64(1), np.maximum(s - 1, 0)), 0)
+    if rounding == TFL and np.any(s > 31):
+        double = np.where(s > 31, np.int64(1 << 30), np.int64(0))
+        prod += np.where(v >= 0, double, -double)
+    prod >>= s
+    return prod
 
 
 def _scale_by_one(v: np.ndarray, m: int, s: int, rounding: int) -> np.ndarray:
@@ -36,10 +44,11 @@ def _scale_by_one(v: np.ndarray, m: int, s: int, rounding: int) -> np.ndarray:
     if rounding == TRUNCATE:
         q = np.abs(prod) >> s if s > 0 else np.abs(prod)
         return np.where(prod < 0, -q, q)
-    rnd = 1 << (s - 1) if s > 0 else 0
+    prod += 1 << (s - 1) if s > 0 else 0
     if rounding == TFL and s > 31:
-        return (prod + (rnd + np.where(v >= 0, 1 << 30, -(1 << 30)))) >> s
-    return (prod + rnd) >> s
+        prod += np.where(v >= 0, np.int64(1 << 30), np.int64(-(1 << 30)))
+    prod >>= s
+    return prod
 
 
 def clamp(values: np.ndarray, lo: int, hi: int) -> np.ndarray:
@@ -49,5 +58,25 @@ def clamp(values: np.ndarray, lo: int, hi: int) -> np.ndarray:
 
 
 def saturate(values: np.ndarray, bits: int, signed: bool) -> np.ndarray:
-    lo, hi = (-(1 << (bits - 1)), (1 << (bits - 1)) - 1) if signed else (0, (1 << bits) - 1)
+    lo, hi = type_range(bits, signed)
     return clamp(values, lo, hi)
+
+
+def type_range(bits: int, signed: bool) -> tuple[int, int]:
+    """The least and greatest value of a `bits`-wide integer."""
+    return (-(1 << (bits - 1)), (1 << (bits - 1)) - 1) if signed else (0, (1 << bits) - 1)
+
+
+def clamp_bounds(first: tuple[int, int], then: tuple[int, int]) -> tuple[int, int]:
+    """(lo, hi) such that clamp(v, lo, hi) is clamp(clamp(v, *first), *then) for every v: max distributes over
+    min, so min(max(min(max(v, a), b), c), d) = min(max(v, max(a, c)), min(max(b, c), d)) (also where a
+    range is empty, as the activation's may be)."""
+    (a, b), (c, d) = first, then
+    return max(a, c), min(max(b, c), d)
+
+
+def clamp_in_place(values: np.ndarray, lo: int, hi: int) -> np.ndarray:
+    """`clamp` into `values` itself (an array the caller made): two passes without new arrays."""
+    np.maximum(values, lo, out=values)
+    np.minimum(values, hi, out=values)
+    return values
