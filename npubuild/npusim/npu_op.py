@@ -136,13 +136,44 @@ def conv_accumulate(x: np.ndarray, w: np.ndarray, k: Kernel, oh: int, ow: int, o
                     depthwise: bool) -> np.ndarray:
     """The int64 accumulators (..., oh, ow, oc) of a convolution of the zero-point-removed IFM `x` (padded,
     (..., H, W, C): leading axes are samples) with OHWI weights `w`: per tap for a depthwise one, as one matrix
-    product over every tap otherwise (exact, so its rows do not depend on how many samples share it)."""
+    product over every tap otherwise (exact, so its rows do not depend on how many samples share it). A new
+    array (the caller may add to it in place).
+
+    Both in the narrowest arithmetic that holds every partial sum exactly, by the bound |x| |w| taps (x's
+    own extremes): a depthwise sum in int32 (else int64), a product in float32 below 2^24 (else float64, else
+    int64). Exact in each, so the same integers; most of a real model's npu-sim time is these sums, and int64
+    moves twice the bytes."""
     shape = (*x.shape[:-3], oh, ow, oc)
+    n_taps = k.h * k.w
+    if depthwise and n_taps == 1:
+        return next(taps(x, k, oh, ow))[2] * w[:, 0, 0, 0]
+    bound = _magnitude(x) * _magnitude(w) * (n_taps if depthwise else n_taps * x.shape[-1])
     if depthwise:
-        acc = np.zeros(shape, np.int64)
-        for ky, kx, win in taps(x, k, oh, ow):
-            acc += win * w[:, ky, kx, 0]
-        return acc
-    cols = np.concatenate([win for _, _, win in taps(x, k, oh, ow)], axis=-1)
-    wmat = w.transpose(1, 2, 3, 0).reshape(-1, oc)
-    return exact_matmul(cols.reshape(-1, cols.shape[-1]), wmat).reshape(shape)
+        return _depthwise(x, w, k, oh, ow, shape, np.int32 if bound < 2 ** 31 else np.int64)
+    dtype = np.float32 if bound < 2 ** 24 else np.float64 if bound < 2 ** 52 else np.int64
+    cols = np.concatenate([win for _, _, win in taps(x, k, oh, ow)], axis=-1, dtype=dtype)
+    wmat = w.transpose(1, 2, 3, 0).reshape(-1, oc).astype(dtype)
+    return (cols.reshape(-1, cols.shape[-1]) @ wmat).astype(np.int64).reshape(shape)
+
+
+def _magnitude(a: np.ndarray) -> int:
+    """The greatest |element| (0 for an empty array), from the extremes (no array of absolute values)."""
+    if not a.size:
+        return 0
+    return max(int(a.max()), -int(a.min()))
+
+
+def _depthwise(x: np.ndarray, w: np.ndarray, k: Kernel, oh: int, ow: int, shape: tuple[int, ...],
+               dtype: type) -> np.ndarray:
+    """Sum over taps of the window times the tap's weight per channel, in `dtype` (exact there), as int64."""
+    xs, ws = x.astype(dtype), w.astype(dtype)
+    acc: np.ndarray | None = None
+    product = np.empty(shape, dtype)
+    for ky, kx, win in taps(xs, k, oh, ow):
+        if acc is None:
+            acc = win * ws[:, ky, kx, 0]
+        else:
+            np.multiply(win, ws[:, ky, kx, 0], out=product)
+            acc += product
+    assert acc is not None
+    return acc.astype(np.int64, copy=False)

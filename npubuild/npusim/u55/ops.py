@@ -158,7 +158,8 @@ def run_conv(mem: dict, cmd: Command, accel: str, ncores: int) -> OpResult:
     padded, ishape, ifm = _read_ifm_window(mem, cmd, k, ic, None)
     x = padded - ifm.zero_point
     w, bias, mult, shift = _per_core_weights(mem, cmd, accel, ncores, oc, k, ic, depthwise, ifm.bits)
-    acc = conv_accumulate(x, w, k, oh, ow, oc, depthwise) + bias
+    acc = conv_accumulate(x, w, k, oh, ow, oc, depthwise)  # a new array
+    acc += bias
     ofm = fmap.operand(cmd, "OFM")
     if not per_channel_mode(cmd):
         m, s = _ofm_global_scale(cmd)
