@@ -3,7 +3,8 @@
     PYTHONPATH=. python bench/npusim_tasks.py SPEC BUILD_DIR --tree before=/path/a --tree after=/path/b [--rounds N]
 
 For every npu-sim task of BUILD_DIR (a build of SPEC), runs the task's work (verify.npu_sim.simulate_build on
-the vela/lower/import/quantize outputs the build wrote, with the task's config from its stage.json) in a fresh
+the vela/lower/import/quantize outputs and tosa-check's kept runs (runs.npz) the build wrote, with the task's
+config from its stage.json) in a fresh
 process with each tree's code in turn (interleaved, so load drifts hit both alike), and prints the process CPU
 seconds and whether the record equals the build's npusim.json but for `sim_seconds` (a change that claims to
 be behaviour-identical shows it here). Why a table and not a test: speed is not asserted in tests.
@@ -29,8 +30,8 @@ def _one(job: Path, out: Path) -> None:
 
     j = json.loads(job.read_text())
     config = NpuSimConfig.from_json(j["config"])
-    files = SimFiles(*(Path(j[k]) if j[k] else None for k in
-                       ("vela", "io", "float", "calibration", "eval_inputs", "reference")))
+    files = SimFiles(*(Path(j[k]) if j.get(k) else None for k in
+                       ("vela", "io", "float", "calibration", "eval_inputs", "reference", "runs")))
     t0, w0 = time.process_time(), time.perf_counter()
     simulate_build(files, SimSamples(config.samples_from, config.calibration), out)
     print(f"cpu {time.process_time() - t0:.2f} wall {time.perf_counter() - w0:.2f}")
@@ -56,7 +57,8 @@ def _jobs(spec: Path, build: Path) -> list[tuple[str, dict, Path]]:
                "calibration": str((spec.parent / npy).resolve()) if npy else None,
                "eval_inputs": None,
                "reference": _first(build, "stages/precision/*/model_*.onnx") or _first(
-                   build, "stages/quantize/*/model_qdq.onnx")}
+                   build, "stages/quantize/*/model_qdq.onnx"),
+               "runs": _first(build, "stages/tosa-check/*/runs.npz")}
         jobs.append((name, job, stage.parent / "npusim.json"))
     return jobs
 
