@@ -11,7 +11,8 @@ import itertools
 import numpy as np
 import pytest
 
-from npubuild.npusim.u55.scaling import NATURAL, TFL, TRUNCATE, clamp, clamp_bounds, clamp_in_place, scale
+from npubuild.npusim.npu_op import clamp_bounds, clamp_in_place
+from npubuild.npusim.u55.scaling import NATURAL, TFL, TRUNCATE, clamp, scale
 
 
 def _exact(v: int, m: int, s: int, rounding: int) -> int:

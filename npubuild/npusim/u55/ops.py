@@ -13,8 +13,19 @@ from npubuild.errors import StageError
 from npubuild.npusim import NotModelled, VelaMiscompile, fmap
 from npubuild.npusim.cmdstream import Command
 from npubuild.npusim.memory import constant_bytes
-from npubuild.npusim.npu_op import Kernel, OpResult, clz, conv_accumulate, kernel_of, ofm_shape, taps
-from npubuild.npusim.u55.scaling import clamp_bounds, clamp_in_place, saturate, scale, type_range
+from npubuild.npusim.npu_op import (
+    Kernel,
+    OpResult,
+    clamp_bounds,
+    clamp_in_place,
+    clz,
+    conv_accumulate,
+    kernel_of,
+    ofm_shape,
+    taps,
+    type_range,
+)
+from npubuild.npusim.u55.scaling import saturate, scale
 from npubuild.npusim.weights import WeightLayout, decode_cached, decode_scales, unpack_weights
 
 POOL_MODES = {0: "MAX", 1: "AVERAGE", 2: "REDUCE_SUM"}

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from npubuild.npusim.npu_op import type_range
+
 TFL, TRUNCATE, NATURAL = 0, 1, 2
 
 
@@ -60,23 +62,3 @@ def clamp(values: np.ndarray, lo: int, hi: int) -> np.ndarray:
 def saturate(values: np.ndarray, bits: int, signed: bool) -> np.ndarray:
     lo, hi = type_range(bits, signed)
     return clamp(values, lo, hi)
-
-
-def type_range(bits: int, signed: bool) -> tuple[int, int]:
-    """The least and greatest value of a `bits`-wide integer."""
-    return (-(1 << (bits - 1)), (1 << (bits - 1)) - 1) if signed else (0, (1 << bits) - 1)
-
-
-def clamp_bounds(first: tuple[int, int], then: tuple[int, int]) -> tuple[int, int]:
-    """(lo, hi) such that clamp(v, lo, hi) is clamp(clamp(v, *first), *then) for every v: max distributes over
-    min, so min(max(min(max(v, a), b), c), d) = min(max(v, max(a, c)), min(max(b, c), d)) (also where a
-    range is empty, as the activation's may be)."""
-    (a, b), (c, d) = first, then
-    return max(a, c), min(max(b, c), d)
-
-
-def clamp_in_place(values: np.ndarray, lo: int, hi: int) -> np.ndarray:
-    """`clamp` into `values` itself (an array the caller made): two passes without new arrays."""
-    np.maximum(values, lo, out=values)
-    np.minimum(values, hi, out=values)
-    return values

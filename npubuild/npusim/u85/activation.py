@@ -15,6 +15,7 @@ import numpy as np
 from npubuild.npusim import NotModelled
 from npubuild.npusim.cmdstream import Command
 from npubuild.npusim.memory import constant_bytes
+from npubuild.npusim.npu_op import clamp_bounds, clamp_in_place, type_range
 from npubuild.npusim.u85.operands import Operand
 from npubuild.npusim.u85.scaling import saturate, scale
 
@@ -55,14 +56,17 @@ def _lookup(lut_ram: np.ndarray, fn: int, table: int, v: np.ndarray) -> np.ndarr
 def finish(cmd: Command, acc: np.ndarray, mult, shift, ofm: Operand, lut_ram: np.ndarray) -> np.ndarray:
     """Accumulator -> OFM values (int64, within the OFM type)."""
     mode, dbl = ofm_rounding(cmd)
-    v = scale(acc, mult, shift, mode, dbl) + ofm.fm.zero_point
+    v = scale(acc, mult, shift, mode, dbl)  # a new array: the zero point and the clip go into it
+    v += ofm.fm.zero_point
     act = cmd.regs.get("ACTIVATION", 0)
     fn, table, no_clip = act & 0x1F, (act >> 5) & 7, (act >> 12) & 1
     if not no_clip:
         lo = cmd.s16("ACTIVATION_MIN")
         hi = cmd.regs.get("ACTIVATION_MAX", 0xFFFF)
         hi = hi if not ofm.fm.signed or hi < 0x8000 else hi - 0x10000
-        v = np.clip(v, lo, hi)
+        if not fn and ofm.fm.bits < 64:  # the clip, then the type's saturation: one clamp
+            return clamp_in_place(v, *clamp_bounds((lo, hi), type_range(ofm.fm.bits, ofm.fm.signed)))
+        v = clamp_in_place(v, lo, hi)
     if fn:
         if fn not in _TABLES:
             raise NotModelled(f"activation {FUNCTIONS.get(fn, fn)} is not modelled")

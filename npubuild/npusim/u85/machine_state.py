@@ -93,7 +93,8 @@ class Machine:
             self.accumulator = None
             bias, mult, shift = self.scales(cmd, acc.shape[-1])
             out = write(self.mem, self.chains, ofm, layout,
-                        activation.finish(cmd, acc + bias, mult, shift, ofm, self.lut_ram))
+                        activation.finish(cmd, acc if _no_bias(bias) else acc + bias, mult, shift, ofm,
+                                          self.lut_ram))
             oshape = out.shape[-3:]
             fmt = ofm.label
         if layout.transpose:
@@ -101,3 +102,8 @@ class Machine:
         if layout.reverse:
             detail = f"{detail} reverse {'HWC'[layout.reverse - 1]}".strip()
         return OpResult(cmd.index, kind, ishape, ifm.label, oshape, fmt, detail, out, ifm2_shape, ofm.fm.bits)
+
+
+def _no_bias(bias) -> bool:
+    """The global scale's bias (the int 0): the accumulator goes to the output stage as it is, not copied."""
+    return isinstance(bias, int) and bias == 0

@@ -71,9 +71,9 @@ def run_pool(m: Machine, cmd) -> OpResult:
                 best, index = np.where(better, win, best), np.where(better, pos, index)
         acc = index << 16
     else:
-        acc = np.zeros((*x.shape[:-3], oh, ow, depth), np.int64)
+        acc = None  # the first tap's values, then the others added
         for _, _, win in taps(x - zp, k, oh, ow):
-            acc += win
+            acc = win if acc is None else acc + win
         if mode == "REDUCE_SUM":
             acc = acc.sum(axis=-1, keepdims=True)
     if mode == "AVERAGE":

@@ -41,12 +41,15 @@ def scale(value, mult, shift, mode: int, dbl: int = 0) -> np.ndarray:
     v = np.asarray(value, np.int64)
     m = np.asarray(mult, np.int64)
     s = np.asarray(shift, np.int64)
-    rnd = _rounding(v, s, mode, dbl)
-    vmax = int(np.abs(v).max()) if v.size else 0
-    mmax = int(np.abs(m).max()) if m.size else 0
-    rmax = int(np.abs(rnd).max()) if np.size(rnd) else 0
-    if vmax * mmax + rmax < (1 << 63):
-        return (v * m + rnd) >> s
+    rnd = np.asarray(_rounding(v, s, mode, dbl))
+    if _magnitude(v) * _magnitude(m) + _magnitude(rnd) < (1 << 63):
+        prod = v * m  # then the rounding term and the shift in place (a new array: the caller may change it)
+        shape = np.broadcast_shapes(prod.shape, rnd.shape, s.shape)
+        if shape != prod.shape:
+            prod = np.broadcast_to(prod, shape).copy()
+        prod += rnd
+        prod >>= s
+        return prod
     # v * m + rnd = hi * 2^24 + low, each part computed well inside 64 bits
     mask = (1 << _LIMB) - 1
     hi = (v >> _LIMB) * m + (rnd >> _LIMB)
@@ -61,6 +64,13 @@ def scale(value, mult, shift, mode: int, dbl: int = 0) -> np.ndarray:
     hi_c = np.clip(hi, -limit, limit)
     out_small = (hi_c << (_LIMB - small_s)) + (low >> small_s)
     return np.where(big, out_big, out_small)
+
+
+def _magnitude(a: np.ndarray) -> int:
+    """The greatest |element| (0 for an empty array), from the extremes (no array of absolute values)."""
+    if not a.size:
+        return 0
+    return max(int(a.max()), -int(a.min()))
 
 
 def saturate(values: np.ndarray, bits: int, signed: bool) -> np.ndarray:
