@@ -12,6 +12,7 @@ import pytest
 
 from npubuild.errors import StageError
 from npubuild.npusim import fmap
+from npubuild.npusim.cmdstream import Command
 
 
 def _geometry(rng: np.random.Generator) -> tuple[fmap.FeatureMap, tuple[int, int, int]]:
@@ -84,3 +85,30 @@ def test_a_block_past_its_region_is_refused_before_any_byte_moves() -> None:
     with pytest.raises(StageError, match="outside its region"):
         fmap.write(mem, fm, np.ones((2, 4, 4, 3), np.int64))
     assert not mem.any()
+
+
+def _operand_by_accessors(cmd: Command, prefix: str) -> fmap.FeatureMap:
+    """The feature map through Command.addr/s16 register by register (how the fields are defined)."""
+    p = cmd.regs.get(f"{prefix}_PRECISION", 0)
+    size = (p >> 1) & 3 if prefix == "OFM" else (p >> 2) & 3
+    r = cmd.regs
+    return fmap.FeatureMap(r.get(f"{prefix}_REGION", 0) & 7, tuple(cmd.addr(f"{prefix}_BASE{i}") for i in range(4)),
+                           r.get(f"{prefix}_WIDTH0_M1", 0) + 1, r.get(f"{prefix}_HEIGHT0_M1", 0) + 1,
+                           r.get(f"{prefix}_HEIGHT1_M1", 0) + 1, r.get(f"{prefix}_STRIDE_X", 0),
+                           r.get(f"{prefix}_STRIDE_Y", 0), r.get(f"{prefix}_STRIDE_C", 0), 8 << size, bool(p & 1),
+                           (p >> 6) & 3, cmd.s16(f"{prefix}_ZERO_POINT"))
+
+
+@pytest.mark.parametrize("prefix", ["IFM", "IFM2", "OFM"])
+def test_an_operand_is_its_registers_read_one_by_one(prefix: str) -> None:
+    rng = np.random.default_rng(len(prefix))
+    names16 = ["REGION", "WIDTH0_M1", "HEIGHT0_M1", "HEIGHT1_M1", "ZERO_POINT"]
+    names32 = ["BASE0", "BASE1", "BASE2", "BASE3", "STRIDE_X", "STRIDE_Y", "STRIDE_C"]
+    for n in range(300):
+        regs = {f"{prefix}_{k}": int(rng.integers(0, 1 << 16)) for k in names16 if rng.random() < 0.9}
+        regs.update({f"{prefix}_{k}": int(rng.integers(0, 1 << 32)) for k in names32 if rng.random() < 0.9})
+        regs[f"{prefix}_PRECISION"] = int(rng.integers(0, 1 << 16)) & ~(0b1100 if prefix != "OFM" else 0b110) | (
+            int(rng.integers(0, 3)) << (2 if prefix != "OFM" else 1))
+        hi = {f"{prefix}_{k}": int(rng.integers(0, 1 << 16)) for k in names32 if rng.random() < 0.5}
+        cmd = Command(n, 0, "POOL", 0, regs, hi)
+        assert fmap.operand(cmd, prefix) == _operand_by_accessors(cmd, prefix)

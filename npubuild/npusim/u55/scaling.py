@@ -17,7 +17,7 @@ def scale(value: np.ndarray, mult, shift, rounding: int) -> np.ndarray:
     """(value * mult) >> shift with the given rounding, in int64 (values are 32-bit accumulators). A new array:
     the caller may change it in place."""
     v = np.asarray(value, np.int64)
-    if np.ndim(mult) == 0 and np.ndim(shift) == 0:
+    if (type(mult) is int and type(shift) is int) or (np.ndim(mult) == 0 and np.ndim(shift) == 0):
         return _scale_by_one(v, int(mult), int(shift), rounding)
     m = np.asarray(mult, np.int64)
     s = np.asarray(shift, np.int64)
