@@ -59,3 +59,21 @@ def test_double_symmetric_is_tosa_double_round():
     tosa = [(int(x) * m + (1 << 32) + ((1 << 30) if x >= 0 else -(1 << 30))) >> s for x in v]
     assert list(scale(v, m, s, DOUBLE_SYMMETRIC)) == tosa
     assert list(scale(v, m, s, NATURAL)) == [(int(x) * m + (1 << 32)) >> s for x in v]
+
+
+@pytest.mark.parametrize("mode", range(6), ids=ROUND_NAMES)
+def test_per_channel_scaling_over_samples_is_exact(mode):
+    """The shapes the output stage gives it: accumulators (samples, h, w, c), a multiplier and shift per channel
+    (the rounding term added in place, part by part), and one global multiplier and shift."""
+    rng = np.random.default_rng(100 + mode)
+    v = rng.integers(-(1 << 31), 1 << 31, (3, 4, 5, 6))
+    v[0, 0, 0, :3] = [0, -1, 1]
+    m = rng.integers(1, 1 << 31, 6)
+    s = rng.integers(0, 64, 6)
+    s[:2] = [0, 32]
+    for dbl in (0, 5):
+        got = scale(v, m, s, mode, dbl)
+        want = [reference(int(a), int(m[i % 6]), int(s[i % 6]), mode, dbl) for i, a in enumerate(v.flat)]
+        assert got.shape == v.shape and list(got.ravel()) == want
+        got = scale(v, 1 << 30, 33, mode, dbl)
+        assert list(got.ravel()) == [reference(int(a), 1 << 30, 33, mode, dbl) for a in v.flat]

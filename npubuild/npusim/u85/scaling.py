@@ -41,15 +41,12 @@ def scale(value, mult, shift, mode: int, dbl: int = 0) -> np.ndarray:
     v = np.asarray(value, np.int64)
     m = np.asarray(mult, np.int64)
     s = np.asarray(shift, np.int64)
+    in_place = _scale_in_place(v, m, s, mode, dbl)
+    if in_place is not None:
+        return in_place
     rnd = np.asarray(_rounding(v, s, mode, dbl))
     if _magnitude(v) * _magnitude(m) + _magnitude(rnd) < (1 << 63):
-        prod = v * m  # then the rounding term and the shift in place (a new array: the caller may change it)
-        shape = np.broadcast_shapes(prod.shape, rnd.shape, s.shape)
-        if shape != prod.shape:
-            prod = np.broadcast_to(prod, shape).copy()
-        prod += rnd
-        prod >>= s
-        return prod
+        return (v * m + rnd) >> s
     # v * m + rnd = hi * 2^24 + low, each part computed well inside 64 bits
     mask = (1 << _LIMB) - 1
     hi = (v >> _LIMB) * m + (rnd >> _LIMB)
@@ -64,6 +61,43 @@ def scale(value, mult, shift, mode: int, dbl: int = 0) -> np.ndarray:
     hi_c = np.clip(hi, -limit, limit)
     out_small = (hi_c << (_LIMB - small_s)) + (low >> small_s)
     return np.where(big, out_big, out_small)
+
+
+def _scale_in_place(v: np.ndarray, m: np.ndarray, s: np.ndarray, mode: int, dbl: int) -> np.ndarray | None:
+    """`scale`'s one-word path, the rounding term added into the product part by part (the per-channel half,
+    then the per-element sign or truncation term) rather than made whole and added: where a bound on the term
+    from its per-channel parts shows v * m + round within 64 bits (then `scale` takes that path too: the exact
+    term is within the bound), else None. A new array (the caller may change it)."""
+    one = np.int64(1)
+    half = np.where(s > 0, one << np.maximum(s - 1, 0), 0)
+    d = np.where(s > 31 - dbl, one << max(30 - dbl, 0), 0) if mode in (DOUBLE_SYMMETRIC, DOUBLE_ASYMMETRIC) else 0
+    if mode == TRUNCATE_TO_ZERO:
+        truncate = (one << s) - 1
+        bound = _magnitude(truncate)
+    elif mode in (NATURAL, DOUBLE_SYMMETRIC, DOUBLE_ASYMMETRIC, SYMMETRIC):
+        bound = _magnitude(half) + _magnitude(np.asarray(d)) + (mode == SYMMETRIC)
+    elif mode == TRUNCATE_TO_LOWER:
+        bound = 0
+    else:
+        return None  # `_rounding` names the mode
+    if _magnitude(v) * _magnitude(m) + bound >= 1 << 63:
+        return None
+    prod = v * m
+    shape = np.broadcast_shapes(prod.shape, s.shape)
+    if shape != prod.shape:
+        prod = np.broadcast_to(prod, shape).copy()
+    if mode == TRUNCATE_TO_ZERO:
+        prod += np.where(v >= 0, 0, truncate)
+    elif mode != TRUNCATE_TO_LOWER:
+        prod += half
+    if mode == DOUBLE_SYMMETRIC and np.any(d):
+        prod += np.where(v >= 0, d, -d)
+    elif mode == DOUBLE_ASYMMETRIC:
+        prod += d
+    elif mode == SYMMETRIC:
+        prod -= (v < 0) & (s > 0)
+    prod >>= s
+    return prod
 
 
 def _magnitude(a: np.ndarray) -> int:
