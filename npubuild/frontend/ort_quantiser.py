@@ -24,7 +24,9 @@ is the same in every candidate or quadratic in the model (ppocrv4_rec_48x160, fi
   does, the outputs in its order;
 - each per-channel weight's scales and zero points, and its int values, channel by channel in Python
   (~80 us a channel, 17 800 channels on ppocrv4_rec): frontend/weight_channels.py does all channels of a
-  plain weight at once, to the same bits.
+  plain weight at once, to the same bits;
+- the table of every tensor's readers, rebuilt by adjust_tensor_ranges for each Clip and Relu of a graph it
+  does not change: `readers_once` builds it once a call.
 
 Each replacement does what onnxruntime's own function does (the same result for the same arguments), so
 the model is byte-identical (tests/frontend/test_ort_quantiser.py; bench/ptq_speed.py over the real
@@ -85,6 +87,33 @@ def replace_input_of_all_nodes(self, old_input_name: str, new_input_name: str) -
     for node in self.model.graph.node:
         if old_input_name in node.input:
             self.replace_node_input(node, old_input_name, new_input_name)
+
+
+def readers_once(original: Callable[[Any], Any]) -> Callable[[Any], Any]:
+    """onnxruntime's BaseQuantizer.adjust_tensor_ranges with the model's reader table built once per call, not
+    once per Clip and Relu (150 tables of every node on ppocrv4_rec): the method reads the graph and writes only
+    the quantiser's tensors_range, and reads the table without changing it, so every table it builds is the
+    same."""
+
+    def adjust_tensor_ranges(self) -> Any:
+        model = self.model
+        if "input_name_to_nodes" in vars(model):  # someone else's stand-in: leave it
+            return original(self)
+        table: dict[str, list[Any]] | None = None
+
+        def input_name_to_nodes() -> dict[str, list[Any]]:
+            nonlocal table
+            if table is None:
+                table = type(model).input_name_to_nodes(model)
+            return table
+
+        model.input_name_to_nodes = input_name_to_nodes
+        try:
+            return original(self)
+        finally:
+            del model.input_name_to_nodes
+
+    return adjust_tensor_ranges
 
 
 def _inferred(original: Callable[[Path], Any], cache: QuantiserCache) -> Callable[[Path], Any]:
@@ -238,6 +267,10 @@ def _patches(cache: QuantiserCache | None) -> list[tuple[Any, str, Any]]:
         patches.append((modules["onnx_model"].ONNXModel, "replace_input_of_all_nodes", replace_input_of_all_nodes))
     patches += [(modules[n], "find_by_name", find_by_name) for n in FIND_BY_NAME_USERS
                 if hasattr(modules[n], "find_by_name")]
+    base = getattr(modules["base_quantizer"], "BaseQuantizer", None)
+    if hasattr(base, "adjust_tensor_ranges") and hasattr(getattr(modules["onnx_model"], "ONNXModel", None),
+                                                         "input_name_to_nodes"):
+        patches.append((base, "adjust_tensor_ranges", readers_once(base.adjust_tensor_ranges)))
     calibrater = getattr(modules["calibrate"], "MinMaxCalibrater", None)
     if all(hasattr(calibrater, a) for a in ("augment_graph", "select_tensors_to_calibrate")):
         patches.append((calibrater, "augment_graph", augment_graph))
