@@ -312,6 +312,9 @@ def _fast_weight_channels(modules: dict[str, Any], patches: list[tuple[Any, str,
         return {}
     patches.append((quantizer, "_calc_initializer_quant_params",
                     weight_channels.fast_initializer_quant_params(quantizer._calc_initializer_quant_params)))
+    if hasattr(quantizer, "_adjust_weight_scale_for_int32_bias"):
+        patches.append((quantizer, "_adjust_weight_scale_for_int32_bias",
+                        weight_channels.fast_bias_scale_adjust(quantizer._adjust_weight_scale_for_int32_bias)))
     return {"quantize_onnx_initializer": weight_channels.fast_quantize_onnx_initializer(initializer)}
 
 

@@ -18,10 +18,15 @@ Only the plain case is taken: float32 weights with every value finite, an 8- or 
 block size, no override of any kind on the tensor, a finite min_real_range; anything else goes to
 onnxruntime's own code. tests/frontend/test_weight_channels.py compares both functions with onnxruntime's on
 fuzzed tensors; bench/weight_channels_check.py on every weight of the real models.
+
+The same holds for the per-channel loop of _adjust_weight_scale_for_int32_bias (a weight channel's scale
+raised where input scale x weight scale is too small for its int32 bias), run for every bias of every
+candidate: its float32 and float64 steps on whole arrays, its one branch a mask.
 """
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Callable
 from typing import Any
@@ -138,3 +143,44 @@ def fast_initializer_quant_params(original: Callable[[Any], dict[str, Any]]) -> 
         return {n: made[n] if n in made else rest[n] for n in every if n in made or n in rest}
 
     return _calc_initializer_quant_params
+
+
+def adjusted_channel_scales(input_scale: np.ndarray, weight_scale: np.ndarray, bias: np.ndarray,
+                            ) -> tuple[np.ndarray, np.ndarray] | None:
+    """The channels whose scale onnxruntime's per-channel loop of _adjust_weight_scale_for_int32_bias raises (a
+    bool mask) and their ratios, the new scales written into `weight_scale` as it writes them; None where not
+    the plain case (float32 scales and bias, one bias value per channel, one input scale)."""
+    n = weight_scale.shape[0]
+    if weight_scale.dtype != np.float32 or bias.dtype != np.float32 or bias.shape != (n,) or input_scale.size != 1:
+        return None
+    int32_info = np.iinfo(np.int32)
+    qrange = np.array(int32_info.max, dtype=np.float64) - np.array(int32_info.min + 1, dtype=np.float64)
+    smallest = 1.0001 * (2.0 * np.abs(bias)) / qrange  # float32 until the division, as onnxruntime's scalars
+    weight_fp64 = weight_scale.astype(np.float64)
+    candidate = np.array(input_scale.item(), dtype=np.float64) * weight_fp64
+    adjust = (candidate < smallest) & (candidate > 0.0)
+    ratio = smallest[adjust] / candidate[adjust]
+    if adjust.any():
+        weight_scale[adjust] = (weight_fp64[adjust] * ratio).astype(weight_scale.dtype)
+    return adjust, ratio
+
+
+def fast_bias_scale_adjust(original: Callable[..., tuple[bool, np.ndarray | None]]) -> Callable[..., Any]:
+    """QDQQuantizer._adjust_weight_scale_for_int32_bias, a per-channel weight's channels all at once (its log
+    line for each raised channel kept)."""
+
+    def _adjust_weight_scale_for_int32_bias(self: Any, input_scale: np.ndarray, weight_scale: np.ndarray,
+                                            weight_name: str, bias_tp: onnx.TensorProto,
+                                            is_per_channel: bool) -> tuple[bool, np.ndarray | None]:
+        if is_per_channel and weight_scale.size and len(weight_scale.shape) == 1:
+            bias = quant_utils.tensor_proto_to_array(bias_tp)
+            adjusted = adjusted_channel_scales(input_scale, weight_scale, bias)
+            if adjusted is not None:
+                adjust, ratios = adjusted
+                for i, ratio in zip(np.flatnonzero(adjust), ratios, strict=True):
+                    logging.info(f"Increased scale[{i}] for weight `{weight_name}` by ratio {ratio} "
+                                 f"to ensure bias input `{bias_tp.name}` has a valid scale.")
+                return bool(adjust.any()), weight_scale
+        return original(self, input_scale, weight_scale, weight_name, bias_tp, is_per_channel)
+
+    return _adjust_weight_scale_for_int32_bias

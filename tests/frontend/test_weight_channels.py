@@ -180,3 +180,36 @@ def test_quantiser_writes_onnxruntimes_model(tmp_path: Path, monkeypatch: pytest
         fast = _quantise(src, tmp_path / "fast.onnx", x, weight_type)
     assert own == fast
     assert len(taken) == sum(numpy_helper.to_array(t).ndim >= 2 for t in model.graph.initializer)
+
+
+def test_bias_scale_adjustment_is_onnxruntimes():
+    """_adjust_weight_scale_for_int32_bias's per-channel loop: the same flag, the same scales in the same array,
+    on channels that need raising (large biases, tiny weight scales), channels at exactly the limit, zero
+    scales and biases, and the cases left to onnxruntime (float16 scales, a bias of another length)."""
+    from onnxruntime.quantization.qdq_quantizer import QDQQuantizer
+
+    own = QDQQuantizer._adjust_weight_scale_for_int32_bias
+    fast = weight_channels.fast_bias_scale_adjust(own)
+    rng = np.random.default_rng(21)
+    raised = 0
+    for t in range(300):
+        n = int(rng.integers(1, 40))
+        bias = (rng.standard_normal(n) * 10.0 ** rng.uniform(-3, 6)).astype(np.float32)
+        scale = (np.abs(rng.standard_normal(n)) * 10.0 ** rng.uniform(-12, 0)).astype(np.float32)
+        bias[rng.random(n) < 0.1] = 0.0
+        scale[rng.random(n) < 0.05] = 0.0
+        input_scale = np.array(10.0 ** rng.uniform(-6, 0), dtype=np.float32)
+        if t % 10 == 0:  # input x weight scale exactly at the bias's smallest valid scale
+            qrange = np.float64(2**31 - 1) - np.float64(-(2**31) + 1)
+            scale = ((1.0001 * (2.0 * np.abs(bias)) / qrange) / np.float64(input_scale.item())).astype(np.float32)
+        if t % 25 == 0:
+            scale = scale.astype(np.float16)
+        if t % 30 == 0:
+            bias = np.concatenate([bias, bias])
+        tp = numpy_helper.from_array(bias, "b")
+        a, b = scale.copy(), scale.copy()
+        want = own(None, input_scale, a, "w", tp, True)
+        got = fast(None, input_scale, b, "w", tp, True)
+        assert want[0] == got[0] and _same(want[1], got[1]) and got[1] is b and _same(a, b), t
+        raised += want[0]
+    assert 50 < raised < 300
