@@ -23,7 +23,7 @@ def _quantise(src: Path, out: Path, x: np.ndarray) -> bytes:
 
 def test_quantiser_shortcuts_write_onnxruntimes_own_model(tmp_path: Path):
     """The same QDQ model, byte for byte, from onnxruntime's own functions, from the replacements, and from
-    the replacements again with every weight channel's parameters remembered from the first run."""
+    the replacements again with every weight's int values remembered from the first run."""
     rng = np.random.default_rng(5)
     src = tmp_path / "float.onnx"
     onnx.save(conv_concat_gemm(rng), src)
@@ -32,7 +32,9 @@ def test_quantiser_shortcuts_write_onnxruntimes_own_model(tmp_path: Path):
     cache = QuantiserCache(tmp_path)
     with linear_quantiser(cache):
         first = _quantise(src, tmp_path / "first.onnx", x)
-    assert len(cache.results) > 8  # every weight channel's parameters and every weight
+    # every weight's int values (each weight's per-channel parameters are frontend/weight_channels.py's, all
+    # channels at once, not a remembered function's)
+    assert len(cache.results) == 3
     with linear_quantiser(cache):
         second = _quantise(src, tmp_path / "second.onnx", x)
     assert own == first == second
@@ -76,3 +78,42 @@ def test_calibrator_graph_is_onnxruntimes_own(tmp_path: Path):
             ours = _augmented(src, tmp_path / "ours.onnx", per_channel, augment_graph)
             assert ours.SerializeToString(deterministic=True) == own.SerializeToString(deterministic=True)
             assert sum(n.op_type == "ReduceMax" for n in ours.graph.node) >= 8
+
+
+def _relu_clip_chain(rng: np.random.Generator) -> onnx.ModelProto:
+    """conv -> relu -> conv -> clip -> conv, a relu whose input a second conv also reads (so its range is not
+    the relu's), and a clip at the end: every branch of adjust_tensor_ranges."""
+    def conv(x: str, w: str, y: str) -> onnx.NodeProto:
+        return onnx.helper.make_node("Conv", [x, w], [y], pads=[1, 1, 1, 1], name=y)
+
+    nodes = [conv("x", "w1", "c1"), onnx.helper.make_node("Relu", ["c1"], ["r1"], name="relu1"),
+             conv("r1", "w2", "c2"), onnx.helper.make_node("Clip", ["c2", "lo", "hi"], ["k2"], name="clip2"),
+             conv("k2", "w3", "c3"), onnx.helper.make_node("Relu", ["c3"], ["r3"], name="relu3"),
+             conv("c3", "w4", "c4"), onnx.helper.make_node("Add", ["r3", "c4"], ["y"], name="add")]
+    inits = [onnx.numpy_helper.from_array(rng.normal(0, 0.3, (4, c, 3, 3)).astype(np.float32), f"w{i}")
+             for i, c in ((1, 3), (2, 4), (3, 4), (4, 4))]
+    inits += [onnx.numpy_helper.from_array(np.float32(v), n) for n, v in (("lo", 0.0), ("hi", 0.5))]
+    g = onnx.helper.make_graph(nodes, "g", [onnx.helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT,
+                                                                               [1, 3, 8, 8])],
+                               [onnx.helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [1, 4, 8, 8])], inits)
+    return onnx.helper.make_model(g, opset_imports=[onnx.helper.make_opsetid("", 17)])
+
+
+def test_reader_table_built_once_for_onnxruntimes_model(tmp_path: Path, monkeypatch):
+    """adjust_tensor_ranges with its reader table built once: the same QDQ model, and one table where
+    onnxruntime builds one per Relu and Clip."""
+    from onnxruntime.quantization.onnx_model import ONNXModel
+
+    rng = np.random.default_rng(11)
+    src = tmp_path / "float.onnx"
+    onnx.save(_relu_clip_chain(rng), src)
+    x = rng.uniform(-1, 1, (4, 1, 3, 8, 8)).astype(np.float32)
+    built = []
+    table = ONNXModel.input_name_to_nodes
+    monkeypatch.setattr(ONNXModel, "input_name_to_nodes", lambda self: built.append(1) or table(self))
+    own = _quantise(src, tmp_path / "own.onnx", x)
+    own_tables, built[:] = len(built), []
+    with linear_quantiser():
+        fast = _quantise(src, tmp_path / "fast.onnx", x)
+    assert own == fast
+    assert own_tables - len(built) == 2  # three Relu/Clip: three tables in onnxruntime's, one here
