@@ -113,7 +113,8 @@ def run_stage(task: StageTask, run_id: str, debug: bool = False, cache_url: str 
     once go (a shared cache that cannot take outputs), None to print each here."""
     try:
         clear_debris(task)
-        fp = fingerprint({**task.inputs, **companion_inputs(task)})
+        inputs = {**task.inputs, **companion_inputs(task)}  # found once: the import's parses the user's model
+        fp = fingerprint(inputs)
         hashes = {name: v[2] for name, v in fp.items()}
         corrupted = check_producers(task, hashes)
         upstream = upstream_digests(task)  # after check_producers: the records hold for the files on disk
@@ -123,7 +124,8 @@ def run_stage(task: StageTask, run_id: str, debug: bool = False, cache_url: str 
         raise StageError(f"stage {task.stage}: {corrupted}")
     cache = open_cache(cache_url, task, notices) if cache_url and stage_of(task).cached else None
     try:
-        record = execute(task, run_id, debug, cache, hashes, preload=preload, upstream=upstream, notices=notices)
+        record = execute(task, run_id, debug, cache, hashes, cache_key(task.config, inputs, hashes, upstream),
+                         preload=preload, upstream=upstream, notices=notices)
         write_inputs(task, fp, record.get("outputs"), upstream)
     except OSError as exc:  # writing the stage dir (its records, a restored entry)
         raise output_error(task, exc) from None

@@ -17,6 +17,7 @@ from npubuild.engine.lock import locked
 from npubuild.engine.plan import BuildPlan, make_plan
 from npubuild.engine.session import Reporter, RunOutcome, Session
 from npubuild.engine.stage import Stage
+from npubuild.engine.uptodate import forget_hashes
 from npubuild.longlived import long_lived
 
 if TYPE_CHECKING:
@@ -72,6 +73,7 @@ def build(builds: list[Build], build_dir: Path, stages: tuple[Stage, ...], optio
     from npubuild.engine.capacity import clamp_jobs, stage_workers_for
 
     options = options or RunOptions()
+    forget_hashes()  # the files' hashes are remembered for one build (uptodate.content_hash)
     try:
         with long_lived():  # the plan and the executor's modules (with the report's, and Vela): kept for the run
             plan = make_plan(builds, build_dir, stages)
@@ -92,4 +94,5 @@ def build(builds: list[Build], build_dir: Path, stages: tuple[Stage, ...], optio
         with stage_workers_for(jobs):  # the stage worker pools share the cores among the tasks run at once
             return run_plan(plan, ex, options, reporter)
     finally:
+        forget_hashes()
         gc.unfreeze()  # what long_lived froze for this build's forks: collectable again in a process that goes on

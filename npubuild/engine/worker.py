@@ -20,7 +20,7 @@ from pathlib import Path
 from npubuild.engine.cache import StageCache
 from npubuild.engine.execute import execute, read_error
 from npubuild.engine.stage import StageTask
-from npubuild.engine.uptodate import RECORD_NAME
+from npubuild.engine.uptodate import RECORD_NAME, forget_hashes
 from npubuild.errors import NpubuildError, StageError
 from npubuild.fileio import stable_hash
 
@@ -69,6 +69,14 @@ def run_remote(task: RemoteTask, cache_url: str, run_id: str, debug: bool = Fals
                preload: tuple[str, ...] = ()) -> RemoteResult:
     """Worker side: restore the inputs from the cache, run the stage in a temporary dir, publish its outputs.
     `preload`: what the worker's forkserver imports for every task (execute.stage_modules)."""
+    try:
+        return _run_in_temp_dir(task, cache_url, run_id, debug, preload)
+    finally:
+        forget_hashes()  # a long-lived worker: the hashes of its task's temporary files, kept for no later task
+
+
+def _run_in_temp_dir(task: RemoteTask, cache_url: str, run_id: str, debug: bool,
+                     preload: tuple[str, ...]) -> RemoteResult:
     cache = StageCache(cache_url)
     with tempfile.TemporaryDirectory(prefix="npubuild-task-") as tmp:
         root = Path(tmp)

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from npubuild.config.schema import TargetProfile, VelaOptions
-from npubuild.deploy.package import hex_rows
+from npubuild.deploy.package import hex_text
 from npubuild.errors import StageError
 from npubuild.ethosu.artifact import VelaArtifact
 from npubuild.ethosu.vela_ini import arena_cache_bytes, memory_mode_name
@@ -74,9 +74,8 @@ def manifest(art: VelaArtifact, io: GraphIO, profile: TargetProfile, opts: VelaO
 
 
 def _bytes_c(data: bytes) -> str:
-    """A C array's initialiser: hex_rows, or one zero byte for no data (C has no empty initialiser)."""
-    rows = hex_rows(data)
-    return ",\n    ".join(rows) if rows else "0x00"
+    """A C array's initialiser: hex_text, or one zero byte for no data (C has no empty initialiser)."""
+    return hex_text(data, ",\n    ") if data else "0x00"
 
 
 def _io_c(entries: list[dict]) -> str:

@@ -11,11 +11,13 @@ changes, and cached like any stage output otherwise.
 from __future__ import annotations
 
 import copy
+import functools
 import sys
 import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import onnx
 
@@ -23,6 +25,9 @@ from npubuild.config.accelerator import FAMILIES
 from npubuild.frontend.graph_index import GraphIndex
 from npubuild.lowering.driver import LoweredGraph
 from npubuild.lowering.options import ConcatCopy, DepthwiseLimits, LoweringOptions
+
+if TYPE_CHECKING:
+    from npubuild.config.schema import TargetProfile
 
 
 def narrow_nhwc_image(model: onnx.ModelProto, max_channels: int = 4) -> bool:
@@ -307,11 +312,10 @@ def vela_figures_all(tosas: list[bytes], accelerator: str, optimise: str = "perf
     paid once: a fresh interpreter per compile cost ~0.3 CPU s, twice DS-CNN's whole compile). `optimise` "size"
     compiles with Vela's --optimise Size. `layers`: also Vela's per-layer rows (perf.parse_per_layer, no ONNX
     nodes yet) under "layers"."""
-    from npubuild.config.load import SHIPPED_ROOT, default_search_path, load_target
     from npubuild.ethosu.vela import run_vela_each, vela_command
     from npubuild.ethosu.vela_ini import render_ini
 
-    profile, _ = load_target(accelerator, default_search_path(SHIPPED_ROOT), None)
+    profile = shipped_profile(accelerator)
     opts = profile.vela.model_copy(update={"optimise": "Size"}) if optimise == "size" else profile.vela
     with tempfile.TemporaryDirectory(prefix="npubuild-choice-") as tmp:
         ini = Path(tmp) / "system.ini"
@@ -324,6 +328,16 @@ def vela_figures_all(tosas: list[bytes], accelerator: str, optimise: str = "perf
             outs.append(out)
         procs = run_vela_each(cmds, Path(tmp))
         return [_figures(out, layers) if proc.returncode == 0 else None for proc, out in zip(procs, outs, strict=True)]
+
+
+@functools.cache
+def shipped_profile(accelerator: str) -> TargetProfile:
+    """The shipped target profile named `accelerator` (its YAML files, package data, parsed and validated once a
+    process: vela_figures_all asked for it at each of its six calls in palm detection's lower stage, 0.1 CPU s).
+    Shared: read it, never change it (vela_figures_all copies its Vela options)."""
+    from npubuild.config.load import SHIPPED_ROOT, default_search_path, load_target
+
+    return load_target(accelerator, default_search_path(SHIPPED_ROOT), None)[0]
 
 
 def _figures(out: Path, layers: bool) -> dict | None:

@@ -152,3 +152,14 @@ def test_byte_arrays_are_lowercase_hex_sixteen_to_a_row(length: int):
     rows = [", ".join(f"0x{b:02x}" for b in data[i:i + 16]) for i in range(0, length, 16)]
     assert _bytes_c(data) == (",\n    ".join(rows) if rows else "0x00")
     assert length < 256 or {f"0x{b:02x}" for b in range(256)} <= set(_bytes_c(data).replace(",\n    ", ", ").split(", "))
+
+
+@pytest.mark.parametrize("length", [0, 1, 15, 16, 17, 31, 32, 33, 256, 4097])
+@pytest.mark.parametrize("sep", [",\n  ", ",\n    ", ",\n   "])
+def test_hex_text_is_the_rows_joined(length: int, sep: str):
+    """hex_text writes the rows into one array (numpy): the very text of hex_rows joined, for full rows, a short
+    last row, no data, and a separator of odd width (which it leaves to hex_rows)."""
+    from npubuild.deploy.package import hex_rows, hex_text
+
+    data = bytes((7 * i + 255) % 256 for i in range(length))
+    assert hex_text(data, sep) == sep.join(hex_rows(data))
