@@ -80,7 +80,7 @@ class LoweringOptions:
     # CONCAT along C and then along W, each followed by a RESHAPE view, instead of a RESIZE (Vela's AvgPool-upscale,
     # about one output element a cycle on U55-128): measured per model (ethosu/measured.py)
     replicate_copies: bool = False
-    # a whole-plane mean at the same scale as REDUCE_SUM instead of AVG_POOL2D (ops_pool), within these limits
+    # a whole-plane mean at the same scale as REDUCE_SUM of (x - zp) instead of AVG_POOL2D (ops_pool), within these limits
     plane_sum: PlaneSumLimits | None = None
     # a whole-plane sum at a new scale (a mean's rounding once) as exact int32 row sums by a (1, W)
     # depthwise of ones, then REDUCE_SUM over H (reduction.int_sum), within these limits: Vela transposes
@@ -204,8 +204,9 @@ class LoweringOptions:
         return x.q.is_per_tensor and out_q.is_per_tensor and c <= lim.max_channels and h * w >= lim.min_plane
 
     def plane_sum_pays(self, x) -> bool:
-        """Whether a whole-plane mean of int8 `x` at its own scale is cheaper as REDUCE_SUM (and bit-identical
-        to the pool: 1/n exact, n a power of two, or no sum on a rounding tie, n odd; see ops_pool._raw_mean)."""
+        """Whether a whole-plane mean of int8 `x` at its own scale is cheaper as REDUCE_SUM (ops_pool._raw_mean:
+        the pool's own arithmetic, bit-identical for every count). Only the counts it was measured on take it,
+        a power of two or odd (other even counts were once left out for a tie the raw sum rounded apart)."""
         lim = self.plane_sum
         if lim is None:
             return False
