@@ -13,12 +13,16 @@ import numpy as np
 import onnx
 import pytest
 from npbtest import REPO
+from npbtest.lowering import wrapped
 from npbtest.ops import calib, quantize_model, single_op_model
 
 from npubuild.cli import main
-from npubuild.ethosu.families import CheckCache, check_feeds, lower_families, same_as_whole
+from npubuild.ethosu.families import CheckCache, check_feeds, lower_families, real_feeds, same_as_whole
 from npubuild.frontend.data import sample_arrays
+from npubuild.lowering.emit import Op, rescale
+from npubuild.lowering.ops import pool as pool_ops
 from npubuild.lowering.options import FAMILY_OPTIONS, PORTABLE
+from npubuild.lowering.reduction import emit_reduce
 from npubuild.records.lower import LowerRecord
 from npubuild.tosa.run import OnnxSession
 from npubuild.verify.partitioned import PartitionedModel, WholeGraphCheck, partitioned_numerics, worst_error
@@ -79,11 +83,11 @@ def test_one_differing_element_fails_the_bit_for_bit_comparison(build: Path):
     (qdq_path,) = build.glob("stages/quantize/*/model_qdq.onnx")
     whole, own_outputs = CheckCache().with_own_run(qdq_path, lower_dir, io, io.families["u55"].partitions[0])
     assert same_as_whole(whole, own_outputs)
-    name, values = next(iter(whole.outputs.items()))
+    name, values = next(iter(whole.outputs[0].items()))
     off = values.copy()
     off.flat[0] = off.flat[0] + 1 if off.flat[0] < np.iinfo(off.dtype).max else off.flat[0] - 1
-    assert not same_as_whole(replace(whole, outputs={**whole.outputs, name: off}), own_outputs)
-    assert not same_as_whole(whole, {**own_outputs, name: off})
+    assert not same_as_whole(replace(whole, outputs=[{**whole.outputs[0], name: off}]), own_outputs)
+    assert not same_as_whole(whole, [{**own_outputs[0], name: off}])
 
 
 def test_the_tosa_check_measures_every_sample_when_the_first_is_not_identical(build: Path):
@@ -122,3 +126,59 @@ def test_a_family_whose_rounding_forms_apply_to_no_node_is_checked_bit_for_bit(t
     rec = io.families["u85"]
     assert rec.partitions[0].file == "u85_model.tosa" and rec.same_as_model_tosa
     assert rec.max_error_lsb is not None and rec.max_error_lsb <= 1.0
+
+
+def _raw_sum_mean(ctx, x, count, output_of):
+    """The whole-plane mean U55/U65 took before issue 33: round(sum(x) / n) on the raw int8 values, which
+    rounds a tie below the zero point 1 LSB above AVG_POOL2D (a form that is not the exact rewrite it claims)."""
+    out_q = ctx.require_output_q()
+    wide = rescale(ctx, x, 1.0, np.int32, 0, 0, None)
+    total = emit_reduce(ctx, Op.REDUCE_SUM, wide, [1, 2])
+    return rescale(ctx, total, 1.0 / count, out_q.dtype, 0, 0, out_q, output_of=output_of)
+
+
+def _tie_feeds(io: LowerRecord, h: int, w: int, channels: int) -> dict[str, np.ndarray]:
+    """A float input whose int8 planes sum to a tie below the zero point: half k, half k + 1, k < zp."""
+    spec = io.inputs[0]
+    zp = int(spec.zero_point)
+    q = np.empty((1, channels, h, w), np.int64)
+    for c in range(channels):
+        q[0, c] = np.repeat([zp - 2 - c, zp - 1 - c], h * w // 2).reshape(h, w)
+    return {spec.onnx_name: ((q - zp) * spec.scale).astype(np.float32)}
+
+
+def test_an_exact_family_that_differs_on_the_given_samples_only_is_not_accepted(tmp_path: Path, monkeypatch):
+    """A family whose claimed-exact form differs from model.tosa on real data only (the raw-sum mean: a tie
+    below the zero point, which the seeded random sample never makes) passes the comparison on the random
+    sample alone, and is not accepted as model.tosa's equal once the given samples show it; the pool's own
+    arithmetic (the form U55 takes now) is accepted on them."""
+    shape = [1, 16, 64, 64]
+    model = quantize_model(wrapped("AveragePool", shape, [1, 16, 1, 1], kernel_shape=[64, 64]),  # keeps the scale
+                           calib("x", shape, low=-1.0, high=3.0))
+    io, _ = lower_families(model, "int", tmp_path / "exact", ["u55"])
+    real = [_tie_feeds(io, 64, 64, 16)]
+    assert io.families["u55"].same_as_model_tosa
+    fixed, _ = lower_families(model, "int", tmp_path / "fixed", ["u55"], real=real)
+    assert fixed.families["u55"].same_as_model_tosa and fixed.families["u55"].partitions[0].file == "u55_model.tosa"
+    monkeypatch.setattr(pool_ops, "_raw_mean", _raw_sum_mean)
+    random_only, _ = lower_families(model, "int", tmp_path / "random", ["u55"])
+    assert random_only.families["u55"].same_as_model_tosa  # the random sample misses it
+    lowered = tmp_path / "real"
+    with_real, _ = lower_families(model, "int", lowered, ["u55"], real=real)
+    rec = with_real.families["u55"]
+    assert rec.partitions[0].file == "u55_model.tosa" and not rec.same_as_model_tosa
+    own = PartitionedModel(lowered, rec.partitions, io.outputs)(real[0])
+    whole = PartitionedModel(lowered, [with_real.whole_partition([])], io.outputs)(real[0])
+    name = io.outputs[0].onnx_name
+    assert np.count_nonzero(own[name] != whole[name]) == 16  # every channel's mean is 1 LSB apart
+
+
+def test_real_feeds_are_the_first_and_last_rows_of_the_calibration_file(tmp_path: Path):
+    model = single_op_model("Relu", {"x": [1, 3]}, {"y": [1, 3]})
+    rows = np.arange(15, dtype=np.float32).reshape(5, 1, 3)
+    np.save(tmp_path / "cal.npy", rows)
+    got = real_feeds(tmp_path / "cal.npy", model)
+    assert [f["x"].tolist() for f in got] == [rows[0].tolist(), rows[4].tolist()]
+    np.save(tmp_path / "one.npy", rows[:1])
+    assert len(real_feeds(tmp_path / "one.npy", model)) == 1
+    assert real_feeds(None, model) == []
