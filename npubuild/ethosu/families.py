@@ -149,7 +149,8 @@ def same_as_whole(whole: WholeGraphRun, own_outputs: Sequence[dict[str, np.ndarr
     any differing element of any output on any sample fails this; the tolerance check it replaces (4 samples)
     passed a family up to 1 LSB worse than model.tosa everywhere (MobileViT-xxs: model.tosa is 3-5 LSB from
     the QDQ model). The random sample alone missed a form that differs on real data only (real_feeds); the
-    calibration rows add 2 reference-model runs per graph (~0.6 s each for mp_selfie_segmentation)."""
+    calibration rows add 2 reference-model runs per graph compared: model.tosa and 3 families, 8 runs, CPU
+    +4 s on mp_selfie_segmentation, +3 s ppocrv4_det_160, +13 s mp_palm_detection_lite (~1.5 s a run)."""
     return len(own_outputs) == len(whole.outputs) and all(
         np.array_equal(own[k], v) for want, own in zip(whole.outputs, own_outputs, strict=True)
         for k, v in want.items())
