@@ -17,6 +17,8 @@ from npbtest.lowering import wrapped
 from npbtest.ops import calib, quantize_model, single_op_model
 
 from npubuild.cli import main
+from npubuild.config.load import load_specs
+from npubuild.engine.plan import make_plan
 from npubuild.ethosu.families import CheckCache, check_feeds, lower_families, real_feeds, same_as_whole
 from npubuild.frontend.data import sample_arrays
 from npubuild.lowering.emit import Op, rescale
@@ -24,6 +26,7 @@ from npubuild.lowering.ops import pool as pool_ops
 from npubuild.lowering.options import FAMILY_OPTIONS, PORTABLE
 from npubuild.lowering.reduction import emit_reduce
 from npubuild.records.lower import LowerRecord
+from npubuild.stages import STAGES
 from npubuild.tosa.run import OnnxSession
 from npubuild.verify.partitioned import PartitionedModel, WholeGraphCheck, partitioned_numerics, worst_error
 
@@ -182,3 +185,14 @@ def test_real_feeds_are_the_first_and_last_rows_of_the_calibration_file(tmp_path
     np.save(tmp_path / "one.npy", rows[:1])
     assert len(real_feeds(tmp_path / "one.npy", model)) == 1
     assert real_feeds(None, model) == []
+
+
+@pytest.mark.parametrize(("spec", "npy"), [("digits", True), ("host_fallback", False)])
+def test_the_lower_task_reads_the_calibration_file_where_the_spec_has_one(tmp_path: Path, spec: str, npy: bool):
+    """The file is an input of the lower task (its content in the cache key); a spec calibrating on random
+    values has none to give."""
+    builds = load_specs([REPO / "configs" / f"{spec}.yaml"])
+    lowers = [t for t in make_plan(builds, tmp_path / "build", STAGES).tasks.values() if t.stage == "lower"]
+    assert lowers and all(b.calibration_npy is not None for b in builds) == npy
+    for task in lowers:
+        assert task.inputs.get("calibration") == (builds[0].calibration_npy if npy else None)
