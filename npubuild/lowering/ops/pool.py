@@ -113,9 +113,12 @@ def _raw_mean(ctx: LoweringContext, x: TTensor, count: int, output_of: str | Non
     Not round(sum(x) / n) on the raw values, as this was: the pool's 1/n carries a 1 + 2**-30 factor, so a tie
     rounds away from zero on sum(x - zp), down where the mean is below the zero point, while the raw sum at an
     exact 1/n rounded every tie up: 1 LSB on such means (mp_selfie_segmentation's 16x16 to 64x64 means, zero
-    points -124 to 8: up to 41841 of 65536 mask pixels off model.tosa on its calibration images). The zero
-    point costs Vela nothing here: the widening with it is faster than without (U55-128 [1,64,16,16] 25684 vs
-    27826 cycles, U65-256 14146 vs 17329; tests/lowering/test_plane_sum.py).
+    points -124 to 8: up to 41841 of 65536 mask pixels off model.tosa on its calibration images). The widening
+    with the zero point is faster on Vela than without (U55-128 [1,64,16,16] 25684 vs 27826 cycles, U65-256
+    14146 vs 17329) but Vela stores constants for it: mp_selfie_segmentation U55-128 -1.1% cycles for +15.4 KiB
+    of flash and +11.5 KiB of SRAM (U65-256: -0.6%, +0.2 KiB). An int32 ADD of -n * zp after the raw sum is as
+    exact, costs no memory (+0.1 KiB) and is as slow as the raw sum was (+0.02%): the form to take where memory
+    counts more (not wired to size mode yet).
     """
     assert x.q is not None
     out_q = ctx.require_output_q()
