@@ -67,15 +67,6 @@ def dilated_taps(ctx: LoweringContext, x: TTensor, win: Window, pads: list[int],
     return concat_phys(ctx, taps, 1), (n, oh, ow, c)
 
 
-def pool_reciprocal(count: int) -> float:
-    """TOSA AVG_POOL2D's 1/count (the spec's reciprocal_scale): multiplier ((2**30 + 1) << k) // count at shift
-    30 + k, 2**(k-1) < count <= 2**k, as the float multiplier_shift turns back into that multiplier and shift
-    (exact in float64). It is 1/count * (1 + 2**-30), not 1/count: a sum on a tie (count * (j + 1/2)) rounds
-    away from zero, so a form that sums and scales as the pool does must take this factor to give its integers."""
-    k = (count - 1).bit_length()
-    return (((1 << 30) + 1) << k) // count / 2.0 ** (30 + k)
-
-
 def avg_pool(ctx: LoweringContext, x: TTensor, kernel, stride, pads, count_include_pad: bool = False,
              output_of: str | None = None) -> TTensor:
     """Average pooling; in int8 picks the form with a single rounding.

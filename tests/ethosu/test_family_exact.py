@@ -21,10 +21,7 @@ from npubuild.config.load import load_specs
 from npubuild.engine.plan import make_plan
 from npubuild.ethosu.families import CheckCache, check_feeds, lower_families, real_feeds, same_as_whole
 from npubuild.frontend.data import sample_arrays
-from npubuild.lowering.emit import Op, rescale
-from npubuild.lowering.ops import pool as pool_ops
-from npubuild.lowering.options import FAMILY_OPTIONS, PORTABLE
-from npubuild.lowering.reduction import emit_reduce
+from npubuild.lowering.options import FAMILY_OPTIONS, PORTABLE, LoweringOptions
 from npubuild.records.lower import LowerRecord
 from npubuild.stages import STAGES
 from npubuild.tosa.run import OnnxSession
@@ -131,13 +128,15 @@ def test_a_family_whose_rounding_forms_apply_to_no_node_is_checked_bit_for_bit(t
     assert rec.max_error_lsb is not None and rec.max_error_lsb <= 1.0
 
 
-def _raw_sum_mean(ctx, x, count, output_of):
-    """The whole-plane mean U55/U65 took before issue 33: round(sum(x) / n) on the raw int8 values, which
-    rounds a tie below the zero point 1 LSB above AVG_POOL2D (a form that is not the exact rewrite it claims)."""
-    out_q = ctx.require_output_q()
-    wide = rescale(ctx, x, 1.0, np.int32, 0, 0, None)
-    total = emit_reduce(ctx, Op.REDUCE_SUM, wide, [1, 2])
-    return rescale(ctx, total, 1.0 / count, out_q.dtype, 0, 0, out_q, output_of=output_of)
+def _pre_fix_plane_sum_pays(self: LoweringOptions, x) -> bool:
+    """LoweringOptions.plane_sum_pays before issue 33: the raw sum for any power-of-two count, whatever the zero
+    point, which rounds a tie below the zero point 1 LSB above AVG_POOL2D (a form claimed exact that is not)."""
+    lim = self.plane_sum
+    if lim is None:
+        return False
+    count = x.shape[1] * x.shape[2]
+    exact = count % 2 == 1 or count & (count - 1) == 0
+    return x.dtype == np.int8 and exact and count >= lim.min_count and lim.min_channels <= x.shape[3] <= lim.max_channels
 
 
 def _tie_feeds(io: LowerRecord, h: int, w: int, channels: int) -> dict[str, np.ndarray]:
@@ -151,20 +150,19 @@ def _tie_feeds(io: LowerRecord, h: int, w: int, channels: int) -> dict[str, np.n
 
 
 def test_an_exact_family_that_differs_on_the_given_samples_only_is_not_accepted(tmp_path: Path, monkeypatch):
-    """A family whose claimed-exact form differs from model.tosa on real data only (the raw-sum mean: a tie
-    below the zero point, which the seeded random sample never makes) passes the comparison on the random
-    sample alone, and is not accepted as model.tosa's equal once the given samples show it; the pool's own
-    arithmetic (the form U55 takes now) is accepted on them."""
+    """A family whose claimed-exact form differs from model.tosa on real data only (the raw-sum mean of a power
+    of two at zero point -64: a tie below the zero point, which the seeded random sample never makes) passes the
+    comparison on the random sample alone, and is not accepted as model.tosa's equal once the given samples
+    show it. As fixed, U55 keeps the pool there and runs model.tosa itself."""
     shape = [1, 16, 64, 64]
     model = quantize_model(wrapped("AveragePool", shape, [1, 16, 1, 1], kernel_shape=[64, 64]),  # keeps the scale
                            calib("x", shape, low=-1.0, high=3.0))
-    io, _ = lower_families(model, "int", tmp_path / "exact", ["u55"])
+    io, _ = lower_families(model, "int", tmp_path / "fixed", ["u55"])
     real = [_tie_feeds(io, 64, 64, 16)]
-    assert io.families["u55"].same_as_model_tosa
-    fixed, _ = lower_families(model, "int", tmp_path / "fixed", ["u55"], real=real)
-    assert fixed.families["u55"].same_as_model_tosa and fixed.families["u55"].partitions[0].file == "u55_model.tosa"
-    monkeypatch.setattr(pool_ops, "_raw_mean", _raw_sum_mean)
+    assert io.inputs[0].zero_point == -64 and io.families["u55"].partitions[0].file == "model.tosa"
+    monkeypatch.setattr(LoweringOptions, "plane_sum_pays", _pre_fix_plane_sum_pays)
     random_only, _ = lower_families(model, "int", tmp_path / "random", ["u55"])
+    assert random_only.families["u55"].partitions[0].file == "u55_model.tosa"
     assert random_only.families["u55"].same_as_model_tosa  # the random sample misses it
     lowered = tmp_path / "real"
     with_real, _ = lower_families(model, "int", lowered, ["u55"], real=real)

@@ -17,7 +17,7 @@ import tosa_serializer as ts
 
 from npubuild.lowering.context import NHWC, LoweringContext, TTensor
 from npubuild.lowering.emit import Op, attr, requantize, rescale, reshape
-from npubuild.lowering.pooling import avg_pool, dilated_taps, pool_geometry, pool_out_hw, pool_reciprocal
+from npubuild.lowering.pooling import avg_pool, dilated_taps, pool_geometry, pool_out_hw
 from npubuild.lowering.reduction import emit_reduce, int_sum
 from npubuild.lowering.registry import lowers, quantize_also
 from npubuild.lowering.spatial import Window, direct_output, from_nhwc, window, window_input
@@ -106,25 +106,18 @@ def _global_avg(ctx: LoweringContext, x: TTensor, output_of: str | None) -> TTen
 
 
 def _raw_mean(ctx: LoweringContext, x: TTensor, count: int, output_of: str | None) -> TTensor:
-    """The whole-plane AVG_POOL2D's own integers as an int32 REDUCE_SUM, for an int8 x whose output keeps its
-    scale and zero point: sum(x - zp) (the zero point as the widening RESCALE's input zero point), scaled by
-    the pool's own reciprocal (pooling.pool_reciprocal), zp added back.
+    """round(mean(x)) over H and W for an int8 x whose output keeps x's scale and zero point.
 
-    Not round(sum(x) / n) on the raw values, as this was: the pool's 1/n carries a 1 + 2**-30 factor, so a tie
-    rounds away from zero on sum(x - zp), down where the mean is below the zero point, while the raw sum at an
-    exact 1/n rounded every tie up: 1 LSB on such means (mp_selfie_segmentation's 16x16 to 64x64 means, zero
-    points -124 to 8: up to 41841 of 65536 mask pixels off model.tosa on its calibration images). The widening
-    with the zero point is faster on Vela than without (U55-128 [1,64,16,16] 25684 vs 27826 cycles, U65-256
-    14146 vs 17329) but Vela stores constants for it: mp_selfie_segmentation U55-128 -1.1% cycles for +15.4 KiB
-    of flash and +11.5 KiB of SRAM (U65-256: -0.6%, +0.2 KiB). An int32 ADD of -n * zp after the raw sum is as
-    exact, costs no memory (+0.1 KiB) and is as slow as the raw sum was (+0.02%): the form to take where memory
-    counts more (not wired to size mode yet).
+    round(sum(x - zp) / n) + zp = round(sum(x) / n) for an integer zp, so the stored int8
+    values are summed as they are: no zero-point term for Vela to subtract (a Sub and its
+    constant fewer). Bit-identical to the pool only where LoweringOptions.plane_sum_pays
+    takes it (n odd, or a power of two at the int8 minimum zero point): the pool's
+    rounding of a tie differs from round half up below the zero point.
     """
-    assert x.q is not None
     out_q = ctx.require_output_q()
-    wide = rescale(ctx, x, 1.0, np.int32, int(x.q.zp), 0, None)
+    wide = rescale(ctx, x, 1.0, np.int32, 0, 0, None)
     total = emit_reduce(ctx, Op.REDUCE_SUM, wide, [1, 2])
-    return rescale(ctx, total, pool_reciprocal(count), out_q.dtype, 0, int(out_q.zp), out_q, output_of=output_of)
+    return rescale(ctx, total, 1.0 / count, out_q.dtype, 0, 0, out_q, output_of=output_of)
 
 
 @lowers("GlobalMaxPool")
