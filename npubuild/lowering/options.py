@@ -212,13 +212,13 @@ class LoweringOptions:
         away from zero on sum(x - zp), down where the mean is below the zero point; round(sum(x) / n) at an
         exact 1/n rounds every tie up. A power of two at any other zero point was 1 LSB above the pool on such a
         mean: mp_selfie_segmentation's U55/U65 masks up to 41841 of 65536 pixels off model.tosa on its images
-        (issue 33). Those keep the pool: exact forms of them measured on that model cost memory or cycles
-        (notes/issue-33-selfie-mean.md)."""
+        (issue 33). Those keep the pool: exact sums of them measured on that model cost memory or cycles
+        (bench/family_choices.md)."""
         lim = self.plane_sum
         if lim is None or x.q is None:
             return False
         count = x.shape[1] * x.shape[2]
-        at_minimum = int(x.q.zp) == np.iinfo(np.int8).min
+        at_minimum = bool(np.all(np.asarray(x.q.zp) == np.iinfo(np.int8).min))
         exact = count % 2 == 1 or (count & (count - 1) == 0 and at_minimum)
         return x.dtype == np.int8 and exact and count >= lim.min_count and \
             lim.min_channels <= x.shape[3] <= lim.max_channels
