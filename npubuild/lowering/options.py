@@ -80,7 +80,7 @@ class LoweringOptions:
     # CONCAT along C and then along W, each followed by a RESHAPE view, instead of a RESIZE (Vela's AvgPool-upscale,
     # about one output element a cycle on U55-128): measured per model (ethosu/measured.py)
     replicate_copies: bool = False
-    # a whole-plane mean at the same scale as REDUCE_SUM instead of AVG_POOL2D (ops_pool), within these limits
+    # a whole-plane mean at the same scale as REDUCE_SUM instead of AVG_POOL2D (ops_pool), where exact, within these limits
     plane_sum: PlaneSumLimits | None = None
     # a whole-plane sum at a new scale (a mean's rounding once) as exact int32 row sums by a (1, W)
     # depthwise of ones, then REDUCE_SUM over H (reduction.int_sum), within these limits: Vela transposes
@@ -204,13 +204,22 @@ class LoweringOptions:
         return x.q.is_per_tensor and out_q.is_per_tensor and c <= lim.max_channels and h * w >= lim.min_plane
 
     def plane_sum_pays(self, x) -> bool:
-        """Whether a whole-plane mean of int8 `x` at its own scale is cheaper as REDUCE_SUM (and bit-identical
-        to the pool: 1/n exact, n a power of two, or no sum on a rounding tie, n odd; see ops_pool._raw_mean)."""
+        """Whether a whole-plane mean of int8 `x` at its own scale is cheaper as a REDUCE_SUM of the stored values
+        (ops_pool._raw_mean), where that sum is bit-identical to the pool: n odd (no rounding tie), or n a power
+        of two at the int8 minimum zero point (every tie above it).
+
+        TOSA's AVG_POOL2D scales sum(x - zp) by its reciprocal_scale, 1/n * (1 + 2**-30), so it rounds a tie
+        away from zero on sum(x - zp), down where the mean is below the zero point; round(sum(x) / n) at an
+        exact 1/n rounds every tie up. A power of two at any other zero point was 1 LSB above the pool on such a
+        mean: mp_selfie_segmentation's U55/U65 masks up to 41841 of 65536 pixels off model.tosa on its images
+        (issue 33). Those keep the pool: exact sums of them measured on that model cost memory or cycles
+        (bench/family_choices.md)."""
         lim = self.plane_sum
-        if lim is None:
+        if lim is None or x.q is None:
             return False
         count = x.shape[1] * x.shape[2]
-        exact = count % 2 == 1 or count & (count - 1) == 0
+        at_minimum = bool(np.all(np.asarray(x.q.zp) == np.iinfo(np.int8).min))
+        exact = count % 2 == 1 or (count & (count - 1) == 0 and at_minimum)
         return x.dtype == np.int8 and exact and count >= lim.min_count and \
             lim.min_channels <= x.shape[3] <= lim.max_channels
 

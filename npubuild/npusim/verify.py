@@ -180,7 +180,8 @@ def compare(model: RawModel, tosa: bytes, samples: list[list[np.ndarray]], names
     kept. A sample whose npu-sim outputs are those bit for bit is held to them (the deployable computes
     exactly what was checked), and `tosa` runs on the reference model only for a sample that differs from
     them, so a difference is still found and measured against the graph Vela compiled (selfie segmentation's
-    U55/U65 global mean as REDUCE_SUM against model.tosa's AVG_POOL2D: 2 and 3 of 3 samples run).
+    U55/U65 global mean as a raw REDUCE_SUM against model.tosa's AVG_POOL2D gave one, 2 and 3 of 3 samples
+    run, until plane_sum was kept to where it is exact: none now).
 
     npu-sim runs the samples together (npusim.sim.run_samples) without keeping every op's OFM: the first
     differing sample alone is run again with them, for `localise`."""

@@ -110,8 +110,9 @@ def _raw_mean(ctx: LoweringContext, x: TTensor, count: int, output_of: str | Non
 
     round(sum(x - zp) / n) + zp = round(sum(x) / n) for an integer zp, so the stored int8
     values are summed as they are: no zero-point term for Vela to subtract (a Sub and its
-    constant fewer). Bit-identical to the pool when 1/n is exact (n a power of two) or no
-    sum lands on a rounding tie (n odd); other counts keep the pool.
+    constant fewer). Bit-identical to the pool only where LoweringOptions.plane_sum_pays
+    takes it (n odd, or a power of two at the int8 minimum zero point): the pool's
+    rounding of a tie differs from round half up below the zero point.
     """
     out_q = ctx.require_output_q()
     wide = rescale(ctx, x, 1.0, np.int32, 0, 0, None)
