@@ -11,8 +11,7 @@ some node gets its own partition files (`<family>_partN.tosa`,
 `<family>_hostN.onnx`), and a partitioned or own-lowered model is run here
 (NPU parts on the TOSA reference model, host parts on onnxruntime) against
 the whole QDQ model on onnxruntime; an own whole graph of exact rewrites only
-is compared with model.tosa bit for bit instead (same_as_whole), on a seeded random sample and on a few
-rows of the spec's calibration file where it has one (real_feeds).
+is compared with model.tosa bit for bit instead (same_as_whole).
 
 A node no lowering takes (lowering/fallback.py) runs on the host on every family: there is then no
 model.tosa, and the portable split (`partN.tosa`, `hostN.onnx`: only those nodes on the host) stands for
@@ -36,7 +35,7 @@ from npubuild.ethosu.measured import choose
 from npubuild.ethosu.partition import PartitionPlan, plan_partitions, split_io, write_partitions
 from npubuild.fanout import fan_out
 from npubuild.fileio import write_bytes
-from npubuild.frontend.data import integer_ranges, load_arrays
+from npubuild.frontend.data import integer_ranges
 from npubuild.frontend.passes import run_passes
 from npubuild.lowering.driver import LoweredGraph, lower_model
 from npubuild.lowering.fallback import HostNode, PartialLowering, lower_lowerable
@@ -49,7 +48,6 @@ from npubuild.verify.partitioned import PartitionedModel, worst_error
 
 QDQ_OPS = {"QuantizeLinear", "DequantizeLinear"}
 CHECK_SAMPLES = 4
-REAL_CHECK_SAMPLES = 2  # calibration rows the bit-for-bit comparison adds (real_feeds)
 MAX_PARTITION_LSB = 1.0
 
 
@@ -117,43 +115,24 @@ def check_partitioned(qdq_path: Path, out_dir: Path, partitions: Sequence[Partit
     return worst
 
 
-def real_feeds(calibration: Path | None, model: onnx.ModelProto) -> list[dict[str, np.ndarray]]:
-    """Up to REAL_CHECK_SAMPLES rows of the spec's calibration file (None: none), spread over it, first and
-    last: real data, on which a form claimed exact but not shows where uniform random inputs hide it (a whole
-    plane's mean on a rounding tie below the zero point: mp_selfie_segmentation's U55/U65 REDUCE_SUM, issue
-    33, identical on the random sample, up to 41841 of 65536 mask pixels apart on its images)."""
-    if calibration is None:
-        return []
-    arrays = load_arrays(calibration, model)
-    n = next(iter(arrays.values())).shape[0]
-    rows = sorted({int(i) for i in np.linspace(0, n - 1, min(REAL_CHECK_SAMPLES, n)).round()})
-    return [{k: np.asarray(v[i]) for k, v in arrays.items()} for i in rows]
-
-
 @dataclass
 class WholeGraphRun:
-    """model.tosa's outputs on the bit-for-bit comparison's samples (the first seeded check sample, then the
-    calibration rows: CheckCache.acceptance_feeds) and its error against the QDQ model on the first: run once
+    """model.tosa's outputs on the first check sample and its error against the QDQ model there: run once
     per stage and compared with every family whose own lowering takes only exact rewrites."""
 
-    outputs: list[dict[str, np.ndarray]]
+    outputs: dict[str, np.ndarray]
     max_error_lsb: float
 
 
-def same_as_whole(whole: WholeGraphRun, own_outputs: Sequence[dict[str, np.ndarray]]) -> bool:
-    """Whether the family's own whole graph gave model.tosa's outputs bit for bit on every sample compared: the
-    first check sample and the spec's calibration rows (real_feeds).
+def same_as_whole(whole: WholeGraphRun, own_outputs: dict[str, np.ndarray]) -> bool:
+    """Whether the family's own whole graph gave model.tosa's outputs bit for bit on the first check sample.
 
-    Why so few samples: the family's options are exact rewrites (LoweringOptions.same_integers: the same
-    integers for every input, each form tested so), so the only failure to catch is a form that is not, and
-    any differing element of any output on any sample fails this; the tolerance check it replaces (4 samples)
+    Why one sample is enough here: the family's options are exact rewrites (LoweringOptions.same_integers:
+    the same integers for every input, each form tested so), so the only failure to catch is a form that is
+    not, and any differing element of any output fails this; the tolerance check it replaces (4 samples)
     passed a family up to 1 LSB worse than model.tosa everywhere (MobileViT-xxs: model.tosa is 3-5 LSB from
-    the QDQ model). The random sample alone missed a form that differs on real data only (real_feeds); the
-    calibration rows add 2 reference-model runs per graph compared: model.tosa and 3 families, 8 runs, CPU
-    +4 s on mp_selfie_segmentation, +3 s ppocrv4_det_160, +13 s mp_palm_detection_lite (~1.5 s a run)."""
-    return len(own_outputs) == len(whole.outputs) and all(
-        np.array_equal(own[k], v) for want, own in zip(whole.outputs, own_outputs, strict=True)
-        for k, v in want.items())
+    the QDQ model). It costs 2 TOSA reference-model runs instead of 4-8 (~3.4 s each for MobileViT-xxs)."""
+    return all(np.array_equal(own_outputs[k], v) for k, v in whole.outputs.items())
 
 
 def exact_forms_only(model: onnx.ModelProto, fam: str, fam_lowered: LoweredGraph,
@@ -218,16 +197,14 @@ class Lowerings:
 
 
 def lower_stage(src: Path, passes: Sequence[str], profile: Literal["int", "fp"], families: Sequence[str],
-                io_path: Path, optimise: str = "performance", calibration: Path | None = None) -> dict:
+                io_path: Path, optimise: str = "performance") -> dict:
     """The lower stage's work: the model through the pipeline's passes, lowered (lower_families) into the
-    directory of `io_path`, and io.json written there; its metrics. `calibration`: the spec's calibration
-    file, a few rows of which the families' bit-for-bit comparison runs too (real_feeds)."""
+    directory of `io_path`, and io.json written there; its metrics."""
     model = onnx.load(str(src))
-    real = real_feeds(calibration, model) if profile == "int" else []
     ir_model = run_passes(ir.serde.deserialize_model(model), list(passes))
     model = ir.serde.serialize_model(ir_model)
     choices: dict[str, list[dict]] = {}
-    io, tosa_ops = lower_families(model, profile, io_path.parent, families, choices, optimise, real)
+    io, tosa_ops = lower_families(model, profile, io_path.parent, families, choices, optimise)
     io.write(io_path)
     families = io.families
     compute_nodes = [n for n in model.graph.node if n.op_type not in QDQ_OPS]
@@ -244,13 +221,11 @@ def lower_stage(src: Path, passes: Sequence[str], profile: Literal["int", "fp"],
 def lower_families(model: onnx.ModelProto, profile: Literal["int", "fp"], out_dir: Path,
                    families: Sequence[str] = LOWERING_FAMILIES,
                    choices: dict[str, list[dict]] | None = None,
-                   optimise: str = "performance",
-                   real: Sequence[dict[str, np.ndarray]] = ()) -> tuple[LowerRecord, dict[str, int]]:
+                   optimise: str = "performance") -> tuple[LowerRecord, dict[str, int]]:
     """The lower stage's work on a model already through the pipeline's passes: model.tosa (when one TOSA
     graph runs the whole model) or the portable split, and for an INT model each family's split, all
     written to `out_dir`. Returns io.json's record (with the families) and the count of each TOSA op.
-    `optimise` "size": the families' measured choices go by SRAM and off-chip memory (ethosu/measured.py).
-    `real`: inputs of real data (real_feeds) an exact family must give model.tosa's outputs on too."""
+    `optimise` "size": the families' measured choices go by SRAM and off-chip memory (ethosu/measured.py)."""
     partial = lower_lowerable(model, profile)
     lowered = partial.lowered
     node_ops = lowered.node_ops if lowered is not None else {}
@@ -272,7 +247,7 @@ def lower_families(model: onnx.ModelProto, profile: Literal["int", "fp"], out_di
     if profile == "int":
         qdq_path = out_dir / "model_partitioning.onnx"
         # model.tosa's (or the portable split's) own runs: measured once, for every family
-        cache = CheckCache(integers=integer_ranges(model), optimise=optimise, real=list(real))
+        cache = CheckCache(integers=integer_ranges(model), optimise=optimise)
         lowerings = Lowerings(model, profile, partial.host, {LoweringOptions.for_family(None): partial})
         for fam in families:
             records[fam] = family_split(model, partial, io, fam, out_dir, qdq_path, cache, lowerings)
@@ -290,32 +265,23 @@ class CheckCache:
     choices: dict[str, list[dict]] = field(default_factory=dict)  # per family: what ethosu/measured.py measured
     optimise: str = "performance"  # what the measured choices minimise
     whole: WholeGraphRun | None = None
-    real: list[dict[str, np.ndarray]] = field(default_factory=list)  # calibration rows (real_feeds)
-    onnxruntime_s: float = 0.0  # the QDQ model's time on one sample (the runs' estimate for fan_out)
-
-    def acceptance_feeds(self, io: LowerRecord) -> list[dict[str, np.ndarray]]:
-        """The samples same_as_whole compares on: the first seeded check sample, then the calibration rows."""
-        return [check_feeds(io, integers=self.integers)[0], *self.real]
 
     def with_own_run(self, qdq_path: Path, out_dir: Path, io: LowerRecord,
-                     own: PartitionRecord) -> tuple[WholeGraphRun, list[dict[str, np.ndarray]]]:
-        """model.tosa's runs (made once) and the family's own whole graph's outputs on the acceptance samples:
-        what same_as_whole compares. The runs go over workers (npubuild/fanout.py) when onnxruntime's time on
-        the first sample says the reference model's are worth it; model.tosa's first, so its error, if any,
-        is raised as it was before."""
-        samples = self.acceptance_feeds(io)
+                     own: PartitionRecord) -> tuple[WholeGraphRun, dict[str, np.ndarray]]:
+        """model.tosa's run (measured once) and the family's own whole graph's outputs on the first check
+        sample: what same_as_whole compares. The first time both graphs are run at once on two workers
+        (npubuild/fanout.py) when onnxruntime's time on the sample says the reference model's is worth it."""
+        feeds = check_feeds(io, integers=self.integers)[0]
         own_model = PartitionedModel(out_dir, [own], io.outputs)
-        models = [own_model]
-        ref = None
-        if self.whole is None:
-            (ref,), self.onnxruntime_s = timed_runs(OnnxSession(qdq_path), samples[:1])
-            models.insert(0, PartitionedModel(out_dir, [io.whole_partition([])], io.outputs))
-        n = len(samples)
-        expected_s = len(models) * n * REFERENCE_MODEL_PER_ONNXRUNTIME * self.onnxruntime_s
-        runs = fan_out(lambda i: models[i // n](samples[i % n]), len(models) * n, expected_s)
-        if self.whole is None:
-            self.whole = WholeGraphRun(runs[:n], worst_error(models[0], samples[0], ref, 0.0, runs[0]))
-        return self.whole, runs[-n:]
+        if self.whole is not None:
+            return self.whole, own_model(feeds)
+        (ref,), onnxruntime_s = timed_runs(OnnxSession(qdq_path), [feeds])
+        expected_s = 2 * REFERENCE_MODEL_PER_ONNXRUNTIME * onnxruntime_s
+        whole_model = PartitionedModel(out_dir, [io.whole_partition([])], io.outputs)
+        models = (whole_model, own_model)  # model.tosa first: its error, if any, is raised as it was before
+        whole_outputs, own_outputs = fan_out(lambda i: models[i](feeds), 2, expected_s)
+        self.whole = WholeGraphRun(whole_outputs, worst_error(whole_model, feeds, ref, 0.0, whole_outputs))
+        return self.whole, own_outputs
 
 
 def family_split(model: onnx.ModelProto, partial: PartialLowering, io: LowerRecord, fam: str, out_dir: Path,

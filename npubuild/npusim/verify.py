@@ -51,6 +51,9 @@ class Verdict:
     outputs: list[list[np.ndarray]] = field(default_factory=list)
     reference_runs: int = 0  # reference-model runs made here (the rest were kept by tosa-check: tosa/memo.py)
     held_to_checked: int = 0  # samples held to the checked graph's kept outputs (compare's `checked`)
+    # samples whose outputs differ from the checked graph's kept ones (compare's `checked`), in order: where
+    # the compiled graph was found bit-identical to model.tosa, a claim these samples break
+    off_checked: list[int] = field(default_factory=list)
 
     @property
     def bitexact(self) -> bool:
@@ -197,9 +200,14 @@ def compare(model: RawModel, tosa: bytes, samples: list[list[np.ndarray]], names
     results = run_samples(model, samples, keep_ofms=False) if samples else []
     v.sim_seconds = time.perf_counter() - t0
     for s, (xs, want, res) in enumerate(zip(samples, kept, results, strict=True)):
-        if want is None and by_checked[s] is not None and _identical(by_checked[s], res.outputs):
-            want = by_checked[s]
-            v.held_to_checked += 1
+        if want is None and by_checked[s] is not None:
+            if _identical(by_checked[s], res.outputs):
+                want = by_checked[s]
+                v.held_to_checked += 1
+            else:
+                v.off_checked.append(s)
+        elif by_checked[s] is not None and not _identical(by_checked[s], res.outputs):
+            v.off_checked.append(s)
         if want is None:
             want = reference_outputs(tosa, xs)
             v.reference_runs += 1

@@ -44,17 +44,12 @@ class LowerConfig:
 
 def plan(b: Build, chain: Chain) -> TaskSpec:
     """One task per model and pipeline, lowering (for an INT build) the families of every target of the specs
-    of the builds that share it (`families` in its config, sorted): a target of a family no other has adds it.
-    The spec's calibration file is an input where it has one: the families' bit-for-bit comparison runs a few
-    of its rows (ethosu/families.real_feeds): an input, so its content is in the task's cache key."""
+    of the builds that share it (`families` in its config, sorted): a target of a family no other has adds it."""
     prev = chain.get("precision") or chain.get("quantize") or chain["import"]
     own = (Accelerator.parse(b.target.accelerator).lowering_family,)
     families = (b.spec_families or own) if b.pipeline.profile == "int" else ()
-    inputs = {"onnx": prev.outputs["onnx"]}
-    if b.pipeline.profile == "int" and b.calibration_npy is not None:  # real rows for the families' comparison
-        inputs["calibration"] = b.calibration_npy
     return TaskSpec(b.model_name, LowerConfig(prev.key, b.pipeline, optimise=b.optimise).to_json(),
-                    inputs, {"io": "io.json"}, (prev.stage,), union={"families": families})
+                    {"onnx": prev.outputs["onnx"]}, {"io": "io.json"}, (prev.stage,), union={"families": families})
 
 
 def run(task: StageTask) -> dict:
@@ -62,7 +57,7 @@ def run(task: StageTask) -> dict:
 
     config = LowerConfig.from_json(task.config)
     return lower_stage(task.inputs["onnx"], config.pipeline.passes, config.pipeline.profile, config.families,
-                       task.outputs["io"], config.optimise, task.inputs.get("calibration"))
+                       task.outputs["io"], config.optimise)
 
 
 # Vela too: the measured family choices (ethosu/measured.py) compile with it, so a new Vela decides them again

@@ -7,6 +7,7 @@ reruns tosa-check: tests/engine/test_output_integrity.py."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -14,13 +15,14 @@ import pytest
 import tosa_reference_model as trm
 from npbtest import REPO, run_subprocess
 
+from npubuild.errors import InternalError
 from npubuild.npusim.tflite import load_tflite
 from npubuild.npusim.verify import compare, reference_outputs
 from npubuild.records.lower import LowerRecord
 from npubuild.records.vela import VelaRecord
 from npubuild.tosa.memo import RunMemo, graph_key, model_key
 from npubuild.tosa.run import OnnxSession, RememberedSession
-from npubuild.verify.npu_sim import whole_graph_specs
+from npubuild.verify.npu_sim import hold_exact_claim, whole_graph_specs
 
 
 @pytest.fixture(scope="module")
@@ -124,8 +126,37 @@ def test_npu_sim_holds_a_sample_to_the_checked_graphs_kept_run_and_runs_its_own_
     kept[1][0].flat[0] ^= 1  # the kept run one LSB off on sample 1: that sample runs the compiled graph
     again = compare(artifact, compiled, samples, names, memo, kept)
     assert again.bitexact and again.held_to_checked == 2 and again.reference_runs == 1
+    assert held.off_checked == [] and again.off_checked == [1]
 
     alone = compare(artifact, compiled, samples, names, memo)  # nothing checked kept: the compiled graph runs
     assert alone.bitexact and alone.held_to_checked == 0 and alone.reference_runs == 3
     assert all(np.array_equal(a, b) for x, y in zip(held.outputs, alone.outputs, strict=True)
                for a, b in zip(x, y, strict=True))
+
+
+def test_a_compiled_graph_claimed_identical_to_model_tosa_that_gives_other_outputs_is_an_internal_error(
+        build: dict[str, Path]):
+    """The lower stage found u55_model.tosa bit-identical to model.tosa on one random sample; npu-sim compares
+    every sample with model.tosa's kept runs anyway, so a sample that breaks the claim (here: the kept run made
+    one LSB off) is npubuild's own error, not a passed build; a family not claimed identical may differ."""
+    io = LowerRecord.read(build["lower"] / "io.json")
+    vela = VelaRecord.read(build["vela"] / "summary.json")
+    compiled_file = vela.partitions[0].tosa
+    (fam,) = [f for f, rec in io.families.items() if rec.partitions[0].file == compiled_file]
+    assert io.families[fam].same_as_model_tosa
+    compiled = (build["lower"] / compiled_file).read_bytes()
+    (artifact,) = load_tflite(build["vela"] / vela.partitions[0].tflite)
+    inputs, outputs = whole_graph_specs(io, compiled_file)
+    rng = np.random.default_rng(5)
+    samples = [[spec.to_tosa(rng.uniform(-1, 1, spec.onnx_shape).astype(np.float32)) for spec in inputs]
+               for _ in range(2)]
+    kept = [[np.asarray(y) for y in trm.run((build["lower"] / "model.tosa").read_bytes(), xs)[0]] for xs in samples]
+    names = [o.onnx_name for o in outputs]
+    hold_exact_claim(io, compiled_file, compare(artifact, compiled, samples, names, RunMemo(), kept))
+    kept[0][0].flat[0] ^= 1
+    verdict = compare(artifact, compiled, samples, names, RunMemo(), kept)
+    assert verdict.bitexact and verdict.off_checked == [0]
+    with pytest.raises(InternalError, match=rf"the lower stage found the {fam} graph .* 1 of 2 samples \(first: sample 0\)"):
+        hold_exact_claim(io, compiled_file, verdict)
+    unclaimed = replace(io, families={**io.families, fam: replace(io.families[fam], same_as_model_tosa=False)})
+    hold_exact_claim(unclaimed, compiled_file, verdict)
