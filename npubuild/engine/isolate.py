@@ -22,12 +22,15 @@ from __future__ import annotations
 
 import faulthandler
 import multiprocessing
+import multiprocessing.util
 import os
 import pickle
 import resource
 import selectors
+import shutil
 import signal
 import sys
+import tempfile
 import threading
 import time
 import traceback
@@ -238,6 +241,35 @@ def _forked(fn: Callable[..., Any], args: tuple, memory_bytes: int, what: str, w
 
 _SERVER_LOCK = threading.Lock()
 _server_context: multiprocessing.context.BaseContext | None = None
+# a socket path's limit (sockaddr_un.sun_path less its NUL; 104 on macOS, 108 on Linux) and what
+# multiprocessing's forkserver adds to its temp dir for its socket: /pymp-XXXXXXXX/listener-XXXXXXXX
+SOCKET_PATH_MAX = 103
+FORKSERVER_SOCKET_SUFFIX = len("/pymp-XXXXXXXX/listener-XXXXXXXX")
+SHORT_TEMP_DIRS = ("/tmp", "/var/tmp", "/usr/tmp")
+
+
+def short_socket_dir(base: str | None = None) -> str | None:
+    """Give multiprocessing a temp dir short enough for the forkserver's AF_UNIX socket, where TMPDIR's is not;
+    the dir made, or None where TMPDIR's serves (or one was set already).
+
+    Python 3.11's forkserver binds its socket at <TMPDIR>/pymp-*/listener-*: a deep TMPDIR (a Dask worker run
+    in its own directory, as tests/engine/test_dask_share_nothing.py runs them) failed every stage with
+    `OSError: AF_UNIX path too long`. Python 3.13 falls back to a short system temp dir there; this does the
+    same, once, before the server starts (its address is made in this process, under this temp dir)."""
+    config = multiprocessing.current_process()._config  # multiprocessing's own record of its temp dir
+    if config.get("tempdir") is not None:
+        return None
+    base = base if base is not None else tempfile.gettempdir()
+    if len(base) + FORKSERVER_SOCKET_SUFFIX <= SOCKET_PATH_MAX:
+        return None
+    for short in SHORT_TEMP_DIRS:
+        if os.path.isdir(short) and os.access(short, os.W_OK | os.X_OK):
+            made = tempfile.mkdtemp(prefix="pymp-", dir=short)
+            multiprocessing.util.Finalize(None, shutil.rmtree, args=(made,), kwargs={"ignore_errors": True},
+                                          exitpriority=-100)
+            config["tempdir"] = made
+            return made
+    return None
 
 
 def _forkserver(preload: tuple[str, ...]) -> multiprocessing.context.BaseContext:
@@ -246,6 +278,7 @@ def _forkserver(preload: tuple[str, ...]) -> multiprocessing.context.BaseContext
     global _server_context
     with _SERVER_LOCK:
         if _server_context is None:
+            short_socket_dir()
             ctx = multiprocessing.get_context("forkserver")
             ctx.set_forkserver_preload([*PRELOAD, *preload])
             _server_context = ctx

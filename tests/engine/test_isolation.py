@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
-from npbtest import read_report, read_run
+from npbtest import REPO, read_report, read_run
 from npbtest.onnx_cases import conv
 from onnx import TensorProto, helper, numpy_helper
 
@@ -179,3 +179,25 @@ def test_an_abort_names_the_memory_limit_and_other_crashes_do_not():
     with pytest.raises(InputError) as info:
         run_isolated(_segfault, what="the stand-in", where="m.onnx", memory_bytes=96 << 20)
     assert str(info.value) == "m.onnx: error: the stand-in crashed on this model (SIGSEGV: Segmentation fault)"
+
+
+DEEP_TMPDIR_RUN = """
+import threading
+from npubuild.engine.isolate import run_isolated
+out = []
+t = threading.Thread(target=lambda: out.append(run_isolated(len, "abc", what="a count")))  # off the main thread
+t.start(); t.join()
+print(out)
+"""
+
+
+def test_a_stage_off_the_main_thread_runs_under_a_tmpdir_too_deep_for_a_socket(tmp_path: Path):
+    """The forkserver binds an AF_UNIX socket under TMPDIR (at most ~107 bytes of path): under a deep TMPDIR, as
+    a Dask worker run in its own directory has, every stage failed with 'AF_UNIX path too long' until
+    short_socket_dir gave multiprocessing a short temp dir."""
+    deep = tmp_path / ("d" * 60) / ("e" * 60)
+    deep.mkdir(parents=True)
+    proc = subprocess.run([sys.executable, "-c", DEEP_TMPDIR_RUN], capture_output=True, text=True,
+                          env={**os.environ, "TMPDIR": str(deep)}, cwd=REPO, timeout=300)
+    assert proc.returncode == 0 and proc.stdout.strip() == "[3]", proc.stderr[-2000:]
+
