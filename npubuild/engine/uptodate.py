@@ -72,15 +72,19 @@ def content_hash(path: Path) -> tuple[os.stat_result, str]:
     check_producers looks for) go unseen until the next build, which hashes afresh. A file that changes while
     it is hashed is not remembered."""
     st = os.stat(path)
-    sig = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+    sig = _identity(st)
     hit = _HASHES.get(path)
     if hit is not None and hit[0] == sig:
         return st, hit[1]
     digest = file_hash(path)
-    after = os.stat(path)
-    if (after.st_dev, after.st_ino, after.st_size, after.st_mtime_ns, after.st_ctime_ns) == sig:
+    if _identity(os.stat(path)) == sig:
         _HASHES[path] = (sig, digest)
     return st, digest
+
+
+def _identity(st: os.stat_result) -> tuple[int, ...]:
+    """What content_hash keys a file's hash by: which file it is and its stat signature."""
+    return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns
 
 
 def forget_hashes() -> None:

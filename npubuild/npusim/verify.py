@@ -200,14 +200,12 @@ def compare(model: RawModel, tosa: bytes, samples: list[list[np.ndarray]], names
     results = run_samples(model, samples, keep_ofms=False) if samples else []
     v.sim_seconds = time.perf_counter() - t0
     for s, (xs, want, res) in enumerate(zip(samples, kept, results, strict=True)):
-        if want is None and by_checked[s] is not None:
-            if _identical(by_checked[s], res.outputs):
-                want = by_checked[s]
-                v.held_to_checked += 1
-            else:
-                v.off_checked.append(s)
-        elif by_checked[s] is not None and not _identical(by_checked[s], res.outputs):
+        on_checked = by_checked[s] is not None and _identical(by_checked[s], res.outputs)
+        if by_checked[s] is not None and not on_checked:
             v.off_checked.append(s)
+        if want is None and on_checked:
+            want = by_checked[s]
+            v.held_to_checked += 1
         if want is None:
             want = reference_outputs(tosa, xs)
             v.reference_runs += 1
