@@ -1,0 +1,153 @@
+"""What the lower stage's tolerance check records with random samples only and with the calibration file's
+real rows added (ethosu/families.real_feeds, issue 33), and what the real rows cost.
+
+A benchmark script, not a test: it prints a markdown table. Build the specs once (any tree: the lower task's
+config, and so its directory, is the same), then run it from the project root on the same specs and build dir:
+
+    python -m npubuild build specs/ --build-dir /tmp/b --keep-going
+    PYTHONPATH=. python bench/tolerance_real.py specs/*.yaml --build-dir /tmp/b [--json out.json]
+
+Per INT lower task whose QDQ model the build dir holds: the model through the pipeline's passes, lowered for
+its families by lower_families twice, without and with the task's calibration file (none: the two are the
+same run, shown once). Per family that the tolerance check measures (check_partitioned: a split family, an own
+graph that rounds differently, an exact one model.tosa's outputs refute): max_error_lsb before -> after, the
+worst error of the random samples and of the real rows apart, the TOSA reference-model runs the check makes
+and their CPU seconds (in process: the check runs no child), and the error the stage raises, if any.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import onnx
+import onnx_ir as ir
+
+from npubuild.config.load import load_specs
+from npubuild.errors import StageError
+from npubuild.ethosu import families
+from npubuild.frontend.passes import run_passes
+from npubuild.verify import partitioned
+
+
+@dataclass
+class CheckTally:
+    """What the tolerance check did in one lower_families run, per family."""
+
+    errors: dict[str, list[float]] = field(default_factory=dict)  # family -> error per sample, in order
+    runs: dict[str, int] = field(default_factory=dict)  # family -> TOSA reference-model runs in the check
+    cpu_s: dict[str, float] = field(default_factory=dict)  # family -> the check's CPU seconds
+    family: str = ""
+    inside: bool = False
+
+
+@contextmanager
+def tallied() -> Iterator[CheckTally]:
+    """families.check_partitioned, its per-sample errors and its reference-model runs, counted per family."""
+    tally = CheckTally()
+    orig_split, orig_check = families.family_split, families.check_partitioned
+    orig_worst, orig_run = families.worst_error, partitioned.run_tosa
+
+    def family_split(model, partial, io, fam, *args, **kwargs):
+        tally.family = fam
+        return orig_split(model, partial, io, fam, *args, **kwargs)
+
+    def check_partitioned(*args, **kwargs):
+        tally.inside, start = True, time.process_time()
+        try:
+            return orig_check(*args, **kwargs)
+        finally:
+            tally.inside = False
+            fam = tally.family
+            tally.cpu_s[fam] = tally.cpu_s.get(fam, 0.0) + time.process_time() - start
+
+    def worst_error(model, feeds, ref, worst=0.0, got=None):
+        err = orig_worst(model, feeds, ref, 0.0, got)
+        if tally.inside:
+            tally.errors.setdefault(tally.family, []).append(err)
+        return max(worst, err)
+
+    def run_tosa(*args, **kwargs):
+        if tally.inside:
+            tally.runs[tally.family] = tally.runs.get(tally.family, 0) + 1
+        return orig_run(*args, **kwargs)
+
+    families.family_split, families.check_partitioned = family_split, check_partitioned
+    families.worst_error, partitioned.run_tosa = worst_error, run_tosa
+    try:
+        yield tally
+    finally:
+        families.family_split, families.check_partitioned = orig_split, orig_check
+        families.worst_error, partitioned.run_tosa = orig_worst, orig_run
+
+
+def measure(model: onnx.ModelProto, fams: list[str], optimise: str, calibration: Path | None) -> dict:
+    """One lower_families run's family records and check tally (the stage's error instead, where it raises)."""
+    with tempfile.TemporaryDirectory() as tmp, tallied() as tally:
+        start = time.process_time()
+        try:
+            io, _ = families.lower_families(model, "int", Path(tmp), fams, optimise=optimise, calibration=calibration)
+            recs = {f: {"max_error_lsb": r.max_error_lsb, "same_as_model_tosa": r.same_as_model_tosa,
+                        "files": [p.file for p in r.partitions]} for f, r in io.families.items()}
+            error = None
+        except StageError as exc:
+            recs, error = {}, str(exc)
+        return {"families": recs, "error": error, "errors": tally.errors, "runs": tally.runs, "cpu_s": tally.cpu_s,
+                "stage_cpu_s": time.process_time() - start}
+
+
+def lower_tasks(specs: list[Path], build_dir: Path) -> Iterator[tuple[str, Path, dict, Path | None]]:
+    """Each INT lower task of the build dir (stages/lower/*/stage.json) for a model of the specs, with the QDQ
+    model it lowered (found by its input task's key: another tree's stage keys differ, its source being in
+    them) and the model's calibration file: label, model, config, calibration."""
+    calibration = {b.model_name: b.calibration_npy for b in load_specs(specs)}
+    for record in sorted((build_dir / "stages" / "lower").glob("*/stage.json")):
+        config = json.loads(record.read_text())["config"]
+        label = record.parent.name.rsplit("-", 1)[0]
+        if label not in calibration or config["pipeline"]["profile"] != "int":
+            continue
+        src = next(iter(sorted((build_dir / "stages").glob(f"*/{label}-{config['input'][:8]}/model_qdq.onnx"))), None)
+        if src is not None:
+            yield label, src, config, calibration[label]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("specs", nargs="+", type=Path)
+    ap.add_argument("--build-dir", type=Path, required=True)
+    ap.add_argument("--json", type=Path)
+    args = ap.parse_args()
+    out = {}
+    print("| model | family | graph | before | after | random / real rows | check runs | check CPU s |")
+    print("|---|---|---|---:|---:|---|---|---|")
+    for label, src, config, calibration in lower_tasks(args.specs, args.build_dir):
+        model = onnx.load(str(src))
+        model = ir.serde.serialize_model(run_passes(ir.serde.deserialize_model(model), config["pipeline"]["passes"]))
+        fams, optimise = list(config.get("families", [])), config.get("optimise", "performance")
+        before = measure(model, fams, optimise, None)
+        after = measure(model, fams, optimise, calibration) if calibration is not None else before
+        out[label] = {"calibration": str(calibration) if calibration else None, "before": before, "after": after}
+        for fam in fams:
+            b, a = before["families"].get(fam, {}), after["families"].get(fam, {})
+            errs = after["errors"].get(fam, [])
+            n_random = len(before["errors"].get(fam, []))
+            split = f"{max(errs[:n_random], default=0):g} / {max(errs[n_random:], default=0):g}" if errs else "-"
+            graph = "model.tosa" if b.get("files") == ["model.tosa"] else \
+                ("same_as_model_tosa" if b.get("same_as_model_tosa") else f"{len(b.get('files', []))} part(s)")
+            runs = f"{before['runs'].get(fam, 0)} -> {after['runs'].get(fam, 0)}"
+            cpu = f"{before['cpu_s'].get(fam, 0):.2f} -> {after['cpu_s'].get(fam, 0):.2f}"
+            print(f"| {label} | {fam} | {graph} | {b.get('max_error_lsb')} | "
+                  f"{a.get('max_error_lsb') if not after['error'] else after['error']} | {split} | {runs} | {cpu} |",
+                  flush=True)
+    if args.json:
+        args.json.write_text(json.dumps(out, indent=1))
+
+
+if __name__ == "__main__":
+    main()
