@@ -141,7 +141,8 @@ def main() -> None:
             b, a = before["families"].get(fam, {}), after["families"].get(fam, {})
             errs = (after["errors"].get(fam) or [[]])[0]  # the family's own check; a baseline's is after it
             n_random = len((before["errors"].get(fam) or [[]])[0])
-            split = f"{max(errs[:n_random], default=0):g} / {max(errs[n_random:], default=0):g}" if errs else "-"
+            real = f"{max(errs[n_random:]):g}" if errs[n_random:] else "none"  # no calibration file: no rows
+            split = f"{max(errs[:n_random], default=0):g} / {real}" if errs else "-"
             graph = "model.tosa" if b.get("files") == ["model.tosa"] else \
                 ("same_as_model_tosa" if b.get("same_as_model_tosa") else f"{len(b.get('files', []))} part(s)")
             runs = f"{before['runs'].get(fam, 0)} -> {after['runs'].get(fam, 0)}"
