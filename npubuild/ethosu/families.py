@@ -101,9 +101,10 @@ def check_feeds(io: LowerRecord, seed: int = 0,
 
 def real_feeds(calibration: Path | None, model: onnx.ModelProto) -> list[dict[str, np.ndarray]]:
     """REAL_CHECK_ROWS rows of the spec's calibration file, its first and last (none without a file; only those
-    rows are read): real data, where a form that rounds differently shows errors uniform random inputs never
-    reach (a whole plane's mean on a rounding tie: 1 LSB on the mean, 128 on mp_selfie_segmentation's mask
-    pixels, issue 33; no random sample ever made a tie)."""
+    rows are read): real data reaches what uniform random inputs do not (flat regions make rounding ties: a
+    whole plane's mean on one, issue 33, which no random sample made). Two rows bound the cost (2 reference-
+    model runs per family checked, 4 with its baseline); on ppocr_cls_48x192's 24 rows its U85 graph is 0-5 LSB
+    from the QDQ model, model.tosa's own error on every row (measured beside bench/tolerance_real.py)."""
     if calibration is None:
         return []
     arrays = load_arrays(calibration, model, rows=REAL_CHECK_ROWS)
