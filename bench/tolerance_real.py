@@ -5,7 +5,7 @@ A benchmark script, not a test: it prints a markdown table. Build the specs once
 config, and so its directory, is the same), then run it from the project root on the same specs and build dir:
 
     python -m npubuild build specs/ --build-dir /tmp/b --keep-going
-    PYTHONPATH=. python bench/tolerance_real.py specs/*.yaml --build-dir /tmp/b [--json out.json]
+    PYTHONPATH=. python bench/tolerance_real.py specs/*.yaml --build-dir /tmp/b [--json out.json] [--every-row]
 
 Per INT lower task whose QDQ model the build dir holds: the model through the pipeline's passes, lowered for
 its families by lower_families twice, without and with the task's calibration file (none: the two are the
@@ -13,6 +13,8 @@ same run, shown once). Per family that the tolerance check measures (check_parti
 graph that rounds differently, an exact one model.tosa's outputs refute): max_error_lsb before -> after, the
 worst error of the random samples and of the real rows apart, the TOSA reference-model runs the check makes
 and their CPU seconds (in process: the check runs no child), and the error the stage raises, if any.
+--every-row: then each such family and model.tosa on every row of the calibration file, against the QDQ model
+(what two rows miss), one JSON line per family.
 """
 
 from __future__ import annotations
@@ -26,13 +28,16 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
 import onnx
 import onnx_ir as ir
 
 from npubuild.config.load import load_specs
 from npubuild.errors import StageError
 from npubuild.ethosu import families
+from npubuild.frontend.data import graph_inputs, load_arrays
 from npubuild.frontend.passes import run_passes
+from npubuild.tosa.run import OnnxSession
 from npubuild.verify import partitioned
 
 
@@ -105,6 +110,32 @@ def measure(model: onnx.ModelProto, fams: list[str], optimise: str, calibration:
                 "stage_cpu_s": time.process_time() - start}
 
 
+def every_row(model: onnx.ModelProto, fams: list[str], optimise: str, calibration: Path) -> list[dict]:
+    """Each family the tolerance check measures, and model.tosa, against the QDQ model on every calibration row."""
+    out = []
+    with tempfile.TemporaryDirectory() as tmp:
+        lower_dir = Path(tmp)
+        io, _ = families.lower_families(model, "int", lower_dir, fams, optimise=optimise)
+        arrays = load_arrays(calibration, model)
+        names = [n for n, _, _ in graph_inputs(model)]
+        rows = [{k: np.asarray(arrays[k][i]) for k in names} for i in range(min(arrays[k].shape[0] for k in names))]
+        qdq = OnnxSession(lower_dir / "model_partitioning.onnx")
+        refs = [qdq(feeds) for feeds in rows]
+        whole = partitioned.PartitionedModel(lower_dir, [io.whole_partition([])], io.outputs) if io.whole_graph \
+            else None
+        base = [partitioned.worst_error(whole, f, r) for f, r in zip(rows, refs, strict=True)] if whole else []
+        for fam, rec in io.families.items():
+            if rec.max_error_lsb is None or rec.same_as_model_tosa:
+                continue
+            model_of = partitioned.PartitionedModel(lower_dir, rec.partitions, io.outputs)
+            start = time.process_time()
+            errs = [partitioned.worst_error(model_of, f, r) for f, r in zip(rows, refs, strict=True)]
+            out.append({"family": fam, "rows": len(rows), "error": errs, "model_tosa_error": base,
+                        "over_model_tosa_plus_1": [i for i, e in enumerate(errs) if e > (base[i] if base else 0) + 1],
+                        "cpu_s": round(time.process_time() - start, 2)})
+    return out
+
+
 def lower_tasks(specs: list[Path], build_dir: Path) -> Iterator[tuple[str, Path, dict, Path | None]]:
     """Each INT lower task of the build dir (stages/lower/*/stage.json) for a model of the specs, with the QDQ
     model it lowered (found by its input task's key: another tree's stage keys differ, its source being in
@@ -125,6 +156,7 @@ def main() -> None:
     ap.add_argument("specs", nargs="+", type=Path)
     ap.add_argument("--build-dir", type=Path, required=True)
     ap.add_argument("--json", type=Path)
+    ap.add_argument("--every-row", action="store_true", help="also every calibration row, per family checked")
     args = ap.parse_args()
     out = {}
     print("| model | family | graph | before | after | random / real rows | check runs | check CPU s |")
@@ -150,6 +182,10 @@ def main() -> None:
             print(f"| {label} | {fam} | {graph} | {b.get('max_error_lsb')} | "
                   f"{a.get('max_error_lsb') if not after['error'] else after['error']} | {split} | {runs} | {cpu} |",
                   flush=True)
+        if args.every_row and calibration is not None:
+            for line in every_row(model, fams, optimise, calibration):
+                out[label].setdefault("every_row", []).append(line)
+                print(json.dumps({"model": label, **line}), flush=True)
     if args.json:
         args.json.write_text(json.dumps(out, indent=1))
 

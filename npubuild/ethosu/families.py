@@ -104,7 +104,7 @@ def real_feeds(calibration: Path | None, model: onnx.ModelProto) -> list[dict[st
     rows are read): real data reaches what uniform random inputs do not (flat regions make rounding ties: a
     whole plane's mean on one, issue 33, which no random sample made). Two rows bound the cost (2 reference-
     model runs per family checked, 4 with its baseline); on ppocr_cls_48x192's 24 rows its U85 graph is 0-5 LSB
-    from the QDQ model, model.tosa's own error on every row (measured beside bench/tolerance_real.py)."""
+    from the QDQ model, model.tosa's own error on every row (bench/tolerance_real.py --every-row)."""
     if calibration is None:
         return []
     arrays = load_arrays(calibration, model, rows=REAL_CHECK_ROWS)
