@@ -64,8 +64,23 @@ def check_values(name: str, a: np.ndarray, dtype: np.dtype, where: str) -> None:
                              f"(the input's type)", where)
 
 
-def load_arrays(path: Path, model: onnx.ModelProto) -> dict[str, np.ndarray]:
-    """An .npy (single-input models: shape (N, *input_shape)) or .npz (one array per input name)."""
+def spread_rows(n: int, k: int) -> list[int]:
+    """At most `k` of `n` row indices, evenly spread from the first to the last (k = 2: the first and last)."""
+    return sorted({int(i) for i in np.linspace(0, n - 1, min(k, n)).round()}) if n > 0 and k > 0 else []
+
+
+def _picked(a: np.ndarray, shape: tuple[int, ...], rows: int) -> np.ndarray:
+    """`rows` samples of `a` (spread_rows), where its first axis counts samples as load_arrays reads it
+    ([N, *shape], or [N, *shape[1:]] for a batch-1 input); anything else as it is, for load_arrays to judge."""
+    counts = a.ndim > 0 and (tuple(a.shape[1:]) == shape
+                             or (len(shape) > 0 and shape[0] == 1 and tuple(a.shape[1:]) == shape[1:]))
+    return np.asarray(a[spread_rows(a.shape[0], rows)]) if counts else np.asarray(a)
+
+
+def load_arrays(path: Path, model: onnx.ModelProto, rows: int | None = None) -> dict[str, np.ndarray]:
+    """An .npy (single-input models: shape (N, *input_shape)) or .npz (one array per input name). `rows`: only
+    that many samples, spread over the file (spread_rows), an .npy file mapped so that only they are read
+    (the lower stage's few real rows of a calibration file the quantize stage has read whole already)."""
     inputs = graph_inputs(model)
     if not inputs:
         raise InputError("the model has no graph inputs to feed", str(path))
@@ -74,7 +89,7 @@ def load_arrays(path: Path, model: onnx.ModelProto) -> dict[str, np.ndarray]:
             with np.load(path, allow_pickle=False) as z:
                 arrays = {k: z[k] for k in z.files}
         else:
-            arr = np.load(path, allow_pickle=False)
+            arr = np.load(path, allow_pickle=False, mmap_mode="r" if rows is not None else None)
             if len(inputs) != 1:
                 raise InputError(f"an .npy file feeds single-input models only; use .npz with keys "
                                  f"{[i[0] for i in inputs]}", str(path))
@@ -87,7 +102,7 @@ def load_arrays(path: Path, model: onnx.ModelProto) -> dict[str, np.ndarray]:
     for name, shape, dtype in inputs:
         if name not in arrays:
             raise InputError(f"no array for input '{name}' (the file has {sorted(arrays)})", str(path))
-        a = arrays[name]
+        a = arrays[name] if rows is None else _picked(arrays[name], shape, rows)
         check_values(name, a, dtype, str(path))
         if tuple(a.shape[1:]) != shape:
             if len(shape) > 0 and shape[0] == 1 and tuple(a.shape[1:]) == shape[1:]:

@@ -44,12 +44,18 @@ class LowerConfig:
 
 def plan(b: Build, chain: Chain) -> TaskSpec:
     """One task per model and pipeline, lowering (for an INT build) the families of every target of the specs
-    of the builds that share it (`families` in its config, sorted): a target of a family no other has adds it."""
+    of the builds that share it (`families` in its config, sorted): a target of a family no other has adds it.
+    An INT build's calibration file is an input where the spec has one: the families' tolerance check runs a
+    few of its rows (ethosu/families.real_feeds), so its content is in the task's cache key (a file whose new
+    rows leave the QDQ model as it was still checks the families again)."""
     prev = chain.get("precision") or chain.get("quantize") or chain["import"]
     own = (Accelerator.parse(b.target.accelerator).lowering_family,)
     families = (b.spec_families or own) if b.pipeline.profile == "int" else ()
+    inputs = {"onnx": prev.outputs["onnx"]}
+    if b.pipeline.profile == "int" and b.calibration_npy is not None:
+        inputs["calibration"] = b.calibration_npy
     return TaskSpec(b.model_name, LowerConfig(prev.key, b.pipeline, optimise=b.optimise).to_json(),
-                    {"onnx": prev.outputs["onnx"]}, {"io": "io.json"}, (prev.stage,), union={"families": families})
+                    inputs, {"io": "io.json"}, (prev.stage,), union={"families": families})
 
 
 def run(task: StageTask) -> dict:
@@ -57,7 +63,7 @@ def run(task: StageTask) -> dict:
 
     config = LowerConfig.from_json(task.config)
     return lower_stage(task.inputs["onnx"], config.pipeline.passes, config.pipeline.profile, config.families,
-                       task.outputs["io"], config.optimise)
+                       task.outputs["io"], config.optimise, task.inputs.get("calibration"))
 
 
 # Vela too: the measured family choices (ethosu/measured.py) compile with it, so a new Vela decides them again
