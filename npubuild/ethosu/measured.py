@@ -151,8 +151,25 @@ REPLICATE_COPIES = Choice("2x replication as depthwise copies into CONCATs",
                           lambda o: [replace(o, replicate_copies=True)])
 
 
+def feature_map_adds(model: onnx.ModelProto) -> bool:
+    """Whether the model has an Add of two non-constant tensors (a residual Add)."""
+    inits = {i.name for i in model.graph.initializer}
+    const = inits | {n.output[0] for n in model.graph.node if n.op_type in ("Constant", "DequantizeLinear")
+                     and all(i in inits for i in n.input if i)}
+    return any(n.op_type == "Add" and not any(i in const for i in n.input) for n in model.graph.node)
+
+
+# U55 runs a residual ADD's two operands in either order (the same integers), and Vela 5.2 schedules the block's
+# branches by that order: ResNet-8 U55-128 208228 -> 201644 cycles (resnet8_torch 210896 -> 204312) with the
+# operands swapped, as each stage's 3x3 conv then runs right after the weightless ADD before it, its weights
+# fetched from flash during the ADD (layer-23's flash-bound cycles 18072 -> 11488), for 2.6 KiB more SRAM; U85
+# loses (89734 -> 91604), TCN and MobileNetV3 block do not move: measured per model (bench/u55_eltwise.md).
+ADD_ORDER = Choice("residual Add operands swapped", lambda m, o: not o.add_operands_swapped and feature_map_adds(m),
+                   lambda o: [replace(o, add_operands_swapped=True)])
+
+
 CHOICES: dict[str, tuple[Choice | NodeChoice, ...]] = {
-    "u55": (NARROW_PLANE_ROWS, REPLICATE_COPIES),
+    "u55": (NARROW_PLANE_ROWS, REPLICATE_COPIES, ADD_ORDER),
     "u65": (MATMUL_PRODUCTS, Choice("narrow image input planar",
                                     lambda m, o: o.planar_input_channels is not None and narrow_image(m),
                                     lambda o: [replace(o, planar_input_channels=None)]), STAGED_INPUT),
