@@ -162,7 +162,7 @@ def feature_map_adds(model: onnx.ModelProto) -> bool:
 # U55 runs a residual ADD's two operands in either order (the same integers), and Vela 5.2 schedules the block's
 # branches by that order: ResNet-8 U55-128 208228 -> 201644 cycles (resnet8_torch 210896 -> 204312) with the
 # operands swapped, as each stage's 3x3 conv then runs right after the weightless ADD before it, its weights
-# fetched from flash during the ADD (layer-23's flash-bound cycles 18072 -> 11488), for 2.6 KiB more SRAM; U85
+# fetched from flash during the ADD (layer-23: 18072 -> 11488 cycles, its flash cycles 14272 -> 9696), +2.6 KiB SRAM; U85
 # loses (89734 -> 91604), TCN and MobileNetV3 block do not move: measured per model (bench/u55_eltwise.md).
 ADD_ORDER = Choice("residual Add operands swapped", lambda m, o: not o.add_operands_swapped and feature_map_adds(m),
                    lambda o: [replace(o, add_operands_swapped=True)])
