@@ -151,12 +151,37 @@ REPLICATE_COPIES = Choice("2x replication as depthwise copies into CONCATs",
                           lambda o: [replace(o, replicate_copies=True)])
 
 
-def feature_map_adds(model: onnx.ModelProto) -> bool:
-    """Whether the model has an Add of two non-constant tensors (a residual Add)."""
+WEIGHTED_OPS = frozenset({"Conv", "ConvTranspose", "Gemm", "MatMul"})
+
+
+def _ancestors(producer: dict[str, int], nodes: list[onnx.NodeProto], tensor: str) -> set[int]:
+    """The indices of the nodes `tensor` is computed from (its producer included)."""
+    seen: set[int] = set()
+    stack = [tensor]
+    while stack:
+        at = producer.get(stack.pop())
+        if at is not None and at not in seen:
+            seen.add(at)
+            stack.extend(i for i in nodes[at].input if i)
+    return seen
+
+
+def branched_adds(model: onnx.ModelProto) -> bool:
+    """Whether the model has an Add of two tensors each computed through a weighted op (a conv, a Gemm, a
+    MatMul) the other is not: the Adds whose operand order can move a weight fetch in Vela's schedule. An
+    identity shortcut's operand is an ancestor of the other, so either order runs the same ops in turn; Adds
+    with a weightless shortcut (palm and face detection's max pool and channel pad) or an identity one through
+    its Q/DQ nodes (the transformers', mobilevit's) measured no different swapped, for one more Vela compile."""
+    nodes = list(model.graph.node)
+    producer = {o: k for k, n in enumerate(nodes) for o in n.output if o}
     inits = {i.name for i in model.graph.initializer}
-    const = inits | {n.output[0] for n in model.graph.node if n.op_type in ("Constant", "DequantizeLinear")
-                     and all(i in inits for i in n.input if i)}
-    return any(n.op_type == "Add" and not any(i in const for i in n.input) for n in model.graph.node)
+    for node in nodes:
+        if node.op_type != "Add" or len(node.input) != 2 or any(i in inits or not i for i in node.input):
+            continue
+        a, b = (_ancestors(producer, nodes, i) for i in node.input)
+        if all(any(nodes[k].op_type in WEIGHTED_OPS for k in side) for side in (a - b, b - a)):
+            return True
+    return False
 
 
 # U55 runs a residual ADD's two operands in either order (the same integers), and Vela 5.2 schedules the block's
@@ -164,7 +189,7 @@ def feature_map_adds(model: onnx.ModelProto) -> bool:
 # operands swapped, as each stage's 3x3 conv then runs right after the weightless ADD before it, its weights
 # fetched from flash during the ADD (layer-23: 18072 -> 11488 cycles, its flash cycles 14272 -> 9696), +2.6 KiB SRAM; U85
 # loses (89734 -> 91604), TCN and MobileNetV3 block do not move: measured per model (bench/u55_eltwise.md).
-ADD_ORDER = Choice("residual Add operands swapped", lambda m, o: not o.add_operands_swapped and feature_map_adds(m),
+ADD_ORDER = Choice("residual Add operands swapped", lambda m, o: not o.add_operands_swapped and branched_adds(m),
                    lambda o: [replace(o, add_operands_swapped=True)])
 
 
