@@ -66,3 +66,11 @@ def test_lower_stage_measures_it(qdq) -> None:
     (row,) = [r for r in record if r["choice"] == ADD_ORDER.name]
     own, form = row["figures"]
     assert row["taken"] == int(form["ms"] < own["ms"]) == int(options.add_operands_swapped) == 1
+
+
+@pytest.mark.parametrize(("model", "branched"), [("resnet8", True), ("resnet8_torch", True), ("tcn_imu", False),
+                                                 ("mobilenet_v3_block", False), ("transformer", False)])
+def test_compiled_only_where_both_branches_fetch_weights(model: str, branched: bool) -> None:
+    """ResNet-8's projection shortcuts (a 1x1 conv beside the 3x3 convs) are measured; an identity shortcut
+    (MobileNetV3's, the transformer's, the TCN's) runs the same ops in either order and compiles nothing more."""
+    assert branched_adds(onnx.load(RESNET8.parent / f"{model}.onnx")) is branched
