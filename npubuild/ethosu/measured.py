@@ -151,8 +151,50 @@ REPLICATE_COPIES = Choice("2x replication as depthwise copies into CONCATs",
                           lambda o: [replace(o, replicate_copies=True)])
 
 
+WEIGHTED_OPS = frozenset({"Conv", "ConvTranspose", "Gemm", "MatMul"})
+
+
+def _ancestors(producer: dict[str, int], nodes: list[onnx.NodeProto], tensor: str) -> set[int]:
+    """The indices of the nodes `tensor` is computed from (its producer included)."""
+    seen: set[int] = set()
+    stack = [tensor]
+    while stack:
+        at = producer.get(stack.pop())
+        if at is not None and at not in seen:
+            seen.add(at)
+            stack.extend(i for i in nodes[at].input if i)
+    return seen
+
+
+def branched_adds(model: onnx.ModelProto) -> bool:
+    """Whether the model has an Add of two tensors each computed through a weighted op (a conv, a Gemm, a
+    MatMul) the other is not: the Adds whose operand order can move a weight fetch in Vela's schedule. An
+    identity shortcut's operand is an ancestor of the other, so either order runs the same ops in turn; Adds
+    with a weightless shortcut (palm and face detection's max pool and channel pad) or an identity one through
+    its Q/DQ nodes (the transformers', mobilevit's) measured no different swapped, for one more Vela compile."""
+    nodes = list(model.graph.node)
+    producer = {o: k for k, n in enumerate(nodes) for o in n.output if o}
+    inits = {i.name for i in model.graph.initializer}
+    for node in nodes:
+        if node.op_type != "Add" or len(node.input) != 2 or any(i in inits or not i for i in node.input):
+            continue
+        a, b = (_ancestors(producer, nodes, i) for i in node.input)
+        if all(any(nodes[k].op_type in WEIGHTED_OPS for k in side) for side in (a - b, b - a)):
+            return True
+    return False
+
+
+# U55 runs a residual ADD's two operands in either order (the same integers), and Vela 5.2 schedules the block's
+# branches by that order: ResNet-8 U55-128 208228 -> 201644 cycles (resnet8_torch 210896 -> 204312) with the
+# operands swapped, as each stage's 3x3 conv then runs right after the weightless ADD before it, its weights
+# fetched from flash during the ADD (layer-23: 18072 -> 11488 cycles, its flash cycles 14272 -> 9696), +2.6 KiB SRAM; U85
+# loses (89734 -> 91604), TCN and MobileNetV3 block do not move: measured per model (bench/u55_eltwise.md).
+ADD_ORDER = Choice("residual Add operands swapped", lambda m, o: not o.add_operands_swapped and branched_adds(m),
+                   lambda o: [replace(o, add_operands_swapped=True)])
+
+
 CHOICES: dict[str, tuple[Choice | NodeChoice, ...]] = {
-    "u55": (NARROW_PLANE_ROWS, REPLICATE_COPIES),
+    "u55": (NARROW_PLANE_ROWS, REPLICATE_COPIES, ADD_ORDER),
     "u65": (MATMUL_PRODUCTS, Choice("narrow image input planar",
                                     lambda m, o: o.planar_input_channels is not None and narrow_image(m),
                                     lambda o: [replace(o, planar_input_channels=None)]), STAGED_INPUT),

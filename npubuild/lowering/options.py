@@ -178,6 +178,10 @@ class LoweringOptions:
     # FFN weight and buffers the rest in one slice (transformer U65-256 SRAM 12.50 -> 18.45 KiB); as halves it
     # slices as after the depthwise: size mode's memory choice (ethosu/measured.FC_HALVES)
     fc_halves_nodes: frozenset[str] = frozenset()
+    # a two-tensor Add's ADD with its operands in the other order (int32 addition commutes: the same integers).
+    # Vela 5.2 orders a residual block's branches by the ADD's operands; on U55 a big conv right after the
+    # weightless ADD has its weights fetched from flash during the ADD: measured per model (ethosu/measured.py)
+    add_operands_swapped: bool = False
     # fold INT bias Adds behind a Q/DQ pair into the conv bias too (epilogue: exact per op to 1 LSB but drifts
     # from the QDQ reference, transformer TOSA SNR 32.8 -> 27.6 dB; off everywhere)
     int_bias_add: bool = False

@@ -109,7 +109,8 @@ def _add_sub(ctx: LoweringContext, op, kind: str) -> None:
     a32 = rescale(ctx, a, a.q.s / twice_max * (1 << bits), np.int32, a.q.zp, 0, None)
     b32 = rescale(ctx, b, b.q.s / twice_max * (1 << bits), np.int32, b.q.zp, 0, None)
     acc = ctx.new_tensor(_out_shape(a, b), np.int32, a.perm)
-    ctx.op(op, [a32.name, b32.name], [acc.name], attr(kind))
+    swapped = kind == "Add" and ctx.options.add_operands_swapped  # a + b == b + a in int32: only the order moves
+    ctx.op(op, [b32.name, a32.name] if swapped else [a32.name, b32.name], [acc.name], attr(kind))
     out_scale = twice_max / ((1 << bits) * out_q.s)
     y = rescale(ctx, acc, out_scale, out_q.dtype, 0, out_q.zp, out_q, output_of=out_of)
     ctx.set_output(0, RowImage(y) if rows is not None else y)
