@@ -88,3 +88,24 @@ def test_ranges_the_bound_does_not_cover_and_non_finite_values_are_numpys_own():
     bad[:3] = [np.nan, np.inf, -np.inf]
     lo, hi = float(np.nanmin(bad[3:])), float(np.nanmax(bad[3:]))
     np.testing.assert_array_equal(_counts(bad, lo, hi, False), _numpy(bad, lo, hi))
+
+
+def test_histograms_sharing_one_scratch_count_as_numpy_counts_them():
+    """Two tensors' histograms filled in turn through one set of block buffers (as ptq/stats.py fills them, sample by
+    sample), with arrays shorter than, as long as and longer than a block, and values at the edges: each histogram's
+    counts are numpy's over its own values, so nothing one leaves in the buffers reaches the other."""
+    rng = np.random.default_rng(11)
+    scratch = histogram.Scratch()
+    ranges = [(-17.375998, 1.2974945), (0.0, 6.0)]
+    ranges = [(float(np.float32(lo)), float(np.float32(hi))) for lo, hi in ranges]
+    hists = [Histogram(lo, hi, BINS, scratch) for lo, hi in ranges]
+    added: list[list[np.ndarray]] = [[], []]
+    for size in (5, histogram.BLOCK, 3 * histogram.BLOCK + 17, 1000):
+        for k, (lo, hi) in enumerate(ranges):
+            v = np.concatenate([_at_edges(lo, hi), rng.uniform(lo, hi, size).astype(np.float32)])[:max(size, 5)]
+            rng.shuffle(v)
+            hists[k].add(v, True)
+            added[k].append(v)
+    for k, (lo, hi) in enumerate(ranges):
+        assert hists[k].scratch is scratch
+        np.testing.assert_array_equal(hists[k].total(), sum(_numpy(v, lo, hi) for v in added[k]))

@@ -17,7 +17,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper
 
-from npubuild.frontend.ptq.histogram import Histogram
+from npubuild.frontend.ptq.histogram import Histogram, Scratch
 from npubuild.frontend.ptq.session import session_options
 
 BINS = 2048
@@ -92,7 +92,8 @@ def collect(model: onnx.ModelProto, arrays: dict[str, np.ndarray],
         return stats
     same = {k: src for k, src in reordered(model, names).items()  # the same values on every sample
             if np.array_equal(mins[k], mins[src]) and np.array_equal(maxs[k], maxs[src])}
-    hists = {k: Histogram(s.lo, s.hi, BINS) for k, s in stats.items() if s.hi > s.lo and k not in same}
+    scratch = Scratch()  # one set of block buffers for every histogram: they are filled one at a time
+    hists = {k: Histogram(s.lo, s.hi, BINS, scratch) for k, s in stats.items() if s.hi > s.lo and k not in same}
     for i, fd in enumerate(feeds):  # np.histogram's counts over a finite range count only the finite values
         for k, v in zip(names, _run(session, names, fd, graph_in), strict=True):
             if k in hists:
