@@ -9,7 +9,8 @@ decided once per tensor, never by a transpose per op.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from collections.abc import Mapping
+from dataclasses import InitVar, dataclass, field
 from typing import Literal
 
 import numpy as np
@@ -169,6 +170,36 @@ class WideRescale:
         return self.source == "MAXIMUM"
 
 
+def initializer_arrays(model: onnx.ModelProto) -> dict[str, np.ndarray]:
+    """Every initializer of `model` as a read-only array: an op lowering reads constants and never writes into
+    one (a write raises), so one set of arrays serves every lowering of the model (ModelArrays)."""
+    arrays = {}
+    for init in model.graph.initializer:
+        array = numpy_helper.to_array(init)
+        array.flags.writeable = False
+        arrays[init.name] = array
+    return arrays
+
+
+@dataclass(frozen=True, eq=False)
+class ModelArrays:
+    """One model's initializers as read-only arrays, converted once for all its lowerings: the lower stage
+    lowers its model ~10 times (each family and measured variant), and the conversion was ~6-17 ms of each
+    on palm detection and PP-OCRv4 det. Valid for that very model object only (`for_model`): a copy that moved
+    a Concat's weights (concat_order) or cut host nodes converts its own."""
+
+    model: onnx.ModelProto
+    arrays: Mapping[str, np.ndarray]
+
+    @classmethod
+    def of(cls, model: onnx.ModelProto) -> ModelArrays:
+        return cls(model, initializer_arrays(model))
+
+    def for_model(self, model: onnx.ModelProto) -> Mapping[str, np.ndarray] | None:
+        """The arrays if `model` is the model they were made from, else None."""
+        return self.arrays if model is self.model else None
+
+
 @dataclass
 class LoweringContext:
     model: onnx.ModelProto
@@ -192,13 +223,16 @@ class LoweringContext:
     _counter: int = 0
     _shared_consts: dict[tuple, str] = field(default_factory=dict)  # see const(): small values emitted once
     _qparams: dict[int, tuple[onnx.NodeProto, QParams]] = field(default_factory=dict)  # by id(node): qparams_of
+    # an index of `model` made already (concat_order's, when no Concat moved) and its initializers as read-only
+    # arrays (ModelArrays): what __post_init__ would make, made once
+    given_index: InitVar[GraphIndex | None] = None
+    arrays: InitVar[Mapping[str, np.ndarray] | None] = None
 
-    def __post_init__(self) -> None:
+    def __post_init__(self, given_index: GraphIndex | None, arrays: Mapping[str, np.ndarray] | None) -> None:
         self.ser = ts.TosaSerializer("", ts.ConstMode.EMBED, 1, 0, 0, False)
         g = self.model.graph
-        for init in g.initializer:
-            self.values[init.name] = numpy_helper.to_array(init)
-        self.index = GraphIndex(self.model)
+        self.values.update(arrays if arrays is not None else initializer_arrays(self.model))
+        self.index = given_index if given_index is not None else GraphIndex(self.model)
         inits = {i.name for i in g.initializer}
         for vi in g.input:
             if vi.name in inits:
