@@ -38,3 +38,16 @@ def test_options_agreeing_on_what_was_read_share_the_graph() -> None:
     own = lowerings(u55)
     assert own is not first and len(lowerings.reads) == 2
     assert own.lowered is not None and own.lowered.tosa == lower_model(model, "int", family="u55").tosa
+
+
+def test_the_portable_lowering_is_shared_too() -> None:
+    """The stage's first lowering (model.tosa's, finding the host nodes) is kept with what it read: a measured
+    variant that agrees with the portable options there is that graph, not lowered again."""
+    model = quantize_model(downsampling_block(8, 16, 8), calib("x", [1, 8, 8, 8], n=8))
+    lowerings = Lowerings(model, "int", {})
+    first = lowerings.portable()
+    assert first.whole and lowerings.host == {} and len(lowerings.reads) == 1
+    variant = replace(PORTABLE, softmax_wide=True, softmax_wide_row=8)  # fields this model never reads
+    assert lowerings(variant) is first and len(lowerings.reads) == 1
+    assert first.lowered is not None and first.lowered.tosa == lower_model(model, "int", options=variant).tosa
+    assert lowerings.arrays is not None and lowerings.arrays.for_model(model) is not None
