@@ -48,7 +48,8 @@ def lower_model(model: onnx.ModelProto, profile: Literal["int", "fp"], family: s
 
     `family` ("u55", "u65", "u85" or "u85wide") lets a lowering choose the forms that NPU family runs best
     (options.FAMILY_OPTIONS); `options` gives them explicitly instead (tests, benchmarks). `arrays`: the
-    model's initializers converted once for several lowerings of it (used where the lowered model is that one).
+    model's initializers and QParams read once for several lowerings of it (used where the lowered model is
+    that one).
     """
     load_all()
     for i, node in enumerate(model.graph.node):
@@ -59,7 +60,7 @@ def lower_model(model: onnx.ModelProto, profile: Literal["int", "fp"], family: s
     if options.concat_order:  # Vela's Concat copies in input order: the SRAM peak depends on it
         model, index = reordered(model)
     ctx = LoweringContext(model, profile, options=options, given_index=index,
-                          arrays=arrays.for_model(model) if arrays is not None else None)
+                          shared=arrays.for_model(model) if arrays is not None else None)
     for node in model.graph.node:
         if node.name in ctx.fused:  # lowered already, as part of a pattern (e.g. the Erf form of GELU)
             continue

@@ -30,7 +30,7 @@ def block() -> onnx.ModelProto:
 def test_initializers_are_read_only_and_shared(block) -> None:
     arrays = ModelArrays.of(block)
     assert arrays.arrays and all(not a.flags.writeable for a in arrays.arrays.values())
-    ctx = LoweringContext(block, "int", arrays=arrays.for_model(block))
+    ctx = LoweringContext(block, "int", shared=arrays.for_model(block))
     assert all(ctx.values[name] is a for name, a in arrays.arrays.items())
     fresh = LoweringContext(block, "int")  # converted here, read-only all the same
     assert all(not fresh.values[name].flags.writeable for name in arrays.arrays)
@@ -96,3 +96,19 @@ def test_reordered_copies_only_a_model_whose_concat_moves(models) -> None:  # no
     assert index.producer == fresh.producer and index.consumers == fresh.consumers and index.order == fresh.order
     assert lower_model(cat, "int", family="u55").tosa == lower_model(cat, "int", family="u55",
                                                                      arrays=ModelArrays.of(cat)).tosa
+
+
+def test_qparams_are_read_once_for_every_lowering(block) -> None:
+    arrays = ModelArrays.of(block)
+    first = lower_model(block, "int", family="u55", arrays=arrays)
+    assert arrays.qparams and all(q.scale.flags.writeable is False and q.zero_point.flags.writeable is False
+                                  for _, q in arrays.qparams.values())
+    ctx = LoweringContext(block, "int", shared=arrays)
+    for node, q in arrays.qparams.values():
+        assert ctx.qparams_of(node) is q
+        with pytest.raises(ValueError, match="read-only"):
+            q.scale[...] = 1.0
+    again = lower_model(block, "int", family="u55", arrays=arrays)
+    assert first.tosa == again.tosa == lower_model(block, "int", family="u55").tosa
+    with pytest.raises(AssertionError, match="another model"):
+        LoweringContext(copy.deepcopy(block), "int", shared=arrays)
