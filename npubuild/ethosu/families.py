@@ -40,7 +40,7 @@ from npubuild.frontend.passes import run_passes
 from npubuild.lowering.context import ModelArrays
 from npubuild.lowering.driver import LoweredGraph, lower_model
 from npubuild.lowering.fallback import HostNode, PartialLowering, lower_lowerable
-from npubuild.lowering.options import LoweringOptions, recorded
+from npubuild.lowering.options import LoweringOptions, Reads, recorded
 from npubuild.records.iospec import IOSpec
 from npubuild.records.lower import FamilyRecord, LowerRecord, NodeRecord, PartitionRecord, Where
 from npubuild.tosa.graph import ops_by_node, read_tosa, tensor_nodes
@@ -166,7 +166,8 @@ class Lowerings:
     done: dict[LoweringOptions, PartialLowering] = field(default_factory=dict)
     # the option fields each lowering made here read, with their values: options that agree on all of them lower
     # to that graph too (palm detection: 2 of 12 lowerings, a measured choice that does not touch the model)
-    reads: list[tuple[dict[str, object], PartialLowering]] = field(default_factory=list)
+    # (and the answers of the predicates it asked: Reads.agree)
+    reads: list[tuple[dict[str, object], Reads, PartialLowering]] = field(default_factory=list)
     # the model's initializers as read-only arrays, converted once for every lowering here
     arrays: ModelArrays | None = None
 
@@ -190,13 +191,12 @@ class Lowerings:
 
     def _same_as_made(self, options: LoweringOptions) -> PartialLowering | None:
         """A lowering made here whose every option field read has the same value in `options`."""
-        return next((low for read, low in self.reads
-                     if all(getattr(options, name) == value for name, value in read.items())), None)
+        return next((low for values, read, low in self.reads if read.agree(values, options)), None)
 
     def _lower(self, options: LoweringOptions) -> PartialLowering:
         watched, names = recorded(options)
         low = lower_lowerable(self.model, self.profile, options=watched, host=self.host, arrays=self.arrays)
-        self.reads.append(({name: getattr(options, name) for name in names}, low))
+        self.reads.append(({name: getattr(options, name) for name in names}, names, low))
         return low
 
     def whole(self, options: LoweringOptions) -> LoweredGraph:
