@@ -190,7 +190,7 @@ class Lowerings:
         return self.done[options]
 
     def _same_as_made(self, options: LoweringOptions) -> PartialLowering | None:
-        """A lowering made here whose every option field read has the same value in `options`."""
+        """A lowering made here that observed of its options what it would of `options` (Reads.agree)."""
         return next((low for values, read, low in self.reads if read.agree(values, options)), None)
 
     def _lower(self, options: LoweringOptions) -> PartialLowering:

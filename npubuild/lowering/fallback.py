@@ -70,7 +70,7 @@ def lower_lowerable(model: onnx.ModelProto, profile: Literal["int", "fp"], famil
                     options: LoweringOptions | None = None, host: dict[str, HostNode] | None = None,
                     arrays: ModelArrays | None = None) -> PartialLowering:
     """The model lowered with every node the lowering refuses on the host (`host`: ones already known;
-    `arrays`: the model's initializers converted once, lower_model's)."""
+    `arrays`: the model's initializers and QParams read once, lower_model's)."""
     name_nodes(model)
     names = {n.name for n in model.graph.node}
     found = dict(host or {})
