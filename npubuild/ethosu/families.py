@@ -178,7 +178,7 @@ class Lowerings:
     def portable(self) -> PartialLowering:
         """The portable lowering (model.tosa's), finding the host nodes every later lowering here cuts out, and
         kept with the option fields it read like any other: a measured variant that agrees with the portable
-        options on those is that graph (mp_selfie_segmentation: U85's staged-input variant)."""
+        options on those is that graph, not lowered again."""
         low = self(LoweringOptions.for_family(None))
         self.host = dict(low.host)
         return low
