@@ -38,9 +38,10 @@ from npubuild.fanout import fan_out
 from npubuild.fileio import write_bytes
 from npubuild.frontend.data import graph_inputs, integer_ranges, load_arrays
 from npubuild.frontend.passes import run_passes
+from npubuild.lowering.context import ModelArrays
 from npubuild.lowering.driver import LoweredGraph, lower_model
 from npubuild.lowering.fallback import HostNode, PartialLowering, lower_lowerable
-from npubuild.lowering.options import LoweringOptions, recorded
+from npubuild.lowering.options import LoweringOptions, Reads, recorded
 from npubuild.records.iospec import IOSpec
 from npubuild.records.lower import FamilyRecord, LowerRecord, NodeRecord, PartitionRecord, Where
 from npubuild.tosa.graph import ops_by_node, read_tosa, tensor_nodes
@@ -182,7 +183,22 @@ class Lowerings:
     done: dict[LoweringOptions, PartialLowering] = field(default_factory=dict)
     # the option fields each lowering made here read, with their values: options that agree on all of them lower
     # to that graph too (palm detection: 2 of 12 lowerings, a measured choice that does not touch the model)
-    reads: list[tuple[dict[str, object], PartialLowering]] = field(default_factory=list)
+    # (and the answers of the predicates it asked: Reads.agree)
+    reads: list[tuple[dict[str, object], Reads, PartialLowering]] = field(default_factory=list)
+    # the model's initializers as read-only arrays, converted once for every lowering here
+    arrays: ModelArrays | None = None
+
+    def __post_init__(self) -> None:
+        if self.arrays is None:
+            self.arrays = ModelArrays.of(self.model)
+
+    def portable(self) -> PartialLowering:
+        """The portable lowering (model.tosa's), finding the host nodes every later lowering here cuts out, and
+        kept with the option fields it read like any other: a measured variant that agrees with the portable
+        options on those is that graph, not lowered again."""
+        low = self(LoweringOptions.for_family(None))
+        self.host = dict(low.host)
+        return low
 
     def __call__(self, options: LoweringOptions) -> PartialLowering:
         """The model lowered with `options`, its host nodes cut out (lower_lowerable)."""
@@ -191,14 +207,13 @@ class Lowerings:
         return self.done[options]
 
     def _same_as_made(self, options: LoweringOptions) -> PartialLowering | None:
-        """A lowering made here whose every option field read has the same value in `options`."""
-        return next((low for read, low in self.reads
-                     if all(getattr(options, name) == value for name, value in read.items())), None)
+        """A lowering made here that observed of its options what it would of `options` (Reads.agree)."""
+        return next((low for values, read, low in self.reads if read.agree(values, options)), None)
 
     def _lower(self, options: LoweringOptions) -> PartialLowering:
         watched, names = recorded(options)
-        low = lower_lowerable(self.model, self.profile, options=watched, host=self.host)
-        self.reads.append(({name: getattr(options, name) for name in names}, low))
+        low = lower_lowerable(self.model, self.profile, options=watched, host=self.host, arrays=self.arrays)
+        self.reads.append(({name: getattr(options, name) for name in names}, names, low))
         return low
 
     def whole(self, options: LoweringOptions) -> LoweredGraph:
@@ -208,7 +223,7 @@ class Lowerings:
         if got is not None and got.whole:
             assert got.lowered is not None
             return got.lowered
-        lowered = lower_model(self.model, self.profile, options=options)
+        lowered = lower_model(self.model, self.profile, options=options, arrays=self.arrays)
         self.done[options] = PartialLowering(lowered, {})
         return lowered
 
@@ -246,7 +261,8 @@ def lower_families(model: onnx.ModelProto, profile: Literal["int", "fp"], out_di
     written to `out_dir`. Returns io.json's record (with the families) and the count of each TOSA op.
     `optimise` "size": the families' measured choices go by SRAM and off-chip memory (ethosu/measured.py).
     `calibration`: the spec's calibration file, whose real rows the tolerance check runs too (real_feeds)."""
-    partial = lower_lowerable(model, profile)
+    lowerings = Lowerings(model, profile, {})
+    partial = lowerings.portable()
     lowered = partial.lowered
     node_ops = lowered.node_ops if lowered is not None else {}
     tosa_ops: dict[str, int] = {}
@@ -268,7 +284,6 @@ def lower_families(model: onnx.ModelProto, profile: Literal["int", "fp"], out_di
         qdq_path = out_dir / "model_partitioning.onnx"
         # model.tosa's (or the portable split's) own runs: measured once, for every family
         cache = CheckCache(integers=integer_ranges(model), optimise=optimise, calibration=calibration)
-        lowerings = Lowerings(model, profile, partial.host, {LoweringOptions.for_family(None): partial})
         for fam in families:
             records[fam] = family_split(model, partial, io, fam, out_dir, qdq_path, cache, lowerings)
         if choices is not None:  # what ethosu/measured.py measured, for the stage's metrics

@@ -95,23 +95,24 @@ class _Graph(GraphIndex):
 
 def copied_inputs_first(model: onnx.ModelProto) -> onnx.ModelProto:
     """The model with each channel Concat read only by Convs reordered copied-inputs-first (a copy; or `model`)."""
+    return reordered(model)[0]
+
+
+def reordered(model: onnx.ModelProto) -> tuple[onnx.ModelProto, GraphIndex | None]:
+    """copied_inputs_first, and an index of the model it returns when that is `model` itself (no Concat moves:
+    the lowering reads that index instead of building its own, and `model` is not copied)."""
     if not any(n.op_type == "Concat" for n in model.graph.node):
-        return model
+        return model, None
+    g = _Graph(model)
+    if not any(_moved(g, cat) for cat in model.graph.node):
+        return model, g  # what the copy below would have been: no Concat of it moves before one has moved
     model = copy.deepcopy(model)
     g = _Graph(model)
     for cat in model.graph.node:
-        axis = next((a.i for a in cat.attribute if a.name == "axis"), None)
-        if cat.op_type != "Concat" or axis not in (1, -3) or any(not n for n in cat.input):
+        move = _moved(g, cat)
+        if move is None:
             continue
-        order = sorted(range(len(cat.input)), key=lambda i: not g.copied(cat.input[i]))
-        if order == sorted(order):
-            continue
-        channels = [g.shapes.get(n, []) for n in cat.input]
-        if any(len(s) != 4 or s[1] <= 0 for s in channels):
-            continue
-        convs = g.conv_readers(cat)
-        if convs is None:
-            continue
+        order, channels, convs = move
         starts = np.cumsum([0] + [s[1] for s in channels])
         idx = np.concatenate([np.arange(starts[i], starts[i + 1]) for i in order])
         for conv in convs:
@@ -121,4 +122,19 @@ def copied_inputs_first(model: onnx.ModelProto) -> onnx.ModelProto:
         names = [cat.input[i] for i in order]
         del cat.input[:]
         cat.input.extend(names)
-    return model
+    return model, None
+
+
+def _moved(g: _Graph, cat: onnx.NodeProto) -> tuple[list[int], list[list[int]], list[onnx.NodeProto]] | None:
+    """A channel Concat whose inputs move: their new order, their shapes and the Convs reading it; else None."""
+    axis = next((a.i for a in cat.attribute if a.name == "axis"), None)
+    if cat.op_type != "Concat" or axis not in (1, -3) or any(not n for n in cat.input):
+        return None
+    order = sorted(range(len(cat.input)), key=lambda i: not g.copied(cat.input[i]))
+    if order == sorted(order):
+        return None
+    channels = [g.shapes.get(n, []) for n in cat.input]
+    if any(len(s) != 4 or s[1] <= 0 for s in channels):
+        return None
+    convs = g.conv_readers(cat)
+    return None if convs is None else (order, channels, convs)

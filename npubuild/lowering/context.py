@@ -9,7 +9,8 @@ decided once per tensor, never by a transpose per op.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from collections.abc import Mapping
+from dataclasses import InitVar, dataclass, field
 from typing import Literal
 
 import numpy as np
@@ -169,6 +170,38 @@ class WideRescale:
         return self.source == "MAXIMUM"
 
 
+def initializer_arrays(model: onnx.ModelProto) -> dict[str, np.ndarray]:
+    """Every initializer of `model` as a read-only array: an op lowering reads constants and never writes into
+    one (a write raises), so one set of arrays serves every lowering of the model (ModelArrays)."""
+    arrays = {}
+    for init in model.graph.initializer:
+        array = numpy_helper.to_array(init)
+        array.flags.writeable = False
+        arrays[init.name] = array
+    return arrays
+
+
+@dataclass(frozen=True, eq=False)
+class ModelArrays:
+    """One model's initializers as read-only arrays, converted once for all its lowerings, and the QParams of
+    its Q/DQ nodes whose scale and zero point are initializers, read once: the lower stage lowers its model ~10
+    times (each family and measured variant), and those were ~10% of each lowering on palm detection and
+    PP-OCRv4 det. Both are functions of the model alone and read-only (a write raises). Valid for that very model
+    object only (`for_model`): a copy that moved a Concat's weights (concat_order) or cut host nodes reads its own."""
+
+    model: onnx.ModelProto
+    arrays: Mapping[str, np.ndarray]
+    qparams: dict[int, tuple[onnx.NodeProto, QParams]] = field(default_factory=dict)  # as LoweringContext._qparams
+
+    @classmethod
+    def of(cls, model: onnx.ModelProto) -> ModelArrays:
+        return cls(model, initializer_arrays(model))
+
+    def for_model(self, model: onnx.ModelProto) -> ModelArrays | None:
+        """These, if `model` is the model they were made from, else None."""
+        return self if model is self.model else None
+
+
 @dataclass
 class LoweringContext:
     model: onnx.ModelProto
@@ -192,13 +225,20 @@ class LoweringContext:
     _counter: int = 0
     _shared_consts: dict[tuple, str] = field(default_factory=dict)  # see const(): small values emitted once
     _qparams: dict[int, tuple[onnx.NodeProto, QParams]] = field(default_factory=dict)  # by id(node): qparams_of
+    _shared_qparams: dict[int, tuple[onnx.NodeProto, QParams]] | None = field(default=None, init=False)
+    # an index of `model` made already (concat_order's, when no Concat moved) and its initializers and QParams
+    # read for every lowering of it (ModelArrays.for_model(model)): what __post_init__ would make, made once
+    given_index: InitVar[GraphIndex | None] = None
+    shared: InitVar[ModelArrays | None] = None
 
-    def __post_init__(self) -> None:
+    def __post_init__(self, given_index: GraphIndex | None, shared: ModelArrays | None) -> None:
         self.ser = ts.TosaSerializer("", ts.ConstMode.EMBED, 1, 0, 0, False)
         g = self.model.graph
-        for init in g.initializer:
-            self.values[init.name] = numpy_helper.to_array(init)
-        self.index = GraphIndex(self.model)
+        if shared is not None:
+            assert shared.model is self.model, "the arrays of another model"
+            self._shared_qparams = shared.qparams
+        self.values.update(shared.arrays if shared is not None else initializer_arrays(self.model))
+        self.index = given_index if given_index is not None else GraphIndex(self.model)
         inits = {i.name for i in g.initializer}
         for vi in g.input:
             if vi.name in inits:
@@ -480,10 +520,14 @@ class LoweringContext:
         """QParams from a QuantizeLinear/DequantizeLinear node's scale and zero-point inputs; made once per node
         (a Q/DQ is read by its producer's and its readers' lowerings alike), the same frozen QParams shared."""
         known = self._qparams.get(id(qnode))
+        if known is None and self._shared_qparams is not None:
+            known = self._shared_qparams.get(id(qnode))
         if known is not None and known[0] is qnode:
             return known[1]
         q = self._read_qparams(qnode)
         self._qparams[id(qnode)] = (qnode, q)
+        if self._shared_qparams is not None and all(not i or i in self.index.inits for i in qnode.input[1:]):
+            self._shared_qparams[id(qnode)] = (qnode, q)  # read from the model's own arrays: the same in every lowering
         return q
 
     def _read_qparams(self, qnode: onnx.NodeProto) -> QParams:
@@ -502,7 +546,9 @@ class LoweringContext:
         zero = zp.astype(np.int64) if zp is not None else np.zeros(scale.shape, np.int64)
         if scale.size == 1:
             axis = None
-        return QParams(scale.astype(np.float64), zero, np.dtype(dtype), axis)
+        scale = scale.astype(np.float64)
+        scale.flags.writeable = zero.flags.writeable = False  # shared by every reader of the node, in every lowering
+        return QParams(scale, zero, np.dtype(dtype), axis)
 
     def set_output(self, i: int, t: Value) -> None:
         assert self.current is not None

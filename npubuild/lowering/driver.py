@@ -9,10 +9,10 @@ from typing import Literal
 import onnx
 
 from npubuild.errors import InternalError, NpubuildError, UncomputedOutputError, UnsupportedOpError, one_line
-from npubuild.frontend.concat_order import copied_inputs_first
+from npubuild.frontend.concat_order import reordered
 from npubuild.frontend.passes import HOST_REASON
 from npubuild.lowering import load_all
-from npubuild.lowering.context import LoweringContext, TTensor
+from npubuild.lowering.context import LoweringContext, ModelArrays, TTensor
 from npubuild.lowering.emit import Op, attr
 from npubuild.lowering.options import LoweringOptions
 from npubuild.lowering.quant import UnrepresentableScale
@@ -43,20 +43,24 @@ def copy_to_output(ctx: LoweringContext, x: TTensor, name: str) -> None:
 
 
 def lower_model(model: onnx.ModelProto, profile: Literal["int", "fp"], family: str | None = None,
-                options: LoweringOptions | None = None) -> LoweredGraph:
+                options: LoweringOptions | None = None, arrays: ModelArrays | None = None) -> LoweredGraph:
     """Lower a whole (QDQ for INT, float for FP) ONNX model to one TOSA 1.0 graph.
 
     `family` ("u55", "u65", "u85" or "u85wide") lets a lowering choose the forms that NPU family runs best
-    (options.FAMILY_OPTIONS); `options` gives them explicitly instead (tests, benchmarks).
+    (options.FAMILY_OPTIONS); `options` gives them explicitly instead (tests, benchmarks). `arrays`: the
+    model's initializers and QParams read once for several lowerings of it (used where the lowered model is
+    that one).
     """
     load_all()
     for i, node in enumerate(model.graph.node):
         if not node.name:
             node.name = f"{node.op_type}_{i}"
     options = options or LoweringOptions.for_family(family)
-    if options.concat_order:
-        model = copied_inputs_first(model)  # Vela's Concat copies in input order: the SRAM peak depends on it
-    ctx = LoweringContext(model, profile, options=options)
+    index = None
+    if options.concat_order:  # Vela's Concat copies in input order: the SRAM peak depends on it
+        model, index = reordered(model)
+    ctx = LoweringContext(model, profile, options=options, given_index=index,
+                          shared=arrays.for_model(model) if arrays is not None else None)
     for node in model.graph.node:
         if node.name in ctx.fused:  # lowered already, as part of a pattern (e.g. the Erf form of GELU)
             continue

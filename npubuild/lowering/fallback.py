@@ -20,6 +20,7 @@ from onnx import helper
 from npubuild.errors import InputError, UncomputedOutputError, UnsupportedOpError
 from npubuild.frontend.graph_index import QDQ, GraphIndex, node_inputs
 from npubuild.frontend.passes import CONTROL_FLOW_RULE
+from npubuild.lowering.context import ModelArrays
 from npubuild.lowering.driver import LoweredGraph, lower_model
 from npubuild.lowering.options import LoweringOptions
 
@@ -66,9 +67,10 @@ def host_node(exc: UnsupportedOpError) -> HostNode:
 
 
 def lower_lowerable(model: onnx.ModelProto, profile: Literal["int", "fp"], family: str | None = None,
-                    options: LoweringOptions | None = None,
-                    host: dict[str, HostNode] | None = None) -> PartialLowering:
-    """The model lowered with every node the lowering refuses on the host (`host`: ones already known)."""
+                    options: LoweringOptions | None = None, host: dict[str, HostNode] | None = None,
+                    arrays: ModelArrays | None = None) -> PartialLowering:
+    """The model lowered with every node the lowering refuses on the host (`host`: ones already known;
+    `arrays`: the model's initializers and QParams read once, lower_model's)."""
     name_nodes(model)
     names = {n.name for n in model.graph.node}
     found = dict(host or {})
@@ -77,7 +79,8 @@ def lower_lowerable(model: onnx.ModelProto, profile: Literal["int", "fp"], famil
         if not graph.graph.node:
             return PartialLowering(None, found)
         try:
-            return PartialLowering(lower_model(graph, profile, family=family, options=options), found)
+            return PartialLowering(lower_model(graph, profile, family=family, options=options, arrays=arrays),
+                                   found)
         except UnsupportedOpError as exc:
             if exc.node_name not in names or exc.node_name in found:
                 raise  # not a node of the model, or cutting it did not help: nothing more to try

@@ -22,14 +22,18 @@ def staged_input(ctx: LoweringContext, t: TTensor, onnx_name: str) -> TTensor:
     options say it pays; else `t` itself."""
     if ctx.options.input_copy and fits_max_copy(t):
         return max_copy(ctx, t)
-    least = ctx.options.staged_input_min_row
-    if least is None or len(t.shape) != 4 or not fits_max_copy(t):
+    if len(t.shape) != 4 or not fits_max_copy(t):
         return t
     # NHWC bytes: an NCHW input laid out NHWC, or an NHWC image as it is (LoweringContext.nhwc_image)
     if t.perm != NHWC and not (t.perm == identity(4) and ctx.nhwc_image(onnx_name)):
         return t
     n, h, w, c = t.shape
-    if c > MAX_CHANNELS or w * c < least or _folded_by_a_reader(ctx, onnx_name, c):
+    if c > MAX_CHANNELS:
+        return t
+    # the option read only for an input it could stage: one it cannot lowers alike with or without it, and the
+    # stage's Lowerings shares such a graph (ethosu/families.Lowerings: PP-OCRv4 det's planar U65 input)
+    least = ctx.options.staged_input_min_row
+    if least is None or w * c < least or _folded_by_a_reader(ctx, onnx_name, c):
         return t
     rows = reshape(ctx, t, (n, h, 1, w * c), identity(4))
     return reshape(ctx, max_copy(ctx, rows), (n, h, w, c), t.perm)

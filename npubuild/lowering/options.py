@@ -229,10 +229,15 @@ class LoweringOptions:
 
     def plane_rows_pays(self, x) -> bool:
         """Whether the exact int32 sum of int8 `x` (NHWC) over H and W is cheaper as row sums first."""
+        return self.plane_rows_fit(tuple(x.shape), np.dtype(x.dtype).str, x.q is not None and x.q.is_per_tensor)
+
+    def plane_rows_fit(self, shape: tuple[int, ...], dtype: str, per_tensor: bool) -> bool:
+        """plane_rows_pays on the facts of the tensor it reads: an observed predicate (`recorded`), so options
+        whose row-sum limits differ but agree on every plane the model sums share its lowering."""
         lim = self.plane_rows
-        if lim is None or len(x.shape) != 4 or x.dtype != np.int8 or x.q is None or not x.q.is_per_tensor:
+        if lim is None or len(shape) != 4 or np.dtype(dtype) != np.int8 or not per_tensor:
             return False
-        _, h, w, c = x.shape
+        _, h, w, c = shape
         return (min(h, w) >= max(lim.min_side, 2) and w <= lim.max_width and h * w >= lim.min_plane
                 and h * w * c >= lim.min_elements and c <= lim.max_channels)
 
@@ -296,25 +301,65 @@ FAMILY_OPTIONS: dict[LoweringFamily, LoweringOptions] = {
 }
 
 FIELDS = frozenset(LoweringOptions.__dataclass_fields__)
+# predicates of plain, hashable arguments whose result, not the fields they read, a recorded lowering notes (`recorded`)
+OBSERVED = frozenset({"plane_rows_fit"})
+
+
+class Reads(set):
+    """The names of the option fields a lowering read (a set), and `calls`: each OBSERVED predicate it asked, by
+    (name, arguments), with the answer. The fields such a predicate reads are not in the set."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls: dict[tuple[str, tuple], object] = {}
+
+    def agree(self, values: dict[str, object], options: LoweringOptions) -> bool:
+        """Whether `options` has these `values` (this set's fields, as read) and answers every call alike: then a
+        lowering with `options` observes what this one did, and makes its graph."""
+        return all(getattr(options, name) == value for name, value in values.items()) and all(
+            getattr(options, name)(*args) == answer for (name, args), answer in self.calls.items())
 
 
 class _ReadsRecorded(LoweringOptions):
-    """The same options, noting the name of every field read (by the lowering, its predicates, a replace()):
-    what a lowering never read cannot have changed its graph (see `recorded`)."""
+    """The same options, noting the name of every field read (by the lowering, its predicates, a replace()) and
+    the answer of every OBSERVED predicate asked: what a lowering never observed cannot have changed its graph
+    (see `recorded`)."""
 
     def __getattribute__(self, name: str):
         if name in FIELDS:
             reads = object.__getattribute__(self, "__dict__").get("_reads")
             if reads is not None:  # None: a copy made from these (replace), whose every field was read making it
                 reads.add(name)
+        elif name in OBSERVED:
+            return _observed(self, name)
         return object.__getattribute__(self, name)
 
 
-def recorded(options: LoweringOptions) -> tuple[LoweringOptions, set[str]]:
-    """`options` to lower with, and the set that fills with the names of the fields the lowering reads. A lowering
-    is a function of the model, profile and the option fields it reads: options that agree with these on every
-    field read lower the model to the same graph (the stage's Lowerings shares it instead of lowering again)."""
+def _observed(options: _ReadsRecorded, name: str):
+    """OBSERVED predicate `name` of `options`, noting its arguments and answer instead of the fields it reads."""
+    state = object.__getattribute__(options, "__dict__")
+    method = object.__getattribute__(options, name)
+
+    def asked(*args):
+        reads = state.get("_reads")
+        state["_reads"] = None  # the fields it reads are summed up by its answer
+        try:
+            answer = method(*args)
+        finally:
+            state["_reads"] = reads
+        if reads is not None:
+            reads.calls[(name, args)] = answer
+        return answer
+
+    return asked
+
+
+def recorded(options: LoweringOptions) -> tuple[LoweringOptions, Reads]:
+    """`options` to lower with, and what fills with the names of the fields the lowering reads and the OBSERVED
+    predicates' answers. A lowering is a function of the model, profile and what it observes of the options:
+    options that agree with these on all of it (Reads.agree) lower the model to the same graph (the stage's
+    Lowerings shares it instead of lowering again)."""
     copy = _ReadsRecorded(**{name: getattr(options, name) for name in LoweringOptions.__dataclass_fields__})
-    reads: set[str] = set()
+    reads = Reads()
     object.__setattr__(copy, "_reads", reads)
     return copy, reads

@@ -172,9 +172,9 @@ def phase_view(ctx: LoweringContext) -> tuple[TTensor, np.ndarray, QParams | Non
     dilation past 2 otherwise needs (taps_for_dilation) and no per-phase split by Vela. Its output is in
     that view too, as is the next conv of a TCN block and its residual Add.
     """
-    d_min = ctx.options.dilation_phase_min
-    row = ctx.row(0) if d_min is not None else None
-    if row is None:
+    row = ctx.row(0)  # the option read only for a 1-D conv (the stage's Lowerings shares a 2-D model's graph)
+    d_min = ctx.options.dilation_phase_min if row is not None else None
+    if row is None or d_min is None:
         return None
     w, w_q = _weights(ctx, 1)
     if w.ndim != 3:
