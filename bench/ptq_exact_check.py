@@ -14,26 +14,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 
 import numpy as np
 import onnx
 
-
-def one_matrix(s, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
-    """quant_mse as one matrix with np.clip (its form before the row blocks)."""
-    from npubuild.frontend.ptq import ranges
-
-    edges = s.edges()[:: len(s.hist) // ranges.MSE_BINS]
-    hist = s.hist.reshape(ranges.MSE_BINS, -1).sum(axis=1)
-    centres = (edges[:-1] + edges[1:]) / 2
-    lo_, hi_ = np.minimum(lo, 0.0), np.maximum(hi, 0.0)
-    step = np.maximum(hi_ - lo_, 1e-30) / ranges.LEVELS
-    x = centres[None, :]
-    clipped = np.clip(x, lo_[:, None], hi_[:, None])
-    inside = (x >= lo_[:, None]) & (x <= hi_[:, None])
-    err = np.where(inside, (step[:, None] ** 2) / 12.0, (x - clipped) ** 2)
-    return (err * hist[None, :]).sum(axis=1)
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+from npbtest.ptq_reference import one_matrix  # noqa: E402
 
 
 def candidates(s, symmetric: bool) -> tuple[np.ndarray, np.ndarray]:
