@@ -408,14 +408,17 @@ def vela_figures(tosa: bytes, accelerator: str, optimise: str = "performance", l
 
 
 def better(a: dict, b: dict, optimise: str) -> bool:
-    """Whether figures `a` beat `b`: performance by time; size by memory, a variant taken only where neither
-    SRAM nor off-chip grows and one of them shrinks (or both are equal and it is faster)."""
-    if optimise != "size":
-        return a["ms"] < b["ms"]
+    """Whether figures `a` beat `b`: performance by time, and at the same time by memory (neither SRAM nor
+    off-chip grows and one shrinks: PP-OCRv4 det's U55 Add order, 9.851 ms either way, SRAM 600.1 -> 487.6 KiB);
+    size by memory, a variant taken only where neither grows and one shrinks (or both are equal and it is
+    faster)."""
     mem_a, mem_b = (a["sram_kib"], a["offchip_kib"]), (b["sram_kib"], b["offchip_kib"])
+    less_memory = mem_a != mem_b and all(x <= y for x, y in zip(mem_a, mem_b, strict=True))
+    if optimise != "size":
+        return a["ms"] < b["ms"] or (a["ms"] == b["ms"] and less_memory)
     if mem_a == mem_b:
         return a["ms"] < b["ms"]
-    return all(x <= y for x, y in zip(mem_a, mem_b, strict=True))
+    return less_memory
 
 
 class Remembered:
