@@ -15,7 +15,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from npubuild.config.accelerator import FAMILIES
 from npubuild.ethosu.families import lower_families
-from npubuild.ethosu.measured import choose, narrow_nhwc_image, vela_figures
+from npubuild.ethosu.measured import choose, narrow_nhwc_image, taken_of, vela_figures
 from npubuild.lowering.driver import lower_model
 from npubuild.lowering.options import FAMILY_OPTIONS
 from npubuild.tosa.graph import read_tosa
@@ -270,3 +270,19 @@ def test_each_graph_is_compiled_once_per_family():
     assert [r["choice"] for r in record] == ["narrow image input planar", "narrow image input staged into SRAM"]
     assert record[1]["figures"][0] == record[0]["figures"][record[0]["taken"]]
     assert len(compiled) == len(set(compiled)) == 3
+
+
+def _figures(ms: float, sram: float, offchip: float) -> dict:
+    return {"ms": ms, "sram_kib": sram, "offchip_kib": offchip}
+
+
+def test_performance_mode_takes_the_smaller_form_only_at_the_same_time():
+    """Time decides; at the same time a form whose SRAM and off-chip are no larger and one smaller is taken
+    (PP-OCRv4 det's U55 Add order: 9.851 ms either way, 600.1 -> 487.6 KiB SRAM), a trade of one memory for
+    the other is not, and an equal one keeps the family's own form (the first)."""
+    own = _figures(9.851, 600.1, 1147.6)
+    assert taken_of([own, _figures(9.851, 487.6, 1147.6)], "performance") == 1
+    assert taken_of([own, _figures(9.851, 487.6, 1150.0)], "performance") == 0
+    assert taken_of([own, dict(own)], "performance") == 0
+    assert taken_of([own, _figures(9.9, 100.0, 100.0)], "performance") == 0
+    assert taken_of([own, _figures(9.8, 900.0, 2000.0)], "performance") == 1
