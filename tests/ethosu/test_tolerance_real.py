@@ -10,14 +10,23 @@ import numpy as np
 import onnx
 import pytest
 from npbtest import REPO
-from npbtest.lowering import model_of
+from npbtest.lowering import conv_model, model_of
 from npbtest.ops import calib, quantize_model, single_op_model
-from onnx import helper
+from onnx import helper, numpy_helper
 
 from npubuild.config.load import load_specs
 from npubuild.engine.cache import cache_key
 from npubuild.engine.plan import make_plan
-from npubuild.ethosu.families import MAX_PARTITION_LSB, REAL_CHECK_ROWS, lower_families, real_feeds
+from npubuild.errors import StageError
+from npubuild.ethosu.families import (
+    MAX_PARTITION_LSB,
+    REAL_CHECK_ROWS,
+    CheckCache,
+    Lowerings,
+    family_split,
+    lower_families,
+    real_feeds,
+)
 from npubuild.fileio import file_hash
 from npubuild.frontend.data import load_arrays, spread_rows
 from npubuild.records.lower import LowerRecord, Where
@@ -167,3 +176,30 @@ def test_a_split_of_model_tosa_is_allowed_model_tosa_own_error_on_a_real_row(tmp
     rec = with_rows.families["u65"]
     whole_on_tie = _error_on(lower_dir, with_rows, [with_rows.whole_partition([])], qdq, tie)
     assert rec.max_error_lsb == whole_on_tie > MAX_PARTITION_LSB
+
+
+def _weights_negated(model: onnx.ModelProto) -> onnx.ModelProto:
+    """The QDQ model with its conv's int8 weights negated: what a wrong lowering would run in their place."""
+    wrong = onnx.ModelProto()
+    wrong.CopyFrom(model)
+    (weights,) = [i for i in wrong.graph.initializer
+                  if i.data_type == onnx.TensorProto.INT8 and len(i.dims) == 4]
+    q = numpy_helper.to_array(weights).astype(np.int16)
+    weights.CopyFrom(numpy_helper.from_array(np.clip(-q, -127, 127).astype(np.int8), weights.name))
+    return wrong
+
+
+@pytest.mark.parametrize("fam", ["u55", "u85"])
+def test_a_family_graph_that_is_off_the_qdq_model_is_refused(tmp_path: Path, fam: str):
+    """The refusal path of the tolerance check: a family whose own graph is wrong (its conv's weights negated, as
+    a faulty lowering would make it) is neither taken as bit-identical to model.tosa nor allowed within model.tosa's
+    error + MAX_PARTITION_LSB: the stage fails with one line naming the family. The same call with the model's
+    own lowering passes (the control: the refusal comes from the wrong graph, not from the setup)."""
+    model = quantize_model(conv_model([1, 8, 16, 16], 8, 3), calib("x", [1, 8, 16, 16]))
+    io, _ = lower_families(model, "int", tmp_path, [])
+    right = Lowerings(model, "int", {})
+    rec = family_split(model, right.portable(), io, fam, tmp_path, tmp_path / "qdq.onnx", CheckCache(), right)
+    assert rec.max_error_lsb is None or rec.max_error_lsb <= MAX_PARTITION_LSB
+    wrong = Lowerings(_weights_negated(model), "int", {})
+    with pytest.raises(StageError, match=rf"^error: the {fam} partitioned model differs from the whole model by \d+ LSB$"):
+        family_split(model, right.portable(), io, fam, tmp_path, tmp_path / "qdq.onnx", CheckCache(), wrong)
