@@ -26,8 +26,8 @@ from npubuild.frontend.qoperator import to_qdq
 from npubuild.frontend.tflite_custom import rewrite_tflite_custom_ops
 
 NORMALISE = ["infinite_bounds", "float32_compute", "unroll_recurrent", "castlike_to_cast", "fold_constants",
-             "zero_terms", "exporter_idioms", "conv_bias", "fold_batchnorm", "fold_pad_into_conv", "quantiser_forms",
-             "eliminate_identity", "eliminate_dropout", "remove_unused", "topological_sort"]
+             "zero_terms", "exporter_idioms", "conv_scale", "conv_bias", "fold_batchnorm", "fold_pad_into_conv",
+             "quantiser_forms", "eliminate_identity", "eliminate_dropout", "remove_unused", "topological_sort"]
 CONTROL_FLOW = frozenset({"If", "Loop"})
 CONTROL_FLOW_PASSES = ["fold_constants", "fold_control_flow"]
 MIN_OPSET = 13

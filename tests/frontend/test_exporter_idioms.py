@@ -99,3 +99,50 @@ def test_a_conv_output_read_elsewhere_or_grouped_keeps_its_channel_order(grouped
     out = normalise(model, {"x": [1, 4, 8, 8]}, "m.onnx")
     d2s = next(n for n in out.graph.node if n.op_type == "DepthToSpace")
     assert helper.get_attribute_value(next(a for a in d2s.attribute if a.name == "mode")) == b"CRD"
+
+
+def hard_swish_model(form: str, opset: int, x_also_read: bool = False) -> onnx.ModelProto:
+    """x = a @ w, then hard-swish written out: "div" x * Clip(x + 3, 0, 6) / 6 (Paddle2ONNX), "sixth" with the
+    / 6 a Mul by 1/6 on the product, "clip_sixth" x * (Clip(3 + x, 0, 6) * 1/6) (tf2onnx's Keras)."""
+    inits = [numpy_helper.from_array(np.random.default_rng(0).normal(size=(8, 8)).astype(np.float32), "w"),
+             *(numpy_helper.from_array(np.array(v, np.float32), n) for n, v in
+               (("three", 3.0), ("zero", 0.0), ("six", 6.0), ("sixth", 1.0 / 6.0)))]
+    add = helper.make_node("Add", ["three", "x"] if form == "clip_sixth" else ["x", "three"], ["x3"], name="add")
+    clip = helper.make_node("Clip", ["x3", "zero", "six"], ["r6"], name="clip")
+    tail = {"div": [helper.make_node("Mul", ["x", "r6"], ["p"], name="mul"),
+                    helper.make_node("Div", ["p", "six"], ["y"], name="div")],
+            "sixth": [helper.make_node("Mul", ["r6", "x"], ["p"], name="mul"),
+                      helper.make_node("Mul", ["sixth", "p"], ["y"], name="scale")],
+            "clip_sixth": [helper.make_node("Mul", ["r6", "sixth"], ["q"], name="scale"),
+                           helper.make_node("Mul", ["x", "q"], ["y"], name="mul")]}[form]
+    nodes = [helper.make_node("MatMul", ["a", "w"], ["x"], name="fc"), add, clip, *tail]
+    outputs = [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8])]
+    if x_also_read:
+        nodes.append(helper.make_node("Relu", ["x3"], ["z"], name="reader"))
+        outputs.append(helper.make_tensor_value_info("z", TensorProto.FLOAT, [1, 8]))
+    graph = helper.make_graph(nodes, "hard_swish", [helper.make_tensor_value_info("a", TensorProto.FLOAT, [1, 8])],
+                              outputs, inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+
+
+@pytest.mark.parametrize("form", ["div", "sixth", "clip_sixth"])
+@pytest.mark.parametrize(("opset", "ops"), [(13, ["MatMul", "HardSigmoid", "Mul"]), (14, ["MatMul", "HardSwish"])])
+def test_hard_swish_written_out_becomes_the_function(form: str, opset: int, ops: list[str]):
+    """One HardSwish from opset 14, x * HardSigmoid(x) before it; the same values over hard-swish's three pieces
+    (x below -3, between, above 3), and the graph output keeps its name."""
+    model = hard_swish_model(form, opset)
+    out = normalise(model, {"a": [1, 8]}, "m.onnx")
+    assert [n.op_type for n in out.graph.node] == ops
+    assert [o.name for o in out.graph.output] == ["y"]
+    before, after = OnnxSession(model.SerializeToString()), OnnxSession(out.SerializeToString())
+    rng = np.random.default_rng(2)
+    for scale in (0.3, 1.0, 3.0):
+        a = (rng.normal(size=(1, 8)) * scale).astype(np.float32)
+        np.testing.assert_allclose(after({"a": a})["y"], before({"a": a})["y"], rtol=1e-6, atol=1e-6)
+
+
+def test_hard_swish_whose_pieces_are_read_elsewhere_stays_written_out():
+    """x + 3 read by another node too: removing the Add would take its value from that reader."""
+    model = hard_swish_model("div", 14, x_also_read=True)
+    out = normalise(model, {"a": [1, 8]}, "m.onnx")
+    assert "HardSwish" not in [n.op_type for n in out.graph.node]

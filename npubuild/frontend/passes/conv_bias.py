@@ -34,7 +34,7 @@ def channel_vector(value: ir.Value | None, channels: int, rank: int) -> np.ndarr
     return np.broadcast_to(c.reshape(-1), (channels,)).astype(np.float64)
 
 
-def _out_channels(conv: ir.Node) -> int | None:
+def out_channels(conv: ir.Node) -> int | None:
     w = conv.inputs[1] if len(conv.inputs) > 1 else None
     if w is None or w.const_value is None:
         return None
@@ -54,7 +54,7 @@ def _fold(graph: ir.Graph, add: ir.Node) -> bool:
             continue
         if data.is_graph_output() or len(data.uses()) != 1 or data.shape is None:
             continue
-        channels = _out_channels(conv)
+        channels = out_channels(conv)
         vector = channel_vector(const, channels, len(data.shape)) if channels else None
         if vector is None:
             continue
