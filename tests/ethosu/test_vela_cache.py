@@ -161,10 +161,10 @@ def test_past_its_bound_the_least_recently_used_entries_go(tmp_path: Path, conv_
 
 
 def test_the_vela_stage_restores_the_graph_the_measured_choices_compiled(project: Path):
-    """A real build (DS-CNN on ethos-u55-128, the shipped profile its family is measured on, where its narrow plane
-    means are measured): the lower stage's
-    measured choices compile with the vela stage's command line, so the vela stage compiles nothing; built again
-    with the cache removed, the vela stage compiles, and writes the very same files."""
+    """A real build (DS-CNN on ethos-u55-128, the shipped profile its family is measured on, where its narrow
+    plane means are measured): the lower stage's measured choices compile with the vela stage's command line, so
+    the vela stage compiles nothing; built again with the cache removed, the vela stage compiles, and writes the
+    very same files."""
     clock = project / "runclock.log"
     build = project / "build"
     env = {**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{REPO / 'bench' / 'runclock'}",
