@@ -124,14 +124,14 @@ def run_vela_each(cmds: list[list[str]], log_dir: Path, cache: VelaCache | None 
     if cache is None:
         return _compile_each(cmds, log_dir)
     actions = [Action.of(cmd) for cmd in cmds]
-    results: list[subprocess.CompletedProcess | None] = [
-        cache.get(a) if a is not None else None for a in actions]
-    todo = [i for i, r in enumerate(results) if r is None]
-    for i, proc in zip(todo, _compile_each([cmds[i] for i in todo], log_dir) if todo else [], strict=True):
-        results[i] = proc
-        if actions[i] is not None:
-            cache.put(actions[i], proc)
-    return results  # type: ignore[return-value] - every command has its outcome
+    hits = [cache.get(a) if a is not None else None for a in actions]
+    todo = [i for i, hit in enumerate(hits) if hit is None]
+    compiled = dict(zip(todo, _compile_each([cmds[i] for i in todo], log_dir) if todo else [], strict=True))
+    for i, proc in compiled.items():
+        action = actions[i]
+        if action is not None:
+            cache.put(action, proc)
+    return [hit if hit is not None else compiled[i] for i, hit in enumerate(hits)]
 
 
 def _compile_each(cmds: list[list[str]], log_dir: Path) -> list[subprocess.CompletedProcess]:
