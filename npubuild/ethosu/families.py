@@ -21,6 +21,7 @@ it in io.json (`portable`) and in the TOSA check; each family splits further by 
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -32,8 +33,9 @@ import onnx_ir as ir
 
 from npubuild.config.accelerator import LOWERING_FAMILIES
 from npubuild.errors import StageError
-from npubuild.ethosu.measured import choose
+from npubuild.ethosu.measured import choose, vela_figures_all
 from npubuild.ethosu.partition import PartitionPlan, plan_partitions, split_io, write_partitions
+from npubuild.ethosu.vela_cache import VelaCache, for_stage_dir
 from npubuild.fanout import fan_out
 from npubuild.fileio import write_bytes
 from npubuild.frontend.data import graph_inputs, integer_ranges, load_arrays
@@ -237,7 +239,8 @@ def lower_stage(src: Path, passes: Sequence[str], profile: Literal["int", "fp"],
     ir_model = run_passes(ir.serde.deserialize_model(model), list(passes))
     model = ir.serde.serialize_model(ir_model)
     choices: dict[str, list[dict]] = {}
-    io, tosa_ops = lower_families(model, profile, io_path.parent, families, choices, optimise, calibration)
+    io, tosa_ops = lower_families(model, profile, io_path.parent, families, choices, optimise, calibration,
+                                  for_stage_dir(io_path.parent))
     io.write(io_path)
     families = io.families
     compute_nodes = [n for n in model.graph.node if n.op_type not in QDQ_OPS]
@@ -255,12 +258,14 @@ def lower_families(model: onnx.ModelProto, profile: Literal["int", "fp"], out_di
                    families: Sequence[str] = LOWERING_FAMILIES,
                    choices: dict[str, list[dict]] | None = None,
                    optimise: str = "performance",
-                   calibration: Path | None = None) -> tuple[LowerRecord, dict[str, int]]:
+                   calibration: Path | None = None,
+                   vela_cache: VelaCache | None = None) -> tuple[LowerRecord, dict[str, int]]:
     """The lower stage's work on a model already through the pipeline's passes: model.tosa (when one TOSA
     graph runs the whole model) or the portable split, and for an INT model each family's split, all
     written to `out_dir`. Returns io.json's record (with the families) and the count of each TOSA op.
     `optimise` "size": the families' measured choices go by SRAM and off-chip memory (ethosu/measured.py).
-    `calibration`: the spec's calibration file, whose real rows the tolerance check runs too (real_feeds)."""
+    `calibration`: the spec's calibration file, whose real rows the tolerance check runs too (real_feeds).
+    `vela_cache`: the build dir's Vela cache, which keeps the measured choices' compiles for the vela stage."""
     lowerings = Lowerings(model, profile, {})
     partial = lowerings.portable()
     lowered = partial.lowered
@@ -283,7 +288,8 @@ def lower_families(model: onnx.ModelProto, profile: Literal["int", "fp"], out_di
     if profile == "int":
         qdq_path = out_dir / "model_partitioning.onnx"
         # model.tosa's (or the portable split's) own runs: measured once, for every family
-        cache = CheckCache(integers=integer_ranges(model), optimise=optimise, calibration=calibration)
+        cache = CheckCache(integers=integer_ranges(model), optimise=optimise, calibration=calibration,
+                           vela=vela_cache)
         for fam in families:
             records[fam] = family_split(model, partial, io, fam, out_dir, qdq_path, cache, lowerings)
         if choices is not None:  # what ethosu/measured.py measured, for the stage's metrics
@@ -301,6 +307,7 @@ class CheckCache:
     optimise: str = "performance"  # what the measured choices minimise
     whole: WholeGraphRun | None = None
     calibration: Path | None = None  # the spec's calibration file: real rows for the tolerance check
+    vela: VelaCache | None = None  # the build dir's Vela cache, for the measured choices' compiles
     _real: list[dict[str, np.ndarray]] | None = field(default=None, repr=False)
 
     def real(self, model: onnx.ModelProto) -> list[dict[str, np.ndarray]]:
@@ -340,8 +347,13 @@ def family_split(model: onnx.ModelProto, partial: PartialLowering, io: LowerReco
     profile = io.profile
     lower = lowerings if lowerings is not None else Lowerings(model, profile, partial.host)
 
-    # the family's forms, with the choices a measurement decides for this model (ethosu/measured.py)
-    options, measured = choose(model, fam, lambda o: lower(o).lowered if lower(o).whole else None,
+    # the family's forms, with the choices a measurement decides for this model (ethosu/measured.py); each graph
+    # compiled under the name the vela stage gives it (records/vela.vela_stem): model.tosa's graph as `model`, the
+    # family's own whole graph as `<family>_model` (own_whole_graph)
+    whole_tosa = partial.lowered.tosa if partial.lowered is not None else None
+    measure = functools.partial(vela_figures_all, cache=cache.vela,
+                                stem=lambda t: "model" if t == whole_tosa else f"{fam}_model")
+    options, measured = choose(model, fam, lambda o: lower(o).lowered if lower(o).whole else None, measure,
                                optimise=cache.optimise) \
         if profile == "int" and partial.whole else (LoweringOptions.for_family(fam), [])
     cache.choices[fam] = measured

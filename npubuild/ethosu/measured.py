@@ -28,6 +28,7 @@ from npubuild.lowering.options import ConcatCopy, DepthwiseLimits, LoweringOptio
 
 if TYPE_CHECKING:
     from npubuild.config.schema import TargetProfile
+    from npubuild.ethosu.vela_cache import VelaCache
 
 
 def narrow_nhwc_image(model: onnx.ModelProto, max_channels: int = 4) -> bool:
@@ -348,13 +349,19 @@ SIZE_CHOICES: tuple[Choice | NodeForms, ...] = tuple(_off(f) for f in (
 
 
 def vela_figures_all(tosas: list[bytes], accelerator: str, optimise: str = "performance",
-                     layers: bool = False) -> list[dict | None]:
+                     layers: bool = False, cache: VelaCache | None = None,
+                     stem: Callable[[bytes], str] | None = None) -> list[dict | None]:
     """Vela's estimate for each whole TOSA graph on the shipped profile of `accelerator`: inference ms, SRAM and
     off-chip KiB (None where Vela fails). The compiles run at once, each in a fork of this process (Vela's import
     paid once: a fresh interpreter per compile cost ~0.3 CPU s, twice DS-CNN's whole compile). `optimise` "size"
     compiles with Vela's --optimise Size. `layers`: also Vela's per-layer rows (perf.parse_per_layer, no ONNX
-    nodes yet) under "layers"."""
-    from npubuild.ethosu.vela import run_vela_each, vela_command
+    nodes yet) under "layers".
+
+    `cache` (the build dir's Vela cache): each graph compiled as the vela stage compiles it (stage_command, the
+    graph named `stem(tosa)`, the vela stage's name for it), so that the vela stage of a build on this very
+    profile restores the compile of the graph chosen instead of compiling it again (ethosu/vela_cache.py); the
+    debug database and per-layer CSV this writes cost ~15% a compile (bench/compile_real.md)."""
+    from npubuild.ethosu.vela import run_vela_each, stage_command, vela_command
     from npubuild.ethosu.vela_ini import render_ini
 
     profile = shipped_profile(accelerator)
@@ -364,11 +371,18 @@ def vela_figures_all(tosas: list[bytes], accelerator: str, optimise: str = "perf
         ini.write_text(render_ini(profile))
         cmds, outs = [], []
         for i, tosa in enumerate(tosas):
-            src, out = Path(tmp) / f"m{i}.tosa", Path(tmp) / f"out{i}"
+            if cache is not None:  # a work dir each, as the vela stage's: the key holds the graph's file name
+                work = Path(tmp) / f"c{i}"
+                work.mkdir()
+                src, out = work / f"{stem(tosa) if stem else 'model'}.tosa", work / "out"
+                cmd = stage_command(src, ini, out, profile, opts)
+            else:
+                src, out = Path(tmp) / f"m{i}.tosa", Path(tmp) / f"out{i}"
+                cmd = vela_command(src, ini, out, profile, opts) + (["--verbose-performance"] if layers else [])
             src.write_bytes(tosa)
-            cmds.append(vela_command(src, ini, out, profile, opts) + (["--verbose-performance"] if layers else []))
+            cmds.append(cmd)
             outs.append(out)
-        procs = run_vela_each(cmds, Path(tmp))
+        procs = run_vela_each(cmds, Path(tmp), cache)
         return [_figures(out, layers) if proc.returncode == 0 else None for proc, out in zip(procs, outs, strict=True)]
 
 

@@ -37,6 +37,7 @@ from npubuild.ethosu.artifact import VelaArtifact
 from npubuild.ethosu.firmware import write_deployment, write_firmware
 from npubuild.ethosu.perf import attach_bytes, parse_layer_bytes, parse_per_layer, roofline, top_layers
 from npubuild.ethosu.pools import pool_failure, pool_usage
+from npubuild.ethosu.vela_cache import Action, VelaCache, for_stage_dir
 from npubuild.ethosu.vela_ini import MEMORY_MODE, memory_mode_name, render_ini, system_config_name
 from npubuild.fileio import write_json, write_text
 from npubuild.records.iospec import specs_to_json
@@ -62,6 +63,14 @@ def vela_command(tosa: Path, ini: Path, out_dir: Path, profile: TargetProfile, o
         cmd.append("--disable-cascading")
     cmd.extend(opts.extra_flags)
     return cmd
+
+
+def stage_command(tosa: Path, ini: Path, out_dir: Path, profile: TargetProfile, opts: VelaOptions) -> list[str]:
+    """The vela stage's command line: tflite output, the per-layer CSV (--verbose-performance) and the debug
+    database, which has the bytes per layer and memory the roofline needs (perf.parse_layer_bytes); neither
+    changes what Vela compiles. The measured choices compile with it too where a Vela cache keeps their
+    compiles (ethosu/vela_cache.py): the same command line on the same graph is then the same key."""
+    return vela_command(tosa, ini, out_dir, profile, opts, "tflite") + ["--verbose-performance", "--enable-debug-db"]
 
 
 def parse_operator_counts(stdout: str) -> tuple[int, int]:
@@ -103,13 +112,30 @@ def _vela_child(argv: list[str], out_fd: int, err_fd: int) -> int:
     return code
 
 
-def run_vela_each(cmds: list[list[str]], log_dir: Path) -> list[subprocess.CompletedProcess]:
+def run_vela_each(cmds: list[list[str]], log_dir: Path, cache: VelaCache | None = None) -> list[subprocess.CompletedProcess]:
     """Vela on each command line at once, each with its own output dir (a caller with independent compiles
     waits for the slowest, not their sum); each command's outcome, failed or not. Each runs in a forked child
     of this process (vela_command's argv after `python -m ethosu.vela`), or, in a process running other
     threads (a stage run in process by a Dask worker), where a fork without exec may inherit a lock some
     thread holds, as its own interpreter. Output goes to temp files in `log_dir` (the stage's own temp dir, in
-    the build dir: the system's temp dir may be another, fuller, disk)."""
+    the build dir: the system's temp dir may be another, fuller, disk). With a `cache`, a command compiled
+    before (the same graph, .ini and arguments: ethosu/vela_cache.py) is restored from it, and each other
+    command's successful compile kept there."""
+    if cache is None:
+        return _compile_each(cmds, log_dir)
+    actions = [Action.of(cmd) for cmd in cmds]
+    hits = [cache.get(a) if a is not None else None for a in actions]
+    todo = [i for i, hit in enumerate(hits) if hit is None]
+    compiled = dict(zip(todo, _compile_each([cmds[i] for i in todo], log_dir) if todo else [], strict=True))
+    for i, proc in compiled.items():
+        action = actions[i]
+        if action is not None:
+            cache.put(action, proc)
+    return [hit if hit is not None else compiled[i] for i, hit in enumerate(hits)]
+
+
+def _compile_each(cmds: list[list[str]], log_dir: Path) -> list[subprocess.CompletedProcess]:
+    """run_vela_each's compiles, every command at once."""
     deadline = time.monotonic() + VELA_TIMEOUT_S
     with ExitStack() as stack:
         logs = [(stack.enter_context(tempfile.TemporaryFile("w+", dir=log_dir)),
@@ -123,10 +149,11 @@ def run_vela_each(cmds: list[list[str]], log_dir: Path) -> list[subprocess.Compl
     return results
 
 
-def _run_vela_all(cmds: list[list[str]], accelerator: str, log_dir: Path) -> list[subprocess.CompletedProcess]:
+def _run_vela_all(cmds: list[list[str]], accelerator: str, log_dir: Path,
+                  cache: VelaCache | None = None) -> list[subprocess.CompletedProcess]:
     """run_vela_each, where any failure fails the stage: the first failing command's last line, as if they had
     run in turn."""
-    results = run_vela_each(cmds, log_dir)
+    results = run_vela_each(cmds, log_dir, cache)
     for proc in results:
         if proc.returncode != 0:
             lines = [ln for ln in (proc.stderr or proc.stdout).strip().splitlines() if ln.strip()]
@@ -188,18 +215,17 @@ def _wait_all(pids: list[int], deadline: float) -> list[int]:
 
 
 def compile_partition(tosa_src: Path, stem: str, ini: Path, stage_dir: Path, profile: TargetProfile,
-                      opts: VelaOptions) -> dict:
+                      opts: VelaOptions, cache: VelaCache | None = None) -> dict:
     """Vela on one .tosa: returns its summary, op counts, per-layer CSV path, artifacts, the .tflite and what it
-    holds (VelaArtifact), and the raw .npz when the spec asks for Vela's raw output (written from the .tflite)."""
+    holds (VelaArtifact), and the raw .npz when the spec asks for Vela's raw output (written from the .tflite).
+    `cache`: the build dir's Vela cache, where the lower stage's measured choices may have compiled this very
+    graph with this command line (ethosu/vela_cache.py)."""
     with tempfile.TemporaryDirectory(prefix=".vela-", dir=stage_dir) as tmp:
         out_dir = Path(tmp)
         tosa = out_dir / f"{stem}.tosa"  # Vela names its outputs after the input file
         shutil.copyfile(tosa_src, tosa)
-        # the debug database has the bytes per layer and memory the roofline needs (perf.parse_layer_bytes);
-        # it changes nothing Vela compiles
-        cmd = vela_command(tosa, ini, out_dir / "out", profile, opts, "tflite") + ["--verbose-performance",
-                                                                                   "--enable-debug-db"]
-        (proc,) = _run_vela_all([cmd], profile.accelerator, out_dir)
+        cmd = stage_command(tosa, ini, out_dir / "out", profile, opts)
+        (proc,) = _run_vela_all([cmd], profile.accelerator, out_dir, cache)
         # Vela names its output files by their temp path: written as the stage dir's own, so that the log is the
         # same whenever the same graph is compiled (a later stage's key covers every file of this one)
         log = (proc.stdout + proc.stderr).replace(f"{out_dir}/out/", "").replace(str(out_dir), ".")
@@ -246,10 +272,11 @@ def compile_model(io_path: Path, profile: TargetProfile, opts: VelaOptions, stag
     lower_dir = io_path.parent
     io = LowerRecord.read(io_path)
     fam = Accelerator.parse(profile.accelerator).lowering_family
+    cache = for_stage_dir(stage_dir)
     results, layers, pools, failure = [], [], [], None
     for index, tosa, part in npu_partitions(io, lower_dir, fam):
         stem = vela_stem(index, part.file)
-        res = compile_partition(tosa, stem, ini, stage_dir, profile, opts)
+        res = compile_partition(tosa, stem, ini, stage_dir, profile, opts, cache)
         res["index"] = index
         res["sizes"] = res["artifact"].sizes()
         part_pools = pool_usage(profile, res["sizes"])
