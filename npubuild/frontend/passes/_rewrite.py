@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import onnx_ir as ir
 
 
@@ -25,3 +26,30 @@ def broadcasts_into(small: ir.Value, big: ir.Value | None) -> bool:
         if s != 1 and s != b:
             return False
     return True
+
+
+def new_initializer(graph: ir.Graph, base: str, arr: np.ndarray) -> ir.Value:
+    """A new initializer holding `arr`, named `base` (or base2, base3, ... where that name is taken)."""
+    name, n = base, 1
+    while name in graph.initializers:
+        n += 1
+        name = f"{base}{n}"
+    value = ir.Value(name=name, const_value=ir.tensor(arr, name=name), shape=ir.Shape(arr.shape),
+                     type=ir.TensorType(ir.DataType.from_numpy(arr.dtype)))
+    graph.register_initializer(value)
+    return value
+
+
+class NodeRewrite(ir.passes.InPlacePass):
+    """A pass that offers each node of the main graph (ONNX's own domain) to `rewrite`, which changes the graph
+    around it or returns False."""
+
+    def rewrite(self, graph: ir.Graph, node: ir.Node) -> bool:
+        raise NotImplementedError
+
+    def call(self, model: ir.Model) -> ir.passes.PassResult:
+        modified = False
+        for node in list(model.graph):
+            if node.domain in ("", "ai.onnx"):
+                modified |= self.rewrite(model.graph, node)
+        return ir.passes.PassResult(model, modified)

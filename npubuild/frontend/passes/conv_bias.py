@@ -16,7 +16,7 @@ import numpy as np
 import onnx_ir as ir
 
 from npubuild.frontend.passes import register
-from npubuild.frontend.passes._rewrite import replace_value
+from npubuild.frontend.passes._rewrite import NodeRewrite, new_initializer, replace_value
 
 CONVS = ("Conv", "ConvTranspose")
 
@@ -64,13 +64,7 @@ def _fold(graph: ir.Graph, add: ir.Node) -> bool:
         old = bias.const_value.numpy().astype(np.float64) if bias is not None else np.zeros(channels)
         dtype = conv.inputs[1].const_value.numpy().dtype
         new = (old + (-vector if add.op_type == "Sub" else vector)).astype(dtype)
-        name, n = f"{conv.name or 'conv'}_bias_folded", 1
-        while name in graph.initializers:
-            n += 1
-            name = f"{conv.name or 'conv'}_bias_folded{n}"
-        value = ir.Value(name=name, const_value=ir.tensor(new, name=name), shape=ir.Shape(new.shape),
-                         type=ir.TensorType(ir.DataType.from_numpy(new.dtype)))
-        graph.register_initializer(value)
+        value = new_initializer(graph, f"{conv.name or 'conv'}_bias_folded", new)
         if bias is not None:
             conv.replace_input_with(2, value)
         else:
@@ -85,10 +79,6 @@ def _fold(graph: ir.Graph, add: ir.Node) -> bool:
 
 
 @register("conv_bias")
-class ConvBias(ir.passes.InPlacePass):
-    def call(self, model: ir.Model) -> ir.passes.PassResult:
-        modified = False
-        for node in list(model.graph):
-            if node.domain in ("", "ai.onnx"):
-                modified |= _fold(model.graph, node)
-        return ir.passes.PassResult(model, modified)
+class ConvBias(NodeRewrite):
+    def rewrite(self, graph: ir.Graph, node: ir.Node) -> bool:
+        return _fold(graph, node)

@@ -18,7 +18,7 @@ import numpy as np
 import onnx_ir as ir
 
 from npubuild.frontend.passes import register
-from npubuild.frontend.passes._rewrite import replace_value
+from npubuild.frontend.passes._rewrite import NodeRewrite, new_initializer, replace_value
 from npubuild.frontend.passes.conv_bias import CONVS, channel_vector, out_channels
 
 
@@ -31,17 +31,6 @@ def _scaled_weights(conv: ir.Node, weights: np.ndarray, scale: np.ndarray) -> np
     group = conv.attributes.get_int("group", 1)
     per_group = w.reshape(group, w.shape[0] // group, *w.shape[1:])
     return (per_group * scale.reshape(group, 1, w.shape[1], *([1] * (w.ndim - 2)))).reshape(w.shape)
-
-
-def _initializer(graph: ir.Graph, base: str, arr: np.ndarray) -> ir.Value:
-    name, n = base, 1
-    while name in graph.initializers:
-        n += 1
-        name = f"{base}{n}"
-    value = ir.Value(name=name, const_value=ir.tensor(arr, name=name), shape=ir.Shape(arr.shape),
-                     type=ir.TensorType(ir.DataType.from_numpy(arr.dtype)))
-    graph.register_initializer(value)
-    return value
 
 
 def _fold(graph: ir.Graph, mul: ir.Node) -> bool:
@@ -64,12 +53,12 @@ def _fold(graph: ir.Graph, mul: ir.Node) -> bool:
             continue
         w = weights.const_value.numpy()
         base = conv.name or "conv"
-        conv.replace_input_with(1, _initializer(graph, f"{base}_weights_scaled", _scaled_weights(conv, w, scale)
-                                                .astype(w.dtype)))
+        scaled = _scaled_weights(conv, w, scale).astype(w.dtype)
+        conv.replace_input_with(1, new_initializer(graph, f"{base}_weights_scaled", scaled))
         if bias is not None:  # a shared initializer stays as it was for its other readers: these are new values
             b = bias.const_value.numpy()
-            conv.replace_input_with(2, _initializer(graph, f"{base}_bias_scaled",
-                                                    (b.astype(np.float64) * scale).astype(b.dtype)))
+            scaled_bias = (b.astype(np.float64) * scale).astype(b.dtype)
+            conv.replace_input_with(2, new_initializer(graph, f"{base}_bias_scaled", scaled_bias))
         replace_value(mul.outputs[0], data)
         graph.remove(mul, safe=True)
         return True
@@ -77,10 +66,6 @@ def _fold(graph: ir.Graph, mul: ir.Node) -> bool:
 
 
 @register("conv_scale")
-class ConvScale(ir.passes.InPlacePass):
-    def call(self, model: ir.Model) -> ir.passes.PassResult:
-        modified = False
-        for node in list(model.graph):
-            if node.domain in ("", "ai.onnx"):
-                modified |= _fold(model.graph, node)
-        return ir.passes.PassResult(model, modified)
+class ConvScale(NodeRewrite):
+    def rewrite(self, graph: ir.Graph, node: ir.Node) -> bool:
+        return _fold(graph, node)
