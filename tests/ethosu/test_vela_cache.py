@@ -61,16 +61,21 @@ def _files(d: Path) -> dict[str, bytes]:
             if p.is_file() and p.name not in RECORDS}
 
 
+def _setup(tmp_path: Path, tosa: bytes) -> tuple[Path, Path, VelaCache]:
+    """The graph as model.tosa, a build dir, and that build dir's (empty) Vela cache."""
+    src = tmp_path / "model.tosa"
+    src.write_bytes(tosa)
+    build = tmp_path / "build"
+    return src, build, VelaCache(build / ".cache" / "vela")
+
+
 def _entry(cache: VelaCache) -> Path:
     (entry,) = [m.parent for m in cache.root.glob(f"??/*/{MANIFEST}")]
     return entry
 
 
 def test_a_hit_gives_the_vela_stage_the_bytes_a_compile_gives(tmp_path: Path, conv_tosa: bytes):
-    src = tmp_path / "model.tosa"
-    src.write_bytes(conv_tosa)
-    build = tmp_path / "build"
-    cache = VelaCache(build / ".cache" / "vela")
+    src, build, cache = _setup(tmp_path, conv_tosa)
     plain = _compile(src, build, "plain-00000000", None)
     missed = _compile(src, build, "miss-00000001", cache)
     assert (cache.hits, cache.misses) == (0, 1)
@@ -83,10 +88,7 @@ def test_a_hit_gives_the_vela_stage_the_bytes_a_compile_gives(tmp_path: Path, co
 
 
 def test_a_damaged_entry_is_compiled_again_and_replaced_never_used(tmp_path: Path, conv_tosa: bytes):
-    src = tmp_path / "model.tosa"
-    src.write_bytes(conv_tosa)
-    build = tmp_path / "build"
-    cache = VelaCache(build / ".cache" / "vela")
+    src, build, cache = _setup(tmp_path, conv_tosa)
     first = _compile(src, build, "a-00000000", cache)
     entry = _entry(cache)
     tflite = entry / "f" / "out" / "model_vela.tflite"
@@ -147,10 +149,7 @@ def test_only_a_stage_dir_of_a_build_dir_has_a_cache(tmp_path: Path):
 
 
 def test_past_its_bound_the_least_recently_used_entries_go(tmp_path: Path, conv_tosa: bytes):
-    src = tmp_path / "model.tosa"
-    src.write_bytes(conv_tosa)
-    build = tmp_path / "build"
-    cache = VelaCache(build / ".cache" / "vela")
+    src, build, cache = _setup(tmp_path, conv_tosa)
     _compile(src, build, "a-00000000", cache)
     first = _entry(cache)
     size = sum(p.stat().st_size for p in first.rglob("*") if p.is_file())
