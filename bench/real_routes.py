@@ -3,8 +3,10 @@
     PYTHONPATH=. .venv/bin/python bench/real_routes.py --real /work/scratch/perf/real --work /work/scratch/perf/rr \
         --out bench/real_routes.md
 
-A benchmark script, not part of npubuild. --real is a writable copy of shared/models/real with its calibration
-made (`calib/`; its README says how). It
+A benchmark script, not part of npubuild. --real is a copy of shared/models/real with its calibration made
+(`calib/`; its README says how), written to only for the default build dir (--real/build; pass --build-dir to
+keep it read-only). --raw holds the original .tflite files at their paths in the wheels (make_real.sh's pinned
+`pip download --no-deps` of mediapipe 0.10.14 and pyopen-wakeword 1.1.0, members as in models.json). It
 1. builds every spec in --real/specs with npubuild (this checkout, -n 2, --keep-going) into --real/build;
 2. makes held-back inputs (bench/real_heldout.py, in --gen-python: make_real.py's own preprocessing, seed 1,
    8 samples per model, none of them a calibration sample);
@@ -232,16 +234,25 @@ def main(argv: list[str]) -> int:
             rows.append(row)
             print(json.dumps(row), flush=True)
     (work / "rows.json").write_text(json.dumps(rows, indent=1))
-    md = table(rows, ratios, notes)
+    md = table(rows, ratios, notes, regenerate_command(args))
     print(md)
     if args.out:
         args.out.write_text(md)
     return 0
 
 
-def table(rows: list[dict], ratios: dict[str, list[tuple[float, str, bool]]], notes: list[str]) -> str:
-    lines = ["Regenerate: `PYTHONPATH=. .venv/bin/python bench/real_routes.py --real <copy of shared/models/real> "
-             "--work <scratch> --out bench/real_routes.md` (its docstring says what each route runs).", "",
+def regenerate_command(args: argparse.Namespace) -> str:
+    """The command line that made this table, with every venv and path flag (their defaults are scratch paths)."""
+    flags = [("--real", args.real), ("--work", args.work), ("--build-dir", args.build_dir), ("--raw", args.raw),
+             ("--tf-python", args.tf_python), ("--onnx2tf-python", args.onnx2tf_python),
+             ("--gen-python", args.gen_python), ("--out", args.out or "bench/real_routes.md")]
+    return " ".join(["PYTHONPATH=. /work/main/.venv/bin/python bench/real_routes.py",
+                     *(f"{flag} {value}" for flag, value in flags if value is not None)])
+
+
+def table(rows: list[dict], ratios: dict[str, list[tuple[float, str, bool]]], notes: list[str], command: str) -> str:
+    lines = [f"Regenerate: `{command}` (its docstring says what each route runs and what each venv holds; --real: "
+             "a copy of shared/models/real with calib/ made).", "",
              "Each cell: npubuild / TFLite route (from the original .tflite where the model came as TFLite, else "
              "onnx2tf); Vela 5.2, the same options, Vela's named config. SNR: dB against the float model on 8 "
              "held-back inputs, worst output.", "",

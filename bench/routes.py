@@ -119,12 +119,20 @@ def geomean(xs: list[float]) -> float | None:
     return math.exp(sum(math.log(x) for x in xs) / len(xs)) if xs else None
 
 
-def table(rows: dict[tuple[str, str, str], dict], named: dict[tuple[str, str], float]) -> str:
+def regenerate_command(args: argparse.Namespace) -> str:
+    """The command line that made this table, venv flags included (their defaults are scratch paths)."""
+    targets = [] if args.targets == TARGETS else ["--targets", *args.targets]
+    return " ".join(["PYTHONPATH=. /work/main/.venv/bin/python bench/routes.py", "--work", str(args.work),
+                     "--tflite-venv", str(args.tflite_venv), "--et-venv", str(args.et_venv), *targets,
+                     "--out", str(args.out or "bench/routes.md")])
+
+
+def table(rows: dict[tuple[str, str, str], dict], named: dict[tuple[str, str], float], command: str) -> str:
     builds = sorted({(m, t) for m, t, _ in rows}, key=lambda k: (k[0], TARGETS.index(k[1]) if k[1] in TARGETS else 9))
     head = ("| model | target | inference ms | best route | npubuild / best | SRAM KiB | off-chip KiB | CPU ops | "
             "compile s | quant SNR dB | named-config ms |")
-    lines = ["Regenerate: `PYTHONPATH=. /work/main/.venv/bin/python bench/routes.py --work /tmp/routes --out "
-             "bench/routes.md` (bench/routes.py says what each route runs; scratch venvs in its docstring).", "",
+    lines = [f"Regenerate: `{command}` (bench/routes.py says what each route runs; the venvs: "
+             "bench/tflite_route.py's and bench/executorch_route.py's docstrings).", "",
              "Each cell: npubuild / onnx2tf -> TFLite int8 / ExecuTorch 1.5.1 Arm backend (Vela 5.2, same options; "
              "`-` where the route failed, reason below).", "", head, "|---|---|---|---|---:|---|---|---|---|---|---:|"]
     ratios: dict[str, list[float]] = {}
@@ -253,7 +261,8 @@ def main(argv: list[str]) -> int:
             if "failed" in r.get("route", ""):
                 r["error"] = r["route"].split("(failed: ", 1)[-1].removesuffix(")")  # the reason's own ")" stays
             rows[(r["model"], r["target"], route)] = {**r, "route": route}
-    md = table(rows, named_config_check(report, build_dir, args.work)) + roofline_section(rows)
+    named = named_config_check(report, build_dir, args.work)
+    md = table(rows, named, regenerate_command(args)) + roofline_section(rows)
     print(md)
     if args.out:
         args.out.write_text(md)
