@@ -114,14 +114,19 @@ def test_fuzzed_specs_are_valid_or_one_line_exit_2(fuzz_project: Path, monkeypat
     assert codes[0] > 0 and codes[2] > 100  # the mutations reach both outcomes
 
 
-def test_fuzzed_models_import_or_fail_with_one_line_and_small_memory(tmp_path: Path):
+def fuzz_imports_and_compiles(work: Path) -> dict:
+    """The model mutations through the import stage's isolated child, then a whole `compile` of the first few that
+    import, each in its own process: what failed, how many imported, and the largest child's peak RSS (KiB) after
+    the imports and after the compiles. The test runs this in a fresh interpreter: getrusage of children covers a
+    process's whole life, and an xdist worker's earlier test files' children (and forks of the worker they grew:
+    a fork's RSS starts at its parent's) would count as this test's."""
     rng = random.Random(SEED)
     failures, imported = [], []
     for i in range(160):
-        model = tmp_path / f"m{i}.onnx"
+        model = work / f"m{i}.onnx"
         model.write_bytes(mutate_model(rng))
         try:
-            run_isolated(import_model, model, {}, tmp_path / f"out{i}.onnx", what="ONNX import", where=str(model),
+            run_isolated(import_model, model, {}, work / f"out{i}.onnx", what="ONNX import", where=str(model),
                          timeout_s=CASE_TIMEOUT_S)
             imported.append(model)
         except InputError as exc:
@@ -130,23 +135,36 @@ def test_fuzzed_models_import_or_fail_with_one_line_and_small_memory(tmp_path: P
                 failures.append(f"{model.name}: {text[:300]}")
         except Exception as exc:  # noqa: BLE001 - anything but InputError is a finding
             failures.append(f"{model.name}: {type(exc).__name__}: {str(exc)[:300]}")
-    assert not failures, "\n".join(failures[:5])
-    assert resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss < MAX_RSS_KIB
-    assert 0 < len(imported) < 160
-
+    import_rss = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
     for model in imported[:3]:  # the rest of the build on what got past import, in its own process
         proc = subprocess.Popen([sys.executable, "-m", "npubuild", "compile", str(model), "--target", "ethos-u85-256",
-                                 "--build-dir", str(tmp_path / f"b-{model.stem}"), "--json"],
+                                 "--build-dir", str(work / f"b-{model.stem}"), "--json"],
                                 stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
         try:
             _, err = proc.communicate(timeout=300)
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.communicate()
-            raise AssertionError(f"{model.name}: compile did not finish in 300 s") from None
-        assert _violation(proc.returncode, err) is None, f"{model.name}: exit {proc.returncode}: {err[-500:]}"
-    children = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss  # the largest child waited for
-    assert children < MAX_COMPILE_RSS_KIB, f"a child used {children // 1024} MiB"
+            failures.append(f"{model.name}: compile did not finish in 300 s")
+            continue
+        if _violation(proc.returncode, err) is not None:
+            failures.append(f"{model.name}: compile exit {proc.returncode}: {err[-500:]}")
+    return {"failures": failures, "imported": len(imported), "import_rss_kib": import_rss,
+            "compile_rss_kib": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss}
+
+
+def test_fuzzed_models_import_or_fail_with_one_line_and_small_memory(tmp_path: Path):
+    code = ("import json, sys, pathlib, test_fuzz; "
+            "print(json.dumps(test_fuzz.fuzz_imports_and_compiles(pathlib.Path(sys.argv[1]))))")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).parent), *filter(None, sys.path)])}
+    proc = subprocess.run([sys.executable, "-c", code, str(tmp_path)], env=env, capture_output=True, text=True,
+                          check=False)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    got = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert not got["failures"], "\n".join(got["failures"][:5])
+    assert got["import_rss_kib"] < MAX_RSS_KIB, f"an import child used {got['import_rss_kib'] // 1024} MiB"
+    assert 0 < got["imported"] < 160
+    assert got["compile_rss_kib"] < MAX_COMPILE_RSS_KIB, f"a child used {got['compile_rss_kib'] // 1024} MiB"
 
 
 # ------------------------------------------------------------------ issue 34: the cases a hardening round found
