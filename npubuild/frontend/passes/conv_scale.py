@@ -5,8 +5,9 @@ PP-LCNetV3 (PP-OCRv4's detector and recogniser backbones) ends each reparameteri
 `conv * s + t` with scalar s and t, which Paddle2ONNX writes as a Mul and an Add after the Conv (28 of each in
 ppocrv4_det_160). Left as they are, the int8 model rounds the convolution's output to int8, then the product, then
 the sum: three roundings where the folded convolution has one, and two more elementwise ops on the NPU. Folded
-(weights * s, bias * s; then conv_bias folds the Add), ppocrv4_det_160's deployed graph goes from 7.7 to 10.2 dB
-against float on the held-back inputs, and U55-128 9.851 -> 9.417 ms (bench/real_idioms.md).
+(weights * s, bias * s; then conv_bias folds the Add), ppocrv4_det_160 U55-128 runs 9.851 -> 9.411 ms. What it does
+to accuracy against float is within the quantiser's spread on PP-OCR's models: one recipe gains, another loses,
+by up to 6 dB on the detector (bench/real_idioms.md).
 
 Only where the convolution's output has no other reader and the constant varies along the channel axis alone.
 In float the folded convolution is the same function up to the last bits, as a folded BatchNormalization is.
