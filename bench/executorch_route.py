@@ -4,6 +4,9 @@ A benchmark script, not part of npubuild. Run it with the Python of a scratch ve
 
     python3.11 -m venv /tmp/et-venv
     /tmp/et-venv/bin/pip install torch==2.13.0 'executorch[ethos-u]==1.5.1' onnx onnxruntime
+    # the CPU build of torch (torch==2.13.0+cpu: the index https://download.pytorch.org/whl/cpu, or a local
+    # wheel of it), else pip pulls CUDA's; bench/routes.md was last rendered with /work/peervenv/et: torch
+    # 2.13.0+cpu, executorch 1.5.1, torchao 0.18.0, ExecuTorch's own ethos-u-vela 5.1.0
     PYTHONPATH=. /tmp/et-venv/bin/python bench/executorch_route.py --report /tmp/npb/report.json --json et.json
 
 For every build in npubuild's report it takes the torch module the example's ONNX file was exported from

@@ -6,6 +6,8 @@ Run it with the Python of a scratch venv that has onnx2tf and its needs:
     python3.11 -m venv /tmp/tflite-venv
     /tmp/tflite-venv/bin/pip install onnx2tf==1.29.24 tensorflow tf_keras onnx_graphsurgeon sng4onnx onnxsim \
         psutil ai_edge_litert onnx onnxruntime
+    # onnx2tf 1.29.24's pins resolve this to tensorflow 2.19.0, tf_keras 2.19.0, onnx 1.19.1, onnxruntime 1.23.0
+    # (the venv bench/routes.md and bench/real_routes.md were last rendered with: /work/peervenv/tflite)
     npubuild build configs --build-dir /tmp/npb --keep-going   # npubuild's figures (and its Vela .ini files)
     PATH=/tmp/tflite-venv/bin:$PATH python bench/tflite_route.py --report /tmp/npb/report.json \
         --work /tmp/tflite-route --out bench/tflite_route.md
