@@ -21,7 +21,7 @@ PACKAGE = Path(npubuild.__file__).resolve().parent
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("errors", "deferred_imports", "longlived", "version", "suggest", "machine"),  # the ground: no npubuild imports
     ("fileio", "fanout"),  # files written whole; a stage's work over forked workers
-    ("records",),  # the typed records stages write and readers read
+    ("records", "store"),  # the typed records stages write and readers read; entries of files stored by content
     ("frontend.passes",),  # the onnx-ir passes pipelines name (config checks a pipeline's names against them)
     ("config",),  # specs, profiles, the accelerator facts, metrics and gates
     ("tosa", "models"),

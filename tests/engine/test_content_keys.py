@@ -19,7 +19,8 @@ from npbtest import read_report, read_run
 from npbtest.builds import conv_chain_model, write_spec
 from onnx import numpy_helper
 
-from npubuild.engine.cache import MAX_FILE_BYTES, StageCache
+from npubuild.engine.cache import StageCache
+from npubuild.store import MAX_FILE_BYTES
 
 
 def _env(**extra: str) -> dict[str, str]:
