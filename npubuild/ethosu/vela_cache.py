@@ -12,19 +12,20 @@ their paths taken out: the work dir (the .tosa's dir, holding the output dir) as
 `<ini>`. The .tosa's file name stays in: Vela names its outputs and its report's network after it. A command
 naming any other path is not cached.
 
-Entry: <root>/<key[:2]>/<key>/ holds stdout, stderr and every file Vela wrote in the output dir, with the work
-dir's path replaced by a marker (Vela writes its output dir into its report and debug database) that a hit puts
-back for its own work dir, so a hit gives the bytes a compile there gives; and manifest.json, each file's
-sha256 and size, verified on every read. An entry is written in a temp dir under <root>/tmp and renamed into
-place whole; one that does not verify (truncated, edited, half removed) is a miss: compiled again and replaced.
-Any failure of the cache itself (a full disk, a removed dir) is a miss or an entry not written, never a
-failed compile.
+Entry: an entry of a store (npubuild/store.py) at <root>: stdout, stderr and every file Vela wrote in the output
+dir (out/...), with the work dir's path replaced by a marker (Vela writes its output dir into its report and
+debug database) that a hit puts back for its own work dir, so a hit gives the bytes a compile there gives. The
+store writes an entry whole (its manifest last) and verifies every file's size and sha256 on every read; one
+that does not verify (truncated, edited, half removed) is a miss: discarded, compiled again and replaced. Any
+failure of the cache itself (a full disk, a removed dir) is a miss or an entry not written, never a failed
+compile.
 
 Where: <build dir>/.cache/vela, beside the report's plots (for_stage_dir): a cache of the build dir's own,
 removed with it by `npubuild clean`. A stage run in a temp dir of its own (a Dask worker's) has none and
 compiles as before. Bound: MAX_BYTES over all entries; a write past it removes the least recently used
-entries (a hit touches its manifest) down to three quarters of it. An entry is Vela's output for one graph
-(palm detection: 1.5 MiB, its tflite and debug database): a build's own compiles fill a few tens of MiB.
+entries (a hit touches its manifest: Store.prune_size) down to three quarters of it, and `npubuild clean
+--stale` applies it too (prune). An entry is Vela's output for one graph (palm detection: 1.5 MiB, its tflite
+and debug database): a build's own compiles fill a few tens of MiB.
 """
 
 from __future__ import annotations
@@ -32,20 +33,19 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
-import os
 import shutil
 import subprocess
-import time
-import uuid
 from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
 
+from npubuild.store import DEBRIS_GRACE_S, Store
+
 MARK = b"\x00npubuild-vela-work\x00"  # the work dir's path in a stored file (NUL: in no path, no Vela text)
-MANIFEST = "manifest.json"
-FORMAT = 1  # the entry layout's version, in every key
+# what an entry holds, in every key; kept at 1 when the entries moved into npubuild/store.py: an entry of the
+# layout before (no writer in its manifest) is then found, discarded as malformed and replaced, not left behind
+FORMAT = 1
 MAX_BYTES = 256 << 20
-DEBRIS_GRACE_S = 3600.0  # a temp dir this old is a killed writer's, not one at work
 STREAMS = ("stdout", "stderr")
 
 
@@ -115,30 +115,29 @@ class VelaCache:
     max_bytes: int = MAX_BYTES
     hits: int = 0
     misses: int = 0
-    _tmp: Path = field(init=False)
+    _store: Store | None = field(default=None, init=False, repr=False)
 
-    def __post_init__(self) -> None:
-        self._tmp = self.root / "tmp"
-
-    def entry(self, key: str) -> Path:
-        return self.root / key[:2] / key
+    @property
+    def store(self) -> Store:
+        """The entries' store, made on first use (a stage that compiles nothing makes no cache dir)."""
+        if self._store is None:
+            self._store = Store(self.root)
+        return self._store
 
     def get(self, action: Action) -> subprocess.CompletedProcess | None:
         """The compile `action` stands for, its output files written into its output dir, or None (a miss: no
         entry, or one that does not verify)."""
-        files = self._read(self.entry(action.key), action.key)
-        if files is None:
-            self.misses += 1
-            return None
         work = str(action.work).encode()
         try:
+            files = self.store.read(action.key, set(STREAMS), self.max_bytes)
+            if files is None or any(rel not in STREAMS and not rel.startswith("out/") for rel in files):
+                self.misses += 1
+                return None
             for rel, data in files.items():
-                if rel in STREAMS:
-                    continue
-                dest = action.out / rel.removeprefix("out/")
-                dest.parent.mkdir(parents=True, exist_ok=True)
-                dest.write_bytes(data.replace(MARK, work))
-            os.utime(self.entry(action.key) / MANIFEST)  # recently used: the last to go (_bound)
+                if rel not in STREAMS:
+                    dest = action.out / rel.removeprefix("out/")
+                    dest.parent.mkdir(parents=True, exist_ok=True)
+                    dest.write_bytes(data.replace(MARK, work))
         except OSError:
             shutil.rmtree(action.out, ignore_errors=True)
             self.misses += 1
@@ -147,37 +146,24 @@ class VelaCache:
         stdout, stderr = (files[s].replace(MARK, work).decode() for s in STREAMS)
         return subprocess.CompletedProcess(action.cmd, 0, stdout, stderr)
 
-    def _read(self, entry: Path, key: str) -> dict[str, bytes] | None:
-        """An entry's files (relative path -> bytes, the marker still in), only if every one matches its
-        manifest and the manifest names this key."""
-        try:
-            manifest = json.loads((entry / MANIFEST).read_text())
-            if manifest.get("key") != key or set(STREAMS) - set(manifest["files"]):
-                return None
-            files = {}
-            for rel, info in manifest["files"].items():
-                if rel not in STREAMS and (not rel.startswith("out/") or ".." in Path(rel).parts):
-                    return None
-                data = (entry / "f" / rel).read_bytes()
-                if len(data) != info["size"] or _sha256(data) != info["sha256"]:
-                    return None
-                files[rel] = data
-        except (OSError, ValueError, KeyError, TypeError, AttributeError):
-            return None
-        return files
-
     def put(self, action: Action, proc: subprocess.CompletedProcess) -> None:
-        """Keep a successful compile of `action` (its output dir as Vela left it); a damaged entry of the key is
-        replaced. Not kept where a file holds a path the key does not cover, or the cache cannot be written."""
+        """Keep a successful compile of `action` (its output dir as Vela left it; an entry of the key already
+        there is replaced), then bound the cache. Not kept where a file holds a path the key does not cover,
+        or the cache cannot be written."""
         if proc.returncode != 0:
             return
         try:
             files = self._collect(action, proc)
             if files is not None:
-                self._write(action.key, files)
-                self._bound()
+                self.store.put_files(action.key, files, {})
+                self.prune()
         except OSError:
             pass
+
+    def prune(self, grace_s: float = DEBRIS_GRACE_S) -> int:
+        """The bound: past max_bytes, the least recently used entries removed down to 3/4 of it; killed writers'
+        debris older than `grace_s` too. The entries removed."""
+        return self.store.prune_size(self.max_bytes, self.max_bytes * 3 // 4, grace_s)
 
     def _collect(self, action: Action, proc: subprocess.CompletedProcess) -> dict[str, bytes] | None:
         """What an entry holds: the streams and output files (out/...) with the work dir's path marked; None where
@@ -197,67 +183,6 @@ class VelaCache:
                 return None
             marked[rel] = data
         return marked
-
-    def _write(self, key: str, files: dict[str, bytes]) -> None:
-        """The entry written in a temp dir and renamed into place; a valid entry already there is kept."""
-        self._tmp.mkdir(parents=True, exist_ok=True)
-        tmp = self._tmp / uuid.uuid4().hex
-        for rel, data in files.items():
-            path = tmp / "f" / rel
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_bytes(data)
-        manifest = {"key": key, "files": {rel: {"sha256": _sha256(d), "size": len(d)} for rel, d in files.items()}}
-        (tmp / MANIFEST).write_text(json.dumps(manifest, sort_keys=True, indent=1))
-        final = self.entry(key)
-        final.parent.mkdir(parents=True, exist_ok=True)
-        try:
-            os.rename(tmp, final)
-            return
-        except OSError:  # an entry is there: another writer's (kept), or a damaged one (replaced)
-            if self._read(final, key) is not None:
-                shutil.rmtree(tmp, ignore_errors=True)
-                return
-        self._remove(final)
-        try:
-            os.rename(tmp, final)
-        except OSError:  # another writer put one in meanwhile
-            shutil.rmtree(tmp, ignore_errors=True)
-
-    def _remove(self, entry: Path) -> None:
-        """An entry taken out of place first (a reader then finds none), then deleted."""
-        dead = self._tmp / f"dead-{uuid.uuid4().hex}"
-        try:
-            os.rename(entry, dead)
-        except OSError:
-            return
-        shutil.rmtree(dead, ignore_errors=True)
-
-    def _bound(self) -> None:
-        """Past max_bytes, the least recently used entries removed down to 3/4 of it; killed writers' temp dirs
-        older than DEBRIS_GRACE_S too."""
-        now = time.time()
-        for d in self._tmp.iterdir() if self._tmp.is_dir() else ():
-            try:
-                if now - d.stat().st_mtime > DEBRIS_GRACE_S:
-                    shutil.rmtree(d, ignore_errors=True)
-            except OSError:
-                continue
-        entries = []
-        for entry in self.root.glob("??/*"):
-            try:
-                used = (entry / MANIFEST).stat().st_mtime
-                size = sum(p.stat().st_size for p in entry.rglob("*") if p.is_file())
-            except OSError:
-                continue
-            entries.append((used, size, entry))
-        total = sum(size for _, size, _ in entries)
-        if total <= self.max_bytes:
-            return
-        for _, size, entry in sorted(entries):
-            if total <= self.max_bytes * 3 // 4:
-                break
-            self._remove(entry)
-            total -= size
 
 
 def for_stage_dir(stage_dir: Path) -> VelaCache | None:

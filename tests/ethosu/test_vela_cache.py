@@ -5,6 +5,7 @@ stage's measured choices compiled (Vela's forks counted by bench/runclock, outsi
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -20,9 +21,10 @@ from npbtest.ops import calib, quantize_model, single_op_model
 from npubuild.config.load import default_search_path, load_target
 from npubuild.config.schema import TargetProfile
 from npubuild.ethosu.vela import compile_partition, stage_command
-from npubuild.ethosu.vela_cache import MANIFEST, Action, VelaCache, for_stage_dir
+from npubuild.ethosu.vela_cache import Action, VelaCache, for_stage_dir
 from npubuild.ethosu.vela_ini import render_ini
 from npubuild.lowering.driver import lower_model
+from npubuild.store import MANIFEST
 
 RECORDS = ("stage.json", "inputs.json")  # a stage dir's records: run ids, keys, seconds
 
@@ -74,6 +76,11 @@ def _entry(cache: VelaCache) -> Path:
     return entry
 
 
+def _stored(entry: Path, rel: str) -> Path:
+    """Where the entry's manifest says file `rel` is stored."""
+    return entry / json.loads((entry / MANIFEST).read_text())["files"][rel]["path"]
+
+
 def test_a_hit_gives_the_vela_stage_the_bytes_a_compile_gives(tmp_path: Path, conv_tosa: bytes):
     src, build, cache = _setup(tmp_path, conv_tosa)
     plain = _compile(src, build, "plain-00000000", None)
@@ -91,13 +98,13 @@ def test_a_damaged_entry_is_compiled_again_and_replaced_never_used(tmp_path: Pat
     src, build, cache = _setup(tmp_path, conv_tosa)
     first = _compile(src, build, "a-00000000", cache)
     entry = _entry(cache)
-    tflite = entry / "f" / "out" / "model_vela.tflite"
+    tflite = _stored(entry, "out/model_vela.tflite")
     whole = tflite.read_bytes()
 
     tflite.write_bytes(whole[: len(whole) // 2])  # truncated: the manifest's size and sha256 no longer match
     assert _compile(src, build, "b-00000001", cache) == first
     assert (cache.hits, cache.misses) == (0, 2)
-    assert tflite.read_bytes() == whole  # replaced by the new compile's
+    assert _stored(entry, "out/model_vela.tflite").read_bytes() == whole  # replaced by the new compile's
 
     manifest = json.loads((entry / MANIFEST).read_text())
     manifest["files"]["out/model_vela.tflite"]["sha256"] = "0" * 64  # a manifest that does not match its files
@@ -111,6 +118,25 @@ def test_a_damaged_entry_is_compiled_again_and_replaced_never_used(tmp_path: Pat
     assert (cache.hits, cache.misses) == (0, 4)
     assert _compile(src, build, "e-00000004", cache) == first  # the replaced entry verifies: used
     assert (cache.hits, cache.misses) == (1, 4)
+
+
+def test_an_entry_of_the_layout_before_the_store_is_replaced_not_left(tmp_path: Path, conv_tosa: bytes):
+    """The entries before npubuild/store.py (files under f/, a manifest without a writer) have the same keys: the
+    first lookup of one discards it, and the compile's entry takes its place."""
+    src, build, cache = _setup(tmp_path, conv_tosa)
+    first = _compile(src, build, "a-00000000", cache)
+    entry = _entry(cache)
+    files = {rel: _stored(entry, rel).read_bytes() for rel in json.loads((entry / MANIFEST).read_text())["files"]}
+    shutil.rmtree(entry)
+    for rel, data in files.items():
+        (entry / "f" / rel).parent.mkdir(parents=True, exist_ok=True)
+        (entry / "f" / rel).write_bytes(data)
+    old = {"key": entry.name, "files": {rel: {"sha256": hashlib.sha256(d).hexdigest(), "size": len(d)}
+                                        for rel, d in files.items()}}
+    (entry / MANIFEST).write_text(json.dumps(old, sort_keys=True, indent=1))
+    assert _compile(src, build, "b-00000001", cache) == first
+    assert (cache.hits, cache.misses) == (0, 2) and not (entry / "f").exists()
+    assert _compile(src, build, "c-00000002", cache) == first and cache.hits == 1
 
 
 def _key(tmp: Path, tosa: bytes, profile: TargetProfile, ini_text: str | None = None, name: str = "model",
