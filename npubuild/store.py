@@ -497,27 +497,34 @@ class Store:
         return removed
 
     def prune_size(self, max_bytes: int, to_bytes: int | None = None, grace_s: float = DEBRIS_GRACE_S) -> int:
-        """Past `max_bytes` over all entries (each entry's size the sum its manifest gives), remove the least
-        recently used (their manifests' times) until `to_bytes` (default max_bytes) are left; and killed
-        writers' debris older than `grace_s`. An entry whose manifest is absent (a writer's) or malformed (a
-        read discards it) is not counted."""
+        """Past `max_bytes` over all entries, remove the least recently used until `to_bytes` (default
+        max_bytes) are left (over_size), and killed writers' debris older than `grace_s`; the entries removed."""
         self.remove_debris(grace_s)
+        victims = self.over_size(max_bytes, to_bytes)
+        for key, _ in victims:
+            self.discard(key)
+        return len(victims)
+
+    def over_size(self, max_bytes: int, to_bytes: int | None = None) -> list[tuple[str, int]]:
+        """(key, bytes) of the entries prune_size would remove: none within `max_bytes` over all entries, else
+        the least recently used (their manifests' times) until `to_bytes` are left. Each entry's size is the sum
+        its manifest gives; one whose manifest is absent (a writer's) or malformed (a read discards it) is not
+        counted."""
         entries = []
         for info in self._manifests():
             key = info["name"].rstrip("/").rsplit("/", 2)[-2]
             m = self._read_manifest(key)
             if manifest_problem(key, m, self.reserved) is None:
                 entries.append((_mtime(self.fs, info), sum(f["size"] for f in m["files"].values()), key))
-        total, removed = sum(size for _, size, _ in entries), 0
+        total, out = sum(size for _, size, _ in entries), []
         if total <= max_bytes:
-            return 0
+            return out
         for _, size, key in sorted(entries):
             if total <= (max_bytes if to_bytes is None else to_bytes):
                 break
-            self.discard(key)
+            out.append((key, size))
             total -= size
-            removed += 1
-        return removed
+        return out
 
     def _manifests(self) -> Iterator[dict]:
         """The listing entries (name, mtime...) of every entry's manifest."""

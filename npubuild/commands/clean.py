@@ -7,6 +7,10 @@ targets. Runs under the build-dir lock, so it never races a build.
 
 The shared stage cache is not in the build dir (by default it is .npubuild/cache in the project), so a
 clean build dir refills from it instead of rebuilding cold; `npubuild cache prune` looks after the cache.
+The build dir's own Vela cache (<build-dir>/.cache/vela, ethosu/vela_cache.py) is pruned by --stale as that
+cache prunes itself on a write: its killed writers' debris (any age: the lock is held, no writer is alive) and
+the least recently used entries past its bound. Which entries the current plan would still use cannot be told
+from their content keys without compiling its graphs again.
 """
 
 from __future__ import annotations
@@ -65,6 +69,7 @@ def _prune_empty(root: Path) -> None:
 def cmd_clean(args) -> int:
     from npubuild.engine.lock import LOCK_NAME, locked
     from npubuild.engine.uptodate import debris_in, remove_debris
+    from npubuild.ethosu.vela_cache import for_build_dir
 
     build_dir = build_dir_of(args).resolve()
     if not build_dir.is_dir():
@@ -76,21 +81,28 @@ def cmd_clean(args) -> int:
 
         plan = make_plan(load_specs(spec_paths(args.specs)), build_dir, STAGES)
         keep = {t.dir for t in plan.tasks.values()}
+        vela = for_build_dir(build_dir)
         with locked(build_dir, args.wait):
             dirs, plots = stale_dirs(build_dir, keep), stale_plots(build_dir)
             debris = [p for d in sorted(keep) for p in debris_in(d)] + top_level_debris(build_dir)
-            victims = dirs + plots + debris
-            freed = sum(_size(d) for d in victims)
+            vela_debris, vela_over = (vela.store.debris(grace_s=0.0), vela.over_bound()) if vela.root.is_dir() \
+                else ([], [])
+            victims = dirs + plots + debris + [Path(p) for p, _ in vela_debris] + [vela.entry(k) for k, _ in vela_over]
+            freed = sum(_size(d) for d in dirs + plots + debris) + sum(n for _, n in vela_debris + vela_over)
             if not args.dry_run:
                 for d in dirs + plots:
                     shutil.rmtree(d) if d.is_dir() else d.unlink()
                 remove_debris(debris)
                 _prune_empty(build_dir / "builds")
+                if vela_debris or vela_over:
+                    vela.prune(grace_s=0.0)
         verb = "would remove" if args.dry_run else "removed"
         for d in victims if args.dry_run else []:
             print(d.relative_to(build_dir))
-        print(f"{verb} {len(dirs)} stale task dir(s), {len(debris)} temp file(s) of killed runs and {len(plots)} "
-              f"plot(s), {freed / 2**20:.1f} MiB; kept {len(keep)} used by the current plan")
+        past_bound = f", {len(vela_over)} cached Vela compile(s) past its bound" if vela_over else ""
+        print(f"{verb} {len(dirs)} stale task dir(s), {len(debris) + len(vela_debris)} temp file(s) of killed runs "
+              f"and {len(plots)} plot(s){past_bound}, {freed / 2**20:.1f} MiB; kept {len(keep)} used by the current "
+              "plan")
         return 0
     if args.specs:
         raise InputError("spec arguments only make sense with --stale")

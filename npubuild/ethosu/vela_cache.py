@@ -161,9 +161,16 @@ class VelaCache:
             pass
 
     def prune(self, grace_s: float = DEBRIS_GRACE_S) -> int:
-        """The bound: past max_bytes, the least recently used entries removed down to 3/4 of it; killed writers'
-        debris older than `grace_s` too. The entries removed."""
+        """The bound: past max_bytes, the least recently used entries removed down to 3/4 of it (over_bound);
+        killed writers' debris older than `grace_s` too. The entries removed."""
         return self.store.prune_size(self.max_bytes, self.max_bytes * 3 // 4, grace_s)
+
+    def over_bound(self) -> list[tuple[str, int]]:
+        """(key, bytes) of the entries `prune` would remove now."""
+        return self.store.over_size(self.max_bytes, self.max_bytes * 3 // 4)
+
+    def entry(self, key: str) -> Path:
+        return self.root / key[:2] / key
 
     def _collect(self, action: Action, proc: subprocess.CompletedProcess) -> dict[str, bytes] | None:
         """What an entry holds: the streams and output files (out/...) with the work dir's path marked; None where
@@ -191,4 +198,9 @@ def for_stage_dir(stage_dir: Path) -> VelaCache | None:
     stage_dir = Path(stage_dir)
     if len(stage_dir.parts) < 4 or stage_dir.parent.parent.name != "stages":
         return None
-    return VelaCache(stage_dir.parents[2] / ".cache" / "vela")
+    return for_build_dir(stage_dir.parents[2])
+
+
+def for_build_dir(build_dir: Path) -> VelaCache:
+    """The Vela cache of a build dir (its dir made only when an entry is looked up or written)."""
+    return VelaCache(Path(build_dir) / ".cache" / "vela", MAX_BYTES)
