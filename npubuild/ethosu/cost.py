@@ -43,22 +43,28 @@ class Cost:
 
 def vela_cost(qdq: onnx.ModelProto, passes: Sequence[str], profile: TargetProfile, opts: VelaOptions,
               scratch: Path | None = None) -> Cost:
-    """Lower `qdq` for the target's family and compile it with Vela; Vela's figures and cycles per ONNX node."""
+    """Lower `qdq` for the target's family and compile it with Vela; Vela's figures and cycles per ONNX node.
+    `scratch`: where to work; a stage dir of a build dir (the precision stage's) brings that build dir's Vela
+    cache (ethosu/vela_cache.py): the measured choices' compiles then give the compile of the graph chosen, and
+    the lower and vela stages of the candidate the search keeps restore what the search compiled."""
     from npubuild.ethosu.families import lower_families
     from npubuild.ethosu.vela import compile_model
+    from npubuild.ethosu.vela_cache import for_stage_dir
     from npubuild.frontend.passes import run_passes
 
     family = Accelerator.parse(profile.accelerator).lowering_family
     model = ir.serde.serialize_model(run_passes(ir.serde.deserialize_model(qdq), list(passes)))
+    cache = for_stage_dir(scratch) if scratch is not None else None
     with tempfile.TemporaryDirectory(prefix="npubuild-cost-", dir=scratch) as tmp:
         work = Path(tmp)
-        io, _ = lower_families(model, "int", work, (family,))
+        io, _ = lower_families(model, "int", work, (family,), vela_cache=cache)
         io.write(work / "io.json")
         out = work / "vela"
         out.mkdir()
         fits = True
         try:
-            metrics = compile_model(work / "io.json", profile, opts, out, out / "system.ini", out / "summary.json")
+            metrics = compile_model(work / "io.json", profile, opts, out, out / "system.ini", out / "summary.json",
+                                    cache)
         except StageError:
             summary = out / "summary.json"
             if not summary.is_file():

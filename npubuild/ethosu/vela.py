@@ -37,7 +37,7 @@ from npubuild.ethosu.artifact import VelaArtifact
 from npubuild.ethosu.firmware import write_deployment, write_firmware
 from npubuild.ethosu.perf import attach_bytes, parse_layer_bytes, parse_per_layer, roofline, top_layers
 from npubuild.ethosu.pools import pool_failure, pool_usage
-from npubuild.ethosu.vela_cache import Action, VelaCache, for_stage_dir
+from npubuild.ethosu.vela_cache import Action, VelaCache
 from npubuild.ethosu.vela_ini import MEMORY_MODE, memory_mode_name, render_ini, system_config_name
 from npubuild.fileio import write_json, write_text
 from npubuild.records.iospec import specs_to_json
@@ -264,15 +264,15 @@ def npu_partitions(io: LowerRecord, lower_dir: Path, fam: str) -> list[tuple[int
 
 
 def compile_model(io_path: Path, profile: TargetProfile, opts: VelaOptions, stage_dir: Path, ini: Path,
-                  summary_out: Path) -> dict:
+                  summary_out: Path, cache: VelaCache | None = None) -> dict:
     """The vela stage's work: every NPU partition of the target's family (io.json) compiled by Vela into
     `stage_dir` with the .ini written from the profile, pools checked, firmware written; summary.json (returned,
-    the stage's metrics). A pool that does not fit fails the stage after the summary is written."""
+    the stage's metrics). A pool that does not fit fails the stage after the summary is written. `cache`: the
+    build dir's Vela cache (for_stage_dir), which may hold these very compiles."""
     write_text(ini, render_ini(profile))
     lower_dir = io_path.parent
     io = LowerRecord.read(io_path)
     fam = Accelerator.parse(profile.accelerator).lowering_family
-    cache = for_stage_dir(stage_dir)
     results, layers, pools, failure = [], [], [], None
     for index, tosa, part in npu_partitions(io, lower_dir, fam):
         stem = vela_stem(index, part.file)

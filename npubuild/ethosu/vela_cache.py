@@ -5,7 +5,9 @@ The lower stage's measured choices (ethosu/measured.py) compile each candidate w
 its family is measured on, and the vela stage then compiled the chosen one again, the same bytes and options,
 for a build on that profile (0.2-0.3 CPU s a target on palm detection: bench/compile_real.md). With this cache
 the measured choices compile with the vela stage's command line (ethosu/vela.stage_command) and keep what Vela
-wrote; the vela stage restores it instead of compiling.
+wrote; the vela stage restores it instead of compiling. The precision search (`precision: auto`, ethosu/cost.py)
+compiles its candidates in the precision stage's dir with this cache too: the vela stage of the candidate it
+keeps restores the search's compile.
 
 Key: sha256 over Vela's and numpy's versions, the .tosa's and the .ini's sha256, and Vela's arguments with
 their paths taken out: the work dir (the .tosa's dir, holding the output dir) as `<work>`, the .ini as

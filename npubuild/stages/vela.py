@@ -40,10 +40,11 @@ def plan(b: Build, chain: Chain) -> TaskSpec | None:
 
 def run(task: StageTask) -> dict:
     from npubuild.ethosu.vela import compile_model
+    from npubuild.ethosu.vela_cache import for_stage_dir
 
     config = VelaConfig.from_json(task.config)
     return compile_model(task.inputs["io"], config.target, config.vela, task.dir, task.outputs["ini"],
-                         task.outputs["summary"])
+                         task.outputs["summary"], for_stage_dir(task.dir))
 
 
 STAGE = Stage("vela", __name__, "npubuild.ethosu.vela", ("ethos-u-vela",), plan, run)

@@ -1,7 +1,8 @@
 """The build dir's Vela cache (ethosu/vela_cache.py), with real Vela compiles: a hit writes what a compile
 writes, byte for byte; a damaged entry is compiled again and replaced, never used; the key follows the graph, the
 .ini and the options, not where the files are; and on a real build the vela stage restores what the lower
-stage's measured choices compiled (Vela's forks counted by bench/runclock, outside npubuild)."""
+stage's measured choices or the precision search compiled (Vela's forks counted by bench/runclock, outside
+npubuild)."""
 
 from __future__ import annotations
 
@@ -14,8 +15,10 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import onnx
 import pytest
 from npbtest import REPO
+from npbtest.builds import sensitive_conv_model, write_spec
 from npbtest.ops import calib, quantize_model, single_op_model
 
 from npubuild.config.load import default_search_path, load_target
@@ -185,34 +188,53 @@ def test_past_its_bound_the_least_recently_used_entries_go(tmp_path: Path, conv_
     assert not first.exists() and len(list(cache.root.glob(f"??/*/{MANIFEST}"))) == 1
 
 
+def _vela_compiles(project: Path, spec: str | None = None) -> dict[str, int]:
+    """A real build of `project` on ethos-u55-128 (its shared cache off); the Vela compiles each stage ran, counted
+    by bench/runclock in the fork that ran each."""
+    clock = project / "runclock.log"
+    env = {**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{REPO / 'bench' / 'runclock'}",
+           "NPUBUILD_RUNCLOCK": str(clock)}
+    proc = subprocess.run([sys.executable, "-m", "npubuild", "build", *([spec] if spec else []), "--build-dir",
+                           str(project / "build"), "--cache", "off", "--only", "ethos-u55-128", "-q"], cwd=project,
+                          env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    counts: dict[str, int] = {}
+    for line in clock.read_text().splitlines():
+        kind, stage, _ = line.split()
+        if kind == "vela":  # one line per Vela compile, in the fork that ran it
+            counts[stage] = counts.get(stage, 0) + 1
+    clock.unlink()
+    return counts
+
+
 def test_the_vela_stage_restores_the_graph_the_measured_choices_compiled(project: Path):
     """A real build (DS-CNN on ethos-u55-128, the shipped profile its family is measured on, where its narrow
     plane means are measured): the lower stage's measured choices compile with the vela stage's command line, so
     the vela stage compiles nothing; built again with the cache removed, the vela stage compiles, and writes the
     very same files."""
-    clock = project / "runclock.log"
     build = project / "build"
-    env = {**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{REPO / 'bench' / 'runclock'}",
-           "NPUBUILD_RUNCLOCK": str(clock)}
-
-    def compiles() -> dict[str, int]:
-        proc = subprocess.run([sys.executable, "-m", "npubuild", "build", "--build-dir", str(build), "--cache", "off",
-                               "--only", "ethos-u55-128", "-q"], cwd=project, env=env, capture_output=True,
-                              text=True, timeout=600)
-        assert proc.returncode == 0, proc.stdout + proc.stderr
-        counts: dict[str, int] = {}
-        for line in clock.read_text().splitlines():
-            kind, stage, _ = line.split()
-            if kind == "vela":  # one line per Vela compile, in the fork that ran it
-                counts[stage] = counts.get(stage, 0) + 1
-        clock.unlink()
-        return counts
-
-    first = compiles()
+    first = _vela_compiles(project)
     assert first.get("lower", 0) >= 2 and "vela" not in first, first
     (vela_dir,) = (build / "stages" / "vela").iterdir()
     hit = _files(vela_dir)
     shutil.rmtree(build / ".cache" / "vela")
     shutil.rmtree(vela_dir)
-    assert compiles() == {"vela": 1}  # the lower stage's output is kept; the vela stage compiles its graph
+    assert _vela_compiles(project) == {"vela": 1}  # the lower stage's output is kept; the vela stage compiles its graph
+    assert _files(vela_dir) == hit
+
+
+def test_the_vela_stage_restores_what_the_precision_search_compiled(project: Path):
+    """`precision: auto` compiles its candidates in the precision stage's dir, so with the build dir's cache: the
+    vela stage of the candidate kept restores the search's compile of it, and writes what a compile writes."""
+    onnx.save(sensitive_conv_model(), project / "configs" / "models" / "sensitive.onnx")
+    spec = write_spec(project, "sens", "sensitive.onnx", [1, 3, 8, 8], "[ethos-u55-128]",
+                      extra="quantization: {precision: auto, budget: {min_snr_db: 30, weights_int4: false}}\n")
+    build = project / "build"
+    first = _vela_compiles(project, str(spec))
+    assert first.get("precision", 0) >= 2 and "vela" not in first, first
+    (vela_dir,) = (build / "stages" / "vela").iterdir()
+    hit = _files(vela_dir)
+    shutil.rmtree(build / ".cache" / "vela")
+    shutil.rmtree(vela_dir)
+    assert _vela_compiles(project, str(spec)) == {"vela": 1}
     assert _files(vela_dir) == hit
