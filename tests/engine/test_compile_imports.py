@@ -63,8 +63,8 @@ def test_a_cold_compile_imports_onnx_ir_but_not_sympy(imported: dict[str, list[s
 
 
 def test_a_cold_compile_with_a_local_cache_imports_neither_fsspec_nor_asyncio(imported: dict[str, list[str]]):
-    """The local stage cache's writes go through engine/cache.LocalFiles (fsspec's local semantics, done
-    without it): fsspec and the asyncio it imports are for URL caches and `npubuild cache`."""
+    """The local stage cache's and Vela cache's writes go through store.LocalFiles (fsspec's local semantics, done
+    without it): fsspec and the asyncio it imports are for URL caches."""
     everywhere = {m for modules in imported.values() for m in modules}
     assert not {m for m in everywhere if m.split(".")[0] in ("fsspec", "asyncio")}
 
