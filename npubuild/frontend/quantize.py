@@ -14,6 +14,7 @@ import json
 import logging
 import re
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -358,17 +359,25 @@ def quantize_chosen(float_model: Path, model: onnx.ModelProto, arrays: dict[str,
     inputs on their outputs' grids (frontend/qdq_feedback.py), as it will run."""
     with tempfile.TemporaryDirectory(prefix="npubuild-calib-") as tmp_cache:
         cache = QuantiserCache(Path(tmp_cache))  # what one candidate's quantisation leaves for the next
+        return choose(model, arrays, q, candidate_builder(float_model, model, arrays, cache, feedback))
 
-        def build(settings: dict, candidate: onnx.ModelProto) -> onnx.ModelProto:
-            if candidate is model:
-                qdq = quantize(float_model, arrays, settings, cache)
-            else:  # an equalised float model
-                with tempfile.TemporaryDirectory(prefix="npubuild-eq-") as tmp:
-                    path = Path(tmp) / "float.onnx"
-                    onnx.save(candidate, path)
-                    qdq = quantize(path, arrays, settings, cache)
-            share_concat_scales(qdq, settings["symmetric_activations"])  # TFLite-style concat scales
-            tie_feedback(qdq, feedback or {})
-            return qdq
 
-        return choose(model, arrays, q, build)
+def candidate_builder(float_model: Path, model: onnx.ModelProto, arrays: dict[str, np.ndarray],
+                      cache: QuantiserCache, feedback: dict[str, str] | None = None) -> Callable:
+    """`build(settings, candidate)`: the finished QDQ model of `candidate` (`model`, loaded from `float_model`,
+    or an equalised copy of it) quantised with `settings`, as ptq/choose.py scores it and the stage writes it
+    (bench/recipe_choice.py builds every candidate with it too)."""
+
+    def build(settings: dict, candidate: onnx.ModelProto) -> onnx.ModelProto:
+        if candidate is model:
+            qdq = quantize(float_model, arrays, settings, cache)
+        else:  # an equalised float model
+            with tempfile.TemporaryDirectory(prefix="npubuild-eq-") as tmp:
+                path = Path(tmp) / "float.onnx"
+                onnx.save(candidate, path)
+                qdq = quantize(path, arrays, settings, cache)
+        share_concat_scales(qdq, settings["symmetric_activations"])  # TFLite-style concat scales
+        tie_feedback(qdq, feedback or {})
+        return qdq
+
+    return build

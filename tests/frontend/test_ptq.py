@@ -149,6 +149,89 @@ def test_equalisation_evens_out_channels_a_per_tensor_activation_grid_starves(tm
     assert scorer.score(chosen)[0] > scorer.score(plain)[0] + 6.0
 
 
+def _heat_map_model(rng, c=8) -> tuple[onnx.ModelProto, float]:
+    """conv 3x3 -> relu -> conv 1x1 -> sigmoid: a one-channel probability map (a text or object detector's head)
+    whose logits sit at -120 on an all-zero input, so its float output there is exactly 0 (the silent rows);
+    also the input gain that centres the logits of uniform inputs at 0 (the informative rows)."""
+    w1 = np.abs(rng.normal(0, 0.3, (c, 3, 3, 3))).astype(np.float32)
+    w2 = np.abs(rng.normal(0, 0.3, (1, c, 1, 1))).astype(np.float32)
+    nodes = [helper.make_node("Conv", ["x", "w1", "b1"], ["h"], pads=[1, 1, 1, 1], name="conv1"),
+             helper.make_node("Relu", ["h"], ["r"], name="relu"),
+             helper.make_node("Conv", ["r", "w2", "b2"], ["logits"], name="conv2"),
+             helper.make_node("Sigmoid", ["logits"], ["y"], name="sigmoid")]
+    inits = [numpy_helper.from_array(w1, "w1"), numpy_helper.from_array(np.zeros(c, np.float32), "b1"),
+             numpy_helper.from_array(w2, "w2"), numpy_helper.from_array(np.full(1, -120.0, np.float32), "b2")]
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 16, 16])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 1, 16, 16])], inits)
+    # a uniform(0, 1) pixel through both convs (every weight positive, padding aside): ~ 0.5 * 27 * E|w1| ...
+    per_unit = 0.5 * np.abs(w1).sum(axis=(1, 2, 3)) @ w2.reshape(-1)
+    return helper.make_model(g), 120.0 / float(per_unit)
+
+
+def _one_step_high(qdq: onnx.ModelProto, output: str) -> onnx.ModelProto:
+    """`qdq` with one step of `output`'s int8 grid added after its last DequantizeLinear: every value it gives
+    reads one LSB higher (as a bias shifted by a rounding would make it)."""
+    out = onnx.ModelProto()
+    out.CopyFrom(qdq)
+    dq = next(n for n in out.graph.node if n.op_type == "DequantizeLinear" and n.output[0] == output)
+    step = next(t for t in out.graph.initializer if t.name == dq.input[1])
+    dq.output[0] = output + "_grid"
+    out.graph.initializer.append(numpy_helper.from_array(numpy_helper.to_array(step).astype(np.float32).reshape(1),
+                                                         "one_step"))
+    out.graph.node.append(helper.make_node("Add", [output + "_grid", "one_step"], [output]))
+    return out
+
+
+def test_near_silent_rows_neither_dilute_nor_decide_the_choice(tmp_path: Path):
+    """PP-OCRv4's detector scores every recipe at 89-90 dB on its calibration crops: most have no text, its
+    float probability map is exactly 0 there and so is every candidate's, each such row adding the 200 dB cap.
+    On a small heat-map model with 12 such rows of 16, the mean over rows (the score before) squeezes the two
+    recipes' margin on the 4 informative rows to a quarter and puts both at 150+ dB, and a recipe one LSB off
+    on the silent rows (a 0.004 error in a probability) loses some 300 dB there, so it ranks below one that
+    clips the logits, 15+ dB worse on every informative row. The score weighs a row whose float signal is 60 dB below the rows' mean by
+    that signal: it reads the informative rows' own SNR and ranks the one-LSB recipe first."""
+    from npubuild.frontend.ptq.choose import _snr, output_snr
+
+    rng = np.random.default_rng(7)
+    model, gain = _heat_map_model(rng)
+    path = _save(model, tmp_path, "heat")
+    informative = rng.uniform(0, gain, (4, 1, 3, 16, 16)).astype(np.float32)
+    calib = np.concatenate([np.zeros((12, 1, 3, 16, 16), np.float32), informative])[rng.permutation(16)]
+    arrays = {"x": calib}
+    scorer = Scorer(model, arrays)
+    silent = [not row.any() for row in calib]
+    assert all(not r[0].any() for r, s in zip(scorer.reference, silent, strict=True) if s)  # exactly 0
+    assert all(r[0].mean() > 0.3 for r, s in zip(scorer.reference, silent, strict=True) if not s)
+
+    import onnxruntime as ort
+
+    def rows(qdq: onnx.ModelProto) -> list[np.ndarray]:
+        session = ort.InferenceSession(qdq.SerializeToString(), providers=["CPUExecutionProvider"])
+        return [session.run(["y"], feed)[0] for feed in scorer.feeds]
+
+    def before(got: list[np.ndarray]) -> float:  # the mean over rows of each row's own SNR
+        return float(np.mean([_snr(r[0], g) for r, g in zip(scorer.reference, got, strict=True)]))
+
+    def on_informative(got: list[np.ndarray]) -> float:
+        return float(np.mean([_snr(r[0], g) for r, g, s in zip(scorer.reference, got, silent, strict=True) if not s]))
+
+    minmax = quantize(path, arrays, {**Q, "method": "minmax"})
+    entropy = quantize(path, arrays, {**Q, "method": "entropy"})  # clips the logits: ~0.6 dB
+    off = _one_step_high(minmax, "y")
+    got = {k: rows(m) for k, m in (("minmax", minmax), ("entropy", entropy), ("off", off))}
+    truth = {k: on_informative(g) for k, g in got.items()}
+    new = {k: output_snr([r[0] for r in scorer.reference], g) for k, g in got.items()}
+    old = {k: before(g) for k, g in got.items()}
+    assert truth["off"] > truth["entropy"] + 10  # one LSB costs little where there is signal
+    for k in got:  # the score is the informative rows' own
+        assert abs(new[k] - truth[k]) < 1e-9, (k, new, truth)
+        assert scorer.score({"minmax": minmax, "entropy": entropy, "off": off}[k])[0] == new[k]
+    assert old["minmax"] > 150 and old["entropy"] > 150  # the silent rows' cap, whatever the recipe
+    assert abs((old["minmax"] - old["entropy"]) - (truth["minmax"] - truth["entropy"]) / 4) < 1e-6
+    assert old["off"] < old["entropy"] - 100  # before: the one-LSB recipe far below the clipping one
+    assert new["off"] > new["entropy"] + 10  # now: as far above it as it is on the rows with signal
+
+
 def _ort_ranges(path: Path, arrays: dict[str, np.ndarray], method: str) -> dict[str, tuple[float, float]]:
     """onnxruntime's own calibrator at its defaults (as a plain quantize_static call runs it): each tensor's range."""
     from onnxruntime.quantization import CalibrationMethod

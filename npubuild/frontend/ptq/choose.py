@@ -3,7 +3,8 @@
 Every candidate recipe (an activation range estimator, with or without bias correction) is applied and
 the resulting QDQ model run on the calibration samples beside the float model; the one whose outputs are
 closest to float (the worst output's SNR plus the mean over outputs: an output no recipe can hold, such
-as hand landmarks' presence score on crops without a hand, must not decide alone) is kept. Which recipe wins differs
+as hand landmarks' presence score on crops without a hand, must not decide alone; an output's SNR leaves out
+the rows where its float value is ~0, output_snr) is kept. Which recipe wins differs
 per model and is not predictable from its shape (bench/ptq_real.md): MediaPipe's models need outlier-robust
 ranges, a sigmoid head wants its whole range, some models lose nothing to MinMax. The choice is part of the
 quantize stage's work, so it is cached with it.
@@ -27,6 +28,7 @@ AUTO_ESTIMATORS = ("minmax", "percentile", "mean_minmax", "mse")
 ORT_METHODS = ("minmax", "percentile", "entropy")
 MAX_SCORE_SAMPLES = 16  # calibration samples the candidates are scored on
 SNR_CAP_DB = 200.0
+NEAR_SILENT = 1e-6  # a row whose float signal is below this fraction of its output's mean row signal (60 dB down)
 
 
 @dataclass
@@ -54,6 +56,21 @@ def _snr(ref: np.ndarray, got: np.ndarray) -> float:
     return float(min(SNR_CAP_DB, 10 * np.log10(max(signal, 1e-30) / noise)))
 
 
+def output_snr(ref: list[np.ndarray], got: list[np.ndarray]) -> float:
+    """One output's SNR over the scoring rows, dB: the mean over rows of each row's own (one row of outsized
+    values would otherwise decide alone), a near-silent row weighed by its signal over NEAR_SILENT x the rows'
+    mean. Such a row's own SNR says nothing: its float output is ~0 (a text detector's probability map on a crop
+    without text), so it reads 0 dB or the 200 dB cap for every candidate, diluting every margin (PP-OCRv4's
+    detector: 89-90 dB for candidates 5 dB apart on the rows with text), or about -290 dB for one a single LSB
+    off, which would throw that candidate out whatever it does on the rest (bench/recipe_choice.md)."""
+    snr = np.array([_snr(r, o) for r, o in zip(ref, got, strict=True)])
+    signal = np.array([float((np.asarray(r, np.float64) ** 2).sum()) for r in ref])
+    weight = np.minimum(1.0, signal / max(NEAR_SILENT * float(signal.mean()), 1e-300))
+    if signal.mean() <= 0 or np.all(weight == 1.0):  # all silent, or none: every row counts the same
+        return float(np.mean(snr))
+    return float(np.sum(weight * snr) / np.sum(weight))
+
+
 class Scorer:
     """The float model's outputs on the scoring samples, computed once; `score(qdq)` compares a candidate."""
 
@@ -69,8 +86,7 @@ class Scorer:
         self.reference = [session.run(self.outputs, fd) for fd in self.feeds]
 
     def score(self, qdq: onnx.ModelProto) -> tuple[float, float]:
-        """(worst output's SNR, mean output SNR) of `qdq` against float, dB; an output's SNR is the mean over
-        samples of each sample's own (one sample of outsized values would otherwise decide alone)."""
+        """(worst output's SNR, mean output SNR) of `qdq` against float, dB (an output's: output_snr)."""
         import onnxruntime as ort
 
         session = ort.InferenceSession(qdq.SerializeToString(), self.opts, providers=["CPUExecutionProvider"])
@@ -81,7 +97,7 @@ class Scorer:
             out = [g[j] for g in got]
             if np.asarray(ref[0]).dtype.kind != "f":
                 continue
-            per_output.append(float(np.mean([_snr(r, o) for r, o in zip(ref, out, strict=True)])))
+            per_output.append(output_snr(ref, out))
         if not per_output:
             return SNR_CAP_DB, SNR_CAP_DB
         return min(per_output), float(np.mean(per_output))
