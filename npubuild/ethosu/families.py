@@ -220,8 +220,10 @@ class Lowerings:
 
     def whole(self, options: LoweringOptions) -> LoweredGraph:
         """The whole model lowered with `options` (lower_model: its errors raised, none cut to the host), for a
-        model with no host nodes."""
-        got = self.done.get(options)
+        model with no host nodes: a whole lowering made here that read of its options what these have (a
+        family's exact-only forms often are the options a measured choice lowered: palm detection, one of 11
+        lowerings) is that graph, not lowered again."""
+        got = self.done.get(options) or self._same_as_made(options)
         if got is not None and got.whole:
             assert got.lowered is not None
             return got.lowered
