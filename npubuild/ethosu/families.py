@@ -220,13 +220,18 @@ class Lowerings:
 
     def whole(self, options: LoweringOptions) -> LoweredGraph:
         """The whole model lowered with `options` (lower_model: its errors raised, none cut to the host), for a
-        model with no host nodes."""
-        got = self.done.get(options)
+        model with no host nodes: a whole lowering made here that read of its options what these have (a
+        family's exact-only forms often are the options a measured choice lowered: palm detection, one of 11
+        lowerings) is that graph, not lowered again; one made here is kept with what it read, for later options."""
+        got = self.done.get(options) or self._same_as_made(options)
         if got is not None and got.whole:
             assert got.lowered is not None
             return got.lowered
-        lowered = lower_model(self.model, self.profile, options=options, arrays=self.arrays)
-        self.done[options] = PartialLowering(lowered, {})
+        watched, names = recorded(options)
+        lowered = lower_model(self.model, self.profile, options=watched, arrays=self.arrays)
+        low = PartialLowering(lowered, {})
+        self.done[options] = low
+        self.reads.append(({name: getattr(options, name) for name in names}, names, low))  # for later options too
         return lowered
 
 

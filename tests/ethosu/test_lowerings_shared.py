@@ -90,3 +90,23 @@ def test_an_option_read_only_where_it_could_apply() -> None:
     nhwc = replace(u65, planar_input_channels=None, staged_input_min_row=128)  # NHWC: staging reads its row
     lowerings(nhwc)
     assert "staged_input_min_row" in lowerings.reads[-1][0]
+
+
+def test_a_whole_lowering_is_shared_by_options_agreeing_on_what_was_read() -> None:
+    """`whole` (a family's exact-only forms, exact_forms_only) takes a lowering made with options that agree on
+    every field it read: that very graph, lower_model's for these options; options differing in a field read
+    are lowered anew, and that lowering serves later options in turn."""
+    model = quantize_model(downsampling_block(8, 16, 8), calib("x", [1, 8, 8, 8], n=8))
+    lowerings = Lowerings(model, "int", {})
+    first = lowerings.portable()
+    assert first.whole and first.lowered is not None
+    variant = replace(PORTABLE, softmax_wide=True, softmax_wide_row=8)  # fields this model never reads
+    assert variant not in lowerings.done
+    assert lowerings.whole(variant) is first.lowered
+    assert first.lowered.tosa == lower_model(model, "int", options=variant).tosa
+    u55 = FAMILY_OPTIONS["u55"]  # differs on concat_order, which every lowering reads
+    own = lowerings.whole(u55)
+    assert own is not first.lowered and own.tosa == lower_model(model, "int", family="u55").tosa
+    # kept with what it read: later options agreeing with u55 there (a measured variant) are that graph too
+    later = lowerings(replace(u55, softmax_wide=not u55.softmax_wide))
+    assert later.lowered is own and len(lowerings.reads) == 2
