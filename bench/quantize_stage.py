@@ -6,7 +6,9 @@ model and the stage's metrics come out as the build's stage record says.
 A benchmark script, not part of npubuild. BUILD_DIR is a cold build's (`npubuild build SPEC --build-dir BUILD_DIR`);
 --spec-dir is the spec's directory (the calibration path in the stage's config is relative to it). Runs
 frontend/quantize.quantize_model with the stage's own config on the import stage's model, in this process (no
-fork): wall and CPU seconds (process CPU: onnxruntime's threads included), and `identical` true when the
+fork): wall and CPU seconds (process CPU: onnxruntime's threads included), the CPU seconds inside onnxruntime's
+InferenceSession.run (`runs`: the model runs, bench/runclock's count) and the rest (`beyond_runs`: session
+creation, quantiser, statistics, scoring arithmetic), and `identical` true when the
 model's sha256 and the metrics equal the build's. Run it with two trees on the same build dir, interleaved, for
 a before/after of the stage's own code (issue 33: /work/notes/issue-33-quantize-own.md).
 """
@@ -20,6 +22,25 @@ import json
 import tempfile
 import time
 from pathlib import Path
+
+
+class RunClock:
+    """Process CPU seconds spent inside onnxruntime's InferenceSession.run (one thread calls it at a time here)."""
+
+    def __init__(self) -> None:
+        import onnxruntime as ort
+
+        self.seconds = 0.0
+        original = ort.InferenceSession.run
+
+        def run(session, *args, **kwargs):
+            start = time.process_time()
+            try:
+                return original(session, *args, **kwargs)
+            finally:
+                self.seconds += time.process_time() - start
+
+        ort.InferenceSession.run = run
 
 
 def main() -> None:
@@ -38,6 +59,7 @@ def main() -> None:
     float_model = next((args.build_dir / "stages" / "import").glob("*/model.onnx"))
     npy = config["calibration"].get("npy")
     held_back = SampleSource.from_json(config["held_back"]) if config.get("held_back") else None
+    clock = RunClock()
     with tempfile.TemporaryDirectory(prefix="quantize-stage-") as tmp:
         out = Path(tmp) / "model_qdq.onnx"
         profile = cProfile.Profile() if args.profile else None
@@ -54,7 +76,8 @@ def main() -> None:
         wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
         same = hashlib.sha256(out.read_bytes()).hexdigest() == record["outputs"]["model_qdq.onnx"]["sha256"] \
             and metrics == record["metrics"]
-    print(json.dumps({"build": args.build_dir.name, "wall": round(wall, 2), "cpu": round(cpu, 2), "identical": same}))
+    print(json.dumps({"build": args.build_dir.name, "wall": round(wall, 2), "cpu": round(cpu, 2), "runs": round(clock.seconds, 2),
+                      "beyond_runs": round(cpu - clock.seconds, 2), "identical": same}))
 
 
 if __name__ == "__main__":

@@ -16,6 +16,7 @@ import re
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import onnx
@@ -213,12 +214,35 @@ def _calibration_cache(cache: QuantiserCache | None, path: Path, op_types: list[
     ReduceMin/ReduceMax on every tensor and runs it), and it is the same for every range estimator: the
     same model, op types and sample. So the first candidate's calibration is kept in `cache` (onnxruntime
     saves its ranges as JSON, float32 arrays with their dtype, and loads them back exactly) and each later
-    candidate of the model loads it; the key is everything that calibration reads."""
+    candidate of the model loads it; the key is everything that calibration reads. The first candidate's is not
+    run either but written (write_moot_calibration), unless it is the one on every sample."""
     if cache is None or not q.get("_ranges") or CACHE_ARGUMENT not in _QUANTIZE_STATIC_PARAMETERS:
         return {}
     key = hashlib.sha256(path.read_bytes())
     key.update(json.dumps([sorted(op_types), bool(q.get("_all_samples"))]).encode())
-    return {CACHE_ARGUMENT: str(cache.directory / f"{key.hexdigest()}.json")}
+    file = cache.directory / f"{key.hexdigest()}.json"
+    if not q.get("_all_samples") and not file.exists():
+        write_moot_calibration(path, op_types, q["_ranges"], file)
+    return {CACHE_ARGUMENT: str(file)}
+
+
+def write_moot_calibration(path: Path, op_types: list[str], ranges: dict[str, list[dict]], file: Path) -> None:
+    """The calibration cache onnxruntime's one-sample calibration would leave at `file`, without running it (a
+    session on a model with a ReduceMin/ReduceMax on every tensor, ~0.2 s a model: issue 33): the tensors its
+    calibrator selects, in its order (the set it iterates, built the same way), each with its chosen range, or
+    [0, 0] where the ranges have none. Every quantised tensor's scale is then its chosen range's, as it was: the
+    quantiser reads a calibrated value only where no `rmin`/`rmax` override is given, and a tensor it quantises
+    without one is calibrated on every sample afresh (quantize(), _uncalibrated), as it was."""
+    from onnxruntime.quantization import calibrate
+
+    model = calibrate.load_model_with_shape_infer(path)  # what the calibrator reads (frontend/ort_quantiser.py)
+    tensors, _ = calibrate.CalibraterBase.select_tensors_to_calibrate(SimpleNamespace(op_types_to_calibrate=op_types),
+                                                                      model)
+    data = {}
+    for name in tensors:
+        chosen = ranges.get(name, [{}])[0]
+        data[name] = tuple(np.array([chosen.get(k, 0.0)], np.float32) for k in ("rmin", "rmax"))
+    calibrate.save_tensors_data(calibrate.TensorsData(ortq.CalibrationMethod.MinMax, data), file)
 
 
 _QUANTIZE_STATIC_PARAMETERS = frozenset(inspect.signature(ortq.quantize_static).parameters)
