@@ -197,11 +197,12 @@ class Store:
         mac = manifest.get("mac")
         return isinstance(mac, str) and hmac.compare_digest(mac, manifest_mac(manifest, self.key))
 
-    def _dir(self, key: str) -> str:
+    def entry_dir(self, key: str) -> str:
+        """Where the entry of `key` lives (<root>/<key[:2]>/<key>): the one place the layout is written."""
         return f"{self.root}/{key[:2]}/{key}"
 
     def _read_manifest(self, key: str) -> dict | None:
-        path = f"{self._dir(key)}/{MANIFEST}"
+        path = f"{self.entry_dir(key)}/{MANIFEST}"
         try:
             with self.fs.open(path, "rb") as f:
                 data = f.read(MAX_MANIFEST_BYTES + 1)
@@ -296,7 +297,7 @@ class Store:
         object store's manifests keep the time they were written)."""
         if self.local:
             try:
-                os.utime(f"{self._dir(key)}/{MANIFEST}")
+                os.utime(f"{self.entry_dir(key)}/{MANIFEST}")
             except OSError:  # a store this process may read but not write
                 pass
 
@@ -334,7 +335,7 @@ class Store:
         """Upload `files` (entry name -> a local file, or its bytes) under a writer-private directory, then the
         manifest. Each file is streamed and hashed as it goes (never read whole)."""
         writer = uuid.uuid4().hex[:12]
-        base = self._dir(key)
+        base = self.entry_dir(key)
         try:
             self._put(key, base, writer, files, metrics)
         except BaseException:  # a full disk, a lost connection: take back what this writer wrote
@@ -374,7 +375,7 @@ class Store:
 
     def discard(self, key: str) -> None:
         try:
-            self.fs.rm(self._dir(key), recursive=True)
+            self.fs.rm(self.entry_dir(key), recursive=True)
         except FileNotFoundError:
             pass
 
@@ -417,7 +418,7 @@ class Store:
         out: list[tuple[str, int]] = []
         now = time.time()
         for k in self._key_dirs():
-            base = self._dir(k)
+            base = self.entry_dir(k)
             m = self._read_manifest(k)
             live = m.get("writer") if isinstance(m, dict) else None
             for child in self.fs.ls(base, detail=True):
@@ -438,8 +439,8 @@ class Store:
                 pass
         for k in self._key_dirs():  # a key dir left empty
             try:
-                if not self.fs.ls(self._dir(k), detail=False):
-                    self.fs.rmdir(self._dir(k))
+                if not self.fs.ls(self.entry_dir(k), detail=False):
+                    self.fs.rmdir(self.entry_dir(k))
             except (FileNotFoundError, OSError):
                 pass
         return removed
@@ -463,9 +464,9 @@ class Store:
     def _open_entry_file(self, key: str, info: dict):
         """An entry file opened for reading, None if absent or, on a local store, if a symlink leads out of the
         entry's directory (a planted link would read the builder's files)."""
-        path = f"{self._dir(key)}/{info['path']}"
+        path = f"{self.entry_dir(key)}/{info['path']}"
         if self.local:
-            entry = os.path.realpath(self._dir(key))
+            entry = os.path.realpath(self.entry_dir(key))
             if not os.path.realpath(path).startswith(entry + os.sep):
                 return None
         try:
@@ -529,7 +530,7 @@ class Store:
     def _manifests(self) -> Iterator[dict]:
         """The listing entries (name, mtime...) of every entry's manifest."""
         for k in self._key_dirs():
-            for child in self.fs.ls(self._dir(k), detail=True):
+            for child in self.fs.ls(self.entry_dir(k), detail=True):
                 if child["name"].rstrip("/").rsplit("/", 1)[-1] == MANIFEST:
                     yield child
 

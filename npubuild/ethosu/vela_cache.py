@@ -172,7 +172,8 @@ class VelaCache:
         return self.store.over_size(self.max_bytes, self.max_bytes * 3 // 4)
 
     def entry(self, key: str) -> Path:
-        return self.root / key[:2] / key
+        """The dir of the entry of `key` (the store's layout, for `npubuild clean --stale --dry-run` to list)."""
+        return Path(self.store.entry_dir(key))
 
     def _collect(self, action: Action, proc: subprocess.CompletedProcess) -> dict[str, bytes] | None:
         """What an entry holds: the streams and output files (out/...) with the work dir's path marked; None where
