@@ -115,6 +115,9 @@ class LoweringOptions:
     # a stride-2 int8 conv of at most this many input channels runs at stride 1 on the input's 2x2
     # space-to-depth view (4x the channels, same integers: space_to_depth.py; None: never)
     space_to_depth_channels: int | None = None
+    # that view made by a 2x2 stride-2 CONV2D of one-hot weights (space_to_depth._view_by_conv), not a PAD and an
+    # H/W-swapping TRANSPOSE of the input
+    space_to_depth_conv: bool = False
     # a conv dilated past 2 as a kernel with zero taps at dilation 2 or 1 (ops_conv.taps_for_dilation), not
     # Vela's split into one conv per dilation phase
     dilation_taps: bool = False
@@ -278,7 +281,8 @@ FAMILY_OPTIONS: dict[LoweringFamily, LoweringOptions] = {
                            norm_widen_add=True, norm_index_rescale=True, dilation_taps=True,
                            dilation_phase_min=4,
                            plane_rows=PlaneRowsLimits(min_side=8, min_plane=64, min_elements=3072, max_channels=256),
-                           space_to_depth_channels=1, transpose_conv_phases=True, clamp_sliced_rescale=True),
+                           space_to_depth_channels=1, space_to_depth_conv=True, transpose_conv_phases=True,
+                           clamp_sliced_rescale=True),
     # U65: U55's op set on a wider MAC array and bus: narrower depthwise and sum ranges, the upsample whole, narrow
     # inputs planar
     "u65": LoweringOptions(**EVERY_FAMILY, **NORM_U55_U65, concat_order=True, dw_requantize=True,

@@ -5,9 +5,11 @@ leaves most of the MAC array idle (DS-CNN's 10x4 stride-2 conv on its 49x10x1 sp
 U55-128 for 320000 MACs, 8% utilisation). Every 2x2 block of the input becomes one position of 4C channels
 (phase-major: channel (ph * 2 + pw) * C + c), and the kernel the same way, with zero taps where the 2x2 grid
 of kernel positions overhangs the original kernel: y[o] = sum_j w[j] x[2o + j - t] is unchanged, term for
-term, so the int32 sums are the same integers. The view costs one H/W-swapping TRANSPOSE of the (small)
-input, and a PAD when H or W is odd (LoweringOptions.stem_space_to_depth; measurements in
-bench/perf_choices.md).
+term, so the int32 sums are the same integers. The view is either a one-hot 2x2 stride-2 CONV2D (each output
+channel copies one input of its block; U55, which runs it in a few hundred cycles) or an H/W-swapping TRANSPOSE
+of the input after a PAD where H or W is odd (U65 by default: the conv view measures faster on some models and
+slower on others there). LoweringOptions.space_to_depth_channels and space_to_depth_conv; measurements in
+bench/perf_choices.md.
 """
 
 from __future__ import annotations
@@ -17,7 +19,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from npubuild.lowering.context import NHWC, LoweringContext, TTensor, identity
-from npubuild.lowering.emit import reshape, transpose
+from npubuild.lowering.convolution import acc_type, int_conv
+from npubuild.lowering.emit import Op, attr, rescale, reshape, transpose
 from npubuild.lowering.movement import pad_phys
 
 
@@ -62,6 +65,8 @@ def fold_stride(ctx: LoweringContext, x: TTensor, w_oihw: np.ndarray, pads: list
 
 
 def _view(ctx: LoweringContext, x: TTensor, rows: _Axis, cols: _Axis) -> TTensor:
+    if ctx.options.space_to_depth_conv:
+        return _view_by_conv(ctx, x, rows, cols)
     _, h, w, c = x.shape
     if 2 * cols.blocks != w:  # an odd width: one more column (and maybe row) of the zero point
         x = pad_phys(ctx, x, [0, 0, 0, 0], [0, 2 * rows.blocks - h, 2 * cols.blocks - w, 0])
@@ -71,6 +76,23 @@ def _view(ctx: LoweringContext, x: TTensor, rows: _Axis, cols: _Axis) -> TTensor
     pairs = reshape(ctx, x, (rows.blocks, 2, cols.blocks, 2 * c), identity(4))
     blocked = transpose(ctx, pairs, (0, 2, 1, 3), identity(4))
     return reshape(ctx, blocked, (1, rows.blocks, cols.blocks, 4 * c), NHWC)
+
+
+def _view_by_conv(ctx: LoweringContext, x: TTensor, rows: _Axis, cols: _Axis) -> TTensor:
+    """x's 2x2 blocks as channels: a 2x2 stride-2 CONV2D whose output channel (ph * 2 + pw) * C + c has one
+    weight, 1, on input (ph, pw, c), and a RESCALE of scale 1 back to x's parameters. With x's zero point as the
+    conv's input zero point the sum is x - zp exactly, and the odd side's padding reads as zp: every output
+    integer is the input's."""
+    _, h, w, c = x.shape
+    assert x.q is not None
+    one_hot = np.zeros((4 * c, 2, 2, c), np.int8)  # OHWI
+    for ph in range(2):
+        for pw in range(2):
+            one_hot[(ph * 2 + pw) * c + np.arange(c), ph, pw, np.arange(c)] = 1
+    pads = [0, 2 * rows.blocks - h, 0, 2 * cols.blocks - w]
+    sums = int_conv(ctx, Op.CONV2D, x, one_hot, np.zeros(4 * c, np.int32), (1, rows.blocks, cols.blocks, 4 * c),
+                    attr("Conv2d", pads, [2, 2], [1, 1], False, acc_type(x)))
+    return rescale(ctx, sums, 1.0, x.dtype, 0, x.q.zp, x.q)
 
 
 def _kernel(w_oihw: np.ndarray, rows: _Axis, cols: _Axis) -> np.ndarray:

@@ -1,7 +1,9 @@
 """A stride-2 conv of a 1-channel input at stride 1 on its 2x2 space-to-depth view (lowering/space_to_depth.py).
 
-The view and its kernel must give the same integers as the direct conv (TOSA reference model, onnxruntime,
-npu-sim) for every padding and odd or even side, and be faster on U55/U65, which take it; U85 does not.
+The view (a one-hot 2x2 stride-2 CONV2D, or a PAD and TRANSPOSE) and its kernel must give the same integers as
+the direct conv (TOSA reference model, onnxruntime, npu-sim) for every padding and odd or even side, and be
+faster on U55/U65, which take it; U65 measures which view per model, U85 whether to take the conv view at all
+(ethosu/measured).
 """
 
 from __future__ import annotations
@@ -18,6 +20,8 @@ from npbtest.npusim import assert_bitexact, vela_raw
 from npbtest.ops import calib, check_int, io_dict, quantize_model, vela_run
 from onnx import helper
 
+from npubuild.config.accelerator import FAMILIES
+from npubuild.ethosu.measured import choose, one_channel_strided_stems, vela_figures
 from npubuild.lowering.driver import lower_model
 from npubuild.lowering.options import FAMILY_OPTIONS
 
@@ -36,18 +40,32 @@ def _direct(family: str):
     return replace(FAMILY_OPTIONS[family], space_to_depth_channels=None)
 
 
+def _convs(g) -> int:
+    return ops(g).count("CONV2D")
+
+
+def _viewed(g) -> bool:
+    """Whether the stem runs on a space-to-depth view: a one-hot conv before it, or a TRANSPOSE."""
+    return _convs(g) == 2 or "TRANSPOSE" in ops(g)
+
+
 # DS-CNN's stem (odd H, asymmetric pads), an even input with symmetric pads, odd kernel and no padding,
 # and pads that leave the last input row unread by the original conv's floor
+@pytest.mark.parametrize("by_conv", [True, False])
 @pytest.mark.parametrize("h,w,kernel,pads", [(49, 10, (10, 4), [4, 1, 5, 2]), (32, 32, (3, 3), [1, 1, 1, 1]),
                                              (15, 9, (3, 5), [0, 0, 0, 0]), (16, 16, (3, 3), [1, 1, 0, 0])])
-def test_view_gives_the_same_integers(h, w, kernel, pads):
+def test_view_gives_the_same_integers(h, w, kernel, pads, by_conv):
     shape = [1, 1, h, w]
     model = _stem(h, w, kernel, pads)
     cal = calib("x", shape)
     folded, _ = check_int(model, cal, {"x": np.random.default_rng(5).uniform(-1, 1, shape).astype(np.float32)},
-                          options=FAMILY_OPTIONS["u55"])
+                          options=replace(FAMILY_OPTIONS["u55"], space_to_depth_conv=by_conv))
     direct = lower_model(quantize_model(model, cal), "int", options=_direct("u55"))
-    assert "TRANSPOSE" in ops(folded) and "TRANSPOSE" not in ops(direct)
+    assert _convs(direct) == 1 and "TRANSPOSE" not in ops(direct)
+    if by_conv:  # the view is a conv of its own, with no data movement op
+        assert _convs(folded) == 2 and not {"TRANSPOSE", "PAD"} & set(ops(folded))
+    else:
+        assert _convs(folded) == 1 and "TRANSPOSE" in ops(folded)
     assert_same_reference(direct, folded)
 
 
@@ -55,14 +73,14 @@ def test_view_gives_the_same_integers(h, w, kernel, pads):
 def test_view_is_faster_where_taken(family, target):
     qdq = quantize_model(_stem(49, 10, (10, 4), [4, 1, 5, 2]), calib("x", [1, 1, 49, 10]))
     folded, direct = lower_model(qdq, "int", family=family), lower_model(qdq, "int", options=_direct(family))
-    assert "TRANSPOSE" in ops(folded)
+    assert _viewed(folded) and not _viewed(direct)
     assert vela_run(folded.tosa, target).cycles < 0.9 * vela_run(direct.tosa, target).cycles
 
 
 def test_view_bitexact_on_npusim():
     qdq = quantize_model(_stem(49, 10, (10, 4), [4, 1, 5, 2]), calib("x", [1, 1, 49, 10]))
     folded = lower_model(qdq, "int", family="u55")
-    assert "TRANSPOSE" in ops(folded)
+    assert _convs(folded) == 2
     with tempfile.TemporaryDirectory() as tmp:
         assert_bitexact(folded.tosa, io_dict(folded), vela_raw(folded.tosa, Path(tmp), "ethos-u55-128"))
 
@@ -74,3 +92,18 @@ def test_u85_and_image_stems_convolve_directly(family, channels):
     lowered = lower_model(qdq, "int", family=family)
     assert lowered.tosa == lower_model(qdq, "int", options=_direct(family)).tosa
     assert "TRANSPOSE" not in ops(lowered)
+
+
+def test_u65_measures_which_view_per_model():
+    """U65 makes the view by a TRANSPOSE unless Vela estimates the one-hot conv faster for this model."""
+    qdq = quantize_model(_stem(49, 10, (10, 4), [4, 1, 5, 2]), calib("x", [1, 1, 49, 10]))
+    own = FAMILY_OPTIONS["u65"]
+    forms = [lower_model(qdq, "int", options=o) for o in (own, replace(own, space_to_depth_conv=True))]
+    assert "TRANSPOSE" in ops(forms[0]) and _convs(forms[1]) == 2
+    assert_same_reference(forms[0], forms[1])
+    figures = [vela_figures(g.tosa, FAMILIES["u65"].measured_on) for g in forms]
+    options, record = choose(qdq, "u65", lambda o: lower_model(qdq, "int", options=o))
+    (view,) = [r for r in record if r["choice"] == "space-to-depth view as a one-hot conv"]
+    assert view["figures"] == figures
+    assert view["taken"] == int(figures[1]["ms"] < figures[0]["ms"])
+    assert options.space_to_depth_conv == bool(view["taken"])
