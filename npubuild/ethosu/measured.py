@@ -169,13 +169,13 @@ def one_channel_strided_stems(model: onnx.ModelProto) -> bool:
 
 
 # U85 runs a 1-channel stride-2 stem near even either way: on its space-to-depth view made by a one-hot conv
-# (lowering/space_to_depth.py) DS-CNN U85-256 0.0558 -> 0.0548 ms, KWS with its fused GELU 0.0199 -> 0.0203,
-# off-chip 0.05-0.25 KiB less both (the TRANSPOSE view lost on both): measured per model.
+# (lowering/space_to_depth.py) DS-CNN U85-256 0.0558 -> 0.0535 ms, KWS with its fused GELU 0.0199 -> 0.0197, but
+# a lone 3x3 stem of a 28x28 image 2871 -> 3674 cycles (the TRANSPOSE view lost everywhere): measured per model.
 STEM_SPACE_TO_DEPTH = Choice("1-channel stride-2 stem on its space-to-depth view",
                              lambda m, o: o.space_to_depth_channels is None and one_channel_strided_stems(m),
                              lambda o: [replace(o, space_to_depth_channels=1, space_to_depth_conv=True)])
 # U65 makes that view by a TRANSPOSE or by a one-hot conv at about the same cost: the conv is faster in DS-CNN
-# (0.0479 -> 0.0447 ms) and KWS (0.0212 -> 0.0188) and slower on a lone 3x3 stem of a 28x28 or 64x64 image
+# (0.0479 -> 0.0435 ms) and KWS (0.0212 -> 0.0185) and slower on a lone 3x3 stem of a 28x28 or 64x64 image
 # (5568 -> 6661, 18205 -> 23773 cycles): measured per model.
 SPACE_TO_DEPTH_CONV = Choice("space-to-depth view as a one-hot conv",
                              lambda m, o: o.space_to_depth_channels is not None and not o.space_to_depth_conv

@@ -24,6 +24,7 @@ from npubuild.config.accelerator import FAMILIES
 from npubuild.ethosu.measured import choose, one_channel_strided_stems, vela_figures
 from npubuild.lowering.driver import lower_model
 from npubuild.lowering.options import FAMILY_OPTIONS
+from npubuild.tosa.graph import read_tosa
 
 
 def _stem(h: int, w: int, kernel: tuple[int, int], pads: list[int], channels: int = 1) -> onnx.ModelProto:
@@ -44,6 +45,13 @@ def _convs(g) -> int:
     return ops(g).count("CONV2D")
 
 
+def _stem_kernel(g) -> tuple[int, int]:
+    """The (kh, kw) of the graph's last CONV2D (the stem, after its view)."""
+    graph = read_tosa(g.tosa)
+    conv = [op for op in graph.ops if op.op == "CONV2D"][-1]
+    return graph.tensors[conv.inputs[1]].shape[1:3]
+
+
 def _viewed(g) -> bool:
     """Whether the stem runs on a space-to-depth view: a one-hot conv before it, or a TRANSPOSE."""
     return _convs(g) == 2 or "TRANSPOSE" in ops(g)
@@ -62,8 +70,10 @@ def test_view_gives_the_same_integers(h, w, kernel, pads, by_conv):
                           options=replace(FAMILY_OPTIONS["u55"], space_to_depth_conv=by_conv))
     direct = lower_model(quantize_model(model, cal), "int", options=_direct("u55"))
     assert _convs(direct) == 1 and "TRANSPOSE" not in ops(direct)
-    if by_conv:  # the view is a conv of its own, with no data movement op
+    if by_conv:  # the view is a conv of its own, with no data movement op, and starts early where a leading
+        # pad is odd, so the stem's kernel is ceil(k / 2) blocks a side: no extra taps for the block grid's shift
         assert _convs(folded) == 2 and not {"TRANSPOSE", "PAD"} & set(ops(folded))
+        assert _stem_kernel(folded) == (-(-kernel[0] // 2), -(-kernel[1] // 2))
     else:
         assert _convs(folded) == 1 and "TRANSPOSE" in ops(folded)
     assert_same_reference(direct, folded)
@@ -87,11 +97,34 @@ def test_view_bitexact_on_npusim():
 
 @pytest.mark.parametrize("family,channels", [("u85", 1), ("u55", 3)])
 def test_u85_and_image_stems_convolve_directly(family, channels):
-    """U85 runs the view slower (its TRANSPOSE), and a 3-channel image's view costs more than it saves."""
+    """U85's own options convolve directly (the lower stage measures the view there), and a 3-channel image's
+    view costs more than it saves everywhere."""
     qdq = quantize_model(_stem(64, 64, (3, 3), [1, 1, 1, 1], channels), calib("x", [1, channels, 64, 64]))
     lowered = lower_model(qdq, "int", family=family)
     assert lowered.tosa == lower_model(qdq, "int", options=_direct(family)).tosa
-    assert "TRANSPOSE" not in ops(lowered)
+    assert not _viewed(lowered)
+
+
+def test_u85_measures_the_view_per_model():
+    """U85 takes the conv view where Vela estimates it faster for this model; U55 has it in its options already,
+    and a 3-channel stem is not a candidate."""
+    qdq = quantize_model(_stem(49, 10, (10, 4), [4, 1, 5, 2]), calib("x", [1, 1, 49, 10]))
+    assert one_channel_strided_stems(qdq)
+    assert not one_channel_strided_stems(quantize_model(_stem(32, 32, (3, 3), [1, 1, 1, 1], 3),
+                                                        calib("x", [1, 3, 32, 32])))
+    own = FAMILY_OPTIONS["u85"]
+    forms = [lower_model(qdq, "int", options=o)
+             for o in (own, replace(own, space_to_depth_channels=1, space_to_depth_conv=True))]
+    assert [_convs(g) for g in forms] == [1, 2]
+    assert_same_reference(forms[0], forms[1])
+    figures = [vela_figures(g.tosa, FAMILIES["u85"].measured_on) for g in forms]
+    options, record = choose(qdq, "u85", lambda o: lower_model(qdq, "int", options=o))
+    (stem,) = [r for r in record if r["choice"] == "1-channel stride-2 stem on its space-to-depth view"]
+    assert stem["figures"] == figures
+    assert stem["taken"] == int(figures[1]["ms"] < figures[0]["ms"])
+    assert (options.space_to_depth_channels == 1) == bool(stem["taken"])
+    _, u55 = choose(qdq, "u55", lambda o: lower_model(qdq, "int", options=o))
+    assert all(r["choice"] != stem["choice"] for r in u55)
 
 
 def test_u65_measures_which_view_per_model():
