@@ -105,6 +105,17 @@ def test_u85_and_image_stems_convolve_directly(family, channels):
     assert not _viewed(lowered)
 
 
+def _measured(qdq: onnx.ModelProto, family: str, forms: list, choice: str):
+    """The options the lower stage's measurement gives `family`, after checking its record of `choice`: Vela's
+    figures for `forms` (the family's own lowering, then the variant), and the faster one taken."""
+    figures = [vela_figures(g.tosa, FAMILIES[family].measured_on) for g in forms]
+    options, record = choose(qdq, family, lambda o: lower_model(qdq, "int", options=o))
+    (entry,) = [r for r in record if r["choice"] == choice]
+    assert entry["figures"] == figures
+    assert entry["taken"] == int(figures[1]["ms"] < figures[0]["ms"])
+    return options, bool(entry["taken"])
+
+
 def test_u85_measures_the_view_per_model():
     """U85 takes the conv view where Vela estimates it faster for this model; U55 has it in its options already,
     and a 3-channel stem is not a candidate."""
@@ -117,14 +128,11 @@ def test_u85_measures_the_view_per_model():
              for o in (own, replace(own, space_to_depth_channels=1, space_to_depth_conv=True))]
     assert [_convs(g) for g in forms] == [1, 2]
     assert_same_reference(forms[0], forms[1])
-    figures = [vela_figures(g.tosa, FAMILIES["u85"].measured_on) for g in forms]
-    options, record = choose(qdq, "u85", lambda o: lower_model(qdq, "int", options=o))
-    (stem,) = [r for r in record if r["choice"] == "1-channel stride-2 stem on its space-to-depth view"]
-    assert stem["figures"] == figures
-    assert stem["taken"] == int(figures[1]["ms"] < figures[0]["ms"])
-    assert (options.space_to_depth_channels == 1) == bool(stem["taken"])
+    name = "1-channel stride-2 stem on its space-to-depth view"
+    options, taken = _measured(qdq, "u85", forms, name)
+    assert (options.space_to_depth_channels == 1) == taken
     _, u55 = choose(qdq, "u55", lambda o: lower_model(qdq, "int", options=o))
-    assert all(r["choice"] != stem["choice"] for r in u55)
+    assert all(r["choice"] != name for r in u55)
 
 
 def test_u65_measures_which_view_per_model():
@@ -134,9 +142,5 @@ def test_u65_measures_which_view_per_model():
     forms = [lower_model(qdq, "int", options=o) for o in (own, replace(own, space_to_depth_conv=True))]
     assert "TRANSPOSE" in ops(forms[0]) and _convs(forms[1]) == 2
     assert_same_reference(forms[0], forms[1])
-    figures = [vela_figures(g.tosa, FAMILIES["u65"].measured_on) for g in forms]
-    options, record = choose(qdq, "u65", lambda o: lower_model(qdq, "int", options=o))
-    (view,) = [r for r in record if r["choice"] == "space-to-depth view as a one-hot conv"]
-    assert view["figures"] == figures
-    assert view["taken"] == int(figures[1]["ms"] < figures[0]["ms"])
-    assert options.space_to_depth_conv == bool(view["taken"])
+    options, taken = _measured(qdq, "u65", forms, "space-to-depth view as a one-hot conv")
+    assert options.space_to_depth_conv == taken
