@@ -127,12 +127,21 @@ def regenerate_command(args: argparse.Namespace) -> str:
                      "--out", str(args.out or "bench/routes.md")])
 
 
-def table(rows: dict[tuple[str, str, str], dict], named: dict[tuple[str, str], float], command: str) -> str:
+def reuse_note(args: argparse.Namespace) -> str:
+    """What this render did not remake (--skip), so reused columns do not pass for fresh ones."""
+    if not args.skip:
+        return ""
+    return (f" This render ran it with `--skip {' '.join(args.skip)}`: those steps' results (their columns, compile "
+            f"seconds included) are the ones already in {args.work}.")
+
+
+def table(rows: dict[tuple[str, str, str], dict], named: dict[tuple[str, str], float], command: str,
+          note: str = "") -> str:
     builds = sorted({(m, t) for m, t, _ in rows}, key=lambda k: (k[0], TARGETS.index(k[1]) if k[1] in TARGETS else 9))
     head = ("| model | target | inference ms | best route | npubuild / best | SRAM KiB | off-chip KiB | CPU ops | "
             "compile s | quant SNR dB | named-config ms |")
     lines = [f"Regenerate: `{command}` (bench/routes.py says what each route runs; the venvs: "
-             "bench/tflite_route.py's and bench/executorch_route.py's docstrings).", "",
+             f"bench/tflite_route.py's and bench/executorch_route.py's docstrings).{note}", "",
              "Each cell: npubuild / onnx2tf -> TFLite int8 / ExecuTorch 1.5.1 Arm backend (Vela 5.2, same options; "
              "`-` where the route failed, reason below).", "", head, "|---|---|---|---|---:|---|---|---|---|---|---:|"]
     ratios: dict[str, list[float]] = {}
@@ -262,7 +271,7 @@ def main(argv: list[str]) -> int:
                 r["error"] = r["route"].split("(failed: ", 1)[-1].removesuffix(")")  # the reason's own ")" stays
             rows[(r["model"], r["target"], route)] = {**r, "route": route}
     named = named_config_check(report, build_dir, args.work)
-    md = table(rows, named, regenerate_command(args)) + roofline_section(rows)
+    md = table(rows, named, regenerate_command(args), reuse_note(args)) + roofline_section(rows)
     print(md)
     if args.out:
         args.out.write_text(md)
