@@ -99,6 +99,10 @@ class LoweringOptions:
     softmax_wide: bool = False
     softmax_wide_row: int = 32
     softmax_wide_max: int = 512
+    # ... and the int16 exp's per-row rounding shift moved into its int16 reciprocal, so one int16 MUL with a fused
+    # RESCALE gives the output (softmax_int._divide_shift_mul): one full-size int32 shift fewer, but the reciprocal
+    # keeps fewer bits on rows with larger sums (1 LSB off near rounding ties: exact_only leaves it out)
+    softmax_shift_mul: bool = False
     # a rank-4 graph input of 2..planar_input_channels channels stays NCHW (planes) and is transposed on the
     # NPU (context.placeholder): Vela then reads it from DRAM in long bursts, not C bytes at a time (None: NHWC)
     planar_input_channels: int | None = None
@@ -133,6 +137,11 @@ class LoweringOptions:
     # _affine_as_rescale: the same integers), no per-channel bias and scale in Vela's weight stream; slower under
     # Vela's Performance on every family: size mode's memory choice (ethosu/measured.NORM_AFFINE_RESCALE)
     norm_affine_rescale: bool = False
+    # ... and with no beta and one positive gamma for every channel (torch's default 1 and 0), no affine step: the
+    # normalised value's int32 SUB rounds once straight to the output, a fused RESCALE (ops/norm._int_affine_
+    # channels_last), where the portable form rounds it to int16 and the depthwise rounds that again (1 LSB apart
+    # near a tie of the two roundings: exact_only leaves it out)
+    norm_uniform_scale: bool = False
     # ... and with a beta, as an int16 MUL by gamma and an int16 ADD of beta (ops/norm._affine_as_vectors): 4 bytes
     # a channel of constants for the depthwise's 10 of bias and scale; rounds the sum once, but not bit for bit as
     # the depthwise does (exact_only leaves it out): size mode's memory choice (ethosu/measured.NORM_AFFINE_FORMS)
@@ -245,7 +254,8 @@ class LoweringOptions:
         """These options without the forms that round differently from the portable lowering (the int32
         softmax, the bias-Add fold, the layer norm's affine vectors): every form left gives the portable
         lowering's integers for every input."""
-        return replace(self, softmax_wide=False, int_bias_add=False, norm_affine_vectors=False,
+        return replace(self, softmax_wide=False, softmax_shift_mul=False, norm_uniform_scale=False, int_bias_add=False,
+                       norm_affine_vectors=False,
                        norm_affine_vectors_nodes=frozenset(), norm_affine_wide_beta_nodes=frozenset())
 
     @property
@@ -278,7 +288,8 @@ FAMILY_OPTIONS: dict[LoweringFamily, LoweringOptions] = {
                            norm_widen_add=True, norm_index_rescale=True, dilation_taps=True,
                            dilation_phase_min=4,
                            plane_rows=PlaneRowsLimits(min_side=8, min_plane=64, min_elements=3072, max_channels=256),
-                           space_to_depth_channels=1, transpose_conv_phases=True, clamp_sliced_rescale=True),
+                           space_to_depth_channels=1, transpose_conv_phases=True, clamp_sliced_rescale=True,
+                           softmax_shift_mul=True, norm_uniform_scale=True),
     # U65: U55's op set on a wider MAC array and bus: narrower depthwise and sum ranges, the upsample whole, narrow
     # inputs planar
     "u65": LoweringOptions(**EVERY_FAMILY, **NORM_U55_U65, concat_order=True, dw_requantize=True,
@@ -287,13 +298,15 @@ FAMILY_OPTIONS: dict[LoweringFamily, LoweringOptions] = {
                            planar_input_channels=4, planar_1d_input_channels=8, dilation_taps=True,
                            dilation_phase_min=8,
                            plane_rows=PlaneRowsLimits(min_side=5, min_plane=100, min_elements=3072, max_channels=256),
-                           space_to_depth_channels=1, transpose_conv_phases=True, clamp_sliced_rescale=True),
+                           space_to_depth_channels=1, transpose_conv_phases=True, clamp_sliced_rescale=True,
+                           softmax_shift_mul=True, norm_uniform_scale=True),
     # U85-128/256/512: the MAXIMUM copy after the skip-first order, zero taps, the int32 softmax, the staged input,
     # DepthToSpace as row-phase slices, PRelu's elementwise branches
     "u85": LoweringOptions(**EVERY_FAMILY, norm_affine_one_row=True, concat_order=True,
                            concat_copy=ConcatCopy.MAXIMUM, conv_stride_taps=True, softmax_wide=True,
                            dilation_taps=True, dilation_phase_min=4, plane_rows=PlaneRowsLimits(4, 49, 16384, 256),
-                           staged_input_min_row=128, depth_to_space_rows=True, prelu_elementwise=True),
+                           staged_input_min_row=128, depth_to_space_rows=True, prelu_elementwise=True,
+                           softmax_shift_mul=True, norm_uniform_scale=True),
     # U85-1024/2048: Vela's own Concat copy in the portable order (the reader conv is faster there); the rest as U85
     "u85wide": LoweringOptions(**EVERY_FAMILY, conv_stride_taps=True, softmax_wide=True, dilation_taps=True,
                                dilation_phase_min=2, plane_rows=PlaneRowsLimits(4, 100, 3072, 256),

@@ -31,7 +31,7 @@ from npubuild.lowering import intmath as im
 from npubuild.lowering.context import NHWC, LoweringContext, TTensor, identity
 from npubuild.lowering.convolution import Bias, emit_conv
 from npubuild.lowering.emit import Op, attr, rescale, reshape, to_layout
-from npubuild.lowering.fusion.norm_rows import fraction_bits, normalized_int16
+from npubuild.lowering.fusion.norm_rows import fraction_bits, normalized_int16, normalized_int32
 from npubuild.lowering.ops.elementwise import HEADROOM_BITS_16
 from npubuild.lowering.quant import multiplier_shift
 from npubuild.lowering.reduction import axis_last, emit_reduce
@@ -157,6 +157,10 @@ def _int_affine_channels_last(ctx: LoweringContext, x: TTensor, count: int, eps:
     reach = np.max((max(-lo, hi) + np.abs(beta[live])) / np.abs(gamma[live])) if live.any() else 1.0
     frac, _, _ = fraction_bits(count, math.floor(math.log2(32767.0 / (min(reach, math.sqrt(count)) * 1.01))))
     rows = int(np.prod(x.shape[:-1]))
+    if ctx.options.norm_uniform_scale and not np.any(beta) and np.all(gamma == gamma[0]) and gamma[0] > 0:
+        d, m = normalized_int32(ctx, x, count, eps, frac, float(gamma[0]) / out_q.s)
+        y = rescale(ctx, d, 2.0**-m, out_q.dtype, 0, out_q.zp, out_q)
+        return reshape(ctx, y, x.shape, x.perm, output_of=output_of)
     v16 = normalized_int16(ctx, x, count, eps, frac)
     w_scale = np.where(live, np.abs(gamma) / 127.0, 1.0)
     acc_unit = w_scale * 2.0**-frac
