@@ -252,8 +252,8 @@ class LoweringOptions:
 
     def exact_only(self) -> LoweringOptions:
         """These options without the forms that round differently from the portable lowering (the int32
-        softmax, the bias-Add fold, the layer norm's affine vectors): every form left gives the portable
-        lowering's integers for every input."""
+        softmax, the softmax's shift in its reciprocal, the bias-Add fold, the layer norm's affine vectors and its
+        uniform scale): every form left gives the portable lowering's integers for every input."""
         return replace(self, softmax_wide=False, softmax_shift_mul=False, norm_uniform_scale=False, int_bias_add=False,
                        norm_affine_vectors=False,
                        norm_affine_vectors_nodes=frozenset(), norm_affine_wide_beta_nodes=frozenset())
@@ -288,8 +288,7 @@ FAMILY_OPTIONS: dict[LoweringFamily, LoweringOptions] = {
                            norm_widen_add=True, norm_index_rescale=True, dilation_taps=True,
                            dilation_phase_min=4,
                            plane_rows=PlaneRowsLimits(min_side=8, min_plane=64, min_elements=3072, max_channels=256),
-                           space_to_depth_channels=1, transpose_conv_phases=True, clamp_sliced_rescale=True,
-                           softmax_shift_mul=True, norm_uniform_scale=True),
+                           space_to_depth_channels=1, transpose_conv_phases=True, clamp_sliced_rescale=True),
     # U65: U55's op set on a wider MAC array and bus: narrower depthwise and sum ranges, the upsample whole, narrow
     # inputs planar
     "u65": LoweringOptions(**EVERY_FAMILY, **NORM_U55_U65, concat_order=True, dw_requantize=True,
@@ -298,15 +297,13 @@ FAMILY_OPTIONS: dict[LoweringFamily, LoweringOptions] = {
                            planar_input_channels=4, planar_1d_input_channels=8, dilation_taps=True,
                            dilation_phase_min=8,
                            plane_rows=PlaneRowsLimits(min_side=5, min_plane=100, min_elements=3072, max_channels=256),
-                           space_to_depth_channels=1, transpose_conv_phases=True, clamp_sliced_rescale=True,
-                           softmax_shift_mul=True, norm_uniform_scale=True),
+                           space_to_depth_channels=1, transpose_conv_phases=True, clamp_sliced_rescale=True),
     # U85-128/256/512: the MAXIMUM copy after the skip-first order, zero taps, the int32 softmax, the staged input,
     # DepthToSpace as row-phase slices, PRelu's elementwise branches
     "u85": LoweringOptions(**EVERY_FAMILY, norm_affine_one_row=True, concat_order=True,
                            concat_copy=ConcatCopy.MAXIMUM, conv_stride_taps=True, softmax_wide=True,
                            dilation_taps=True, dilation_phase_min=4, plane_rows=PlaneRowsLimits(4, 49, 16384, 256),
-                           staged_input_min_row=128, depth_to_space_rows=True, prelu_elementwise=True,
-                           softmax_shift_mul=True, norm_uniform_scale=True),
+                           staged_input_min_row=128, depth_to_space_rows=True, prelu_elementwise=True),
     # U85-1024/2048: Vela's own Concat copy in the portable order (the reader conv is faster there); the rest as U85
     "u85wide": LoweringOptions(**EVERY_FAMILY, conv_stride_taps=True, softmax_wide=True, dilation_taps=True,
                                dilation_phase_min=2, plane_rows=PlaneRowsLimits(4, 100, 3072, 256),

@@ -11,7 +11,7 @@ from npbtest.ops import calib, check_int, quantize_model, rand, single_op_model,
 
 from npubuild.lowering.driver import lower_model
 from npubuild.lowering.fusion.softmax_int import EXP_ONE, exp_bytes, reciprocal_plan
-from npubuild.lowering.options import EVERY_FAMILY, FAMILY_OPTIONS, PORTABLE
+from npubuild.lowering.options import EVERY_FAMILY, PORTABLE
 from npubuild.tosa.run import run_tosa
 
 
@@ -69,12 +69,10 @@ def test_npu_bitexact_on_u55():
 @pytest.mark.parametrize("shape,own", [([1, 10], True), ([16, 16], True), ([4, 16, 16], False), ([2, 3, 64], False)])
 def test_u85_form_equals_the_portable_graph(shape, own):
     """U85's own lowering (int32 exp and MUL for short rows: no int16 RESCALE of the reciprocal) gives the
-    portable graph's int8 result on every element. (Its longer rows' int16 form without the per-row shift,
-    softmax_shift_mul, is not bit for bit: tests/lowering/test_norm_softmax_forms.py.)"""
+    portable graph's int8 result on every element."""
     model = single_op_model("Softmax", {"x": shape}, {"y": None}, axis=-1)
     qdq = quantize_model(model, calib("x", shape, low=-5, high=5))
-    portable = lower_model(qdq, "int")
-    u85 = lower_model(qdq, "int", options=replace(FAMILY_OPTIONS["u85"], softmax_shift_mul=False))
+    portable, u85 = lower_model(qdq, "int"), lower_model(qdq, "int", family="u85")
     stats_view = lower_model(qdq, "int", options=replace(PORTABLE, **EVERY_FAMILY))
     assert (u85.tosa != stats_view.tosa) == own
     for seed in (3, 4):
