@@ -137,11 +137,6 @@ class LoweringOptions:
     # _affine_as_rescale: the same integers), no per-channel bias and scale in Vela's weight stream; slower under
     # Vela's Performance on every family: size mode's memory choice (ethosu/measured.NORM_AFFINE_RESCALE)
     norm_affine_rescale: bool = False
-    # ... and with no beta and one positive gamma for every channel (torch's default 1 and 0), no affine step: the
-    # normalised value's int32 SUB rounds once straight to the output, a fused RESCALE (ops/norm._int_affine_
-    # channels_last), where the portable form rounds it to int16 and the depthwise rounds that again (1 LSB apart
-    # near a tie of the two roundings: exact_only leaves it out)
-    norm_uniform_scale: bool = False
     # ... and with a beta, as an int16 MUL by gamma and an int16 ADD of beta (ops/norm._affine_as_vectors): 4 bytes
     # a channel of constants for the depthwise's 10 of bias and scale; rounds the sum once, but not bit for bit as
     # the depthwise does (exact_only leaves it out): size mode's memory choice (ethosu/measured.NORM_AFFINE_FORMS)
@@ -252,9 +247,9 @@ class LoweringOptions:
 
     def exact_only(self) -> LoweringOptions:
         """These options without the forms that round differently from the portable lowering (the int32
-        softmax, the softmax's shift in its reciprocal, the bias-Add fold, the layer norm's affine vectors and its
-        uniform scale): every form left gives the portable lowering's integers for every input."""
-        return replace(self, softmax_wide=False, softmax_shift_mul=False, norm_uniform_scale=False, int_bias_add=False,
+        softmax, the softmax's shift in its reciprocal, the bias-Add fold, the layer norm's affine vectors): every
+        form left gives the portable lowering's integers for every input."""
+        return replace(self, softmax_wide=False, softmax_shift_mul=False, int_bias_add=False,
                        norm_affine_vectors=False,
                        norm_affine_vectors_nodes=frozenset(), norm_affine_wide_beta_nodes=frozenset())
 
