@@ -182,6 +182,12 @@ class LoweringOptions:
     # FFN weight and buffers the rest in one slice (transformer U65-256 SRAM 12.50 -> 18.45 KiB); as halves it
     # slices as after the depthwise: size mode's memory choice (ethosu/measured.FC_HALVES)
     fc_halves_nodes: frozenset[str] = frozenset()
+    # a per-row ADD / MUL of an int32 tensor and a scalar takes the scalar as its first operand, a SUB of a constant
+    # is an ADD of its negation, a rounding right shift by a constant a MUL by one with that shift (intmath: the same
+    # integers). Vela 5.2 runs a layer norm's [1, 1, 1, 16] statistics op with a scalar second operand in 128 U55
+    # cycles, first in 20 (U55-128: transformer 203424 -> 201696, transformer_torch 198240 -> 196080; U65-256 and
+    # U85-256 the same either way, mobilevit_block the same on all three)
+    scalar_first: bool = False
     # a two-tensor Add's ADD with its operands in the other order (int32 addition commutes: the same integers).
     # Vela 5.2 orders a residual block's branches by the ADD's operands; on U55 a big conv right after the
     # weightless ADD has its weights fetched from flash during the ADD: measured per model (ethosu/measured.py)
@@ -283,7 +289,8 @@ FAMILY_OPTIONS: dict[LoweringFamily, LoweringOptions] = {
                            norm_widen_add=True, norm_index_rescale=True, dilation_taps=True,
                            dilation_phase_min=4,
                            plane_rows=PlaneRowsLimits(min_side=8, min_plane=64, min_elements=3072, max_channels=256),
-                           space_to_depth_channels=1, transpose_conv_phases=True, clamp_sliced_rescale=True),
+                           space_to_depth_channels=1, transpose_conv_phases=True, clamp_sliced_rescale=True,
+                           scalar_first=True),
     # U65: U55's op set on a wider MAC array and bus: narrower depthwise and sum ranges, the upsample whole, narrow
     # inputs planar
     "u65": LoweringOptions(**EVERY_FAMILY, **NORM_U55_U65, concat_order=True, dw_requantize=True,

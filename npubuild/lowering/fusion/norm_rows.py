@@ -87,7 +87,7 @@ def rsqrt_rows(ctx: LoweringContext, v: TTensor) -> TTensor:
     the w^2 MUL.
     """
     n = im.clz(ctx, v)
-    h = im.asr(ctx, im.sub(ctx, n, im.const_i32(ctx, 2, v)), im.const_i32(ctx, 1, v))  # floor((n - 1) / 2)
+    h = im.asr_const(ctx, im.sub_const(ctx, n, 2), 1)  # floor((n - 1) / 2)
     m = im.shl(ctx, v, im.add(ctx, h, h))  # Q30, in [2^29, 2^31)
     if ctx.options.norm_index_rescale:  # round(m / 2^23) - 128 as one RESCALE: one op less on U55/U65, 450 cycles more on U85
         index = rescale(ctx, m, 2.0**-23, np.int8, 0, -128, None)
