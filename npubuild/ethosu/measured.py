@@ -262,8 +262,10 @@ def _on(field: str, op_types: tuple[str, ...]) -> Choice:
 # RESCALE, not the depthwise conv: the same integers, no per-channel bias and scale (10 bytes a channel in Vela's
 # weight stream: transformer_torch's four layer norms 77.44 -> 74.89 KiB off-chip on U55-128), slower under
 # Vela's Performance everywhere (U55-128 0.408 -> 0.417, U65-256 0.179 -> 0.183, U85-256 0.0617 -> 0.0624 ms:
-# Vela runs the lone RESCALE as a pass of its own), so measured in size mode only. A model whose affine steps
-# all have a beta lowers the same both ways and compiles nothing.
+# Vela runs the lone RESCALE as a pass of its own), so measured in size mode only. Those figures are from before
+# one positive gamma with no beta took no affine step at all (ops/norm._uniform_scale): the choice is now for
+# per-channel gammas without a beta. A model whose affine steps all have a beta, or one gamma and no beta, lowers
+# the same both ways and compiles nothing.
 NORM_AFFINE_RESCALE = Choice("normalisation affine as a RESCALE",
                              lambda m, o: not o.norm_affine_rescale and (has_op(m, "LayerNormalization")
                                                                          or has_op(m, "InstanceNormalization")),

@@ -59,16 +59,31 @@ def _binary(ctx: LoweringContext, op, kind: str, a: TTensor, b: TTensor, extra: 
     return out
 
 
+def _scalar_first(ctx: LoweringContext, a: TTensor, b: TTensor) -> tuple[TTensor, TTensor]:
+    """(b, a) where the family takes a scalar operand first (LoweringOptions.scalar_first) and b is one against a
+    rank <= 4 tensor (the rank > 4 case is Vela's miscompile, _scalar_then_tensor), else (a, b)."""
+    scalar = all(d == 1 for d in b.shape) and not all(d == 1 for d in a.shape)
+    return (b, a) if scalar and len(a.shape) <= 4 and ctx.options.scalar_first else (a, b)
+
+
 def add(ctx: LoweringContext, a: TTensor, b: TTensor) -> TTensor:
-    return _binary(ctx, Op.ADD, "Add", a, b)
+    return _binary(ctx, Op.ADD, "Add", *_scalar_first(ctx, a, b))
 
 
 def sub(ctx: LoweringContext, a: TTensor, b: TTensor) -> TTensor:
     return _binary(ctx, Op.SUB, "Sub", a, b)
 
 
+def sub_const(ctx: LoweringContext, a: TTensor, value: int) -> TTensor:
+    """a - value; with LoweringOptions.scalar_first, (-value) + a (the same integers)."""
+    if ctx.options.scalar_first and len(a.shape) <= 4:
+        return add(ctx, a, const_i32(ctx, -value, a))
+    return sub(ctx, a, const_i32(ctx, value, a))
+
+
 def mul(ctx: LoweringContext, a: TTensor, b: TTensor, shift: int) -> TTensor:
     """round(a * b / 2**shift) in int32 (TOSA MUL computes the product in 64 bits)."""
+    a, b = _scalar_first(ctx, a, b)
     return _binary(ctx, Op.MUL, "Mul", a, b, (ctx.const(np.array([shift], np.int8), "shift"),))
 
 
@@ -91,6 +106,14 @@ def asr(ctx: LoweringContext, a: TTensor, n: TTensor) -> TTensor:
     return out
 
 
+def asr_const(ctx: LoweringContext, a: TTensor, bits: int) -> TTensor:
+    """a >> bits rounding half up (bits >= 1); with LoweringOptions.scalar_first, as TOSA's MUL of 1 and a with
+    that shift: (a + 2**(bits - 1)) >> bits, the rounding shift's very integers."""
+    if ctx.options.scalar_first and len(a.shape) <= 4:
+        return mul(ctx, a, const_i32(ctx, 1, a), bits)
+    return asr(ctx, a, const_i32(ctx, bits, a))
+
+
 def reciprocal(ctx: LoweringContext, s: TTensor) -> tuple[TTensor, TTensor]:
     """1/s for int32 s >= 1: returns (r, n) with 1/s ~= r * 2**-(61 - n); r in (2**29, 2**30].
 
@@ -98,8 +121,7 @@ def reciprocal(ctx: LoweringContext, s: TTensor) -> tuple[TTensor, TTensor]:
     Newton-Raphson from the seed 48/17 - 32/17 m (three steps: error < 1e-7).
     """
     n = clz(ctx, s)
-    one = const_i32(ctx, 1, s)
-    m = shl(ctx, s, sub(ctx, n, one))  # Q31
+    m = shl(ctx, s, sub_const(ctx, n, 1))  # Q31
     r = sub(ctx, const_i32(ctx, round(48 / 17 * Q29), s), mul(ctx, m, const_i32(ctx, round(32 / 17 * Q29), s), 31))
     two = const_i32(ctx, Q30, s)
     for _ in range(3):

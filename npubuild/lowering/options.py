@@ -99,6 +99,10 @@ class LoweringOptions:
     softmax_wide: bool = False
     softmax_wide_row: int = 32
     softmax_wide_max: int = 512
+    # ... and the int16 exp's per-row rounding shift moved into its int16 reciprocal, so one int16 MUL with a fused
+    # RESCALE gives the output (softmax_int._divide_shift_mul): one full-size int32 shift fewer, but the reciprocal
+    # keeps fewer bits on rows with larger sums (1 LSB off near rounding ties: exact_only leaves it out)
+    softmax_shift_mul: bool = False
     # a rank-4 graph input of 2..planar_input_channels channels stays NCHW (planes) and is transposed on the
     # NPU (context.placeholder): Vela then reads it from DRAM in long bursts, not C bytes at a time (None: NHWC)
     planar_input_channels: int | None = None
@@ -181,6 +185,12 @@ class LoweringOptions:
     # FFN weight and buffers the rest in one slice (transformer U65-256 SRAM 12.50 -> 18.45 KiB); as halves it
     # slices as after the depthwise: size mode's memory choice (ethosu/measured.FC_HALVES)
     fc_halves_nodes: frozenset[str] = frozenset()
+    # a per-row ADD / MUL of an int32 tensor and a scalar takes the scalar as its first operand, a SUB of a constant
+    # is an ADD of its negation, a rounding right shift by a constant a MUL by one with that shift (intmath: the same
+    # integers). Vela 5.2 runs a layer norm's [1, 1, 1, 16] statistics op with a scalar second operand in 128 U55
+    # cycles, first in 20 (U55-128: transformer 203424 -> 201696, transformer_torch 198240 -> 196080; U65-256 and
+    # U85-256 the same either way, mobilevit_block the same on all three)
+    scalar_first: bool = False
     # a two-tensor Add's ADD with its operands in the other order (int32 addition commutes: the same integers).
     # Vela 5.2 orders a residual block's branches by the ADD's operands; on U55 a big conv right after the
     # weightless ADD has its weights fetched from flash during the ADD: measured per model (ethosu/measured.py)
@@ -246,9 +256,10 @@ class LoweringOptions:
 
     def exact_only(self) -> LoweringOptions:
         """These options without the forms that round differently from the portable lowering (the int32
-        softmax, the bias-Add fold, the layer norm's affine vectors): every form left gives the portable
-        lowering's integers for every input."""
-        return replace(self, softmax_wide=False, int_bias_add=False, norm_affine_vectors=False,
+        softmax, the softmax's shift in its reciprocal, the bias-Add fold, the layer norm's affine vectors): every
+        form left gives the portable lowering's integers for every input."""
+        return replace(self, softmax_wide=False, softmax_shift_mul=False, int_bias_add=False,
+                       norm_affine_vectors=False,
                        norm_affine_vectors_nodes=frozenset(), norm_affine_wide_beta_nodes=frozenset())
 
     @property
@@ -282,7 +293,7 @@ FAMILY_OPTIONS: dict[LoweringFamily, LoweringOptions] = {
                            dilation_phase_min=4,
                            plane_rows=PlaneRowsLimits(min_side=8, min_plane=64, min_elements=3072, max_channels=256),
                            space_to_depth_channels=1, space_to_depth_conv=True, transpose_conv_phases=True,
-                           clamp_sliced_rescale=True),
+                           clamp_sliced_rescale=True, scalar_first=True),
     # U65: U55's op set on a wider MAC array and bus: narrower depthwise and sum ranges, the upsample whole, narrow
     # inputs planar
     "u65": LoweringOptions(**EVERY_FAMILY, **NORM_U55_U65, concat_order=True, dw_requantize=True,

@@ -145,10 +145,10 @@ def se_pool_model(h: int = 16, w: int = 16, c: int = 32):
 
 
 def layer_norm_model(beta: float = 0.0):
-    """A [16, 64] layer norm with torch's default affine (gamma 1, beta 0), or gamma around 1 and a beta as trained
-    transformers have (`beta` its largest magnitude)."""
+    """A [16, 64] layer norm with gamma around 1 and no beta, or a beta as trained transformers have (`beta` its
+    largest magnitude). (torch's default affine, gamma 1 and beta 0, has no affine step: ops/norm._uniform_scale.)"""
     rng = np.random.default_rng(5)
-    gamma = rng.uniform(0.8, 1.2, 64) if beta else np.ones(64)
+    gamma = rng.uniform(0.8, 1.2, 64)
     inits = [numpy_helper.from_array(gamma.astype(np.float32), "g"),
              numpy_helper.from_array(rng.uniform(-beta, beta, 64).astype(np.float32), "b")]
     node = helper.make_node("LayerNormalization", ["x", "g", "b"], ["y"], axis=-1, name="ln")

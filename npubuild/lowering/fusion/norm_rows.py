@@ -87,7 +87,7 @@ def rsqrt_rows(ctx: LoweringContext, v: TTensor) -> TTensor:
     the w^2 MUL.
     """
     n = im.clz(ctx, v)
-    h = im.asr(ctx, im.sub(ctx, n, im.const_i32(ctx, 2, v)), im.const_i32(ctx, 1, v))  # floor((n - 1) / 2)
+    h = im.asr_const(ctx, im.sub_const(ctx, n, 2), 1)  # floor((n - 1) / 2)
     m = im.shl(ctx, v, im.add(ctx, h, h))  # Q30, in [2^29, 2^31)
     if ctx.options.norm_index_rescale:  # round(m / 2^23) - 128 as one RESCALE: one op less on U55/U65, 450 cycles more on U85
         index = rescale(ctx, m, 2.0**-23, np.int8, 0, -128, None)
@@ -109,6 +109,18 @@ def normalized_int16(ctx: LoweringContext, x: TTensor, count: int, eps: float, f
 
     `frac` must come from `fraction_bits` (the caller scales the result with it).
     """
+    d, e = normalized_int32(ctx, x, count, eps, frac)
+    return rescale(ctx, d, 2.0**-e, np.int16, 0, 0, None)
+
+
+GAIN_BITS = 15  # the mantissa of normalized_int32's gain, as a per-row multiplier of the reciprocal root
+
+
+def normalized_int32(ctx: LoweringContext, x: TTensor, count: int, eps: float, frac: int,
+                     gain: float | None = None) -> tuple[TTensor, int]:
+    """(d, e): normalized_int16's value before its last rounding, (x - mean) / sqrt(var + eps) = d 2**-(frac + e)
+    in int32. With `gain`, value * gain = d 2**-e instead: d is the value's d times gain 2**-(frac + e) 2**e, its mantissa (GAIN_BITS) multiplied into the per-row root, so only a power-of-two
+    RESCALE follows the full-size SUB (Vela fuses that into it, a general one is a pass of its own)."""
     assert x.q is not None and x.dtype == np.int8
     axis = len(x.shape) - 1
     s_rows = emit_reduce(ctx, Op.REDUCE_SUM, _as_i32(ctx, x), [axis])
@@ -138,9 +150,13 @@ def normalized_int16(ctx: LoweringContext, x: TTensor, count: int, eps: float, f
     a0 = rsqrt_rows(ctx, im.add(ctx, var, im.const_i32(ctx, eps_units, var)))  # 1/sqrt(V + eps') = a0 2^-30
     frac, e, a_sh = fraction_bits(count, frac)
     sp = 30 + sh // 2 - a_sh - frac - e
+    if gain is not None:  # gain 2^-(frac + e) = f 2^-m with f in [0.5, 1): a0 f keeps a0's bound
+        m = -math.floor(math.log2(gain * 2.0 ** -(frac + e))) - 1
+        f = round(gain * 2.0 ** (m - frac - e + GAIN_BITS))
+        a0 = im.mul(ctx, a0, im.const_i32(ctx, f, a0), GAIN_BITS)
+        e = m
     a = im.mul(ctx, a0, im.const_i32(ctx, count, a0), a_sh)
     b = im.mul(ctx, t, a0, a_sh + sp)
     a, b = stats_back(ctx, t_rows, a, b)
     p = im.mul(ctx, c, a, sp)
-    d = im.sub(ctx, p, b)  # n 2^(frac + e)
-    return rescale(ctx, d, 2.0**-e, np.int16, 0, 0, None)
+    return im.sub(ctx, p, b), e  # n 2^(frac + e)

@@ -52,11 +52,13 @@ def exp_bytes(scale: float) -> tuple[np.ndarray, np.ndarray]:
 @dataclass(frozen=True)
 class Plan:
     """Fixed-point exponents of one softmax: sum' = sum * 2**a * s_out, r = 2**(61 - n) / sum' (n = clz(sum')),
-    r >> t the int16 (or, with t = 15, the rounded int32 product's) reciprocal, out = e * (r >> t) >> (k - n)."""
+    r >> t the int16 (or, with t = 15, the rounded int32 product's) reciprocal, out = e * (r >> t) >> (k - n); no
+    row's n is above n_high."""
 
     a: int
     t: int
     k: int
+    n_high: int
 
 
 def reciprocal_plan(n_elements: int, out_scale: float, exp_one: int = EXP_ONE) -> Plan:
@@ -76,7 +78,7 @@ def reciprocal_plan(n_elements: int, out_scale: float, exp_one: int = EXP_ONE) -
     k = 61 - t - a
     if k - n_max < 0 or exp_one * out_scale * 2.0**a < 2**12:
         raise ValueError(f"output scale {out_scale:g} out of the integer softmax's range")
-    return Plan(a, t, k)
+    return Plan(a, t, k, n_max)
 
 
 def _channels(ctx: LoweringContext, x: TTensor, start: int, size: int) -> TTensor:
@@ -145,18 +147,44 @@ def _normalise(ctx: LoweringContext, x: TTensor, mx: TTensor, plan: Plan, out_q:
     # U85-256, Vela 5.2, whole softmax: int32 for [1, 10] 590 -> 525 cycles, [16, 16] 4198 -> 3665, [4, 32]
     # 1201 -> 1065, but [4, 16, 16] 6812 -> 7028, [1, 64] 649 -> 746, [2, 100] 1285 -> 1624 (int32 MUL costs more)
     wide = ctx.options.softmax_row_is_wide(x.shape)
+    if not wide and ctx.options.softmax_shift_mul:
+        return _divide_shift_mul(ctx, _exp(ctx, x, mx, np.int16), plan, out_q, output_of)
     e = _exp(ctx, x, mx, np.int32 if wide else np.int16)
     return _divide(ctx, e, plan, out_q, output_of, wide)
+
+
+def _reciprocal_rows(ctx: LoweringContext, e: TTensor, plan: Plan, out_q: QParams) -> tuple[TTensor, TTensor, TTensor]:
+    """(rows, r, n): the row sums of e scaled to sum' ([..., 1]), and 1/sum' = r 2**-(61 - n) on stats_as_channels'
+    view of them."""
+    total = emit_reduce(ctx, Op.REDUCE_SUM, e if e.dtype == np.int32 else rescale(ctx, e, 1.0, np.int32, 0, 0, None),
+                        [len(e.shape) - 1])
+    rows = rescale(ctx, total, 2.0**plan.a * out_q.s, np.int32, 0, 0, None)
+    (total,) = stats_as_channels(ctx, rows)
+    r, n = im.reciprocal(ctx, total)
+    return rows, r, n
+
+
+def _divide_shift_mul(ctx: LoweringContext, e: TTensor, plan: Plan, out_q: QParams, output_of: str | None) -> TTensor:
+    """_divide's int16 form without its full-size ARITHMETIC_RIGHT_SHIFT (LoweringOptions.softmax_shift_mul): one
+    int16 MUL by a per-row int16 reciprocal, rounded to the output by the MUL's own fused RESCALE (a constant shift).
+
+    _divide rounds e * (r >> t) by a per-row k - n bits. Here that per-row part goes into the reciprocal,
+    R = round(r / 2**(t + n_high - n)), and out = round(e R / 2**(k - n_high)). A row with a larger sum keeps fewer
+    bits of R (as many fewer as its sum is larger than one exp(0)), so the product moves by up to
+    EXP_ONE / 2**(k - n_high + 1) of an output step (1/128 on the example transformer's rows of 16): the result is
+    _divide's but near a rounding tie, where it is 1 LSB apart (not bit for bit: exact_only leaves it out)."""
+    rows, r, n = _reciprocal_rows(ctx, e, plan, out_q)
+    shifted = im.asr(ctx, r, im.sub(ctx, im.const_i32(ctx, plan.t + plan.n_high, n), n))
+    (r16,) = stats_back(ctx, rows, rescale(ctx, shifted, 1.0, np.int16, 0, 0, None))  # 2**15 saturates, as _divide's
+    p = ctx.new_tensor(e.shape, np.int32, e.perm)
+    ctx.op(Op.MUL, [e.name, r16.name, ctx.const(np.zeros([1], np.int8), "shift")], [p.name], attr("Mul"))
+    return rescale(ctx, p, 2.0 ** -(plan.k - plan.n_high), out_q.dtype, 0, out_q.zp, out_q, output_of=output_of)
 
 
 def _divide(ctx: LoweringContext, e: TTensor, plan: Plan, out_q: QParams, output_of: str | None,
             wide: bool) -> TTensor:
     """e / sum(e) over the last axis in the output's quantisation (e int16, or int32 when `wide`)."""
-    axis = len(e.shape) - 1
-    total = emit_reduce(ctx, Op.REDUCE_SUM, e if wide else rescale(ctx, e, 1.0, np.int32, 0, 0, None), [axis])
-    rows = rescale(ctx, total, 2.0**plan.a * out_q.s, np.int32, 0, 0, None)
-    (total,) = stats_as_channels(ctx, rows)
-    r, n = im.reciprocal(ctx, total)  # 1/total = r * 2**-(61 - n)
+    rows, r, n = _reciprocal_rows(ctx, e, plan, out_q)  # 1/total = r * 2**-(61 - n)
     (r,) = stats_back(ctx, rows, r)
     if not wide:  # U85's int32 -> int16 RESCALE costs ~150 cycles, more than a short int32 MUL
         r = rescale(ctx, r, 2.0**-plan.t, np.int16, 0, 0, None)
