@@ -185,6 +185,10 @@ class LoweringOptions:
     # Vela 5.2 orders a residual block's branches by the ADD's operands; on U55 a big conv right after the
     # weightless ADD has its weights fetched from flash during the ADD: measured per model (ethosu/measured.py)
     add_operands_swapped: bool = False
+    # a TRANSPOSE that is no single swap of two axis blocks as a chain of block swaps, each one TRANSPOSE of an
+    # [A, X, Y, C] view by (0, 2, 1, 3) (emit.block_swaps: the same bytes moved): Vela 5.2 splits a high-rank
+    # TRANSPOSE into a longer chain of its own (a MobileViT unfold: 15 TRANSPOSEs for 2 swaps)
+    transpose_block_swaps: bool = False
     # fold INT bias Adds behind a Q/DQ pair into the conv bias too (epilogue: exact per op to 1 LSB but drifts
     # from the QDQ reference, transformer TOSA SNR 32.8 -> 27.6 dB; off everywhere)
     int_bias_add: bool = False
@@ -269,7 +273,7 @@ class LoweringOptions:
 PORTABLE = LoweringOptions()
 # The figures behind each family's choices: bench/family_choices.md ("Why each family takes what it takes"),
 # bench/perf_choices.md.
-EVERY_FAMILY = {"row_stats_channels": True, "patch_conv_min_stride": 4}  # per-row statistics, patch embeddings
+EVERY_FAMILY = {"row_stats_channels": True, "patch_conv_min_stride": 4, "transpose_block_swaps": True}  # per-row statistics, patch embeddings
 NORM_U55_U65 = {"norm_raw_squares": True, "norm_affine_one_row": True}  # the layer norm's cheaper int8 forms
 FAMILY_OPTIONS: dict[LoweringFamily, LoweringOptions] = {
     # U55 (decided on U55-128): the SRAM peak of in-order copies, the depthwise requantise and copy, bilinear 2x
