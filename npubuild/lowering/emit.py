@@ -7,6 +7,8 @@ parameters are tensors, not attributes).
 
 from __future__ import annotations
 
+import heapq
+
 import numpy as np
 import tosa_serializer as ts
 
@@ -191,8 +193,7 @@ def block_swaps(shape: tuple[int, ...], perm: tuple[int, ...]) -> list[tuple[int
     best: dict[tuple[int, ...], tuple[float, list[tuple[int, int, int]]]] = {start: (0.0, [])}
     frontier = [(0.0, start)]
     while frontier:
-        frontier.sort()
-        cost, cur = frontier.pop(0)
+        cost, cur = heapq.heappop(frontier)
         if cur == goal:
             return best[cur][1]
         if cost > best[cur][0]:
@@ -205,7 +206,7 @@ def block_swaps(shape: tuple[int, ...], perm: tuple[int, ...]) -> list[tuple[int
                     total = cost + _swap_cost(*size)
                     if nxt not in best or total < best[nxt][0]:
                         best[nxt] = (total, best[cur][1] + [(i, j, k)])
-                        frontier.append((total, nxt))
+                        heapq.heappush(frontier, (total, nxt))
     return None
 
 
