@@ -231,7 +231,7 @@ ADD_ORDER = Choice("residual Add operands swapped", lambda m, o: not o.add_opera
 # measured per model.
 BLOCK_SWAPS = Choice("TRANSPOSEs as chains of block swaps",
                      lambda m, o: not o.transpose_block_swaps and any(
-                         has_op(m, t) for t in ("Transpose", "DepthToSpace", "SpaceToDepth")),
+                         has_op(m, t) for t in ("Transpose", "DepthToSpace", "SpaceToDepth", "ConvTranspose")),
                      lambda o: [replace(o, transpose_block_swaps=True)])
 
 # U85 runs a DepthToSpace as row-phase SLICEs (depth_to_space_rows: 0.0756 -> 0.0452 ms against Vela's own chain for
