@@ -225,12 +225,29 @@ ADD_ORDER = Choice("residual Add operands swapped", lambda m, o: not o.add_opera
                    lambda o: [replace(o, add_operands_swapped=True)])
 
 
+# U65 runs a high-rank TRANSPOSE as block swaps (emit.block_swaps) faster in the MobileViT block (1.512 -> 1.430 ms)
+# but MediaPipe selfie segmentation's depth-to-space [128, 128, 2, 2] -> [128, 2, 128, 2] slower (3.982 -> 4.044 ms:
+# its last swap moves 2-byte rows; U55-128 and U85-256 gain there too, 11.73 -> 11.50 and 3.151 -> 2.673 ms):
+# measured per model.
+BLOCK_SWAPS = Choice("TRANSPOSEs as chains of block swaps",
+                     lambda m, o: not o.transpose_block_swaps and any(
+                         has_op(m, t) for t in ("Transpose", "DepthToSpace", "SpaceToDepth", "ConvTranspose")),
+                     lambda o: [replace(o, transpose_block_swaps=True)])
+
+# U85 runs a DepthToSpace as row-phase SLICEs (depth_to_space_rows: 0.0756 -> 0.0452 ms against Vela's own chain for
+# one TRANSPOSE), but as block swaps the TRANSPOSE form is the faster on that 32x16x16 sub-pixel model (21557 ->
+# 17105 U85-256 cycles): measured per model.
+D2S_SWAPS = Choice("DepthToSpace as block-swapped TRANSPOSEs",
+                   lambda m, o: o.depth_to_space_rows and o.transpose_block_swaps and has_op(m, "DepthToSpace"),
+                   lambda o: [replace(o, depth_to_space_rows=False)])
+
+
 CHOICES: dict[str, tuple[Choice | NodeChoice, ...]] = {
     "u55": (NARROW_PLANE_ROWS, REPLICATE_COPIES, ADD_ORDER),
     "u65": (MATMUL_PRODUCTS, SPACE_TO_DEPTH_CONV, Choice("narrow image input planar",
                                     lambda m, o: o.planar_input_channels is not None and narrow_image(m),
-                                    lambda o: [replace(o, planar_input_channels=None)]), STAGED_INPUT),
-    "u85": (PRELU_SELECT, STAGED_INPUT, PHASES, SMALL_PLANE_ROWS, STEM_SPACE_TO_DEPTH),
+                                    lambda o: [replace(o, planar_input_channels=None)]), STAGED_INPUT, BLOCK_SWAPS),
+    "u85": (PRELU_SELECT, STAGED_INPUT, PHASES, SMALL_PLANE_ROWS, STEM_SPACE_TO_DEPTH, D2S_SWAPS),
     "u85wide": (PRELU_SELECT, STAGED_INPUT, PHASES, SMALL_PLANE_ROWS, STEM_SPACE_TO_DEPTH),
 }
 

@@ -7,6 +7,8 @@ parameters are tensors, not attributes).
 
 from __future__ import annotations
 
+import heapq
+
 import numpy as np
 import tosa_serializer as ts
 
@@ -139,9 +141,87 @@ def transpose(ctx: LoweringContext, x: TTensor, perm: tuple[int, ...], new_layou
               output_of: str | None = None) -> TTensor:
     """Physically TRANSPOSE x by `perm`; the result's layout is `new_layout`."""
     shape = tuple(x.shape[p] for p in perm)
+    if ctx.options.transpose_block_swaps and output_of is None:
+        rshape, rperm = reduced_transpose(x.shape, perm)
+        steps = block_swaps(rshape, rperm)
+        if steps is not None and len(steps) > 1:
+            return _by_block_swaps(ctx, x, rshape, steps, shape, new_layout)
     out = ctx.new_tensor(shape, x.dtype, new_layout, x.q, output_of=output_of)
     ctx.op(Op.TRANSPOSE, [x.name], [out.name], attr("Transpose", list(perm)))
     return out
+
+
+def reduced_transpose(shape: tuple[int, ...], perm: tuple[int, ...]) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """The same element move on the fewest axes: unit axes dropped, input axes that stay neighbours merged."""
+    runs: list[list[int]] = []
+    for a in (a for a in perm if shape[a] != 1):
+        if runs and a == _next_kept(shape, runs[-1][-1]):
+            runs[-1].append(a)
+        else:
+            runs.append([a])
+    order = sorted(range(len(runs)), key=lambda r: runs[r][0])  # the runs in input order
+    rank = {r: i for i, r in enumerate(order)}
+    return tuple(int(np.prod([shape[a] for a in runs[r]])) for r in order), tuple(rank[r] for r in range(len(runs)))
+
+
+def _next_kept(shape: tuple[int, ...], a: int) -> int:
+    """The next non-unit input axis after a (len(shape) if none)."""
+    return next((b for b in range(a + 1, len(shape)) if shape[b] != 1), len(shape))
+
+
+BATCHED_SWAP_COST = 6.0  # a swap with outer axes (A > 1): Vela 5.2 runs it as several TRANSPOSEs (~5x a plain one)
+# a swap of a block shorter than 4 with another: U85-256 runs [1, 2, 256, 16] -> [1, 256, 2, 16] in 51200 cycles,
+# [1, 8, 64, 16] -> [1, 64, 8, 16] in 4524 (U55-128: 2048 both); a tie-breaker between chains of equal length
+SHORT_SIDE_COST = 0.5
+
+
+def _swap_cost(outer: int, x: int, y: int) -> float:
+    """The relative cost of one block swap [outer, x, y, C] -> [outer, y, x, C] (block_swaps)."""
+    return (BATCHED_SWAP_COST if outer > 1 else 1.0) + (SHORT_SIDE_COST if min(x, y) < 4 else 0.0)
+
+
+def block_swaps(shape: tuple[int, ...], perm: tuple[int, ...]) -> list[tuple[int, int, int]] | None:
+    """The cheapest sequence of block swaps (positions i < j < k: axes [i, j) and [j, k) trade places) that
+    performs `perm` on `shape`: each is one TRANSPOSE of an [A, X, Y, C] view by (0, 2, 1, 3), which Vela 5.2
+    runs as one H/W swap when A is 1, where it splits a high-rank TRANSPOSE into a long chain of its own (a
+    MobileViT unfold: 15 TRANSPOSEs on U55 for the permutation these do in two). None above rank 6 and when the
+    innermost axis moves: a swap with C = 1 is Vela's slowest form (a byte at a time) whatever the chain."""
+    r = len(shape)
+    if r > 6 or not perm or perm[-1] != r - 1:
+        return None
+    start, goal = tuple(range(r)), tuple(perm)
+    best: dict[tuple[int, ...], tuple[float, list[tuple[int, int, int]]]] = {start: (0.0, [])}
+    frontier = [(0.0, start)]
+    while frontier:
+        cost, cur = heapq.heappop(frontier)
+        if cur == goal:
+            return best[cur][1]
+        if cost > best[cur][0]:
+            continue
+        for i in range(r):
+            for j in range(i + 1, r):
+                for k in range(j + 1, r):
+                    nxt = cur[:i] + cur[j:k] + cur[i:j] + cur[k:]
+                    size = [int(np.prod([shape[a] for a in cur[p:q]])) for p, q in ((0, i), (i, j), (j, k))]
+                    total = cost + _swap_cost(*size)
+                    if nxt not in best or total < best[nxt][0]:
+                        best[nxt] = (total, best[cur][1] + [(i, j, k)])
+                        heapq.heappush(frontier, (total, nxt))
+    return None
+
+
+def _by_block_swaps(ctx: LoweringContext, x: TTensor, rshape: tuple[int, ...], steps: list[tuple[int, int, int]],
+                    shape: tuple[int, ...], new_layout: tuple[int, ...]) -> TTensor:
+    """x (reduced shape `rshape`) moved by `steps` of block swaps (block_swaps), RESHAPEd to `shape` at the end."""
+    dims, cur = list(rshape), x
+    for i, j, k in steps:
+        a, b = int(np.prod(dims[:i])), int(np.prod(dims[i:j]))
+        c, d = int(np.prod(dims[j:k])), int(np.prod(dims[k:]))
+        view = reshape(ctx, cur, (a, b, c, d), identity(4))
+        cur = ctx.new_tensor((a, c, b, d), x.dtype, identity(4), x.q)
+        ctx.op(Op.TRANSPOSE, [view.name], [cur.name], attr("Transpose", [0, 2, 1, 3]))
+        dims = dims[:i] + dims[j:k] + dims[i:j] + dims[k:]
+    return reshape(ctx, cur, shape, new_layout)
 
 
 def to_layout(ctx: LoweringContext, x: TTensor, layout: tuple[int, ...]) -> TTensor:

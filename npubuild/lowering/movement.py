@@ -24,6 +24,43 @@ def canonical(rank: int) -> tuple[int, ...]:
     return (0, *range(2, rank), 1) if rank >= 5 else identity(rank)
 
 
+# readers that take their operand row-major (identity layout: MatMul/Gemm rows, LayerNormalization's last axes) and
+# readers that take it channels-last (NHWC); a reshape that must move data anyway lands where its readers want it
+ROW_MAJOR_READERS = frozenset({"MatMul", "Gemm", "LayerNormalization"})
+CHANNELS_LAST_READERS = frozenset({"Conv", "ConvTranspose", "ConvInteger", "QLinearConv", "MaxPool", "AveragePool",
+                                   "GlobalAveragePool", "GlobalMaxPool", "LpPool", "Resize", "Upsample",
+                                   "BatchNormalization", "InstanceNormalization", "DepthToSpace", "SpaceToDepth",
+                                   "LRN"})
+
+
+def reader_ops(ctx: LoweringContext, name: str) -> set[str]:
+    """The op types reading `name`, looking through QuantizeLinear/DequantizeLinear pairs."""
+    ops, frontier, seen = set(), [name], set()
+    while frontier:
+        v = frontier.pop()
+        if v in seen:
+            continue
+        seen.add(v)
+        for c in ctx.consumers.get(v, []):
+            if c.op_type in ("QuantizeLinear", "DequantizeLinear") and c.input[0] == v:
+                frontier.append(c.output[0])
+            else:
+                ops.add(c.op_type)
+    return ops
+
+
+def preferred_layout(ctx: LoweringContext, rank: int, name: str | None) -> tuple[int, ...]:
+    """The layout a reshape result `name` should be moved into: row-major if only row-major readers need an order
+    (a MobileViT unfold read by LayerNormalization and linear layers, which would otherwise transpose it back from
+    NHWC), else the canonical one."""
+    if rank < 4 or name is None:
+        return canonical(rank)
+    readers = reader_ops(ctx, name)
+    if readers & ROW_MAJOR_READERS and not readers & CHANNELS_LAST_READERS:
+        return identity(rank)
+    return canonical(rank)
+
+
 def phys_axis(x: TTensor, axis: int) -> int:
     """Physical position of logical axis `axis` (already normalised to be >= 0)."""
     return x.perm.index(axis)
@@ -114,16 +151,17 @@ def _with_unit_axes(order: list[int], shape: tuple[int, ...]) -> tuple[int, ...]
     return tuple(next(it) if shape[c] != 1 else c for c in canonical(len(shape)))
 
 
-def reshape_to(ctx: LoweringContext, x: TTensor, new_shape: tuple[int, ...], output_of: str | None = None) -> TTensor:
+def reshape_to(ctx: LoweringContext, x: TTensor, new_shape: tuple[int, ...], output_of: str | None = None,
+               target: tuple[int, ...] | None = None) -> TTensor:
     """Reshape by the logical (ONNX) shape; a TRANSPOSE only if the layout makes the order differ.
 
     When one is needed, x is transposed straight into the order whose reshape is
-    the result in its canonical layout (NHWC for rank 4), so the consumer needs no second move.
+    the result in `target` (default: its canonical layout, NHWC for rank 4), so the consumer needs no second move.
     """
     new_shape = tuple(int(s) for s in new_shape)
     layout = reshape_layout(x.logical_shape, x.perm, new_shape)
     if layout is None:
-        want = pullback_layout(x.logical_shape, new_shape, canonical(len(new_shape)))
+        want = pullback_layout(x.logical_shape, new_shape, target or canonical(len(new_shape)))
         x = to_layout(ctx, x, want if want is not None else identity(len(x.shape)))
         layout = reshape_layout(x.logical_shape, x.perm, new_shape)
         assert layout is not None

@@ -195,6 +195,11 @@ class LoweringOptions:
     # Vela 5.2 orders a residual block's branches by the ADD's operands; on U55 a big conv right after the
     # weightless ADD has its weights fetched from flash during the ADD: measured per model (ethosu/measured.py)
     add_operands_swapped: bool = False
+    # a TRANSPOSE that is no single swap of two axis blocks as a chain of block swaps, each one TRANSPOSE of an
+    # [A, X, Y, C] view by (0, 2, 1, 3) (emit.block_swaps: the same bytes moved): Vela 5.2 splits a high-rank
+    # TRANSPOSE into a longer chain of its own (a MobileViT unfold: 15 TRANSPOSEs for 2 swaps). U55 and U85 take it;
+    # U65 runs a swap of 2-byte rows slowly (selfie segmentation's depth-to-space): measured per model there
+    transpose_block_swaps: bool = False
     # fold INT bias Adds behind a Q/DQ pair into the conv bias too (epilogue: exact per op to 1 LSB but drifts
     # from the QDQ reference, transformer TOSA SNR 32.8 -> 27.6 dB; off everywhere)
     int_bias_add: bool = False
@@ -293,7 +298,7 @@ FAMILY_OPTIONS: dict[LoweringFamily, LoweringOptions] = {
                            dilation_phase_min=4,
                            plane_rows=PlaneRowsLimits(min_side=8, min_plane=64, min_elements=3072, max_channels=256),
                            space_to_depth_channels=1, space_to_depth_conv=True, transpose_conv_phases=True,
-                           clamp_sliced_rescale=True, scalar_first=True),
+                           clamp_sliced_rescale=True, scalar_first=True, transpose_block_swaps=True),
     # U65: U55's op set on a wider MAC array and bus: narrower depthwise and sum ranges, the upsample whole, narrow
     # inputs planar
     "u65": LoweringOptions(**EVERY_FAMILY, **NORM_U55_U65, concat_order=True, dw_requantize=True,
@@ -308,11 +313,12 @@ FAMILY_OPTIONS: dict[LoweringFamily, LoweringOptions] = {
     "u85": LoweringOptions(**EVERY_FAMILY, norm_affine_one_row=True, concat_order=True,
                            concat_copy=ConcatCopy.MAXIMUM, conv_stride_taps=True, softmax_wide=True,
                            dilation_taps=True, dilation_phase_min=4, plane_rows=PlaneRowsLimits(4, 49, 16384, 256),
-                           staged_input_min_row=128, depth_to_space_rows=True, prelu_elementwise=True),
+                           staged_input_min_row=128, depth_to_space_rows=True, prelu_elementwise=True,
+                           transpose_block_swaps=True),
     # U85-1024/2048: Vela's own Concat copy in the portable order (the reader conv is faster there); the rest as U85
     "u85wide": LoweringOptions(**EVERY_FAMILY, conv_stride_taps=True, softmax_wide=True, dilation_taps=True,
                                dilation_phase_min=2, plane_rows=PlaneRowsLimits(4, 100, 3072, 256),
-                               staged_input_min_row=128, prelu_elementwise=True),
+                               staged_input_min_row=128, prelu_elementwise=True, transpose_block_swaps=True),
 }
 
 FIELDS = frozenset(LoweringOptions.__dataclass_fields__)

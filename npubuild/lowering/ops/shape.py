@@ -24,6 +24,7 @@ from npubuild.lowering.movement import (
     finish,
     norm_axis,
     phys_reshape,
+    preferred_layout,
     relabel,
     reshape_layout,
     reshape_to,
@@ -38,7 +39,8 @@ def reshape_logical(ctx: LoweringContext, x: TTensor, new_shape: tuple[int, ...]
         if t is not None:
             finish(ctx, t)
             return
-    finish(ctx, reshape_to(ctx, x, new_shape, output_of=direct(ctx, x.q)))
+    target = preferred_layout(ctx, len(new_shape), ctx.current.output[0])
+    finish(ctx, reshape_to(ctx, x, new_shape, output_of=direct(ctx, x.q), target=target))
 
 
 def flatten_into_fc(ctx: LoweringContext, x: TTensor, new_shape: tuple[int, ...]) -> TTensor | None:
