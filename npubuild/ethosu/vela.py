@@ -168,8 +168,12 @@ def _fork_all(cmds: list[list[str]], logs: list[tuple[IO[str], IO[str]]], deadli
     pids = []
     for cmd, (out, err) in zip(cmds, logs, strict=True):
         pid = os.fork()
-        if pid == 0:  # the child: never returns into the stage's code
-            os._exit(_vela_child(cmd[3:], out.fileno(), err.fileno()))
+        if pid == 0:  # the child: never returns into the stage's code, whatever _vela_child raises (a flush of
+            code = 1  # its logs onto a full disk did: the child then ran on as a second copy of the stage)
+            try:
+                code = _vela_child(cmd[3:], out.fileno(), err.fileno())
+            finally:
+                os._exit(code)
         pids.append(pid)
     return _wait_all(pids, deadline)
 

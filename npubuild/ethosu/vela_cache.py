@@ -132,7 +132,7 @@ class VelaCache:
         work = str(action.work).encode()
         try:
             files = self.store.read(action.key, set(STREAMS), self.max_bytes)
-            if files is None or any(rel not in STREAMS and not rel.startswith("out/") for rel in files):
+            if files is None or not _complete(files):
                 self.misses += 1
                 return None
             for rel, data in files.items():
@@ -156,7 +156,7 @@ class VelaCache:
             return
         try:
             files = self._collect(action, proc)
-            if files is not None:
+            if files is not None and _complete(files):
                 self.store.put_files(action.key, files, {})
                 self.prune()
         except OSError:
@@ -193,6 +193,14 @@ class VelaCache:
                 return None
             marked[rel] = data
         return marked
+
+
+def _complete(files: dict[str, bytes]) -> bool:
+    """Whether an entry's files are a compile to replay: the two streams and Vela's output files, nothing else. A
+    compile that wrote no output file is none (a Vela child that lost its outputs to a full disk exited 0 once,
+    and its empty entry then failed every later build of that graph)."""
+    outputs = [rel for rel in files if rel not in STREAMS]
+    return bool(outputs) and all(rel.startswith("out/") for rel in outputs)
 
 
 def for_stage_dir(stage_dir: Path) -> VelaCache | None:

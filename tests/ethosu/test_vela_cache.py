@@ -123,6 +123,28 @@ def test_a_damaged_entry_is_compiled_again_and_replaced_never_used(tmp_path: Pat
     assert (cache.hits, cache.misses) == (1, 4)
 
 
+def test_an_entry_without_output_files_is_a_miss_and_none_is_kept(tmp_path: Path, conv_tosa: bytes):
+    """A compile that wrote no output file is nothing to replay: such an entry (a Vela child that lost its
+    outputs to a full disk once exited 0, and its entry then failed every later build of the graph with an
+    internal error) is a miss and is replaced, and such a compile is not kept."""
+    src, build, cache = _setup(tmp_path, conv_tosa)
+    first = _compile(src, build, "a-00000000", cache)
+    work = tmp_path / "w"
+    work.mkdir()
+    shutil.copyfile(src, work / "model.tosa")
+    profile = _profile()
+    cmd = stage_command(work / "model.tosa", build / "stages" / "vela" / "a-00000000" / "system.ini", work / "out",
+                        profile, profile.vela)
+    action = Action.of(cmd)
+    assert action is not None and action.key == _entry(cache).name  # the key of the compile above
+    cache.store.put_files(action.key, {"stdout": b"", "stderr": b""}, {})  # the empty entry, as it was written
+    cache.put(action, subprocess.CompletedProcess(cmd, 0, "", ""))  # such a compile (no out dir at all)
+    assert cache.store.read(action.key, {"stdout", "stderr"}, cache.max_bytes) == {"stdout": b"", "stderr": b""}
+    assert cache.get(action) is None and (cache.hits, cache.misses) == (0, 2)  # not replayed
+    assert _compile(src, build, "b-00000001", cache) == first  # compiled again, and kept
+    assert cache.get(action) is not None and (cache.hits, cache.misses) == (1, 3)
+
+
 def test_an_entry_of_the_layout_before_the_store_is_replaced_not_left(tmp_path: Path, conv_tosa: bytes):
     """The entries before npubuild/store.py (files under f/, a manifest without a writer) have the same keys: the
     first lookup of one discards it, and the compile's entry takes its place."""

@@ -5,6 +5,7 @@ command line Vela refuses fails the stage with Vela's own last line."""
 from __future__ import annotations
 
 import subprocess
+import sys
 import tempfile
 import threading
 from pathlib import Path
@@ -90,3 +91,21 @@ def test_vela_logs_stay_in_the_build_dir_whatever_the_system_temp_dir(tmp_path: 
     (proc,) = _run_vela_all([vela_command(src, ini, tmp_path / "out", profile, profile.vela)], profile.accelerator,
                             tmp_path)
     assert proc.returncode == 0 and "NPU operators" in proc.stdout
+
+
+def test_a_vela_child_that_raises_exits_failed_and_never_runs_on(tmp_path: Path):
+    """What a forked child raises (its logs flushed onto a full disk did) is its exit 1: it never returns into
+    the stage's code as a second copy of the stage, which then took the missing outputs for a compile."""
+    script = (
+        "import errno, os, sys, tempfile, time\n"
+        "from npubuild.ethosu import vela\n"
+        "def no_space(argv, out_fd, err_fd):\n"
+        "    raise OSError(errno.ENOSPC, 'No space left on device')\n"
+        "vela._vela_child = no_space\n"
+        "logs = [(tempfile.TemporaryFile('w+'), tempfile.TemporaryFile('w+'))]\n"
+        "try:\n"
+        "    print('exit codes', vela._fork_all([['python', '-m', 'ethosu.vela']], logs, time.monotonic() + 60))\n"
+        "except OSError:\n"
+        "    print('a child ran on')\n")
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert proc.stdout.splitlines() == ["exit codes [1]"], proc.stdout + proc.stderr
