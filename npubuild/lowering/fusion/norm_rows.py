@@ -118,9 +118,10 @@ GAIN_BITS = 15  # the mantissa of normalized_int32's gain, as a per-row multipli
 
 def normalized_int32(ctx: LoweringContext, x: TTensor, count: int, eps: float, frac: int,
                      gain: float | None = None) -> tuple[TTensor, int]:
-    """(d, e): normalized_int16's value before its last rounding, (x - mean) / sqrt(var + eps) = d 2**-(frac + e)
-    in int32. With `gain`, value * gain = d 2**-e instead: d is the value's d times gain 2**-(frac + e) 2**e, its mantissa (GAIN_BITS) multiplied into the per-row root, so only a power-of-two
-    RESCALE follows the full-size SUB (Vela fuses that into it, a general one is a pass of its own)."""
+    """(d, e): normalized_int16's value before its last rounding, (x - mean) / sqrt(var + eps) = d 2**-(frac + e),
+    d in int32. With `gain`, (x - mean) / sqrt(var + eps) * gain = d 2**-e instead: the gain's GAIN_BITS mantissa
+    is multiplied into the per-row root and its exponent goes into e, so only a power-of-two RESCALE follows the
+    full-size SUB (Vela fuses that one into it; a general RESCALE is a pass of its own)."""
     assert x.q is not None and x.dtype == np.int8
     axis = len(x.shape) - 1
     s_rows = emit_reduce(ctx, Op.REDUCE_SUM, _as_i32(ctx, x), [axis])
