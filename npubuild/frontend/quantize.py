@@ -31,6 +31,7 @@ from npubuild.frontend.data import calibration_arrays, graph_inputs
 from npubuild.frontend.ort_quantiser import QuantiserCache, linear_quantiser
 from npubuild.frontend.passes import HOST_REASON
 from npubuild.frontend.ptq.choose import Choice, choose
+from npubuild.frontend.qdq_add_ratio import snap_add_ratios
 from npubuild.frontend.qdq_concat import share_concat_scales
 from npubuild.frontend.qdq_feedback import check_feedback, tie_feedback
 from npubuild.frontend.qdq_linear import fold_linear_bias
@@ -402,6 +403,7 @@ def candidate_builder(float_model: Path, model: onnx.ModelProto, arrays: dict[st
                 qdq = quantize(path, arrays, settings, cache)
         share_concat_scales(qdq, settings["symmetric_activations"])  # TFLite-style concat scales
         tie_feedback(qdq, feedback or {})
+        snap_add_ratios(qdq)  # residual Adds' operands in small-integer ratios (frontend/qdq_add_ratio.py)
         return qdq
 
     return build

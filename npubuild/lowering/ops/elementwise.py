@@ -22,7 +22,9 @@ n - 1 ADDs, one RESCALE to the output (Mean's 1/n folded into it), so the result
 from __future__ import annotations
 
 import numpy as np
+import tosa_serializer as ts
 
+from npubuild.frontend.qdq_add_ratio import STEPS, weights
 from npubuild.lowering import fp
 from npubuild.lowering.broadcast import (
     CONST_BITS,
@@ -32,7 +34,7 @@ from npubuild.lowering.broadcast import (
     operand_rank,
 )
 from npubuild.lowering.context import LoweringContext, QConst, RowImage, TTensor
-from npubuild.lowering.emit import Op, as_int16, attr, clamp, requantize, rescale
+from npubuild.lowering.emit import Op, as_int16, attr, clamp, requantize, rescale, reshape
 from npubuild.lowering.fusion.patterns import fusable
 from npubuild.lowering.quant import QParams
 from npubuild.lowering.registry import lowers, quantize_also
@@ -104,16 +106,73 @@ def _add_sub(ctx: LoweringContext, op, kind: str) -> None:
     out_q = ctx.require_output_q()
     _quantized(ctx, a, b)
     a, b = same_width(ctx, a, b)
+    swapped = kind == "Add" and ctx.options.add_operands_swapped  # a + b == b + a in int32: only the order moves
+    steps = _steps(a, b)
+    if steps is not None and _depthwise_pays(ctx, a, b):
+        y = _depthwise_sum(ctx, a, b, steps, kind, swapped, out_q, out_of)
+        ctx.set_output(0, RowImage(y) if rows is not None else y)
+        return
     twice_max = 2.0 * max(a.q.s, b.q.s)
     bits = headroom(a, b)
-    a32 = rescale(ctx, a, a.q.s / twice_max * (1 << bits), np.int32, a.q.zp, 0, None)
-    b32 = rescale(ctx, b, b.q.s / twice_max * (1 << bits), np.int32, b.q.zp, 0, None)
+    if steps is not None:  # the exact integers of that ratio, not its float32 scales' near miss
+        scale_a, scale_b = (float(w << (bits - STEPS.bit_length())) for w in steps)  # 64 -> 2**(bits - 1)
+    else:
+        scale_a, scale_b = a.q.s / twice_max * (1 << bits), b.q.s / twice_max * (1 << bits)
+    a32 = rescale(ctx, a, scale_a, np.int32, a.q.zp, 0, None)
+    b32 = rescale(ctx, b, scale_b, np.int32, b.q.zp, 0, None)
     acc = ctx.new_tensor(_out_shape(a, b), np.int32, a.perm)
-    swapped = kind == "Add" and ctx.options.add_operands_swapped  # a + b == b + a in int32: only the order moves
     ctx.op(op, [b32.name, a32.name] if swapped else [a32.name, b32.name], [acc.name], attr(kind))
     out_scale = twice_max / ((1 << bits) * out_q.s)
     y = rescale(ctx, acc, out_scale, out_q.dtype, 0, out_q.zp, out_q, output_of=out_of)
     ctx.set_output(0, RowImage(y) if rows is not None else y)
+
+
+def _steps(a: TTensor, b: TTensor) -> tuple[int, int] | None:
+    """(w_a, w_b) = (64, p) or (p, 64): int8 operands whose smaller scale is p / 64 of the larger
+    (frontend/qdq_add_ratio.py makes that so for a residual Add), or None."""
+    if a.dtype != np.int8 or b.dtype != np.int8 or not (a.q.is_per_tensor and b.q.is_per_tensor):
+        return None
+    return weights(a.q.s, b.q.s)
+
+
+def _depthwise_pays(ctx: LoweringContext, a: TTensor, b: TTensor) -> bool:
+    """Whether the family runs this sum as one depthwise conv (LoweringOptions.add_as_depthwise): two batch-1
+    rank-4 int8 operands of one shape and layout, no broadcast, each read by this node alone. An operand read
+    elsewhere too (an identity shortcut) Vela 5.2 copies into the CONCAT (ResNet-8's first stage: a 16640-cycle
+    copy and the 8896-cycle conv against the ADD's 24576; the TCN's four blocks 30712 -> 35560)."""
+    return (ctx.options.add_as_depthwise and len(a.shape) == 4 and a.shape == b.shape and a.perm == b.perm
+            and a.shape[0] == 1 and all(only_reader(ctx, i) for i in (0, 1)))
+
+
+def only_reader(ctx: LoweringContext, i: int) -> bool:
+    """Whether the current node is the one reader of input i's value (through its Q/DQ copies) and that value
+    is no graph output."""
+    source = ctx.index.source(ctx.current.input[i])
+    return [n.name for n in ctx.index.uses(source, [])] == [ctx.current.name] and not ctx.index.reaches_output(source)
+
+
+def _depthwise_sum(ctx: LoweringContext, a: TTensor, b: TTensor, steps: tuple[int, int], kind: str,
+                   swapped: bool, out_q: QParams, out_of: str | None) -> TTensor:
+    """w_a (a - z_a) +- w_b (b - z_b), then the one RESCALE: the ADD's integers above (its sum is 2**13 times
+    this one, its final scale 2**-13 times this one's: the same multiplier, the shift 13 less), as a
+    CONCAT of the operands along channels, its free [1, H, 2W, C] view (each pixel's two values side by side)
+    and a 1x2 stride-(1, 2) DEPTHWISE_CONV2D of weights (w_a, +-w_b). The conv reads every value at a's zero
+    point; b's own zero point comes back through the bias. Vela 5.2 on U55-128: 16384 elements 24576 -> 8896
+    cycles (bench/u55_add_dw.md)."""
+    n, h, w, c = a.shape
+    wa, wb = steps[0], steps[1] if kind == "Add" else -steps[1]
+    first, second, w_first, w_second = (b, a, wb, wa) if swapped else (a, b, wa, wb)
+    pair = ctx.new_tensor((n, h, w, 2 * c), np.int8, a.perm)
+    ctx.op(Op.CONCAT, [first.name, second.name], [pair.name], attr("Concat", 3))
+    side_by_side = reshape(ctx, pair, (n, h, 2 * w, c), a.perm)
+    kernel = np.stack([np.full(c, w_first), np.full(c, w_second)]).reshape(1, 2, c, 1).astype(np.int8)
+    bias = np.full(c, wb * (a.q.zp - b.q.zp), np.int32)
+    acc = ctx.new_tensor((n, h, w, c), np.int32, a.perm)
+    ins = [side_by_side.name, ctx.const(kernel, "weights"), ctx.const(bias, "bias"), ctx.zp(a.q.zp, np.int8),
+           ctx.zp(0, np.int8)]
+    ctx.op(Op.DEPTHWISE_CONV2D, ins, [acc.name],
+           attr("DepthwiseConv2d", [0, 0, 0, 0], [1, 2], [1, 1], False, ts.DType.INT32))
+    return rescale(ctx, acc, max(a.q.s, b.q.s) / (STEPS * out_q.s), out_q.dtype, 0, out_q.zp, out_q, output_of=out_of)
 
 
 @lowers("Add")

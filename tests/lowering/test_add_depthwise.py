@@ -1,0 +1,127 @@
+"""A residual Add / Sub of two conv branches as one 1x2 depthwise conv (ops/elementwise._depthwise_sum).
+
+The quantize stage puts the operands' scales in a ratio p / 64 (frontend/qdq_add_ratio.py); the ADD then
+widens both by integers and U55's depthwise form must give its integers for any zero points (TOSA reference
+model, npu-sim on Vela's command stream), cost fewer U55 cycles, and stay out of the sums it does not pay on.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from npbtest.lowering import assert_same_reference, model_of, ops
+from npbtest.npusim import assert_bitexact, vela_raw
+from npbtest.ops import calib, check_qdq, io_dict, quantize_model, vela_run
+from onnx import helper, numpy_helper
+
+from npubuild.frontend.qdq_add_ratio import MAX_COARSEN, STEPS, coarsened, snap_add_ratios, weights
+from npubuild.lowering.driver import lower_model
+from npubuild.lowering.options import FAMILY_OPTIONS
+
+
+def _branches(kind: str = "Add", shortcut: str = "conv", c: int = 16, hw: int = 16) -> onnx.ModelProto:
+    """x -> conv -> relu -> conv (a) and x -> 1x1 conv (b, or x itself for an identity shortcut); a kind b;
+    relu; a last conv reads the sum."""
+    rng = np.random.default_rng(4)
+
+    def w(o, i, k):
+        return (rng.standard_normal((o, i, k, k)) * 0.4).astype(np.float32)
+
+    nodes = [helper.make_node("Conv", ["x", "w0"], ["h"], pads=[1, 1, 1, 1]),
+             helper.make_node("Relu", ["h"], ["hr"]),
+             helper.make_node("Conv", ["hr", "w1"], ["a"], pads=[1, 1, 1, 1])]
+    inits = {"w0": w(c, c, 3), "w1": w(c, c, 3) * 0.5, "w3": w(c, c, 1)}
+    if shortcut == "conv":
+        nodes.append(helper.make_node("Conv", ["x", "w2"], ["b"]))
+        inits["w2"] = w(c, c, 1) * 2.0
+    nodes += [helper.make_node(kind, ["a", "b" if shortcut == "conv" else "x"], ["s"]),
+              helper.make_node("Relu", ["s"], ["r"]), helper.make_node("Conv", ["r", "w3"], ["y"])]
+    return model_of(nodes, {"x": [1, c, hw, hw]}, {"y": [1, c, hw, hw]}, inits)
+
+
+def _operand_scales(qdq: onnx.ModelProto, kind: str) -> tuple[float, float]:
+    inits = {t.name: numpy_helper.to_array(t) for t in qdq.graph.initializer}
+    dq = {n.output[0]: n for n in qdq.graph.node if n.op_type == "DequantizeLinear"}
+    (node,) = [n for n in qdq.graph.node if n.op_type == kind]
+    sa, sb = (float(inits[dq[i].input[1]]) for i in node.input)
+    return sa, sb
+
+
+def test_ratio_helpers():
+    assert weights(0.5, 0.25) == (STEPS, STEPS // 2) and weights(0.25, 0.5) == (STEPS // 2, STEPS)
+    assert weights(0.3, 0.3) == (STEPS, STEPS)
+    assert weights(1.0, 0.3) is None  # 19.2 / 64
+    assert weights(1.0, 1.0 / 256) is None  # below 1 / 64 of the other
+    for s_move, s_fixed in [(0.3, 1.0), (0.97, 1.0), (1.5, 1.0), (0.02, 1.0)]:
+        new = coarsened(s_move, s_fixed)
+        assert new is not None and new >= s_move * (1 - 1e-12)
+        assert weights(new, s_fixed) is not None or weights(s_fixed, new) is not None
+    assert coarsened(0.3, 1.0) == pytest.approx(20 / 64) and coarsened(1.5, 1.0) == pytest.approx(64 / 42)
+
+
+@pytest.mark.parametrize("kind", ["Add", "Sub"])
+def test_quantize_stage_puts_the_operands_in_a_64ths_ratio_by_a_small_coarsening(kind):
+    model = _branches(kind)
+    plain = quantize_model(model, calib("x", [1, 16, 16, 16]))
+    before = _operand_scales(plain, kind)
+    qdq = quantize_model(model, calib("x", [1, 16, 16, 16]))
+    assert snap_add_ratios(qdq) == 1
+    after = _operand_scales(qdq, kind)
+    assert weights(*after) is not None and weights(*before) is None
+    moved = [b / a - 1 for a, b in zip(before, after, strict=True) if a != b]
+    assert len(moved) == 1 and 0 < moved[0] <= MAX_COARSEN
+
+
+def test_identity_shortcut_keeps_its_scales():
+    """x is read by the branch's first conv too: the depthwise form would cost Vela a copy of x into the CONCAT,
+    so the stage moves nothing and the ADD stays."""
+    model = _branches(shortcut="identity")
+    qdq = quantize_model(model, calib("x", [1, 16, 16, 16]))
+    assert snap_add_ratios(qdq) == 0
+    assert "DEPTHWISE_CONV2D" not in ops(lower_model(qdq, "int", family="u55"))
+
+
+@pytest.mark.parametrize("kind", ["Add", "Sub"])
+@pytest.mark.parametrize("swapped", [False, True])
+def test_depthwise_sum_gives_the_add_integers(kind, swapped):
+    model = _branches(kind)
+    qdq = quantize_model(model, calib("x", [1, 16, 16, 16]))
+    snap_add_ratios(qdq)
+    u55 = replace(FAMILY_OPTIONS["u55"], add_operands_swapped=swapped)
+    as_dw = lower_model(qdq, "int", options=u55)
+    as_add = lower_model(qdq, "int", options=replace(u55, add_as_depthwise=False))
+    assert "DEPTHWISE_CONV2D" in ops(as_dw) and kind.upper() not in ops(as_dw)
+    assert kind.upper() in ops(as_add)
+    assert_same_reference(as_add, as_dw)
+    # and within 1 LSB of onnxruntime's QDQ model (DQ -> float -> Q) on random inputs, as before the ratio
+    check_qdq(qdq, {"x": np.random.default_rng(7).uniform(-1, 1, (1, 16, 16, 16)).astype(np.float32)},
+              max_lsb=1.0, options=u55)
+
+
+def test_depthwise_sum_bitexact_on_npusim_and_faster_on_u55():
+    qdq = _snapped(_branches())
+    as_dw = lower_model(qdq, "int", family="u55")
+    as_add = lower_model(qdq, "int", options=replace(FAMILY_OPTIONS["u55"], add_as_depthwise=False))
+    assert "DEPTHWISE_CONV2D" in ops(as_dw)
+    with tempfile.TemporaryDirectory() as tmp:
+        assert_bitexact(as_dw.tosa, io_dict(as_dw), vela_raw(as_dw.tosa, Path(tmp), "ethos-u55-128"))
+    with tempfile.TemporaryDirectory() as tmp:  # the ADD of integer widenings: Vela's elementwise add too
+        assert_bitexact(as_add.tosa, io_dict(as_add), vela_raw(as_add.tosa, Path(tmp), "ethos-u55-128"))
+    assert vela_run(as_dw.tosa, "ethos-u55-128").cycles < vela_run(as_add.tosa, "ethos-u55-128").cycles
+
+
+def test_other_families_keep_the_add():
+    qdq = _snapped(_branches())
+    for family in ("u65", "u85"):
+        assert "ADD" in ops(lower_model(qdq, "int", family=family))
+
+
+def _snapped(model: onnx.ModelProto) -> onnx.ModelProto:
+    qdq = quantize_model(model, calib("x", [1, 16, 16, 16]))
+    assert snap_add_ratios(qdq) == 1
+    return qdq
