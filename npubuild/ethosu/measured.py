@@ -23,6 +23,7 @@ import onnx
 
 from npubuild.config.accelerator import FAMILIES
 from npubuild.frontend.graph_index import GraphIndex
+from npubuild.frontend.qdq_add_ratio import depthwise_sums
 from npubuild.lowering.driver import LoweredGraph
 from npubuild.lowering.options import ConcatCopy, DepthwiseLimits, LoweringOptions
 
@@ -225,6 +226,16 @@ ADD_ORDER = Choice("residual Add operands swapped", lambda m, o: not o.add_opera
                    lambda o: [replace(o, add_operands_swapped=True)])
 
 
+# U55 runs a residual sum of two conv branches (both operands read by the sum alone, their scales in a 64ths
+# ratio: frontend/qdq_add_ratio.py) as one 1x2 depthwise conv over their channel CONCAT in a third to a half of an
+# ADD's cycles (bench/u55_add_dw.md), but that CONCAT moves Vela's schedule and SRAM around it: ResNet-8 U55-128
+# 0.4033 -> 0.3949 ms, PP-OCRv4 det 8.784 -> 8.450 (SRAM 488 -> 751 KiB), MediaPipe face detection 5.003 -> 5.040,
+# palm detection 41.77 -> 41.84: measured per model, before the operand order (which then orders the CONCAT).
+ADD_DEPTHWISE = Choice("residual sums as depthwise convs",
+                       lambda m, o: not o.add_as_depthwise and depthwise_sums(m) > 0,
+                       lambda o: [replace(o, add_as_depthwise=True)])
+
+
 # U65 runs a high-rank TRANSPOSE as block swaps (emit.block_swaps) faster in the MobileViT block (1.512 -> 1.430 ms)
 # but MediaPipe selfie segmentation's depth-to-space [128, 128, 2, 2] -> [128, 2, 128, 2] slower (3.982 -> 4.044 ms:
 # its last swap moves 2-byte rows; U55-128 and U85-256 gain there too, 11.73 -> 11.50 and 3.151 -> 2.673 ms):
@@ -243,7 +254,7 @@ D2S_SWAPS = Choice("DepthToSpace as block-swapped TRANSPOSEs",
 
 
 CHOICES: dict[str, tuple[Choice | NodeChoice, ...]] = {
-    "u55": (NARROW_PLANE_ROWS, REPLICATE_COPIES, ADD_ORDER),
+    "u55": (NARROW_PLANE_ROWS, REPLICATE_COPIES, ADD_DEPTHWISE, ADD_ORDER),
     "u65": (MATMUL_PRODUCTS, SPACE_TO_DEPTH_CONV, Choice("narrow image input planar",
                                     lambda m, o: o.planar_input_channels is not None and narrow_image(m),
                                     lambda o: [replace(o, planar_input_channels=None)]), STAGED_INPUT, BLOCK_SWAPS),

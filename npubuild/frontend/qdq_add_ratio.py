@@ -63,97 +63,109 @@ def _shapes(model: onnx.ModelProto) -> dict[str, tuple[int, ...]]:
     return shapes
 
 
-def snap_add_ratios(model: onnx.ModelProto) -> int:
-    """Rewrite (in place) one operand scale of each int8 Add / Sub of two rank-4 activations of one shape, each
-    read by it alone (the sums the depthwise form can take), so that the smaller is p / 64 of the larger;
-    returns how many scales changed."""
-    inits = {t.name: t for t in model.graph.initializer}
-    nodes = list(model.graph.node)
-    q_nodes: dict[str, list[onnx.NodeProto]] = {}  # scale initializer -> the QuantizeLinears using it
-    dq_of: dict[str, onnx.NodeProto] = {}  # tensor -> the DequantizeLinear producing it
-    q_by_output: dict[str, onnx.NodeProto] = {}
-    concat_touched: set[str] = set()  # tensors a Concat reads or writes, through their Q / DQ
-    for n in nodes:
-        if n.op_type == "QuantizeLinear" and len(n.input) >= 2:
-            q_nodes.setdefault(n.input[1], []).append(n)
-            q_by_output[n.output[0]] = n
-        elif n.op_type == "DequantizeLinear":
-            dq_of[n.output[0]] = n
-    for n in nodes:
-        if n.op_type == "Concat":
-            concat_touched.update(n.input)
-            concat_touched.update(n.output)
-    quantized_by = {q.output[0]: q.input[0] for q in q_by_output.values()}
-    concat_scales = set()
-    for n in nodes:
-        if n.op_type == "QuantizeLinear" and (n.input[0] in concat_touched):
-            concat_scales.add(n.input[1])
-        if n.op_type == "DequantizeLinear" and n.output[0] in concat_touched:
-            concat_scales.add(n.input[1])
+class _QdqView:
+    """What the pass reads of a QDQ model: each activation's Q / DQ nodes, readers, producer and shape."""
 
-    def activation_scale(tensor: str) -> str | None:
+    def __init__(self, model: onnx.ModelProto) -> None:
+        self.inits = {t.name: t for t in model.graph.initializer}
+        self.nodes = list(model.graph.node)
+        self.q_nodes: dict[str, list[onnx.NodeProto]] = {}  # scale initializer -> the QuantizeLinears using it
+        self.dq_of: dict[str, onnx.NodeProto] = {}  # tensor -> the DequantizeLinear producing it
+        quantized_by: dict[str, str] = {}  # a Q's output -> the float tensor it quantises
+        for n in self.nodes:
+            if n.op_type == "QuantizeLinear" and len(n.input) >= 2:
+                self.q_nodes.setdefault(n.input[1], []).append(n)
+                quantized_by[n.output[0]] = n.input[0]
+            elif n.op_type == "DequantizeLinear":
+                self.dq_of[n.output[0]] = n
+        self.quantized_by = quantized_by
+        self.producer = {o: n for n in self.nodes for o in n.output}
+        self.outputs = {o.name for o in model.graph.output}
+        self.readers: dict[str, list[onnx.NodeProto]] = {}  # a float tensor -> its readers but its own Qs
+        concat_touched: set[str] = set()  # tensors a Concat reads or writes
+        for n in self.nodes:
+            if n.op_type == "Concat":
+                concat_touched.update((*n.input, *n.output))
+            for i in n.input:
+                dq = self.dq_of.get(i)
+                if dq is not None and dq.input[0] in quantized_by:
+                    self.readers.setdefault(quantized_by[dq.input[0]], []).append(n)
+                elif n.op_type != "QuantizeLinear":  # read in float, past its Q
+                    self.readers.setdefault(i, []).append(n)
+        self.concat_scales = {n.input[1] for n in self.nodes
+                              if (n.op_type == "QuantizeLinear" and n.input[0] in concat_touched)
+                              or (n.op_type == "DequantizeLinear" and n.output[0] in concat_touched)}
+        self.shapes = _shapes(model)
+
+    def scale_of(self, tensor: str) -> str | None:
         """The scale initializer of an int8 per-tensor activation read through a DequantizeLinear."""
-        dq = dq_of.get(tensor)
-        if dq is None or len(dq.input) < 3 or dq.input[0] not in quantized_by:
+        dq = self.dq_of.get(tensor)
+        if dq is None or len(dq.input) < 3 or dq.input[0] not in self.quantized_by:
             return None
-        s, z = inits.get(dq.input[1]), inits.get(dq.input[2])
+        s, z = self.inits.get(dq.input[1]), self.inits.get(dq.input[2])
         if s is None or z is None or z.data_type != onnx.TensorProto.INT8 or numpy_helper.to_array(s).size != 1:
             return None
         return dq.input[1]
 
-    outputs = {o.name for o in model.graph.output}
-    readers: dict[str, list[onnx.NodeProto]] = {}  # a quantised tensor -> the nodes reading it but its Qs' DQs
-    producer = {o: n for n in nodes for o in n.output}
-    for n in nodes:
-        for i in n.input:
-            dq = dq_of.get(i)
-            if dq is not None and dq.input[0] in quantized_by:
-                readers.setdefault(quantized_by[dq.input[0]], []).append(n)
-            elif n.op_type != "QuantizeLinear":  # read in float, past its Q
-                readers.setdefault(i, []).append(n)
+    def value(self, scale: str) -> float:
+        return float(numpy_helper.to_array(self.inits[scale]).reshape(-1)[0])
 
-    shapes = _shapes(model)
+    def sole_reader(self, tensor: str, node: onnx.NodeProto) -> bool:
+        """Whether `node` alone reads the value behind `tensor` (a DequantizeLinear output)."""
+        source = self.quantized_by.get(self.dq_of[tensor].input[0]) if tensor in self.dq_of else None
+        return source is not None and source not in self.outputs and \
+            all(r is node for r in self.readers.get(source, []))
 
-    def sole_reader(tensor: str, add: onnx.NodeProto) -> bool:
-        """Whether `add` alone reads the value behind `tensor` (a DequantizeLinear output)."""
-        source = quantized_by.get(dq_of[tensor].input[0]) if tensor in dq_of else None
-        return source is not None and source not in outputs and all(r is add for r in readers.get(source, []))
-
-    def movable(scale: str, add: onnx.NodeProto) -> bool:
-        """Whether `scale` is one tensor's alone (one QuantizeLinear, no Concat, not yet settled) and that tensor
-        is computed by an op that sets its own output grid (not one that moves values on its input's)."""
-        qs = q_nodes.get(scale, [])
-        if len(qs) != 1 or scale in concat_scales or scale in settled:
+    def movable(self, scale: str) -> bool:
+        """Whether `scale` is one tensor's alone (one QuantizeLinear, no Concat) and that tensor is computed by an
+        op that sets its own output grid (not one that moves values on its input's)."""
+        qs = self.q_nodes.get(scale, [])
+        if len(qs) != 1 or scale in self.concat_scales:
             return False
-        made_by = producer.get(qs[0].input[0])
+        made_by = self.producer.get(qs[0].input[0])
         return made_by is not None and made_by.op_type not in SCALE_PRESERVING | {"Pad", "Concat", "Split"}
 
-    def value(scale: str) -> float:
-        return float(numpy_helper.to_array(inits[scale]).reshape(-1)[0])
+    def sums(self) -> list[tuple[onnx.NodeProto, str, str]]:
+        """(node, scale of input 0, scale of input 1) of each int8 Add / Sub of two rank-4 activations of one
+        shape, each read by it alone: the sums the depthwise form can take."""
+        found = []
+        for n in self.nodes:
+            if n.op_type not in ("Add", "Sub") or len(n.input) != 2:
+                continue
+            ka, kb = self.scale_of(n.input[0]), self.scale_of(n.input[1])
+            shape = self.shapes.get(n.input[0])
+            if ka is None or kb is None or shape is None or len(shape) != 4:
+                continue
+            if all(self.sole_reader(t, n) and self.shapes.get(t) == shape for t in n.input):
+                found.append((n, ka, kb))
+        return found
 
+
+def snap_add_ratios(model: onnx.ModelProto) -> int:
+    """Rewrite (in place) one operand scale of each sum the depthwise form can take (_QdqView.sums) so that the
+    smaller is p / 64 of the larger; returns how many scales changed."""
+    view = _QdqView(model)
     settled: set[str] = set()
     changed = 0
-    for n in nodes:
-        if n.op_type not in ("Add", "Sub") or len(n.input) != 2:
-            continue
-        ka, kb = activation_scale(n.input[0]), activation_scale(n.input[1])
-        if ka is None or kb is None:
-            continue
-        if not all(sole_reader(t, n) and shapes.get(t) == shapes.get(n.input[0]) and len(shapes.get(t) or ()) == 4
-                   for t in n.input):
-            continue
-        sa, sb = value(ka), value(kb)
-        options = []
-        for move, fixed, s_move, s_fixed in ((kb, ka, sb, sa), (ka, kb, sa, sb)):
-            new = coarsened(s_move, s_fixed) if movable(move, n) and move != fixed else None
-            if new is not None:
-                options.append((new / s_move - 1.0, move, float(np.float32(new))))
-        if weights(sa, sb) is None and options:
-            grow, move, new = min(options)
-            if grow <= MAX_COARSEN:
-                old = numpy_helper.to_array(inits[move])
-                inits[move].CopyFrom(numpy_helper.from_array(np.full(old.shape, new, old.dtype), move))
+    for _, ka, kb in view.sums():
+        sa, sb = view.value(ka), view.value(kb)
+        if weights(sa, sb) is None:
+            options = []
+            for move, s_move, s_fixed in ((kb, sb, sa), (ka, sa, sb)):
+                new = coarsened(s_move, s_fixed) if move not in settled and view.movable(move) and ka != kb else None
+                if new is not None:
+                    options.append((new / s_move - 1.0, move, float(np.float32(new))))
+            if options and min(options)[0] <= MAX_COARSEN:
+                _, move, new = min(options)
+                old = numpy_helper.to_array(view.inits[move])
+                view.inits[move].CopyFrom(numpy_helper.from_array(np.full(old.shape, new, old.dtype), move))
                 changed += 1
-        if weights(value(ka), value(kb)) is not None:
+        if weights(view.value(ka), view.value(kb)) is not None:
             settled.update((ka, kb))
     return changed
+
+
+def depthwise_sums(model: onnx.ModelProto) -> int:
+    """How many sums of the QDQ model the depthwise form takes: those of _QdqView.sums in a 64ths ratio."""
+    view = _QdqView(model)
+    return sum(weights(view.value(ka), view.value(kb)) is not None for _, ka, kb in view.sums())

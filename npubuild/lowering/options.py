@@ -197,8 +197,9 @@ class LoweringOptions:
     add_operands_swapped: bool = False
     # a two-operand int8 Add / Sub whose scales are in a small-integer ratio (frontend/qdq_add_ratio.py) as a
     # CONCAT, a free view and one 1x2 DEPTHWISE_CONV2D (ops/elementwise._depthwise_sum: the same integers). Vela 5.2
-    # costs a U55 ADD at 1.5 cycles an element, the conv at about a third (U55-128 32x32x16: 24576 -> 8896); U65 loses
-    # on ResNet-8 (0.1017 -> 0.1060 ms) and U85 runs the ADD chained to its producer: U55 only (bench/u55_add_dw.md)
+    # costs a U55 ADD at 1.5 cycles an element, the conv at about a third (U55-128 32x32x16: 24576 -> 8896), but the
+    # CONCAT moves Vela's schedule around it: measured per model on U55 (ethosu/measured.ADD_DEPTHWISE). U65 loses on
+    # ResNet-8 (0.1017 -> 0.1060 ms); U85 runs the ADD chained to its producer (bench/u55_add_dw.md)
     add_as_depthwise: bool = False
     # a TRANSPOSE that is no single swap of two axis blocks as a chain of block swaps, each one TRANSPOSE of an
     # [A, X, Y, C] view by (0, 2, 1, 3) (emit.block_swaps: the same bytes moved): Vela 5.2 splits a high-rank
@@ -303,8 +304,7 @@ FAMILY_OPTIONS: dict[LoweringFamily, LoweringOptions] = {
                            dilation_phase_min=4,
                            plane_rows=PlaneRowsLimits(min_side=8, min_plane=64, min_elements=3072, max_channels=256),
                            space_to_depth_channels=1, space_to_depth_conv=True, transpose_conv_phases=True,
-                           clamp_sliced_rescale=True, scalar_first=True, transpose_block_swaps=True,
-                           add_as_depthwise=True),
+                           clamp_sliced_rescale=True, scalar_first=True, transpose_block_swaps=True),
     # U65: U55's op set on a wider MAC array and bus: narrower depthwise and sum ranges, the upsample whole, narrow
     # inputs planar
     "u65": LoweringOptions(**EVERY_FAMILY, **NORM_U55_U65, concat_order=True, dw_requantize=True,

@@ -19,7 +19,15 @@ from npbtest.npusim import assert_bitexact, vela_raw
 from npbtest.ops import calib, check_qdq, io_dict, quantize_model, vela_run
 from onnx import helper, numpy_helper
 
-from npubuild.frontend.qdq_add_ratio import MAX_COARSEN, STEPS, coarsened, snap_add_ratios, weights
+from npubuild.ethosu.measured import ADD_DEPTHWISE, choose
+from npubuild.frontend.qdq_add_ratio import (
+    MAX_COARSEN,
+    STEPS,
+    coarsened,
+    depthwise_sums,
+    snap_add_ratios,
+    weights,
+)
 from npubuild.lowering.driver import lower_model
 from npubuild.lowering.options import FAMILY_OPTIONS
 
@@ -83,7 +91,8 @@ def test_identity_shortcut_keeps_its_scales():
     model = _branches(shortcut="identity")
     qdq = quantize_model(model, calib("x", [1, 16, 16, 16]))
     assert snap_add_ratios(qdq) == 0
-    assert "DEPTHWISE_CONV2D" not in ops(lower_model(qdq, "int", family="u55"))
+    u55 = replace(FAMILY_OPTIONS["u55"], add_as_depthwise=True)
+    assert "DEPTHWISE_CONV2D" not in ops(lower_model(qdq, "int", options=u55))
 
 
 @pytest.mark.parametrize("kind", ["Add", "Sub"])
@@ -92,7 +101,7 @@ def test_depthwise_sum_gives_the_add_integers(kind, swapped):
     model = _branches(kind)
     qdq = quantize_model(model, calib("x", [1, 16, 16, 16]))
     snap_add_ratios(qdq)
-    u55 = replace(FAMILY_OPTIONS["u55"], add_operands_swapped=swapped)
+    u55 = replace(FAMILY_OPTIONS["u55"], add_operands_swapped=swapped, add_as_depthwise=True)
     as_dw = lower_model(qdq, "int", options=u55)
     as_add = lower_model(qdq, "int", options=replace(u55, add_as_depthwise=False))
     assert "DEPTHWISE_CONV2D" in ops(as_dw) and kind.upper() not in ops(as_dw)
@@ -105,8 +114,8 @@ def test_depthwise_sum_gives_the_add_integers(kind, swapped):
 
 def test_depthwise_sum_bitexact_on_npusim_and_faster_on_u55():
     qdq = _snapped(_branches())
-    as_dw = lower_model(qdq, "int", family="u55")
-    as_add = lower_model(qdq, "int", options=replace(FAMILY_OPTIONS["u55"], add_as_depthwise=False))
+    as_dw = lower_model(qdq, "int", options=replace(FAMILY_OPTIONS["u55"], add_as_depthwise=True))
+    as_add = lower_model(qdq, "int", family="u55")
     assert "DEPTHWISE_CONV2D" in ops(as_dw)
     with tempfile.TemporaryDirectory() as tmp:
         assert_bitexact(as_dw.tosa, io_dict(as_dw), vela_raw(as_dw.tosa, Path(tmp), "ethos-u55-128"))
@@ -115,10 +124,21 @@ def test_depthwise_sum_bitexact_on_npusim_and_faster_on_u55():
     assert vela_run(as_dw.tosa, "ethos-u55-128").cycles < vela_run(as_add.tosa, "ethos-u55-128").cycles
 
 
-def test_other_families_keep_the_add():
+def test_u55_measures_the_form_per_model_and_other_families_keep_the_add():
+    """U55 compiles both forms of a model with such sums and takes the faster by Vela's estimate; a model whose
+    sums cannot take it (an identity shortcut) compiles nothing more."""
     qdq = _snapped(_branches())
-    for family in ("u65", "u85"):
+    assert depthwise_sums(qdq) == 1
+    for family in ("u55", "u65", "u85"):
         assert "ADD" in ops(lower_model(qdq, "int", family=family))
+    options, record = choose(qdq, "u55", lambda o: lower_model(qdq, "int", options=o))
+    (entry,) = [r for r in record if r["choice"] == ADD_DEPTHWISE.name]
+    assert entry["taken"] == 1 and options.add_as_depthwise
+    assert entry["figures"][1]["ms"] < entry["figures"][0]["ms"]
+    plain = quantize_model(_branches(shortcut="identity"), calib("x", [1, 16, 16, 16]))
+    assert depthwise_sums(plain) == 0
+    assert not [r for r in choose(plain, "u55", lambda o: lower_model(plain, "int", options=o))[1]
+                if r["choice"] == ADD_DEPTHWISE.name]
 
 
 def _snapped(model: onnx.ModelProto) -> onnx.ModelProto:
