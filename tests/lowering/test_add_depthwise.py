@@ -145,3 +145,25 @@ def _snapped(model: onnx.ModelProto) -> onnx.ModelProto:
     qdq = quantize_model(model, calib("x", [1, 16, 16, 16]))
     assert snap_add_ratios(qdq) == 1
     return qdq
+
+
+def test_a_concat_member_or_value_moving_output_is_never_moved():
+    """The moved operand's grid is its own: an operand a Concat also reads keeps the scale the concat group
+    shares (share_concat_scales), and so does a MaxPool's output (onnxruntime names it on its input's grid)."""
+    rng = np.random.default_rng(2)
+    c = 8
+    nodes = [helper.make_node("Conv", ["x", "w0"], ["a"]), helper.make_node("Conv", ["x", "w1"], ["p"]),
+             helper.make_node("MaxPool", ["p"], ["b"], kernel_shape=[1, 1]),
+             helper.make_node("Add", ["a", "b"], ["s"]), helper.make_node("Conv", ["s", "w2"], ["y"])]
+    inits = {k: (rng.standard_normal((c, c, 1, 1)) * s).astype(np.float32)
+             for k, s in (("w0", 0.3), ("w1", 1.7), ("w2", 0.5))}
+    model = model_of(nodes, {"x": [1, c, 8, 8]}, {"y": [1, c, 8, 8]}, inits)
+    qdq = quantize_model(model, calib("x", [1, c, 8, 8]))
+    sa, sb = _operand_scales(qdq, "Add")
+    # the MaxPool's output b would take the ratio for the least coarsening (a is 12.1 / 64 of it: b +1.2%, a +7%)
+    assert coarsened(sb, sa) / sb - 1 < MAX_COARSEN < coarsened(sa, sb) / sa - 1
+    assert snap_add_ratios(qdq) == 0 and _operand_scales(qdq, "Add") == (sa, sb)
+    inits["w3"] = np.eye(c, dtype=np.float32).reshape(c, c, 1, 1)  # b by a conv of its own (b = p): b is moved
+    nodes[2] = helper.make_node("Conv", ["p", "w3"], ["b"])
+    qdq = quantize_model(model_of(nodes, {"x": [1, c, 8, 8]}, {"y": [1, c, 8, 8]}, inits), calib("x", [1, c, 8, 8]))
+    assert snap_add_ratios(qdq) == 1 and weights(*_operand_scales(qdq, "Add")) is not None
