@@ -31,7 +31,7 @@ from npubuild.frontend.data import calibration_arrays, graph_inputs
 from npubuild.frontend.ort_quantiser import QuantiserCache, linear_quantiser
 from npubuild.frontend.passes import HOST_REASON
 from npubuild.frontend.ptq.choose import Choice, choose
-from npubuild.frontend.qdq_add_ratio import snap_add_ratios
+from npubuild.frontend.qdq_add_ratio import snap_if_free
 from npubuild.frontend.qdq_concat import share_concat_scales
 from npubuild.frontend.qdq_feedback import check_feedback, tie_feedback
 from npubuild.frontend.qdq_linear import fold_linear_bias
@@ -384,7 +384,9 @@ def quantize_chosen(float_model: Path, model: onnx.ModelProto, arrays: dict[str,
     inputs on their outputs' grids (frontend/qdq_feedback.py), as it will run."""
     with tempfile.TemporaryDirectory(prefix="npubuild-calib-") as tmp_cache:
         cache = QuantiserCache(Path(tmp_cache))  # what one candidate's quantisation leaves for the next
-        return choose(model, arrays, q, candidate_builder(float_model, model, arrays, cache, feedback))
+        qdq, choice = choose(model, arrays, q, candidate_builder(float_model, model, arrays, cache, feedback))
+    choice.add_ratio = snap_if_free(qdq, model, arrays)  # residual sums' operands in 64ths (qdq_add_ratio.py)
+    return qdq, choice
 
 
 def candidate_builder(float_model: Path, model: onnx.ModelProto, arrays: dict[str, np.ndarray],
@@ -403,7 +405,6 @@ def candidate_builder(float_model: Path, model: onnx.ModelProto, arrays: dict[st
                 qdq = quantize(path, arrays, settings, cache)
         share_concat_scales(qdq, settings["symmetric_activations"])  # TFLite-style concat scales
         tie_feedback(qdq, feedback or {})
-        snap_add_ratios(qdq)  # residual Adds' operands in small-integer ratios (frontend/qdq_add_ratio.py)
         return qdq
 
     return build

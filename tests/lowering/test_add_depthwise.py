@@ -16,18 +16,22 @@ import onnx
 import pytest
 from npbtest.lowering import assert_same_reference, model_of, ops
 from npbtest.npusim import assert_bitexact, vela_raw
-from npbtest.ops import calib, check_qdq, io_dict, quantize_model, vela_run
+from npbtest.ops import calib, check_qdq, io_dict, prepare, quantize_model, vela_run
 from onnx import helper, numpy_helper
 
 from npubuild.ethosu.measured import ADD_DEPTHWISE, choose
+from npubuild.frontend import qdq_add_ratio
+from npubuild.frontend.ptq.choose import Scorer
 from npubuild.frontend.qdq_add_ratio import (
     MAX_COARSEN,
     STEPS,
     coarsened,
     depthwise_sums,
     snap_add_ratios,
+    snap_if_free,
     weights,
 )
+from npubuild.frontend.quantize import quantize_chosen
 from npubuild.lowering.driver import lower_model
 from npubuild.lowering.options import FAMILY_OPTIONS
 
@@ -167,3 +171,35 @@ def test_a_concat_member_or_value_moving_output_is_never_moved():
     nodes[2] = helper.make_node("Conv", ["p", "w3"], ["b"])
     qdq = quantize_model(model_of(nodes, {"x": [1, c, 8, 8]}, {"y": [1, c, 8, 8]}, inits), calib("x", [1, c, 8, 8]))
     assert snap_add_ratios(qdq) == 1 and weights(*_operand_scales(qdq, "Add")) is not None
+
+
+@pytest.mark.parametrize("tolerance,kept", [(1e9, True), (-1e9, False)])
+def test_the_stage_keeps_the_ratio_only_within_its_accuracy_tolerance(monkeypatch, tolerance, kept):
+    """snap_if_free scores the QDQ model with and without the ratio against float on the calibration samples
+    (the recipes' scorer) and keeps it only if neither the worst nor the mean output loses more than the
+    tolerance; its record says what it measured and did."""
+    monkeypatch.setattr(qdq_add_ratio, "SNAP_TOLERANCE_DB", tolerance)
+    model = _branches()
+    arrays = calib("x", [1, 16, 16, 16])
+    qdq = quantize_model(model, arrays)
+    before = _operand_scales(qdq, "Add")
+    record = snap_if_free(qdq, prepare(model), arrays)
+    assert record is not None and record["moved"] == 1 and record["kept"] is kept
+    after = _operand_scales(qdq, "Add")
+    assert (weights(*after) is not None and after != before) if kept else after == before
+    scorer = Scorer(prepare(model), arrays)
+    assert round(scorer.score(qdq)[0], 2) == record["snr_db"][1 if kept else 0]
+
+
+def test_quantize_stage_records_the_ratio_step():
+    model = _branches()
+    arrays = calib("x", [1, 16, 16, 16])
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "m.onnx"
+        onnx.save(prepare(model), path)
+        qdq, choice = quantize_chosen(path, prepare(model), arrays, {"per_channel": True, "method": "minmax",
+                                      "symmetric_activations": False, "bias_correction": False,
+                                      "equalization": False})
+    record = choice.to_json()["add_ratio"]
+    assert record["moved"] == 1
+    assert (weights(*_operand_scales(qdq, "Add")) is not None) is record["kept"]

@@ -41,10 +41,12 @@ class Choice:
     candidates: dict[str, float] = field(default_factory=dict)
     corrected_layers: int = 0
     equalization: bool = False
+    add_ratio: dict | None = None  # the residual sums' ratio step, where one applied (frontend/qdq_add_ratio.py)
 
     def to_json(self) -> dict:
         return {"method": self.method, "bias_correction": self.bias_correction, "equalization": self.equalization,
-                "snr_db": self.snr_db, "candidates": self.candidates, "corrected_layers": self.corrected_layers}
+                "snr_db": self.snr_db, "candidates": self.candidates, "corrected_layers": self.corrected_layers,
+                **({"add_ratio": self.add_ratio} if self.add_ratio else {})}
 
 
 def _snr(ref: np.ndarray, got: np.ndarray) -> float:
