@@ -195,7 +195,7 @@ class LoweringOptions:
     # Vela 5.2 orders a residual block's branches by the ADD's operands; on U55 a big conv right after the
     # weightless ADD has its weights fetched from flash during the ADD: measured per model (ethosu/measured.py)
     add_operands_swapped: bool = False
-    # a two-operand int8 Add / Sub whose scales are in a small-integer ratio (frontend/qdq_add_ratio.py) as a
+    # a two-operand int8 Add / Sub whose smaller scale is p / 64 of the larger (frontend/qdq_add_ratio.py) as a
     # CONCAT, a free view and one 1x2 DEPTHWISE_CONV2D (ops/elementwise._depthwise_sum: the same integers). Vela 5.2
     # costs a U55 ADD at 1.5 cycles an element, the conv at about a third (U55-128 32x32x16: 24576 -> 8896), but the
     # CONCAT moves Vela's schedule around it: measured per model on U55 (ethosu/measured.ADD_DEPTHWISE). U65 loses on

@@ -141,10 +141,10 @@ def _depthwise_pays(ctx: LoweringContext, a: TTensor, b: TTensor) -> bool:
     elsewhere too (an identity shortcut) Vela 5.2 copies into the CONCAT (ResNet-8's first stage: a 16640-cycle
     copy and the 8896-cycle conv against the ADD's 24576; the TCN's four blocks 30712 -> 35560)."""
     return (ctx.options.add_as_depthwise and len(a.shape) == 4 and a.shape == b.shape and a.perm == b.perm
-            and a.shape[0] == 1 and all(only_reader(ctx, i) for i in (0, 1)))
+            and a.shape[0] == 1 and all(_only_reader(ctx, i) for i in (0, 1)))
 
 
-def only_reader(ctx: LoweringContext, i: int) -> bool:
+def _only_reader(ctx: LoweringContext, i: int) -> bool:
     """Whether the current node is the one reader of input i's value (through its Q/DQ copies) and that value
     is no graph output."""
     source = ctx.index.source(ctx.current.input[i])
