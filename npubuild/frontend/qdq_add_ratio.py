@@ -24,6 +24,7 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
+from npubuild.frontend.graph_index import GraphIndex
 from npubuild.frontend.qdq_concat import SCALE_PRESERVING
 
 STEPS = 64  # the larger operand's weight: a power of two (see the module docstring), the largest int8 holds
@@ -83,19 +84,11 @@ class _QdqView:
             elif n.op_type == "DequantizeLinear":
                 self.dq_of[n.output[0]] = n
         self.quantized_by = quantized_by
-        self.producer = {o: n for n in self.nodes for o in n.output}
-        self.outputs = {o.name for o in model.graph.output}
-        self.readers: dict[str, list[onnx.NodeProto]] = {}  # a float tensor -> its readers but its own Qs
+        self.index = GraphIndex(model)  # producers, and readers through Q / DQ copies (the lowering's own view)
         concat_touched: set[str] = set()  # tensors a Concat reads or writes
         for n in self.nodes:
             if n.op_type == "Concat":
                 concat_touched.update((*n.input, *n.output))
-            for i in n.input:
-                dq = self.dq_of.get(i)
-                if dq is not None and dq.input[0] in quantized_by:
-                    self.readers.setdefault(quantized_by[dq.input[0]], []).append(n)
-                elif n.op_type != "QuantizeLinear":  # read in float, past its Q
-                    self.readers.setdefault(i, []).append(n)
         self.concat_scales = {n.input[1] for n in self.nodes
                               if (n.op_type == "QuantizeLinear" and n.input[0] in concat_touched)
                               or (n.op_type == "DequantizeLinear" and n.output[0] in concat_touched)}
@@ -115,10 +108,12 @@ class _QdqView:
         return float(numpy_helper.to_array(self.inits[scale]).reshape(-1)[0])
 
     def sole_reader(self, tensor: str, node: onnx.NodeProto) -> bool:
-        """Whether `node` alone reads the value behind `tensor` (a DequantizeLinear output)."""
-        source = self.quantized_by.get(self.dq_of[tensor].input[0]) if tensor in self.dq_of else None
-        return source is not None and source not in self.outputs and \
-            all(r is node for r in self.readers.get(source, []))
+        """Whether `node` alone reads the value behind `tensor` (a DequantizeLinear output) and that value is no
+        graph output: the test the lowering's depthwise form makes (ops/elementwise._only_reader)."""
+        source = self.index.source(tensor)
+        readers = self.index.uses(source, [])
+        return source != tensor and not self.index.reaches_output(source) and \
+            [list(r.output) for r in readers] == [list(node.output)]
 
     def movable(self, scale: str) -> bool:
         """Whether `scale` is one tensor's alone (one QuantizeLinear, no Concat) and that tensor is computed by an
@@ -126,7 +121,7 @@ class _QdqView:
         qs = self.q_nodes.get(scale, [])
         if len(qs) != 1 or scale in self.concat_scales:
             return False
-        made_by = self.producer.get(qs[0].input[0])
+        made_by = self.index.producer.get(qs[0].input[0])
         return made_by is not None and made_by.op_type not in SCALE_PRESERVING | {"Pad", "Concat", "Split"}
 
     def sums(self) -> list[tuple[onnx.NodeProto, str, str]]:
