@@ -349,9 +349,7 @@ def quantize_model(float_model: Path, quantization: Quantization, calibration: C
         return {"prequantized": True, "calibration_samples": 0,
                 **{op: sum(n.op_type == op for n in model.graph.node) for op in ("QuantizeLinear", "DequantizeLinear")}}
     check_calibration_size(model, calibration.model_dump())
-    arrays = calibration_arrays(model, calibration.model_dump(), calibration_npy)
-    if held_back is not None:  # the rows the checks verify on calibrate nothing (frontend/samples.py)
-        arrays = held_back.calibration_rows(arrays)
+    arrays = calibration_rows(model, calibration, calibration_npy, held_back)
     qdq, choice = quantize_chosen(float_model, model, arrays,
                                   resolve_auto(quantization.model_dump(), calibration.model_dump()), feedback)
     recipe = choice.to_json()
@@ -363,6 +361,14 @@ def quantize_model(float_model: Path, quantization: Quantization, calibration: C
         if n.op_type in counts:
             counts[n.op_type] += 1
     return {"calibration_samples": int(next(iter(arrays.values())).shape[0]), "quantization": recipe, **counts}
+
+
+def calibration_rows(model: onnx.ModelProto, calibration: Calibration, calibration_npy: Path | None,
+                     held_back: SampleSource | None) -> dict[str, np.ndarray]:
+    """The rows the quantize stage calibrates on: the spec's calibration data less the rows held back for the
+    checks (they calibrate nothing: frontend/samples.py). debug-numerics equalises with the same rows."""
+    arrays = calibration_arrays(model, calibration.model_dump(), calibration_npy)
+    return held_back.calibration_rows(arrays) if held_back is not None else arrays
 
 
 RANDOM_CALIBRATION = {"method": "minmax", "bias_correction": False, "equalization": False}

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import numpy as np
 import onnx
+from npbtest.quantiser_models import unequal_channels_model
 from onnx import TensorProto, helper, numpy_helper
 
 from npubuild.frontend.ptq import ranges
@@ -107,31 +108,10 @@ def test_bias_correction_removes_the_shift_weight_rounding_puts_in_a_depthwise_o
     assert scorer.score(corrected)[0] > scorer.score(plain)[0] + 3.0
 
 
-def _unequal_channels_model(c=16) -> onnx.ModelProto:
-    """conv 3x3 -> relu -> depthwise 3x3 -> conv 1x1: the first conv's output channels span 300x in range (its
-    rows scaled so, the depthwise weights scaled back: the float function of a trained net whose channels
-    drifted apart), so the per-tensor activation between them leaves the small channels a few levels."""
-    rng = np.random.default_rng(5)
-    gain = np.geomspace(0.02, 6.0, c)
-    w1 = (rng.normal(0, 0.4, (c, 3, 3, 3)) * gain[:, None, None, None]).astype(np.float32)
-    wd = (rng.normal(0, 0.4, (c, 1, 3, 3)) / gain[:, None, None, None]).astype(np.float32)
-    w2 = rng.normal(0, 0.4, (8, c, 1, 1)).astype(np.float32)
-    nodes = [helper.make_node("Conv", ["x", "w1", "b1"], ["h"], pads=[1, 1, 1, 1], name="conv1"),
-             helper.make_node("Relu", ["h"], ["r"], name="relu"),
-             helper.make_node("Conv", ["r", "wd", "bd"], ["d"], group=c, pads=[1, 1, 1, 1], name="dw"),
-             helper.make_node("Conv", ["d", "w2", "b2"], ["y"], name="pw")]
-    inits = [numpy_helper.from_array(w1, "w1"), numpy_helper.from_array((0.01 * gain).astype(np.float32), "b1"),
-             numpy_helper.from_array(wd, "wd"), numpy_helper.from_array(np.zeros(c, np.float32), "bd"),
-             numpy_helper.from_array(w2, "w2"), numpy_helper.from_array(np.zeros(8, np.float32), "b2")]
-    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 12, 12])],
-                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8, 12, 12])], inits)
-    return helper.make_model(g)
-
-
 def test_equalisation_evens_out_channels_a_per_tensor_activation_grid_starves(tmp_path: Path):
     from npubuild.frontend.ptq.equalize import equalise, pairs
 
-    path = _save(_unequal_channels_model(), tmp_path, "uneq")
+    path = _save(unequal_channels_model(), tmp_path, "uneq")
     model = onnx.load(path)
     assert [(p.first.name, p.second.name, p.depthwise_second) for p in pairs(model)] == \
         [("conv1", "dw", True), ("dw", "pw", False)]

@@ -1,5 +1,6 @@
-"""A small float model that exercises what onnxruntime's QDQ quantiser does to a graph: the tests of npubuild's
-faster quantiser paths (ort_quantiser, qdq_template) compare their bytes with onnxruntime's own on it."""
+"""Small float models for the quantiser's tests: one that exercises what onnxruntime's QDQ quantiser does to a graph
+(the tests of npubuild's faster quantiser paths, ort_quantiser and qdq_template, compare their bytes with
+onnxruntime's own on it), one whose channels cross-layer equalisation evens out."""
 
 from __future__ import annotations
 
@@ -27,3 +28,24 @@ def conv_concat_gemm(rng: np.random.Generator, bias_scale: float = 0.3) -> onnx.
     g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 16, 16])],
                           [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 10])], inits)
     return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def unequal_channels_model(c=16) -> onnx.ModelProto:
+    """conv 3x3 -> relu -> depthwise 3x3 -> conv 1x1: the first conv's output channels span 300x in range (its
+    rows scaled so, the depthwise weights scaled back: the float function of a trained net whose channels
+    drifted apart), so the per-tensor activation between them leaves the small channels a few levels."""
+    rng = np.random.default_rng(5)
+    gain = np.geomspace(0.02, 6.0, c)
+    w1 = (rng.normal(0, 0.4, (c, 3, 3, 3)) * gain[:, None, None, None]).astype(np.float32)
+    wd = (rng.normal(0, 0.4, (c, 1, 3, 3)) / gain[:, None, None, None]).astype(np.float32)
+    w2 = rng.normal(0, 0.4, (8, c, 1, 1)).astype(np.float32)
+    nodes = [helper.make_node("Conv", ["x", "w1", "b1"], ["h"], pads=[1, 1, 1, 1], name="conv1"),
+             helper.make_node("Relu", ["h"], ["r"], name="relu"),
+             helper.make_node("Conv", ["r", "wd", "bd"], ["d"], group=c, pads=[1, 1, 1, 1], name="dw"),
+             helper.make_node("Conv", ["d", "w2", "b2"], ["y"], name="pw")]
+    inits = [numpy_helper.from_array(w1, "w1"), numpy_helper.from_array((0.01 * gain).astype(np.float32), "b1"),
+             numpy_helper.from_array(wd, "wd"), numpy_helper.from_array(np.zeros(c, np.float32), "bd"),
+             numpy_helper.from_array(w2, "w2"), numpy_helper.from_array(np.zeros(8, np.float32), "b2")]
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 12, 12])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8, 12, 12])], inits)
+    return helper.make_model(g)

@@ -156,3 +156,31 @@ def test_attention_probes_fused_away_beside_others_are_dropped(tmp_path: Path):
     assert any(n.startswith("layernormalization") for n in nodes)
     assert res["first_lowering_error"] is None
     assert all(r["max_error_lsb"] <= 8 for r in res["layers"]), res["layers"]
+
+
+def test_an_equalised_build_is_compared_with_the_equalised_float_model(tmp_path: Path, capsys):
+    """Cross-layer equalisation divides each channel between two layers by its own factor (the graph's output is
+    the same float function): the QDQ model's tensors there approximate the equalised float model's, and against
+    the import's model they measured the factors (a 300x channel spread: far below 0 dB), not the quantisation."""
+    from npbtest.quantiser_models import unequal_channels_model
+
+    root = tmp_path / "product"
+    (root / "configs").mkdir(parents=True)
+    (root / "dodo.py").write_text("# product repo marker\n")
+    model = unequal_channels_model()
+    model.opset_import[0].version = 17
+    onnx.save(model, root / "configs" / "uneq.onnx")
+    rng = np.random.default_rng(6)
+    np.save(root / "configs" / "calib.npy", rng.uniform(-1, 1, (16, 1, 3, 12, 12)).astype(np.float32))
+    (root / "configs" / "u.yaml").write_text(
+        "version: 1\nname: u\nmodels:\n  m:\n    path: uneq.onnx\n    calibration: {npy: calib.npy}\n"
+        "targets: [ethos-u55-128]\nverify: {samples: 4}\n"
+        "quantization: {per_channel: true, method: minmax, equalization: true, bias_correction: false}\n")
+    code, out, err = run_cli(["debug-numerics", "configs/u.yaml", "--build-dir", "b", "--json"], capsys, cwd=root)
+    assert code == 0, err
+    res = json.loads(out)
+    by = {r["node"]: r for r in res["layers"]}
+    assert list(by) == ["x", "conv1", "dw", "pw"]
+    # conv1's output (the Relu folded into its grid) and dw's are rescaled per channel; pw's, the output, is not
+    assert all(r["qdq_snr_db"] > 25 and r["quant_snr_db"] > 25 for r in res["layers"]), res["layers"]
+    assert res["first_jump"] is None and res["first_drift"] is None
