@@ -92,7 +92,7 @@ def test_a_collapsed_int8_model_fails_the_default_gate(collapse_project: Path, c
     assert "FAILED collapse/outliers/ethos-u55-128 (gate max_collapsed_outputs)" in out
     # its error line names the output and how far it is from float
     assert "error: collapse/outliers/ethos-u55-128: gate max_collapsed_outputs failed" in err and "'y' 0.0 dB" in err \
-        and "has collapsed" in err
+        and "the int8 model has collapsed; 16-bit activations (quantization: {activations: int16}" in err
     assert good["metrics"]["collapsed_outputs"] == 0 and good["metrics"]["float_snr_db"] > 25
     assert "vs float" in next(ln for ln in out.splitlines() if ln.startswith("ok     collapse/clean/"))
     md = (collapse_project / "build" / "report.md").read_text()
@@ -110,6 +110,32 @@ def test_a_spec_relaxes_the_default_gate(collapse_project: Path, capsys):
     bad = _builds(collapse_project / "build2")["outliers"]
     assert bad["status"] == "passed" and bad["metrics"]["collapsed_outputs"] == 1  # still measured and shown
     assert not any(g["name"] == "max_collapsed_outputs" for g in bad["gates"])
+
+
+def test_sixteen_bit_activations_hold_what_the_hint_says(collapse_project: Path, capsys):
+    """The int8 failure's hint, followed: the same glitch in the calibration, 16-bit activations: the input's LSB
+    is 1/256 of the int8 one and the real inputs keep their levels."""
+    spec = collapse_project / "configs" / "collapse.yaml"
+    spec.write_text(SPEC.replace("method: minmax}", "method: minmax, activations: int16}"))
+    try:
+        code, out, err = run_cli(["build", "--build-dir", "build3", "--only", "outliers"], capsys,
+                                 cwd=collapse_project)
+    finally:
+        spec.write_text(SPEC)
+    assert code == 0, out + err
+    m = _builds(collapse_project / "build3")["outliers"]["metrics"]
+    assert m["precision"]["int16_groups"] == m["precision"]["groups"]
+    assert m["collapsed_outputs"] == 0 and m["float_snr_db"] > 20
+
+
+def test_a_collapse_names_the_precision_that_collapsed():
+    from npubuild.report.brief import collapsed_model
+
+    assert collapsed_model(None).startswith("the int8 model has collapsed; 16-bit activations")
+    assert collapsed_model({"mode": "fixed", "int16_groups": 65, "groups": 65}) == \
+        "the model has collapsed with every activation in 16 bits"
+    assert collapsed_model({"mode": "auto", "int16_groups": 38, "groups": 65}) == \
+        "the mixed-precision model has collapsed (38 of 65 activation groups in 16 bits)"
 
 
 def test_calibration_rows_held_back_verify_the_build(tmp_path: Path, capsys):
