@@ -100,16 +100,36 @@ def _feeds(model: onnx.ModelProto, path: Path, samples: int, seed: int | None = 
             for i in rows]
 
 
-def weights_only(qdq: onnx.ModelProto) -> onnx.ModelProto:
+def folded_clips(float_model: onnx.ModelProto) -> dict[str, tuple[float, float]]:
+    """The bounds of each Clip of the float model (a ReLU6), by its output's name: the quantiser folds such a Clip
+    into its output's grid and names the producer's output after it."""
+    from onnx import numpy_helper
+
+    consts = {t.name: numpy_helper.to_array(t) for t in float_model.graph.initializer}
+    consts |= {n.output[0]: numpy_helper.to_array(n.attribute[0].t) for n in float_model.graph.node
+               if n.op_type == "Constant" and n.attribute and n.attribute[0].name == "value"}
+
+    def bound(n: onnx.NodeProto, i: int, attr: str, default: float) -> float:
+        if len(n.input) > i and n.input[i]:
+            return float(np.asarray(consts.get(n.input[i], default)))
+        return next((a.f for a in n.attribute if a.name == attr), default)
+
+    return {n.output[0]: (bound(n, 1, "min", -np.inf), bound(n, 2, "max", np.inf))
+            for n in float_model.graph.node if n.op_type == "Clip"}
+
+
+def weights_only(qdq: onnx.ModelProto, clips: dict[str, tuple[float, float]] | None = None) -> onnx.ModelProto:
     """The int8 QDQ model with every activation QuantizeLinear -> DequantizeLinear pair removed (a Clip at 0 where the
-    grid starts at 0: a ReLU the quantiser folded into it): int8 weights, float activations. Its SNR against float
-    is the most any activation precision can give (Ethos-U weights are 8 or 4 bits in every TOSA form Vela takes)."""
+    grid starts at 0: a ReLU the quantiser folded into it; at the float model's bounds where it folded a Clip such
+    as a ReLU6, `clips`): int8 weights, float activations. Its SNR against float is the most any activation precision can
+    give (Ethos-U weights are 8 or 4 bits in every TOSA form Vela takes)."""
     from onnx import helper, numpy_helper
 
     m = onnx.ModelProto()
     m.CopyFrom(qdq)
     producer = {o: n for n in m.graph.node for o in n.output}
     consts = {t.name: numpy_helper.to_array(t) for t in m.graph.initializer}
+    clips = clips or {}
     nodes = []
     for n in m.graph.node:
         q = producer.get(n.input[0]) if n.op_type == "DequantizeLinear" else None
@@ -117,12 +137,18 @@ def weights_only(qdq: onnx.ModelProto) -> onnx.ModelProto:
             nodes.append(n)
             continue
         zp = consts[q.input[2]]
-        if np.all(zp == np.iinfo(zp.dtype).min):  # a grid starting at 0: a ReLU the quantiser folded
-            floor = numpy_helper.from_array(np.array(0.0, np.float32), f"{n.output[0]}_floor")
-            m.graph.initializer.append(floor)
-            nodes.append(helper.make_node("Clip", [q.input[0], floor.name], [n.output[0]]))
+        x = q.input[0]
+        folded = clips.get(x) if getattr(producer.get(x), "op_type", None) != "Clip" else None
+        if folded is not None or np.all(zp == np.iinfo(zp.dtype).min):  # a Clip or a ReLU the quantiser folded
+            lo, hi = folded if folded is not None else (0.0, np.inf)
+            bounds = []
+            for what, value in (("floor", lo), ("ceiling", hi)):
+                t = numpy_helper.from_array(np.array(value, np.float32), f"{n.output[0]}_{what}")
+                m.graph.initializer.append(t)
+                bounds.append(t.name)
+            nodes.append(helper.make_node("Clip", [x, *bounds], [n.output[0]]))
         else:
-            nodes.append(helper.make_node("Identity", [q.input[0]], [n.output[0]]))
+            nodes.append(helper.make_node("Identity", [x], [n.output[0]]))
     del m.graph.node[:]
     m.graph.node.extend(nodes)  # the pairs' QuantizeLinear nodes stay, unread
     return m
@@ -139,7 +165,7 @@ def ceiling_snr(build_dir: Path, name: str, eval_dir: Path, samples: int) -> flo
     if not qdqs or not floats:
         return None
     model = onnx.load(str(floats[-1]))
-    wq = weights_only(onnx.load(str(qdqs[-1])))
+    wq = weights_only(onnx.load(str(qdqs[-1])), folded_clips(model))
     opts = ort.SessionOptions()
     opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     s_f = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
