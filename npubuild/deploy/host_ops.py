@@ -342,6 +342,54 @@ def _softmax(t: HostTranslation) -> None:
     t.set_output(out)
 
 
+# ------------------------------------------------------------------ linear algebra and reductions
+
+
+@host_op("MatMul")
+def _matmul(t: HostTranslation) -> None:
+    """x @ W with W a constant matrix (a mel filterbank, a projection the spec keeps in float): FULLY_CONNECTED
+    over the last axis with W transposed, keeping the leading dims."""
+    x_name, w_name = t.node.input
+    w = t.consts.get(w_name)
+    if x_name in t.consts or w is None or np.asarray(w).ndim != 2:
+        raise t.unsupported("a MatMul whose second operand is not a constant matrix")
+    x0 = t.value(x_name)
+    if len(x0.shape) < 2:
+        raise t.unsupported("a MatMul of a vector")
+    x = t.in_layout(t.as_float(x0), identity(len(x0.shape)))  # the contraction is over the ONNX last axis
+    k, n = np.asarray(w).shape
+    if x.shape[-1] != k:
+        raise t.unsupported(f"a MatMul of {x.shape} by {np.asarray(w).shape}")
+    out = t.new((*x.shape[:-1], n), identity(len(x.shape)))
+    weights = t.const(np.asarray(w, np.float32).T, "matmul_weights")
+    t.op(B.FULLY_CONNECTED, [x.tensor, weights, t.const(np.zeros(n, np.float32), "matmul_bias")], [out.tensor],
+         options("FullyConnected", keepNumDims=True))
+    t.set_output(out)
+
+
+REDUCE = {"ReduceMax": B.REDUCE_MAX, "ReduceMin": B.REDUCE_MIN}
+
+
+@host_op(*REDUCE)
+def _reduce(t: HostTranslation) -> None:
+    """REDUCE_MAX / REDUCE_MIN over constant axes (the attribute before opset 18, the second input after)."""
+    x0 = t.value(t.node.input[0])
+    rank = len(x0.shape)
+    axes = t.attr("axes")
+    if axes is None and len(t.node.input) > 1 and t.node.input[1]:
+        if t.node.input[1] not in t.consts:
+            raise t.unsupported("reduction axes that are not a constant")
+        axes = t.consts[t.node.input[1]]
+    axes = sorted({int(a) % rank for a in np.asarray(axes if axes is not None else range(rank)).ravel()})
+    keep = bool(t.attr("keepdims", 1))
+    x = t.in_layout(t.as_float(x0), identity(rank))
+    shape = tuple(1 if i in axes else d for i, d in enumerate(x.shape) if keep or i not in axes)
+    out = t.new(shape, identity(len(shape)))
+    t.op(REDUCE[t.node.op_type], [x.tensor, t.const(np.asarray(axes, np.int32), "axes")], [out.tensor],
+         options("Reducer", keepDims=keep))
+    t.set_output(out)
+
+
 # ------------------------------------------------------------------ data movement
 
 

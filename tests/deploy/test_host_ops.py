@@ -127,6 +127,29 @@ def test_a_comparison_and_a_where_match_onnxruntime():
     assert run_both(model, {"x": Quant(0.02, -10)}, Quant(0.02, -10)) <= 1
 
 
+def test_a_matmul_by_a_constant_matrix_matches_onnxruntime():
+    """A mel filterbank kept in float on the host: frames x bins @ bins x mels, a FULLY_CONNECTED keeping the frames."""
+    w = numpy_helper.from_array(np.random.default_rng(2).uniform(0, 0.2, (16, 8)).astype(np.float32), "w")
+    node = helper.make_node("MatMul", ["x", "w"], ["y"], name="mel")
+    model = host_partition([node], {"x": [1, 5, 16]}, [1, 5, 8], Quant(0.05, -128), [w])
+    assert run_both(model, {"x": Quant(0.02, 0)}, Quant(0.05, -128)) <= 1
+
+
+@pytest.mark.parametrize("op,keepdims", [("ReduceMax", 1), ("ReduceMin", 0)])
+def test_reductions_over_constant_axes_match_onnxruntime(op, keepdims):
+    node = helper.make_node(op, ["x"], ["y"], name=op.lower(), axes=[1, 3], keepdims=keepdims)
+    out_shape = [1, 1, 4, 1] if keepdims else [1, 4]
+    model = host_partition([node], {"x": [1, 8, 4, 6]}, out_shape, Quant(0.02, 0))
+    assert run_both(model, {"x": Quant(0.02, 0)}, Quant(0.02, 0)) == 0  # a max of codes is a code
+
+
+def test_a_matmul_of_two_tensors_is_not_deployable():
+    node = helper.make_node("MatMul", ["x", "z"], ["y"], name="attn")
+    model = host_partition([node], {"x": [1, 4, 8], "z": [1, 8, 4]}, [1, 4, 4], Quant(0.05, 0))
+    with pytest.raises(NotDeployable, match=r"node 'attn' \(MatMul\): a MatMul whose second operand is not a constant"):
+        run_both(model, {"x": Quant(0.02, 0), "z": Quant(0.02, 0)}, Quant(0.05, 0))
+
+
 def test_an_op_with_no_builtin_is_not_deployable_naming_node_and_op():
     node = helper.make_node("Trilu", ["x"], ["y"], name="upper", domain="com.microsoft")
     model = host_partition([node], {"x": [1, 4, 4]}, [1, 4, 4], Quant(0.02, 0), domain="com.microsoft")
