@@ -263,9 +263,10 @@ class ModelSpec(Strict):
 
 class LayerPrecision(Strict):
     """One layer's precision over the model-wide setting: its output activation (and what shares its
-    quantisation through data movement) in 16 bits, its weights in 4."""
+    quantisation through data movement) in 16 bits, its weights in 4; or its output in float, the layer run on
+    the host CPU (for what no integer grid holds: a log of a power spectrum)."""
 
-    activations: Literal["int8", "int16"] | None = None
+    activations: Literal["int8", "int16", "float"] | None = None
     weights: Literal["int8", "int4"] | None = None
 
 
@@ -317,6 +318,9 @@ class Quantization(Strict):
     def _budget_for_auto(self) -> Quantization:
         if self.precision == "auto" and self.budget is None:
             raise ValueError("precision: auto needs a budget (min_snr_db or min_top1_agreement)")
+        if self.precision == "auto" and any(lp.activations == "float" for lp in self.layers.values()):
+            raise ValueError("layers kept in float (activations: float) are the spec's choice, not the search's: "
+                             "give them with precision: fixed")
         return self
 
     def recipe(self) -> dict:

@@ -227,6 +227,8 @@ def _operand(t: HostTranslation, name: str, like: Value) -> me.Tensor:
     v = t.as_float(t.value(name))
     if v.dtype == np.bool_ and like.dtype != np.bool_:
         raise t.unsupported("a boolean operand of an arithmetic op")
+    if len(v.shape) < len(like.shape):  # numpy broadcasting: leading 1s
+        v = _reshape_to(t, t.in_layout(v, identity(len(v.shape))), (1,) * (len(like.shape) - len(v.shape)) + v.shape)
     if len(v.shape) != len(like.shape):
         raise t.unsupported("operands of different rank")
     return t.in_layout(v, like.perm).tensor
@@ -254,8 +256,12 @@ def _binary(t: HostTranslation) -> None:
     if a_name in t.consts and b_name in t.consts:
         raise t.unsupported("both operands constant")
     like = t.as_float(t.value(a_name if a_name not in t.consts else b_name))
-    a, b = _operand(t, a_name, like), _operand(t, b_name, like)
     shapes = [np.asarray(t.consts[n]).shape if n in t.consts else t.value(n).shape for n in (a_name, b_name)]
+    rank = max(len(s) for s in shapes)
+    if len(like.shape) < rank:  # a constant of higher rank (a [1] beside a scalar): the tensor gets its leading 1s
+        like = _reshape_to(t, t.in_layout(like, identity(len(like.shape))),
+                           (1,) * (rank - len(like.shape)) + like.shape)
+    a, b = _operand(t, a_name, like), _operand(t, b_name, like)
     shape = tuple(int(d) for d in np.broadcast_shapes(like.shape, *shapes))
     code = {**BINARY, **COMPARE, **LOGICAL}[t.node.op_type]  # (ADD is builtin code 0)
     out = t.new(shape, like.perm, np.float32 if t.node.op_type in BINARY else np.bool_)

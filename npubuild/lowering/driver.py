@@ -64,13 +64,14 @@ def lower_model(model: onnx.ModelProto, profile: Literal["int", "fp"], family: s
     for node in model.graph.node:
         if node.name in ctx.fused:  # lowered already, as part of a pattern (e.g. the Erf form of GELU)
             continue
+        if node.doc_string.startswith(HOST_REASON):  # the host's, said on the node: control flow the import left
+            # whole, or a layer the spec keeps in float (the precision stage), lowerable or not
+            raise UnsupportedOpError(node.name, node.op_type, node.doc_string[len(HOST_REASON):])
         fn = LOWERINGS.get(op_key(node.domain, node.op_type))
         if fn is None and node.domain not in ("", "ai.onnx"):
             raise UnsupportedOpError(node.name, node.op_type, f"operator domain '{node.domain}' is not supported")
         if fn is None:
-            marked = node.doc_string.startswith(HOST_REASON)  # the import's reason (control flow left whole)
-            raise UnsupportedOpError(node.name, node.op_type, node.doc_string[len(HOST_REASON):] if marked
-                                     else "no lowering to TOSA for this op type")
+            raise UnsupportedOpError(node.name, node.op_type, "no lowering to TOSA for this op type")
         ctx.current = node
         try:
             fn(ctx)

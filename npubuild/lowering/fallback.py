@@ -19,7 +19,7 @@ from onnx import helper
 
 from npubuild.errors import InputError, UncomputedOutputError, UnsupportedOpError
 from npubuild.frontend.graph_index import QDQ, GraphIndex, node_inputs
-from npubuild.frontend.passes import CONTROL_FLOW_RULE
+from npubuild.frontend.passes import CONTROL_FLOW_RULE, KEPT_FLOAT, KEPT_FLOAT_RULE
 from npubuild.lowering.context import ModelArrays
 from npubuild.lowering.driver import LoweredGraph, lower_model
 from npubuild.lowering.options import LoweringOptions
@@ -62,6 +62,8 @@ def name_nodes(model: onnx.ModelProto) -> None:
 def host_node(exc: UnsupportedOpError) -> HostNode:
     if exc.op_type in ("If", "Loop", "Scan"):  # control flow the import could not fold or select (its reason)
         return HostNode(exc.node_name, exc.op_type, CONTROL_FLOW_RULE, exc.reason)
+    if exc.reason == KEPT_FLOAT:
+        return HostNode(exc.node_name, exc.op_type, KEPT_FLOAT_RULE, exc.reason)
     missing = exc.reason.startswith(("no lowering", "operator domain"))
     return HostNode(exc.node_name, exc.op_type, NO_LOWERING if missing else LOWERING_REFUSED, exc.reason)
 

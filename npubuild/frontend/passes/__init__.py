@@ -22,6 +22,8 @@ if TYPE_CHECKING:  # onnx-ir is imported where passes run: it takes ~0.7 s, too 
 PASSES: dict[str, type[ir.passes.PassBase]] = {}
 HOST_REASON = "npubuild host reason: "  # a node's doc_string: why the import left it to run whole on the host
 CONTROL_FLOW_RULE = "control-flow"  # the placement rule of such a node (an If or Loop the data decides)
+KEPT_FLOAT = "the spec keeps its output in float (quantization.layers)"  # a host reason the precision stage gives
+KEPT_FLOAT_RULE = "kept-float"  # the placement rule of such a node
 
 
 def register(name: str) -> Callable[[type[ir.passes.PassBase]], type[ir.passes.PassBase]]:

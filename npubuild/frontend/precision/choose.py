@@ -35,7 +35,10 @@ def describe(info: QdqModel, plan: PrecisionPlan, kept: dict[str, str]) -> dict:
                         "int4_layers": len(plan.int4), "weighted_layers": len(info.layers),
                         "int16_layers": sorted({lay for g in info.groups.values() if g.name in plan.int16
                                                 for lay in g.layers}),
-                        "int4_weights": sorted(plan.int4)}}
+                        "int4_weights": sorted(plan.int4),
+                        **({"float_layers": sorted({p.name for a in plan.floats
+                                                    if (p := info.activations[a].producer) is not None})}
+                           if plan.floats else {})}}
 
 
 def precision_stage(float_path: Path, int8_path: Path, quantization: Quantization, calibration: Calibration,

@@ -26,6 +26,7 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
+from npubuild.frontend.passes import HOST_REASON, KEPT_FLOAT
 from npubuild.frontend.precision.qdq import DQ, MOVEMENT, Activation, Q, QdqModel
 from npubuild.frontend.precision.rules import reads_int16, writes_int16
 
@@ -37,21 +38,24 @@ QDQ_OPSET = 21
 
 @dataclass(frozen=True)
 class PrecisionPlan:
-    """Which activation groups are int16 and which layers' weights are int4 (everything else int8)."""
+    """Which activation groups are int16, which layers' weights are int4 and which activations stay float, their
+    producers on the host (everything else int8)."""
 
     int16: frozenset[str] = frozenset()
     int4: frozenset[str] = frozenset()
+    floats: frozenset[str] = frozenset()  # activations (not groups: no shared grid to keep) the spec keeps in float
 
     @property
     def empty(self) -> bool:
-        return not self.int16 and not self.int4
+        return not self.int16 and not self.int4 and not self.floats
 
     def to_json(self) -> dict:
-        return {"int16": sorted(self.int16), "int4": sorted(self.int4)}
+        return {"int16": sorted(self.int16), "int4": sorted(self.int4),
+                **({"float": sorted(self.floats)} if self.floats else {})}
 
     @classmethod
     def from_json(cls, d: Mapping) -> PrecisionPlan:
-        return cls(frozenset(d.get("int16", ())), frozenset(d.get("int4", ())))
+        return cls(frozenset(d.get("int16", ())), frozenset(d.get("int4", ())), frozenset(d.get("float", ())))
 
 
 def constants_of(info: QdqModel) -> set[str]:
@@ -186,6 +190,7 @@ def apply_plan(int8: onnx.ModelProto, plan: PrecisionPlan, families: Iterable[st
         return model
     families = tuple(families)
     info = QdqModel(model)
+    keep_float(info, plan.floats)
     constants = constants_of(info)
     writer = _Writer(model)
     scales: dict[str, float] = {}  # activation -> its int16 scale
@@ -194,7 +199,7 @@ def apply_plan(int8: onnx.ModelProto, plan: PrecisionPlan, families: Iterable[st
             raise ValueError(f"no activation group '{group}' in the model")
         if promotable(info, group, families, constants) is None:
             s = int16_scale(info, group, ranges)
-            scales.update({a: s for a in info.groups[group].activations})
+            scales.update({a: s for a in info.groups[group].activations if a not in plan.floats})
     for a, s in scales.items():
         act = info.activations[a]
         sc = writer.init(f"{a}_scale16", np.array(s, np.float32))
@@ -209,7 +214,80 @@ def apply_plan(int8: onnx.ModelProto, plan: PrecisionPlan, families: Iterable[st
     _drop_unused_initializers(model)
     if any(o.domain in ("", "ai.onnx") and o.version < QDQ_OPSET for o in model.opset_import):
         model = onnx.version_converter.convert_version(model, QDQ_OPSET)
+        _constants_as_initializers(model)
     return model
+
+
+def _constants_as_initializers(model: onnx.ModelProto) -> None:
+    """The version converter writes what became an input (a ReduceMax's axes from opset 18) as a Constant node:
+    an initializer, as every other constant of the model is (a Constant node on its own is no partition's work)."""
+    graph = model.graph
+    for node in [n for n in graph.node if n.op_type == "Constant" and len(n.attribute) == 1]:
+        value = helper.get_attribute_value(node.attribute[0])
+        array = numpy_helper.to_array(value) if isinstance(value, onnx.TensorProto) else np.asarray(
+            value, np.float32 if node.attribute[0].name.startswith("value_float") else np.int64)
+        graph.initializer.append(numpy_helper.from_array(array, node.output[0]))
+        graph.node.remove(node)
+
+
+def keep_float(info: QdqModel, activations: Iterable[str]) -> None:
+    """The activations' producers compute in float on the host (their host reason on the node: the lowering
+    refuses them, the partitioner places them); a reader that is one of them reads the float tensor itself, any
+    other the quantised copy its Q/DQ pair still makes (an NPU layer, a graph output); a pair left unread goes.
+    The readers left are the activation's, for the int16 rewrite that follows."""
+    acts = [info.activations[a] for a in sorted(activations)]
+    for a in acts:
+        if a.producer is None:
+            raise ValueError(f"activation '{a.name}' is a graph input: nothing computes it on the host")
+    on_host = {id(a.producer): a.producer for a in acts}
+    graph = info.model.graph
+    for node in on_host.values():
+        node.doc_string = HOST_REASON + KEPT_FLOAT
+        _float_constants(info, node)
+    for a in acts:
+        keep = []
+        for node, i in a.readers:
+            if id(node) in on_host:
+                node.input[i] = a.name
+            else:
+                keep.append((node, i))
+        a.readers = keep
+    read = {i for n in graph.node for i in n.input} | {o.name for o in graph.output}
+    for a in acts:
+        for dq in [dq for dq in a.dqs if dq.output[0] not in read]:
+            graph.node.remove(dq)
+            a.dqs.remove(dq)
+        if not a.dqs:
+            graph.node.remove(a.q)
+    for dq in [n for n in graph.node if n.op_type == DQ and n.input[0] in info.inits and n.output[0] not in read]:
+        graph.node.remove(dq)  # a constant's DequantizeLinear only float layers read: they read its values
+
+
+def _float_constants(info: QdqModel, node: onnx.NodeProto) -> None:
+    """A float layer reads its constants (weights, biases) as float initializers holding the dequantised values:
+    the same numbers, but a float op, as the host runs it. onnxruntime's optimiser turns a MatMul of a
+    DequantizeLinear'd weight into an integer MatMul with the activation quantised on the fly (on
+    oww_melspectrogram's power spectrum: 51 dB from the float op), which neither the QDQ model nor TensorFlow Lite
+    Micro's float FULLY_CONNECTED computes."""
+    for i, name in enumerate(node.input):
+        dq = info.producer.get(name)
+        if dq is None or dq.op_type != DQ or dq.input[0] not in info.inits:
+            continue
+        q = info.array(dq.input[0]).astype(np.float64)
+        scale = info.array(dq.input[1]).astype(np.float64)
+        zp = _dq_array(info, dq, 2)
+        axis = _weight_axis(dq, q.ndim, scale) if scale.size > 1 else None
+        shape = [1] * q.ndim
+        if axis is not None:
+            shape[axis] = -1
+        zp64 = np.zeros(1) if zp is None else zp.astype(np.float64).reshape(shape if zp.size > 1 else -1)
+        real = ((q - zp64) * scale.reshape(shape if scale.size > 1 else -1)).astype(np.float32)
+        float_name = f"{name}_float"
+        if float_name not in info.inits:
+            init = numpy_helper.from_array(real, float_name)
+            info.model.graph.initializer.append(init)
+            info.inits[float_name] = init
+        node.input[i] = float_name
 
 
 def _drop_unused_initializers(model: onnx.ModelProto) -> None:
