@@ -61,12 +61,15 @@ def collapse_text(metrics: dict) -> str:
 def collapsed_model(precision: dict | None) -> str:
     """Which quantised model collapsed, and for an int8 one what may hold it: 16-bit activations keep 256 times
     the levels (mp_hand_landmark_lite's world landmarks 4.1 -> 17.4 dB against float). A range no activation
-    precision spans is the model's own (oww_melspectrogram's log power: 2.3 dB int8, 3.9 dB 16x8)."""
+    precision spans (oww_melspectrogram's log power: 2.3 dB int8, 3.9 dB 16x8) is held by layers kept in float on the
+    host (35.7 dB: bench/precision_real.md)."""
     if not precision:
         return ("the int8 model has collapsed; 16-bit activations (quantization: {activations: int16}, or "
                 "precision: auto with a budget) may hold it")
     if precision.get("int16_groups") == precision.get("groups"):
-        return "the model has collapsed with every activation in 16 bits"
+        return ("the model has collapsed with every activation in 16 bits; what no integer grid holds can stay in float "
+                "on the host CPU (quantization.layers: {NODE: {activations: float}}; npubuild debug-numerics names "
+                "where the error jumps)")
     return (f"the mixed-precision model has collapsed ({precision.get('int16_groups')} of {precision.get('groups')} "
             "activation groups in 16 bits)")
 
