@@ -19,10 +19,11 @@ import onnx
 import onnx_ir as ir
 from onnx import TensorProto, helper
 
-from npubuild.errors import NpubuildError, UncomputedOutputError
+from npubuild.errors import InputError, NpubuildError, UncomputedOutputError
 from npubuild.frontend.graph_index import GraphIndex
 from npubuild.frontend.passes import run_passes
 from npubuild.lowering.driver import lower_model
+from npubuild.lowering.fallback import cut_model, lower_lowerable
 from npubuild.records.iospec import IOSpec
 from npubuild.tosa.run import OnnxSession, run_tosa
 from npubuild.verify.numerics import SNR_CAP_DB, cosine, snr_db
@@ -126,13 +127,21 @@ def layer_numerics(lower_input: onnx.ModelProto, float_model: onnx.ModelProto, p
                    samples: dict[str, np.ndarray]) -> dict:
     """Per-probe error measures over the samples, and the first probe where the error jumps."""
     model = prepare(lower_input, passes)
+    # nodes the lowering leaves to the host (an op with no TOSA form, a layer the spec keeps in float) are cut out:
+    # the integer graph of the rest reads the QDQ model's own values of their outputs
+    found = lower_lowerable(model, profile).host
+    host = [n.name for n in model.graph.node if n.name in found]  # in graph order
+    graph = cut_model(model, set(host)) if host else model
+    if not graph.graph.node:
+        raise InputError("every node of this build runs on the host: there is no integer graph to compare")
     # a graph input's row is input_row's (the TOSA graph takes it already quantised): its exposed copy would only
     # be an IDENTITY of the placeholder (lowering/driver.copy_to_output)
-    probes = [p for p in find_probes(model, profile) if p.op_type != "input"]
-    lowered, probes = lower_exposed(model, probes, profile)
+    probes = [p for p in find_probes(graph, profile) if p.op_type != "input"]
+    lowered, probes = lower_exposed(graph, probes, profile)
     specs = {o.onnx_name: o for o in lowered.outputs}
     probes = [p for p in probes if p.exposed_name in specs]
-    reference = OnnxSession(with_outputs(model, [p.exposed_name for p in probes]).SerializeToString())
+    boundary = [s.onnx_name for s in lowered.inputs if s.onnx_name not in samples]  # host outputs the graph reads
+    reference = OnnxSession(with_outputs(model, [p.exposed_name for p in probes] + boundary).SerializeToString())
     float_names = {n for node in float_model.graph.node for n in node.output} | {i.name for i in float_model.graph.input}
     flt_probes = [p.float_name for p in probes if p.float_name in float_names]
     float_run = OnnxSession(with_outputs(float_model, flt_probes).SerializeToString())
@@ -140,8 +149,8 @@ def layer_numerics(lower_input: onnx.ModelProto, float_model: onnx.ModelProto, p
     n = next(iter(samples.values())).shape[0]
     for i in range(n):
         feeds = {k: v[i] for k, v in samples.items()}
-        got = run_tosa(lowered.tosa, lowered, feeds)
         ref, flt = reference(feeds), float_run(feeds)
+        got = run_tosa(lowered.tosa, lowered, {**feeds, **{b: ref[b] for b in boundary}})
         flt.update(feeds)
         for p in probes:
             spec, a = specs[p.exposed_name], acc[p.exposed_name]
@@ -151,7 +160,8 @@ def layer_numerics(lower_input: onnx.ModelProto, float_model: onnx.ModelProto, p
             a["ref"].append(ref[p.exposed_name])
             if p.float_name in flt:
                 a["flt"].append(flt[p.float_name])
-    rows = [input_row(spec, samples[spec.onnx_name]) for spec in lowered.inputs if spec.dtype != "float32"]
+    rows = [input_row(spec, samples[spec.onnx_name]) for spec in lowered.inputs
+            if spec.dtype != "float32" and spec.onnx_name in samples]
     for p in probes:
         spec, a = specs[p.exposed_name], acc[p.exposed_name]
         tosa, ref = np.stack(a["tosa"]), np.stack(a["ref"])
@@ -165,7 +175,7 @@ def layer_numerics(lower_input: onnx.ModelProto, float_model: onnx.ModelProto, p
             row["quant_snr_db"] = snr_db(np.stack(a["flt"]), tosa)
             row["qdq_snr_db"] = snr_db(np.stack(a["flt"]), ref)  # what the QDQ model itself keeps of float
         rows.append(row)
-    return {"profile": profile, "samples": n, "layers": rows, **first_jump(rows)}
+    return {"profile": profile, "samples": n, "layers": rows, "host_nodes": host, **first_jump(rows)}
 
 
 def input_row(spec: IOSpec, x: np.ndarray) -> dict:
@@ -232,6 +242,9 @@ def render_table(result: dict) -> str:
         qq = "-" if r.get("qdq_snr_db") is None else f"{r['qdq_snr_db']:.1f}"
         lines.append(f"{cut(r['node'], node_w):<{node_w}}{gap}{cut(r['op_type'], op_w):<{op_w}}{gap}"
                      f"{r['tosa_snr_db']:>13.1f}{gap}{lsb:>7}{gap}{q:>15}{gap}{qq:>15}{mark}")
+    if result.get("host_nodes"):
+        lines.append(f"on the host, not compared (the integer graph reads the QDQ model's values of their outputs): "
+                     f"{', '.join(result['host_nodes'])}")
     if result.get("first_drift") is not None:
         lines.append(f"first drift from float: {result['first_drift']} ({result['drift_reason']})")
     if result["first_jump"] is None and result["first_lowering_error"] is None:

@@ -184,3 +184,24 @@ def test_an_equalised_build_is_compared_with_the_equalised_float_model(tmp_path:
     # conv1's output (the Relu folded into its grid) and dw's are rescaled per channel; pw's, the output, is not
     assert all(r["qdq_snr_db"] > 25 and r["quant_snr_db"] > 25 for r in res["layers"]), res["layers"]
     assert res["first_jump"] is None and res["first_drift"] is None
+
+
+def test_a_build_with_a_host_node_compares_the_rest(tmp_path: Path, capsys):
+    """configs/host_fallback.yaml: its LRN runs on the host (no int8 lowering). The integer graph of the rest is
+    compared node by node, reading the QDQ model's own LRN output; the table says which node it left out. (It
+    stopped at the LRN before: 'LRN is lowered in the FP profile only'.)"""
+    root = tmp_path / "product"
+    (root / "configs" / "models").mkdir(parents=True)
+    (root / "dodo.py").write_text("# product repo marker\n")
+    shutil.copy(REPO / "configs" / "host_fallback.yaml", root / "configs" / "h.yaml")
+    shutil.copy(REPO / "configs" / "models" / "alexnet_lrn.onnx", root / "configs" / "models" / "alexnet_lrn.onnx")
+    code, out, err = run_cli(["debug-numerics", "configs/h.yaml", "--target", "ethos-u55-128", "--build-dir", "b"],
+                             capsys, cwd=root)
+    assert code == 0, err
+    assert "on the host, not compared (the integer graph reads the QDQ model's values of their outputs): lrn_5" in out
+    res = json.loads((root / "b" / "builds" / "host_fallback" / "alexnet_lrn" / "ethos-u55-128" / "layers.json")
+                     .read_text())
+    nodes = [r["node"] for r in res["layers"]]
+    assert res["host_nodes"] == ["lrn_5"] and "lrn_5" not in nodes
+    assert "conv_3" in nodes and "gemm_16" in nodes  # before and after the host node
+    assert all(r["max_error_lsb"] <= 1 for r in res["layers"]) and res["first_lowering_error"] is None
