@@ -166,6 +166,22 @@ def _dq_array(info: QdqModel, dq: onnx.NodeProto, k: int) -> np.ndarray | None:
     return info.array(dq.input[k]) if len(dq.input) > k and dq.input[k] else None
 
 
+def _dequantized(info: QdqModel, dq: onnx.NodeProto) -> tuple[np.ndarray, int | None]:
+    """The real values (float64) of a DequantizeLinear of an initializer, and its quantisation axis (None: one
+    scale for the whole tensor)."""
+    data, scale = info.array(dq.input[0]), info.array(dq.input[1])
+    assert data is not None and scale is not None
+    axis = _weight_axis(dq, data.ndim, scale)
+    shape = [1] * data.ndim
+    if axis is not None:
+        shape[axis] = -1
+    q = data.astype(np.float64)
+    zp = _dq_array(info, dq, 2)
+    if zp is not None and np.any(zp):
+        q = q - zp.astype(np.float64).reshape(shape if zp.size > 1 else [1] * data.ndim)
+    return q * scale.astype(np.float64).reshape(shape), axis
+
+
 def _weight_axis(dq: onnx.NodeProto, ndim: int, scale: np.ndarray) -> int | None:
     if scale.size == 1:
         return None
@@ -273,18 +289,9 @@ def _float_constants(info: QdqModel, node: onnx.NodeProto) -> None:
         dq = info.producer.get(name)
         if dq is None or dq.op_type != DQ or dq.input[0] not in info.inits:
             continue
-        q = info.array(dq.input[0]).astype(np.float64)
-        scale = info.array(dq.input[1]).astype(np.float64)
-        zp = _dq_array(info, dq, 2)
-        axis = _weight_axis(dq, q.ndim, scale) if scale.size > 1 else None
-        shape = [1] * q.ndim
-        if axis is not None:
-            shape[axis] = -1
-        zp64 = np.zeros(1) if zp is None else zp.astype(np.float64).reshape(shape if zp.size > 1 else -1)
-        real = ((q - zp64) * scale.reshape(shape if scale.size > 1 else -1)).astype(np.float32)
         float_name = f"{name}_float"
         if float_name not in info.inits:
-            init = numpy_helper.from_array(real, float_name)
+            init = numpy_helper.from_array(_dequantized(info, dq)[0].astype(np.float32), float_name)
             info.model.graph.initializer.append(init)
             info.inits[float_name] = init
         node.input[i] = float_name
@@ -331,13 +338,9 @@ def _restore_relu(info: QdqModel, writer: _Writer, act: Activation, scale: str, 
 def _to_int4(info: QdqModel, writer: _Writer, layer: str) -> np.ndarray:
     """Layer's int8 weight DequantizeLinear rewritten to int4; returns the new per-channel scales."""
     dq = info.layers[layer].weight_dq
-    data, scale = info.array(dq.input[0]), info.array(dq.input[1])
-    assert data is not None and scale is not None
-    axis = _weight_axis(dq, data.ndim, scale)
-    shape = [1] * data.ndim
-    if axis is not None:
-        shape[axis] = -1
-    real = data.astype(np.float64) * scale.astype(np.float64).reshape(shape)
+    scale = info.array(dq.input[1])
+    assert scale is not None
+    real, axis = _dequantized(info, dq)
     q, s4 = int4_weights(real, axis)
     dq.input[0] = writer.init(f"{dq.input[0]}_int4", q.astype(ml_dtypes.int4))
     s4 = s4.reshape(scale.shape)
