@@ -20,12 +20,18 @@ quantize stage keeps the ratios only where the QDQ model scores no worse against
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
 import numpy as np
 import onnx
 from onnx import numpy_helper
 
 from npubuild.frontend.graph_index import GraphIndex
 from npubuild.frontend.qdq_concat import SCALE_PRESERVING
+
+if TYPE_CHECKING:
+    from npubuild.frontend.ptq.choose import Scorer
 
 STEPS = 64  # the larger operand's weight: a power of two (see the module docstring), the largest int8 holds
 MAX_COARSEN = 1.0 / 32  # the most one operand's scale grows by
@@ -170,23 +176,29 @@ def depthwise_sums(model: onnx.ModelProto) -> int:
     return sum(weights(view.value(ka), view.value(kb)) is not None for _, ka, kb in view.sums())
 
 
-def snap_if_free(qdq: onnx.ModelProto, float_model: onnx.ModelProto,
-                 arrays: dict[str, np.ndarray]) -> dict | None:
+def snap_if_free(qdq: onnx.ModelProto, float_model: onnx.ModelProto, arrays: dict[str, np.ndarray],
+                 scorer_of: Callable[[], Scorer] | None = None,
+                 scored: tuple[float, float] | None = None) -> dict | None:
     """The ratios of snap_add_ratios, kept (in place) only where they cost no accuracy: the QDQ model with them,
     scored against float on the calibration samples as the quantize stage scores its recipes, may lose at most
     SNAP_TOLERANCE_DB on its worst output and on the mean. A near-collapse model moves by more than any
     coarsening's own noise under any perturbation (MediaPipe face detection -0.28 dB worst, held-out -1.3; palm
     detection mean -0.16, held-out -0.8), and a ratio only pays where U55 takes the depthwise form. Returns the
-    record (None where no sum could take a ratio)."""
+    record (None where no sum could take a ratio). `scorer_of` and `scored`: the recipe choice's Scorer and its
+    score of `qdq`, where it made one (the same measures, not made twice)."""
     trial = onnx.ModelProto()
     trial.CopyFrom(qdq)
     moved = snap_add_ratios(trial)
     if not moved:
         return None
-    from npubuild.frontend.ptq.choose import Scorer  # the PTQ package, kept out of the lower stage's imports
+    if scorer_of is None:  # the PTQ package, imported here: kept out of the lower stage's imports
+        from npubuild.frontend.ptq.choose import Scorer as FloatScorer
 
-    scorer = Scorer(float_model, arrays)
-    before, after = scorer.score(qdq), scorer.score(trial)
+        scorer = FloatScorer(float_model, arrays)
+    else:
+        scorer = scorer_of()
+    before = scored if scored is not None else scorer.score(qdq)
+    after = scorer.score(trial)
     kept = all(a >= b - SNAP_TOLERANCE_DB for a, b in zip(after, before, strict=True))
     if kept:
         qdq.CopyFrom(trial)

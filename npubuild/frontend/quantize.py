@@ -30,7 +30,7 @@ from npubuild.frontend.calibration import entropy_options
 from npubuild.frontend.data import calibration_arrays, graph_inputs
 from npubuild.frontend.ort_quantiser import QuantiserCache, linear_quantiser
 from npubuild.frontend.passes import HOST_REASON
-from npubuild.frontend.ptq.choose import Choice, choose
+from npubuild.frontend.ptq.choose import Choice, Scorer, choose
 from npubuild.frontend.qdq_add_ratio import snap_if_free
 from npubuild.frontend.qdq_concat import share_concat_scales
 from npubuild.frontend.qdq_feedback import check_feedback, tie_feedback
@@ -388,10 +388,18 @@ def quantize_chosen(float_model: Path, model: onnx.ModelProto, arrays: dict[str,
     """The QDQ model of the recipe the spec asks for, or (each choice "auto") of the one that measures
     closest to float on the calibration data (ptq/choose.py); each candidate with its fed-back states'
     inputs on their outputs' grids (frontend/qdq_feedback.py), as it will run."""
+    made: list[Scorer] = []
+
+    def scorer() -> Scorer:  # float's outputs on the scoring rows, computed once for the choice and the ratio step
+        if not made:
+            made.append(Scorer(model, arrays))
+        return made[0]
+
     with tempfile.TemporaryDirectory(prefix="npubuild-calib-") as tmp_cache:
         cache = QuantiserCache(Path(tmp_cache))  # what one candidate's quantisation leaves for the next
-        qdq, choice = choose(model, arrays, q, candidate_builder(float_model, model, arrays, cache, feedback))
-    choice.add_ratio = snap_if_free(qdq, model, arrays)  # residual sums' operands in 64ths (qdq_add_ratio.py)
+        qdq, choice = choose(model, arrays, q, candidate_builder(float_model, model, arrays, cache, feedback), scorer)
+    # residual sums' operands in 64ths (qdq_add_ratio.py), scored by the same measure the choice took
+    choice.add_ratio = snap_if_free(qdq, model, arrays, scorer, choice.score)
     return qdq, choice
 
 

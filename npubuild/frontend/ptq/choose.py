@@ -42,6 +42,7 @@ class Choice:
     corrected_layers: int = 0
     equalization: bool = False
     add_ratio: dict | None = None  # the residual sums' ratio step, where one applied (frontend/qdq_add_ratio.py)
+    score: tuple[float, float] | None = None  # the chosen model's (worst, mean) SNR unrounded, for the ratio step
 
     def to_json(self) -> dict:
         return {"method": self.method, "bias_correction": self.bias_correction, "equalization": self.equalization,
@@ -106,14 +107,16 @@ class Scorer:
 
 
 def choose(float_model: onnx.ModelProto, arrays: dict[str, np.ndarray], q: dict,
-           build: Callable[[dict, onnx.ModelProto], onnx.ModelProto]) -> tuple[onnx.ModelProto, Choice]:
+           build: Callable[[dict, onnx.ModelProto], onnx.ModelProto],
+           scorer_of: Callable[[], Scorer] | None = None) -> tuple[onnx.ModelProto, Choice]:
     """The QDQ model of the best recipe and the record of the choice. `build(q, model)` quantises `model` (the
     float model, or its equalised form) with the settings `q` (its `_ranges`, when set, fixing every
-    activation's range) and returns the finished QDQ model."""
+    activation's range) and returns the finished QDQ model. `scorer_of` gives the Scorer of `float_model` on
+    `arrays` (made once for the stage's later measures too), where there is a choice to make."""
     method, bc, eq = q.get("method", "auto"), q.get("bias_correction", "auto"), q.get("equalization", "auto")
     estimators = AUTO_ESTIMATORS if method == "auto" else (method,)
     choosing = len(estimators) > 1 or bc == "auto" or eq == "auto"
-    scorer = Scorer(float_model, arrays) if choosing else None
+    scorer = ((scorer_of or (lambda: Scorer(float_model, arrays)))()) if choosing else None
     fixed = ranges.fixed_ranges(float_model)
 
     # a method the spec names that onnxruntime's calibrator has is its; under auto every range comes from the
@@ -153,7 +156,7 @@ def choose(float_model: onnx.ModelProto, arrays: dict[str, np.ndarray], q: dict,
     best = max(tried, key=lambda t: sum(t.score))
     candidates = {t.name: round(t.score[0], 2) for t in tried} if scorer else {}
     return best.model, Choice(best.method, best.bias_correction, round(best.score[0], 2) if scorer else None,
-                              candidates, best.corrected, best.equalised)
+                              candidates, best.corrected, best.equalised, score=best.score if scorer else None)
 
 
 @dataclass
