@@ -17,6 +17,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from npubuild.cli import main
 from npubuild.frontend.passes import HOST_REASON, KEPT_FLOAT
+from npubuild.frontend.precision.choose import describe
 from npubuild.frontend.precision.qdq import QdqModel
 from npubuild.frontend.precision.rewrite import PrecisionPlan, apply_plan
 from npubuild.frontend.quantize import quantize
@@ -130,6 +131,11 @@ def test_the_plan_reads_float_between_float_layers_and_float_constants():
     assert nodes["mel"].input[1] in inits and nodes["floor"].input[1] in inits  # float constants, no DQ
     assert producer[nodes["power"].input[0]].op_type == "DequantizeLinear"  # the NPU's output, dequantised
     assert not nodes["transform"].doc_string
+    # precision.json says so: the tail's groups float, the transform's int8
+    record = describe(info, PrecisionPlan(floats=floats), {})
+    by_layer = {tuple(g["layers"]): g["activations"] for g in record["groups"]}
+    assert {by_layer[(name,)] for name in TAIL} == {"float"} and by_layer[("transform",)] == "int8"
+    assert record["summary"]["float_layers"] == sorted(TAIL)
 
 
 def quantize_in_memory(model: onnx.ModelProto, x: np.ndarray) -> onnx.ModelProto:

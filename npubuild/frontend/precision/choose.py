@@ -26,7 +26,15 @@ from npubuild.frontend.precision.search import CostFn, search
 
 def describe(info: QdqModel, plan: PrecisionPlan, kept: dict[str, str]) -> dict:
     """precision.json's per-group and per-layer records, and their counts."""
-    groups = [{"group": g.name, "layers": g.layers, "activations": "int16" if g.name in plan.int16 else "int8",
+    def precision_of(g) -> str:  # a group whose every activation the spec keeps in float is float; else its grid's
+        if plan.floats and all(a in plan.floats for a in g.activations):
+            return "float"
+        return "int16" if g.name in plan.int16 else "int8"
+
+    groups = [{"group": g.name, "layers": g.layers, "activations": precision_of(g),
+               **({"float_activations": [a for a in g.activations if a in plan.floats]}
+                  if plan.floats and precision_of(g) != "float" and any(a in plan.floats for a in g.activations)
+                  else {}),
                **({"kept_int8": kept[g.name]} if g.name in kept else {})} for g in info.groups.values()]
     layers = [{"layer": name, "op_type": layer.op_type, "weights": "int4" if name in plan.int4 else "int8",
                "weight_elements": layer.weight_elements} for name, layer in info.layers.items()]
