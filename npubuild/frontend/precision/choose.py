@@ -26,16 +26,18 @@ from npubuild.frontend.precision.search import CostFn, search
 
 def describe(info: QdqModel, plan: PrecisionPlan, kept: dict[str, str]) -> dict:
     """precision.json's per-group and per-layer records, and their counts."""
-    def precision_of(g) -> str:  # a group whose every activation the spec keeps in float is float; else its grid's
-        if plan.floats and all(a in plan.floats for a in g.activations):
-            return "float"
-        return "int16" if g.name in plan.int16 else "int8"
+    def group_record(g) -> dict:  # float where the spec keeps every activation of it so; else its grid's width
+        floats = [a for a in g.activations if a in plan.floats]
+        whole = len(floats) == len(g.activations)
+        record = {"group": g.name, "layers": g.layers,
+                  "activations": "float" if whole else "int16" if g.name in plan.int16 else "int8"}
+        if floats and not whole:
+            record["float_activations"] = floats
+        if g.name in kept:
+            record["kept_int8"] = kept[g.name]
+        return record
 
-    groups = [{"group": g.name, "layers": g.layers, "activations": precision_of(g),
-               **({"float_activations": [a for a in g.activations if a in plan.floats]}
-                  if plan.floats and precision_of(g) != "float" and any(a in plan.floats for a in g.activations)
-                  else {}),
-               **({"kept_int8": kept[g.name]} if g.name in kept else {})} for g in info.groups.values()]
+    groups = [group_record(g) for g in info.groups.values()]
     layers = [{"layer": name, "op_type": layer.op_type, "weights": "int4" if name in plan.int4 else "int8",
                "weight_elements": layer.weight_elements} for name, layer in info.layers.items()]
     return {"groups": groups, "weights": layers,

@@ -116,7 +116,9 @@ def choose(float_model: onnx.ModelProto, arrays: dict[str, np.ndarray], q: dict,
     method, bc, eq = q.get("method", "auto"), q.get("bias_correction", "auto"), q.get("equalization", "auto")
     estimators = AUTO_ESTIMATORS if method == "auto" else (method,)
     choosing = len(estimators) > 1 or bc == "auto" or eq == "auto"
-    scorer = ((scorer_of or (lambda: Scorer(float_model, arrays)))()) if choosing else None
+    scorer = None
+    if choosing:
+        scorer = scorer_of() if scorer_of is not None else Scorer(float_model, arrays)
     fixed = ranges.fixed_ranges(float_model)
 
     # a method the spec names that onnxruntime's calibrator has is its; under auto every range comes from the
