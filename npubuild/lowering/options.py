@@ -156,6 +156,9 @@ class LoweringOptions:
     # an int8 conv whose kernel equals its stride, from this stride on, as a 1x1 conv of the input's patch view
     # (space_to_depth.patch_view: the same integers); Vela runs a stride past 3 as one conv per output (None: never)
     patch_conv_min_stride: int | None = None
+    # an int conv strided from this stride on along W (at most 3 along H), kernel not its stride, as a stride-1 conv
+    # of the input's W-block view (space_to_depth.column_blocks: the same integers; None: never)
+    column_block_min_stride: int | None = None
     # DepthToSpace (DCR) as one channel SLICE per output row phase, stacked by a CONCAT, no TRANSPOSE (ops_resize)
     depth_to_space_rows: bool = False
     # a per-channel PRelu's two branches cut at the zero point with MAXIMUM / MINIMUM of the zero point (U85 runs
@@ -291,7 +294,8 @@ class LoweringOptions:
 PORTABLE = LoweringOptions()
 # The figures behind each family's choices: bench/family_choices.md ("Why each family takes what it takes"),
 # bench/perf_choices.md.
-EVERY_FAMILY = {"row_stats_channels": True, "patch_conv_min_stride": 4}  # per-row statistics, patch embeddings
+EVERY_FAMILY = {"row_stats_channels": True, "patch_conv_min_stride": 4,  # per-row statistics, patch embeddings,
+                "column_block_min_stride": 4}  # an STFT as a conv
 NORM_U55_U65 = {"norm_raw_squares": True, "norm_affine_one_row": True}  # the layer norm's cheaper int8 forms
 FAMILY_OPTIONS: dict[LoweringFamily, LoweringOptions] = {
     # U55 (decided on U55-128): the SRAM peak of in-order copies, the depthwise requantise and copy, bilinear 2x

@@ -1,4 +1,8 @@
-"""A stride-2 convolution of a narrow input as a stride-1 one on its 2x2 space-to-depth view.
+"""Strided convolutions as stride-1 ones on a view of the input whose blocks are channels (the same integers).
+
+fold_stride: a stride-2 convolution of a narrow input on its 2x2 space-to-depth view. patch_view: a conv whose
+kernel is its stride (a patch embedding) as a 1x1 conv. column_blocks: a conv strided past 3 along W (an STFT
+as a conv) on its W-block view, which in NHWC is a RESHAPE.
 
 An Ethos-U convolution consumes input channels in bricks (8 or 16 at a time): a 1- or 3-channel image stem
 leaves most of the MAC array idle (DS-CNN's 10x4 stride-2 conv on its 49x10x1 spectrogram: 26201 cycles on
@@ -19,7 +23,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from npubuild.lowering.context import NHWC, LoweringContext, TTensor, identity
-from npubuild.lowering.convolution import acc_type, int_conv
+from npubuild.lowering.convolution import acc_type, exact_pads, int_conv, slice_hw
 from npubuild.lowering.emit import Op, attr, rescale, reshape, transpose
 from npubuild.lowering.movement import pad_phys
 
@@ -133,3 +137,69 @@ def patch_view(ctx: LoweringContext, x: TTensor, w_oihw: np.ndarray, pads: list[
     view = reshape(ctx, patches, (1, h // sh, w // sw, sh * sw * c), NHWC)
     o = w_oihw.shape[0]
     return view, np.ascontiguousarray(w_oihw.transpose(0, 2, 3, 1).reshape(o, sh * sw * c, 1, 1))
+
+
+@dataclass(frozen=True)
+class ColumnBlocks:
+    """A conv strided s >= 4 along W as a stride-1 conv on the input's W-block view [N, H, W / s, s C]
+    (column_blocks): the blocks of input it keeps, its pads in blocks and the kernel's offset in its block grid."""
+
+    stride: int
+    blocks: int  # whole input blocks the view keeps (their s * blocks columns; a tail no tap reads is sliced off)
+    before: int  # zero-point blocks before the input
+    after: int  # ... and after it
+    shift: int  # the kernel's first tap within its block grid (s * before - the ONNX left pad)
+    kernel: int  # kernel width in blocks
+
+    @property
+    def pads(self) -> tuple[int, int]:
+        return self.before, self.after
+
+
+def _column_blocks(w: int, k: int, s: int, before: int, after: int) -> ColumnBlocks | None:
+    """The block geometry of a W axis of w inputs, kernel k, stride s, ONNX pads (before, after); None where a
+    tap reads a column of a partial last block (the view would need a PAD of the zero point first)."""
+    out = (w - 1 + before + after - (k - 1)) // s + 1
+    if out < 1:
+        return None
+    pad_blocks = -(-before // s)
+    shift = pad_blocks * s - before
+    kernel = -(-(k + shift) // s)
+    span = out - 1 + kernel  # blocks the outputs read, padding included
+    blocks = min(w // s, span - pad_blocks)
+    last_read = (out - 1) * s + k - 1 - before  # the last input column a tap reads (past w: ONNX's padding)
+    if blocks < 1 or min(last_read, w - 1) >= blocks * s:
+        return None
+    return ColumnBlocks(s, blocks, pad_blocks, span - pad_blocks - blocks, shift, kernel)
+
+
+def column_blocks(ctx: LoweringContext, x: TTensor, w_oihw: np.ndarray, pads: list[int], stride, dilation,
+                  min_stride: int | None) -> tuple[TTensor, np.ndarray, list[int]] | None:
+    """(the W-block view of x, its kernel, its TOSA pads) for a conv strided s >= min_stride along W and at most
+    3 along H (an STFT as a conv: openWakeWord's 512-tap, hop-160 filters; an audio front end's strided 1-D
+    conv), or None.
+
+    Ethos-U convolves at strides up to 3: Vela 5.2 runs a larger one as one conv per output position, and a
+    narrow input uses a few rows of the MAC array (the melspectrogram's two 257 x 512 filters over 1760 samples
+    in one channel: 16 convs, 2.50 M of its 2.54 M cycles on U55-128). Each run of s columns is one position of
+    s * C channels (channel p * C + c: in NHWC a RESHAPE, no copy), the kernel the same way with zero taps
+    where its block grid overhangs it: y[o] = sum_j w[j] x[s o + j - before] term for term, the same integers.
+    The view reads whole blocks, so a tail no tap reads is sliced off (TOSA's exact output size) and a
+    partial last block that a tap reads is left to the strided conv."""
+    n, h, w, c = x.shape
+    sh, sw = stride
+    if (min_stride is None or sw < min_stride or sh > 3 or dilation[1] != 1 or n != 1 or x.q is None
+            or x.perm != NHWC or x.dtype not in (np.int8, np.int16)):
+        return None
+    kh, kw = w_oihw.shape[2], w_oihw.shape[3]
+    cols = _column_blocks(w, kw, sw, pads[2], pads[3])
+    if cols is None:
+        return None
+    row_pads, (keep_h, _) = exact_pads((h, w), (kh, kw), stride, dilation, pads)
+    x = slice_hw(ctx, x, (keep_h, cols.blocks * sw))
+    view = reshape(ctx, x, (n, keep_h, cols.blocks, sw * c), NHWC)
+    o = w_oihw.shape[0]
+    grid = np.zeros((o, c, kh, cols.kernel * sw), w_oihw.dtype)
+    grid[:, :, :, cols.shift:cols.shift + kw] = w_oihw
+    kernel = grid.reshape(o, c, kh, cols.kernel, sw).transpose(0, 4, 1, 2, 3).reshape(o, sw * c, kh, cols.kernel)
+    return view, np.ascontiguousarray(kernel), [row_pads[0], row_pads[1], *cols.pads]

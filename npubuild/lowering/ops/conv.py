@@ -36,7 +36,7 @@ from npubuild.lowering.movement import phys_reshape
 from npubuild.lowering.quant import QParams, accumulator
 from npubuild.lowering.reduction import emit_reduce
 from npubuild.lowering.registry import lowers
-from npubuild.lowering.space_to_depth import fold_stride, patch_view
+from npubuild.lowering.space_to_depth import column_blocks, fold_stride, patch_view
 from npubuild.lowering.spatial import (
     CHANNELS_LAST_1D,
     Window,
@@ -128,7 +128,11 @@ def lower_conv(ctx: LoweringContext) -> None:
     o = w.shape[0]
     kernel, stride, dilation = (w.shape[2], w.shape[3]), win.stride, win.dilation
     pads = conv_pads((x.shape[1], x.shape[2]), replace(win, kernel=kernel))
-    pads, keep = exact_pads((x.shape[1], x.shape[2]), kernel, stride, dilation, pads)
+    blocked = column_blocks(ctx, x, w, pads, stride, dilation, ctx.options.column_block_min_stride) \
+        if group == 1 and ctx.profile == "int" and (kernel != tuple(stride) or any(pads)) else None
+    if blocked is not None:  # strided past 3 along W (an STFT as a conv): a stride-1 conv of its W-block view
+        (x, w, pads), stride = blocked, (stride[0], 1)
+    pads, keep = exact_pads((x.shape[1], x.shape[2]), (w.shape[2], w.shape[3]), stride, dilation, pads)
     if ctx.options.conv_stride_taps and dilation == (1, 1) and keep != (x.shape[1], x.shape[2]):
         w = widen_instead_of_slice(w, (x.shape[1], x.shape[2]), keep)
         keep = (x.shape[1], x.shape[2])
@@ -136,7 +140,7 @@ def lower_conv(ctx: LoweringContext) -> None:
     if ctx.options.dilation_taps and max(dilation) > MAX_HW_DILATION:
         w, dilation = taps_for_dilation(w, dilation)
     patched = patch_view(ctx, x, w, pads, stride, dilation, ctx.options.patch_conv_min_stride) \
-        if group == 1 and ctx.profile == "int" else None
+        if group == 1 and ctx.profile == "int" and blocked is None else None
     if patched is not None:  # a patch embedding (kernel = stride > 3) as a 1x1 conv of its patch view
         (x, w), stride = patched, (1, 1)
     elif group == 1 and ctx.profile == "int" and ctx.options.space_to_depth_channels is not None:
