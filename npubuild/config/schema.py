@@ -274,7 +274,8 @@ class PrecisionBudget(Strict):
     """What `precision: auto` must hold (frontend/precision/search.py): the accuracy to reach against the float
     model, at most this much slower than the int8 build on every target. The search promotes the layers whose
     16 bits buy the most accuracy per cycle until the accuracy is met, then demotes to 4-bit weights the layers
-    whose weights cost the least accuracy per byte saved while it still is."""
+    whose weights cost the least accuracy per byte saved while it still is. With `host_float`, where no 16-bit
+    plan reaches the accuracy, the shortest tail of the graph that does is kept in float on the host CPU."""
 
     min_snr_db: float | None = Field(default=None, description="Worst output's SNR against the float model, dB")
     min_top1_agreement: float | None = Field(default=None, ge=0, le=1,
@@ -282,6 +283,8 @@ class PrecisionBudget(Strict):
     max_slowdown: float = Field(default=2.0, ge=1.0, le=16.0, description="Inference time over the int8 build's, "
                                                                            "on every target")
     weights_int4: bool = Field(default=True, description="Also demote weights to int4 where the budget allows")
+    host_float: bool = Field(default=False, description="Where 16 bits cannot reach the accuracy, keep the fewest "
+                             "last layers in float on the host CPU (their time is not estimated)")
 
     @model_validator(mode="after")
     def _some_accuracy(self) -> PrecisionBudget:

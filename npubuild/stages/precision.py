@@ -67,16 +67,19 @@ def run(task: StageTask) -> dict:
     from npubuild.frontend.precision.choose import precision_stage
 
     config = PrecisionConfig.from_json(task.config)
-    cost = None
+    cost, host_ops = None, None
     if config.quantization.precision == "auto":
+        from npubuild.deploy.host_ops import HOST_OPS
         from npubuild.ethosu.cost import vela_cost
 
         def cost(model):  # Vela's estimate of a candidate on every target, in the task's own directory
             return {t.name: vela_cost(model, config.passes, t, v, task.dir) for t, v in config.targets}
 
+        if any(t.host.kind == "cortex-m" for t, _ in config.targets):  # TensorFlow Lite Micro's builtins only
+            host_ops = frozenset(HOST_OPS)
     return precision_stage(task.inputs["float"], task.inputs["int8"], config.quantization, config.calibration,
                            task.inputs.get("calibration"), config.families, cost, task.outputs["onnx"],
-                           task.outputs["plan"])
+                           task.outputs["plan"], host_ops)
 
 
 STAGE = Stage("precision", __name__, "npubuild.frontend.precision.choose",

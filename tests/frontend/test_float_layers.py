@@ -74,6 +74,9 @@ FLOAT_TAIL = "quantization:\n  layers:\n    transform: {activations: int16}\n" +
     "".join(f"    {n}: {{activations: float}}\n" for n in TAIL)
 
 
+AUTO_TAIL = "quantization:\n  precision: auto\n  budget: {min_snr_db: 40, host_float: true}\n"
+
+
 @pytest.fixture(scope="module")
 def built(tmp_path_factory) -> tuple[Path, dict[str, dict]]:
     root = tmp_path_factory.mktemp("float_layers") / "product"
@@ -83,6 +86,7 @@ def built(tmp_path_factory) -> tuple[Path, dict[str, dict]]:
     np.save(root / "configs" / "calib.npy", _inputs(24, 0))
     (root / "configs" / "int8.yaml").write_text(SPEC.format(name="int8"))
     (root / "configs" / "tail.yaml").write_text(SPEC.format(name="tail") + FLOAT_TAIL)
+    (root / "configs" / "auto.yaml").write_text(SPEC.format(name="auto") + AUTO_TAIL)
     old = Path.cwd()
     os.chdir(root)  # run_cli's way, without capsys (function-scoped): the tests read the report
     try:
@@ -158,3 +162,57 @@ def test_auto_precision_refuses_float_layers(tmp_path: Path, capsys):
         "  layers:\n    log: {activations: float}\n")
     code, _, err = run_cli(["validate", "configs/a.yaml"], capsys, cwd=root)
     assert code == 2 and "give them with precision: fixed" in err and err.count("\n") == 1
+
+
+def test_auto_precision_keeps_the_tail_in_float_where_16_bits_cannot(built):
+    """`precision: auto` with `host_float`: within the default 2x slowdown no 16-bit plan reaches 40 dB, so the
+    search keeps the shortest tail that does in float, the one the hand-written spec names, and the build
+    passes with the deployable computing the checked model."""
+    _, builds = built
+    auto = builds["auto"]
+    m = auto["metrics"]
+    assert auto["status"] == "passed (mostly host)", auto.get("errors")
+    assert m["precision"]["met"] and m["precision"]["float_layers"] == sorted(TAIL)
+    tail = m["precision"]["float_tail"]
+    assert tail["met"] and tail["layers"] == sorted(TAIL) and tail["within_slowdown"]
+    assert m["float_snr_db"] > 40 and m["host_ops"] == len(TAIL)
+    assert m["cortex_m_deployable"] and m["device_max_error_lsb"] <= 1
+
+
+def test_the_tail_stops_at_a_node_the_host_cannot_run():
+    """The candidates are the last nodes in graph order back to the first one TensorFlow Lite Micro has no float
+    kernel for: without Log, none (the search then leaves the plan as 16 bits made it)."""
+    from npubuild.deploy.host_ops import HOST_OPS
+    from npubuild.frontend.precision.search import tail_producers
+
+    info = QdqModel(quantize_in_memory(log_power_model(), _inputs(16, 1)))
+    assert [n.name for n in tail_producers(info, None)] == ["log", "floor", "mel", "power", "transform"]
+    assert [n.name for n in tail_producers(info, frozenset(HOST_OPS))] == ["log", "floor", "mel", "power",
+                                                                           "transform"]
+    assert tail_producers(info, frozenset(HOST_OPS) - {"Log"}) == []
+    assert [n.name for n in tail_producers(info, frozenset(HOST_OPS) - {"Mul"})] == ["log", "floor", "mel"]
+
+
+def test_without_host_float_the_search_keeps_everything_on_the_npu():
+    from npubuild.config.load import default_search_path, load_target
+    from npubuild.config.schema import PrecisionBudget
+    from npubuild.ethosu.cost import vela_cost
+    from npubuild.frontend.precision.ranges import calibration_ranges
+    from npubuild.frontend.precision.search import Measure, search
+
+    model, arrays = log_power_model(), {"x": _inputs(16, 1)}
+    qdq = quantize_in_memory(model, arrays["x"])
+    profile, _ = load_target("ethos-u55-128", default_search_path(Path(__file__).resolve().parents[2]), None)
+
+    def cost(m: onnx.ModelProto):
+        return {profile.name: vela_cost(m, [], profile, profile.vela)}
+
+    ranges = calibration_ranges(model, arrays)
+    results = {}
+    for host_float in (False, True):
+        budget = PrecisionBudget(min_snr_db=40, host_float=host_float, weights_int4=False)
+        results[host_float] = search(qdq, model, arrays, ("u55",), budget, cost, ranges)
+    (plan, record), (tail_plan, tail_record) = results[False], results[True]
+    assert not record["met"] and not plan.floats and "float_tail" not in record
+    assert tail_record["met"] and tail_record["float_tail"]["layers"] == sorted(TAIL)
+    assert Measure(model, arrays)(apply_plan(qdq, tail_plan, ("u55",), ranges)).snr_db >= 40

@@ -38,13 +38,13 @@ def describe(info: QdqModel, plan: PrecisionPlan, kept: dict[str, str]) -> dict:
         return record
 
     groups = [group_record(g) for g in info.groups.values()]
+    int16 = [g for g in groups if g["activations"] == "int16"]  # a group the plan promotes but keeps in float: float
     layers = [{"layer": name, "op_type": layer.op_type, "weights": "int4" if name in plan.int4 else "int8",
                "weight_elements": layer.weight_elements} for name, layer in info.layers.items()]
     return {"groups": groups, "weights": layers,
-            "summary": {"int16_groups": len(plan.int16), "groups": len(info.groups),
+            "summary": {"int16_groups": len(int16), "groups": len(info.groups),
                         "int4_layers": len(plan.int4), "weighted_layers": len(info.layers),
-                        "int16_layers": sorted({lay for g in info.groups.values() if g.name in plan.int16
-                                                for lay in g.layers}),
+                        "int16_layers": sorted({lay for g in int16 for lay in g["layers"]}),
                         "int4_weights": sorted(plan.int4),
                         **({"float_layers": sorted({p.name for a in plan.floats
                                                     if (p := info.activations[a].producer) is not None})}
@@ -53,8 +53,9 @@ def describe(info: QdqModel, plan: PrecisionPlan, kept: dict[str, str]) -> dict:
 
 def precision_stage(float_path: Path, int8_path: Path, quantization: Quantization, calibration: Calibration,
                     calibration_npy: Path | None, families: Sequence[str], cost: CostFn | None,
-                    out_onnx: Path, out_json: Path) -> dict:
-    """The mixed-precision QDQ model at `out_onnx` and its record at `out_json`; the stage's metrics."""
+                    out_onnx: Path, out_json: Path, host_ops: frozenset[str] | None = None) -> dict:
+    """The mixed-precision QDQ model at `out_onnx` and its record at `out_json`; the stage's metrics. `host_ops`:
+    what the targets' host CPUs run in float (search's)."""
     int8 = onnx.load(str(int8_path))
     float_model = onnx.load(str(float_path))
     arrays: dict[str, np.ndarray] = calibration_arrays(float_model, calibration.model_dump(), calibration_npy)
@@ -63,7 +64,7 @@ def precision_stage(float_path: Path, int8_path: Path, quantization: Quantizatio
     record: dict = {"mode": quantization.precision, "families": list(families)}
     if quantization.precision == "auto":
         assert quantization.budget is not None and cost is not None
-        plan, found = search(int8, float_model, arrays, families, quantization.budget, cost, ranges)
+        plan, found = search(int8, float_model, arrays, families, quantization.budget, cost, ranges, host_ops)
         kept: dict[str, str] = {}
         record["search"] = found
     else:
@@ -81,5 +82,6 @@ def precision_stage(float_path: Path, int8_path: Path, quantization: Quantizatio
                         "chosen": s["chosen"], "cycles": s["cycles"], "fits": s["fits"],
                         # what each choice cost (Vela's cycles per target) and bought (the dB it saves)
                         "int16_choices": [g for g in s["groups"] if g["chosen"]],
-                        "int4_choices": [lay for lay in s["layers"] if lay["chosen"]]})
+                        "int4_choices": [lay for lay in s["layers"] if lay["chosen"]],
+                        **({"float_tail": s["float_tail"]} if "float_tail" in s else {})})
     return {"precision": summary}

@@ -1,6 +1,6 @@
 """`precision: auto`: the fewest 16-bit activation groups and the most 4-bit weights that meet the budget.
 
-Measured, not guessed, in three steps on the calibration samples against the float model:
+Measured, not guessed, in three steps (a fourth on request) on the calibration samples against the float model:
 
 1. Sensitivity. Every promotable group is int16 (the best the model can do); each group alone back in int8
    gives its loss (the output noise it adds, per output). Each weighted layer alone with int4 weights (the
@@ -14,6 +14,10 @@ Measured, not guessed, in three steps on the calibration samples against the flo
    the prefix length, each step measured; the estimated slowdown bounds it); then layers in order of saving per
    loss: the longest prefix of int4 demotions that still meets it. The chosen plan is compiled by Vela for
    every target: a slowdown past the budget or a pool that does not fit drops the last promotions.
+4. Float tail (`host_float`), only where no 16-bit plan meets the budget: the shortest tail of the graph (a
+   suffix of its topological order, every node of it one the host CPU runs in float) kept in float over step
+   3's plan, by binary search over its length, and compiled by Vela for every target as step 3's. Its host
+   time is not estimated.
 
 The budget's accuracy is met with a margin (MARGIN_DB) on the calibration samples, since the build measures
 it again on samples it has not seen.
@@ -181,10 +185,65 @@ def _closest_to_float(measured: Mapping[int, Score]) -> int:
     return max(measured, key=lambda k: (measured[k].snr_db, -k))
 
 
+def tail_producers(info: QdqModel, host_ops: frozenset[str] | None) -> list[onnx.NodeProto]:
+    """The nodes writing a quantised activation, last first, up to the first one the host cannot run in float
+    (`host_ops`: the op types it can; None: any). A suffix of a topological order holds every reader of each of
+    its nodes: a float tail reads the NPU's outputs and the NPU reads none of its."""
+    writes = {a.producer.output[0] for a in info.activations.values() if a.producer is not None}
+    nodes = []
+    for node in reversed(info.model.graph.node):
+        if not writes.intersection(node.output):
+            continue
+        if host_ops is not None and node.op_type not in host_ops:
+            break
+        nodes.append(node)
+    return nodes
+
+
+@dataclass(frozen=True)
+class FloatTail:
+    """The float-tail step's outcome: the plan with the shortest tail in float that meets the budget (None: none
+    does), its score, and precision.json's record of the step."""
+
+    plan: PrecisionPlan | None
+    score: Score | None
+    record: dict
+
+
+def float_tail(info: QdqModel, base: PrecisionPlan, measure: Callable[[onnx.ModelProto], Score],
+               model: Callable[[PrecisionPlan], onnx.ModelProto], budget: PrecisionBudget,
+               host_ops: frozenset[str] | None) -> FloatTail:
+    """Where no 16-bit plan reaches the budget (a log of a power spectrum: no integer grid holds its range): the
+    shortest tail of the graph kept in float on the host, over `base`, that does (binary search over the tail's
+    length: more float, closer to float)."""
+    nodes = tail_producers(info, host_ops)
+
+    def plan_of(j: int) -> PrecisionPlan:
+        outs = {o for n in nodes[:j] for o in n.output}
+        return PrecisionPlan(base.int16, base.int4, frozenset(a for a in info.activations if a in outs))
+
+    scores: dict[int, Score] = {}
+
+    def ok(j: int) -> bool:
+        if j not in scores:
+            scores[j] = measure(model(plan_of(j)))
+        return scores[j].meets(budget)
+
+    j = _prefix(ok, 1, len(nodes), shortest=True) if nodes else None
+    chosen = [n.name or n.output[0] for n in nodes[:j]] if j is not None else []
+    record = {"candidates": len(nodes), "met": j is not None, "layers": sorted(chosen),
+              "measured": {str(k): scores[k].to_json() for k in sorted(scores)}}
+    if j is None:
+        return FloatTail(None, None, record)
+    return FloatTail(plan_of(j), scores[j], record)
+
+
 def search(base: onnx.ModelProto, float_model: onnx.ModelProto, arrays: Mapping[str, np.ndarray],
            families: Iterable[str], budget: PrecisionBudget, cost: CostFn,
-           ranges: Mapping[str, tuple[float, float]] | None = None) -> tuple[PrecisionPlan, dict]:
-    """The plan chosen within `budget` and the record of the search (precision.json's `search`)."""
+           ranges: Mapping[str, tuple[float, float]] | None = None,
+           host_ops: frozenset[str] | None = None) -> tuple[PrecisionPlan, dict]:
+    """The plan chosen within `budget` and the record of the search (precision.json's `search`). `host_ops`: the
+    op types the targets' host CPUs run in float (None: any), for `budget.host_float`."""
     families = tuple(families)
     info = QdqModel(base)
     constants = constants_of(info)
@@ -281,6 +340,16 @@ def search(base: onnx.ModelProto, float_model: onnx.ModelProto, arrays: Mapping[
         final_costs = cost(model(plan))
     if not met and plan_score.snr_db < s8.snr_db:  # trimmed below int8 itself: int8 is the best within reach
         plan, plan_score, final_costs = PrecisionPlan(frozenset()), s8, costs8
+    tail = None
+    if not met and budget.host_float:
+        found = float_tail(info, plan, measure, model, budget, host_ops)
+        tail = found.record
+        if found.plan is not None and found.score is not None:
+            costs = cost(model(found.plan))
+            tail["within_slowdown"] = all(c.fits and c.npu_cycles <= budget.max_slowdown * base_cycles[t]
+                                          for t, c in costs.items())
+            if tail["within_slowdown"]:
+                plan, plan_score, final_costs, met = found.plan, found.score, costs, True
     met = met and plan_score.meets(budget, margin_db=0.0)
     for c in candidates.values():
         c.chosen = c.name in plan.int16
@@ -297,6 +366,7 @@ def search(base: onnx.ModelProto, float_model: onnx.ModelProto, arrays: Mapping[
         "fits": {t: c.fits for t, c in final_costs.items()},
         "groups": [candidates[g].to_json("group") for g in order],
         "layers": [c.to_json("layer") for c in int4],
+        **({"float_tail": tail} if tail is not None else {}),
         "measurements": measure.runs,
     }
     return plan, record
