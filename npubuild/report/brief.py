@@ -68,10 +68,11 @@ def collapsed_model(precision: dict | None) -> str:
                 "precision: auto with a budget) may hold it")
     if precision.get("int16_groups") == precision.get("groups"):
         return ("the model has collapsed with every activation in 16 bits; what no integer grid holds can stay in float "
-                "on the host CPU (quantization.layers: {NODE: {activations: float}}; npubuild debug-numerics names "
-                "where the error jumps)")
+                "on the host CPU (quantization.layers: {NODE: {activations: float}}, or precision: auto with "
+                "host_float: true in its budget; npubuild debug-numerics names where the error jumps)")
     return (f"the mixed-precision model has collapsed ({precision.get('int16_groups')} of {precision.get('groups')} "
-            "activation groups in 16 bits)")
+            "activation groups in 16 bits" + ("" if precision.get("float_layers") else
+                                             "; layers kept in float on the host may hold it") + ")")
 
 
 def eval_text(metrics: dict) -> str | None:

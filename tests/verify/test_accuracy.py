@@ -135,7 +135,10 @@ def test_a_collapse_names_the_precision_that_collapsed():
     assert collapsed_model({"mode": "fixed", "int16_groups": 65, "groups": 65}).startswith(
         "the model has collapsed with every activation in 16 bits; what no integer grid holds can stay in float")
     assert collapsed_model({"mode": "auto", "int16_groups": 38, "groups": 65}) == \
-        "the mixed-precision model has collapsed (38 of 65 activation groups in 16 bits)"
+        "the mixed-precision model has collapsed (38 of 65 activation groups in 16 bits; layers kept in float on " \
+        "the host may hold it)"
+    assert collapsed_model({"mode": "auto", "int16_groups": 8, "groups": 13, "float_layers": ["log"]}) == \
+        "the mixed-precision model has collapsed (8 of 13 activation groups in 16 bits)"
 
 
 def test_calibration_rows_held_back_verify_the_build(tmp_path: Path, capsys):
