@@ -16,8 +16,9 @@ Measured, not guessed, in three steps (a fourth on request) on the calibration s
    every target: a slowdown past the budget or a pool that does not fit drops the last promotions.
 4. Float tail (`host_float`), only where no 16-bit plan meets the budget: the shortest tail of the graph (a
    suffix of its topological order, every node of it one the host CPU runs in float) kept in float over step
-   3's plan, by binary search over its length, and compiled by Vela for every target as step 3's. Its host
-   time is not estimated.
+   3's plan, by binary search over its length; then the fewest of step 3's int16 groups left on the NPU that
+   still meet the budget beside it (the same prefix search); compiled by Vela for every target as step 3's.
+   Its host time is not estimated.
 
 The budget's accuracy is met with a margin (MARGIN_DB) on the calibration samples, since the build measures
 it again on samples it has not seen.
@@ -238,6 +239,31 @@ def float_tail(info: QdqModel, base: PrecisionPlan, measure: Callable[[onnx.Mode
     return FloatTail(plan_of(j), scores[j], record)
 
 
+def _fewest_int16(info: QdqModel, found: FloatTail, promoted: list[str], measure: Callable[[onnx.ModelProto], Score],
+                 model: Callable[[PrecisionPlan], onnx.ModelProto], budget: PrecisionBudget) -> FloatTail:
+    """With the tail in float, the shortest prefix of the promoted groups (in step 3's order, those left on the
+    NPU) that still meets the budget: the noise the 16 bits were fighting may have been the tail's (the
+    melspectrogram's log power), and every int16 group left costs NPU cycles."""
+    assert found.plan is not None and found.score is not None
+    floats = found.plan.floats
+    npu = [g for g in promoted if not set(info.groups[g].activations) <= floats]
+    scores = {len(npu): found.score}
+
+    def plan_of(k: int) -> PrecisionPlan:
+        return PrecisionPlan(frozenset(npu[:k]), found.plan.int4, floats)
+
+    def ok(k: int) -> bool:
+        if k not in scores:
+            scores[k] = measure(model(plan_of(k)))
+        return scores[k].meets(budget)
+
+    k = _prefix(ok, 0, len(npu), shortest=True)
+    assert k is not None  # the whole prefix is the tail's own plan, which met
+    record = {**found.record, "int16_groups": {"kept": k, "of": len(npu),
+                                               "measured": {str(j): scores[j].to_json() for j in sorted(scores)}}}
+    return FloatTail(plan_of(k), scores[k], record)
+
+
 def search(base: onnx.ModelProto, float_model: onnx.ModelProto, arrays: Mapping[str, np.ndarray],
            families: Iterable[str], budget: PrecisionBudget, cost: CostFn,
            ranges: Mapping[str, tuple[float, float]] | None = None,
@@ -345,6 +371,9 @@ def search(base: onnx.ModelProto, float_model: onnx.ModelProto, arrays: Mapping[
         found = float_tail(info, plan, measure, model, budget, host_ops)
         tail = found.record
         if found.plan is not None and found.score is not None:
+            found = _fewest_int16(info, found, [g for g in order if g in plan.int16], measure, model, budget)
+            tail = found.record
+            assert found.plan is not None
             costs = cost(model(found.plan))
             tail["within_slowdown"] = all(c.fits and c.npu_cycles <= budget.max_slowdown * base_cycles[t]
                                           for t, c in costs.items())
