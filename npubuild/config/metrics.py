@@ -41,8 +41,8 @@ METRICS: tuple[Metric, ...] = (
     Metric("quantization", "quantize"),  # the recipe the quantize stage chose and each candidate's SNR vs float
     Metric("precision", "precision"),  # int16 groups and int4 layers, fixed or chosen (frontend/precision/)
     Metric("transposes", "lower"),
-    *_m("vela", "vela_npu_ops", "vela_cpu_ops", "memory_mode", "pools", "npu_partitions", "host_ops", "offloads",
-        "partition_graph", "memory", "layers", "top_layers", "firmware", "deployment"),
+    *_m("vela", "vela_npu_ops", "vela_cpu_ops", "memory_mode", "pools", "npu_partitions", "host_ops", "host_macs",
+        "offloads", "partition_graph", "memory", "layers", "top_layers", "firmware", "deployment"),
     # roofline (ethosu/perf.roofline): sum over Vela's layers of max(MAC-bound, memory-bound) time, and that
     # bound over Vela's estimated inference time
     *_m("vela", "bound_ms", "efficiency", "roofline"),

@@ -25,6 +25,7 @@ import onnx
 from onnx import helper
 
 from npubuild.errors import StageError
+from npubuild.ethosu.host_work import node_macs, value_infos
 from npubuild.ethosu.support import check_node
 from npubuild.frontend.graph_index import GraphIndex, node_inputs
 from npubuild.frontend.host_runnable import onnxruntime_reason
@@ -209,12 +210,6 @@ def _boundaries(model: onnx.ModelProto, parts: list[Partition]) -> None:
         p.outputs = outs
 
 
-def _value_infos(model: onnx.ModelProto) -> dict[str, onnx.ValueInfoProto]:
-    inferred = onnx.shape_inference.infer_shapes(model)
-    g = inferred.graph
-    return {vi.name: vi for vi in [*g.input, *g.output, *g.value_info]}
-
-
 def _dq_params(model: onnx.ModelProto, tensor: str) -> onnx.NodeProto | None:
     for n in model.graph.node:
         if n.op_type == "DequantizeLinear" and n.output[0] == tensor:
@@ -303,12 +298,15 @@ def write_partitions(model: onnx.ModelProto, plan: PartitionPlan, profile: Liter
                      options: LoweringOptions | None = None) -> list[PartitionRecord]:
     """Write each partition (<prefix>partN.tosa or <prefix>hostN.onnx); returns their records for io.json.
     `options`: the family's lowering options as measured for this model (ethosu/measured.py), else its own."""
-    infos = _value_infos(model)
+    infos = value_infos(model)
     records = []
     for part in plan.partitions:
         nodes = tuple(n.name for n in part.nodes if n.op_type not in QDQ)
         sub = sub_model(model, part, infos, requantize_inputs=part.kind == Where.NPU)
         if part.kind == Where.HOST:
+            for n in part.nodes:  # what the host computes, counted (its time is not estimated: host_work.py)
+                if n.name in plan.placements:
+                    plan.placements[n.name].macs = node_macs(n, infos)
             file = f"{prefix}host{part.index}.onnx"
             onnx.save(sub, out_dir / file)
             check_host_partition(out_dir / file, part)

@@ -45,14 +45,17 @@ class Placement:
     partition: int = 0
     nodes: int = 1  # the ONNX nodes it stands for: an If or Loop left whole on the host holds its branches' too
     precision: str | None = None  # 16x8, 8x4, int16... in a build with more than int8 (frontend/precision)
+    macs: int | None = None  # a host node's multiply-accumulates (ethosu/host_work.py; None: NPU, or not known)
 
     def to_json(self) -> dict[str, Any]:
-        """As io.json and summary.json hold it: without `precision` where there is none (an 8x8 build's records
-        are what they were)."""
+        """As io.json and summary.json hold it: without `precision` where there is none and `macs` but on the
+        host (an 8x8 NPU build's records are what they were)."""
         d = asdict(self)
         d["kind"] = PLACEMENT_WORD[self.kind]
         if self.precision is None:
             del d["precision"]
+        if self.kind != Where.HOST:
+            del d["macs"]
         return d
 
     @classmethod
@@ -141,6 +144,12 @@ class FamilyRecord:
         return sum(p.nodes for p in self.placements if p.kind == Where.NPU)
 
     @property
+    def host_macs(self) -> int | None:
+        """The host nodes' multiply-accumulates (0: nothing on the host); None where one's are not known."""
+        host = [p.macs for p in self.placements if p.kind == Where.HOST]
+        return None if any(m is None for m in host) else sum(m for m in host if m is not None)
+
+    @property
     def whole_graph(self) -> bool:
         """One NPU partition: the family runs one whole graph (model.tosa or its own <family>_model.tosa)."""
         return len(self.partitions) == 1 and self.partitions[0].kind == Where.NPU
@@ -154,7 +163,7 @@ class FamilyRecord:
         """Where every ONNX node runs on this family (the offload report) and the gateable counts: the vela
         stage's figures of placement (summary.json), which a build whose Vela did not finish reports from here."""
         return {"npu_partitions": self.npu_partitions, "host_partitions": self.host_partitions,
-                "host_ops": self.host_ops, "npu_nodes": self.npu_nodes,
+                "host_ops": self.host_ops, "host_macs": self.host_macs, "npu_nodes": self.npu_nodes,
                 "partitioned_max_error_lsb": self.max_error_lsb,
                 "offloads": [p.to_json() for p in self.placements],
                 "partition_graph": [p.graph_entry() for p in self.partitions]}

@@ -62,4 +62,13 @@ def host_warning(metrics: dict, below: float | None) -> str | None:
     more = f"; and {len(causes) - MAX_CAUSES} more" if len(causes) > MAX_CAUSES else ""
     nodes = sum(o.get("nodes", 1) for o in host)
     return (f"most of the model runs on the host (NPU {offload:.0%} of its nodes, "
-            f"{nodes} on the host), caused by: {named or 'no NPU partition'}{more}")
+            f"{nodes} on the host{_mac_share(metrics)}), caused by: {named or 'no NPU partition'}{more}")
+
+
+def _mac_share(metrics: dict) -> str:
+    """'; the host 2.4% of its multiply-accumulates' where both sides' are counted: a float tail of many small
+    nodes is most of the nodes and little of the work (the melspectrogram's: 12 of 21 nodes, 65792 of 2.7 M)."""
+    host, npu = metrics.get("host_macs"), metrics.get("macs")
+    if not isinstance(host, int) or not isinstance(npu, int) or host + npu <= 0:
+        return ""
+    return f"; the host {host / (host + npu):.1%} of its multiply-accumulates"

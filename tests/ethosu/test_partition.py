@@ -32,6 +32,8 @@ def test_u55_splits_into_npu_and_host_partitions_and_u85_runs_one(project: Path,
     assert u55["npu_partitions"] == 2 and u55["host_ops"] == 2 and u55["cpu_ops"] == 2 and u55["npu_ops"] == 3
     cpu = {p["node"]: p for p in u55["offloads"] if p["kind"] == "cpu"}
     assert set(cpu) == {"gt", "sel"}
+    assert u55["host_macs"] == 0 and cpu["gt"]["macs"] == 0  # a comparison and a select: no multiply-accumulates
+    assert u85["host_macs"] == 0 and "macs" not in u85["offloads"][0]  # nothing on the host; NPU nodes say none
     assert cpu["gt"]["rule"] == "u55-op-type" and "GREATER" in cpu["gt"]["reason"]
     assert "SELECT" in cpu["sel"]["reason"]
     kinds = [p["kind"] for p in u55["partition_graph"]]

@@ -110,6 +110,7 @@ def test_the_tail_runs_on_the_host_and_the_deployable_computes_the_checked_model
     root, builds = built
     m = builds["tail"]["metrics"]
     assert m["host_ops"] == len(TAIL) and m["npu_partitions"] == 1  # the transform on the NPU
+    assert m["host_macs"] == 8 * 64 and builds["int8"]["metrics"]["host_macs"] == 0  # the filterbank: [1, 64] x [64, 8]
     assert m["cortex_m_deployable"] and m["device_max_error_lsb"] <= 1 and m["deployed_max_error_lsb"] <= 1
     assert m["precision"]["float_layers"] == sorted(TAIL)
     placed = {p["node"]: p for p in m["offloads"]}

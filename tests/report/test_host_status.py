@@ -83,6 +83,10 @@ def test_statuses_by_placement_and_their_regressions():
     assert worse_status("passed", "passed (mostly host)") and worse_status("passed (mostly host)", "failed")
     assert not worse_status("failed", "passed (host only)") and not worse_status("passed (host only)", "passed (host only)")
     assert host_warning({"npu_offload": 0.6}, 0.5) is None and host_warning({"npu_offload": 0.1}, None) is None
+    tail = {"npu_offload": 0.43, "host_macs": 65792, "macs": 2633440,
+            "offloads": [{"kind": "cpu", "op_type": "MatMul", "node": "mel", "rule": "kept-float", "reason": "float"}]}
+    assert "1 on the host; the host 2.4% of its multiply-accumulates)" in host_warning(tail, 0.5)
+    assert "1 on the host)" in host_warning({**tail, "host_macs": None}, 0.5)
     old = {"builds": [{"spec": "s", "model": "m", "target": "t", "status": "passed", "metrics": {}}]}
     new = {"builds": [{"spec": "s", "model": "m", "target": "t", "status": "passed (host only)", "metrics": {},
                        "warnings": ["most of the model runs on the host"]}]}
