@@ -131,6 +131,33 @@ PRELU_SELECT = NodeChoice("PRelu as max / min of its pieces",
                           lambda o, nodes: replace(o, prelu_select_nodes=nodes))
 
 
+def convs_reading_concats(model: onnx.ModelProto) -> list[str]:
+    """Conv nodes of more than one kernel tap whose input a Concat computes (through its Q / DQ pair)."""
+    producer = {o: n for n in model.graph.node for o in n.output if o}
+    out = []
+    for n in model.graph.node:
+        kernel = next((list(a.ints) for a in n.attribute if a.name == "kernel_shape"), [])
+        if n.op_type != "Conv" or not kernel or all(k == 1 for k in kernel):
+            continue
+        src = producer.get(n.input[0])
+        while src is not None and src.op_type in ("QuantizeLinear", "DequantizeLinear"):
+            src = producer.get(src.input[0])
+        if src is not None and src.op_type == "Concat":
+            out.append(n.name)
+    return out
+
+
+# With Dedicated_Sram Vela 5.2 may leave a Concat's output in DRAM (written piece by piece, long lived), and a 3x3
+# conv then reads its windows from there: PP-OCRv4 det's FPN head conv over its 40x40x96 concat cost U85-256 1.26M
+# cycles of DRAM reads (10% MAC utilisation; the whole model 3.26 ms, slower than on U65-256). A MAXIMUM copy of
+# the concat as long rows first reads it once in bursts and the conv reads SRAM: the model lowered with the U85
+# family's own options 4.30M -> 3.33M cycles (built: 3.26 -> 2.29 ms). Where the concat stays in SRAM (the U-Nets'
+# skips) the copy only costs: per node, by Vela's per-layer estimate. U65-256 gains 1% on det (3.10M -> 3.07M):
+# not worth its compiles there.
+CONV_INPUT_COPY = NodeChoice("conv input copied out of DRAM", lambda m, o: convs_reading_concats(m),
+                             lambda o, nodes: replace(o, conv_input_copy_nodes=nodes))
+
+
 def feature_map_matmuls(model: onnx.ModelProto) -> list[str]:
     """MatMul nodes whose second operand is not a constant (an initializer, or one dequantised)."""
     inits = {i.name for i in model.graph.initializer}
@@ -258,8 +285,8 @@ CHOICES: dict[str, tuple[Choice | NodeChoice, ...]] = {
     "u65": (MATMUL_PRODUCTS, SPACE_TO_DEPTH_CONV, Choice("narrow image input planar",
                                     lambda m, o: o.planar_input_channels is not None and narrow_image(m),
                                     lambda o: [replace(o, planar_input_channels=None)]), STAGED_INPUT, BLOCK_SWAPS),
-    "u85": (PRELU_SELECT, STAGED_INPUT, PHASES, SMALL_PLANE_ROWS, STEM_SPACE_TO_DEPTH, D2S_SWAPS),
-    "u85wide": (PRELU_SELECT, STAGED_INPUT, PHASES, SMALL_PLANE_ROWS, STEM_SPACE_TO_DEPTH),
+    "u85": (PRELU_SELECT, STAGED_INPUT, PHASES, SMALL_PLANE_ROWS, STEM_SPACE_TO_DEPTH, D2S_SWAPS, CONV_INPUT_COPY),
+    "u85wide": (PRELU_SELECT, STAGED_INPUT, PHASES, SMALL_PLANE_ROWS, STEM_SPACE_TO_DEPTH, CONV_INPUT_COPY),
 }
 
 

@@ -176,6 +176,9 @@ class LoweringOptions:
     matmul_products: bool = False
     matmul_products_nodes: frozenset[str] = frozenset()
     prelu_select_nodes: frozenset[str] = frozenset()
+    # ... convs whose input is copied (a MAXIMUM of itself: the same integers) first, so a Concat output Vela leaves
+    # in DRAM is read once in long bursts and the conv's many reads hit the SRAM copy (measured per node, U85)
+    conv_input_copy_nodes: frozenset[str] = frozenset()
     # a SLICE or CONCAT of a RESCALE's result from int32 reads a full-range CLAMP of that result (the same integers),
     # which Vela fuses into the RESCALE's own NPU op: Vela 5.2 on U55/U65 otherwise runs the RESCALE, as a MUL, over
     # the unsliced tensor for each SLICE (a 16x8 GRU's reset gate read its update gate) and writes it at channel 0
