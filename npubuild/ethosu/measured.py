@@ -180,9 +180,10 @@ REPLICATE_COPIES = Choice("2x replication as depthwise copies into CONCATs",
                           lambda o: [replace(o, replicate_copies=True)])
 
 
-def one_channel_strided_stems(model: onnx.ModelProto) -> bool:
-    """Whether a 2-D Conv of stride 2 (undilated, one group) reads a 1-channel input: the stem
-    lowering/space_to_depth.py can run on its 2x2 blocks. Its weights are an initializer, or one dequantised."""
+def one_channel_strided_stems(model: onnx.ModelProto, channels: tuple[int, ...] = (1,)) -> bool:
+    """Whether a 2-D Conv of stride 2 (undilated, one group) reads an input of one of these channel counts (a
+    1-channel one by default): the stem lowering/space_to_depth.py can run on its 2x2 blocks. Its weights are an
+    initializer, or one dequantised."""
     shapes = {i.name: list(i.dims) for i in model.graph.initializer}
     for node in model.graph.node:
         if node.op_type == "DequantizeLinear" and node.input[0] in shapes:
@@ -190,7 +191,7 @@ def one_channel_strided_stems(model: onnx.ModelProto) -> bool:
     for node in model.graph.node:
         attrs = {a.name: list(a.ints) if a.ints else a.i for a in node.attribute}
         dims = shapes.get(node.input[1]) if node.op_type == "Conv" and len(node.input) > 1 else None
-        if (dims is not None and len(dims) == 4 and dims[1] == 1 and attrs.get("strides") == [2, 2]
+        if (dims is not None and len(dims) == 4 and dims[1] in channels and attrs.get("strides") == [2, 2]
                 and attrs.get("group", 1) == 1 and attrs.get("dilations", [1, 1]) == [1, 1]):
             return True
     return False
@@ -263,6 +264,20 @@ ADD_DEPTHWISE = Choice("residual sums as depthwise convs",
                        lambda o: [replace(o, add_as_depthwise=True)])
 
 
+# A 2- or 3-channel image stem (stride 2) on its space-to-depth view made by the one-hot conv (the view reads each
+# pixel once, the stem then reads 12 channels at stride 1): issue 15 measured it only as a fixed form with the
+# TRANSPOSE view, which lost everywhere (MobileNetV1 U65-256 0.1763 -> 0.2178 ms). By the conv view, on the real
+# models' 224-320 px images lowered with each family's own options: U85-256 wins on the PP-LCNet orientation
+# classifier (2.306M -> 2.119M cycles) and YOLOv8n (9.868M -> 9.558M) and loses on selfie segmentation (3.303M ->
+# 3.766M); U65-256 wins on hand landmarks read as they are (3.067M -> 2.928M) and face detection (1.559M ->
+# 1.448M) and loses on the orientation classifier and YOLOv8n; U55-128 lost on all four tried: measured per model
+# on U65 and U85.
+NARROW_STEM_SPACE_TO_DEPTH = Choice("2- or 3-channel stride-2 stem on its space-to-depth view",
+                                    lambda m, o: (o.space_to_depth_channels or 0) < 3
+                                    and one_channel_strided_stems(m, (2, 3)),
+                                    lambda o: [replace(o, space_to_depth_channels=3, space_to_depth_conv=True)])
+
+
 # U65 runs a high-rank TRANSPOSE as block swaps (emit.block_swaps) faster in the MobileViT block (1.512 -> 1.430 ms)
 # but MediaPipe selfie segmentation's depth-to-space [128, 128, 2, 2] -> [128, 2, 128, 2] slower (3.982 -> 4.044 ms:
 # its last swap moves 2-byte rows; U55-128 and U85-256 gain there too, 11.73 -> 11.50 and 3.151 -> 2.673 ms):
@@ -284,9 +299,12 @@ CHOICES: dict[str, tuple[Choice | NodeChoice, ...]] = {
     "u55": (NARROW_PLANE_ROWS, REPLICATE_COPIES, ADD_DEPTHWISE, ADD_ORDER),
     "u65": (MATMUL_PRODUCTS, SPACE_TO_DEPTH_CONV, Choice("narrow image input planar",
                                     lambda m, o: o.planar_input_channels is not None and narrow_image(m),
-                                    lambda o: [replace(o, planar_input_channels=None)]), STAGED_INPUT, BLOCK_SWAPS),
-    "u85": (PRELU_SELECT, STAGED_INPUT, PHASES, SMALL_PLANE_ROWS, STEM_SPACE_TO_DEPTH, D2S_SWAPS, CONV_INPUT_COPY),
-    "u85wide": (PRELU_SELECT, STAGED_INPUT, PHASES, SMALL_PLANE_ROWS, STEM_SPACE_TO_DEPTH, CONV_INPUT_COPY),
+                                    lambda o: [replace(o, planar_input_channels=None)]), STAGED_INPUT, BLOCK_SWAPS,
+            NARROW_STEM_SPACE_TO_DEPTH),
+    "u85": (PRELU_SELECT, STAGED_INPUT, PHASES, SMALL_PLANE_ROWS, STEM_SPACE_TO_DEPTH, D2S_SWAPS, CONV_INPUT_COPY,
+            NARROW_STEM_SPACE_TO_DEPTH),
+    "u85wide": (PRELU_SELECT, STAGED_INPUT, PHASES, SMALL_PLANE_ROWS, STEM_SPACE_TO_DEPTH, CONV_INPUT_COPY,
+                NARROW_STEM_SPACE_TO_DEPTH),
 }
 
 
