@@ -25,6 +25,7 @@ from npubuild.lowering.quant import INT4, INT48, QParams
 from npubuild.records.iospec import IOSpec
 
 NHWC = (0, 2, 3, 1)  # physical NHWC of a logical NCHW tensor
+VELA_MAX_DIM = 65536  # Vela's largest tensor dimension
 CHANNELS_LAST_1D = (0, 2, 1)  # physical [N, L, C] of a logical [N, C, L]
 
 WINDOW_OPS = frozenset({"Conv", "ConvTranspose", "MaxPool", "AveragePool", "GlobalAveragePool", "GlobalMaxPool"})

@@ -11,8 +11,7 @@ staged_input_min_row; measurements in bench/perf_choices.md).
 from __future__ import annotations
 
 from npubuild.lowering.context import NHWC, LoweringContext, TTensor, identity
-from npubuild.lowering.emit import reshape
-from npubuild.lowering.fusion.concat_copy import fits_max_copy, max_copy
+from npubuild.lowering.fusion.concat_copy import fits_max_copy, max_copy, max_copy_rows
 
 MAX_CHANNELS = 4  # from 8 channels on, the NHWC reads are full bricks already
 
@@ -35,8 +34,7 @@ def staged_input(ctx: LoweringContext, t: TTensor, onnx_name: str) -> TTensor:
     least = ctx.options.staged_input_min_row
     if least is None or w * c < least or _folded_by_a_reader(ctx, onnx_name, c):
         return t
-    rows = reshape(ctx, t, (n, h, 1, w * c), identity(4))
-    return reshape(ctx, max_copy(ctx, rows), (n, h, w, c), t.perm)
+    return max_copy_rows(ctx, t)
 
 
 def _folded_by_a_reader(ctx: LoweringContext, onnx_name: str, channels: int) -> bool:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import tosa_serializer as ts
 
-from npubuild.lowering.context import LoweringContext, TTensor
+from npubuild.lowering.context import VELA_MAX_DIM, LoweringContext, TTensor
 from npubuild.lowering.emit import Op, attr, rescale, reshape, to_layout
 from npubuild.lowering.movement import concat_phys, slice_phys
 
@@ -135,9 +135,6 @@ def axis_last(ctx: LoweringContext, x: TTensor, logical_axes: list[int]) -> TTen
     return to_layout(ctx, x, layout)
 
 
-MAX_STATS_CHANNELS = 65536  # Vela's largest tensor dimension
-
-
 def stats_as_channels(ctx: LoweringContext, *stats: TTensor) -> tuple[TTensor, ...]:
     """Per-row statistics ([..., 1], one value a row) viewed as one channel row [1, 1, 1, rows] (a RESHAPE, the
     same bytes) when the family's options ask for it (LoweringOptions.row_stats_channels), else as they are.
@@ -145,7 +142,7 @@ def stats_as_channels(ctx: LoweringContext, *stats: TTensor) -> tuple[TTensor, .
     Vela 5.2 runs an elementwise op on [16, 1] as sixteen 1x1 blocks (320 cycles each on U55-128, a layer
     norm's rsqrt chain has ~20 of them) and on [1, 16] as one (20 cycles): bench/perf_choices.md.
     """
-    if not ctx.options.row_stats_channels or any(int(np.prod(t.shape)) > MAX_STATS_CHANNELS for t in stats):
+    if not ctx.options.row_stats_channels or any(int(np.prod(t.shape)) > VELA_MAX_DIM for t in stats):
         return stats
     return tuple(reshape(ctx, t, (1, 1, 1, int(np.prod(t.shape))), (0, 1, 2, 3)) for t in stats)
 

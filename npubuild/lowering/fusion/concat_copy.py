@@ -19,8 +19,8 @@ from __future__ import annotations
 import numpy as np
 import tosa_serializer as ts
 
-from npubuild.lowering.context import LoweringContext, TTensor
-from npubuild.lowering.emit import Op, attr, rescale
+from npubuild.lowering.context import LoweringContext, TTensor, identity
+from npubuild.lowering.emit import Op, attr, rescale, reshape
 
 
 def fits_max_copy(t: TTensor) -> bool:
@@ -37,3 +37,11 @@ def max_copy(ctx: LoweringContext, t: TTensor) -> TTensor:
     acc = ctx.new_tensor(t.shape, np.int32, t.perm)
     ctx.op(Op.MAXIMUM, [a.name, b.name], [acc.name], attr("Maximum", ts.NanPropagationMode.PROPAGATE))
     return rescale(ctx, acc, 1.0, np.int8, 0, q.zp, q)
+
+
+def max_copy_rows(ctx: LoweringContext, t: TTensor) -> TTensor:
+    """max_copy over an NHWC `t`'s [N, H, 1, W * C] view, one long contiguous row per image row: Vela reads a
+    tensor in DRAM that way in long bursts (input_staging.py's narrow image, ops/conv's Concat input)."""
+    n, h, w, c = t.shape
+    rows = reshape(ctx, t, (n, h, 1, w * c), identity(4))
+    return reshape(ctx, max_copy(ctx, rows), (n, h, w, c), t.perm)

@@ -18,7 +18,7 @@ from dataclasses import replace
 import numpy as np
 import tosa_serializer as ts
 
-from npubuild.lowering.context import NHWC, LoweringContext, TTensor, identity
+from npubuild.lowering.context import NHWC, VELA_MAX_DIM, LoweringContext, TTensor, identity
 from npubuild.lowering.convolution import (
     Bias,
     acc_type,
@@ -32,7 +32,7 @@ from npubuild.lowering.convolution import (
 )
 from npubuild.lowering.emit import Op, as_int16, attr, rescale, reshape, to_layout, transpose
 from npubuild.lowering.fusion import epilogue
-from npubuild.lowering.fusion.concat_copy import fits_max_copy, max_copy
+from npubuild.lowering.fusion.concat_copy import fits_max_copy, max_copy_rows
 from npubuild.lowering.movement import phys_reshape
 from npubuild.lowering.quant import QParams, accumulator
 from npubuild.lowering.reduction import emit_reduce
@@ -47,8 +47,6 @@ from npubuild.lowering.spatial import (
     window,
     window_input,
 )
-
-MAX_ROW = 65536  # Vela's largest tensor dimension
 
 
 def widen_instead_of_slice(w: np.ndarray, in_hw: tuple[int, int], keep: tuple[int, int]) -> np.ndarray:
@@ -117,10 +115,9 @@ def _copied_rows(ctx: LoweringContext, x: TTensor) -> TTensor:
     PP-OCRv4 det's 3x3 conv over its 40x40x96 FPN concat on U85-256: 1.26M cycles of DRAM reads at 10% MAC
     utilisation, against the copy's and the conv's ~0.3M (ethosu/measured.CONV_INPUT_COPY measures it per node)."""
     n, h, w, c = x.shape
-    if not fits_max_copy(x) or x.perm != NHWC or w * c > MAX_ROW:
+    if not fits_max_copy(x) or x.perm != NHWC or w * c > VELA_MAX_DIM:
         return x
-    rows = reshape(ctx, x, (n, h, 1, w * c), identity(4))
-    return reshape(ctx, max_copy(ctx, rows), (n, h, w, c), x.perm)
+    return max_copy_rows(ctx, x)
 
 
 @lowers("Conv")

@@ -40,7 +40,7 @@ from math import gcd
 import numpy as np
 import tosa_serializer as ts
 
-from npubuild.lowering.context import NHWC, LoweringContext, TTensor
+from npubuild.lowering.context import NHWC, VELA_MAX_DIM, LoweringContext, TTensor
 from npubuild.lowering.convolution import acc_type, int_conv
 from npubuild.lowering.emit import (
     Op,
@@ -322,9 +322,6 @@ def _unscale(ctx: LoweringContext, acc: TTensor, factor: int, x: TTensor) -> TTe
     return rescale(ctx, acc, 1.0 / factor, x.dtype, 0, 0, x.q, output_of=out_of)
 
 
-MAX_ROW = 65536  # Vela's largest tensor dimension: a depth-to-space row of more elements keeps the TRANSPOSE
-
-
 def _blocksize(ctx: LoweringContext, x: TTensor) -> int:
     b = int(ctx.attr("blocksize"))
     if len(x.shape) != 4 or b < 1:
@@ -341,7 +338,7 @@ def lower_depth_to_space(ctx: LoweringContext) -> None:
         raise ctx.unsupported(f"{c} channels do not divide by blocksize^2 = {b * b}")
     co = c // (b * b)
     dcr = _str_attr(ctx, "mode", "DCR") == "DCR"
-    if dcr and ctx.options.depth_to_space_rows and w * b * co <= MAX_ROW:
+    if dcr and ctx.options.depth_to_space_rows and w * b * co <= VELA_MAX_DIM:  # else the TRANSPOSE
         # output row h * b + i is channels [i * b * co, (i + 1) * b * co) of input row h, read as w * b pixels:
         # b channel SLICEs stacked along a new axis, no TRANSPOSE (LoweringOptions.depth_to_space_rows)
         rows = [phys_reshape(ctx, slice_phys(ctx, x, [0, 0, 0, i * b * co], [n, h, w, b * co]), (n, h, 1, w * b * co))
