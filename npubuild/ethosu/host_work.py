@@ -56,12 +56,3 @@ def node_macs(node: onnx.NodeProto, infos: Infos) -> int | None:
         return size * w[1] * math.prod(w[2:])
     return math.prod(a) * w[1] * math.prod(w[2:])  # ConvTranspose: weights [C, O / group, k...]
 
-
-def value_infos(model: onnx.ModelProto) -> dict[str, onnx.ValueInfoProto]:
-    """Every tensor's value info after ONNX shape inference (initializers' shapes included)."""
-    inferred = onnx.shape_inference.infer_shapes(model)
-    g = inferred.graph
-    infos = {vi.name: vi for vi in [*g.input, *g.output, *g.value_info]}
-    for t in g.initializer:
-        infos.setdefault(t.name, onnx.helper.make_tensor_value_info(t.name, t.data_type, list(t.dims)))
-    return infos

@@ -25,13 +25,13 @@ import onnx
 from onnx import helper
 
 from npubuild.errors import StageError
-from npubuild.ethosu.host_work import node_macs, value_infos
+from npubuild.ethosu.host_work import node_macs
 from npubuild.ethosu.support import check_node
 from npubuild.frontend.graph_index import GraphIndex, node_inputs
 from npubuild.frontend.host_runnable import onnxruntime_reason
 from npubuild.frontend.precision.qdq import node_precisions
 from npubuild.lowering.driver import LoweredGraph, lower_model
-from npubuild.lowering.fallback import HostNode
+from npubuild.lowering.fallback import HostNode, value_infos
 from npubuild.lowering.options import LoweringOptions
 from npubuild.records.iospec import IOSpec
 from npubuild.records.lower import PartitionRecord, Placement, Where

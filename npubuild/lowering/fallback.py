@@ -158,8 +158,10 @@ def cut_model(model: onnx.ModelProto, host: set[str]) -> onnx.ModelProto:
 
 
 def value_infos(model: onnx.ModelProto) -> dict[str, onnx.ValueInfoProto]:
-    """Type and shape of every tensor shape inference (or the import stage) knows."""
-    known = {vi.name: vi for vi in model.graph.value_info}
+    """Type and shape of every tensor shape inference (or the import stage) knows, initializers included (a host
+    node's constant weights: ethosu/host_work.py counts their multiply-accumulates)."""
+    known = {t.name: helper.make_tensor_value_info(t.name, t.data_type, list(t.dims)) for t in model.graph.initializer}
+    known.update({vi.name: vi for vi in model.graph.value_info})
     try:
         inferred = onnx.shape_inference.infer_shapes(model).graph
     except Exception:  # noqa: BLE001 - a model onnx cannot infer still has the import stage's value_info

@@ -7,7 +7,8 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from npubuild.ethosu.host_work import node_macs, value_infos
+from npubuild.ethosu.host_work import node_macs
+from npubuild.lowering.fallback import value_infos
 
 
 def _model(nodes, inputs, inits) -> onnx.ModelProto:
